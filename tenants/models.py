@@ -1,0 +1,214 @@
+"""Typed tenant and quota configuration: the ConfigMap schema.
+
+Contract:
+- :class:`PlatformConfig` is ``platform.yaml`` of the ``fairgate-platform`` ConfigMap.
+- :class:`QuotaSpec` is ``quota.yaml`` of a ``quota-<tenant>`` ConfigMap.
+- :class:`FairgateConfig` is one consistent snapshot of both plus the namespaces'
+  tenant labels; :meth:`FairgateConfig.tenant` resolves a tenant's effective quota.
+All numbers are non-negative integers except ``weight`` (a positive number); unknown
+keys are errors. Models are immutable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+
+from tenants import resources
+
+PodClass = Literal["inference", "training"]
+CLASSES: tuple[PodClass, ...] = ("inference", "training")
+PriorityBand = Literal["inference", "training", "borrowed"]
+
+TENANT_LABEL = "fairgate.io/tenant"
+CLASS_LABEL = "fairgate.io/class"
+POD_GROUP_LABEL = "fairgate.io/pod-group"
+POD_GROUP_SIZE_ANNOTATION = "fairgate.io/pod-group-size"
+TICKET_ANNOTATION = "fairgate.io/ticket"
+DEMAND_ANNOTATION = "fairgate.io/demand"
+BORROWED_ANNOTATION = "fairgate.io/borrowed"
+QUEUE_GATE = "fairgate.io/queue"
+NODE_POOL_LABEL = "fairgate.io/node-pool"
+QUOTA_LABEL = "fairgate.io/quota"
+FAIRGATE_PREFIX = "fairgate.io/"
+CONTROL_NAMESPACE = "fairgate-system"
+PLATFORM_CONFIGMAP = "fairgate-platform"
+PLATFORM_KEY = "platform.yaml"
+QUOTA_CONFIGMAP_PREFIX = "quota-"
+QUOTA_KEY = "quota.yaml"
+DISPATCHER_USER = "system:serviceaccount:fairgate-system:fairgate-dispatcher"
+
+NonNegativeInt = Annotated[StrictInt, Field(ge=0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class Principals(_Strict):
+    """Users and groups (as in the admission request's ``userInfo``)."""
+
+    groups: tuple[str, ...] = ()
+    users: tuple[str, ...] = ()
+
+    def permits(self, user: str, groups: tuple[str, ...] | list[str]) -> bool:
+        """Whether ``user`` or one of ``groups`` is listed."""
+        return user in self.users or any(g in self.groups for g in groups)
+
+
+class GpuEquivalents(_Strict):
+    """An amount in whole GPU-equivalents (7 slices each)."""
+
+    gpu_equivalents: NonNegativeInt = Field(0, alias="gpuEquivalents")
+
+    @property
+    def slices(self) -> int:
+        """The amount in compute slices."""
+        return self.gpu_equivalents * resources.SLICES_PER_GPU
+
+
+class PriorityClassSpec(_Strict):
+    """A PriorityClass fairgate assigns: its name, value and preemption policy."""
+
+    name: str
+    value: StrictInt
+    preemption_policy: Literal["PreemptLowerPriority", "Never"] = Field(
+        "PreemptLowerPriority", alias="preemptionPolicy"
+    )
+
+
+class PriorityClasses(_Strict):
+    """The three PriorityClasses, one per priority band."""
+
+    inference: PriorityClassSpec = PriorityClassSpec(name="fairgate-inference", value=100000)
+    training: PriorityClassSpec = PriorityClassSpec(name="fairgate-training", value=10000)
+    borrowed: PriorityClassSpec = PriorityClassSpec(
+        name="fairgate-borrowed", value=1000, preemptionPolicy="Never"
+    )
+
+    def for_band(self, band: PriorityBand) -> PriorityClassSpec:
+        """The PriorityClass of a priority band."""
+        spec: PriorityClassSpec = getattr(self, band)
+        return spec
+
+    def band_of(self, name: str) -> PriorityBand | None:
+        """The band whose PriorityClass is called ``name``, if any."""
+        for band in ("inference", "training", "borrowed"):
+            if self.for_band(band).name == name:
+                return band
+        return None
+
+
+class TenantSpec(_Strict):
+    """A tenant as the platform team defines it in ``platform.yaml``."""
+
+    weight: float = Field(gt=0)
+    ceiling: GpuEquivalents
+    admins: Principals = Principals()
+    classes: tuple[PodClass, ...] = CLASSES
+    node_pool: str | None = Field(None, alias="nodePool")
+
+
+class PlatformConfig(_Strict):
+    """``platform.yaml``: platform admins, capacity override, tenants, failure mode."""
+
+    platform_admins: Principals = Field(Principals(), alias="platformAdmins")
+    capacity: dict[str, NonNegativeInt] = {}
+    tenants: dict[str, TenantSpec] = {}
+    on_redis_unavailable: Literal["deny", "allow"] = Field("deny", alias="onRedisUnavailable")
+    priority_classes: PriorityClasses = Field(PriorityClasses(), alias="priorityClasses")
+
+    @field_validator("capacity")
+    @classmethod
+    def _known_capacity(cls, value: dict[str, int]) -> dict[str, int]:
+        return _known_counts(value)
+
+
+class QuotaSpec(_Strict):
+    """``quota.yaml`` of a tenant: nominal per resource, borrowing, inference reserve."""
+
+    nominal: dict[str, NonNegativeInt] = {}
+    borrow_limit: GpuEquivalents = Field(GpuEquivalents(), alias="borrowLimit")
+    inference_reserve: GpuEquivalents = Field(GpuEquivalents(), alias="inferenceReserve")
+    default_class: PodClass | None = Field(None, alias="defaultClass")
+
+    @field_validator("nominal")
+    @classmethod
+    def _known_nominal(cls, value: dict[str, int]) -> dict[str, int]:
+        return _known_counts(value)
+
+    @property
+    def nominal_slices(self) -> int:
+        """Nominal quota over all resources, in slices."""
+        return resources.total_slices(self.nominal)
+
+
+def _known_counts(value: dict[str, int]) -> dict[str, int]:
+    for name in value:
+        if not resources.is_known(name):
+            raise resources.UnknownResourceError(name)
+    return {resources.normalise(name): n for name, n in value.items()}
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """A tenant's effective settings: platform entry and quota combined."""
+
+    name: str
+    weight: float
+    ceiling_slices: int
+    admins: Principals
+    classes: tuple[PodClass, ...]
+    node_pool: str | None
+    nominal: Mapping[str, int]
+    borrow_slices: int
+    reserve_slices: int
+    default_class: PodClass | None
+
+    @property
+    def nominal_slices(self) -> int:
+        """Nominal quota over all resources, in slices."""
+        return resources.total_slices(self.nominal)
+
+
+@dataclass(frozen=True)
+class FairgateConfig:
+    """One consistent snapshot of the platform config, all quotas and namespace labels."""
+
+    platform: PlatformConfig
+    quotas: Mapping[str, QuotaSpec] = field(default_factory=dict)
+    namespaces: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+
+    def tenant_of_namespace(self, namespace: str) -> str | None:
+        """The tenant named by the namespace's ``fairgate.io/tenant`` label, if any."""
+        return self.namespaces.get(namespace, {}).get(TENANT_LABEL)
+
+    def tenant(self, name: str) -> Tenant | None:
+        """The effective tenant ``name``, or None if the platform does not know it.
+
+        A known tenant without a quota ConfigMap has an empty nominal quota.
+        """
+        spec = self.platform.tenants.get(name)
+        if spec is None:
+            return None
+        quota = self.quotas.get(name, QuotaSpec())
+        return Tenant(
+            name=name,
+            weight=spec.weight,
+            ceiling_slices=spec.ceiling.slices,
+            admins=spec.admins,
+            classes=spec.classes,
+            node_pool=spec.node_pool,
+            nominal=dict(quota.nominal),
+            borrow_slices=quota.borrow_limit.slices,
+            reserve_slices=quota.inference_reserve.slices,
+            default_class=quota.default_class,
+        )
+
+    def tenants(self) -> list[Tenant]:
+        """Every tenant the platform config defines, by name."""
+        found = (self.tenant(name) for name in sorted(self.platform.tenants))
+        return [t for t in found if t is not None]

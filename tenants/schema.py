@@ -1,0 +1,166 @@
+"""Parse and check ``platform.yaml`` and ``quota.yaml`` text.
+
+Contract: every function here is pure (text in, model or :class:`ConfigError` out).
+A :class:`ConfigError` names the source (file or ConfigMap), the field path, what is
+wrong and how to fix it; YAML syntax errors carry the 1-based line and column.
+YAML aliases are refused (no alias bombs) and documents are bounded in size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from tenants import resources
+from tenants.models import PlatformConfig, QuotaSpec
+
+MAX_DOCUMENT_BYTES = 256 * 1024
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a config document."""
+
+    field: str
+    message: str
+    line: int | None = None
+
+    def __str__(self) -> str:
+        where = f"line {self.line}: " if self.line is not None else ""
+        return f"{where}{self.field}: {self.message}" if self.field else f"{where}{self.message}"
+
+
+class ConfigError(ValueError):
+    """A config document that cannot be used; ``problems`` says what and where."""
+
+    def __init__(self, source: str, problems: list[Problem]) -> None:
+        self.source = source
+        self.problems = problems
+        super().__init__(f"{source}: " + "; ".join(str(p) for p in problems))
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """A safe loader that refuses anchors/aliases."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.constructor.ConstructorError(
+                None, None, "YAML aliases (*name) are not allowed here; write the value out",
+                event.start_mark,
+            )
+        return super().compose_node(parent, index)
+
+
+def load_yaml_mapping(text: str, source: str) -> dict[str, Any]:
+    """Parse ``text`` as one YAML mapping (empty text is ``{}``)."""
+    if len(text.encode("utf-8", "replace")) > MAX_DOCUMENT_BYTES:
+        raise ConfigError(
+            source, [Problem("", f"document is larger than {MAX_DOCUMENT_BYTES} bytes")]
+        )
+    try:
+        data = yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        column = f", column {mark.column + 1}" if mark is not None else ""
+        what = exc.problem or exc.context or "invalid YAML"
+        raise ConfigError(
+            source, [Problem("", f"YAML syntax error{column}: {what}", line)]
+        ) from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(source, [Problem("", f"YAML error: {exc}")]) from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            source, [Problem("", f"expected a mapping of keys, got {type(data).__name__}")]
+        )
+    return data
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(part) for part in loc)
+
+
+def _hint(error: Any) -> str:
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return "unknown key: remove it or check its spelling"
+    if kind in ("int_type", "int_parsing", "int_from_float"):
+        return "must be a whole number (e.g. 4)"
+    if kind == "greater_than_equal":
+        return "must be 0 or more"
+    if kind == "greater_than":
+        return f"must be greater than {error['ctx']['gt']}"
+    if kind == "literal_error":
+        return f"must be one of {error['ctx']['expected']}"
+    message: str = error["msg"]
+    return message.removeprefix("Value error, ")
+
+
+def parse_model(model: type[ModelT], data: dict[str, Any], source: str) -> ModelT:
+    """Validate ``data`` as ``model``, turning pydantic errors into a :class:`ConfigError`."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = [Problem(_field_path(e["loc"]), _hint(e)) for e in exc.errors()]
+        raise ConfigError(source, problems) from exc
+
+
+def parse_platform(text: str, source: str = "platform.yaml") -> PlatformConfig:
+    """Parse ``platform.yaml`` text."""
+    return parse_model(PlatformConfig, load_yaml_mapping(text, source), source)
+
+
+def parse_quota(
+    text: str, tenant: str, platform: PlatformConfig | None = None, source: str | None = None
+) -> QuotaSpec:
+    """Parse a tenant's ``quota.yaml`` and check it against the platform's ceiling."""
+    where = source or f"quota-{tenant}.yaml"
+    quota = parse_model(QuotaSpec, load_yaml_mapping(text, where), where)
+    problems = quota_problems(quota, tenant, platform)
+    if problems:
+        raise ConfigError(where, problems)
+    return quota
+
+
+def quota_problems(
+    quota: QuotaSpec, tenant: str, platform: PlatformConfig | None
+) -> list[Problem]:
+    """Cross-field rules: reserve within nominal, nominal within the tenant's ceiling."""
+    problems: list[Problem] = []
+    nominal = quota.nominal_slices
+    if quota.inference_reserve.slices > nominal:
+        problems.append(
+            Problem(
+                "inferenceReserve.gpuEquivalents",
+                f"{quota.inference_reserve.gpu_equivalents} is more than the nominal quota "
+                f"({resources.gpu_equivalents(nominal)} GPU-eq): lower it or raise nominal",
+            )
+        )
+    if platform is not None:
+        spec = platform.tenants.get(tenant)
+        if spec is None:
+            problems.append(
+                Problem(
+                    "",
+                    f"tenant {tenant!r} is not defined in fairgate-platform: ask the "
+                    "platform team to add it under 'tenants'",
+                )
+            )
+        elif nominal > spec.ceiling.slices:
+            problems.append(
+                Problem(
+                    "nominal",
+                    f"{resources.gpu_equivalents(nominal)} GPU-eq exceeds the ceiling of "
+                    f"{spec.ceiling.gpu_equivalents} GPU-eq set by the platform team for "
+                    f"{tenant!r}: lower nominal or ask them to raise the ceiling",
+                )
+            )
+    return problems
