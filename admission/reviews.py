@@ -24,12 +24,13 @@ import base64
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
 
-API_VERSION = "admission.k8s.io/v1"
-KIND = "AdmissionReview"
+API_VERSION: Final = "admission.k8s.io/v1"
+KIND: Final = "AdmissionReview"
 MAX_WARNING_CHARS = 120
 MAX_AUDIT_VALUE_CHARS = 256
 _ELLIPSIS = "..."
@@ -43,7 +44,9 @@ JsonObject = dict[str, Any]
 class _Incoming(BaseModel):
     """Fields we read are typed strictly; fields we do not know are kept, not refused."""
 
-    model_config = ConfigDict(extra="allow", strict=True, populate_by_name=True, frozen=True)
+    model_config = ConfigDict(
+        extra="allow", strict=True, populate_by_name=True, frozen=True, alias_generator=to_camel
+    )
 
 
 class GroupVersionKind(_Incoming):
@@ -77,24 +80,24 @@ class AdmissionRequest(_Incoming):
     uid: str = Field(min_length=1)
     kind: GroupVersionKind
     resource: GroupVersionResource
-    sub_resource: str = Field("", alias="subResource")
-    request_kind: GroupVersionKind | None = Field(None, alias="requestKind")
-    request_resource: GroupVersionResource | None = Field(None, alias="requestResource")
-    request_sub_resource: str = Field("", alias="requestSubResource")
+    sub_resource: str = ""
+    request_kind: GroupVersionKind | None = None
+    request_resource: GroupVersionResource | None = None
+    request_sub_resource: str = ""
     name: str = ""
     namespace: str = ""
     operation: Operation
-    user_info: UserInfo = Field(alias="userInfo")
+    user_info: UserInfo
     object: JsonObject | None = None
-    old_object: JsonObject | None = Field(None, alias="oldObject")
-    dry_run: bool = Field(False, alias="dryRun")
+    old_object: JsonObject | None = None
+    dry_run: bool = False
     options: JsonObject | None = None
 
 
 class AdmissionReview(_Incoming):
     """An AdmissionReview v1 request as POSTed by the API server."""
 
-    api_version: Literal["admission.k8s.io/v1"] = Field(alias="apiVersion")
+    api_version: Literal["admission.k8s.io/v1"]
     kind: Literal["AdmissionReview"]
     request: AdmissionRequest
 
@@ -120,7 +123,9 @@ def parse_review(body: bytes | str | Mapping[str, Any]) -> AdmissionReview:
 
 
 class _Outgoing(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+    model_config = ConfigDict(
+        extra="forbid", populate_by_name=True, frozen=True, alias_generator=to_camel
+    )
 
 
 class ResponseStatus(_Outgoing):
@@ -138,15 +143,15 @@ class AdmissionResponse(_Outgoing):
     allowed: bool
     status: ResponseStatus | None = None
     patch: str | None = None
-    patch_type: Literal["JSONPatch"] | None = Field(None, alias="patchType")
+    patch_type: Literal["JSONPatch"] | None = None
     warnings: tuple[str, ...] | None = None
-    audit_annotations: dict[str, str] | None = Field(None, alias="auditAnnotations")
+    audit_annotations: dict[str, str] | None = None
 
 
 class AdmissionReviewResponse(_Outgoing):
     """A complete response review, ready to serialise."""
 
-    api_version: Literal["admission.k8s.io/v1"] = Field(API_VERSION, alias="apiVersion")
+    api_version: Literal["admission.k8s.io/v1"] = API_VERSION
     kind: Literal["AdmissionReview"] = KIND
     response: AdmissionResponse
 
