@@ -86,7 +86,7 @@ class PriorityClasses(_Strict):
     inference: PriorityClassSpec = PriorityClassSpec(name="fairgate-inference", value=100000)
     training: PriorityClassSpec = PriorityClassSpec(name="fairgate-training", value=10000)
     borrowed: PriorityClassSpec = PriorityClassSpec(
-        name="fairgate-borrowed", value=1000, preemptionPolicy="Never"
+        name="fairgate-borrowed", value=1000, preemption_policy="Never"
     )
 
     def for_band(self, band: PriorityBand) -> PriorityClassSpec:

@@ -49,7 +49,7 @@ class _NoAliasLoader(yaml.SafeLoader):
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
+            event = self.peek_event()  # type: ignore[no-untyped-call]
             raise yaml.constructor.ConstructorError(
                 None, None, "YAML aliases (*name) are not allowed here; write the value out",
                 event.start_mark,
@@ -64,7 +64,7 @@ def load_yaml_mapping(text: str, source: str) -> dict[str, Any]:
             source, [Problem("", f"document is larger than {MAX_DOCUMENT_BYTES} bytes")]
         )
     try:
-        data = yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - SafeLoader subclass
+        data = yaml.load(text, Loader=_NoAliasLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None

@@ -1,0 +1,105 @@
+"""platform.yaml / quota.yaml parsing: errors name the file, field and fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tenants.localdir import load_config_dir
+from tenants.schema import ConfigError, parse_platform, parse_quota
+
+PLATFORM = """
+platformAdmins: {groups: [platform-team], users: []}
+tenants:
+  team-a:
+    weight: 2
+    ceiling: {gpuEquivalents: 24}
+    admins: {groups: [team-a-admins], users: [alice@example.com]}
+  team-b:
+    weight: 1.5
+    ceiling: {gpuEquivalents: 4}
+    classes: [training]
+onRedisUnavailable: deny
+"""
+
+QUOTA = """
+nominal: {gpu: 8, mig-1g.5gb: 14}
+borrowLimit: {gpuEquivalents: 4}
+inferenceReserve: {gpuEquivalents: 2}
+defaultClass: training
+"""
+
+
+def test_design_examples_parse() -> None:
+    platform = parse_platform(PLATFORM)
+    quota = parse_quota(QUOTA, "team-a", platform)
+    assert platform.tenants["team-a"].ceiling.slices == 168
+    assert platform.tenants["team-b"].classes == ("training",)
+    assert quota.nominal_slices == 8 * 7 + 14
+    assert quota.borrow_limit.slices == 28
+    assert quota.inference_reserve.slices == 14
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("nominal: {gpu: 8}\nborowLimit: {gpuEquivalents: 1}", "borowLimit: unknown key"),
+        ("nominal: {gpu: -1}", "nominal.gpu: must be 0 or more"),
+        ("nominal: {gpu: 1.5}", "nominal.gpu: must be a whole number"),
+        ("nominal: {gpu: '2'}", "nominal.gpu: must be a whole number"),
+        ("nominal: {mig-9g.9gb: 1}", "unknown GPU resource 'mig-9g.9gb'"),
+        ("nominal: {gpu: 30}", "exceeds the ceiling of 24 GPU-eq"),
+        ("nominal: {gpu: 1}\ninferenceReserve: {gpuEquivalents: 2}",
+         "inferenceReserve.gpuEquivalents: 2 is more than the nominal quota"),
+        ("defaultClass: batch", "defaultClass: must be one of"),
+        ("nominal: {gpu: 1\n  x: [", "line 2: YAML syntax error"),
+        ("a: &x [1]\nb: *x", "aliases"),
+        ("- 1\n- 2", "expected a mapping"),
+    ],
+)
+def test_quota_errors_are_precise(text: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_quota(text, "team-a", parse_platform(PLATFORM))
+    assert expected in str(info.value)
+    assert str(info.value).startswith("quota-team-a.yaml: ")
+
+
+def test_quota_for_unknown_tenant_is_refused() -> None:
+    with pytest.raises(ConfigError, match="not defined in fairgate-platform"):
+        parse_quota("nominal: {gpu: 1}", "team-z", parse_platform(PLATFORM))
+
+
+def test_platform_weight_must_be_positive() -> None:
+    with pytest.raises(ConfigError, match=r"tenants.team-a.weight: must be greater than 0"):
+        parse_platform("tenants: {team-a: {weight: 0, ceiling: {gpuEquivalents: 1}}}")
+
+
+def test_config_dir_loads_all_files(tmp_path: Path) -> None:
+    (tmp_path / "platform.yaml").write_text(PLATFORM)
+    (tmp_path / "quota-team-a.yaml").write_text(QUOTA)
+    (tmp_path / "namespaces.yaml").write_text(
+        "team-a-dev: {fairgate.io/tenant: team-a}\nscratch: {}\n"
+    )
+    config = load_config_dir(tmp_path)
+    assert config.tenant_of_namespace("team-a-dev") == "team-a"
+    assert config.tenant_of_namespace("scratch") is None
+    tenant_a = config.tenant("team-a")
+    assert tenant_a is not None and tenant_a.nominal == {"gpu": 8, "mig-1g.5gb": 14}
+    tenant_b = config.tenant("team-b")
+    assert tenant_b is not None and tenant_b.nominal == {} and tenant_b.weight == 1.5
+    assert config.tenant("team-z") is None
+
+
+def test_config_dir_error_names_the_file(tmp_path: Path) -> None:
+    (tmp_path / "platform.yaml").write_text(PLATFORM)
+    (tmp_path / "quota-team-b.yaml").write_text("nominal: {gpu: 5}")
+    with pytest.raises(ConfigError) as info:
+        load_config_dir(tmp_path)
+    assert info.value.source.endswith("quota-team-b.yaml")
+    assert "ceiling of 4 GPU-eq" in str(info.value)
+
+
+def test_missing_platform_file_says_what_to_create(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"platform\.yaml: file not found"):
+        load_config_dir(tmp_path)
