@@ -1,0 +1,162 @@
+"""A pod's GPU demand, following Kubernetes' effective-request rule.
+
+Contract:
+- Only NVIDIA extended resources count (``nvidia.com/gpu`` and ``nvidia.com/mig-<profile>``);
+  everything else (cpu, memory, other vendors) is ignored.
+- Per container, a resource's amount comes from ``limits``; if only ``requests`` names it,
+  from ``requests``; if both name it they must be equal. Amounts are Kubernetes quantities
+  and must be whole, non-negative numbers (GPUs and MIG devices are whole devices).
+- Per resource, the pod's demand is the larger of
+  (a) the sum over app containers plus every restartable init container (sidecar,
+      ``restartPolicy: Always``), and
+  (b) for each regular init container, its amount plus the amounts of the sidecars
+      listed before it in ``initContainers`` (and, for each sidecar, the sum of the
+      sidecars up to and including it).
+  This is the computation of Kubernetes' ``PodRequests`` for extended resources.
+- Zero amounts are no demand: the result holds only positive counts, keyed by short name
+  (``gpu``, ``mig-1g.5gb``). An empty result means the pod asks for no GPU.
+- Any problem (unknown NVIDIA resource or MIG profile, fractional or negative count,
+  requests != limits, a pod that is not shaped like a Pod) raises :class:`DemandError`
+  naming the container and resource; no other exception type escapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from admission import pods
+from admission.quantity import QuantityError, parse_quantity
+from tenants import resources
+from tenants.resources import ResourceCounts
+
+SIDECAR_RESTART_POLICY = "Always"
+
+
+class DemandError(pods.PodError):
+    """A pod whose GPU demand cannot be determined; the message says what to fix."""
+
+
+def _resource_name(name: str, where: str) -> str | None:
+    short = resources.short_name(name)
+    if short is None:
+        return None
+    if resources.is_known(short):
+        return short
+    if short.startswith(resources.MIG_PREFIX):
+        raise DemandError(
+            f"{where}: unknown MIG profile {short[len(resources.MIG_PREFIX):]!r} in {name!r}: "
+            "use a profile of your GPUs, e.g. nvidia.com/mig-1g.5gb, nvidia.com/mig-3g.40gb"
+        )
+    raise DemandError(
+        f"{where}: unknown NVIDIA resource {name!r}: fairgate accounts nvidia.com/gpu and "
+        "nvidia.com/mig-<profile> (e.g. nvidia.com/mig-1g.10gb)"
+    )
+
+
+def _amounts(section: Mapping[str, Any], where: str) -> dict[str, tuple[str, Any]]:
+    found: dict[str, tuple[str, Any]] = {}
+    for name, value in section.items():
+        short = _resource_name(name, where)
+        if short is not None:
+            found[short] = (name, value)
+    return found
+
+
+def _count(name: str, value: Any, where: str) -> int:
+    try:
+        amount = parse_quantity(value)
+    except QuantityError as exc:
+        raise DemandError(f"{where}: {name}: {exc}") from exc
+    if amount < 0:
+        raise DemandError(f"{where}: {name} is {value!r}: a device count cannot be negative")
+    if amount.denominator != 1:
+        raise DemandError(
+            f"{where}: {name} is {value!r}: GPUs and MIG devices are whole devices; "
+            "ask for a whole number such as 1"
+        )
+    return int(amount)
+
+
+def _container_demand(container: Mapping[str, Any], where: str) -> ResourceCounts:
+    spec = pods.mapping(container.get("resources"), f"{where}: resources")
+    limits = _amounts(pods.mapping(spec.get("limits"), f"{where}: resources.limits"), where)
+    requests = _amounts(pods.mapping(spec.get("requests"), f"{where}: resources.requests"), where)
+    demand: ResourceCounts = {}
+    for short in limits.keys() | requests.keys():
+        if short in limits:
+            name, value = limits[short]
+            count = _count(name, value, where)
+            if short in requests:
+                req_name, req_value = requests[short]
+                req_count = _count(req_name, req_value, where)
+                if req_count != count:
+                    raise DemandError(
+                        f"{where}: {name} requests ({req_value}) differ from limits ({value}): "
+                        "for GPUs set them equal, or set only limits"
+                    )
+        else:
+            name, value = requests[short]
+            count = _count(name, value, where)
+        if count:
+            demand[short] = count
+    return demand
+
+
+def _add(total: ResourceCounts, more: Mapping[str, int]) -> None:
+    for name, n in more.items():
+        total[name] = total.get(name, 0) + n
+
+
+def _max_into(total: ResourceCounts, other: Mapping[str, int]) -> None:
+    for name, n in other.items():
+        total[name] = max(total.get(name, 0), n)
+
+
+def _label(container: Mapping[str, Any], field: str, index: int) -> str:
+    kind = "init container" if field == "initContainers" else "container"
+    name = container.get("name")
+    return f"{kind} {name!r}" if isinstance(name, str) and name else f"spec.{field}[{index}]"
+
+
+def _is_sidecar(container: Mapping[str, Any]) -> bool:
+    return container.get("restartPolicy") == SIDECAR_RESTART_POLICY
+
+
+def _effective_demand(
+    app: Iterable[Mapping[str, int]], init: Iterable[tuple[Mapping[str, int], bool]]
+) -> ResourceCounts:
+    total: ResourceCounts = {}
+    for counts in app:
+        _add(total, counts)
+    sidecars: ResourceCounts = {}
+    init_peak: ResourceCounts = {}
+    for counts, sidecar in init:
+        if sidecar:
+            _add(total, counts)
+            _add(sidecars, counts)
+            _max_into(init_peak, sidecars)
+        else:
+            running = dict(sidecars)
+            _add(running, counts)
+            _max_into(init_peak, running)
+    _max_into(total, init_peak)
+    return {name: n for name, n in total.items() if n}
+
+
+def pod_demand(pod: object) -> ResourceCounts:
+    """The pod's effective GPU demand by short resource name (positive counts only)."""
+    try:
+        app = [
+            _container_demand(c, _label(c, "containers", i))
+            for i, c in enumerate(pods.containers(pod, "containers"))
+        ]
+        init = [
+            (_container_demand(c, _label(c, "initContainers", i)), _is_sidecar(c))
+            for i, c in enumerate(pods.containers(pod, "initContainers"))
+        ]
+    except DemandError:
+        raise
+    except pods.PodError as exc:
+        raise DemandError(f"malformed pod: {exc}") from exc
+    return _effective_demand(app, init)
