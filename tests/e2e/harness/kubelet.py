@@ -1,0 +1,346 @@
+"""Fake GPU nodes and a fake kubelet for them.
+
+Nodes are plain Node objects: capacity and allocatable carry `nvidia.com/gpu` and MIG
+`mixed` resources, labels are what GPU Feature Discovery would set, they are Ready and
+tainted `nvidia.com/gpu:NoSchedule`. The fake kubelet acts as each node's own identity
+(`system:node:<name>`, group `system:nodes`, so the Node authorizer and NodeRestriction
+apply): it marks pods bound to its nodes Running, finishes them on request, keeps the
+node Lease and Ready condition fresh and completes graceful deletions, which is what the
+scheduler's preemption waits for.
+"""
+
+from __future__ import annotations
+
+import datetime
+import queue
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from .controlplane import ControlPlane
+
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+STRATEGIC = "application/strategic-merge-patch+json"
+MERGE = "application/merge-patch+json"
+_BASE_RESOURCES = {"cpu": "64", "memory": "512Gi", "pods": "110", "ephemeral-storage": "1Ti"}
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _now_micro() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass(frozen=True)
+class GpuNode:
+    """One fake GPU node: its name, GPU product, MIG strategy and extended resources."""
+
+    name: str
+    product: str
+    mig_strategy: str  # GFD's value: "none", "single" or "mixed"
+    devices: Mapping[str, int]  # e.g. {"nvidia.com/gpu": 4} or {"nvidia.com/mig-1g.5gb": 7}
+    gpu_count: int
+    gpu_memory_mib: int
+    extra_labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def user(self) -> str:
+        return f"system:node:{self.name}"
+
+    def labels(self) -> dict[str, str]:
+        return {
+            "kubernetes.io/hostname": self.name,
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+            "nvidia.com/gpu.present": "true",
+            "nvidia.com/gpu.product": self.product,
+            "nvidia.com/gpu.count": str(self.gpu_count),
+            "nvidia.com/gpu.memory": str(self.gpu_memory_mib),
+            "nvidia.com/mig.capable": "true" if self.mig_strategy != "none" else "false",
+            "nvidia.com/mig.strategy": self.mig_strategy,
+            **self.extra_labels,
+        }
+
+    def manifest(self) -> dict[str, Any]:
+        """The Node object, status included (the API server keeps status on create)."""
+        resources = {**_BASE_RESOURCES, **{k: str(v) for k, v in self.devices.items()}}
+        now = _now()
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": self.name, "labels": self.labels()},
+            "spec": {"taints": [GPU_TAINT]},
+            "status": {
+                "capacity": resources,
+                "allocatable": resources,
+                "conditions": [_ready_condition(now, now)],
+                "addresses": [{"type": "Hostname", "address": self.name}],
+                "nodeInfo": {
+                    "machineID": self.name,
+                    "systemUUID": self.name,
+                    "bootID": self.name,
+                    "kernelVersion": "6.1.0",
+                    "osImage": "fake",
+                    "containerRuntimeVersion": "fake://1",
+                    "kubeletVersion": "v0.0.0-fake",
+                    "kubeProxyVersion": "",
+                    "operatingSystem": "linux",
+                    "architecture": "amd64",
+                },
+            },
+        }
+
+
+def _ready_condition(heartbeat: str, transition: str) -> dict[str, str]:
+    return {
+        "type": "Ready",
+        "status": "True",
+        "reason": "KubeletReady",
+        "message": "fake kubelet is posting ready status",
+        "lastHeartbeatTime": heartbeat,
+        "lastTransitionTime": transition,
+    }
+
+
+# Two whole-GPU nodes (4 x A100-80GB each, MIG off) and one MIG `mixed` node whose two
+# A100-40GB are split into 7 x 1g.5gb and 2 x 3g.20gb: 8 GPUs + 13 MIG slices in total.
+DEFAULT_GPU_NODES: tuple[GpuNode, ...] = (
+    GpuNode("gpu-a100-0", "NVIDIA-A100-SXM4-80GB", "none", {"nvidia.com/gpu": 4}, 4, 81920),
+    GpuNode("gpu-a100-1", "NVIDIA-A100-SXM4-80GB", "none", {"nvidia.com/gpu": 4}, 4, 81920),
+    GpuNode(
+        "gpu-mig-0",
+        "NVIDIA-A100-SXM4-40GB",
+        "mixed",
+        {"nvidia.com/gpu": 0, "nvidia.com/mig-1g.5gb": 7, "nvidia.com/mig-3g.20gb": 2},
+        2,
+        40960,
+    ),
+)
+
+
+@dataclass
+class _Finish:
+    namespace: str
+    name: str
+    phase: str
+    done: threading.Event = field(default_factory=threading.Event)
+    error: str | None = None
+
+
+class FakeKubelet:
+    """Runs the nodes' side of the pod lifecycle in one background thread."""
+
+    def __init__(
+        self,
+        controlplane: ControlPlane,
+        nodes: Sequence[GpuNode] = DEFAULT_GPU_NODES,
+        interval: float = 0.2,
+        heartbeat_seconds: float = 10.0,
+    ) -> None:
+        self.nodes = tuple(nodes)
+        self._admin: Any = client.CoreV1Api(controlplane.admin)
+        self._core: dict[str, Any] = {
+            n.name: client.CoreV1Api(controlplane.client_for(n.user, ["system:nodes"]))
+            for n in self.nodes
+        }
+        self._leases: dict[str, Any] = {
+            n.name: client.CoordinationV1Api(controlplane.client_for(n.user, ["system:nodes"]))
+            for n in self.nodes
+        }
+        self._interval = interval
+        self._heartbeat_seconds = heartbeat_seconds
+        self._requests: queue.Queue[_Finish] = queue.Queue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fake-kubelet", daemon=True)
+        self._ready_since = _now()
+        self.errors: list[str] = []
+
+    # -- public ------------------------------------------------------------------------
+
+    def register_nodes(self) -> None:
+        """Create the Node objects (as the admin, like a provisioner) and their Leases.
+
+        The API server taints new nodes `node.kubernetes.io/not-ready`; with no
+        controller-manager running, this lifts that taint as its node lifecycle
+        controller would for a Ready node.
+        """
+        for node in self.nodes:
+            self._admin.create_node(node.manifest())
+            self._admin.patch_node(
+                node.name, {"spec": {"taints": [GPU_TAINT]}}, _content_type=MERGE
+            )
+            self._leases[node.name].create_namespaced_lease(
+                "kube-node-lease",
+                {
+                    "metadata": {"name": node.name},
+                    "spec": {
+                        "holderIdentity": node.name,
+                        "leaseDurationSeconds": 40,
+                        "renewTime": _now_micro(),
+                    },
+                },
+            )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def finish(
+        self, namespace: str, name: str, phase: str = "Succeeded", timeout: float = 15.0
+    ) -> None:
+        """Make a pod's containers exit: phase `Succeeded` or `Failed`. Blocks until done."""
+        if phase not in ("Succeeded", "Failed"):
+            raise ValueError(f"phase must be Succeeded or Failed, not {phase!r}")
+        request = _Finish(namespace, name, phase)
+        self._requests.put(request)
+        if not request.done.wait(timeout):
+            raise TimeoutError(f"fake kubelet did not finish {namespace}/{name} in {timeout}s")
+        if request.error:
+            raise RuntimeError(request.error)
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        last_heartbeat = 0.0
+        while not self._stop.wait(self._interval):
+            try:
+                self._serve_finish_requests()
+                for node in self.nodes:
+                    self._sync_node(node)
+                if time.monotonic() - last_heartbeat >= self._heartbeat_seconds:
+                    for node in self.nodes:
+                        self._heartbeat(node)
+                    last_heartbeat = time.monotonic()
+            except Exception as error:  # keep the kubelet alive; the fixture reports errors
+                if not self._stop.is_set():
+                    self.errors.append(f"{type(error).__name__}: {error}")
+
+    def _serve_finish_requests(self) -> None:
+        while True:
+            try:
+                request = self._requests.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                pod = self._admin.read_namespaced_pod(request.name, request.namespace)
+                node = pod.spec.node_name
+                if node not in self._core:
+                    request.error = (
+                        f"{request.namespace}/{request.name} is not bound to a fake "
+                        f"node (spec.nodeName={node!r})"
+                    )
+                else:
+                    self._set_terminated(node, pod, request.phase)
+            except ApiException as error:
+                request.error = f"finishing {request.namespace}/{request.name}: {error.reason}"
+            request.done.set()
+
+    def _sync_node(self, node: GpuNode) -> None:
+        core = self._core[node.name]
+        pods = core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node.name}")
+        for pod in pods.items:
+            meta = pod.metadata
+            try:
+                if meta.deletion_timestamp is not None:
+                    core.delete_namespaced_pod(
+                        meta.name,
+                        meta.namespace,
+                        body={"gracePeriodSeconds": 0, "preconditions": {"uid": meta.uid}},
+                    )
+                elif pod.status.phase == "Pending":
+                    self._set_running(node.name, pod)
+            except ApiException as error:
+                if error.status not in (404, 409):  # gone or changed meanwhile: next tick
+                    raise
+
+    def _set_running(self, node: str, pod: Any) -> None:
+        now = _now()
+        statuses = [
+            {
+                "name": c.name,
+                "image": c.image,
+                "imageID": f"fake://{c.image}",
+                "ready": True,
+                "restartCount": 0,
+                "started": True,
+                "state": {"running": {"startedAt": now}},
+            }
+            for c in pod.spec.containers
+        ]
+        conditions = [
+            {"type": t, "status": "True", "lastTransitionTime": now}
+            for t in ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
+        ]
+        self._core[node].patch_namespaced_pod_status(
+            pod.metadata.name,
+            pod.metadata.namespace,
+            {
+                "status": {
+                    "phase": "Running",
+                    "startTime": now,
+                    "hostIP": "127.0.0.1",
+                    "hostIPs": [{"ip": "127.0.0.1"}],
+                    "conditions": conditions,
+                    "containerStatuses": statuses,
+                },
+            },
+            _content_type=STRATEGIC,
+        )
+
+    def _set_terminated(self, node: str, pod: Any, phase: str) -> None:
+        now = _now()
+        code = 0 if phase == "Succeeded" else 1
+        reason = "Completed" if phase == "Succeeded" else "Error"
+        statuses = [
+            {
+                "name": c.name,
+                "image": c.image,
+                "imageID": f"fake://{c.image}",
+                "ready": False,
+                "restartCount": 0,
+                "started": False,
+                "state": {
+                    "terminated": {
+                        "exitCode": code,
+                        "reason": reason,
+                        "startedAt": now,
+                        "finishedAt": now,
+                    }
+                },
+            }
+            for c in pod.spec.containers
+        ]
+        conditions = [
+            {"type": t, "status": "False", "reason": "PodCompleted", "lastTransitionTime": now}
+            for t in ("ContainersReady", "Ready")
+        ]
+        self._core[node].patch_namespaced_pod_status(
+            pod.metadata.name,
+            pod.metadata.namespace,
+            {
+                "status": {"phase": phase, "conditions": conditions, "containerStatuses": statuses},
+            },
+            _content_type=STRATEGIC,
+        )
+
+    def _heartbeat(self, node: GpuNode) -> None:
+        self._leases[node.name].patch_namespaced_lease(
+            node.name, "kube-node-lease", {"spec": {"renewTime": _now_micro()}}, _content_type=MERGE
+        )
+        self._core[node.name].patch_node_status(
+            node.name,
+            {
+                "status": {"conditions": [_ready_condition(_now(), self._ready_since)]},
+            },
+            _content_type=STRATEGIC,
+        )

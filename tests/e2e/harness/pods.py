@@ -1,0 +1,55 @@
+"""Pod manifests and pod-state probes shared by the e2e tests."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def pod_manifest(
+    name: str,
+    resources: Mapping[str, int] | None = None,
+    *,
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    priority_class: str | None = None,
+    gates: Sequence[str] = (),
+    tolerate_gpu: bool = True,
+) -> dict[str, Any]:
+    """A one-container pod asking for `resources` (extended resources go in limits)."""
+    container: dict[str, Any] = {"name": "main", "image": "registry.k8s.io/pause:3.10"}
+    if resources:
+        container["resources"] = {"limits": {k: str(v) for k, v in resources.items()}}
+    spec: dict[str, Any] = {"containers": [container], "terminationGracePeriodSeconds": 30}
+    if tolerate_gpu:
+        spec["tolerations"] = [GPU_TOLERATION]
+    if priority_class:
+        spec["priorityClassName"] = priority_class
+    if gates:
+        spec["schedulingGates"] = [{"name": g} for g in gates]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": dict(labels or {}),
+            "annotations": dict(annotations or {}),
+        },
+        "spec": spec,
+    }
+
+
+def condition(pod: Any, kind: str) -> Any | None:
+    """The pod's status condition of type `kind`, or None."""
+    for cond in pod.status.conditions or []:
+        if cond.type == kind:
+            return cond
+    return None
+
+
+def is_gated(pod: Any) -> bool:
+    """True if the API server reports the pod as held by a scheduling gate."""
+    scheduled = condition(pod, "PodScheduled")
+    return scheduled is not None and scheduled.reason == "SchedulingGated"
