@@ -1,0 +1,192 @@
+"""The webhook's HTTP surface: ``/mutate``, ``/validate``, ``/healthz``, ``/readyz``, ``/metrics``.
+
+Contract (AdmissionReview v1, as the API server requires):
+
+- ``POST /mutate`` and ``POST /validate`` answer every well-formed AdmissionReview v1
+  with HTTP 200 and a response review echoing the request ``uid``; only ``/mutate``
+  ever carries a patch (base64 JSON Patch, ``patchType: JSONPatch``).
+- A body that is not an AdmissionReview v1 gets **400** with ``{"error": ...}``; a body
+  over ``max_body_bytes`` gets **413**. No other 4xx/5xx comes from these endpoints: an
+  unexpected error inside the webhook is logged with its traceback and answered as a
+  denial for GPU pods (an allow for anything else), never as a 500.
+- Every answer is given within ``deadline_seconds`` (default 1 s, well under the API
+  server's ``timeoutSeconds``): when the decision (Redis included) is not done by then,
+  the ``onRedisUnavailable`` policy answers instead.
+- ``GET /healthz``: 200 while the process serves. ``GET /readyz``: 200 when Redis
+  answers and a config is loaded, else 503; the JSON body says which part is missing.
+- ``GET /metrics``: Prometheus text (see :mod:`webhook.metrics`).
+
+Why sync work in a thread pool (not ``redis.asyncio``): the queue (``fairshare``) and
+the audit log are synchronous Redis code shared with the dispatcher and the simulator,
+and the pure admission logic is CPU work that must not stall the event loop either.
+Each request therefore reads its body on the loop, then runs parse + decide + Redis in
+one hop to a bounded worker pool (``anyio.to_thread``, abandoned at the deadline), so
+the loop only does HTTP and TLS. Redis sockets time out after ``redis_timeout`` and the
+deadline bounds the whole answer even when the pool is saturated.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Literal
+
+import anyio
+import anyio.to_thread
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from admission.reviews import AdmissionReviewResponse, InvalidReview
+from webhook.metrics import CONTENT_TYPE, WebhookMetrics
+from webhook.service import AdmissionService, Progress, Webhook
+
+log = logging.getLogger("fairgate.webhook")
+
+DEFAULT_MAX_BODY_BYTES = 3 * 1024 * 1024
+DEFAULT_DEADLINE_SECONDS = 1.0
+DEFAULT_WORKERS = 64
+
+
+class _BodyError(Exception):
+    """A request body refused before parsing (size, framing)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise _BodyError(400, f"invalid Content-Length header {declared[:32]!r}")
+        if int(declared) > limit:
+            raise _BodyError(413, f"request body of {declared} bytes is over the {limit}-byte limit")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _BodyError(413, f"request body is over the {limit}-byte limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _review_response(review: AdmissionReviewResponse) -> Response:
+    return Response(
+        review.model_dump_json(by_alias=True, exclude_none=True),
+        media_type="application/json",
+    )
+
+
+def _error_response(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def create_app(
+    service: AdmissionService,
+    *,
+    metrics: WebhookMetrics | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    deadline_seconds: float = DEFAULT_DEADLINE_SECONDS,
+    workers: int = DEFAULT_WORKERS,
+) -> FastAPI:
+    """The FastAPI app serving ``service`` (see the module docstring for the contract).
+
+    ``service`` decides; this layer does HTTP, limits, the deadline and metrics. The
+    service's background parts (the audit writer) run for the app's lifespan.
+    """
+    if max_body_bytes <= 0 or deadline_seconds <= 0 or workers <= 0:
+        raise ValueError("max_body_bytes, deadline_seconds and workers must be positive")
+    webhook_metrics = metrics if metrics is not None else service.metrics
+    limiter = anyio.CapacityLimiter(workers)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        service.start()
+        try:
+            yield
+        finally:
+            await anyio.to_thread.run_sync(service.stop)
+
+    app = FastAPI(
+        title="fairgate webhook",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        lifespan=lifespan,
+    )
+
+    async def review(request: Request, webhook: Webhook) -> Response:
+        started = time.perf_counter()
+        operation = "invalid"
+        try:
+            body = await _read_body(request, max_body_bytes)
+            progress = Progress(started=started)
+            try:
+                with anyio.fail_after(deadline_seconds):
+                    answer = await anyio.to_thread.run_sync(
+                        service.review, webhook, body, progress,
+                        abandon_on_cancel=True, limiter=limiter,
+                    )
+            except TimeoutError:
+                answer = service.overdue(webhook, body, progress)
+            except InvalidReview:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the API server must never see a 500
+                answer = service.failed(webhook, body, progress, exc)
+            if progress.review is not None:
+                operation = progress.review.request.operation
+            return _review_response(answer)
+        except _BodyError as exc:
+            return _error_response(exc.status, exc.message)
+        except InvalidReview as exc:
+            return _error_response(400, str(exc))
+        except Exception:  # noqa: BLE001 - last resort: still a JSON answer, not a 500
+            log.exception("unexpected error answering /%s", webhook)
+            webhook_metrics.errors.inc()
+            return _error_response(400, "fairgate could not read this request")
+        finally:
+            webhook_metrics.duration.labels(webhook, operation).observe(
+                time.perf_counter() - started
+            )
+
+    @app.post("/mutate")
+    async def mutate(request: Request) -> Response:
+        """Mutating admission: stamp, reserve or queue GPU pods."""
+        return await review(request, "mutate")
+
+    @app.post("/validate")
+    async def validate(request: Request) -> Response:
+        """Validating admission: pod rules and quota ConfigMap edits."""
+        return await review(request, "validate")
+
+    @app.get("/healthz")
+    async def healthz() -> JSONResponse:
+        """Liveness: the process serves HTTP."""
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        """Readiness: Redis answers and a config is loaded."""
+        try:
+            with anyio.fail_after(deadline_seconds):
+                ready, detail = await anyio.to_thread.run_sync(
+                    service.readiness, abandon_on_cancel=True, limiter=limiter
+                )
+        except TimeoutError:
+            ready, detail = False, {"redis": f"no answer within {deadline_seconds}s"}
+        return JSONResponse({"ready": ready, **detail}, status_code=200 if ready else 503)
+
+    @app.get("/metrics")
+    async def metrics_endpoint() -> Response:
+        """Prometheus metrics."""
+        return Response(webhook_metrics.render(), media_type=CONTENT_TYPE)
+
+    return app
+
+
+WebhookName = Literal["mutate", "validate"]

@@ -1,0 +1,301 @@
+"""The ``fairgate`` command.
+
+Contract: ``main(argv) -> exit code``. Every subcommand has ``--help`` with examples;
+every subcommand that talks to Redis takes ``--redis-url`` (default ``$REDIS_URL``).
+Bad input (missing files, broken config, unreachable Redis) ends with a one-line
+``fairgate: error: ...`` on stderr that says what to fix, and exit code 2 (usage) or
+1 (runtime), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import redis
+
+from certs import CertError, write_bundle
+from tenants.schema import ConfigError
+
+Handler = Callable[[argparse.Namespace], int]
+
+_EPILOG_MAIN = """\
+examples:
+  fairgate demo                                   # everything, locally, in under a minute
+  fairgate certs generate --out ./certs
+  fairgate serve --cert-dir ./certs --port 8443 --redis-url redis://127.0.0.1:6379/0 \\
+      --config-dir ./config
+  fairgate status --redis-url redis://127.0.0.1:6379/0
+  fairgate why team-a-dev/trainer-0
+  fairgate audit verify
+  fairgate simulate examples/weights.yaml --json
+
+Run `fairgate <command> --help` for the details of a command.
+"""
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the examples in epilogs as written."""
+
+
+def _redis_url_argument(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
+    default = os.environ.get("REDIS_URL")
+    parser.add_argument(
+        "--redis-url",
+        default=default,
+        required=required and default is None,
+        metavar="URL",
+        help="Redis holding fairgate's queue and audit stream, e.g. "
+        "redis://127.0.0.1:6379/0 (default: $REDIS_URL"
+        + (f", now {default}" if default else ", which is not set") + ")",
+    )
+
+
+def _subparser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    summary: str,
+    description: str,
+    examples: str,
+) -> argparse.ArgumentParser:
+    return subparsers.add_parser(
+        name,
+        help=summary,
+        description=description,
+        epilog="examples:\n" + examples,
+        formatter_class=_Formatter,
+    )
+
+
+# -- certs -----------------------------------------------------------------------------
+
+
+def _certs_generate(args: argparse.Namespace) -> int:
+    paths = write_bundle(Path(args.out), args.service, args.namespace, tuple(args.san))
+    print(f"wrote {paths.ca_cert}, {paths.cert}, {paths.key} (and {paths.ca_key}, keep it private)")
+    print(f"caBundle for the webhook configurations: base64 of {paths.ca_cert}")
+    return 0
+
+
+def _add_certs(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    certs = _subparser(
+        subparsers, "certs", "create the webhook's CA and serving certificate",
+        "Certificates for the webhook's HTTPS endpoint.",
+        "  fairgate certs generate --out ./certs\n",
+    )
+    certs_sub = certs.add_subparsers(dest="certs_command", required=True, metavar="COMMAND")
+    gen = _subparser(
+        certs_sub, "generate", "write ca.crt, tls.crt, tls.key (ECDSA P-256) into a directory",
+        "Generate a new CA and a serving certificate whose SANs name the webhook Service:\n"
+        "<svc>, <svc>.<ns>, <svc>.<ns>.svc, <svc>.<ns>.svc.cluster.local (plus --san).\n"
+        "Writes ca.crt (the caBundle), ca.key (keep private), tls.crt and tls.key.\n"
+        "In a cluster, `fairgate serve` creates and renews these itself.",
+        "  fairgate certs generate --out ./certs\n"
+        "  fairgate certs generate --out ./certs --service gpu-gate --namespace platform\n"
+        "  fairgate certs generate --out ./certs --san localhost --san 127.0.0.1\n",
+    )
+    gen.add_argument("--out", required=True, metavar="DIR", help="directory to write into")
+    gen.add_argument("--service", default="fairgate-webhook",
+                     help="webhook Service name (default: %(default)s)")
+    gen.add_argument("--namespace", default="fairgate-system",
+                     help="namespace of the Service (default: %(default)s)")
+    gen.add_argument("--san", action="append", default=[], metavar="NAME",
+                     help="extra DNS name or IP address for the certificate (repeatable)")
+    gen.set_defaults(handler=_certs_generate)
+
+
+# -- serve -----------------------------------------------------------------------------
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from webhook.logs import configure_logging
+    from webhook.server import ServeOptions, serve
+
+    configure_logging(args.log_level)
+    serve(
+        ServeOptions(
+            cert_dir=Path(args.cert_dir),
+            port=args.port,
+            redis_url=args.redis_url,
+            config_dir=Path(args.config_dir) if args.config_dir else None,
+            host=args.host,
+            log_level=args.log_level,
+        )
+    )
+    return 0
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port {value} is out of range 1-65535")
+    return value
+
+
+def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    serve = _subparser(
+        subparsers, "serve", "run the admission webhook over HTTPS",
+        "Serve /mutate, /validate, /healthz, /readyz and /metrics over TLS 1.2+.\n"
+        "The serving certificate (tls.crt, tls.key in --cert-dir) is reloaded when it\n"
+        "changes. With --config-dir the tenant config is read from that directory\n"
+        "(platform.yaml, quota-<tenant>.yaml, namespaces.yaml); without it, from the\n"
+        "cluster's ConfigMaps and Namespaces. SIGTERM finishes requests in flight.",
+        "  fairgate serve --cert-dir ./certs --port 8443 --redis-url redis://127.0.0.1:6379/0 "
+        "--config-dir ./config\n"
+        "  REDIS_URL=redis://fairgate-redis:6379/0 fairgate serve --cert-dir /certs --port 8443\n",
+    )
+    serve.add_argument("--cert-dir", required=True, metavar="DIR",
+                       help="directory holding tls.crt and tls.key (see `fairgate certs`)")
+    serve.add_argument("--port", required=True, type=_port, help="HTTPS port, e.g. 8443")
+    _redis_url_argument(serve)
+    serve.add_argument("--config-dir", metavar="DIR",
+                       help="local config directory (default: read the config from the cluster)")
+    serve.add_argument("--host", default="0.0.0.0",  # noqa: S104 - reachable by the API server
+                       help="address to listen on (default: %(default)s)")
+    serve.add_argument("--log-level", default="info",
+                       choices=["debug", "info", "warning", "error"],
+                       help="log level (default: %(default)s)")
+    serve.set_defaults(handler=_serve)
+
+
+# -- demo ------------------------------------------------------------------------------
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from webhook.demo import run_demo
+
+    return run_demo(redis_url=args.redis_url, pods=args.pods)
+
+
+def _add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    demo = _subparser(
+        subparsers, "demo", "see fairgate work end to end on this machine, no cluster",
+        "Start redis-server (unless REDIS_URL is set), generate certificates, write a\n"
+        "config for three tenants, run `fairgate serve` over HTTPS and send it a mixed\n"
+        "stream of real AdmissionReview requests (inference and training, whole GPUs and\n"
+        "MIG, a gang, over-quota pods, an unlabeled namespace), then print per tenant\n"
+        "what was admitted, queued and denied. Cleans up after itself.",
+        "  fairgate demo\n  REDIS_URL=redis://127.0.0.1:6379/0 fairgate demo\n",
+    )
+    demo.add_argument("--redis-url", default=os.environ.get("REDIS_URL"), metavar="URL",
+                      help="use this Redis instead of starting one (default: $REDIS_URL)")
+    demo.add_argument("--pods", type=int, default=120,
+                      help="how many pod admissions to send (default: %(default)s)")
+    demo.set_defaults(handler=_demo)
+
+
+# -- commands of other packages --------------------------------------------------------
+
+
+def _not_yet(name: str) -> Handler:
+    def handler(_args: argparse.Namespace) -> int:
+        print(f"fairgate: error: `fairgate {name}` is not available in this build yet",
+              file=sys.stderr)
+        return 1
+
+    return handler
+
+
+def _add_pending(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    dispatch = _subparser(
+        subparsers, "dispatch", "run the dispatcher and reconciler",
+        "Release gated pods from the weighted-fair queue, free usage when pods end,\n"
+        "and rebuild the queue from the cluster.",
+        "  fairgate dispatch --redis-url redis://fairgate-redis:6379/0\n",
+    )
+    _redis_url_argument(dispatch)
+    dispatch.add_argument("--config-dir", metavar="DIR",
+                          help="local config directory (default: the cluster's ConfigMaps)")
+    dispatch.set_defaults(handler=_not_yet("dispatch"))
+
+    status = _subparser(
+        subparsers, "status", "per-tenant usage, quota and queues",
+        "Per tenant: weight, nominal, borrowLimit, used, borrowed, queued by class,\n"
+        "weighted share.",
+        "  fairgate status --redis-url redis://127.0.0.1:6379/0\n  fairgate status --json\n",
+    )
+    _redis_url_argument(status)
+    status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    status.set_defaults(handler=_not_yet("status"))
+
+    why = _subparser(
+        subparsers, "why", "explain what happened to a pod",
+        "Say whether a pod is not fairgate's business, was denied (why), is queued\n"
+        "(position, what it waits for) or was released (when, after how long).",
+        "  fairgate why team-a-dev/trainer-0\n",
+    )
+    why.add_argument("pod", metavar="NAMESPACE/POD")
+    _redis_url_argument(why)
+    why.set_defaults(handler=_not_yet("why"))
+
+    audit = _subparser(
+        subparsers, "audit", "read and verify the audit log",
+        "The hash-chained audit log in the Redis Stream fairgate:audit.",
+        "  fairgate audit tail\n  fairgate audit query --tenant team-a --decision deny\n"
+        "  fairgate audit verify\n",
+    )
+    audit_sub = audit.add_subparsers(dest="audit_command", required=True, metavar="COMMAND")
+    for name, summary in (("tail", "follow new records"), ("query", "filter records"),
+                          ("verify", "check the hash chain")):
+        sub = _subparser(audit_sub, name, summary, summary.capitalize() + ".",
+                         f"  fairgate audit {name}\n")
+        _redis_url_argument(sub)
+        sub.set_defaults(handler=_not_yet(f"audit {name}"))
+
+    simulate = _subparser(
+        subparsers, "simulate", "replay a workload trace through the real queue",
+        "Run the real queue code on a virtual clock against a trace and report shares,\n"
+        "Jain's index, waits per class and utilisation.",
+        "  fairgate simulate examples/weights.yaml\n  fairgate simulate trace.yaml --json\n",
+    )
+    simulate.add_argument("trace", metavar="TRACE.yaml")
+    simulate.add_argument("--json", action="store_true", help="print one JSON object")
+    _redis_url_argument(simulate, required=False)
+    simulate.set_defaults(handler=_not_yet("simulate"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``fairgate``."""
+    parser = argparse.ArgumentParser(
+        prog="fairgate",
+        description="Fair GPU and MIG sharing for multi-tenant Kubernetes: admission webhook,\n"
+        "weighted-fair dispatcher, audit log.",
+        epilog=_EPILOG_MAIN,
+        formatter_class=_Formatter,
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_demo(subparsers)
+    _add_certs(subparsers)
+    _add_serve(subparsers)
+    _add_pending(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``fairgate`` with ``argv`` (default: the process arguments)."""
+    args = build_parser().parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        return 130
+    except (ConfigError, CertError) as exc:
+        print(f"fairgate: error: {exc}", file=sys.stderr)
+        return 2
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        print(f"fairgate: error: cannot reach Redis ({exc}): check --redis-url / $REDIS_URL",
+              file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"fairgate: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

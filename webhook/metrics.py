@@ -1,0 +1,62 @@
+"""Prometheus metrics of the admission webhook.
+
+Contract: every :class:`WebhookMetrics` owns its own ``CollectorRegistry`` (so several
+apps can live in one process, e.g. in tests) and exposes it at ``/metrics``:
+
+- ``fairgate_admission_duration_seconds{webhook, operation}``: histogram of the time
+  from a request's arrival to its answer; ``webhook`` is ``mutate`` or ``validate``,
+  ``operation`` the AdmissionReview operation (``CREATE``, ``UPDATE``, ...) or
+  ``invalid`` for bodies that were refused with a 4xx.
+- ``fairgate_admission_decisions_total{tenant, verdict}``: decisions by tenant (empty
+  when the namespace has none) and verdict (``admit``, ``queue``, ``deny``, ``allow``).
+- ``fairgate_redis_unavailable_total{policy}``: admissions answered by the
+  ``onRedisUnavailable`` policy (``deny`` or ``allow``).
+- ``fairgate_admission_errors_total``: unexpected errors turned into a safe answer.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+# Admission must stay in single milliseconds; the tail buckets show Redis timeouts.
+_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+            2.5)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class WebhookMetrics:
+    """The webhook's collectors, registered in a registry of their own."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        """Register the collectors in ``registry`` (a fresh one by default)."""
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.duration = Histogram(
+            "fairgate_admission_duration_seconds",
+            "Time to answer an AdmissionReview, by webhook and operation.",
+            ["webhook", "operation"],
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self.decisions = Counter(
+            "fairgate_admission_decisions_total",
+            "Admission decisions by tenant and verdict.",
+            ["tenant", "verdict"],
+            registry=self.registry,
+        )
+        self.redis_unavailable = Counter(
+            "fairgate_redis_unavailable_total",
+            "Admissions answered by the onRedisUnavailable policy because Redis failed.",
+            ["policy"],
+            registry=self.registry,
+        )
+        self.errors = Counter(
+            "fairgate_admission_errors_total",
+            "Unexpected errors inside the webhook, answered safely instead of with a 5xx.",
+            registry=self.registry,
+        )
+
+    def render(self) -> bytes:
+        """The registry in the Prometheus text exposition format."""
+        return generate_latest(self.registry)

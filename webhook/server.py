@@ -1,0 +1,111 @@
+"""``fairgate serve``: the webhook over HTTPS (TLS 1.2+) with uvicorn.
+
+Contract:
+- Serves :func:`webhook.app.create_app` on ``host:port`` with the TLS context of
+  :func:`certs.server_ssl_context` (TLS 1.2 minimum); a :class:`certs.CertReloader`
+  swaps a renewed ``tls.crt``/``tls.key`` of ``cert_dir`` into the live context.
+- Config comes from ``config_dir`` (local mode, reloaded when the files change) or,
+  without it, from the cluster (in-cluster service account or kubeconfig), where the
+  serving certificate is also bootstrapped into ``cert_dir`` (shared Secret, caBundle
+  injection; see :mod:`certs.bootstrap`).
+- Redis is reached with short socket timeouts (``redis_timeout``) and one reconnect
+  attempt, so that every admission is answered within the app's deadline.
+- SIGTERM / SIGINT: stop accepting, finish requests in flight (up to
+  ``graceful_seconds``), flush the audit queue, exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+import uvicorn
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from certs import CertReloader, server_ssl_context
+from webhook.app import create_app
+from webhook.configsource import ConfigProvider, cluster_provider, local_provider
+from webhook.service import AdmissionService
+
+log = logging.getLogger("fairgate.webhook.server")
+
+DEFAULT_REDIS_TIMEOUT = 0.5
+WEBHOOK_CONFIGURATION = "fairgate"
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What ``fairgate serve`` was asked to do."""
+
+    cert_dir: Path
+    port: int
+    redis_url: str
+    config_dir: Path | None = None
+    host: str = "0.0.0.0"  # noqa: S104 - a webhook must be reachable from the API server
+    redis_timeout: float = DEFAULT_REDIS_TIMEOUT
+    deadline_seconds: float = 1.0
+    graceful_seconds: float = 10.0
+    log_level: str = "info"
+
+
+def connect_redis(url: str, timeout: float = DEFAULT_REDIS_TIMEOUT) -> redis.Redis:
+    """A Redis client whose every call fails within about ``timeout`` seconds.
+
+    Socket connect and read timeouts are ``timeout``; a dropped connection is retried
+    once at once (a restarted Redis), a timeout is not retried.
+    """
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
+    )
+
+
+def _config_provider(options: ServeOptions) -> ConfigProvider:
+    if options.config_dir is not None:
+        return local_provider(options.config_dir)
+    namespace = os.environ.get("POD_NAMESPACE", "fairgate-system")
+    return cluster_provider(options.cert_dir, namespace, WEBHOOK_CONFIGURATION)
+
+
+def serve(options: ServeOptions) -> None:
+    """Run the webhook until SIGTERM/SIGINT (see the module contract)."""
+    provider = _config_provider(options)
+    client = connect_redis(options.redis_url, options.redis_timeout)
+    service = AdmissionService(provider, client)
+    app = create_app(service, deadline_seconds=options.deadline_seconds)
+    context = server_ssl_context(options.cert_dir)
+    reloader = CertReloader(context, options.cert_dir)
+    config = uvicorn.Config(
+        app,
+        host=options.host,
+        port=options.port,
+        ssl_context_factory=lambda _config, _default: context,
+        log_config=None,
+        access_log=False,
+        server_header=False,
+        timeout_graceful_shutdown=int(options.graceful_seconds),
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
+    stop = threading.Event()
+
+    async def main() -> None:
+        async with reloader.running():
+            await server.serve()
+
+    provider.start()
+    log.info("serving https://%s:%d (mutate, validate)", options.host, options.port)
+    try:
+        asyncio.run(main())
+    finally:
+        stop.set()
+        provider.stop()
+        client.close()

@@ -1,0 +1,394 @@
+"""The webhook's decisions: AdmissionReview in, AdmissionReview out, audited.
+
+Contract (synchronous; :mod:`webhook.app` runs it in a worker pool under a deadline):
+
+- :meth:`AdmissionService.review` parses a body (raising
+  :class:`~admission.reviews.InvalidReview` when it is not an AdmissionReview v1) and
+  answers it:
+
+  * ``mutate``, pod CREATE: plan (pure) -> reserve or enqueue in the fair queue (a
+    dry-run request changes nothing in Redis) -> JSON Patch. A pod without GPU demand
+    is allowed untouched (no patch). A queued pod gets the gate and a warning saying
+    why it waits. Anything else sent to ``/mutate`` is allowed untouched.
+  * ``validate``: pod CREATE/UPDATE rules and quota ConfigMap edits; anything else is
+    allowed.
+  * When Redis fails, ``onRedisUnavailable`` decides: ``deny`` (default) refuses GPU
+    pods with :data:`REDIS_DOWN_MESSAGE`; ``allow`` admits them stamped but unreserved,
+    with a warning, audited.
+
+- :meth:`overdue` answers a request whose decision missed the deadline (as a Redis
+  failure) and :meth:`failed` one whose decision raised unexpectedly (logged with its
+  traceback; a GPU pod, or a pod fairgate cannot read, is denied; anything else is
+  allowed). Both are cheap enough for the event loop.
+- Every decision on a GPU pod (admit, queue, deny) and every denial or accepted quota
+  change is audited (:mod:`audit`, written off the request path) and counted in
+  ``fairgate_admission_decisions_total``. Responses carry ``auditAnnotations``
+  ``decision``, ``tenant``, ``reason``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import redis
+
+from admission.demand import pod_demand
+from admission.mutation import build_patch
+from admission.plan import Denied, NotOurs, PodPlan, plan_create
+from admission.reviews import (
+    AdmissionRequest,
+    AdmissionReview,
+    AdmissionReviewResponse,
+    allow,
+    deny,
+    parse_review,
+    with_patch,
+)
+from admission.validation import validate_create, validate_update
+from audit import ADMIT, DENY, QUEUE, AuditLog
+from fairshare.queue import Admission, FairQueue
+from tenants import resources
+from tenants.models import FairgateConfig, PriorityBand
+from webhook.auditing import AuditWriter
+from webhook.configsource import ConfigProvider
+from webhook.metrics import WebhookMetrics
+
+log = logging.getLogger("fairgate.webhook")
+
+Webhook = Literal["mutate", "validate"]
+
+REDIS_DOWN_MESSAGE = (
+    "fairgate cannot reach its queue (Redis): GPU pods are refused until it is back; "
+    "ask the platform team"
+)
+NO_CONFIG_MESSAGE = (
+    "fairgate has not loaded its tenant config yet: GPU pods are refused until it has; "
+    "retry in a minute or ask the platform team"
+)
+INTERNAL_ERROR_MESSAGE = (
+    "fairgate could not decide on this pod because of an internal error (logged with "
+    "uid {uid}): GPU pods are refused rather than admitted unchecked; retry, or ask the "
+    "platform team"
+)
+FAIL_OPEN_WARNING = (
+    "fairgate queue (Redis) unavailable: admitted without a quota check "
+    "(onRedisUnavailable: allow)"
+)
+
+ALLOW = "allow"
+
+
+@dataclass
+class Progress:
+    """How far a decision got; read by the deadline and error fallbacks."""
+
+    started: float
+    review: AdmissionReview | None = None
+    plan: PodPlan | None = None
+    config: FairgateConfig | None = None
+
+
+@dataclass(frozen=True)
+class _Decision:
+    """One decision, as audited, logged and counted."""
+
+    verdict: str
+    reason: str
+    tenant: str = ""
+    pod_class: str = ""
+    demand: str = ""
+    diff: Mapping[str, Mapping[str, Any]] | None = None
+    extra_audit: Mapping[str, str] = field(default_factory=dict)
+
+
+def _is_pod(request: AdmissionRequest) -> bool:
+    return request.kind.group == "" and request.kind.kind == "Pod" and not request.sub_resource
+
+
+def _is_configmap(request: AdmissionRequest) -> bool:
+    return request.kind.group == "" and request.kind.kind == "ConfigMap"
+
+
+def _asks_for_gpu(pod: object) -> bool:
+    """Whether a pod asks for GPUs; a pod that cannot be read counts as asking."""
+    try:
+        return bool(pod_demand(pod))
+    except Exception:  # noqa: BLE001 - unreadable means "treat as GPU pod"
+        return True
+
+
+def _queued_warning(plan: PodPlan, admission: Admission) -> str:
+    free = resources.gpu_equivalents(max(admission.free_slices, 0))
+    nominal = resources.gpu_equivalents(admission.nominal_slices)
+    return (
+        f"queued: {plan.tenant.name} has {free} of {nominal} GPU-eq free; position "
+        f"{admission.position} of {admission.queue_length} ({plan.pod_class}), "
+        f"waiting for {admission.waiting_for}"
+    )
+
+
+class AdmissionService:
+    """Decides admission requests with a config provider, a fair queue and an audit log."""
+
+    def __init__(
+        self,
+        config: ConfigProvider,
+        client: redis.Redis,
+        *,
+        metrics: WebhookMetrics | None = None,
+        audit_log: AuditLog | None = None,
+        clock: Any = time.time,
+    ) -> None:
+        """Decide with ``config`` and the queue in Redis ``client``.
+
+        Audit records go to ``audit_log`` (by default the Redis Stream of ``client``
+        plus stdout).
+        """
+        self.config = config
+        self.client = client
+        self.queue = FairQueue(client)
+        self.metrics = metrics if metrics is not None else WebhookMetrics()
+        self.audit = AuditWriter(audit_log if audit_log is not None else AuditLog(client))
+        self._clock = clock
+        self._synced: FairgateConfig | None = None
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the audit writer."""
+        self.audit.start()
+
+    def stop(self) -> None:
+        """Write the audit records still queued."""
+        self.audit.stop()
+
+    def readiness(self) -> tuple[bool, dict[str, str]]:
+        """Ready when Redis answers a PING and a config is loaded; detail per part."""
+        detail = dict(self.config.detail())
+        config_ok = self.config.current() is not None
+        try:
+            self.client.ping()
+            detail["redis"] = "ok"
+            redis_ok = True
+        except (redis.RedisError, OSError) as exc:
+            detail["redis"] = f"unreachable: {exc}"
+            redis_ok = False
+        return config_ok and redis_ok, detail
+
+    # -- entry points --------------------------------------------------------------
+
+    def review(self, webhook: Webhook, body: bytes, progress: Progress) -> AdmissionReviewResponse:
+        """Parse ``body`` and answer it (see the module contract)."""
+        review = parse_review(body)
+        progress.review = review
+        request = review.request
+        if webhook == "mutate":
+            return self._mutate(request, progress)
+        return self._validate(request, progress)
+
+    def overdue(self, webhook: Webhook, body: bytes, progress: Progress) -> AdmissionReviewResponse:
+        """The answer for a decision that missed its deadline."""
+        review = progress.review or parse_review(body)
+        progress.review = review
+        request = review.request
+        if webhook == "mutate" and _is_pod(request) and request.operation == "CREATE":
+            if not _asks_for_gpu(request.object):
+                return allow(request.uid)
+            return self._redis_unavailable(request, progress, TimeoutError("deadline"))
+        return self.failed(webhook, body, progress, TimeoutError("decision deadline exceeded"))
+
+    def failed(
+        self, webhook: Webhook, body: bytes, progress: Progress, error: BaseException
+    ) -> AdmissionReviewResponse:
+        """The answer for a decision that raised ``error`` unexpectedly."""
+        self.metrics.errors.inc()
+        review = progress.review or parse_review(body)
+        request = review.request
+        log.error(
+            "unexpected error deciding /%s uid=%s kind=%s ns=%s",
+            webhook, request.uid, request.kind.kind, request.namespace,
+            exc_info=(type(error), error, error.__traceback__),
+        )
+        refuse = (
+            (_is_pod(request) and _asks_for_gpu(request.object or request.old_object))
+            or (_is_configmap(request) and webhook == "validate")
+        )
+        if not refuse:
+            return allow(request.uid)
+        message = INTERNAL_ERROR_MESSAGE.format(uid=request.uid)
+        plan = progress.plan
+        return self._deny(
+            request,
+            _Decision(DENY, "internal error", tenant=plan.tenant.name if plan else ""),
+            message,
+            code=500,
+            reason="InternalError",
+        )
+
+    # -- mutate --------------------------------------------------------------------
+
+    def _mutate(self, request: AdmissionRequest, progress: Progress) -> AdmissionReviewResponse:
+        if not (_is_pod(request) and request.operation == "CREATE"):
+            return allow(request.uid)
+        pod = request.object
+        config = self.config.current()
+        if config is None:
+            if not _asks_for_gpu(pod):
+                return allow(request.uid)
+            return self._deny(request, _Decision(DENY, "config not loaded"), NO_CONFIG_MESSAGE,
+                              code=503, reason="ServiceUnavailable")
+        progress.config = config
+        plan = plan_create(pod, request.namespace, request.uid, config)
+        if isinstance(plan, NotOurs):
+            return allow(request.uid)
+        if isinstance(plan, Denied):
+            tenant = config.tenant_of_namespace(request.namespace) or ""
+            return self._deny(request, _Decision(DENY, plan.code, tenant=tenant), plan.message,
+                              progress=progress)
+        progress.plan = plan
+        try:
+            self._sync(config)
+            admission = self.queue.admit(plan.request, self._clock(), dry_run=request.dry_run)
+        except (redis.RedisError, OSError) as exc:
+            return self._redis_unavailable(request, progress, exc)
+        gated = admission.outcome == "queued"
+        ops = build_patch(pod, plan, admission.band, gated, config.platform.priority_classes)
+        warnings = list(plan.warnings)
+        if gated:
+            warnings.append(_queued_warning(plan, admission))
+            decision = _Decision(QUEUE, f"waiting for {admission.waiting_for}", **self._who(plan))
+        else:
+            decision = _Decision(ADMIT, f"reserved as {admission.band}", **self._who(plan))
+        return with_patch(
+            request.uid, ops, warnings, self._record(request, decision, progress)
+        )
+
+    def _sync(self, config: FairgateConfig) -> None:
+        """Push a new config snapshot into the queue before deciding with it."""
+        if self._synced is not config:
+            self.queue.sync_config(config)
+            self._synced = config
+
+    def _redis_unavailable(
+        self, request: AdmissionRequest, progress: Progress, error: BaseException
+    ) -> AdmissionReviewResponse:
+        config = progress.config or self.config.current()
+        policy = config.platform.on_redis_unavailable if config is not None else "deny"
+        self.metrics.redis_unavailable.labels(policy).inc()
+        plan = progress.plan
+        log.warning("Redis unavailable for uid=%s (%s): policy %s", request.uid, error, policy)
+        who = self._who(plan) if plan is not None else {}
+        if policy == "allow" and plan is not None and config is not None:
+            band: PriorityBand = "inference" if plan.pod_class == "inference" else "training"
+            ops = build_patch(
+                request.object, plan, band, False, config.platform.priority_classes
+            )
+            decision = _Decision(ADMIT, "redis unavailable: admitted unchecked (fail open)", **who)
+            return with_patch(
+                request.uid,
+                ops,
+                [*plan.warnings, FAIL_OPEN_WARNING],
+                self._record(request, decision, progress),
+            )
+        return self._deny(
+            request, _Decision(DENY, "redis unavailable", **who), REDIS_DOWN_MESSAGE,
+            code=503, reason="ServiceUnavailable",
+        )
+
+    @staticmethod
+    def _who(plan: PodPlan) -> dict[str, str]:
+        return {
+            "tenant": plan.tenant.name,
+            "pod_class": plan.pod_class,
+            "demand": resources.format_counts(plan.demand),
+        }
+
+    # -- validate ------------------------------------------------------------------
+
+    def _validate(self, request: AdmissionRequest, progress: Progress) -> AdmissionReviewResponse:
+        if _is_pod(request) and request.operation in ("CREATE", "UPDATE"):
+            return self._validate_pod(request, progress)
+        return allow(request.uid)
+
+    def _validate_pod(
+        self, request: AdmissionRequest, progress: Progress
+    ) -> AdmissionReviewResponse:
+        config = self.config.current()
+        if config is None:
+            if not _asks_for_gpu(request.object):
+                return allow(request.uid)
+            return self._deny(request, _Decision(DENY, "config not loaded"), NO_CONFIG_MESSAGE,
+                              code=503, reason="ServiceUnavailable")
+        user = request.user_info
+        if request.operation == "CREATE":
+            verdict = validate_create(request.object, request.namespace, config)
+        else:
+            verdict = validate_update(
+                request.old_object, request.object, user.username, tuple(user.groups), config
+            )
+        if verdict.allowed:
+            return allow(request.uid, verdict.warnings)
+        decision = _Decision(DENY, verdict.reason, tenant=verdict.tenant or "")
+        return self._deny(request, decision, verdict.message, warnings=verdict.warnings)
+
+    # -- answers -------------------------------------------------------------------
+
+    def _deny(
+        self,
+        request: AdmissionRequest,
+        decision: _Decision,
+        message: str,
+        *,
+        code: int = 403,
+        reason: str = "Forbidden",
+        warnings: Sequence[str] = (),
+        progress: Progress | None = None,
+    ) -> AdmissionReviewResponse:
+        audit = self._record(request, decision, progress)
+        return deny(request.uid, message, code=code, reason=reason, warnings=warnings,
+                    audit=audit)
+
+    def _record(
+        self, request: AdmissionRequest, decision: _Decision, progress: Progress | None
+    ) -> dict[str, str]:
+        """Count, audit and log ``decision``; return its ``auditAnnotations``."""
+        self.metrics.decisions.labels(decision.tenant, decision.verdict).inc()
+        latency_ms = (
+            (time.perf_counter() - progress.started) * 1000 if progress is not None else 0.0
+        )
+        if not request.dry_run:
+            self.audit.submit(
+                decision.verdict,
+                uid=request.uid,
+                user=request.user_info.username,
+                groups=tuple(request.user_info.groups),
+                operation=request.operation,
+                tenant=decision.tenant,
+                namespace=request.namespace,
+                name=request.name or _generate_name(request.object),
+                pod_class=decision.pod_class,
+                demand=decision.demand,
+                reason=decision.reason,
+                latency_ms=latency_ms,
+                diff=decision.diff,
+            )
+        return {
+            "decision": decision.verdict,
+            "tenant": decision.tenant,
+            "reason": decision.reason,
+            **decision.extra_audit,
+        }
+
+
+def _generate_name(obj: Mapping[str, Any] | None) -> str:
+    """``metadata.generateName`` + ``*`` for pods created by controllers (no name yet)."""
+    metadata = obj.get("metadata") if isinstance(obj, Mapping) else None
+    if isinstance(metadata, Mapping):
+        name = metadata.get("name") or metadata.get("generateName")
+        if isinstance(name, str):
+            return name if metadata.get("name") else name + "*"
+    return ""
