@@ -1,0 +1,134 @@
+"""The one small interface between the queue logic and a cluster.
+
+Contract:
+- A :class:`GpuPod` is what fairgate needs to know about a pod the webhook stamped
+  (label ``fairgate.io/tenant`` and annotation ``fairgate.io/ticket``): its ticket, tenant,
+  class, priority band, demand, gang, phase, whether it still carries the
+  ``fairgate.io/queue`` gate, node, creation time and whether it is being deleted.
+- A :class:`Cluster` lists and watches such pods, reports the GPU capacity of its Ready
+  nodes (short resource names), lifts the gate of one pod and posts Events on pods.
+  ``kube.KubeCluster`` talks to a real API server; ``simcluster.SimulatedCluster`` is an
+  in-memory cluster for the demo and the simulator. The dispatcher and the reconciler
+  only ever see this interface.
+- :meth:`Cluster.lift_gate` removes exactly the ``fairgate.io/queue`` gate and nothing
+  else, and only if it is still there (several dispatchers may race: at most one lifts).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from tenants import resources
+from tenants.models import PodClass, PriorityBand
+
+PodPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Unknown"]
+EventType = Literal["Normal", "Warning"]
+
+
+@dataclass(frozen=True)
+class PodRef:
+    """A pod by namespace and name (what ``fairgate why`` takes as ``<ns>/<name>``)."""
+
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @classmethod
+    def parse(cls, text: str) -> PodRef:
+        """Parse ``<namespace>/<name>``; raises ValueError saying what is expected."""
+        namespace, sep, name = text.partition("/")
+        if not sep or not namespace or not name or "/" in name:
+            raise ValueError(
+                f"bad pod reference {text!r}: expected <namespace>/<pod>, e.g. team-a-dev/train-0"
+            )
+        return cls(namespace, name)
+
+
+@dataclass(frozen=True)
+class GpuPod:
+    """A pod fairgate stamped, as the cluster sees it now."""
+
+    ref: PodRef
+    uid: str
+    ticket: str
+    tenant: str
+    pod_class: PodClass
+    band: PriorityBand
+    demand: Mapping[str, int]
+    group: str | None
+    group_size: int
+    phase: PodPhase
+    gated: bool
+    node: str | None
+    created: float
+    deleting: bool = False
+
+    @property
+    def finished(self) -> bool:
+        """Whether the pod ended (it holds no GPUs any more)."""
+        return self.phase in ("Succeeded", "Failed")
+
+    @property
+    def slices(self) -> int:
+        """The pod's demand in compute slices."""
+        return resources.total_slices(self.demand)
+
+    @property
+    def holds_capacity(self) -> bool:
+        """Whether the pod counts against usage: released (no gate) and not finished."""
+        return not self.gated and not self.finished
+
+
+class ChangeKind(enum.Enum):
+    """What happened to a watched object."""
+
+    POD = "pod"  # added or modified: the pod as it is now
+    POD_GONE = "pod_gone"  # deleted from the API server
+    CAPACITY = "capacity"  # the GPU capacity of Ready nodes changed
+    RESYNC = "resync"  # the watch restarted: the caller should reconcile from a full list
+
+
+@dataclass(frozen=True)
+class ClusterChange:
+    """One change seen by :meth:`Cluster.changes`; ``pod`` is set for pod changes."""
+
+    kind: ChangeKind
+    pod: GpuPod | None = None
+
+
+class LiftOutcome(enum.Enum):
+    """The result of :meth:`Cluster.lift_gate`."""
+
+    LIFTED = "lifted"  # this call removed the gate
+    NOT_GATED = "not_gated"  # the gate was already gone (someone else lifted it)
+    GONE = "gone"  # the pod no longer exists
+    FAILED = "failed"  # the API kept failing; the pod is still gated
+
+
+class Cluster(Protocol):
+    """What the dispatcher and reconciler need from a cluster."""
+
+    def list_pods(self) -> list[GpuPod]:
+        """Every fairgate pod that exists now (gated, pending, running or finished)."""
+        ...
+
+    def changes(self, timeout: float) -> list[ClusterChange]:
+        """Changes since the last call, waiting up to ``timeout`` seconds for the first."""
+        ...
+
+    def capacity(self) -> dict[str, int]:
+        """Allocatable GPU resources summed over Ready nodes, by short resource name."""
+        ...
+
+    def lift_gate(self, pod: GpuPod) -> LiftOutcome:
+        """Remove the ``fairgate.io/queue`` gate from ``pod`` if it is still there."""
+        ...
+
+    def post_event(self, pod: GpuPod, reason: str, message: str, type_: EventType) -> None:
+        """Record an Event on ``pod`` (best effort: failures are logged, not raised)."""
+        ...

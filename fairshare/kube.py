@@ -1,0 +1,431 @@
+"""A :class:`~fairshare.cluster.Cluster` backed by a real Kubernetes API server.
+
+Contract:
+- Uses the official ``kubernetes`` client and reads raw JSON (no model round trips).
+- Pods: those labelled ``fairgate.io/tenant`` with a ``fairgate.io/ticket`` annotation
+  (:func:`pod_from_manifest` turns one into a :class:`GpuPod`). Nodes: capacity is the
+  sum of ``nvidia.com/*`` allocatable over Ready nodes (:func:`node_capacity`).
+- :meth:`KubeCluster.start` runs two daemon threads (pods, nodes) that list-and-watch
+  and feed :meth:`KubeCluster.changes`; an expired watch (410) or a reconnect after an
+  error yields a ``RESYNC`` change so the caller can rebuild from a full list.
+- :meth:`KubeCluster.lift_gate` removes the ``fairgate.io/queue`` gate with a JSON Patch
+  whose ``test`` ops pin the pod's uid and the gate's index, so two dispatchers (or a
+  gate that moved) can never remove the wrong gate; conflicts, 429 and 5xx answers are
+  retried with exponential backoff and jitter.
+- :meth:`KubeCluster.post_event` creates a core/v1 Event on the pod.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import queue
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+
+from fairshare.cluster import (
+    ChangeKind,
+    ClusterChange,
+    EventType,
+    GpuPod,
+    LiftOutcome,
+    PodPhase,
+    PodRef,
+)
+from tenants import resources
+from tenants.models import (
+    BORROWED_ANNOTATION,
+    CLASS_LABEL,
+    DEMAND_ANNOTATION,
+    POD_GROUP_LABEL,
+    POD_GROUP_SIZE_ANNOTATION,
+    QUEUE_GATE,
+    TENANT_LABEL,
+    TICKET_ANNOTATION,
+    PriorityBand,
+    PriorityClasses,
+)
+
+log = logging.getLogger("fairgate.kube")
+
+JSON_PATCH = "application/json-patch+json"
+EVENT_COMPONENT = "fairgate-dispatcher"
+_PHASES: frozenset[str] = frozenset({"Pending", "Running", "Succeeded", "Failed", "Unknown"})
+_RETRIABLE = frozenset({409, 422, 429, 500, 502, 503, 504})
+_WATCH_SECONDS = 240
+_iter_lines: Callable[[Any], Iterator[str]] = iter_resp_lines
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff with full jitter: ``attempts`` tries, delays up to ``maximum``."""
+
+    initial: float = 0.05
+    factor: float = 2.0
+    maximum: float = 2.0
+    attempts: int = 6
+
+    def delays(self) -> Iterator[float]:
+        """The sleeps between consecutive attempts (``attempts - 1`` of them)."""
+        delay = self.initial
+        for _ in range(self.attempts - 1):
+            yield random.uniform(0, delay)
+            delay = min(delay * self.factor, self.maximum)
+
+
+def api_client(kubeconfig: Path | None = None) -> client.ApiClient:
+    """An API client: ``kubeconfig`` if given, else in-cluster, else the default kubeconfig."""
+    load: Callable[..., Any] = config.new_client_from_config
+    if kubeconfig is not None:
+        return cast(client.ApiClient, load(config_file=str(kubeconfig)))
+    in_cluster: Callable[[], None] = config.load_incluster_config
+    try:
+        in_cluster()
+        return client.ApiClient()
+    except config.ConfigException:
+        return cast(client.ApiClient, load())
+
+
+def _timestamp(text: str | None) -> float:
+    if not text:
+        return 0.0
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def _band(
+    spec: Mapping[str, Any], annotations: Mapping[str, str], pod_class: str,
+    priority_classes: PriorityClasses,
+) -> PriorityBand:
+    band = priority_classes.band_of(str(spec.get("priorityClassName") or ""))
+    if band is not None:
+        return band
+    if annotations.get(BORROWED_ANNOTATION) == "true":
+        return "borrowed"
+    return "inference" if pod_class == "inference" else "training"
+
+
+def pod_from_manifest(
+    obj: Mapping[str, Any], priority_classes: PriorityClasses
+) -> GpuPod | None:
+    """The :class:`GpuPod` of a pod manifest, or None if fairgate did not stamp it.
+
+    A pod without tenant label, ticket or a parsable demand annotation is not tracked.
+    """
+    meta = obj.get("metadata") or {}
+    labels: Mapping[str, str] = meta.get("labels") or {}
+    annotations: Mapping[str, str] = meta.get("annotations") or {}
+    tenant = labels.get(TENANT_LABEL)
+    ticket = annotations.get(TICKET_ANNOTATION)
+    pod_class = labels.get(CLASS_LABEL)
+    if not tenant or not ticket or pod_class not in ("inference", "training"):
+        return None
+    try:
+        demand = resources.parse_counts(annotations.get(DEMAND_ANNOTATION, ""))
+        group_size = int(annotations.get(POD_GROUP_SIZE_ANNOTATION, "1"))
+    except ValueError:
+        log.warning("pod %s/%s has a malformed fairgate annotation; ignored",
+                    meta.get("namespace"), meta.get("name"))
+        return None
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    phase = status.get("phase") or "Pending"
+    gates = spec.get("schedulingGates") or []
+    return GpuPod(
+        ref=PodRef(str(meta.get("namespace", "")), str(meta.get("name", ""))),
+        uid=str(meta.get("uid", "")),
+        ticket=ticket,
+        tenant=tenant,
+        pod_class=cast(Any, pod_class),
+        band=_band(spec, annotations, pod_class, priority_classes),
+        demand=demand,
+        group=labels.get(POD_GROUP_LABEL) or None,
+        group_size=max(group_size, 1),
+        phase=cast(PodPhase, phase if phase in _PHASES else "Unknown"),
+        gated=any(g.get("name") == QUEUE_GATE for g in gates),
+        node=spec.get("nodeName") or None,
+        created=_timestamp(meta.get("creationTimestamp")),
+        deleting=meta.get("deletionTimestamp") is not None,
+    )
+
+
+def node_capacity(node: Mapping[str, Any]) -> dict[str, int]:
+    """GPU resources a node offers: its ``nvidia.com/*`` allocatable if Ready, else none."""
+    status = node.get("status") or {}
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    if not ready or (node.get("spec") or {}).get("unschedulable"):
+        return {}
+    counts: dict[str, int] = {}
+    for name, quantity in (status.get("allocatable") or {}).items():
+        short = resources.short_name(name)
+        if short is None or not resources.is_known(short):
+            continue
+        try:
+            counts[short] = int(str(quantity))
+        except ValueError:
+            continue
+    return counts
+
+
+def _sum_counts(parts: Iterator[Mapping[str, int]] | list[dict[str, int]]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for part in parts:
+        for name, n in part.items():
+            total[name] = total.get(name, 0) + n
+    return {name: n for name, n in total.items() if n}
+
+
+class KubeCluster:
+    """The cluster behind an API server; see the module docstring for the contract."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        priority_classes: PriorityClasses | None = None,
+        *,
+        backoff: Backoff | None = None,
+        instance: str | None = None,
+    ) -> None:
+        """Talk to the API server through ``api``; nothing happens until a call."""
+        self._core = client.CoreV1Api(api)
+        self._priority_classes = priority_classes or PriorityClasses()
+        self._backoff = backoff or Backoff()
+        self._instance = instance or socket.gethostname()
+        self._changes: queue.Queue[ClusterChange] = queue.Queue()
+        self._nodes: dict[str, dict[str, int]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def _list(self, lister: Callable[..., Any], **kwargs: Any) -> tuple[list[Any], str]:
+        items: list[Any] = []
+        token: str | None = None
+        while True:
+            response = lister(limit=500, _continue=token, _preload_content=False, **kwargs)
+            body = json.loads(response.data)
+            items.extend(body.get("items") or [])
+            meta = body.get("metadata") or {}
+            token = meta.get("continue") or None
+            if token is None:
+                return items, str(meta.get("resourceVersion", ""))
+
+    def list_pods(self) -> list[GpuPod]:
+        """Every pod labelled ``fairgate.io/tenant`` that carries a ticket."""
+        items, _ = self._list(self._core.list_pod_for_all_namespaces, label_selector=TENANT_LABEL)
+        found = (pod_from_manifest(item, self._priority_classes) for item in items)
+        return [pod for pod in found if pod is not None]
+
+    def capacity(self) -> dict[str, int]:
+        """GPU allocatable of Ready nodes (listed now unless the node watch is running)."""
+        with self._lock:
+            if self._threads:
+                return _sum_counts(list(self._nodes.values()))
+        items, _ = self._list(self._core.list_node)
+        return _sum_counts([node_capacity(item) for item in items])
+
+    def changes(self, timeout: float) -> list[ClusterChange]:
+        """Changes queued by the watch threads; waits up to ``timeout`` for the first."""
+        try:
+            batch = [self._changes.get(timeout=timeout)]
+        except queue.Empty:
+            return []
+        while True:
+            try:
+                batch.append(self._changes.get_nowait())
+            except queue.Empty:
+                return batch
+
+    # -- watches -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the pod and node watch threads (idempotent)."""
+        with self._lock:
+            if self._threads:
+                return
+            self._stop.clear()
+            self._threads = [
+                threading.Thread(target=self._watch_pods, name="watch-pods", daemon=True),
+                threading.Thread(target=self._watch_nodes, name="watch-nodes", daemon=True),
+            ]
+            threads = list(self._threads)
+        for thread in threads:
+            thread.start()
+
+    def stop(self) -> None:
+        """Ask the watch threads to stop; they end at their next event or timeout."""
+        self._stop.set()
+        with self._lock:
+            self._threads = []
+
+    def _stream(
+        self, lister: Callable[..., Any], rv: str, **kwargs: Any
+    ) -> Iterator[dict[str, Any]]:
+        response = lister(
+            watch=True, resource_version=rv, allow_watch_bookmarks=True,
+            timeout_seconds=_WATCH_SECONDS, _preload_content=False,
+            _request_timeout=(10, _WATCH_SECONDS + 30), **kwargs,
+        )
+        try:
+            lines: Iterator[str] = _iter_lines(response)
+            for line in lines:
+                if self._stop.is_set():
+                    return
+                if line:
+                    yield json.loads(line)
+        finally:
+            response.close()
+            response.release_conn()
+
+    def _watch(
+        self, lister: Callable[..., Any], on_list: Callable[[list[Any]], None],
+        on_event: Callable[[str, dict[str, Any]], None], **kwargs: Any,
+    ) -> None:
+        delays: Iterator[float] = iter(())
+        while not self._stop.is_set():
+            try:
+                items, rv = self._list(lister, **kwargs)
+                on_list(items)
+                delays = self._backoff.delays()
+                while not self._stop.is_set():
+                    for event in self._stream(lister, rv, **kwargs):
+                        obj = event.get("object") or {}
+                        if event.get("type") == "ERROR":
+                            raise ApiException(status=obj.get("code"), reason=obj.get("message"))
+                        rv = str((obj.get("metadata") or {}).get("resourceVersion", rv))
+                        if event.get("type") != "BOOKMARK":
+                            on_event(str(event.get("type")), obj)
+            except ApiException as error:
+                if error.status != 410:
+                    log.warning("watch failed (HTTP %s %s); relisting", error.status, error.reason)
+                    self._stop.wait(next(delays, self._backoff.maximum))
+            except Exception as error:  # a watch thread must survive anything
+                log.warning("watch failed (%s); relisting", error)
+                self._stop.wait(next(delays, self._backoff.maximum))
+
+    def _watch_pods(self) -> None:
+        def on_list(_: list[Any]) -> None:
+            self._changes.put(ClusterChange(ChangeKind.RESYNC))
+
+        def on_event(kind: str, obj: dict[str, Any]) -> None:
+            pod = pod_from_manifest(obj, self._priority_classes)
+            if pod is not None:
+                gone = ChangeKind.POD_GONE if kind == "DELETED" else ChangeKind.POD
+                self._changes.put(ClusterChange(gone, pod))
+
+        self._watch(self._core.list_pod_for_all_namespaces, on_list, on_event,
+                    label_selector=TENANT_LABEL)
+
+    def _watch_nodes(self) -> None:
+        def publish(update: Callable[[], None]) -> None:
+            with self._lock:
+                before = _sum_counts(list(self._nodes.values()))
+                update()
+                after = _sum_counts(list(self._nodes.values()))
+            if before != after:
+                self._changes.put(ClusterChange(ChangeKind.CAPACITY))
+
+        def on_list(items: list[Any]) -> None:
+            def replace() -> None:
+                self._nodes = {
+                    str(item["metadata"]["name"]): node_capacity(item) for item in items
+                }
+            publish(replace)
+
+        def on_event(kind: str, obj: dict[str, Any]) -> None:
+            name = str((obj.get("metadata") or {}).get("name", ""))
+
+            def update() -> None:
+                if kind == "DELETED":
+                    self._nodes.pop(name, None)
+                else:
+                    self._nodes[name] = node_capacity(obj)
+            publish(update)
+
+        self._watch(self._core.list_node, on_list, on_event)
+
+    # -- writes --------------------------------------------------------------------------
+
+    def lift_gate(self, pod: GpuPod) -> LiftOutcome:
+        """Remove ``fairgate.io/queue`` from ``pod`` (the same uid) if it is still there."""
+        delays = self._backoff.delays()
+        while True:
+            try:
+                return self._try_lift(pod)
+            except ApiException as error:
+                if error.status == 404:
+                    return LiftOutcome.GONE
+                delay = next(delays, None)
+                if error.status not in _RETRIABLE or delay is None:
+                    log.error("lifting the gate of %s failed: HTTP %s %s",
+                              pod.ref, error.status, (error.body or error.reason or "")[:300])
+                    return LiftOutcome.FAILED
+                time.sleep(delay)
+            except OSError as error:
+                delay = next(delays, None)
+                if delay is None:
+                    log.error("lifting the gate of %s failed: %s", pod.ref, error)
+                    return LiftOutcome.FAILED
+                time.sleep(delay)
+
+    def _try_lift(self, pod: GpuPod) -> LiftOutcome:
+        reader: Callable[..., Any] = self._core.read_namespaced_pod
+        current = json.loads(reader(pod.ref.name, pod.ref.namespace, _preload_content=False).data)
+        if str((current.get("metadata") or {}).get("uid")) != pod.uid:
+            return LiftOutcome.GONE  # a different pod of the same name
+        gates = (current.get("spec") or {}).get("schedulingGates") or []
+        index = next((i for i, g in enumerate(gates) if g.get("name") == QUEUE_GATE), None)
+        if index is None:
+            return LiftOutcome.NOT_GATED
+        patch = [
+            {"op": "test", "path": "/metadata/uid", "value": pod.uid},
+            {"op": "test", "path": f"/spec/schedulingGates/{index}/name", "value": QUEUE_GATE},
+            {"op": "remove", "path": f"/spec/schedulingGates/{index}"},
+        ]
+        self._core.patch_namespaced_pod(
+            pod.ref.name, pod.ref.namespace, patch, _content_type=JSON_PATCH,
+            _preload_content=False,
+        )
+        return LiftOutcome.LIFTED
+
+    def post_event(self, pod: GpuPod, reason: str, message: str, type_: EventType) -> None:
+        """Create a core/v1 Event about ``pod``; failures are logged and swallowed."""
+        now = datetime.datetime.now(datetime.UTC)
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{pod.ref.name}.", "namespace": pod.ref.namespace},
+            "involvedObject": {
+                "apiVersion": "v1", "kind": "Pod", "namespace": pod.ref.namespace,
+                "name": pod.ref.name, "uid": pod.uid,
+            },
+            "reason": reason,
+            "message": message,
+            "type": type_,
+            "count": 1,
+            "firstTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "source": {"component": EVENT_COMPONENT},
+            "reportingComponent": f"fairgate.io/{EVENT_COMPONENT}",
+            "reportingInstance": self._instance,
+        }
+        try:
+            event = client.CoreV1Event.from_dict(body)
+            assert event is not None
+            self._core.create_namespaced_event(pod.ref.namespace, event, _preload_content=False)
+        except (ApiException, OSError) as error:
+            log.warning("could not post event %s on %s: %s", reason, pod.ref, error)
