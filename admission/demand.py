@@ -45,7 +45,7 @@ def _resource_name(name: str, where: str) -> str | None:
         return short
     if short.startswith(resources.MIG_PREFIX):
         raise DemandError(
-            f"{where}: unknown MIG profile {short[len(resources.MIG_PREFIX):]!r} in {name!r}: "
+            f"{where}: unknown MIG profile {short[len(resources.MIG_PREFIX) :]!r} in {name!r}: "
             "use a profile of your GPUs, e.g. nvidia.com/mig-1g.5gb, nvidia.com/mig-3g.40gb"
         )
     raise DemandError(

@@ -33,7 +33,7 @@ class QuantityError(ValueError):
 def parse_quantity(value: object) -> Fraction:
     """The exact value of a Kubernetes quantity string or JSON number."""
     if isinstance(value, bool):
-        raise QuantityError(f"{value!r} is not a quantity: write a number such as 1 or \"2\"")
+        raise QuantityError(f'{value!r} is not a quantity: write a number such as 1 or "2"')
     if isinstance(value, int):
         return Fraction(value)
     if isinstance(value, float):
@@ -42,12 +42,12 @@ def parse_quantity(value: object) -> Fraction:
         return Fraction(repr(value))
     if not isinstance(value, str):
         raise QuantityError(
-            f"{value!r} ({type(value).__name__}) is not a quantity: use a string like \"2\""
+            f'{value!r} ({type(value).__name__}) is not a quantity: use a string like "2"'
         )
     match = _QUANTITY.match(value) if len(value) <= _MAX_LENGTH else None
     if match is None:
         raise QuantityError(
-            f"{value!r} is not a Kubernetes quantity: use e.g. \"2\", \"1k\", \"2Ki\" or \"1e3\""
+            f'{value!r} is not a Kubernetes quantity: use e.g. "2", "1k", "2Ki" or "1e3"'
         )
     number = Fraction(match.group("number").removesuffix("."))
     exponent_text = match.group("exp")

@@ -162,10 +162,12 @@ class AdmissionReviewResponse(_Outgoing):
 
 def clean_warning(text: str) -> str:
     """One line of at most MAX_WARNING_CHARS characters (cut with a trailing '...')."""
-    return _one_line(text, MAX_WARNING_CHARS)
+    return one_line(text, MAX_WARNING_CHARS)
 
 
-def _one_line(text: str, limit: int) -> str:
+def one_line(text: str, limit: int) -> str:
+    """``text`` on one line (control characters and runs of spaces become one space),
+    cut to at most ``limit`` characters with a trailing '...'."""
     line = " ".join(_CONTROL.sub(" ", text).split())
     if len(line) <= limit:
         return line
@@ -190,7 +192,7 @@ def _audit(audit: Mapping[str, str] | None) -> dict[str, str] | None:
                 f"auditAnnotations key {key!r} is invalid: use a bare name such as 'decision' "
                 "(no '/', at most 63 of [A-Za-z0-9-_.]); the API server adds the prefix"
             )
-    return {key: _one_line(value, MAX_AUDIT_VALUE_CHARS) for key, value in audit.items()}
+    return {key: one_line(value, MAX_AUDIT_VALUE_CHARS) for key, value in audit.items()}
 
 
 def _review(response: AdmissionResponse) -> AdmissionReviewResponse:

@@ -1,0 +1,341 @@
+"""What fairgate decides about a pod CREATE before asking the queue: whose, which class,
+how much, which ticket, which gang, or why it is refused.
+
+Contract of :func:`plan_create` (pure; the pod is AdmissionReview ``request.object``):
+- :class:`NotOurs` when the pod asks for no GPU (allow it untouched).
+- :class:`Denied` (a message of at most :data:`MAX_MESSAGE_CHARS` that says what is wrong
+  and how to fix it, plus a short ``code`` for audit) when:
+  the GPU demand cannot be determined (see :mod:`admission.demand`); the namespace has no
+  ``fairgate.io/tenant`` label or names a tenant the platform does not define; the tenant
+  allows no class; the pod can never fit its tenant (inference: more of a resource than
+  nominal; training: more slices than nominal + borrowLimit, or more of a resource than
+  nominal when the tenant cannot borrow); ``priorityClassName`` is one of fairgate's
+  classes reserved for another class; the pod carries ``fairgate.io/*`` labels or
+  annotations that fairgate does not accept from users (see below); or the pod-group
+  label / size annotation are inconsistent (size not a positive integer, one without the
+  other).
+- otherwise a :class:`PodPlan`.
+
+User-set ``fairgate.io/*`` keys: users may set the label ``fairgate.io/class`` (a hint, see
+:mod:`admission.classes`), the label ``fairgate.io/pod-group`` and the annotation
+``fairgate.io/pod-group-size``. The label ``fairgate.io/tenant`` is accepted only when it
+names the namespace's tenant. Any other ``fairgate.io/`` label or annotation is refused.
+
+Reinvocation rule (ticket reuse): the API server may call the mutating webhook again on
+the already-mutated pod, with a new request uid. A CREATE whose pod already carries
+``fairgate.io/ticket`` is therefore accepted only as fairgate's own earlier mutation: it must
+also carry ``fairgate.io/demand`` equal to the pod's demand (as formatted by
+``tenants.resources.format_counts``) and the ``fairgate.io/tenant`` label of its namespace,
+and ``fairgate.io/borrowed`` may only be ``"true"`` on a pod whose priorityClassName is the
+borrowed class. The plan then reuses that ticket (``reused_ticket``), so the queue's
+per-ticket idempotency keeps the reservation single. A ``fairgate.io/demand`` or
+``fairgate.io/borrowed`` annotation without a ticket, or a ticket that does not meet these
+conditions, is refused. Otherwise the ticket is the request uid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from admission import pods
+from admission.classes import ClassError, resolve_class
+from admission.demand import DemandError, pod_demand
+from admission.reviews import one_line
+from tenants import resources
+from tenants.models import (
+    BORROWED_ANNOTATION,
+    CLASS_LABEL,
+    DEMAND_ANNOTATION,
+    FAIRGATE_PREFIX,
+    POD_GROUP_LABEL,
+    POD_GROUP_SIZE_ANNOTATION,
+    QUOTA_CONFIGMAP_PREFIX,
+    TENANT_LABEL,
+    TICKET_ANNOTATION,
+    FairgateConfig,
+    PodClass,
+    PriorityBand,
+    PriorityClasses,
+    Tenant,
+)
+
+MAX_MESSAGE_CHARS = 250
+MAX_GROUP_SIZE = 10_000
+USER_LABELS = frozenset({TENANT_LABEL, CLASS_LABEL, POD_GROUP_LABEL})
+USER_ANNOTATIONS = frozenset({POD_GROUP_SIZE_ANNOTATION})
+FAIRGATE_ANNOTATIONS = frozenset({TICKET_ANNOTATION, DEMAND_ANNOTATION, BORROWED_ANNOTATION})
+BANDS_OF_CLASS: Mapping[PodClass, frozenset[PriorityBand]] = {
+    "inference": frozenset({"inference"}),
+    "training": frozenset({"training", "borrowed"}),
+}
+
+
+@dataclass(frozen=True)
+class NotOurs:
+    """The pod asks for no GPU: fairgate lets it through untouched."""
+
+    reason: str = "no GPU demand"
+
+
+@dataclass(frozen=True)
+class Denied:
+    """The pod is refused. ``message`` is for the user; ``code`` is a short audit tag."""
+
+    code: str
+    message: str
+
+
+@dataclass(frozen=True)
+class PodGroup:
+    """A gang: pods sharing the ``fairgate.io/pod-group`` label, released together."""
+
+    name: str
+    size: int
+
+
+@dataclass(frozen=True)
+class PodPlan:
+    """Everything fairgate decided about a GPU pod before asking the queue."""
+
+    tenant: Tenant
+    pod_class: PodClass
+    class_reason: str
+    demand: Mapping[str, int]
+    demand_slices: int
+    ticket: str
+    reused_ticket: bool
+    group: PodGroup | None
+    warnings: tuple[str, ...] = field(default=())
+
+
+PlanResult = NotOurs | Denied | PodPlan
+
+
+def _denied(code: str, message: str) -> Denied:
+    return Denied(code, one_line(message, MAX_MESSAGE_CHARS))
+
+
+class _Refusal(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.denied = _denied(code, message)
+
+
+def plan_create(
+    pod: object, namespace: str, request_uid: str, config: FairgateConfig
+) -> PlanResult:
+    """Decide tenant, class, demand, ticket and gang of a pod CREATE, or refuse it."""
+    try:
+        demand = pod_demand(pod)
+    except DemandError as exc:
+        return _denied("invalid-demand", str(exc))
+    if not demand:
+        return NotOurs()
+    try:
+        return _plan(pod, namespace, request_uid, config, demand)
+    except _Refusal as refusal:
+        return refusal.denied
+    except pods.PodError as exc:
+        return _denied("malformed-pod", f"malformed pod: {exc}")
+
+
+def _plan(
+    pod: object,
+    namespace: str,
+    request_uid: str,
+    config: FairgateConfig,
+    demand: dict[str, int],
+) -> PodPlan:
+    tenant = _tenant(namespace, config)
+    labels = pods.labels_of(pod)
+    annotations = pods.annotations_of(pod)
+    _check_user_keys(labels, annotations, tenant, namespace)
+    try:
+        choice = resolve_class(pod, tenant)
+    except ClassError as exc:
+        raise _Refusal("no-class", str(exc)) from exc
+    priority_classes = config.platform.priority_classes
+    warnings = [choice.reason] if choice.overridden else []
+    warnings += _check_priority_class(pod, choice.pod_class, priority_classes)
+    _check_fit(tenant, choice.pod_class, demand)
+    ticket = _ticket(pod, labels, annotations, tenant, demand, priority_classes)
+    return PodPlan(
+        tenant=tenant,
+        pod_class=choice.pod_class,
+        class_reason=choice.reason,
+        demand=demand,
+        demand_slices=resources.total_slices(demand),
+        ticket=ticket or request_uid,
+        reused_ticket=ticket is not None,
+        group=_group(labels, annotations),
+        warnings=tuple(warnings),
+    )
+
+
+def _tenant(namespace: str, config: FairgateConfig) -> Tenant:
+    name = config.tenant_of_namespace(namespace)
+    if name is None:
+        raise _Refusal(
+            "no-tenant",
+            f"namespace {namespace} has no {TENANT_LABEL} label, so its pods get no GPUs: "
+            f"ask a platform admin to run 'kubectl label namespace {namespace} "
+            f"{TENANT_LABEL}=<tenant>'",
+        )
+    tenant = config.tenant(name)
+    if tenant is None:
+        raise _Refusal(
+            "unknown-tenant",
+            f"namespace {namespace} is labelled {TENANT_LABEL}={name} but fairgate-platform "
+            f"defines no tenant {name!r}: fix the namespace label or ask the platform team "
+            "to add the tenant",
+        )
+    return tenant
+
+
+def _check_user_keys(
+    labels: Mapping[str, str], annotations: Mapping[str, str], tenant: Tenant, namespace: str
+) -> None:
+    own = labels.get(TENANT_LABEL)
+    if own is not None and own != tenant.name:
+        raise _Refusal(
+            "fairgate-field",
+            f"label {TENANT_LABEL}={own} disagrees with namespace {namespace} (tenant "
+            f"{tenant.name}): remove the label, fairgate sets it",
+        )
+    for kind, keys, allowed in (
+        ("label", labels, USER_LABELS),
+        ("annotation", annotations, USER_ANNOTATIONS | FAIRGATE_ANNOTATIONS),
+    ):
+        for key in sorted(keys):
+            if key.startswith(FAIRGATE_PREFIX) and key not in allowed:
+                raise _Refusal(
+                    "fairgate-field",
+                    f"{kind} {key} is not a fairgate.io key users may set: remove it (users "
+                    f"may set {CLASS_LABEL}, {POD_GROUP_LABEL}, {POD_GROUP_SIZE_ANNOTATION})",
+                )
+
+
+def _check_priority_class(
+    pod: object, pod_class: PodClass, priority_classes: PriorityClasses
+) -> list[str]:
+    name = pods.string_field(pod, "priorityClassName")
+    if name is None:
+        return []
+    band = priority_classes.band_of(name)
+    if band is None:
+        return [f"priorityClassName {name} replaced by fairgate's class for {pod_class} pods"]
+    if band not in BANDS_OF_CLASS[pod_class]:
+        raise _Refusal(
+            "reserved-priority-class",
+            f"priorityClassName {name} is reserved for {_class_of_band(band)} pods and this "
+            f"is a {pod_class} pod: remove priorityClassName, fairgate sets it",
+        )
+    return []
+
+
+def _class_of_band(band: PriorityBand) -> PodClass:
+    return "inference" if band == "inference" else "training"
+
+
+def _check_fit(tenant: Tenant, pod_class: PodClass, demand: Mapping[str, int]) -> None:
+    fix = f"ask for less, or ask a {tenant.name} admin to raise it in ConfigMap " + (
+        f"{QUOTA_CONFIGMAP_PREFIX}{tenant.name}"
+    )
+    wanted = resources.format_counts(demand)
+    over = {r: tenant.nominal.get(r, 0) for r, n in demand.items() if n > tenant.nominal.get(r, 0)}
+    if pod_class == "inference" and over:
+        raise _Refusal(
+            "never-fits",
+            f"inference pod asks for {wanted} but {tenant.name}'s nominal quota has "
+            f"{_counts(over)} and inference never borrows: {fix}",
+        )
+    if pod_class == "training":
+        slices = resources.total_slices(demand)
+        most = tenant.nominal_slices + tenant.borrow_slices
+        if slices > most:
+            raise _Refusal(
+                "never-fits",
+                f"pod asks for {wanted} ({resources.gpu_equivalents(slices)} GPU-eq) but "
+                f"{tenant.name} may hold at most {resources.gpu_equivalents(most)} GPU-eq "
+                f"(nominal + borrowLimit): {fix}",
+            )
+        if over and tenant.borrow_slices == 0:
+            raise _Refusal(
+                "never-fits",
+                f"pod asks for {wanted} but {tenant.name}'s nominal quota has {_counts(over)} "
+                f"and {tenant.name} cannot borrow: {fix}",
+            )
+
+
+def _counts(counts: Mapping[str, int]) -> str:
+    return ",".join(f"{name}={n}" for name, n in sorted(counts.items()))
+
+
+def _ticket(
+    pod: object,
+    labels: Mapping[str, str],
+    annotations: Mapping[str, str],
+    tenant: Tenant,
+    demand: Mapping[str, int],
+    priority_classes: PriorityClasses,
+) -> str | None:
+    """The ticket to reuse on reinvocation, None for a fresh pod; refuses forged fields."""
+    present = sorted(k for k in FAIRGATE_ANNOTATIONS if k in annotations)
+    if not present:
+        return None
+    ticket = annotations.get(TICKET_ANNOTATION, "")
+    fix = (
+        f"remove annotations {', '.join(present)} from the pod (or its template): "
+        "fairgate sets them"
+    )
+    if not ticket:
+        raise _Refusal("fairgate-field", f"annotation {present[0]} is set by fairgate: {fix}")
+    if annotations.get(DEMAND_ANNOTATION) != resources.format_counts(demand):
+        raise _Refusal(
+            "fairgate-field",
+            f"annotation {DEMAND_ANNOTATION} does not match the pod's GPU demand "
+            f"{resources.format_counts(demand)}: {fix}",
+        )
+    if labels.get(TENANT_LABEL) != tenant.name:
+        raise _Refusal(
+            "fairgate-field", f"annotation {TICKET_ANNOTATION} without label {TENANT_LABEL}: {fix}"
+        )
+    borrowed = annotations.get(BORROWED_ANNOTATION)
+    borrowed_class = priority_classes.borrowed.name
+    if borrowed is not None and (
+        borrowed != "true" or pods.string_field(pod, "priorityClassName") != borrowed_class
+    ):
+        raise _Refusal(
+            "fairgate-field",
+            f'annotation {BORROWED_ANNOTATION} is only valid as "true" with '
+            f"priorityClassName {borrowed_class}: {fix}",
+        )
+    return ticket
+
+
+def _group(labels: Mapping[str, str], annotations: Mapping[str, str]) -> PodGroup | None:
+    name = labels.get(POD_GROUP_LABEL)
+    size_text = annotations.get(POD_GROUP_SIZE_ANNOTATION)
+    if name is None and size_text is None:
+        return None
+    if name is None:
+        raise _Refusal(
+            "invalid-pod-group",
+            f"annotation {POD_GROUP_SIZE_ANNOTATION} without label {POD_GROUP_LABEL}: add the "
+            "label naming the group, or remove the annotation",
+        )
+    if size_text is None:
+        raise _Refusal(
+            "invalid-pod-group",
+            f"label {POD_GROUP_LABEL}={name} needs annotation {POD_GROUP_SIZE_ANNOTATION}: "
+            '"<n>", the number of pods in the group',
+        )
+    valid = size_text.isascii() and size_text.isdigit() and len(size_text) <= 6
+    if not valid or not 0 < int(size_text) <= MAX_GROUP_SIZE:
+        raise _Refusal(
+            "invalid-pod-group",
+            f"annotation {POD_GROUP_SIZE_ANNOTATION}={size_text!r} must be a whole number "
+            f"from 1 to {MAX_GROUP_SIZE} (the number of pods in group {name})",
+        )
+    return PodGroup(name, int(size_text))

@@ -1,0 +1,142 @@
+"""Validating-webhook verdicts for pods (pure).
+
+Contract:
+- :func:`validate_create` judges a pod CREATE after all mutation (fairgate's included).
+  A pod without GPU demand is allowed. A GPU pod is denied for everything
+  :func:`admission.plan.plan_create` denies, and unless it carries fairgate's stamp
+  consistently: a ``fairgate.io/ticket`` with the matching ``fairgate.io/demand`` and
+  ``fairgate.io/tenant`` (the reinvocation rule of :mod:`admission.plan`); a
+  ``fairgate.io/class`` label the tenant allows; a priorityClassName of fairgate's band for
+  that class (inference: the inference class; training: the training or borrowed class);
+  and ``fairgate.io/borrowed: "true"`` exactly when the class is the borrowed one.
+- :func:`validate_update` judges a pod UPDATE: removing the ``fairgate.io/queue`` gate is
+  denied to anyone but :data:`~tenants.models.DISPATCHER_USER`; adding, changing or
+  removing any ``fairgate.io/*`` label or annotation is denied to anyone but fairgate's
+  service accounts (:data:`FAIRGATE_USERS`). Everything else is allowed. ``groups`` and
+  ``config`` are part of the signature so the webhook passes the whole request context;
+  the current rules depend on the user name only.
+- A verdict's ``reason`` says what is wrong and how to fix it (denials) or why the request
+  is fine (allowed), in at most :data:`~admission.plan.MAX_MESSAGE_CHARS` characters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from admission import pods
+from admission.plan import BANDS_OF_CLASS, MAX_MESSAGE_CHARS, Denied, NotOurs, plan_create
+from admission.reviews import one_line
+from tenants.models import (
+    BORROWED_ANNOTATION,
+    CLASS_LABEL,
+    DISPATCHER_USER,
+    FAIRGATE_PREFIX,
+    QUEUE_GATE,
+    TICKET_ANNOTATION,
+    FairgateConfig,
+)
+
+WEBHOOK_USER = "system:serviceaccount:fairgate-system:fairgate-webhook"
+FAIRGATE_USERS = frozenset({WEBHOOK_USER, DISPATCHER_USER})
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Allowed or not, why, and warnings for the user."""
+
+    allowed: bool
+    reason: str
+    warnings: tuple[str, ...] = ()
+
+
+def _allow(reason: str, warnings: Sequence[str] = ()) -> Verdict:
+    return Verdict(True, reason, tuple(warnings))
+
+
+def _deny(reason: str) -> Verdict:
+    return Verdict(False, one_line(reason, MAX_MESSAGE_CHARS))
+
+
+def validate_create(pod: object, namespace: str, config: FairgateConfig) -> Verdict:
+    """Verdict on a mutated pod CREATE in ``namespace``."""
+    result = plan_create(pod, namespace, "", config)
+    if isinstance(result, NotOurs):
+        return _allow(result.reason)
+    if isinstance(result, Denied):
+        return _deny(result.message)
+    if not result.reused_ticket:
+        return _deny(
+            f"GPU pod lacks the {TICKET_ANNOTATION} stamp of fairgate's mutating webhook: "
+            "check that the fairgate MutatingWebhookConfiguration matches this namespace"
+        )
+    try:
+        label = pods.labels_of(pod).get(CLASS_LABEL)
+        priority_class = pods.string_field(pod, "priorityClassName")
+        borrowed = pods.annotations_of(pod).get(BORROWED_ANNOTATION)
+    except pods.PodError as exc:
+        return _deny(f"malformed pod: {exc}")
+    if label != result.pod_class:
+        return _deny(
+            f"label {CLASS_LABEL}={label} is not a class tenant {result.tenant.name} allows "
+            f"(fairgate chose {result.pod_class}): remove the label or use an allowed class"
+        )
+    classes = config.platform.priority_classes
+    band = classes.band_of(priority_class) if priority_class is not None else None
+    if band is None or band not in BANDS_OF_CLASS[result.pod_class]:
+        names = " or ".join(
+            classes.for_band(b).name for b in sorted(BANDS_OF_CLASS[result.pod_class])
+        )
+        return _deny(
+            f"a {label} GPU pod must have priorityClassName {names}, not {priority_class}: "
+            "leave priorityClassName to fairgate"
+        )
+    if (borrowed == "true") != (band == "borrowed"):
+        return _deny(
+            f'annotation {BORROWED_ANNOTATION}="true" must be set exactly when '
+            f"priorityClassName is {classes.borrowed.name}: leave both to fairgate"
+        )
+    return _allow(f"GPU pod of {result.tenant.name} ({label}, {band})", result.warnings)
+
+
+def _fairgate_keys(values: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in values.items() if k.startswith(FAIRGATE_PREFIX)}
+
+
+def _changed_key(old: Mapping[str, str], new: Mapping[str, str]) -> str | None:
+    before, after = _fairgate_keys(old), _fairgate_keys(new)
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    return changed[0] if changed else None
+
+
+def validate_update(
+    old_pod: object,
+    new_pod: object,
+    username: str,
+    groups: Sequence[str],
+    config: FairgateConfig,
+) -> Verdict:
+    """Verdict on a pod UPDATE by ``username`` (see the module contract)."""
+    try:
+        gate_removed = QUEUE_GATE in pods.gate_names(old_pod) and QUEUE_GATE not in (
+            pods.gate_names(new_pod)
+        )
+        label = _changed_key(pods.labels_of(old_pod), pods.labels_of(new_pod))
+        annotation = _changed_key(pods.annotations_of(old_pod), pods.annotations_of(new_pod))
+    except pods.PodError as exc:
+        return _deny(f"malformed pod: {exc}")
+    if gate_removed and username != DISPATCHER_USER:
+        return _deny(
+            f"only fairgate's dispatcher may remove the scheduling gate {QUEUE_GATE}: the pod "
+            "is released when its tenant's quota and the cluster allow (see 'fairgate why')"
+        )
+    if username not in FAIRGATE_USERS:
+        if label is not None:
+            return _deny(f"label {label} is managed by fairgate: do not add, change or remove it")
+        if annotation is not None:
+            return _deny(
+                f"annotation {annotation} is managed by fairgate: do not add, change or remove it"
+            )
+    if username in FAIRGATE_USERS:
+        return _allow(f"update by fairgate service account {username}")
+    return _allow("no fairgate-managed field changed")
