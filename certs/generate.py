@@ -26,7 +26,7 @@ import os
 import re
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cryptography import x509
@@ -370,7 +370,8 @@ def refresh_bundle(
     - CA due for renewal: a new CA and serving cert; the old CA stays in ``ca.crt``
       behind the new one while it is still valid, so either CA is trusted meanwhile;
     - serving cert due for renewal, or its SANs differ from the requested ones: a new
-      serving cert from the same CA.
+      serving cert from the same CA;
+    - previous CAs that have expired are dropped from ``ca.crt``.
     """
     at = _utcnow(now)
     if bundle is None:
@@ -394,13 +395,19 @@ def refresh_bundle(
         still_valid = [c for c in bundle.ca_certs if c.not_valid_after_utc > at]
         trust = fresh.ca_cert_pem + b"".join(_cert_pem(c) for c in still_valid)
         return Bundle(trust, fresh.ca_key_pem, fresh.cert_pem, fresh.key_pem)
+    issuing, *previous = bundle.ca_certs
+    still_valid = [c for c in previous if c.not_valid_after_utc > at]
+    refreshed = bundle
+    if len(still_valid) < len(previous):
+        trust = b"".join(_cert_pem(c) for c in [issuing, *still_valid])
+        refreshed = replace(bundle, ca_cert_pem=trust)
     wanted = serving_names(service, namespace, extra_sans)
     san = bundle.cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     if needs_renewal(bundle.cert, at) or list(san) != wanted:
         return renew_serving_cert(
-            bundle, service, namespace, extra_sans, validity=serving_validity, now=at
+            refreshed, service, namespace, extra_sans, validity=serving_validity, now=at
         )
-    return bundle
+    return refreshed
 
 
 def _atomic_write(path: Path, data: bytes, mode: int) -> None:
