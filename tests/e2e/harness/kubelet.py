@@ -109,18 +109,27 @@ def _ready_condition(heartbeat: str, transition: str) -> dict[str, str]:
     }
 
 
-# Two whole-GPU nodes (4 x A100-80GB each, MIG off) and one MIG `mixed` node whose two
-# A100-40GB are split into 7 x 1g.5gb and 2 x 3g.20gb: 8 GPUs + 13 MIG slices in total.
+# Two whole-GPU nodes (4 x A100-80GB each, MIG off) and two MIG `mixed` nodes: one
+# A100-40GB split into 7 x 1g.5gb, one A100-80GB split into 2 x 3g.40gb. In slices:
+# 8 GPUs = 56, plus 7 + 6 MIG slices.
 DEFAULT_GPU_NODES: tuple[GpuNode, ...] = (
     GpuNode("gpu-a100-0", "NVIDIA-A100-SXM4-80GB", "none", {"nvidia.com/gpu": 4}, 4, 81920),
     GpuNode("gpu-a100-1", "NVIDIA-A100-SXM4-80GB", "none", {"nvidia.com/gpu": 4}, 4, 81920),
     GpuNode(
-        "gpu-mig-0",
+        "gpu-mig-5gb",
         "NVIDIA-A100-SXM4-40GB",
         "mixed",
-        {"nvidia.com/gpu": 0, "nvidia.com/mig-1g.5gb": 7, "nvidia.com/mig-3g.20gb": 2},
-        2,
+        {"nvidia.com/gpu": 0, "nvidia.com/mig-1g.5gb": 7},
+        1,
         40960,
+    ),
+    GpuNode(
+        "gpu-mig-40gb",
+        "NVIDIA-A100-SXM4-80GB",
+        "mixed",
+        {"nvidia.com/gpu": 0, "nvidia.com/mig-3g.40gb": 2},
+        1,
+        81920,
     ),
 )
 
