@@ -1,0 +1,264 @@
+"""Audit records and their hash chain.
+
+Contract:
+- An :class:`AuditRecord` is one decision: who asked (request uid, user, groups), what
+  (operation, tenant, namespace/name, class, demand), the outcome (decision, reason,
+  latency) and, for quota changes, a field-level ``diff``. It carries no pod spec, no
+  environment values and no secrets: only the fields listed here exist.
+- Records are chained: ``seq`` counts from 1, ``prev`` is the previous record's ``hash``
+  (:data:`GENESIS` for seq 1) and ``hash`` is the SHA-256 (hex) of the record's canonical
+  JSON without ``hash`` (keys sorted, no spaces, UTF-8). The canonical JSON with ``hash``
+  is the record's one wire form: the stdout line and the Redis Stream entry.
+- :func:`verify` checks a run of records, oldest first, and names the first broken or
+  missing one. The oldest record present is the *anchor*: its ``prev`` is trusted, because
+  retention trims the oldest records (the anchor is the lowest seq present, wherever it
+  stands). A :class:`ChainHead` (kept beside the stream by the
+  writer) additionally reveals records removed from the end, and records removed from the
+  start that retention did not remove (``floor``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+GENESIS = "0" * 64
+"""``prev`` of the very first record of a chain."""
+
+ADMIT = "admit"
+QUEUE = "queue"
+DENY = "deny"
+DISPATCH = "dispatch"
+RELEASE = "release"
+QUOTA_CHANGE = "quota-change"
+DECISIONS: tuple[str, ...] = (ADMIT, QUEUE, DENY, DISPATCH, RELEASE, QUOTA_CHANGE)
+"""The decisions fairgate records; others are allowed if they are lower-case words."""
+
+_DECISION = re.compile(r"^[a-z][a-z-]*$")
+_MAX_TEXT = 1024
+
+
+def utc_now() -> str:
+    """The current time in RFC 3339 UTC with milliseconds, e.g. ``2026-01-02T03:04:05.678Z``."""
+    return format_time(datetime.now(UTC))
+
+
+def format_time(when: datetime) -> str:
+    """``when`` (timezone-aware) in the record's RFC 3339 UTC form."""
+    if when.tzinfo is None:
+        raise ValueError("audit times must be timezone-aware (use datetime.now(UTC))")
+    return when.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_time(text: str) -> datetime:
+    """Inverse of :func:`format_time` (any RFC 3339 offset is accepted)."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
+
+
+def canonical_json(fields: Mapping[str, Any]) -> str:
+    """Canonical JSON: sorted keys, no whitespace, non-ASCII kept as UTF-8."""
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def chain_hash(fields: Mapping[str, Any]) -> str:
+    """SHA-256 hex of the canonical JSON of ``fields`` without its ``hash`` key."""
+    body = {k: v for k, v in fields.items() if k != "hash"}
+    return hashlib.sha256(canonical_json(body).encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    """One audited decision. ``pod_class`` is ``class`` on the wire.
+
+    ``seq``/``prev``/``hash`` are ``None`` only for a record that could not be stored in
+    the chain (Redis unavailable): it is still written to stdout, unchained.
+    """
+
+    decision: str
+    time: str = field(default_factory=utc_now)
+    uid: str = ""
+    user: str = ""
+    groups: tuple[str, ...] = ()
+    operation: str = ""
+    tenant: str = ""
+    namespace: str = ""
+    name: str = ""
+    pod_class: str = ""
+    demand: str = ""
+    reason: str = ""
+    latency_ms: float = 0.0
+    diff: Mapping[str, Mapping[str, Any]] | None = None
+    seq: int | None = None
+    prev: str | None = None
+    hash: str | None = None
+
+    def __post_init__(self) -> None:
+        if not _DECISION.match(self.decision):
+            raise ValueError(
+                f"audit decision {self.decision!r} must be a lower-case word such as "
+                f"{', '.join(DECISIONS)}"
+            )
+        object.__setattr__(self, "groups", tuple(self.groups))
+        object.__setattr__(self, "reason", self.reason[:_MAX_TEXT])
+        object.__setattr__(self, "latency_ms", round(float(self.latency_ms), 3))
+
+    def fields(self) -> dict[str, Any]:
+        """The record as its wire mapping (``class`` for ``pod_class``, no ``diff`` if None)."""
+        data = asdict(self)
+        data["class"] = data.pop("pod_class")
+        data["groups"] = list(self.groups)
+        if self.diff is None:
+            del data["diff"]
+        return data
+
+    def to_json(self) -> str:
+        """The record's wire form: canonical JSON including ``hash``."""
+        return canonical_json(self.fields())
+
+    def chained(self, seq: int, prev: str) -> AuditRecord:
+        """This record as number ``seq`` of a chain after a record whose hash is ``prev``."""
+        unhashed = _replace(self, seq=seq, prev=prev, hash=None)
+        return _replace(unhashed, hash=chain_hash(unhashed.fields()))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> AuditRecord:
+        """Parse a wire record; raises ValueError if it is not one (unknown or missing keys)."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        known = {f for f in cls.__dataclass_fields__ if f != "pod_class"} | {"class"}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown keys {sorted(unknown)}")
+        if "decision" not in data:
+            raise ValueError("missing key 'decision'")
+        data["pod_class"] = data.pop("class", "")
+        data["groups"] = tuple(data.get("groups", ()))
+        try:
+            record = cls(**data)
+        except TypeError as exc:
+            raise ValueError(str(exc)) from exc
+        if record.to_json() != canonical_json(_with_class(data)):
+            raise ValueError("fields have the wrong types")
+        return record
+
+
+def _with_class(data: dict[str, Any]) -> dict[str, Any]:
+    out = dict(data)
+    out["class"] = out.pop("pod_class")
+    out["groups"] = list(out["groups"])
+    return out
+
+
+def _replace(record: AuditRecord, **changes: Any) -> AuditRecord:
+    values = {f: getattr(record, f) for f in record.__dataclass_fields__}
+    values.update(changes)
+    return AuditRecord(**values)
+
+
+@dataclass(frozen=True)
+class ChainHead:
+    """The writer's view of the chain: last ``seq`` and ``hash``, and the retention ``floor``.
+
+    ``floor`` is the lowest seq that must still be present: retention may have trimmed
+    every record below it, never one at or above it.
+    """
+
+    seq: int
+    hash: str
+    floor: int = 1
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """Outcome of :func:`verify`. ``first_bad`` is the seq of the first broken or missing
+    record, ``position`` its index in the checked run (None when it is missing from the end)."""
+
+    ok: bool
+    checked: int
+    first_seq: int | None = None
+    last_seq: int | None = None
+    first_bad: int | None = None
+    position: int | None = None
+    problem: str = ""
+
+
+def verify(records: Sequence[AuditRecord], head: ChainHead | None = None) -> VerifyResult:
+    """Check that ``records`` (oldest first) form one unbroken chain; see the module doc."""
+    if not records:
+        if head is not None and head.seq > 0:
+            return _bad(0, None, None, head.seq, None, f"the chain head is seq {head.seq} "
+                        "but no records are present: they were removed")
+        return VerifyResult(ok=True, checked=0)
+    positions: dict[int, int] = {}
+    for i, rec in enumerate(records):
+        if rec.seq is not None:
+            positions.setdefault(rec.seq, i)
+    if not positions:
+        return _bad(0, None, None, None, 0, "the records are unchained (no seq)")
+    first = min(positions)
+    last = records[-1].seq
+    if head is not None and first > max(head.floor, 1):
+        floor = max(head.floor, 1)
+        return _bad(0, first, last, floor, 0,
+                    f"{_span(floor, first - 1)} missing: retention only removes records "
+                    f"below seq {floor}")
+    previous: AuditRecord | None = None
+    for i, rec in enumerate(records):
+        expected = first + i
+        if rec.seq != expected:
+            return _misplaced(records, i, expected, positions, first, last)
+        if rec.hash != chain_hash(rec.fields()):
+            return _bad(i, first, last, expected, i,
+                        f"seq {expected} was edited: its hash does not match its content")
+        if previous is None:
+            if expected == 1 and rec.prev != GENESIS:
+                return _bad(i, first, last, 1, i, "seq 1 does not start from the genesis hash")
+        elif rec.prev != previous.hash:
+            return _bad(i, first, last, expected - 1, i - 1,
+                        f"seq {expected - 1} was replaced: seq {expected} chains to a "
+                        f"different hash (or its own prev was rewritten)")
+        previous = rec
+    if head is not None:
+        assert previous is not None and previous.seq is not None
+        if previous.seq < head.seq:
+            return _bad(len(records), first, last, previous.seq + 1, None,
+                        f"{_span(previous.seq + 1, head.seq)} missing from the end: the "
+                        f"chain head is seq {head.seq}")
+        if previous.seq == head.seq and previous.hash != head.hash:
+            return _bad(len(records) - 1, first, last, head.seq, len(records) - 1,
+                        f"seq {head.seq} does not match the chain head's hash: it was replaced")
+    return VerifyResult(ok=True, checked=len(records), first_seq=first, last_seq=last)
+
+
+def _misplaced(records: Sequence[AuditRecord], i: int, expected: int,
+               positions: Mapping[int, int], first: int, last: int | None) -> VerifyResult:
+    found = records[i].seq
+    where = positions.get(expected)
+    if found is None:
+        what = f"an unchained record stands where seq {expected} belongs"
+    elif positions[found] < i:
+        what = f"seq {found} appears twice (again where seq {expected} belongs)"
+    elif where is None:
+        what = f"seq {expected} is missing (found seq {found} in its place)"
+    else:
+        what = f"seq {expected} is out of order (found seq {found} in its place)"
+    return _bad(i, first, last, expected, i, what)
+
+
+def _span(low: int, high: int) -> str:
+    return f"seq {low} is" if low == high else f"seqs {low} to {high} are"
+
+
+def _bad(checked: int, first: int | None, last: int | None, seq: int | None,
+         position: int | None, problem: str) -> VerifyResult:
+    return VerifyResult(ok=False, checked=checked, first_seq=first, last_seq=last,
+                        first_bad=seq, position=position, problem=problem)

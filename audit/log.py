@@ -1,0 +1,223 @@
+"""Write audit records to stdout and to a hash-chained Redis Stream.
+
+Contract:
+- :meth:`AuditLog.record` builds an :class:`~audit.chain.AuditRecord`, appends it to the
+  stream (default ``fairgate:audit``) as the next link of the chain, and writes the same
+  JSON line to ``out``. It never raises: if Redis is unavailable the record is still
+  written to ``out`` (unchained: ``seq``/``prev``/``hash`` null), ``last_error`` and
+  ``failures`` say what went wrong, the counter ``fairgate_audit_write_failures_total``
+  counts it and a warning is logged.
+- Chaining is race-free across threads and processes: the SHA-256 is computed here and the
+  record is appended by one Lua script (``append.lua``) only if the chain head (kept in
+  ``<stream>:head``) still is the record's ``prev``; otherwise the script returns the new
+  head and the record is re-chained onto it (optimistic compare-and-set; every conflict
+  means another writer made progress). SHA-256 cannot be computed in Redis Lua, which only
+  offers SHA-1.
+- Retention is exact: ``XADD MAXLEN <maxlen>`` keeps the newest ``maxlen`` records; the
+  head's ``floor`` is the lowest seq retention has not removed, so :meth:`AuditLog.verify`
+  can tell trimming from deletion.
+- With ``client=None`` records are chained in-process and only written to ``out``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, TextIO
+
+import redis
+from prometheus_client import Counter
+
+from audit.chain import GENESIS, AuditRecord, ChainHead, VerifyResult, verify
+
+STREAM = "fairgate:audit"
+MAXLEN = 100_000
+PAGE = 1000
+MAX_ATTEMPTS = 100
+
+log = logging.getLogger(__name__)
+
+WRITE_FAILURES = Counter(
+    "fairgate_audit_write_failures_total",
+    "Audit records that could not be appended to the Redis Stream (still written to stdout)",
+)
+
+
+@dataclass(frozen=True)
+class StoredRecord:
+    """A stream entry: its Redis id and the record, or why it is not a valid record."""
+
+    stream_id: str
+    record: AuditRecord | None
+    error: str = ""
+
+
+class AuditLog:
+    """The audit log of one process; safe to share between threads."""
+
+    def __init__(self, client: redis.Redis | None, stream: str = STREAM,
+                 maxlen: int = MAXLEN, out: TextIO | None = None) -> None:
+        if maxlen < 1:
+            raise ValueError(f"maxlen must be at least 1, got {maxlen}")
+        self.client = client
+        self.stream = stream
+        self.head_key = f"{stream}:head"
+        self.maxlen = maxlen
+        self.out = out if out is not None else sys.stdout
+        self.failures = 0
+        self.last_error: str | None = None
+        self._lock = threading.Lock()
+        self._head = ChainHead(0, GENESIS)
+        self._script = (
+            client.register_script(
+                resources.files("audit").joinpath("append.lua").read_text(encoding="utf-8")
+            )
+            if client is not None else None
+        )
+
+    def record(self, decision: str, **fields: Any) -> AuditRecord:
+        """Append a record (fields as in :class:`AuditRecord`) and return it as stored."""
+        draft = AuditRecord(decision=decision, **fields)
+        stored = self._append(draft)
+        self._write_line(stored.to_json())
+        return stored
+
+    def _append(self, draft: AuditRecord) -> AuditRecord:
+        if self._script is None:
+            with self._lock:
+                rec = draft.chained(self._head.seq + 1, self._head.hash)
+                self._head = ChainHead(rec.seq or 0, rec.hash or "")
+            return rec
+        try:
+            return self._append_redis(draft)
+        except (redis.RedisError, OSError, RuntimeError) as exc:
+            self._fail(exc)
+            return draft
+
+    def _append_redis(self, draft: AuditRecord) -> AuditRecord:
+        assert self._script is not None
+        with self._lock:
+            head = self._head
+        expected = head.hash if head.seq else ""
+        for _ in range(MAX_ATTEMPTS):
+            seq = head.seq + 1
+            rec = draft.chained(seq, head.hash if head.seq else GENESIS)
+            digest = rec.hash or ""
+            reply = self._script(
+                keys=[self.stream, self.head_key],
+                args=[expected, seq, digest, rec.to_json(), self.maxlen],
+            )
+            if int(reply[0]) == 1:
+                with self._lock:
+                    if seq > self._head.seq:
+                        self._head = ChainHead(seq, digest)
+                return rec
+            expected = _text(reply[2])
+            head = ChainHead(int(reply[1]), expected or GENESIS)
+        raise RuntimeError(f"the chain head moved {MAX_ATTEMPTS} times in a row")
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._lock:
+            self.failures += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"
+        WRITE_FAILURES.inc()
+        log.warning("audit record not stored in Redis stream %s (written to stdout only): %s",
+                    self.stream, exc)
+
+    def _write_line(self, line: str) -> None:
+        try:
+            with self._lock:
+                self.out.write(line + "\n")
+                self.out.flush()
+        except (OSError, ValueError) as exc:
+            log.warning("audit record not written to stdout: %s", exc)
+
+    def head(self) -> ChainHead | None:
+        """The chain head stored beside the stream, or None if the chain is empty."""
+        return _head_of(self._require_client().hmget(self.head_key, ["seq", "hash", "floor"]))
+
+    def entries(self, start: str = "-", end: str = "+") -> Iterator[StoredRecord]:
+        """Stream entries from ``start`` to ``end`` (Redis ids), oldest first, paged."""
+        return self._entries_from(self._page(start, end), end)
+
+    def _entries_from(self, page: list[Any], end: str = "+") -> Iterator[StoredRecord]:
+        while True:
+            for raw_id, values in page:
+                yield parse_entry(raw_id, values)
+            if len(page) < PAGE:
+                return
+            page = self._page("(" + _text(page[-1][0]), end)
+
+    def _page(self, start: str, end: str) -> list[Any]:
+        client = self._require_client()
+        return list(client.xrange(self.stream, min=start, max=end, count=PAGE) or [])
+
+    def _head_and_first_page(self) -> tuple[ChainHead | None, list[Any]]:
+        # One transaction, so that trimming between the two reads cannot fake a gap.
+        pipe = self._require_client().pipeline(transaction=True)
+        pipe.hmget(self.head_key, ["seq", "hash", "floor"])
+        pipe.xrange(self.stream, min="-", max="+", count=PAGE)
+        raw, page = pipe.execute()
+        return _head_of(raw), list(page)
+
+    def verify(self) -> tuple[VerifyResult, list[StoredRecord]]:
+        """Verify the stored chain against its head; also returns the entries checked.
+
+        The head is read first, so records appended while verifying are not counted.
+        An entry that is not a valid record fails verification at its position.
+        """
+        head, first_page = self._head_and_first_page()
+        checked: list[StoredRecord] = []
+        for entry in self._entries_from(first_page):
+            if entry.record is None:
+                return _unreadable(entry, checked), checked
+            if head is not None and (entry.record.seq or 0) > head.seq:
+                break
+            checked.append(entry)
+        records = [e.record for e in checked if e.record is not None]
+        return verify(records, head), checked
+
+    def _require_client(self) -> redis.Redis:
+        if self.client is None:
+            raise RuntimeError("this audit log has no Redis client: records are on stdout only")
+        return self.client
+
+
+def parse_entry(raw_id: bytes | str, values: Mapping[Any, Any] | None) -> StoredRecord:
+    """A stream entry as a :class:`StoredRecord`."""
+    stream_id = _text(raw_id)
+    raw = (values or {}).get(b"record", (values or {}).get("record"))
+    if raw is None:
+        return StoredRecord(stream_id, None, "entry has no 'record' field")
+    try:
+        return StoredRecord(stream_id, AuditRecord.from_json(raw))
+    except ValueError as exc:
+        return StoredRecord(stream_id, None, f"not a valid audit record: {exc}")
+
+
+def _head_of(raw: list[Any]) -> ChainHead | None:
+    if raw[0] is None:
+        return None
+    return ChainHead(int(raw[0]), _text(raw[1]), int(raw[2] or 1))
+
+
+def _unreadable(entry: StoredRecord, before: list[StoredRecord]) -> VerifyResult:
+    last = before[-1].record if before else None
+    seq = (last.seq or 0) + 1 if last is not None else None
+    return VerifyResult(
+        ok=False, checked=len(before), first_bad=seq, position=len(before),
+        problem=f"stream entry {entry.stream_id} ({'seq ' + str(seq) if seq else 'first'})"
+                f" is broken: {entry.error}",
+    )
+
+
+def _text(value: bytes | str | int | None) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    return str(value)
