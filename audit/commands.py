@@ -59,8 +59,8 @@ def query(client: redis.Redis, out: TextIO, *, tenant: str | None = None,
         (err or sys.stderr).write(f"error: {exc}\n")
         return 2
     log = AuditLog(client, stream=stream, out=out)
-    start, end = selection.stream_range()
-    found = selection.select(e.record for e in log.entries(start, end) if e.record is not None)
+    entries = log.entries(selection.stream_start())
+    found = selection.select(e.record for e in entries if e.record is not None)
     if as_json:
         for record in found:
             out.write(record.to_json() + "\n")

@@ -17,7 +17,7 @@ from audit.chain import AuditRecord, parse_time
 _AGE = re.compile(r"^(\d+)([smhdw])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 CLOCK_SKEW = timedelta(minutes=5)
-"""How far a record's time may differ from its stream id (writer vs Redis clock)."""
+"""How far the writer's clock may run ahead of the Redis server's."""
 
 
 def parse_when(text: str, now: datetime | None = None) -> datetime:
@@ -68,11 +68,10 @@ class AuditFilter:
         """The matching records, in order."""
         return (r for r in records if self.matches(r))
 
-    def stream_range(self) -> tuple[str, str]:
-        """Redis stream ids bounding the candidates (widened by :data:`CLOCK_SKEW`)."""
-        start = "-" if self.since is None else _ms_id(self.since - CLOCK_SKEW)
-        end = "+" if self.until is None else _ms_id(self.until + CLOCK_SKEW)
-        return start, end
+    def stream_start(self) -> str:
+        """The Redis stream id from which candidates can appear: a record is stored after
+        its decision, so ``since`` (less :data:`CLOCK_SKEW`) bounds it; ``until`` cannot."""
+        return "-" if self.since is None else _ms_id(self.since - CLOCK_SKEW)
 
 
 def _ms_id(when: datetime) -> str:
