@@ -1,0 +1,1 @@
+error('not implemented yet')
