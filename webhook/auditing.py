@@ -19,7 +19,8 @@ from audit import AuditLog
 
 log = logging.getLogger("fairgate.webhook.audit")
 
-_STOP = object()
+_Item = tuple[str, dict[str, Any]]
+_STOP = None
 
 
 class AuditWriter:
@@ -29,7 +30,7 @@ class AuditWriter:
         """Write into ``audit_log``; hold at most ``capacity`` records not yet written."""
         self.audit_log = audit_log
         self.dropped = 0
-        self._queue: queue.Queue[object] = queue.Queue(maxsize=capacity)
+        self._queue: queue.Queue[_Item | None] = queue.Queue(maxsize=capacity)
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -69,7 +70,7 @@ class AuditWriter:
             item = self._queue.get()
             if item is _STOP:
                 return
-            decision, fields = item  # type: ignore[misc]
+            decision, fields = item
             try:
                 self.audit_log.record(decision, **fields)
             except Exception:  # the writer thread must survive a bad record

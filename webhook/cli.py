@@ -156,7 +156,7 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     _redis_url_argument(serve)
     serve.add_argument("--config-dir", metavar="DIR",
                        help="local config directory (default: read the config from the cluster)")
-    serve.add_argument("--host", default="0.0.0.0",  # noqa: S104 - reachable by the API server
+    serve.add_argument("--host", default="0.0.0.0",
                        help="address to listen on (default: %(default)s)")
     serve.add_argument("--log-level", default="info",
                        choices=["debug", "info", "warning", "error"],
@@ -188,6 +188,86 @@ def _add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -
     demo.add_argument("--pods", type=int, default=120,
                       help="how many pod admissions to send (default: %(default)s)")
     demo.set_defaults(handler=_demo)
+
+
+# -- audit -----------------------------------------------------------------------------
+
+
+def _redis_client(args: argparse.Namespace) -> redis.Redis:
+    client: redis.Redis = redis.Redis.from_url(args.redis_url, socket_connect_timeout=5)
+    client.ping()
+    return client
+
+
+def _audit_tail(args: argparse.Namespace) -> int:
+    from audit import commands
+
+    return commands.tail(_redis_client(args), sys.stdout, last=args.last, follow=args.follow)
+
+
+def _audit_query(args: argparse.Namespace) -> int:
+    from audit import commands
+
+    return commands.query(
+        _redis_client(args), sys.stdout, tenant=args.tenant, decision=args.decision,
+        user=args.user, since=args.since, until=args.until, as_json=args.json,
+    )
+
+
+def _audit_verify(args: argparse.Namespace) -> int:
+    from audit import commands
+
+    return commands.verify(_redis_client(args), sys.stdout)
+
+
+def _add_audit(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    audit = _subparser(
+        subparsers, "audit", "read and verify the audit log",
+        "Every admission, queue, deny, dispatch, release and quota change is one record in\n"
+        "the hash-chained Redis Stream fairgate:audit (and a JSON line on the writer's\n"
+        "stdout).",
+        "  fairgate audit tail\n  fairgate audit query --tenant team-a --decision deny\n"
+        "  fairgate audit verify\n",
+    )
+    audit_sub = audit.add_subparsers(dest="audit_command", required=True, metavar="COMMAND")
+    tail = _subparser(
+        audit_sub, "tail", "print the newest records, then follow new ones",
+        "Print the last --last records as JSON lines, then new records as they arrive\n"
+        "(Ctrl-C to stop) unless --no-follow.",
+        "  fairgate audit tail\n  fairgate audit tail --last 100 --no-follow | jq .reason\n",
+    )
+    tail.add_argument("--last", type=int, default=10, metavar="N",
+                      help="records of the backlog to print first (default: %(default)s)")
+    tail.add_argument("--follow", action=argparse.BooleanOptionalAction, default=True,
+                      help="keep printing new records (default: on)")
+    _redis_url_argument(tail)
+    tail.set_defaults(handler=_audit_tail)
+    query = _subparser(
+        audit_sub, "query", "print the records matching filters",
+        "Print records matching every filter given, oldest first, as a table or JSON lines.\n"
+        "Times are RFC 3339 (2026-01-31T12:00:00Z), a date (2026-01-31, UTC) or an age\n"
+        "(30s, 15m, 2h, 7d, 1w).",
+        "  fairgate audit query --tenant team-a --decision deny --since 2h\n"
+        "  fairgate audit query --user alice@example.com --json\n",
+    )
+    query.add_argument("--tenant", help="only this tenant")
+    query.add_argument("--decision",
+                       help="only this decision (admit, queue, deny, dispatch, release, "
+                       "quota-change)")
+    query.add_argument("--user", help="only requests by this user")
+    query.add_argument("--since", metavar="WHEN", help="only records at or after WHEN")
+    query.add_argument("--until", metavar="WHEN", help="only records before WHEN")
+    query.add_argument("--json", action="store_true", help="print JSON lines, not a table")
+    _redis_url_argument(query)
+    query.set_defaults(handler=_audit_query)
+    verify = _subparser(
+        audit_sub, "verify", "check the hash chain; name the first broken record",
+        "Verify every record's hash and link. Exit 0 when intact; 1 naming the first\n"
+        "edited, removed or reordered record.",
+        "  fairgate audit verify\n",
+    )
+    _redis_url_argument(verify)
+    verify.set_defaults(handler=_audit_verify)
 
 
 # -- commands of other packages --------------------------------------------------------
@@ -234,19 +314,7 @@ def _add_pending(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     _redis_url_argument(why)
     why.set_defaults(handler=_not_yet("why"))
 
-    audit = _subparser(
-        subparsers, "audit", "read and verify the audit log",
-        "The hash-chained audit log in the Redis Stream fairgate:audit.",
-        "  fairgate audit tail\n  fairgate audit query --tenant team-a --decision deny\n"
-        "  fairgate audit verify\n",
-    )
-    audit_sub = audit.add_subparsers(dest="audit_command", required=True, metavar="COMMAND")
-    for name, summary in (("tail", "follow new records"), ("query", "filter records"),
-                          ("verify", "check the hash chain")):
-        sub = _subparser(audit_sub, name, summary, summary.capitalize() + ".",
-                         f"  fairgate audit {name}\n")
-        _redis_url_argument(sub)
-        sub.set_defaults(handler=_not_yet(f"audit {name}"))
+    _add_audit(subparsers)
 
     simulate = _subparser(
         subparsers, "simulate", "replay a workload trace through the real queue",

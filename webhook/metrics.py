@@ -1,7 +1,8 @@
 """Prometheus metrics of the admission webhook.
 
 Contract: every :class:`WebhookMetrics` owns its own ``CollectorRegistry`` (so several
-apps can live in one process, e.g. in tests) and exposes it at ``/metrics``:
+apps can live in one process, e.g. in tests); ``/metrics`` shows it together with the
+process-wide default registry (process metrics, audit write failures):
 
 - ``fairgate_admission_duration_seconds{webhook, operation}``: histogram of the time
   from a request's arrival to its answer; ``webhook`` is ``mutate`` or ``validate``,
@@ -16,7 +17,7 @@ apps can live in one process, e.g. in tests) and exposes it at ``/metrics``:
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 # Admission must stay in single milliseconds; the tail buckets show Redis timeouts.
@@ -58,5 +59,8 @@ class WebhookMetrics:
         )
 
     def render(self) -> bytes:
-        """The registry in the Prometheus text exposition format."""
-        return generate_latest(self.registry)
+        """This registry plus the process-wide one (process metrics, audit write failures)
+        in the Prometheus text exposition format."""
+        if self.registry is REGISTRY:
+            return generate_latest(REGISTRY)
+        return generate_latest(self.registry) + generate_latest(REGISTRY)

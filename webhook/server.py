@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,7 +46,7 @@ class ServeOptions:
     port: int
     redis_url: str
     config_dir: Path | None = None
-    host: str = "0.0.0.0"  # noqa: S104 - a webhook must be reachable from the API server
+    host: str = "0.0.0.0"
     redis_timeout: float = DEFAULT_REDIS_TIMEOUT
     deadline_seconds: float = 1.0
     graceful_seconds: float = 10.0
@@ -78,6 +77,7 @@ def _config_provider(options: ServeOptions) -> ConfigProvider:
 def serve(options: ServeOptions) -> None:
     """Run the webhook until SIGTERM/SIGINT (see the module contract)."""
     provider = _config_provider(options)
+    provider.start()
     client = connect_redis(options.redis_url, options.redis_timeout)
     service = AdmissionService(provider, client)
     app = create_app(service, deadline_seconds=options.deadline_seconds)
@@ -95,17 +95,14 @@ def serve(options: ServeOptions) -> None:
         lifespan="on",
     )
     server = uvicorn.Server(config)
-    stop = threading.Event()
 
     async def main() -> None:
         async with reloader.running():
             await server.serve()
 
-    provider.start()
     log.info("serving https://%s:%d (mutate, validate)", options.host, options.port)
     try:
         asyncio.run(main())
     finally:
-        stop.set()
         provider.stop()
         client.close()

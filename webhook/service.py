@@ -50,7 +50,8 @@ from admission.reviews import (
 )
 from admission.validation import validate_create, validate_update
 from audit import ADMIT, DENY, QUEUE, AuditLog
-from fairshare.queue import Admission, FairQueue
+from fairshare.model import Admission, InvalidRequestError, PodRequest
+from fairshare.queue import FairQueue, UnknownTenantError
 from tenants import resources
 from tenants.models import FairgateConfig, PriorityBand
 from webhook.auditing import AuditWriter
@@ -105,6 +106,19 @@ class _Decision:
     extra_audit: Mapping[str, str] = field(default_factory=dict)
 
 
+def _planned(verdict: str, reason: str, plan: PodPlan | None) -> _Decision:
+    """A decision about a planned pod (tenant, class and demand known)."""
+    if plan is None:
+        return _Decision(verdict, reason)
+    return _Decision(
+        verdict,
+        reason,
+        tenant=plan.tenant.name,
+        pod_class=plan.pod_class,
+        demand=resources.format_counts(plan.demand),
+    )
+
+
 def _is_pod(request: AdmissionRequest) -> bool:
     return request.kind.group == "" and request.kind.kind == "Pod" and not request.sub_resource
 
@@ -117,7 +131,7 @@ def _asks_for_gpu(pod: object) -> bool:
     """Whether a pod asks for GPUs; a pod that cannot be read counts as asking."""
     try:
         return bool(pod_demand(pod))
-    except Exception:  # noqa: BLE001 - unreadable means "treat as GPU pod"
+    except Exception:
         return True
 
 
@@ -223,6 +237,7 @@ class AdmissionService:
         plan = progress.plan
         return self._deny(
             request,
+            progress,
             _Decision(DENY, "internal error", tenant=plan.tenant.name if plan else ""),
             message,
             code=500,
@@ -239,7 +254,8 @@ class AdmissionService:
         if config is None:
             if not _asks_for_gpu(pod):
                 return allow(request.uid)
-            return self._deny(request, _Decision(DENY, "config not loaded"), NO_CONFIG_MESSAGE,
+            return self._deny(request, progress, _Decision(DENY, "config not loaded"),
+                              NO_CONFIG_MESSAGE,
                               code=503, reason="ServiceUnavailable")
         progress.config = config
         plan = plan_create(pod, request.namespace, request.uid, config)
@@ -247,31 +263,53 @@ class AdmissionService:
             return allow(request.uid)
         if isinstance(plan, Denied):
             tenant = config.tenant_of_namespace(request.namespace) or ""
-            return self._deny(request, _Decision(DENY, plan.code, tenant=tenant), plan.message,
-                              progress=progress)
+            return self._deny(request, progress, _Decision(DENY, plan.code, tenant=tenant),
+                              plan.message)
         progress.plan = plan
         try:
-            self._sync(config)
-            admission = self.queue.admit(plan.request, self._clock(), dry_run=request.dry_run)
+            queued = PodRequest(
+                ticket=plan.ticket,
+                tenant=plan.tenant.name,
+                namespace=request.namespace,
+                name=request.name or _generate_name(pod),
+                pod_class=plan.pod_class,
+                demand=dict(plan.demand),
+                group=plan.group.name if plan.group else None,
+                group_size=plan.group.size if plan.group else 1,
+                submitted_at=self._clock(),
+            )
+        except InvalidRequestError as exc:
+            return self._deny(request, progress, _planned(DENY, "invalid-request", plan),
+                              f"fairgate cannot queue this pod: {exc}")
+        try:
+            admission = self._admit(config, queued, request.dry_run)
         except (redis.RedisError, OSError) as exc:
             return self._redis_unavailable(request, progress, exc)
         gated = admission.outcome == "queued"
-        ops = build_patch(pod, plan, admission.band, gated, config.platform.priority_classes)
+        ops = build_patch(_pod(pod), plan, admission.band, gated,
+                          config.platform.priority_classes)
         warnings = list(plan.warnings)
         if gated:
             warnings.append(_queued_warning(plan, admission))
-            decision = _Decision(QUEUE, f"waiting for {admission.waiting_for}", **self._who(plan))
+            decision = _planned(QUEUE, f"waiting for {admission.waiting_for}", plan)
         else:
-            decision = _Decision(ADMIT, f"reserved as {admission.band}", **self._who(plan))
-        return with_patch(
-            request.uid, ops, warnings, self._record(request, decision, progress)
-        )
+            decision = _planned(ADMIT, f"reserved as {admission.band}", plan)
+        return with_patch(request.uid, ops, warnings, self._record(request, decision, progress))
+
+    def _admit(self, config: FairgateConfig, queued: PodRequest, dry_run: bool) -> Admission:
+        """Ask the queue, syncing the config into Redis first when it is new to it."""
+        if self._synced is not config:
+            self._sync(config)
+        try:
+            return self.queue.admit(queued, queued.submitted_at, dry_run=dry_run)
+        except UnknownTenantError:
+            # Redis lost its state (restarted empty, flushed): give it the config again.
+            self._sync(config)
+            return self.queue.admit(queued, queued.submitted_at, dry_run=dry_run)
 
     def _sync(self, config: FairgateConfig) -> None:
-        """Push a new config snapshot into the queue before deciding with it."""
-        if self._synced is not config:
-            self.queue.sync_config(config)
-            self._synced = config
+        self.queue.sync_config(config, config.platform.capacity)
+        self._synced = config
 
     def _redis_unavailable(
         self, request: AdmissionRequest, progress: Progress, error: BaseException
@@ -281,13 +319,12 @@ class AdmissionService:
         self.metrics.redis_unavailable.labels(policy).inc()
         plan = progress.plan
         log.warning("Redis unavailable for uid=%s (%s): policy %s", request.uid, error, policy)
-        who = self._who(plan) if plan is not None else {}
         if policy == "allow" and plan is not None and config is not None:
             band: PriorityBand = "inference" if plan.pod_class == "inference" else "training"
             ops = build_patch(
-                request.object, plan, band, False, config.platform.priority_classes
+                _pod(request.object), plan, band, False, config.platform.priority_classes
             )
-            decision = _Decision(ADMIT, "redis unavailable: admitted unchecked (fail open)", **who)
+            decision = _planned(ADMIT, "redis unavailable: admitted unchecked (fail open)", plan)
             return with_patch(
                 request.uid,
                 ops,
@@ -295,17 +332,9 @@ class AdmissionService:
                 self._record(request, decision, progress),
             )
         return self._deny(
-            request, _Decision(DENY, "redis unavailable", **who), REDIS_DOWN_MESSAGE,
+            request, progress, _planned(DENY, "redis unavailable", plan), REDIS_DOWN_MESSAGE,
             code=503, reason="ServiceUnavailable",
         )
-
-    @staticmethod
-    def _who(plan: PodPlan) -> dict[str, str]:
-        return {
-            "tenant": plan.tenant.name,
-            "pod_class": plan.pod_class,
-            "demand": resources.format_counts(plan.demand),
-        }
 
     # -- validate ------------------------------------------------------------------
 
@@ -321,7 +350,8 @@ class AdmissionService:
         if config is None:
             if not _asks_for_gpu(request.object):
                 return allow(request.uid)
-            return self._deny(request, _Decision(DENY, "config not loaded"), NO_CONFIG_MESSAGE,
+            return self._deny(request, progress, _Decision(DENY, "config not loaded"),
+                              NO_CONFIG_MESSAGE,
                               code=503, reason="ServiceUnavailable")
         user = request.user_info
         if request.operation == "CREATE":
@@ -332,34 +362,34 @@ class AdmissionService:
             )
         if verdict.allowed:
             return allow(request.uid, verdict.warnings)
-        decision = _Decision(DENY, verdict.reason, tenant=verdict.tenant or "")
-        return self._deny(request, decision, verdict.message, warnings=verdict.warnings)
+        tenant = config.tenant_of_namespace(request.namespace) or ""
+        decision = _Decision(DENY, verdict.reason, tenant=tenant)
+        return self._deny(request, progress, decision, verdict.reason,
+                          warnings=verdict.warnings)
 
     # -- answers -------------------------------------------------------------------
 
     def _deny(
         self,
         request: AdmissionRequest,
+        progress: Progress,
         decision: _Decision,
         message: str,
         *,
         code: int = 403,
         reason: str = "Forbidden",
         warnings: Sequence[str] = (),
-        progress: Progress | None = None,
     ) -> AdmissionReviewResponse:
         audit = self._record(request, decision, progress)
         return deny(request.uid, message, code=code, reason=reason, warnings=warnings,
                     audit=audit)
 
     def _record(
-        self, request: AdmissionRequest, decision: _Decision, progress: Progress | None
+        self, request: AdmissionRequest, decision: _Decision, progress: Progress
     ) -> dict[str, str]:
-        """Count, audit and log ``decision``; return its ``auditAnnotations``."""
+        """Count and audit ``decision``; return its ``auditAnnotations``."""
         self.metrics.decisions.labels(decision.tenant, decision.verdict).inc()
-        latency_ms = (
-            (time.perf_counter() - progress.started) * 1000 if progress is not None else 0.0
-        )
+        latency_ms = (time.perf_counter() - progress.started) * 1000
         if not request.dry_run:
             self.audit.submit(
                 decision.verdict,
@@ -382,6 +412,12 @@ class AdmissionService:
             "reason": decision.reason,
             **decision.extra_audit,
         }
+
+
+def _pod(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    if obj is None:  # plan_create never plans a pod it cannot read
+        raise ValueError("pod CREATE without an object")
+    return obj
 
 
 def _generate_name(obj: Mapping[str, Any] | None) -> str:
