@@ -106,6 +106,9 @@ class AuditRecord:
         object.__setattr__(self, "groups", tuple(self.groups))
         object.__setattr__(self, "reason", self.reason[:_MAX_TEXT])
         object.__setattr__(self, "latency_ms", round(float(self.latency_ms), 3))
+        if self.diff is not None:
+            # Plain JSON values only (YAML may hold dates): never fail when serialised.
+            object.__setattr__(self, "diff", json.loads(json.dumps(self.diff, default=str)))
 
     def fields(self) -> dict[str, Any]:
         """The record as its wire mapping (``class`` for ``pod_class``, no ``diff`` if None)."""
