@@ -18,7 +18,8 @@ Use with uvicorn (the context is handed over as is through ``ssl_context_factory
         async with reloader.running():
             await server.serve()
 
-    asyncio.run(main())
+    with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:  # uvloop if set
+        runner.run(main())
 
 The reloader must run on the event loop that serves the connections: OpenSSL replaces
 a context's certificate and key in two steps, and a handshake starting between them

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,9 @@ from certs_https import App, HttpsServer
 from cryptography import x509
 
 from certs import CertReloader, server_ssl_context, write_bundle
+
+# The e2e harness (tests/e2e/harness) is used as a library to start a real API server.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 
 
 @pytest.fixture
