@@ -1,0 +1,324 @@
+"""The dispatcher: keeps the Redis queue in step with a cluster and lifts gates.
+
+Contract:
+- One :meth:`Dispatcher.step` applies the cluster's changes, pushes config and capacity
+  into the queue when they changed, releases what the queue says may run now (lifting
+  gates; a failed lift is requeued, a vanished pod forgotten) and does the timed chores:
+  ``expire`` unconfirmed reservations, reconcile from the cluster, refresh metrics and
+  post ``Queued`` Events. :meth:`Dispatcher.run` repeats it until stopped.
+- Pod changes: a pod first seen with a ticket is confirmed; a pod that ended
+  (``Succeeded``/``Failed``) or was deleted frees its usage (``release``); a gated pod
+  that was deleted leaves the queue (``remove``). A pod the queue does not know
+  (Redis lost data, or a reservation expired before the pod appeared) triggers a
+  reconcile, so usage and queue always converge on the cluster's truth.
+- Capacity is the platform's ``capacity`` override if set, else the cluster's.
+- Several dispatchers may run on one queue: ``dispatch`` hands each queue unit to exactly
+  one caller (one Lua script), and the gate patch's ``test`` op guards the pod.
+- Events: ``Admitted`` ("Admitted after 12.4s in queue") on every lift; ``Queued``
+  ("Queued: position 3 of 12 for team-a/training, waiting for ...") when a gated pod is
+  first seen and again only when its position has at least halved or what it waits for
+  changed, at most once per ``queued_event_interval`` per pod.
+- Audit: ``dispatch`` for every lifted gate, ``release`` for every pod whose usage was
+  freed, when an :class:`audit.AuditLog` is given. Logs are JSON-ready (``extra.fields``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from audit import DISPATCH, RELEASE, AuditLog
+from fairshare.cluster import ChangeKind, Cluster, ClusterChange, GpuPod, LiftOutcome
+from fairshare.metrics import DispatcherMetrics
+from fairshare.model import Release
+from fairshare.queue import FairQueue, UnknownTenantError
+from fairshare.reconcile import reconcile
+from tenants.models import FairgateConfig
+from tenants.resources import format_counts
+
+log = logging.getLogger("fairgate.dispatcher")
+
+ConfigSource = Callable[[], FairgateConfig | None]
+Clock = Callable[[], float]
+_DIGITS = re.compile(r"[\d.]+")
+
+
+@dataclass(frozen=True)
+class DispatcherSettings:
+    """Timers (seconds) and batch sizes of the dispatcher."""
+
+    batch: int = 32  # queue units asked for per dispatch call
+    max_rounds: int = 1000  # dispatch calls per step, at most
+    expire_every: float = 5.0
+    reconcile_every: float = 300.0
+    status_every: float = 10.0
+    queued_event_interval: float = 60.0
+    queued_events_per_pass: int = 100  # 0 disables Queued events
+    idle_wait: float = 1.0  # how long run() waits for cluster changes
+
+
+@dataclass
+class StepResult:
+    """What one step did."""
+
+    released: list[Release] = field(default_factory=list)
+    requeued: list[str] = field(default_factory=list)
+    reconciled: bool = False
+
+
+@dataclass
+class _Posted:
+    position: int
+    reason: str
+    at: float
+
+
+def _fields(pod: GpuPod, **more: Any) -> dict[str, Any]:
+    return {
+        "ticket": pod.ticket, "tenant": pod.tenant, "namespace": pod.ref.namespace,
+        "pod": pod.ref.name, "class": pod.pod_class, "band": pod.band,
+        "demand": format_counts(pod.demand), **more,
+    }
+
+
+class Dispatcher:
+    """Releases gated pods from a :class:`FairQueue` into a :class:`Cluster`."""
+
+    def __init__(
+        self,
+        queue: FairQueue,
+        cluster: Cluster,
+        config: ConfigSource,
+        *,
+        clock: Clock = time.time,
+        metrics: DispatcherMetrics | None = None,
+        audit: AuditLog | None = None,
+        settings: DispatcherSettings | None = None,
+    ) -> None:
+        """Dispatch ``queue`` into ``cluster`` with the config ``config()`` returns."""
+        self.queue = queue
+        self.cluster = cluster
+        self.config = config
+        self.clock = clock
+        self.metrics = metrics or DispatcherMetrics()
+        self.audit = audit
+        self.settings = settings or DispatcherSettings()
+        self.pods: dict[str, GpuPod] = {}  # ticket -> the pod as last seen
+        self._synced: tuple[FairgateConfig, dict[str, int]] | None = None
+        self._capacity: dict[str, int] | None = None
+        self._need_reconcile = True
+        self._last_expire = float("-inf")
+        self._last_reconcile = float("-inf")
+        self._last_status = float("-inf")
+        self._posted: dict[str, _Posted] = {}
+        self._event_cursor = 0
+
+    # -- config and capacity ----------------------------------------------------------
+
+    def sync(self, force: bool = False) -> bool:
+        """Push config and capacity into the queue if they changed; False without config."""
+        config = self.config()
+        if config is None:
+            return False
+        if force or self._capacity is None:
+            self._capacity = self.cluster.capacity()
+        capacity = dict(config.platform.capacity) or self._capacity
+        if force or self._synced is None or self._synced[0] is not config \
+                or self._synced[1] != capacity:
+            self.queue.sync_config(config, capacity)
+            self._synced = (config, capacity)
+            self.metrics.observe_capacity(capacity)
+        return True
+
+    # -- one step ---------------------------------------------------------------------
+
+    def step(self, timeout: float = 0.0) -> StepResult:
+        """Apply changes, sync, reconcile if needed, dispatch, and do the timed chores."""
+        result = StepResult()
+        changes = self.cluster.changes(timeout)
+        if not self.sync():
+            self._need_reconcile = True  # no config yet: decide nothing, rebuild later
+            return result
+        try:
+            self.handle(changes)
+            now = self.clock()
+            if self._need_reconcile or now - self._last_reconcile >= \
+                    self.settings.reconcile_every:
+                self.reconcile()
+                result.reconciled = True
+            self._dispatch(result)
+            self._chores(self.clock())
+        except UnknownTenantError as error:
+            log.warning("queue lost its config (%s): syncing and reconciling", error)
+            self._synced = None
+            self._need_reconcile = True
+        return result
+
+    def run(self, stop: threading.Event) -> None:
+        """Step until ``stop`` is set; Redis outages are logged and retried."""
+        while not stop.is_set():
+            try:
+                self.step(self.settings.idle_wait)
+            except (redis.RedisError, OSError) as error:
+                log.error("dispatcher step failed: %s; retrying", error)
+                self._synced = None
+                self._need_reconcile = True
+                stop.wait(self.settings.idle_wait)
+
+    def reconcile(self) -> None:
+        """Rebuild usage and queue from the cluster (after syncing config)."""
+        self.sync(force=True)
+        pods = self.cluster.list_pods()
+        summary = reconcile(self.queue, pods)
+        self.pods = {pod.ticket: pod for pod in pods if not pod.finished}
+        self._need_reconcile = False
+        self._last_reconcile = self.clock()
+        self.metrics.reconciles.labels("ok").inc()
+        log.info("reconciled queue from the cluster", extra={"fields": {
+            "running": summary.running, "gated": summary.gated, "skipped": summary.skipped}})
+
+    # -- pod changes ----------------------------------------------------------------------
+
+    def handle(self, changes: Iterable[ClusterChange]) -> None:
+        """Bring the queue in line with each change."""
+        for change in changes:
+            if change.kind is ChangeKind.RESYNC:
+                self._need_reconcile = True
+            elif change.kind is ChangeKind.CAPACITY:
+                self._capacity = None
+                self.sync()
+            elif change.pod is not None:
+                if change.kind is ChangeKind.POD_GONE:
+                    self._gone(change.pod)
+                else:
+                    self._seen(change.pod)
+
+    def _seen(self, pod: GpuPod) -> None:
+        if pod.finished:
+            self._free(pod, f"pod {pod.phase}")
+            return
+        known = self.pods.get(pod.ticket)
+        self.pods[pod.ticket] = pod
+        if known is None and not self.queue.confirm(pod.ticket, self.clock()):
+            log.info("pod not in the queue: reconciling", extra={"fields": _fields(pod)})
+            self._need_reconcile = True
+
+    def _gone(self, pod: GpuPod) -> None:
+        if pod.gated and self.queue.remove(pod.ticket):
+            self.pods.pop(pod.ticket, None)
+            self._posted.pop(pod.ticket, None)
+            return
+        self._free(pod, "pod deleted")  # whatever it still held (a reservation, usage)
+
+    def _free(self, pod: GpuPod, why: str) -> None:
+        self.pods.pop(pod.ticket, None)
+        self._posted.pop(pod.ticket, None)
+        if self.queue.release(pod.ticket):
+            log.info("released usage", extra={"fields": _fields(pod, reason=why)})
+            if self.audit is not None:
+                self.audit.record(RELEASE, **self._audit_fields(pod), reason=why)
+
+    # -- dispatching ----------------------------------------------------------------------
+
+    def _dispatch(self, result: StepResult) -> None:
+        started = time.perf_counter()
+        for _ in range(self.settings.max_rounds):
+            releases = self.queue.dispatch(self.clock(), self.settings.batch)
+            if not releases:
+                break
+            requeued = [r.ticket for r in releases if not self._lift(r, result)]
+            result.requeued += requeued
+            if requeued:
+                break  # let the cluster catch up before trying again
+        self.metrics.attempt.observe(time.perf_counter() - started)
+
+    def _lift(self, release: Release, result: StepResult) -> bool:
+        """Lift one released pod's gate; False if it had to go back into the queue."""
+        pod = self.pods.get(release.ticket)
+        if pod is None:
+            # Released before its pod was seen (watch lag): try again later.
+            self.queue.requeue(release.ticket)
+            self.metrics.lifts.labels("unseen").inc()
+            return False
+        outcome = self.cluster.lift_gate(pod)
+        self.metrics.lifts.labels(outcome.value).inc()
+        if outcome is LiftOutcome.FAILED:
+            self.queue.requeue(release.ticket)
+            return False
+        if outcome is LiftOutcome.GONE:
+            self._free(pod, "pod gone before its gate was lifted")
+            return True
+        self._posted.pop(pod.ticket, None)
+        if outcome is LiftOutcome.LIFTED:
+            result.released.append(release)
+            self._admitted(pod, release)
+        return True
+
+    def _admitted(self, pod: GpuPod, release: Release) -> None:
+        waited = release.waited_seconds
+        self.metrics.wait.labels(pod.pod_class, pod.tenant).observe(waited)
+        self.metrics.admitted.labels(pod.pod_class, pod.tenant).inc()
+        self.cluster.post_event(pod, "Admitted", f"Admitted after {waited:.1f}s in queue",
+                                "Normal")
+        log.info("lifted gate", extra={"fields": _fields(pod, waited_seconds=round(waited, 3))})
+        if self.audit is not None:
+            self.audit.record(DISPATCH, **self._audit_fields(pod),
+                              reason=f"released as {release.band} after {waited:.1f}s")
+
+    @staticmethod
+    def _audit_fields(pod: GpuPod) -> dict[str, Any]:
+        return {
+            "uid": pod.ticket, "user": "fairgate-dispatcher", "operation": "DISPATCH",
+            "tenant": pod.tenant, "namespace": pod.ref.namespace, "name": pod.ref.name,
+            "pod_class": pod.pod_class, "demand": format_counts(pod.demand),
+        }
+
+    # -- timed chores ---------------------------------------------------------------------
+
+    def _chores(self, now: float) -> None:
+        if now - self._last_expire >= self.settings.expire_every:
+            self._last_expire = now
+            expired = self.queue.expire(now)
+            if expired:
+                self.metrics.expired.inc(len(expired))
+                log.info("expired unconfirmed reservations",
+                         extra={"fields": {"tickets": expired}})
+        if now - self._last_status >= self.settings.status_every:
+            self._last_status = now
+            self.metrics.observe_tenants(self.queue.tenant_status())
+            self._queued_events(now)
+
+    def _queued_events(self, now: float) -> None:
+        budget = self.settings.queued_events_per_pass
+        gated = [pod for pod in self.pods.values() if pod.gated]
+        if not budget or not gated:
+            return
+        start = self._event_cursor % len(gated)
+        batch = (gated[start:] + gated[:start])[:budget]
+        self._event_cursor = start + len(batch)
+        for pod in batch:
+            status = self.queue.ticket_status(pod.ticket, now)
+            if status is None or status.position is None:
+                continue
+            reason = status.waiting_for or "its turn"
+            last = self._posted.get(pod.ticket)
+            if last is not None and (
+                now - last.at < self.settings.queued_event_interval
+                or (status.position > last.position // 2
+                    and _DIGITS.sub("#", reason) == _DIGITS.sub("#", last.reason))
+            ):
+                continue
+            self._posted[pod.ticket] = _Posted(status.position, reason, now)
+            self.cluster.post_event(
+                pod, "Queued",
+                f"Queued: position {status.position} of {status.queue_length} for "
+                f"{pod.tenant}/{pod.pod_class}, waiting for {reason}",
+                "Normal",
+            )

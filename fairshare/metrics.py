@@ -1,0 +1,114 @@
+"""Prometheus metrics of the dispatcher (names follow Kueue's, with a ``fairgate_`` prefix).
+
+Contract: every :class:`DispatcherMetrics` owns its own ``CollectorRegistry``.
+
+- ``fairgate_pending_workloads{class, tenant}``: gauge, pods queued behind the gate
+  (Kueue: ``kueue_pending_workloads``).
+- ``fairgate_admission_wait_time_seconds{class, tenant}``: histogram of the time from a
+  pod's creation to its release (Kueue: ``kueue_admission_wait_time_seconds``).
+- ``fairgate_admitted_workloads_total{class, tenant}``: counter of released pods
+  (Kueue: ``kueue_admitted_workloads_total``).
+- ``fairgate_tenant_resource_usage{tenant, resource}``: gauge, non-borrowed usage in
+  resource units (Kueue: ``kueue_cluster_queue_resource_usage``);
+  ``fairgate_tenant_nominal_quota{tenant, resource}`` (Kueue:
+  ``kueue_cluster_queue_nominal_quota``); ``fairgate_tenant_borrowing_limit{tenant}`` and
+  ``fairgate_tenant_borrowed{tenant}`` in GPU-equivalents (Kueue:
+  ``kueue_cluster_queue_borrowing_limit``); ``fairgate_tenant_weighted_share{tenant}``.
+- ``fairgate_cluster_capacity{resource}``: GPU capacity the queue dispatches against.
+- ``fairgate_gate_lifts_total{outcome}``: gate lifts by :class:`~fairshare.cluster.LiftOutcome`.
+- ``fairgate_admission_attempt_duration_seconds``: one dispatch pass (Kueue:
+  ``kueue_admission_attempt_duration_seconds``).
+- ``fairgate_reconcile_total{result}``, ``fairgate_expired_reservations_total``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from fairshare.model import TenantStatus
+from tenants.models import CLASSES
+from tenants.resources import SLICES_PER_GPU
+
+# Inference waits should be sub-second; training waits can be hours.
+_WAIT_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600,
+                 86400)
+_PASS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+class DispatcherMetrics:
+    """The dispatcher's collectors, registered in a registry of their own."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        """Register the collectors in ``registry`` (a fresh one by default)."""
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.pending = Gauge("fairgate_pending_workloads",
+                             "GPU pods waiting behind the fairgate.io/queue gate.",
+                             ["class", "tenant"], registry=r)
+        self.wait = Histogram("fairgate_admission_wait_time_seconds",
+                              "Time from a pod's creation to the release of its gate.",
+                              ["class", "tenant"], buckets=_WAIT_BUCKETS, registry=r)
+        self.admitted = Counter("fairgate_admitted_workloads_total",
+                                "Gated pods released by the dispatcher.",
+                                ["class", "tenant"], registry=r)
+        self.usage = Gauge("fairgate_tenant_resource_usage",
+                           "Non-borrowed usage per resource, in units of the resource.",
+                           ["tenant", "resource"], registry=r)
+        self.nominal = Gauge("fairgate_tenant_nominal_quota",
+                             "Nominal quota per resource, in units of the resource.",
+                             ["tenant", "resource"], registry=r)
+        self.borrow_limit = Gauge("fairgate_tenant_borrowing_limit",
+                                  "How much a tenant may borrow, in GPU-equivalents.",
+                                  ["tenant"], registry=r)
+        self.borrowed = Gauge("fairgate_tenant_borrowed",
+                              "What a tenant borrows now, in GPU-equivalents.",
+                              ["tenant"], registry=r)
+        self.share = Gauge("fairgate_tenant_weighted_share",
+                           "Usage in slices divided by weight (the queue's fairness key).",
+                           ["tenant"], registry=r)
+        self.capacity = Gauge("fairgate_cluster_capacity",
+                              "GPU capacity the queue dispatches against, per resource.",
+                              ["resource"], registry=r)
+        self.lifts = Counter("fairgate_gate_lifts_total",
+                             "Attempts to lift the fairgate.io/queue gate, by outcome.",
+                             ["outcome"], registry=r)
+        self.attempt = Histogram("fairgate_admission_attempt_duration_seconds",
+                                 "Duration of one dispatch pass (Redis script and gate lifts).",
+                                 buckets=_PASS_BUCKETS, registry=r)
+        self.reconciles = Counter("fairgate_reconcile_total",
+                                  "Rebuilds of queue and usage from the cluster, by result.",
+                                  ["result"], registry=r)
+        self.expired = Counter("fairgate_expired_reservations_total",
+                               "Reservations freed because no pod confirmed them in time.",
+                               registry=r)
+
+    def observe_tenants(self, statuses: Iterable[TenantStatus]) -> None:
+        """Set the per-tenant gauges from a queue snapshot (tenants not listed are zeroed)."""
+        for gauge in (self.pending, self.usage, self.nominal, self.borrow_limit, self.borrowed,
+                      self.share):
+            gauge.clear()
+        for status in statuses:
+            tenant = status.tenant
+            for pod_class in CLASSES:
+                self.pending.labels(pod_class, tenant).set(status.queued.get(pod_class, 0))
+            for resource, n in status.nominal.items():
+                self.nominal.labels(tenant, resource).set(n)
+                self.usage.labels(tenant, resource).set(status.used.get(resource, 0))
+            for resource, n in status.used.items():
+                if resource not in status.nominal:
+                    self.usage.labels(tenant, resource).set(n)
+            self.borrow_limit.labels(tenant).set(status.borrow_limit_slices / SLICES_PER_GPU)
+            self.borrowed.labels(tenant).set(status.borrowed_slices / SLICES_PER_GPU)
+            self.share.labels(tenant).set(status.weighted_share)
+
+    def observe_capacity(self, capacity: Mapping[str, int]) -> None:
+        """Set the capacity gauge."""
+        self.capacity.clear()
+        for resource, n in capacity.items():
+            self.capacity.labels(resource).set(n)
+
+    def render(self) -> bytes:
+        """The registry in the Prometheus text exposition format."""
+        return generate_latest(self.registry)

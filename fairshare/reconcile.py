@@ -1,0 +1,78 @@
+"""Rebuild the queue's usage and backlog from the pods that exist in the cluster.
+
+Contract: the cluster is the truth (DESIGN.md "The queue"): a pod still carrying the
+``fairgate.io/queue`` gate is queued, a released pod that has not ended holds usage.
+:func:`cluster_truth` turns a list of :class:`~fairshare.cluster.GpuPod` into the
+records :meth:`FairQueue.rebuild` takes; :func:`reconcile` applies them in one atomic
+script. Queue order is the pods' creation time (then ticket), which is the
+``submitted_at`` the webhook queued them with, so after a Redis flush the rebuilt queue
+and usage equal those before (invariant 6). Pods that cannot be represented (a malformed
+annotation someone forged) are skipped and counted. The caller must have synced the
+config into the queue first (``rebuild`` keeps config, a flushed Redis has none).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from fairshare.cluster import GpuPod
+from fairshare.model import GatedPod, InvalidRequestError, PodRequest, RunningPod
+from fairshare.queue import FairQueue
+
+log = logging.getLogger("fairgate.reconcile")
+
+
+@dataclass(frozen=True)
+class ClusterTruth:
+    """What the cluster says: pods holding GPUs, pods gated, pods skipped."""
+
+    running: list[RunningPod]
+    gated: list[GatedPod]
+    skipped: int
+
+
+@dataclass(frozen=True)
+class ReconcileSummary:
+    """How many pods a reconcile put back as usage and as queued, and how many it skipped."""
+
+    running: int
+    gated: int
+    skipped: int
+
+
+def cluster_truth(pods: Iterable[GpuPod]) -> ClusterTruth:
+    """Usage and queue records for ``pods`` (finished and deleting-while-gated pods skipped)."""
+    running: list[RunningPod] = []
+    gated: list[GatedPod] = []
+    skipped = 0
+    for pod in pods:
+        if pod.finished or (pod.gated and pod.deleting):
+            continue
+        try:
+            if pod.gated:
+                request = PodRequest(
+                    ticket=pod.ticket, tenant=pod.tenant, namespace=pod.ref.namespace,
+                    name=pod.ref.name, pod_class=pod.pod_class, demand=dict(pod.demand),
+                    group=pod.group, group_size=pod.group_size if pod.group else 1,
+                    submitted_at=pod.created,
+                )
+                gated.append(GatedPod(request, pod.band))
+            else:
+                running.append(RunningPod(
+                    ticket=pod.ticket, tenant=pod.tenant, namespace=pod.ref.namespace,
+                    name=pod.ref.name, pod_class=pod.pod_class, band=pod.band,
+                    demand=dict(pod.demand),
+                ))
+        except InvalidRequestError as error:
+            skipped += 1
+            log.warning("pod %s skipped by reconcile: %s", pod.ref, error)
+    return ClusterTruth(running, gated, skipped)
+
+
+def reconcile(queue: FairQueue, pods: Iterable[GpuPod]) -> ReconcileSummary:
+    """Replace the queue's usage and backlog with what ``pods`` say (atomically)."""
+    truth = cluster_truth(pods)
+    queue.rebuild(truth.running, truth.gated)
+    return ReconcileSummary(len(truth.running), len(truth.gated), truth.skipped)

@@ -1,0 +1,319 @@
+"""An in-memory :class:`~fairshare.cluster.Cluster` for the demo and the simulator.
+
+Contract:
+- Capacity is one pool per resource (no nodes). Time comes from a clock callable, virtual
+  (:class:`VirtualClock`, moved by the caller) or real (``time.time``).
+- :meth:`SimulatedCluster.create_pod` plays the API server plus the webhook: it calls the
+  ``admit`` hook it was given (which asks the real queue) and creates the pod gated or
+  not. A released pod is scheduled when its demand fits; it runs for its duration and
+  then ``Succeeded`` (on :meth:`advance`).
+- The kube-scheduler's preemption is modelled: a pending released pod whose
+  PriorityClass may preempt (``fairgate-inference``, ``fairgate-training``; never
+  ``fairgate-borrowed``) and that does not fit evicts lower-priority running pods that hold
+  a resource it needs, lowest priority first, then the newest, until it fits; if even all
+  of them would not make room, nobody is evicted and it stays pending. Evicted pods end
+  ``Failed`` and are deleted; their controller re-creates them (a new pod, a new admission)
+  from scratch (as a Job's controller does).
+- Every change is reported through :meth:`changes` like a watch would, in order.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+
+from fairshare.cluster import (
+    ChangeKind,
+    ClusterChange,
+    EventType,
+    GpuPod,
+    LiftOutcome,
+    PodRef,
+)
+from tenants.models import PodClass, PriorityBand, PriorityClasses
+
+Clock = Callable[[], float]
+
+
+class VirtualClock:
+    """A clock that only moves when told to."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        """Start at ``start`` seconds."""
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance_to(self, when: float) -> None:
+        """Move forward to ``when`` (never backwards)."""
+        self.now = max(self.now, when)
+
+
+@dataclass(frozen=True)
+class PodSpec:
+    """What a controller asks for: a GPU pod that runs for ``duration`` seconds."""
+
+    namespace: str
+    name: str
+    tenant: str
+    pod_class: PodClass
+    demand: dict[str, int]
+    duration: float
+    group: str | None = None
+    group_size: int = 1
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The webhook's answer for a new pod: its ticket, priority band and whether it waits."""
+
+    ticket: str
+    band: PriorityBand
+    gated: bool
+
+
+AdmitHook = Callable[[PodSpec, str], Placement]  # (spec, request uid) -> placement
+
+
+@dataclass(frozen=True)
+class PostedEvent:
+    """An Event posted on a pod."""
+
+    at: float
+    pod: PodRef
+    reason: str
+    message: str
+    type_: EventType
+
+
+@dataclass
+class _SimPod:
+    pod: GpuPod
+    spec: PodSpec
+    started: float | None = None
+    ends: float | None = None
+
+
+@dataclass
+class PodHistory:
+    """What happened to one pod, for reports: creation, release, start and end times."""
+
+    spec: PodSpec
+    ticket: str
+    band: PriorityBand
+    created: float
+    released: float | None = None
+    started: float | None = None
+    ended: float | None = None
+    preempted: bool = False
+
+
+@dataclass
+class SimulatedCluster:
+    """A cluster in memory; see the module docstring."""
+
+    capacity_counts: dict[str, int]
+    admit: AdmitHook
+    clock: Clock
+    priority_classes: PriorityClasses = field(default_factory=PriorityClasses)
+    keep_events: int = 1000
+
+    def __post_init__(self) -> None:
+        self._pods: dict[str, _SimPod] = {}
+        self._changes: list[ClusterChange] = []
+        self._uids = itertools.count(1)
+        self.events: deque[PostedEvent] = deque(maxlen=self.keep_events)
+        self.history: dict[str, PodHistory] = {}
+        self.preemptions = 0
+
+    # -- the Cluster protocol -----------------------------------------------------------
+
+    def list_pods(self) -> list[GpuPod]:
+        """Every pod that exists now (finished pods stay until deleted, like Job pods)."""
+        return [sim.pod for sim in self._pods.values()]
+
+    def changes(self, timeout: float) -> list[ClusterChange]:
+        """Every change since the last call (never waits: the caller drives time)."""
+        batch, self._changes = self._changes, []
+        return batch
+
+    def capacity(self) -> dict[str, int]:
+        """The pool's capacity."""
+        return dict(self.capacity_counts)
+
+    def lift_gate(self, pod: GpuPod) -> LiftOutcome:
+        """Ungate ``pod`` and try to schedule it."""
+        sim = self._pods.get(pod.uid)
+        if sim is None:
+            return LiftOutcome.GONE
+        if not sim.pod.gated:
+            return LiftOutcome.NOT_GATED
+        self.history[pod.uid].released = self.clock()
+        self._set(sim, replace(sim.pod, gated=False))
+        self.schedule()
+        return LiftOutcome.LIFTED
+
+    def post_event(self, pod: GpuPod, reason: str, message: str, type_: EventType) -> None:
+        """Keep the Event (the newest ``keep_events``)."""
+        self.events.append(PostedEvent(self.clock(), pod.ref, reason, message, type_))
+
+    # -- driving it -----------------------------------------------------------------------
+
+    def create_pod(self, spec: PodSpec) -> GpuPod:
+        """Admit ``spec`` through the hook and create the pod (released ones get scheduled)."""
+        uid = f"uid-{next(self._uids):07d}"
+        placement = self.admit(spec, uid)
+        now = self.clock()
+        pod = GpuPod(
+            ref=PodRef(spec.namespace, spec.name), uid=uid, ticket=placement.ticket,
+            tenant=spec.tenant, pod_class=spec.pod_class, band=placement.band,
+            demand=dict(spec.demand), group=spec.group, group_size=spec.group_size,
+            phase="Pending", gated=placement.gated, node=None, created=now,
+        )
+        self._pods[uid] = _SimPod(pod, spec)
+        self.history[uid] = PodHistory(
+            spec, placement.ticket, placement.band, now, None if placement.gated else now
+        )
+        self._changes.append(ClusterChange(ChangeKind.POD, pod))
+        if not placement.gated:
+            self.schedule()
+        return pod
+
+    def delete_pod(self, uid: str) -> None:
+        """Delete a pod now (a user's ``kubectl delete``)."""
+        sim = self._pods.pop(uid, None)
+        if sim is None:
+            return
+        history = self.history[uid]
+        if history.ended is None:
+            history.ended = self.clock()
+        self._changes.append(ClusterChange(ChangeKind.POD_GONE, sim.pod))
+        self.schedule()
+
+    def next_completion(self) -> float | None:
+        """When the next running pod finishes, if any runs."""
+        ends = [sim.ends for sim in self._pods.values() if sim.ends is not None]
+        return min(ends) if ends else None
+
+    def advance(self) -> None:
+        """Finish every running pod whose end time has come, then schedule."""
+        now = self.clock()
+        for sim in list(self._pods.values()):
+            if sim.ends is not None and sim.ends <= now:
+                sim.ends = None
+                self.history[sim.pod.uid].ended = now
+                self._set(sim, replace(sim.pod, phase="Succeeded"))
+        self.schedule()
+
+    def forget_finished(self) -> None:
+        """Delete finished pods (what TTL-after-finished does), reporting their deletion."""
+        for uid, sim in list(self._pods.items()):
+            if sim.pod.finished:
+                del self._pods[uid]
+                self._changes.append(ClusterChange(ChangeKind.POD_GONE, sim.pod))
+
+    def used(self) -> dict[str, int]:
+        """Resources held by running pods."""
+        used: dict[str, int] = {}
+        for sim in self._pods.values():
+            if sim.pod.phase == "Running":
+                for name, n in sim.pod.demand.items():
+                    used[name] = used.get(name, 0) + n
+        return used
+
+    def pending_released(self) -> list[GpuPod]:
+        """Released pods the scheduler has not placed yet."""
+        return [s.pod for s in self._pods.values() if self._unscheduled(s)]
+
+    # -- the scheduler --------------------------------------------------------------------
+
+    def _priority(self, pod: GpuPod) -> int:
+        return self.priority_classes.for_band(pod.band).value
+
+    @staticmethod
+    def _unscheduled(sim: _SimPod) -> bool:
+        return not sim.pod.gated and sim.pod.phase == "Pending" and sim.started is None
+
+    def _free(self) -> dict[str, int]:
+        used = self.used()
+        return {name: n - used.get(name, 0) for name, n in self.capacity_counts.items()}
+
+    def schedule(self) -> None:
+        """Place pending released pods, highest priority first, then oldest; preempt."""
+        waiting = sorted(
+            (s for s in self._pods.values() if self._unscheduled(s)),
+            key=lambda s: (-self._priority(s.pod), s.pod.created, s.pod.uid),
+        )
+        for sim in waiting:
+            if sim.pod.uid not in self._pods or not self._unscheduled(sim):
+                continue
+            if not _fits(sim.pod.demand, self._free()) and not self._preempt_for(sim.pod):
+                continue
+            self._start(sim)
+
+    def _start(self, sim: _SimPod) -> None:
+        now = self.clock()
+        sim.started = now
+        sim.ends = now + sim.spec.duration
+        self.history[sim.pod.uid].started = now
+        self._set(sim, replace(sim.pod, phase="Running", node="sim-node"))
+
+    def _preempt_for(self, pod: GpuPod) -> bool:
+        spec = self.priority_classes.for_band(pod.band)
+        if spec.preemption_policy == "Never":
+            return False
+        mine = self._priority(pod)
+        candidates = sorted(
+            (
+                s for s in self._pods.values()
+                if s.pod.phase == "Running" and self._priority(s.pod) < mine
+                and any(name in pod.demand for name in s.pod.demand)
+            ),
+            key=lambda s: (self._priority(s.pod), -s.pod.created, s.pod.uid),
+        )
+        free = self._free()
+        victims: list[_SimPod] = []
+        for victim in candidates:
+            if _fits(pod.demand, free):
+                break
+            victims.append(victim)
+            for name, n in victim.pod.demand.items():
+                free[name] = free.get(name, 0) + n
+        if not _fits(pod.demand, free):
+            return False
+        for victim in victims:
+            self._evict(victim)
+        return True
+
+    def _evict(self, victim: _SimPod) -> None:
+        now = self.clock()
+        self.preemptions += 1
+        history = self.history[victim.pod.uid]
+        history.ended = now
+        history.preempted = True
+        victim.ends = None
+        self._set(victim, replace(victim.pod, phase="Failed"))
+        del self._pods[victim.pod.uid]
+        self._changes.append(ClusterChange(ChangeKind.POD_GONE, victim.pod))
+        self.events.append(PostedEvent(
+            now, victim.pod.ref, "Preempted", "Preempted by a higher-priority pod", "Normal"
+        ))
+        self.create_pod(replace(victim.spec, name=_next_name(victim.spec.name)))
+
+    def _set(self, sim: _SimPod, pod: GpuPod) -> None:
+        sim.pod = pod
+        self._changes.append(ClusterChange(ChangeKind.POD, pod))
+
+
+def _fits(demand: Mapping[str, int], free: Mapping[str, int]) -> bool:
+    return all(free.get(name, 0) >= n for name, n in demand.items())
+
+
+def _next_name(name: str) -> str:
+    base, sep, attempt = name.rpartition("-r")
+    if sep and attempt.isdigit():
+        return f"{base}-r{int(attempt) + 1}"
+    return f"{name}-r1"
