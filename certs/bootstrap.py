@@ -48,8 +48,10 @@ from urllib3.exceptions import HTTPError
 
 from certs.generate import (
     BUNDLE_FILES,
+    CA_VALIDITY,
     DEFAULT_NAMESPACE,
     DEFAULT_SERVICE,
+    SERVING_VALIDITY,
     Bundle,
     CertError,
     refresh_bundle,
@@ -79,6 +81,8 @@ class WebhookTarget:
     mutating_configs: tuple[str, ...] = ()
     validating_configs: tuple[str, ...] = ()
     extra_sans: tuple[str, ...] = ()
+    ca_validity: dt.timedelta = CA_VALIDITY
+    serving_validity: dt.timedelta = SERVING_VALIDITY
 
 
 def _error(exc: ApiException, action: str) -> BootstrapError:
@@ -132,7 +136,15 @@ def ensure_secret(
     source = f"Secret {ns}/{name}"
 
     def wanted(current: Bundle | None) -> Bundle:
-        return refresh_bundle(current, target.service, target.namespace, target.extra_sans, now=now)
+        return refresh_bundle(
+            current,
+            target.service,
+            target.namespace,
+            target.extra_sans,
+            ca_validity=target.ca_validity,
+            serving_validity=target.serving_validity,
+            now=now,
+        )
 
     for _ in range(_ATTEMPTS):
         try:

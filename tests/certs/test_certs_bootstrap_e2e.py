@@ -10,13 +10,15 @@ import base64
 import datetime as dt
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from certs_https import HttpsServer
 from cryptography import x509
 from cryptography.x509.verification import PolicyBuilder, Store
 from harness.controlplane import ControlPlane, build_controlplane
@@ -24,7 +26,12 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from certs import Bundle, load_bundle
-from certs.bootstrap import BootstrapError, WebhookTarget, ensure_certificates
+from certs.bootstrap import (
+    BootstrapError,
+    WebhookTarget,
+    ensure_certificates,
+    maintain_certificates,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -262,3 +269,50 @@ def test_missing_rbac_is_explained(cluster: Cluster, tmp_path: Path) -> None:
         ensure_certificates(nobody, cluster.target, tmp_path)
     with pytest.raises(ApiException):  # sanity: the client really is refused
         client.CoreV1Api(nobody).list_namespaced_secret(cluster.target.namespace)
+
+
+@pytest.fixture
+def short_lived(cluster: Cluster) -> WebhookTarget:
+    """The cluster's target with a serving cert so short that it is always due for renewal.
+
+    (Certificates start 5 minutes early for clock skew, so two-thirds of a 60 s lifetime
+    has passed the moment one is issued.)
+    """
+    return replace(cluster.target, serving_validity=dt.timedelta(seconds=60))
+
+
+@pytest.fixture
+def cert_dir(cluster: Cluster, short_lived: WebhookTarget, tmp_path: Path) -> Path:
+    """Overrides the conftest's: the HTTPS server starts from the cluster's bootstrap."""
+    out = tmp_path / "served"
+    ensure_certificates(cluster.plane.admin, short_lived, out)
+    return out
+
+
+def test_maintenance_renews_in_the_cluster_and_the_running_server_picks_it_up(
+    cluster: Cluster, short_lived: WebhookTarget, https_server: HttpsServer
+) -> None:
+    first = https_server.peer_serial()
+    initial = cluster.secret_bundle()
+    assert first == initial.cert.serial_number
+    stop = threading.Event()
+    maintainer = threading.Thread(
+        target=maintain_certificates,
+        args=(cluster.plane.admin, short_lived, https_server.cert_dir),
+        kwargs={"stop": stop, "interval": 0.2},
+    )
+    maintainer.start()
+    try:
+        assert https_server.reload_seen.wait(30), "the server never reloaded a renewed cert"
+    finally:
+        stop.set()
+        maintainer.join(30)
+    stored = cluster.secret_bundle()
+    deadline = time.monotonic() + 10
+    while https_server.peer_serial() != stored.cert.serial_number:
+        assert time.monotonic() < deadline, "the server did not converge on the Secret's cert"
+        time.sleep(0.05)
+    assert stored.cert.serial_number != first
+    assert stored.ca_cert_pem == initial.ca_cert_pem  # renewed with the same CA
+    assert load_bundle(https_server.cert_dir) == stored
+    assert cluster.ca_bundles() == [stored.ca_cert_pem] * 4
