@@ -19,9 +19,10 @@ webhook replica at once, at start and then periodically (``maintain_certificates
    Mutating- and ValidatingWebhookConfigurations (a merge patch guarded by their
    resourceVersion; nothing is sent when they already carry it).
 
-RBAC the caller's ServiceAccount needs: ``get``, ``create``, ``update`` on ``secrets`` in
-the namespace (create cannot be limited by name), and ``get``, ``patch`` on the named
-``mutatingwebhookconfigurations`` / ``validatingwebhookconfigurations``.
+RBAC the caller's ServiceAccount needs: ``create`` on ``secrets`` in the namespace (create
+cannot be limited by name) plus ``get``, ``patch`` on that Secret by name, and ``get``,
+``patch`` on the named ``mutatingwebhookconfigurations`` /
+``validatingwebhookconfigurations``.
 """
 
 from __future__ import annotations
