@@ -112,7 +112,7 @@ class PodPlan:
 PlanResult = NotOurs | Denied | PodPlan
 
 
-def _q(text: str) -> str:
+def quoted(text: str) -> str:
     """A user-supplied value for a message: quoted, at most about 40 characters."""
     return repr(text) if len(text) <= 40 else repr(text[:37] + "...")
 
@@ -191,9 +191,9 @@ def _tenant(namespace: str, config: FairgateConfig) -> Tenant:
     if tenant is None:
         raise _Refusal(
             "unknown-tenant",
-            f"namespace {namespace} is labelled {TENANT_LABEL}={_q(name)} but fairgate-platform "
-            f"defines no tenant {_q(name)}: fix the namespace label or ask the platform team "
-            "to add the tenant",
+            f"namespace {namespace} is labelled {TENANT_LABEL}={quoted(name)} but "
+            f"fairgate-platform defines no tenant {quoted(name)}: fix the namespace label or ask "
+            "the platform team to add the tenant",
         )
     return tenant
 
@@ -205,7 +205,7 @@ def _check_user_keys(
     if own is not None and own != tenant.name:
         raise _Refusal(
             "fairgate-field",
-            f"label {TENANT_LABEL}={_q(own)} disagrees with namespace {namespace} (tenant "
+            f"label {TENANT_LABEL}={quoted(own)} disagrees with namespace {namespace} (tenant "
             f"{tenant.name}): remove the label, fairgate sets it",
         )
     for kind, keys, allowed in (
@@ -216,8 +216,9 @@ def _check_user_keys(
             if key.startswith(FAIRGATE_PREFIX) and key not in allowed:
                 raise _Refusal(
                     "fairgate-field",
-                    f"{kind} {_q(key)} is not a fairgate.io key users may set: remove it (users "
-                    f"may set {CLASS_LABEL}, {POD_GROUP_LABEL}, {POD_GROUP_SIZE_ANNOTATION})",
+                    f"{kind} {quoted(key)} is not a fairgate.io key users may set: remove it "
+                    f"(users may set {CLASS_LABEL}, {POD_GROUP_LABEL}, "
+                    f"{POD_GROUP_SIZE_ANNOTATION})",
                 )
 
 
@@ -229,7 +230,9 @@ def _check_priority_class(
         return []
     band = priority_classes.band_of(name)
     if band is None:
-        return [f"priorityClassName {_q(name)} replaced by fairgate's class for {pod_class} pods"]
+        return [
+            f"priorityClassName {quoted(name)} replaced by fairgate's class for {pod_class} pods"
+        ]
     if band not in BANDS_OF_CLASS[pod_class]:
         raise _Refusal(
             "reserved-priority-class",
@@ -333,14 +336,14 @@ def _group(labels: Mapping[str, str], annotations: Mapping[str, str]) -> PodGrou
     if size_text is None:
         raise _Refusal(
             "invalid-pod-group",
-            f"label {POD_GROUP_LABEL}={_q(name)} needs annotation {POD_GROUP_SIZE_ANNOTATION}: "
+            f"label {POD_GROUP_LABEL}={quoted(name)} needs annotation {POD_GROUP_SIZE_ANNOTATION}: "
             '"<n>", the number of pods in the group',
         )
     valid = size_text.isascii() and size_text.isdigit() and len(size_text) <= 6
     if not valid or not 0 < int(size_text) <= MAX_GROUP_SIZE:
         raise _Refusal(
             "invalid-pod-group",
-            f"annotation {POD_GROUP_SIZE_ANNOTATION}={_q(size_text)} must be a whole number "
-            f"from 1 to {MAX_GROUP_SIZE} (the number of pods in group {_q(name)})",
+            f"annotation {POD_GROUP_SIZE_ANNOTATION}={quoted(size_text)} must be a whole number "
+            f"from 1 to {MAX_GROUP_SIZE} (the number of pods in group {quoted(name)})",
         )
     return PodGroup(name, int(size_text))

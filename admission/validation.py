@@ -25,7 +25,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from admission import pods
-from admission.plan import BANDS_OF_CLASS, MAX_MESSAGE_CHARS, Denied, NotOurs, plan_create
+from admission.plan import (
+    BANDS_OF_CLASS,
+    MAX_MESSAGE_CHARS,
+    Denied,
+    NotOurs,
+    plan_create,
+    quoted,
+)
 from admission.reviews import one_line
 from tenants.models import (
     BORROWED_ANNOTATION,
@@ -76,10 +83,15 @@ def validate_create(pod: object, namespace: str, config: FairgateConfig) -> Verd
         borrowed = pods.annotations_of(pod).get(BORROWED_ANNOTATION)
     except pods.PodError as exc:
         return _deny(f"malformed pod: {exc}")
+    if label is None:
+        return _deny(
+            f"GPU pod lacks label {CLASS_LABEL}, which fairgate's mutating webhook sets: check "
+            "that the fairgate MutatingWebhookConfiguration matches this namespace"
+        )
     if label != result.pod_class:
         return _deny(
-            f"label {CLASS_LABEL}={label} is not a class tenant {result.tenant.name} allows "
-            f"(fairgate chose {result.pod_class}): remove the label or use an allowed class"
+            f"label {CLASS_LABEL}={quoted(label)} is not a class tenant {result.tenant.name} "
+            f"allows: remove the label or set it to {result.pod_class}"
         )
     classes = config.platform.priority_classes
     band = classes.band_of(priority_class) if priority_class is not None else None
@@ -88,7 +100,8 @@ def validate_create(pod: object, namespace: str, config: FairgateConfig) -> Verd
             classes.for_band(b).name for b in sorted(BANDS_OF_CLASS[result.pod_class])
         )
         return _deny(
-            f"a {label} GPU pod must have priorityClassName {names}, not {priority_class}: "
+            f"a {label} GPU pod must have priorityClassName {names}, not "
+            f"{quoted(priority_class) if priority_class is not None else 'none'}: "
             "leave priorityClassName to fairgate"
         )
     if (borrowed == "true") != (band == "borrowed"):
@@ -132,10 +145,13 @@ def validate_update(
         )
     if username not in FAIRGATE_USERS:
         if label is not None:
-            return _deny(f"label {label} is managed by fairgate: do not add, change or remove it")
+            return _deny(
+                f"label {quoted(label)} is managed by fairgate: do not add, change or remove it"
+            )
         if annotation is not None:
             return _deny(
-                f"annotation {annotation} is managed by fairgate: do not add, change or remove it"
+                f"annotation {quoted(annotation)} is managed by fairgate: do not add, change or "
+                "remove it"
             )
     if username in FAIRGATE_USERS:
         return _allow(f"update by fairgate service account {username}")

@@ -1,0 +1,525 @@
+"""build_patch: JSON Patch that applies to any valid pod and keeps the user's settings."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import jsonpatch
+import kubernetes_validate
+import pytest
+from admission_kit import CONFIG, gpu_pod, load_review
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from admission.mutation import GPU_TOLERATION, build_patch, mutate_pod, placement_requirements
+from admission.plan import PodPlan, plan_create
+from admission.reviews import parse_review
+from tenants.models import (
+    BORROWED_ANNOTATION,
+    CLASS_LABEL,
+    DEMAND_ANNOTATION,
+    QUEUE_GATE,
+    TENANT_LABEL,
+    TICKET_ANNOTATION,
+    PodClass,
+    PriorityBand,
+)
+
+CLASSES = CONFIG.platform.priority_classes
+K8S_VERSION = "1.33.0"
+NOT_MIG = {"key": "nvidia.com/mig.strategy", "operator": "NotIn", "values": ["single", "mixed"]}
+ONLY_MIXED = {"key": "nvidia.com/mig.strategy", "operator": "In", "values": ["mixed"]}
+
+
+def make_plan(
+    demand: dict[str, int] | None = None,
+    tenant: str = "team-a",
+    pod_class: PodClass = "training",
+    node_pool: str | None = None,
+) -> PodPlan:
+    import dataclasses
+
+    found = CONFIG.tenant(tenant)
+    assert found is not None
+    if node_pool is not None:
+        found = dataclasses.replace(found, node_pool=node_pool)
+    counts = demand or {"gpu": 1}
+    return PodPlan(
+        tenant=found,
+        pod_class=pod_class,
+        class_reason="test",
+        demand=counts,
+        demand_slices=0,
+        ticket="ticket-1",
+        reused_ticket=False,
+        group=None,
+    )
+
+
+def patched(
+    pod: dict[str, Any], plan: PodPlan, band: PriorityBand = "training", gated: bool = False
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    original = copy.deepcopy(pod)
+    ops = build_patch(pod, plan, band, gated, CLASSES)
+    assert pod == original, "build_patch must not modify its input"
+    result = jsonpatch.apply_patch(pod, ops)
+    assert result == mutate_pod(pod, plan, band, gated, CLASSES)
+    return ops, result
+
+
+def required_terms(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    affinity = pod["spec"]["affinity"]["nodeAffinity"]
+    terms: list[dict[str, Any]] = affinity["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    return terms
+
+
+# --- table tests -------------------------------------------------------------------------
+
+
+def test_bare_pod_gets_every_parent_created() -> None:
+    pod = parse_review(load_review("bare_create")).request.object
+    assert pod is not None
+    ops, result = patched(pod, make_plan(), gated=True)
+    paths = {op["path"] for op in ops}
+    assert {
+        "/metadata/labels",
+        "/metadata/annotations",
+        "/spec/tolerations",
+        "/spec/affinity",
+        "/spec/schedulingGates",
+        "/spec/priorityClassName",
+        "/spec/priority",
+        "/spec/preemptionPolicy",
+    } <= paths
+    assert all(op["op"] == "add" for op in ops)
+    assert result["metadata"]["labels"] == {TENANT_LABEL: "team-a", CLASS_LABEL: "training"}
+    assert result["metadata"]["annotations"] == {
+        TICKET_ANNOTATION: "ticket-1",
+        DEMAND_ANNOTATION: "gpu=1",
+    }
+    assert result["spec"]["tolerations"] == [dict(GPU_TOLERATION)]
+    assert required_terms(result) == [{"matchExpressions": [NOT_MIG]}]
+    assert result["spec"]["schedulingGates"] == [{"name": QUEUE_GATE}]
+    assert (
+        result["spec"]["priorityClassName"],
+        result["spec"]["priority"],
+        result["spec"]["preemptionPolicy"],
+    ) == ("fairgate-training", 10000, "PreemptLowerPriority")
+
+
+def test_keys_with_slashes_are_escaped() -> None:
+    pod = gpu_pod(labels={"app": "x"}, annotations={"example.com/a": "b"})
+    ops, _ = patched(pod, make_plan())
+    paths = {op["path"] for op in ops}
+    assert "/metadata/labels/fairgate.io~1tenant" in paths
+    assert "/metadata/annotations/fairgate.io~1ticket" in paths
+
+
+@pytest.mark.parametrize(
+    ("demand", "pool", "expected"),
+    [
+        ({"gpu": 2}, None, [NOT_MIG]),
+        ({"mig-1g.5gb": 1}, None, [ONLY_MIXED]),
+        ({"mig-1g.5gb": 1, "gpu": 1}, None, [ONLY_MIXED]),
+        (
+            {"gpu": 1},
+            "a100-pool",
+            [NOT_MIG, {"key": "fairgate.io/node-pool", "operator": "In", "values": ["a100-pool"]}],
+        ),
+    ],
+)
+def test_placement_requirements(
+    demand: dict[str, int], pool: str | None, expected: list[dict[str, Any]]
+) -> None:
+    assert placement_requirements(demand, pool) == expected
+
+
+def test_affinity_fixture_merges_into_every_term_and_keeps_the_rest() -> None:
+    request = parse_review(load_review("affinity_tolerations_create")).request
+    pod = request.object
+    assert pod is not None
+    plan = plan_create(pod, request.namespace, request.uid, CONFIG)
+    assert isinstance(plan, PodPlan)
+    _, result = patched(pod, plan, gated=True)
+    pool = {"key": "fairgate.io/node-pool", "operator": "In", "values": ["a100-pool"]}
+    zone = {
+        "key": "topology.kubernetes.io/zone",
+        "operator": "In",
+        "values": ["eu-west-1a", "eu-west-1b"],
+    }
+    assert required_terms(result) == [
+        {"matchExpressions": [zone, NOT_MIG, pool]},
+        {
+            "matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-node-17"]}],
+            "matchExpressions": [NOT_MIG, pool],
+        },
+    ]
+    before, after = pod["spec"]["affinity"], result["spec"]["affinity"]
+    assert after["podAntiAffinity"] == before["podAntiAffinity"]
+    assert (
+        after["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        == before["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    )
+    # the Equal/value toleration does not cover every nvidia.com/gpu taint: ours is appended
+    assert result["spec"]["tolerations"] == [*pod["spec"]["tolerations"], dict(GPU_TOLERATION)]
+    assert result["spec"]["schedulingGates"] == [
+        {"name": "example.com/quota-check"},
+        {"name": QUEUE_GATE},
+    ]
+    assert result["metadata"]["labels"][CLASS_LABEL] == "training"
+    assert result["metadata"]["annotations"]["example.com/owner"] == "bob"
+    assert result["spec"]["priorityClassName"] == "fairgate-training"
+
+
+@pytest.mark.parametrize(
+    "toleration",
+    [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "nvidia.com/gpu", "operator": "Exists"},
+        {"operator": "Exists"},
+        {"key": "", "operator": "Exists", "effect": "NoSchedule"},
+    ],
+)
+def test_equivalent_toleration_is_not_duplicated(toleration: dict[str, str]) -> None:
+    _, result = patched(gpu_pod(tolerations=[toleration]), make_plan())
+    assert result["spec"]["tolerations"] == [toleration]
+
+
+@pytest.mark.parametrize(
+    "toleration",
+    [
+        {"key": "nvidia.com/gpu", "operator": "Equal", "value": "present", "effect": "NoSchedule"},
+        {"key": "nvidia.com/gpu", "value": "", "effect": "NoSchedule"},
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute"},
+        {"key": "other", "operator": "Exists"},
+    ],
+)
+def test_non_equivalent_toleration_gets_ours_appended(toleration: dict[str, str]) -> None:
+    _, result = patched(gpu_pod(tolerations=[toleration]), make_plan())
+    assert result["spec"]["tolerations"] == [toleration, dict(GPU_TOLERATION)]
+
+
+def test_existing_requirement_is_not_duplicated_and_empty_terms_are_left_alone() -> None:
+    terms = [{"matchExpressions": [NOT_MIG]}, {}, {"matchExpressions": [], "matchFields": []}]
+    pod = gpu_pod(
+        affinity={
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}
+            }
+        }
+    )
+    _, result = patched(pod, make_plan())
+    assert required_terms(result) == terms
+
+
+@pytest.mark.parametrize(
+    "affinity",
+    [
+        {},
+        {"nodeAffinity": None},
+        {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": None}},
+        {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}
+            }
+        },
+        {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": []}},
+    ],
+)
+def test_partial_affinity_structures_are_completed(affinity: dict[str, Any]) -> None:
+    _, result = patched(gpu_pod(affinity=affinity), make_plan({"mig-1g.5gb": 1}))
+    assert required_terms(result) == [{"matchExpressions": [ONLY_MIXED]}]
+
+
+def test_null_metadata_maps_are_replaced() -> None:
+    pod = gpu_pod()
+    pod["metadata"]["labels"] = None
+    pod["metadata"]["annotations"] = None
+    pod["spec"]["tolerations"] = None
+    _, result = patched(pod, make_plan())
+    assert result["metadata"]["labels"][TENANT_LABEL] == "team-a"
+
+
+def test_borrowed_band_stamps_annotation_and_never_preempts() -> None:
+    _, result = patched(gpu_pod(), make_plan(), band="borrowed")
+    assert result["metadata"]["annotations"][BORROWED_ANNOTATION] == "true"
+    assert result["spec"]["priorityClassName"] == "fairgate-borrowed"
+    assert result["spec"]["priority"] == 1000
+    assert result["spec"]["preemptionPolicy"] == "Never"
+
+
+def test_training_band_drops_a_stale_borrowed_annotation() -> None:
+    pod = gpu_pod(annotations={BORROWED_ANNOTATION: "true", "keep": "me"})
+    ops, result = patched(pod, make_plan(), band="training")
+    assert result["metadata"]["annotations"] == {
+        "keep": "me",
+        TICKET_ANNOTATION: "ticket-1",
+        DEMAND_ANNOTATION: "gpu=1",
+    }
+    assert {"op": "remove", "path": "/metadata/annotations/fairgate.io~1borrowed"} in ops
+
+
+def test_inference_band_values() -> None:
+    _, result = patched(
+        gpu_pod(priorityClassName="x", priority=5),
+        make_plan(pod_class="inference"),
+        band="inference",
+    )
+    assert (result["spec"]["priorityClassName"], result["spec"]["priority"]) == (
+        "fairgate-inference",
+        100000,
+    )
+
+
+@pytest.mark.parametrize(
+    ("gates", "gated", "expected"),
+    [
+        (None, False, None),
+        (None, True, [QUEUE_GATE]),
+        ([], False, []),
+        (["a"], True, ["a", QUEUE_GATE]),
+        ([QUEUE_GATE], True, [QUEUE_GATE]),
+        (["a", QUEUE_GATE, "b"], True, ["a", "b", QUEUE_GATE]),
+        ([QUEUE_GATE, "b", QUEUE_GATE], False, ["b"]),
+    ],
+)
+def test_gate(gates: list[str] | None, gated: bool, expected: list[str] | None) -> None:
+    pod = gpu_pod()
+    if gates is not None:
+        pod["spec"]["schedulingGates"] = [{"name": g} for g in gates]
+    _, result = patched(pod, make_plan(), gated=gated)
+    got = result["spec"].get("schedulingGates")
+    assert (None if got is None else [g["name"] for g in got]) == expected
+
+
+@pytest.mark.parametrize(
+    ("pod_class", "band"),
+    [("inference", "training"), ("inference", "borrowed"), ("training", "inference")],
+)
+def test_band_must_suit_class(pod_class: PodClass, band: PriorityBand) -> None:
+    with pytest.raises(ValueError, match="does not suit"):
+        build_patch(gpu_pod(), make_plan(pod_class=pod_class), band, False, CLASSES)
+
+
+@pytest.mark.parametrize(
+    ("fixture", "band", "gated"),
+    [
+        ("deployment_inference_create", "inference", False),
+        ("job_init_sidecar_create", "training", True),
+        ("mig_pytorchjob_create", "borrowed", True),
+        ("affinity_tolerations_create", "training", False),
+        ("bare_create", "training", True),
+    ],
+)
+def test_fixture_results_are_valid_pods(fixture: str, band: PriorityBand, gated: bool) -> None:
+    request = parse_review(load_review(fixture)).request
+    pod = request.object
+    assert pod is not None
+    plan = plan_create(pod, request.namespace, request.uid, CONFIG)
+    assert isinstance(plan, PodPlan)
+    _, result = patched(pod, plan, band, gated)
+    kubernetes_validate.validate(result, K8S_VERSION, strict=True)
+
+
+# --- property: the patch applies to any valid pod and keeps what the user wrote ----------
+
+NAMES = st.text("abcdefghijklmnopqrstuvwxyz0123456789-", min_size=1, max_size=8)
+KEYS = st.one_of(
+    NAMES,
+    st.builds(lambda a, b: f"{a}.example.com/{b}", NAMES, NAMES),
+    st.sampled_from(["a~b", "x/y~1z", "app.kubernetes.io/name", "fairgate.io/pod-group"]),
+)
+STRING_MAP = st.one_of(st.none(), st.dictionaries(KEYS, NAMES, max_size=4))
+GPU_KEYS = st.sampled_from(["nvidia.com/gpu", "nvidia.com/mig-1g.5gb", "cpu", "memory"])
+
+
+def _container(name: str, sidecar: bool) -> st.SearchStrategy[dict[str, Any]]:
+    body = st.fixed_dictionaries(
+        {
+            "name": st.just(name),
+            "image": st.just("img"),
+            "resources": st.fixed_dictionaries(
+                {"limits": st.dictionaries(GPU_KEYS, st.integers(0, 4).map(str), max_size=3)}
+            ),
+        }
+    )
+    return body.map(lambda c: {**c, "restartPolicy": "Always"} if sidecar else c)
+
+
+REQUIREMENT = st.fixed_dictionaries(
+    {
+        "key": KEYS,
+        "operator": st.sampled_from(["In", "NotIn", "Exists", "DoesNotExist"]),
+    }
+).map(lambda r: r if r["operator"] in ("Exists", "DoesNotExist") else {**r, "values": ["v"]})
+FIELD = st.fixed_dictionaries(
+    {
+        "key": st.just("metadata.name"),
+        "operator": st.just("In"),
+        "values": st.lists(NAMES, min_size=1, max_size=2),
+    }
+)
+TERM = st.fixed_dictionaries(
+    {},
+    optional={
+        "matchExpressions": st.lists(REQUIREMENT, max_size=3),
+        "matchFields": st.lists(FIELD, max_size=2),
+    },
+)
+TOLERATION = st.fixed_dictionaries(
+    {},
+    optional={
+        "key": st.sampled_from(["", "nvidia.com/gpu", "dedicated", "node.kubernetes.io/not-ready"]),
+        "operator": st.sampled_from(["Exists", "Equal"]),
+        "value": NAMES,
+        "effect": st.sampled_from(["", "NoSchedule", "NoExecute", "PreferNoSchedule"]),
+    },
+)
+AFFINITY = st.one_of(
+    st.none(),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "nodeAffinity": st.fixed_dictionaries(
+                {},
+                optional={
+                    "requiredDuringSchedulingIgnoredDuringExecution": st.fixed_dictionaries(
+                        {"nodeSelectorTerms": st.lists(TERM, max_size=4)}
+                    ),
+                    "preferredDuringSchedulingIgnoredDuringExecution": st.lists(
+                        st.fixed_dictionaries({"weight": st.integers(1, 100), "preference": TERM}),
+                        max_size=2,
+                    ),
+                },
+            ),
+            "podAntiAffinity": st.just({"preferredDuringSchedulingIgnoredDuringExecution": []}),
+        },
+    ),
+)
+
+
+@st.composite
+def pods(draw: st.DrawFn) -> dict[str, Any]:
+    app = [draw(_container(f"app-{i}", False)) for i in range(draw(st.integers(1, 3)))]
+    init = [
+        draw(_container(f"init-{i}", draw(st.booleans()))) for i in range(draw(st.integers(0, 3)))
+    ]
+    metadata: dict[str, Any] = {"name": draw(NAMES), "namespace": "team-a-train"}
+    for field in ("labels", "annotations"):
+        value = draw(STRING_MAP)
+        if value is not None or draw(st.booleans()):
+            metadata[field] = value
+    spec: dict[str, Any] = {"containers": app}
+    if init:
+        spec["initContainers"] = init
+    optional = {
+        "tolerations": st.one_of(st.none(), st.lists(TOLERATION, max_size=4)),
+        "affinity": AFFINITY,
+        "schedulingGates": st.one_of(
+            st.none(),
+            st.lists(
+                st.sampled_from([QUEUE_GATE, "example.com/a", "example.com/b"]).map(
+                    lambda n: {"name": n}
+                ),
+                max_size=3,
+            ),
+        ),
+        "priorityClassName": st.one_of(st.none(), st.sampled_from(["high", "fairgate-training"])),
+        "priority": st.one_of(st.none(), st.integers(0, 10**6)),
+        "nodeSelector": st.one_of(st.none(), st.dictionaries(KEYS, NAMES, max_size=2)),
+    }
+    for field, strategy in optional.items():
+        if draw(st.booleans()):
+            spec[field] = draw(strategy)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+PLAN_ARGS = st.tuples(
+    st.sampled_from([{"gpu": 1}, {"mig-1g.5gb": 2}, {"gpu": 1, "mig-3g.40gb": 1}]),
+    st.sampled_from([None, "a100-pool"]),
+    st.sampled_from(
+        [("inference", "inference"), ("training", "training"), ("training", "borrowed")]
+    ),
+    st.booleans(),
+)
+
+
+def _non_empty(term: dict[str, Any]) -> bool:
+    return bool(term.get("matchExpressions") or term.get("matchFields"))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pods(), PLAN_ARGS)
+def test_patch_applies_and_keeps_user_settings(pod: dict[str, Any], args: Any) -> None:
+    demand, pool, (pod_class, band), gated = args
+    plan = make_plan(demand, pod_class=pod_class, node_pool=pool)
+    before = copy.deepcopy(pod)
+    ops = build_patch(pod, plan, band, gated, CLASSES)
+    assert pod == before
+    result = jsonpatch.apply_patch(pod, ops)  # raises if any op does not apply
+
+    spec, old_spec = result["spec"], before["spec"]
+    assert spec["containers"] == old_spec["containers"]
+    assert spec.get("initContainers") == old_spec.get("initContainers")
+    assert spec.get("nodeSelector") == old_spec.get("nodeSelector")
+    # every original toleration kept, in order; the GPU taint is tolerated
+    old_tolerations = old_spec.get("tolerations") or []
+    assert spec["tolerations"][: len(old_tolerations)] == old_tolerations
+    assert any(
+        t.get("operator") == "Exists"
+        and t.get("key", "") in ("", "nvidia.com/gpu")
+        and t.get("effect", "") in ("", "NoSchedule")
+        for t in spec["tolerations"]
+    )
+    # node affinity: every original requirement kept; fairgate's added to every live term
+    wanted = placement_requirements(demand, pool)
+    old_affinity = old_spec.get("affinity") or {}
+    old_node = old_affinity.get("nodeAffinity") or {}
+    old_required = old_node.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    old_terms = old_required.get("nodeSelectorTerms") or []
+    terms = required_terms(result)
+    if old_terms:
+        assert len(terms) == len(old_terms)
+    for i, term in enumerate(terms):
+        old = old_terms[i] if old_terms else {}
+        assert term.get("matchFields") == old.get("matchFields")
+        old_expressions = old.get("matchExpressions") or []
+        assert term.get("matchExpressions", [])[: len(old_expressions)] == old_expressions
+        if _non_empty(old) or not old_terms:
+            assert all(r in term["matchExpressions"] for r in wanted)
+        else:
+            assert term == old
+    new_affinity = spec["affinity"]
+    for key, value in old_affinity.items():
+        if key != "nodeAffinity":
+            assert new_affinity[key] == value
+    if "preferredDuringSchedulingIgnoredDuringExecution" in old_node:
+        assert (
+            new_affinity["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+            == old_node["preferredDuringSchedulingIgnoredDuringExecution"]
+        )
+    # labels and annotations: user entries kept, fairgate's set
+    labels, annotations = result["metadata"]["labels"], result["metadata"]["annotations"]
+    for key, value in (before["metadata"].get("labels") or {}).items():
+        assert key in (TENANT_LABEL, CLASS_LABEL) or labels[key] == value
+    for key, value in (before["metadata"].get("annotations") or {}).items():
+        assert key in (TICKET_ANNOTATION, DEMAND_ANNOTATION) or annotations[key] == value
+    assert labels[TENANT_LABEL] == "team-a" and labels[CLASS_LABEL] == pod_class
+    assert annotations[TICKET_ANNOTATION] == "ticket-1"
+    assert annotations[DEMAND_ANNOTATION] == ",".join(f"{k}={v}" for k, v in sorted(demand.items()))
+    assert (annotations.get(BORROWED_ANNOTATION) == "true") == (band == "borrowed")
+    priority = CLASSES.for_band(band)
+    assert (spec["priorityClassName"], spec["priority"], spec["preemptionPolicy"]) == (
+        priority.name,
+        priority.value,
+        priority.preemption_policy,
+    )
+    # gates: the user's kept in order, ours exactly when gated
+    old_gates = [
+        g["name"] for g in old_spec.get("schedulingGates") or [] if g["name"] != QUEUE_GATE
+    ]
+    gates = [g["name"] for g in spec.get("schedulingGates") or []]
+    assert gates == old_gates + ([QUEUE_GATE] if gated else [])
