@@ -8,6 +8,7 @@ nodes and a fake kubelet.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from functools import partial
@@ -16,10 +17,13 @@ from typing import Any
 
 import pytest
 from harness.controlplane import ControlPlane, ControlPlaneError, build_controlplane
+from harness.fairgate import FairgateStack
 from harness.kubelet import FakeKubelet
 from harness.waiting import wait_for
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+
+from fairshare.localredis import local_redis
 
 E2E_DIR = Path(__file__).parent
 _bin_dir: Path | None = None
@@ -71,6 +75,33 @@ def kubelet(controlplane: ControlPlane) -> Iterator[FakeKubelet]:
     finally:
         fake.stop()
     assert not fake.errors, f"fake kubelet errors: {fake.errors}"
+
+
+@pytest.fixture(scope="session")
+def fairgate(
+    controlplane: ControlPlane, kubelet: FakeKubelet, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[FairgateStack]:
+    """fairgate installed from manifests/, `fairgate serve` and `fairgate dispatch` running.
+
+    It has its own redis-server. At the end the webhook configurations are removed.
+    Config comes from the cluster's ConfigMaps, or with FAIRGATE_E2E_CONFIG=dir from an
+    equivalent --config-dir.
+    """
+    with local_redis() as redis_url:
+        stack = FairgateStack(
+            controlplane,
+            tmp_path_factory.mktemp("fairgate"),
+            redis_url,
+            config_from_cluster=os.environ.get("FAIRGATE_E2E_CONFIG") != "dir",
+        )
+        try:
+            stack.install()
+            stack.start_webhook()
+            stack.start_dispatcher()
+            yield stack
+        finally:
+            stack.stop()
+            stack.uninstall_webhooks()
 
 
 @pytest.fixture

@@ -1,0 +1,347 @@
+"""fairgate installed into the e2e cluster and running as real processes.
+
+`FairgateStack.install()` does what an operator would with the kustomize base, adapted to
+processes on loopback: it generates the webhook certificate with `fairgate certs
+generate` (SANs include 127.0.0.1), stores it as the `fairgate-webhook-tls` Secret that
+`fairgate serve` adopts, applies `manifests/` with each webhook's `clientConfig` rewritten
+to `url: https://127.0.0.1:<port>/<path>` and that CA as `caBundle`, applies the tenant
+admin base for every tenant, and creates one namespace per tenant. `fairgate serve` and
+`fairgate dispatch` then run as child processes, authenticated with bound tokens of their
+own ServiceAccounts, so fairgate's RBAC is what the API server enforces.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import ssl
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from .controlplane import REPO, ControlPlane, Process, free_port, wait_until_ok
+from .manifests import Manifest, apply, load_kustomization, webhooks_to_url
+from .waiting import wait_for
+
+SYSTEM_NAMESPACE = "fairgate-system"
+GATE = "fairgate.io/queue"
+
+# The e2e tenants. Capacity of the default fake nodes: 8 GPUs, 7 x 1g.5gb, 2 x 3g.40gb.
+PLATFORM_YAML = """\
+platformAdmins: {groups: [platform-team], users: []}
+capacity: {}
+tenants:
+  team-a:
+    weight: 2
+    ceiling: {gpuEquivalents: 8}
+    admins: {groups: [team-a-admins], users: [alice@example.com]}
+  team-b:
+    weight: 1
+    ceiling: {gpuEquivalents: 8}
+    admins: {groups: [team-b-admins], users: []}
+onRedisUnavailable: deny
+"""
+QUOTA_YAML = {
+    "team-a": """\
+nominal: {gpu: 4, mig-1g.5gb: 7}
+borrowLimit: {gpuEquivalents: 4}
+inferenceReserve: {gpuEquivalents: 0}
+defaultClass: training
+""",
+    "team-b": """\
+nominal: {gpu: 4, mig-3g.40gb: 2}
+borrowLimit: {gpuEquivalents: 0}
+inferenceReserve: {gpuEquivalents: 0}
+defaultClass: training
+""",
+}
+
+
+def tenant_namespace(tenant: str) -> str:
+    """The namespace the stack creates for `tenant`."""
+    return f"{tenant}-dev"
+
+
+def tenant_user(tenant: str) -> tuple[str, list[str]]:
+    """A plain (non-admin) user of `tenant`: name and groups; may manage pods in its namespace."""
+    return f"dev@{tenant}.example.com", [f"{tenant}-devs"]
+
+
+def fairgate_command(*args: str) -> list[str]:
+    """argv running the `fairgate` command of this checkout with this interpreter."""
+    return [sys.executable, "-m", "webhook.cli", *args]
+
+
+def _with_e2e_config(objects: Sequence[Manifest]) -> list[Manifest]:
+    """The base's objects with the example tenant config replaced by the e2e tenants'."""
+    result: list[Manifest] = []
+    for obj in objects:
+        name = obj["metadata"]["name"]
+        if obj["kind"] == "ConfigMap" and name.startswith("quota-"):
+            continue
+        if obj["kind"] == "ConfigMap" and name == "fairgate-platform":
+            obj = {**obj, "data": {"platform.yaml": PLATFORM_YAML}}
+        result.append(obj)
+    for tenant, quota in QUOTA_YAML.items():
+        result.append(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {
+                    "name": f"quota-{tenant}",
+                    "namespace": SYSTEM_NAMESPACE,
+                    "labels": {"fairgate.io/quota": tenant},
+                },
+                "data": {"quota.yaml": quota},
+            }
+        )
+    return result
+
+
+def _tenant_admin_objects(tenant: str) -> list[Manifest]:
+    """manifests/tenant-admin (written for team-a) instantiated for `tenant`, as documented."""
+    text = yaml.safe_dump_all(load_kustomization(REPO / "manifests" / "tenant-admin"))
+    return [o for o in yaml.safe_load_all(text.replace("team-a", tenant)) if o]
+
+
+class FairgateStack:
+    """fairgate in the cluster; see the module docstring."""
+
+    def __init__(
+        self,
+        controlplane: ControlPlane,
+        work_dir: Path,
+        redis_url: str,
+        config_from_cluster: bool = True,
+    ) -> None:
+        """`config_from_cluster=False` runs both processes with `--config-dir` (the same
+        tenants, written as files) instead of the ConfigMaps and Namespace labels."""
+        self.cp = controlplane
+        self.config_args: list[str] = []
+        if not config_from_cluster:
+            self.config_args = ["--config-dir", str(self._write_config_dir(work_dir / "config"))]
+        self.work_dir = work_dir
+        self.redis_url = redis_url
+        self.cert_dir = work_dir / "certs"
+        self.port = free_port()
+        self.url = f"https://127.0.0.1:{self.port}"
+        self.webhook: Process | None = None
+        self.dispatcher: Process | None = None
+        self._env: dict[str, dict[str, str]] = {}
+
+    @staticmethod
+    def _write_config_dir(directory: Path) -> Path:
+        directory.mkdir(parents=True)
+        (directory / "platform.yaml").write_text(PLATFORM_YAML)
+        for tenant, quota in QUOTA_YAML.items():
+            (directory / f"quota-{tenant}.yaml").write_text(quota)
+        (directory / "namespaces.yaml").write_text(
+            yaml.safe_dump({tenant_namespace(t): {"fairgate.io/tenant": t} for t in QUOTA_YAML})
+        )
+        return directory
+
+    # -- install -----------------------------------------------------------------------
+
+    def install(self) -> None:
+        """Certificates, manifests, tenant admin RBAC, tenant namespaces and their users."""
+        self.run_cli(
+            "certs",
+            "generate",
+            "--out",
+            str(self.cert_dir),
+            "--san",
+            "127.0.0.1",
+            "--san",
+            "localhost",
+        )
+        ca_bundle = base64.b64encode((self.cert_dir / "ca.crt").read_bytes()).decode()
+        objects = load_kustomization(REPO / "manifests")
+        objects = webhooks_to_url(_with_e2e_config(objects), self.url, ca_bundle)
+        webhooks = [o for o in objects if o["kind"].endswith("WebhookConfiguration")]
+        apply(self.cp.admin, [o for o in objects if o not in webhooks])
+        self._store_tls_secret()
+        for tenant in QUOTA_YAML:
+            apply(self.cp.admin, _tenant_admin_objects(tenant))
+            self._create_tenant_namespace(tenant)
+        apply(self.cp.admin, webhooks)
+        for component in ("webhook", "dispatcher"):
+            kubeconfig = self.cp.token_kubeconfig(SYSTEM_NAMESPACE, f"fairgate-{component}")
+            self._env[component] = {
+                **os.environ,
+                "KUBECONFIG": str(kubeconfig),
+                "POD_NAMESPACE": SYSTEM_NAMESPACE,
+                "PYTHONPATH": str(REPO),
+            }
+
+    def _store_tls_secret(self) -> None:
+        data = {
+            name: base64.b64encode((self.cert_dir / name).read_bytes()).decode()
+            for name in ("ca.crt", "ca.key", "tls.crt", "tls.key")
+        }
+        core: Any = client.CoreV1Api(self.cp.admin)
+        core.create_namespaced_secret(
+            SYSTEM_NAMESPACE,
+            {
+                "metadata": {"name": "fairgate-webhook-tls"},
+                "type": "kubernetes.io/tls",
+                "data": data,
+            },
+        )
+
+    def _create_tenant_namespace(self, tenant: str) -> None:
+        namespace = tenant_namespace(tenant)
+        core: Any = client.CoreV1Api(self.cp.admin)
+        core.create_namespace(
+            {"metadata": {"name": namespace, "labels": {"fairgate.io/tenant": tenant}}}
+        )
+        core.create_namespaced_service_account(namespace, {"metadata": {"name": "default"}})
+        _, groups = tenant_user(tenant)
+        rbac: Any = client.RbacAuthorizationV1Api(self.cp.admin)
+        rbac.create_namespaced_role(
+            namespace,
+            {
+                "metadata": {"name": "gpu-user"},
+                "rules": [
+                    {
+                        "apiGroups": [""],
+                        "resources": ["pods"],
+                        "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
+                    },
+                    {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]},
+                ],
+            },
+        )
+        rbac.create_namespaced_role_binding(
+            namespace,
+            {
+                "metadata": {"name": "gpu-user"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "Role",
+                    "name": "gpu-user",
+                },
+                "subjects": [
+                    {"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": groups[0]}
+                ],
+            },
+        )
+
+    # -- processes ---------------------------------------------------------------------
+
+    def run_cli(
+        self, *args: str, component: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """Run one `fairgate` command to completion (as `component`'s identity if given)."""
+        env = self._env[component] if component else {**os.environ, "PYTHONPATH": str(REPO)}
+        result = subprocess.run(
+            fairgate_command(*args),
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=self.work_dir,
+            timeout=120,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise RuntimeError(
+                f"fairgate {' '.join(args)} failed ({result.returncode}):\n"
+                f"{result.stdout}\n{result.stderr}"
+            )
+        return result
+
+    def start_webhook(self, timeout: float = 60.0) -> None:
+        """Start `fairgate serve` and wait until its /readyz answers over TLS."""
+        self.webhook = Process(
+            "fairgate-serve",
+            fairgate_command(
+                "serve",
+                "--cert-dir",
+                str(self.cert_dir),
+                "--port",
+                str(self.port),
+                "--host",
+                "127.0.0.1",
+                "--redis-url",
+                self.redis_url,
+                *self.config_args,
+            ),
+            self.cp.log_dir,
+            env=self._env["webhook"],
+        )
+        context = ssl.create_default_context(cafile=str(self.cert_dir / "ca.crt"))
+        wait_until_ok(f"{self.url}/readyz", context, [self.webhook], timeout)
+
+    def stop_webhook(self) -> None:
+        if self.webhook is not None:
+            self.webhook.stop()
+            self.webhook = None
+
+    def start_dispatcher(self) -> None:
+        """Start `fairgate dispatch` (dispatcher and reconciler)."""
+        self.dispatcher = Process(
+            "fairgate-dispatch",
+            fairgate_command(
+                "dispatch",
+                "--redis-url",
+                self.redis_url,
+                *self.config_args,
+            ),
+            self.cp.log_dir,
+            env=self._env["dispatcher"],
+        )
+
+    def stop_dispatcher(self) -> None:
+        if self.dispatcher is not None:
+            self.dispatcher.stop()
+            self.dispatcher = None
+
+    def check_alive(self) -> None:
+        """Raise (with the log tail) if `fairgate serve` or `fairgate dispatch` has died."""
+        for process in (self.webhook, self.dispatcher):
+            if process is not None:
+                process.check_alive()
+
+    def uninstall_webhooks(self) -> None:
+        """Remove the webhook configurations, so nothing after the stack depends on it."""
+        admission: Any = client.AdmissionregistrationV1Api(self.cp.admin)
+        for delete in (
+            admission.delete_mutating_webhook_configuration,
+            admission.delete_validating_webhook_configuration,
+        ):
+            try:
+                delete("fairgate")
+            except ApiException as error:
+                if error.status != 404:  # never installed: install() failed early
+                    raise
+
+    def stop(self) -> None:
+        self.stop_dispatcher()
+        self.stop_webhook()
+
+    def status(self) -> Mapping[str, Any]:
+        """`fairgate status --json`, parsed."""
+        result = self.run_cli("status", "--json", "--redis-url", self.redis_url)
+        parsed: Mapping[str, Any] = yaml.safe_load(result.stdout)
+        return parsed
+
+    def tenant_state(self, tenant: str) -> Mapping[str, Any]:
+        """What `fairgate status --json` says about `tenant`."""
+        state: Mapping[str, Any] = self.status()["tenants"][tenant]
+        return state
+
+    def wait_idle(self, timeout: float = 30.0) -> None:
+        """Wait until fairgate holds no usage and no queue for any tenant."""
+
+        def idle() -> bool:
+            return all(
+                not self.tenant_state(t).get("used") and not self.tenant_state(t).get("queued")
+                for t in QUOTA_YAML
+            )
+
+        wait_for(idle, timeout, "fairgate to report no usage and no queue")

@@ -1,0 +1,456 @@
+"""fairgate end to end: the real API server calls `fairgate serve` over TLS, applies its
+JSON Patch, runs the Priority plugin and RBAC; the real scheduler binds and preempts;
+`fairgate dispatch` lifts gates. Every request is made by a real user of a tenant."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from functools import partial
+from typing import Any
+
+import pytest
+import redis
+from harness.controlplane import ControlPlane
+from harness.fairgate import (
+    GATE,
+    QUOTA_YAML,
+    SYSTEM_NAMESPACE,
+    FairgateStack,
+    tenant_namespace,
+    tenant_user,
+)
+from harness.kubelet import DEFAULT_GPU_NODES, FakeKubelet
+from harness.pods import is_gated, pod_manifest
+from harness.waiting import wait_for
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+WHOLE_GPU_NODES = {n.name for n in DEFAULT_GPU_NODES if n.mig_strategy == "none"}
+CLUSTER_GPUS = sum(n.devices.get("nvidia.com/gpu", 0) for n in DEFAULT_GPU_NODES)
+JSON_PATCH = "application/json-patch+json"
+MERGE_PATCH = "application/merge-patch+json"
+
+
+def pods_api(controlplane: ControlPlane, tenant: str) -> Any:
+    """CoreV1Api as the tenant's (non-admin) user."""
+    user, groups = tenant_user(tenant)
+    return client.CoreV1Api(controlplane.client_for(user, groups))
+
+
+def running_node(core: Any, namespace: str, name: str) -> str | None:
+    pod = core.read_namespaced_pod(name, namespace)
+    return pod.spec.node_name if pod.status.phase == "Running" else None
+
+
+def no_pods(core: Any, namespace: str) -> bool:
+    return not core.list_namespaced_pod(namespace).items
+
+
+def refusal(call: Any) -> tuple[int, str]:
+    """HTTP status and Status message of the ApiException `call()` raises (must raise)."""
+    with pytest.raises(ApiException) as refused:
+        call()
+    return refused.value.status, message_of(refused.value)
+
+
+def message_of(error: ApiException) -> str:
+    """The `message` of the API server's Status body."""
+    message: str = json.loads(error.body or "{}").get("message", "")
+    return message
+
+
+def redis_snapshot(url: str) -> dict[bytes, tuple[Any, Any]]:
+    """Every key with its type and serialised value."""
+    r = redis.Redis.from_url(url)
+    try:
+        return {key: (r.type(key), r.dump(key)) for key in r.scan_iter(count=1000)}
+    finally:
+        r.close()
+
+
+@pytest.fixture
+def tenant_pods(controlplane: ControlPlane, fairgate: FairgateStack) -> Iterator[None]:
+    """Start with no pods in the tenant namespaces and fairgate settled; clean up after."""
+    admin: Any = client.CoreV1Api(controlplane.admin)
+
+    def clean() -> None:
+        for tenant in QUOTA_YAML:
+            namespace = tenant_namespace(tenant)
+            admin.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+            wait_for(partial(no_pods, admin, namespace), 30, f"pods of {namespace} to go")
+        fairgate.wait_idle()
+
+    clean()
+    yield
+    fairgate.check_alive()
+    clean()
+
+
+# 1 -------------------------------------------------------------------------------------
+
+
+def test_gpu_pod_is_stamped_by_the_webhook_through_the_api_server(
+    controlplane: ControlPlane,
+    kubelet: FakeKubelet,
+    fairgate: FairgateStack,
+    tenant_pods: None,
+) -> None:
+    ns = tenant_namespace("team-a")
+    core = pods_api(controlplane, "team-a")
+    scheduling: Any = client.SchedulingV1Api(controlplane.admin)
+    scheduling.create_priority_class({"metadata": {"name": "team-a-urgent"}, "value": 500000})
+    try:
+        response = core.create_namespaced_pod_with_http_info(
+            ns,
+            pod_manifest(
+                "trainer", {"nvidia.com/gpu": 1}, tolerate_gpu=False, priority_class="team-a-urgent"
+            ),
+        )
+    finally:
+        scheduling.delete_priority_class("team-a-urgent")
+    pod = response.data
+    labels, annotations = pod.metadata.labels, pod.metadata.annotations
+    assert labels["fairgate.io/tenant"] == "team-a"
+    assert labels["fairgate.io/class"] == "training"
+    assert annotations["fairgate.io/ticket"]
+    assert annotations["fairgate.io/demand"] == "gpu=1"
+    assert "fairgate.io/borrowed" not in annotations
+    assert pod.spec.priority_class_name == "fairgate-training"
+    assert pod.spec.priority == 10000  # the Priority plugin and fairgate agree
+    assert pod.spec.preemption_policy == "PreemptLowerPriority"
+    assert any(t.key == "nvidia.com/gpu" and t.effect == "NoSchedule" for t in pod.spec.tolerations)
+    terms = pod.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution
+    keys = {e.key for term in terms.node_selector_terms for e in term.match_expressions or []}
+    assert "nvidia.com/mig.strategy" in keys
+    assert not pod.spec.scheduling_gates
+    # The user's own priority class was replaced; the API server passes the warning on.
+    warnings = response.headers.get("Warning", "")
+    assert "team-a-urgent" in warnings, response.headers
+
+    node = wait_for(partial(running_node, core, ns, "trainer"), 30, "trainer to run")
+    assert node in WHOLE_GPU_NODES  # whole-GPU demand avoids MIG nodes
+
+
+# 2 -------------------------------------------------------------------------------------
+
+
+def test_over_quota_pod_waits_gated_until_the_dispatcher_releases_it(
+    controlplane: ControlPlane,
+    kubelet: FakeKubelet,
+    fairgate: FairgateStack,
+    tenant_pods: None,
+) -> None:
+    ns = tenant_namespace("team-b")  # nominal 4 GPUs, no borrowing
+    core = pods_api(controlplane, "team-b")
+    core.create_namespaced_pod(ns, pod_manifest("first", {"nvidia.com/gpu": 4}))
+    wait_for(partial(running_node, core, ns, "first"), 30, "first to run")
+
+    response = core.create_namespaced_pod_with_http_info(
+        ns, pod_manifest("second", {"nvidia.com/gpu": 1})
+    )
+    assert [g.name for g in response.data.spec.scheduling_gates] == [GATE]
+    assert response.headers.get("Warning"), "a queued pod should say why it waits"
+    second = core.read_namespaced_pod("second", ns)
+    assert is_gated(second)
+    time.sleep(2)  # dispatcher and scheduler are running: it must stay held
+    assert core.read_namespaced_pod("second", ns).spec.node_name is None
+
+    kubelet.finish(ns, "first")
+    node = wait_for(
+        partial(running_node, core, ns, "second"),
+        60,
+        "the dispatcher to lift the gate and the scheduler to bind second",
+    )
+    assert node in WHOLE_GPU_NODES
+    assert not core.read_namespaced_pod("second", ns).spec.scheduling_gates
+
+
+# 3 -------------------------------------------------------------------------------------
+
+
+def test_pod_that_can_never_fit_is_refused_with_fairgates_message(
+    controlplane: ControlPlane,
+    fairgate: FairgateStack,
+    tenant_pods: None,
+) -> None:
+    core = pods_api(controlplane, "team-b")
+    status, message = refusal(
+        lambda: core.create_namespaced_pod(
+            tenant_namespace("team-b"), pod_manifest("huge", {"nvidia.com/gpu": CLUSTER_GPUS + 1})
+        )
+    )
+    assert status in (400, 403), message
+    assert 'admission webhook "pods.mutate.fairgate.io" denied the request' in message, message
+    assert "quota-team-b" in message, message  # says where the limit is set
+    assert not core.list_namespaced_pod(tenant_namespace("team-b")).items
+
+
+# 4 -------------------------------------------------------------------------------------
+
+
+def test_inference_preempts_borrowed_training_through_the_real_scheduler(
+    controlplane: ControlPlane,
+    kubelet: FakeKubelet,
+    fairgate: FairgateStack,
+    tenant_pods: None,
+) -> None:
+    ns_a, ns_b = tenant_namespace("team-a"), tenant_namespace("team-b")
+    team_a, team_b = pods_api(controlplane, "team-a"), pods_api(controlplane, "team-b")
+    # team-a: nominal 4 GPUs + borrowLimit 4: eight 1-GPU trainers fill all 8 GPUs.
+    trainers = [f"trainer-{i}" for i in range(CLUSTER_GPUS)]
+    for name in trainers:
+        team_a.create_namespaced_pod(ns_a, pod_manifest(name, {"nvidia.com/gpu": 1}))
+    for name in trainers:
+        wait_for(partial(running_node, team_a, ns_a, name), 60, f"{name} to run")
+    pods = {p.metadata.name: p for p in team_a.list_namespaced_pod(ns_a).items}
+    borrowed = {
+        n
+        for n, p in pods.items()
+        if (p.metadata.annotations or {}).get("fairgate.io/borrowed") == "true"
+    }
+    assert len(borrowed) == CLUSTER_GPUS - 4
+    assert {pods[n].spec.priority_class_name for n in borrowed} == {"fairgate-borrowed"}
+
+    server = pod_manifest(
+        "server", {"nvidia.com/gpu": 1}, labels={"fairgate.io/class": "inference"}
+    )
+    created = team_b.create_namespaced_pod(ns_b, server)
+    assert created.spec.priority_class_name == "fairgate-inference"
+    assert not created.spec.scheduling_gates  # lower-priority capacity counts as free
+    wait_for(
+        partial(running_node, team_b, ns_b, "server"),
+        60,
+        "the scheduler to preempt a borrowed pod for the inference pod",
+    )
+    survivors = {p.metadata.name for p in team_a.list_namespaced_pod(ns_a).items}
+    evicted = set(trainers) - survivors
+    assert len(evicted) == 1 and evicted <= borrowed, (evicted, borrowed)
+
+
+# 5 -------------------------------------------------------------------------------------
+
+
+def test_tenant_user_cannot_lift_the_gate_or_forge_fairgate_labels(
+    controlplane: ControlPlane,
+    kubelet: FakeKubelet,
+    fairgate: FairgateStack,
+    tenant_pods: None,
+) -> None:
+    ns = tenant_namespace("team-b")
+    core = pods_api(controlplane, "team-b")
+    core.create_namespaced_pod(ns, pod_manifest("first", {"nvidia.com/gpu": 4}))
+    held = core.create_namespaced_pod(ns, pod_manifest("held", {"nvidia.com/gpu": 1}))
+    assert [g.name for g in held.spec.scheduling_gates] == [GATE]
+
+    status, message = refusal(
+        lambda: core.patch_namespaced_pod(
+            "held",
+            ns,
+            [{"op": "remove", "path": "/spec/schedulingGates"}],
+            _content_type=JSON_PATCH,
+        )
+    )
+    assert status in (400, 403), message
+    assert 'admission webhook "pods.validate.fairgate.io" denied the request' in message
+    assert GATE in message
+    assert is_gated(core.read_namespaced_pod("held", ns))
+
+    status, message = refusal(
+        lambda: core.patch_namespaced_pod(
+            "held",
+            ns,
+            {"metadata": {"labels": {"fairgate.io/tenant": "team-a"}}},
+            _content_type=MERGE_PATCH,
+        )
+    )
+    assert "fairgate.io/tenant" in message, message
+
+    forged = pod_manifest("forged", {"nvidia.com/gpu": 1}, labels={"fairgate.io/tenant": "team-a"})
+    status, message = refusal(lambda: core.create_namespaced_pod(ns, forged))
+    assert status in (400, 403), message
+    assert "fairgate.io/tenant" in message, message
+    forged_gpuless = pod_manifest(
+        "forged-cpu", labels={"fairgate.io/tenant": "team-a"}, tolerate_gpu=False
+    )
+    status, message = refusal(lambda: core.create_namespaced_pod(ns, forged_gpuless))
+    assert "fairgate.io/tenant" in message, message
+
+
+# 6 -------------------------------------------------------------------------------------
+
+
+def _quota_patch(nominal_gpu: int) -> dict[str, Any]:
+    text = QUOTA_YAML["team-a"].replace("gpu: 4,", f"gpu: {nominal_gpu},")
+    return {"data": {"quota.yaml": text}}
+
+
+def test_quota_configmap_edits_are_authorised_by_rbac_and_the_webhook(
+    controlplane: ControlPlane,
+    fairgate: FairgateStack,
+) -> None:
+    alice: Any = client.CoreV1Api(controlplane.client_for("alice@example.com", ["team-a-admins"]))
+    admin: Any = client.CoreV1Api(controlplane.admin)
+    try:
+        edited = alice.patch_namespaced_config_map(
+            "quota-team-a", SYSTEM_NAMESPACE, _quota_patch(3), _content_type=MERGE_PATCH
+        )
+        assert "gpu: 3," in edited.data["quota.yaml"]
+
+        # Above the ceiling (8 GPU-equivalents): RBAC allows it, fairgate refuses it.
+        status, message = refusal(
+            lambda: alice.patch_namespaced_config_map(
+                "quota-team-a", SYSTEM_NAMESPACE, _quota_patch(9), _content_type=MERGE_PATCH
+            )
+        )
+        assert 'admission webhook "configmaps.validate.fairgate.io"' in message
+        assert "ceiling" in message, message
+
+        # Another tenant's quota: RBAC refuses it ...
+        status, message = refusal(
+            lambda: alice.patch_namespaced_config_map(
+                "quota-team-b",
+                SYSTEM_NAMESPACE,
+                {"data": {"quota.yaml": QUOTA_YAML["team-b"]}},
+                _content_type=MERGE_PATCH,
+            )
+        )
+        assert status == 403 and "alice@example.com" in message
+
+        # ... and with a mistaken RoleBinding, fairgate still does (defence in depth).
+        rbac: Any = client.RbacAuthorizationV1Api(controlplane.admin)
+        rbac.create_namespaced_role_binding(
+            SYSTEM_NAMESPACE,
+            {
+                "metadata": {"name": "mistake-alice-edits-team-b"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": "fairgate-quota-editor-team-b",
+                },
+                "subjects": [
+                    {
+                        "apiGroup": "rbac.authorization.k8s.io",
+                        "kind": "User",
+                        "name": "alice@example.com",
+                    }
+                ],
+            },
+        )
+        try:
+
+            def refused_by_fairgate() -> str | None:
+                try:
+                    alice.patch_namespaced_config_map(
+                        "quota-team-b",
+                        SYSTEM_NAMESPACE,
+                        {"data": {"quota.yaml": QUOTA_YAML["team-b"]}},
+                        _content_type=MERGE_PATCH,
+                    )
+                except ApiException as exc:
+                    message = message_of(exc)
+                    return message if "configmaps.validate.fairgate.io" in message else None
+                raise AssertionError("alice changed team-b's quota")
+
+            message = wait_for(refused_by_fairgate, 15, "the RoleBinding to take effect")
+            assert "alice@example.com" in message, message
+        finally:
+            rbac.delete_namespaced_role_binding("mistake-alice-edits-team-b", SYSTEM_NAMESPACE)
+    finally:
+        admin.patch_namespaced_config_map(
+            "quota-team-a",
+            SYSTEM_NAMESPACE,
+            {"data": {"quota.yaml": QUOTA_YAML["team-a"]}},
+            _content_type=MERGE_PATCH,
+        )
+
+
+# 7 -------------------------------------------------------------------------------------
+
+
+def test_server_dry_run_changes_nothing_in_redis(
+    controlplane: ControlPlane,
+    kubelet: FakeKubelet,
+    fairgate: FairgateStack,
+    tenant_pods: None,
+) -> None:
+    ns = tenant_namespace("team-b")
+    core = pods_api(controlplane, "team-b")
+    core.create_namespaced_pod(ns, pod_manifest("first", {"nvidia.com/gpu": 3}))
+    wait_for(partial(running_node, core, ns, "first"), 30, "first to run")
+    before = redis_snapshot(fairgate.redis_url)
+    fits = core.create_namespaced_pod(
+        ns, pod_manifest("fits", {"nvidia.com/gpu": 1}), dry_run="All"
+    )
+    waits = core.create_namespaced_pod(
+        ns, pod_manifest("waits", {"nvidia.com/gpu": 2}), dry_run="All"
+    )
+    assert fits.metadata.labels["fairgate.io/tenant"] == "team-b"  # the webhook did answer
+    assert not fits.spec.scheduling_gates
+    assert [g.name for g in waits.spec.scheduling_gates] == [GATE]
+    assert redis_snapshot(fairgate.redis_url) == before
+    assert [p.metadata.name for p in core.list_namespaced_pod(ns).items] == ["first"]
+
+
+# 8 -------------------------------------------------------------------------------------
+
+
+def test_with_fairgate_down_gpu_pods_are_refused_and_other_pods_are_not(
+    controlplane: ControlPlane,
+    fairgate: FairgateStack,
+    tenant_pods: None,
+) -> None:
+    ns = tenant_namespace("team-a")
+    core = pods_api(controlplane, "team-a")
+    fairgate.stop_webhook()
+    try:
+        created = core.create_namespaced_pod(ns, pod_manifest("cpu-only", tolerate_gpu=False))
+        assert "fairgate.io/tenant" not in (created.metadata.labels or {})
+        status, message = refusal(
+            lambda: core.create_namespaced_pod(ns, pod_manifest("gpu", {"nvidia.com/gpu": 1}))
+        )
+        assert status >= 400
+        assert 'failed calling webhook "pods.mutate.fairgate.io"' in message, message
+    finally:
+        fairgate.start_webhook()
+
+
+# 9 -------------------------------------------------------------------------------------
+
+
+def test_after_redis_is_flushed_the_dispatcher_rebuilds_and_the_queue_drains(
+    controlplane: ControlPlane,
+    kubelet: FakeKubelet,
+    fairgate: FairgateStack,
+    tenant_pods: None,
+) -> None:
+    ns = tenant_namespace("team-b")
+    core = pods_api(controlplane, "team-b")
+    core.create_namespaced_pod(ns, pod_manifest("running", {"nvidia.com/gpu": 4}))
+    wait_for(partial(running_node, core, ns, "running"), 30, "running to run")
+    for name in ("queued-1", "queued-2"):
+        pod = core.create_namespaced_pod(ns, pod_manifest(name, {"nvidia.com/gpu": 2}))
+        assert pod.spec.scheduling_gates, name
+    expected = fairgate.tenant_state("team-b")
+
+    r = redis.Redis.from_url(fairgate.redis_url)
+    r.flushall()
+    r.close()
+    wait_for(
+        lambda: fairgate.tenant_state("team-b") == expected or None,
+        60,
+        f"the reconciler to restore team-b's usage and queue ({expected})",
+    )
+
+    # Usage was restored: a new pod still has to wait behind the running one.
+    late = core.create_namespaced_pod(ns, pod_manifest("late", {"nvidia.com/gpu": 1}))
+    assert late.spec.scheduling_gates
+
+    kubelet.finish(ns, "running")
+    for name in ("queued-1", "queued-2"):
+        wait_for(partial(running_node, core, ns, name), 60, f"{name} to be released and run")
+    time.sleep(2)  # the dispatcher is running: late must stay held, 4 GPUs are in use
+    assert is_gated(core.read_namespaced_pod("late", ns))
