@@ -1,0 +1,188 @@
+"""Config sources: hot reload from a local directory, and per-object last-good bookkeeping."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import REGISTRY
+
+from tenants.source import ConfigAssembler, ConfigNotReadyError, LocalDirSource
+
+PLATFORM = """\
+platformAdmins: {groups: [platform-team]}
+tenants:
+  team-a: {weight: 2, ceiling: {gpuEquivalents: 24}, admins: {users: [alice]}}
+  team-b: {weight: 1, ceiling: {gpuEquivalents: 8}}
+"""
+NAMESPACES = "team-a-dev: {fairgate.io/tenant: team-a}\n"
+
+
+def _failures(obj: str) -> float:
+    value = REGISTRY.get_sample_value("fairgate_config_reload_failures_total",
+                                      {"configmap": obj})
+    return value or 0.0
+
+
+def _wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@pytest.fixture
+def config_dir(tmp_path: Path) -> Path:
+    (tmp_path / "platform.yaml").write_text(PLATFORM)
+    (tmp_path / "quota-team-a.yaml").write_text("nominal: {gpu: 8}\n")
+    (tmp_path / "namespaces.yaml").write_text(NAMESPACES)
+    return tmp_path
+
+
+@pytest.fixture
+def polled(config_dir: Path) -> Iterator[LocalDirSource]:
+    with LocalDirSource(config_dir, poll_interval=0.02) as source:
+        assert isinstance(source, LocalDirSource)
+        yield source
+
+
+def _nominal(source: LocalDirSource, tenant: str = "team-a") -> dict[str, int]:
+    found = source.config.tenant(tenant)
+    assert found is not None
+    return dict(found.nominal)
+
+
+def test_first_load_makes_it_ready(polled: LocalDirSource) -> None:
+    assert polled.ready and polled.last_error == {}
+    assert polled.config.tenant_of_namespace("team-a-dev") == "team-a"
+    assert _nominal(polled) == {"gpu": 8}
+
+
+def test_valid_edit_takes_effect_without_restart(polled: LocalDirSource, config_dir: Path) -> None:
+    before = polled.generation
+    (config_dir / "quota-team-a.yaml").write_text("nominal: {gpu: 12, mig-1g.5gb: 7}\n")
+    assert _wait_for(lambda: _nominal(polled) == {"gpu": 12, "mig-1g.5gb": 7})
+    assert polled.generation > before
+    extra = "b-prod: {fairgate.io/tenant: team-b}\n"
+    (config_dir / "namespaces.yaml").write_text(NAMESPACES + extra)
+    assert _wait_for(lambda: polled.config.tenant_of_namespace("b-prod") == "team-b")
+
+
+def test_broken_edit_keeps_old_config_and_is_reported(
+    polled: LocalDirSource, config_dir: Path,
+) -> None:
+    path = config_dir / "quota-team-a.yaml"
+    failures = _failures(str(path))
+    path.write_text("nominal: {gpu: 8\nborrowLimit: {}\n")
+    assert _wait_for(lambda: str(path) in polled.last_error)
+    assert "YAML syntax error" in polled.last_error[str(path)]
+    assert "line 2" in polled.last_error[str(path)]
+    assert _failures(str(path)) == failures + 1
+    assert _nominal(polled) == {"gpu": 8}
+    path.write_text("nominal: {gpu: 99}\n")  # above the ceiling: still refused
+    assert _wait_for(lambda: "exceeds the ceiling" in polled.last_error.get(str(path), ""))
+    assert _nominal(polled) == {"gpu": 8}
+    path.write_text("nominal: {gpu: 3}\n")
+    assert _wait_for(lambda: _nominal(polled) == {"gpu": 3})
+    assert polled.last_error == {}
+
+
+def test_explicit_reload_reports_success(config_dir: Path) -> None:
+    source = LocalDirSource(config_dir)
+    source.start()
+    (config_dir / "platform.yaml").write_text(PLATFORM + "surprise: 1\n")
+    assert source.reload() is False
+    assert "surprise: unknown key" in source.last_error[str(config_dir / "platform.yaml")]
+    assert source.config.tenant("team-a") is not None
+    (config_dir / "platform.yaml").write_text(PLATFORM.replace("weight: 2", "weight: 5"))
+    assert source.reload() is True
+    team_a = source.config.tenant("team-a")
+    assert team_a is not None and team_a.weight == 5
+
+
+def test_not_ready_until_the_first_good_load(tmp_path: Path) -> None:
+    source = LocalDirSource(tmp_path)
+    source.start()
+    assert not source.ready
+    with pytest.raises(ConfigNotReadyError, match=r"platform\.yaml: file not found"):
+        _ = source.config
+    (tmp_path / "platform.yaml").write_text(PLATFORM)
+    assert source.reload() and source.ready
+
+
+# -- ConfigAssembler: what the cluster source does per ConfigMap -------------------------
+
+QUOTA_LABELS = {"fairgate.io/quota": "team-a"}
+
+
+@pytest.fixture
+def state() -> ConfigAssembler:
+    assembler = ConfigAssembler()
+    assert assembler.set_platform({"platform.yaml": PLATFORM}) == {}
+    assert assembler.set_quota("quota-team-a", {"quota.yaml": "nominal: {gpu: 8}"},
+                               QUOTA_LABELS) == {}
+    assert assembler.set_quota("quota-team-b", {"quota.yaml": "nominal: {gpu: 2}"},
+                               {"fairgate.io/quota": "team-b"}) == {}
+    return assembler
+
+
+def _quota(state: ConfigAssembler, tenant: str) -> dict[str, int]:
+    found = state.snapshot().tenant(tenant)
+    assert found is not None
+    return dict(found.nominal)
+
+
+def test_broken_quota_keeps_that_tenants_last_good(state: ConfigAssembler) -> None:
+    failed = state.set_quota("quota-team-a", {"quota.yaml": "nominal: {gpu: x}"}, QUOTA_LABELS)
+    assert list(failed) == ["fairgate-system/quota-team-a"]
+    assert "nominal.gpu" in failed["fairgate-system/quota-team-a"]
+    assert _quota(state, "team-a") == {"gpu": 8}
+    assert _quota(state, "team-b") == {"gpu": 2}
+    assert state.set_quota("quota-team-a", {"quota.yaml": "nominal: {gpu: x}"},
+                           QUOTA_LABELS) == {}, "the same broken version is not reported twice"
+    assert state.set_quota("quota-team-a", {"quota.yaml": "nominal: {gpu: 4}"},
+                           QUOTA_LABELS) == {}
+    assert _quota(state, "team-a") == {"gpu": 4} and state.errors == {}
+
+
+def test_quota_with_wrong_label_or_key_is_not_used(state: ConfigAssembler) -> None:
+    failed = state.set_quota("quota-team-a", {"quota.yaml": "nominal: {gpu: 1}"}, {})
+    assert "set label 'fairgate.io/quota: team-a'" in failed["fairgate-system/quota-team-a"]
+    failed = state.set_quota("quota-team-a", {"quota.yml": "nominal: {gpu: 1}"}, QUOTA_LABELS)
+    assert "missing key 'quota.yaml'" in failed["fairgate-system/quota-team-a"]
+    assert _quota(state, "team-a") == {"gpu": 8}
+
+
+def test_broken_platform_keeps_the_last_good(state: ConfigAssembler) -> None:
+    failed = state.set_platform({"platform.yaml": "tenants: [oops"})
+    assert "YAML syntax error" in failed["fairgate-system/fairgate-platform"]
+    assert sorted(t.name for t in state.snapshot().tenants()) == ["team-a", "team-b"]
+
+
+def test_lowered_ceiling_keeps_the_last_good_quota_and_reports_it(state: ConfigAssembler) -> None:
+    failed = state.set_platform({"platform.yaml": PLATFORM.replace("24", "4")})
+    assert "exceeds the ceiling" in failed["fairgate-system/quota-team-a"]
+    snapshot = state.snapshot()
+    assert snapshot.platform.tenants["team-a"].ceiling.gpu_equivalents == 4
+    assert _quota(state, "team-a") == {"gpu": 8}
+    assert state.set_platform({"platform.yaml": PLATFORM}) == {}
+    assert state.errors == {}
+
+
+def test_deleted_objects(state: ConfigAssembler) -> None:
+    assert state.set_quota("quota-team-b", None, None) == {}
+    assert _quota(state, "team-b") == {}
+    state.set_platform(None)
+    assert state.snapshot().tenants() == []
+    assert "not found" in state.errors["fairgate-system/fairgate-platform"]
+
+
+def test_namespace_labels(state: ConfigAssembler) -> None:
+    state.set_namespace("a-dev", {"fairgate.io/tenant": "team-a", "other": "x"})
+    assert state.snapshot().namespaces == {"a-dev": {"fairgate.io/tenant": "team-a"}}
+    state.set_namespace("a-dev", {"other": "x"})
+    assert state.snapshot().tenant_of_namespace("a-dev") is None
