@@ -146,7 +146,11 @@ class Release:
 
 @dataclass(frozen=True)
 class RunningPod:
-    """A pod holding GPUs in the cluster (bound, or created without a gate)."""
+    """A pod holding GPUs in the cluster (bound, or created without a gate).
+
+    ``group``/``group_size`` as in :class:`PodRequest` (so a gang member that is
+    recreated later completes its gang with the members still running).
+    """
 
     ticket: str
     tenant: str
@@ -155,6 +159,8 @@ class RunningPod:
     pod_class: PodClass
     band: PriorityBand
     demand: ResourceCounts
+    group: str | None = None
+    group_size: int = 1
 
     def __post_init__(self) -> None:
         if not _TICKET.match(self.ticket):
@@ -162,9 +168,18 @@ class RunningPod:
         for what, value in (("tenant", self.tenant), ("namespace", self.namespace),
                             ("name", self.name)):
             _check_text(what, value)
+        if self.group is not None:
+            _check_text("pod group", self.group)
         if self.band not in BANDS:
             raise InvalidRequestError(f"band {self.band!r} is unknown: use one of {BANDS}")
         _check_demand(self.demand)
+
+    @property
+    def gang(self) -> str | None:
+        """The gang id ``namespace/group`` when this pod is part of a gang of 2 or more."""
+        if self.group is None or self.group_size < 2:
+            return None
+        return f"{self.namespace}/{self.group}"
 
 
 @dataclass(frozen=True)

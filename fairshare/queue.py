@@ -248,7 +248,8 @@ class FairQueue:
         for pod in running:
             args += ["A", pod.ticket, pod.tenant, pod.namespace, pod.name,
                      _CLASS_CODE[pod.pod_class], _BAND_CODE[pod.band],
-                     format_counts(pod.demand), "", 1, _num(0.0)]
+                     format_counts(pod.demand), pod.gang or "",
+                     pod.group_size if pod.gang else 1, _num(0.0)]
         ordered = sorted(gated, key=lambda g: (g.request.submitted_at, g.request.ticket))
         for gated_pod in ordered:
             req = gated_pod.request

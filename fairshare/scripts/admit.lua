@@ -1,1 +1,136 @@
-error('not implemented yet')
+-- admit: reserve a pod now (fast path) or queue it; decide its band. ARGV: now,
+-- dry (1 = write nothing), ticket, tenant, namespace, name, class, demand, gang id
+-- ('' if none), gang size, submitted_at, starvation seconds.
+-- Returns {duplicate, outcome, band, position, queue length, free slices,
+-- nominal slices, reason...}.
+local now, dry = tonumber(ARGV[1]), ARGV[2] == '1'
+local ticket, tenant, ns, name, cls, demand = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+local gid, gsize, submitted, starve = ARGV[9], ARGV[10], ARGV[11], tonumber(ARGV[12])
+
+local function reply(dup, outcome, band, position, length, free, nominal, reason)
+  local out = {dup, outcome, band, position, length, free, nominal}
+  for _, v in ipairs(reason) do out[#out + 1] = v end
+  return out
+end
+
+local existing = get_rec(ticket)
+if existing then
+  local t, c = existing[F_TENANT], existing[F_CLASS]
+  if existing[F_STATE] == 'R' or existing[F_STATE] == 'A' then
+    return reply(1, 'reserved', existing[F_BAND], 0, num(state_of(t), 'qc:' .. c),
+                 free_slices(t), cfg_of(t).ns, {})
+  end
+  local d = describe_queued(ticket, existing, now, starve)
+  return reply(1, 'queued', existing[F_BAND], d[1], d[2], free_slices(t), cfg_of(t).ns,
+               {unpack(d, 3)})
+end
+
+local cfg = cfg_of(tenant)
+if not cfg.known then
+  return redis.error_reply('unknown tenant: ' .. tenant .. ' (not configured)')
+end
+local st = state_of(tenant)
+local d = parse_counts(demand)
+local ds = slices(d)
+
+-- the band: inference; training within nominal (counting training queued ahead);
+-- else borrowed within the borrow limit (counting borrowed queued ahead); else the
+-- band in which the pod can fit at all (training first).
+local band = 'i'
+if cls == 't' then
+  local training_room = cfg.ns - cfg.rs
+  local fits = num(st, 'ut') + num(st, 'qs:t') + ds <= training_room
+  local alone = ds <= training_room
+  for k, v in pairs(d) do
+    if num(st, 'u:' .. k) + num(st, 'qd:t:' .. k) + v > (cfg.n[k] or 0) then fits = false end
+    if v > (cfg.n[k] or 0) then alone = false end
+  end
+  if fits then
+    band = 't'
+  elseif cfg.b > 0 and num(st, 'ub') + num(st, 'qs:b') + ds <= cfg.b then
+    band = 'b'
+  elseif alone or ds > cfg.b then
+    band = 't'
+  else
+    band = 'b'
+  end
+end
+
+local shape = band .. '/' .. format_counts(d)
+local D = parse_shape(shape)
+local qc = num(st, 'qc:' .. cls)
+local free = math.max(0, cfg.ns - num(st, 'ui') - num(st, 'ut'))
+local reason = nil
+local position = qc + 1
+
+if gid ~= '' then
+  local g = hash_table(P .. 'g:' .. gid)
+  local members = gang_members(g)
+  local have = num(g, 'r') + #members + 1
+  if have < tonumber(gsize) then
+    reason = {'gang', gid, have, gsize}
+    position = 0
+  else
+    -- the gang completes: what its whole entry waits for
+    local G = {i = {}, t = {}, b = {}}
+    for _, t in ipairs(members) do
+      local rec = get_rec(t)
+      for k, v in pairs(parse_counts(rec[F_DEMAND])) do
+        G[rec[F_BAND]][k] = (G[rec[F_BAND]][k] or 0) + v
+      end
+    end
+    for k, v in pairs(d) do G[band][k] = (G[band][k] or 0) + v end
+    local gang_shape = parse_shape(format_shape(G))
+    local _, guards = survey(gang_shape.cls, now, starve)
+    reason = blocker(tenant, gang_shape, guards) or {'turn'}
+  end
+else
+  local tops, guards = survey(cls, now, starve)
+  reason = blocker(tenant, D, guards)
+  if reason == nil then
+    for k, _ in pairs(d) do
+      if num(st, 'qr:' .. cls .. ':' .. k) > 0 then reason = {'ahead', qc} end
+    end
+  end
+  if reason == nil then
+    -- nobody earlier in queue order (same class, or inference for training) that
+    -- shares a resource and could be released now
+    local share = share_of(tenant, st)
+    if cls == 't' then
+      local inf_tops, inf_guards = survey('i', now, starve)
+      for _, top in ipairs(inf_tops) do
+        if reason == nil and not top.blocked and shares_resource(top.D, d)
+            and cap_check(top.D, inf_guards, false) == nil then
+          reason = {'inference'}
+        end
+      end
+    end
+    for _, top in ipairs(tops) do
+      if reason == nil and not top.blocked and shares_resource(top.D, d)
+          and before(top.score, top.tenant, share, tenant)
+          and cap_check(top.D, guards, false) == nil then
+        reason = {'turn'}
+      end
+    end
+  end
+end
+
+if reason == nil then
+  if dry then return reply(0, 'reserved', band, 0, qc, free, cfg.ns, {}) end
+  local seq = redis.call('INCR', K_SEQ)
+  put_rec(ticket, {'R', tenant, cls, band, format_counts(d), ns, name, '', '1', submitted,
+                   seq, ARGV[1]})
+  add_usage(tenant, band, d, 1)
+  redis.call('ZADD', K_RESV, now, ticket)
+  redis.call('SADD', K_TENANTS, tenant)
+  refresh(tenant)
+  return reply(0, 'reserved', band, 0, qc, free, cfg.ns, {})
+end
+
+if not dry then
+  local seq = redis.call('INCR', K_SEQ)
+  enqueue(ticket, {'Q', tenant, cls, band, format_counts(d), ns, name, gid, gsize,
+                   submitted, seq, ''}, false)
+  refresh(tenant)
+end
+return reply(0, 'queued', band, position, qc + 1, free, cfg.ns, reason)

@@ -1,1 +1,45 @@
-error('not implemented yet')
+-- dispatch: release up to `limit` queue entries (a pod or a whole gang) in queue
+-- order. ARGV: now, limit, starvation seconds. Returns a flat list of 7 fields per
+-- released ticket: ticket, tenant, namespace, name, band, demand, submitted_at.
+local now, limit, starve = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local out = {}
+
+local function release(ticket)
+  local rec = get_rec(ticket)
+  count_queued(rec, -1)
+  count_lane(rec, -1)
+  add_usage(rec[F_TENANT], rec[F_BAND], parse_counts(rec[F_DEMAND]), 1)
+  rec[F_STATE] = 'A'
+  rec[F_AT] = ARGV[1]
+  put_rec(ticket, rec)
+  for _, v in ipairs({ticket, rec[F_TENANT], rec[F_NS], rec[F_NAME], rec[F_BAND],
+                      rec[F_DEMAND], rec[F_SUBMITTED]}) do
+    out[#out + 1] = v
+  end
+end
+
+for _ = 1, limit do
+  local chosen = pick('i', now, starve) or pick('t', now, starve)
+  if not chosen then break end
+  local entry = redis.call('LPOP', lane_key(chosen.tenant, chosen.shape))
+  if string.sub(entry, 1, 1) == '@' then
+    local key = P .. 'g:' .. string.sub(entry, 2)
+    local members = gang_members(hash_table(key))
+    redis.call('HSET', key, 'm', '')
+    redis.call('HDEL', key, 'sh')
+    redis.call('HINCRBY', key, 'r', #members)
+    for _, t in ipairs(members) do release(t) end
+  else
+    release(entry)
+  end
+  refresh(chosen.tenant)
+end
+
+for _, cls in ipairs({'i', 't'}) do
+  for _, shape in ipairs(class_shapes(cls)) do
+    if redis.call('EXISTS', P .. 'r:' .. shape) == 0 then
+      redis.call('SREM', P .. 'sh:' .. cls, shape)
+    end
+  end
+end
+return out

@@ -1,1 +1,13 @@
-error('not implemented yet')
+-- expire: free reservations made at or before ARGV[1] that no pod confirmed.
+-- Returns the expired tickets.
+local out = {}
+for _, ticket in ipairs(redis.call('ZRANGEBYSCORE', K_RESV, '-inf', ARGV[1])) do
+  local rec = get_rec(ticket)
+  if rec then
+    forget(ticket, rec)
+  else
+    redis.call('ZREM', K_RESV, ticket)
+  end
+  out[#out + 1] = ticket
+end
+return out

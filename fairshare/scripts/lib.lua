@@ -1,1 +1,560 @@
--- shared helpers (in progress)
+-- Shared helpers of the fair queue. Each operation script is this file followed by
+-- the operation's own file, loaded once with register_script. KEYS[1] is the key
+-- prefix. Key layout and rules: fairshare/README.md.
+--
+-- Codes: class i|t (inference, training); band i|t|b (inference, training, borrowed);
+-- ticket state Q (in a lane) | G (member of an incomplete gang) | R (reserved, not
+-- confirmed) | A (running: confirmed or released).
+-- A "shape" is what a queue entry asks for, per band: "t/gpu=1", or for a gang
+-- "t/gpu=8+b/gpu=2". A lane is the FIFO of one tenant's entries of one shape.
+
+local P = KEYS[1]
+local PRIO = {i = 3, t = 2, b = 1}
+local BAND_ORDER = {'i', 't', 'b'}
+local SEP = '|'
+-- ticket record fields
+local F_STATE, F_TENANT, F_CLASS, F_BAND, F_DEMAND, F_NS, F_NAME = 1, 2, 3, 4, 5, 6, 7
+local F_GANG, F_GSIZE, F_SUBMITTED, F_SEQ, F_AT = 8, 9, 10, 11, 12
+
+local K_TICKETS = P .. 'tk'
+local K_RESV = P .. 'resv'
+local K_USED = P .. 'used'
+local K_CAP = P .. 'cap'
+local K_TENANTS = P .. 'tenants'
+local K_GANGS = P .. 'gangs'
+local K_SEQ = P .. 'seq'
+
+local function split(s, sep)
+  local out = {}
+  local start = 1
+  while true do
+    local i = string.find(s, sep, start, true)
+    if not i then
+      out[#out + 1] = string.sub(s, start)
+      return out
+    end
+    out[#out + 1] = string.sub(s, start, i - 1)
+    start = i + 1
+  end
+end
+
+local function slices_of(res)
+  if res == 'gpu' then return 7 end
+  return tonumber(string.match(res, '^mig%-(%d+)g%.'))
+end
+
+local function sorted_keys(map)
+  local names = {}
+  for k, v in pairs(map) do
+    if v ~= 0 then names[#names + 1] = k end
+  end
+  table.sort(names)
+  return names
+end
+
+local function parse_counts(s)
+  local d = {}
+  if s == '' then return d end
+  for _, part in ipairs(split(s, ',')) do
+    local k, v = string.match(part, '^(.-)=(%d+)$')
+    d[k] = (d[k] or 0) + tonumber(v)
+  end
+  return d
+end
+
+local function format_counts(d)
+  local parts = {}
+  for _, k in ipairs(sorted_keys(d)) do
+    parts[#parts + 1] = k .. '=' .. string.format('%d', d[k])
+  end
+  return table.concat(parts, ',')
+end
+
+local function slices(d)
+  local s = 0
+  for k, v in pairs(d) do s = s + slices_of(k) * v end
+  return s
+end
+
+local function hash_table(key)
+  local flat = redis.call('HGETALL', key)
+  local t = {}
+  for i = 1, #flat, 2 do t[flat[i]] = flat[i + 1] end
+  return t
+end
+
+local function num(t, k)
+  return tonumber(t[k] or '0')
+end
+
+-- shapes ---------------------------------------------------------------------------
+
+local SHAPES = {}
+
+-- {i=counts, t=counts, b=counts, all=sorted resource names, cls='i'|'t'}
+local function parse_shape(shape)
+  local D = SHAPES[shape]
+  if D then return D end
+  D = {i = {}, t = {}, b = {}}
+  local any = {}
+  for _, part in ipairs(split(shape, '+')) do
+    local band, counts = string.match(part, '^(%a)/(.*)$')
+    D[band] = parse_counts(counts)
+    for k, v in pairs(D[band]) do any[k] = (any[k] or 0) + v end
+  end
+  D.all = sorted_keys(any)
+  D.cls = (next(D.i) ~= nil) and 'i' or 't'
+  SHAPES[shape] = D
+  return D
+end
+
+local function format_shape(D)
+  local parts = {}
+  for _, band in ipairs(BAND_ORDER) do
+    if next(D[band]) ~= nil then parts[#parts + 1] = band .. '/' .. format_counts(D[band]) end
+  end
+  return table.concat(parts, '+')
+end
+
+local function shares_resource(D, counts)
+  for _, res in ipairs(D.all) do
+    if (counts[res] or 0) > 0 then return true end
+  end
+  return false
+end
+
+local function lane_key(tenant, shape)
+  return P .. 'q:' .. tenant .. ':' .. shape
+end
+
+-- tenants ----------------------------------------------------------------------------
+
+local CFG = {}
+
+-- weight w, borrow slices b, reserve slices rs, nominal slices ns, nominal per resource n
+local function cfg_of(tenant)
+  local c = CFG[tenant]
+  if c then return c end
+  local h = hash_table(P .. 'tc:' .. tenant)
+  c = {w = tonumber(h.w or '1'), wraw = h.w or '1', b = num(h, 'b'), rs = num(h, 'rs'), ns = num(h, 'ns'),
+       n = parse_counts(h.n or ''), known = h.w ~= nil, nominal = h.n or ''}
+  CFG[tenant] = c
+  return c
+end
+
+local function state_of(tenant)
+  return hash_table(P .. 'ts:' .. tenant)
+end
+
+local function share_of(tenant, st)
+  return (num(st, 'ui') + num(st, 'ut') + num(st, 'ub')) / cfg_of(tenant).w
+end
+
+-- nil when the tenant's quota admits shape D on top of state st, else {code, slices}
+local function quota_check(cfg, st, D)
+  local nb = {}
+  for k, v in pairs(D.i) do nb[k] = (nb[k] or 0) + v end
+  for k, v in pairs(D.t) do nb[k] = (nb[k] or 0) + v end
+  local missing = 0
+  for _, k in ipairs(sorted_keys(nb)) do
+    local over = num(st, 'u:' .. k) + nb[k] - (cfg.n[k] or 0)
+    if over > 0 then missing = missing + over * slices_of(k) end
+  end
+  if next(D.t) ~= nil then
+    local over = num(st, 'ut') + slices(D.t) - (cfg.ns - cfg.rs)
+    if over > missing then missing = over end
+  end
+  if missing > 0 then return {'quota', missing} end
+  if next(D.b) ~= nil then
+    local over = num(st, 'ub') + slices(D.b) - cfg.b
+    if over > 0 then return {'borrow', over} end
+  end
+  return nil
+end
+
+local EMPTY = {}
+
+local function never_fits(cfg, D)
+  return quota_check(cfg, EMPTY, D) ~= nil
+end
+
+-- cluster capacity -----------------------------------------------------------------
+
+local USED = nil
+local CAP = nil
+
+local function used_of(band, res)
+  if not USED then USED = hash_table(K_USED) end
+  return tonumber(USED[band .. ':' .. res] or '0')
+end
+
+local function cap_of(res)
+  if not CAP then CAP = hash_table(K_CAP) end
+  return tonumber(CAP[res] or '0')
+end
+
+-- nil when D fits the cluster for each of its bands (bands of lower priority count
+-- as free), with guard reservations G[band][res] on top; else {res, units missing}.
+-- `empty` evaluates against an idle cluster.
+local function cap_check(D, G, empty)
+  for _, band in ipairs(BAND_ORDER) do
+    for _, res in ipairs(sorted_keys(D[band])) do
+      local need = 0
+      for _, b2 in ipairs(BAND_ORDER) do
+        if PRIO[b2] >= PRIO[band] then
+          need = need + (D[b2][res] or 0)
+          if not empty then need = need + used_of(b2, res) end
+        end
+      end
+      if G then need = need + (G[band][res] or 0) end
+      local over = need - cap_of(res)
+      if over > 0 then return {res, over} end
+    end
+  end
+  return nil
+end
+
+local function add_usage(tenant, band, d, sign)
+  local key = P .. 'ts:' .. tenant
+  for k, v in pairs(d) do
+    if band ~= 'b' then redis.call('HINCRBY', key, 'u:' .. k, sign * v) end
+    local field = band .. ':' .. k
+    local now_used = redis.call('HINCRBY', K_USED, field, sign * v)
+    if USED then USED[field] = tostring(now_used) end
+  end
+  redis.call('HINCRBY', key, 'u' .. band, sign * slices(d))
+end
+
+-- tickets ----------------------------------------------------------------------------
+
+local function get_rec(ticket)
+  local raw = redis.call('HGET', K_TICKETS, ticket)
+  if not raw then return nil end
+  return split(raw, SEP)
+end
+
+local function put_rec(ticket, rec)
+  redis.call('HSET', K_TICKETS, ticket, table.concat(rec, SEP))
+end
+
+local function single_shape(rec)
+  return rec[F_BAND] .. '/' .. rec[F_DEMAND]
+end
+
+-- qc:<class> (queued tickets), qd:<band>:<res>, qs:<band> (queued demand):
+-- every queued ticket, in a lane or in an incomplete gang
+local function count_queued(rec, sign)
+  local key = P .. 'ts:' .. rec[F_TENANT]
+  local d = parse_counts(rec[F_DEMAND])
+  redis.call('HINCRBY', key, 'qc:' .. rec[F_CLASS], sign)
+  for k, v in pairs(d) do
+    redis.call('HINCRBY', key, 'qd:' .. rec[F_BAND] .. ':' .. k, sign * v)
+  end
+  redis.call('HINCRBY', key, 'qs:' .. rec[F_BAND], sign * slices(d))
+end
+
+-- qr:<class>:<res>: queued tickets in lanes (what the fast path must not jump)
+local function count_lane(rec, sign)
+  local key = P .. 'ts:' .. rec[F_TENANT]
+  for k, _ in pairs(parse_counts(rec[F_DEMAND])) do
+    redis.call('HINCRBY', key, 'qr:' .. rec[F_CLASS] .. ':' .. k, sign)
+  end
+end
+
+-- lanes and readiness ------------------------------------------------------------
+
+-- Put each of the tenant's lanes into the ready set of its shape (score = weighted
+-- share) when its head fits the tenant's quota, else take it out; drop empty lanes.
+local function refresh(tenant)
+  local cfg = cfg_of(tenant)
+  local st = state_of(tenant)
+  local share = share_of(tenant, st)
+  local lanes_key = P .. 'tl:' .. tenant
+  for _, shape in ipairs(redis.call('SMEMBERS', lanes_key)) do
+    local ready = P .. 'r:' .. shape
+    if redis.call('LLEN', lane_key(tenant, shape)) == 0 then
+      redis.call('SREM', lanes_key, shape)
+      redis.call('ZREM', ready, tenant)
+    else
+      local D = parse_shape(shape)
+      if quota_check(cfg, st, D) == nil then
+        redis.call('ZADD', ready, share, tenant)
+        redis.call('SADD', P .. 'sh:' .. D.cls, shape)
+      else
+        redis.call('ZREM', ready, tenant)
+      end
+    end
+  end
+end
+
+local function push_lane(tenant, shape, entry, at_head)
+  redis.call(at_head and 'LPUSH' or 'RPUSH', lane_key(tenant, shape), entry)
+  redis.call('SADD', P .. 'tl:' .. tenant, shape)
+end
+
+-- gangs ----------------------------------------------------------------------------
+-- g:<gid> hash: t tenant, c class, n size, m queued members (comma list, arrival
+-- order), r members running, sh shape of its lane entry while linked.
+
+local function gang_members(g)
+  if (g.m or '') == '' then return {} end
+  return split(g.m, ',')
+end
+
+-- take a linked gang out of its lane: members back to G
+local function gang_unlink(gid)
+  local key = P .. 'g:' .. gid
+  local g = hash_table(key)
+  if (g.sh or '') == '' then return end
+  redis.call('LREM', lane_key(g.t, g.sh), 1, '@' .. gid)
+  for _, ticket in ipairs(gang_members(g)) do
+    local rec = get_rec(ticket)
+    count_lane(rec, -1)
+    rec[F_STATE] = 'G'
+    put_rec(ticket, rec)
+  end
+  redis.call('HDEL', key, 'sh')
+end
+
+-- link a gang into its lane once running + queued members reach its size
+local function gang_link(gid, at_head)
+  local key = P .. 'g:' .. gid
+  local g = hash_table(key)
+  local members = gang_members(g)
+  if #members == 0 then
+    if num(g, 'r') <= 0 then
+      redis.call('DEL', key)
+      redis.call('SREM', K_GANGS, gid)
+    end
+    return
+  end
+  if num(g, 'r') + #members < num(g, 'n') then return end
+  local D = {i = {}, t = {}, b = {}}
+  for _, ticket in ipairs(members) do
+    local rec = get_rec(ticket)
+    for k, v in pairs(parse_counts(rec[F_DEMAND])) do
+      D[rec[F_BAND]][k] = (D[rec[F_BAND]][k] or 0) + v
+    end
+    count_lane(rec, 1)
+    rec[F_STATE] = 'Q'
+    put_rec(ticket, rec)
+  end
+  local shape = format_shape(D)
+  redis.call('HSET', key, 'sh', shape)
+  push_lane(g.t, shape, '@' .. gid, at_head)
+end
+
+-- seq and submitted time of a lane entry (a gang: its newest member)
+local function entry_info(entry)
+  if string.sub(entry, 1, 1) ~= '@' then
+    local rec = get_rec(entry)
+    return tonumber(rec[F_SEQ]), tonumber(rec[F_SUBMITTED])
+  end
+  local seq, at = 0, 0
+  for _, ticket in ipairs(gang_members(hash_table(P .. 'g:' .. string.sub(entry, 2)))) do
+    local rec = get_rec(ticket)
+    seq = math.max(seq, tonumber(rec[F_SEQ]))
+    at = math.max(at, tonumber(rec[F_SUBMITTED]))
+  end
+  return seq, at
+end
+
+-- queue a new ticket record (state Q or G is decided here); rec[F_SEQ] must be set
+local function enqueue(ticket, rec, at_head)
+  count_queued(rec, 1)
+  local gid = rec[F_GANG]
+  if gid == '' then
+    rec[F_STATE] = 'Q'
+    put_rec(ticket, rec)
+    count_lane(rec, 1)
+    push_lane(rec[F_TENANT], single_shape(rec), ticket, at_head)
+    return
+  end
+  rec[F_STATE] = 'G'
+  put_rec(ticket, rec)
+  local key = P .. 'g:' .. gid
+  gang_unlink(gid)
+  local m = redis.call('HGET', key, 'm')
+  redis.call('HSET', key, 't', rec[F_TENANT], 'c', rec[F_CLASS], 'n', rec[F_GSIZE],
+             'm', (m and m ~= '') and (m .. ',' .. ticket) or ticket)
+  redis.call('SADD', K_GANGS, gid)
+  gang_link(gid, at_head)
+end
+
+-- take a queued ticket (Q or G) out of the queue; its record stays
+local function dequeue(ticket, rec)
+  count_queued(rec, -1)
+  local gid = rec[F_GANG]
+  if gid == '' then
+    redis.call('LREM', lane_key(rec[F_TENANT], single_shape(rec)), 1, ticket)
+    count_lane(rec, -1)
+    return
+  end
+  local key = P .. 'g:' .. gid
+  gang_unlink(gid)
+  local kept = {}
+  for _, t in ipairs(gang_members(hash_table(key))) do
+    if t ~= ticket then kept[#kept + 1] = t end
+  end
+  redis.call('HSET', key, 'm', table.concat(kept, ','))
+  gang_link(gid, false)
+end
+
+-- count a gang member that starts (+1) or stops (-1) running
+local function gang_running(gid, sign)
+  if gid == '' or redis.call('EXISTS', P .. 'g:' .. gid) == 0 then return end
+  gang_unlink(gid)
+  redis.call('HINCRBY', P .. 'g:' .. gid, 'r', sign)
+  gang_link(gid, false)
+end
+
+-- free whatever the ticket holds and forget it
+local function forget(ticket, rec)
+  local state = rec[F_STATE]
+  if state == 'R' or state == 'A' then
+    add_usage(rec[F_TENANT], rec[F_BAND], parse_counts(rec[F_DEMAND]), -1)
+    redis.call('ZREM', K_RESV, ticket)
+    redis.call('HDEL', K_TICKETS, ticket)
+    gang_running(rec[F_GANG], -1)
+  else
+    dequeue(ticket, rec)
+    redis.call('HDEL', K_TICKETS, ticket)
+  end
+  refresh(rec[F_TENANT])
+end
+
+-- ordering ---------------------------------------------------------------------------
+
+local function class_shapes(cls)
+  return redis.call('SMEMBERS', P .. 'sh:' .. cls)
+end
+
+-- For each ready shape of a class: its best tenant (lowest share, then name) and
+-- whether it fits the idle-guard capacity. Guards: a blocked shape whose best head
+-- waited >= starve seconds reserves its demand for its band (if it could ever fit).
+local function survey(cls, now, starve)
+  local tops = {}
+  local G = {i = {}, t = {}, b = {}}
+  for _, shape in ipairs(class_shapes(cls)) do
+    local r = redis.call('ZRANGE', P .. 'r:' .. shape, 0, 0, 'WITHSCORES')
+    if #r > 0 then
+      local D = parse_shape(shape)
+      local blocked = cap_check(D, nil, false)
+      local top = {shape = shape, tenant = r[1], score = tonumber(r[2]), D = D,
+                   blocked = blocked}
+      tops[#tops + 1] = top
+      if blocked and cap_check(D, nil, true) == nil then
+        local _, at = entry_info(redis.call('LINDEX', lane_key(top.tenant, shape), 0))
+        if now - at >= starve then
+          for _, band in ipairs(BAND_ORDER) do
+            for k, v in pairs(D[band]) do G[band][k] = (G[band][k] or 0) + v end
+          end
+        end
+      end
+    end
+  end
+  return tops, G
+end
+
+local function before(a_score, a_tenant, b_score, b_tenant)
+  return a_score < b_score or (a_score == b_score and a_tenant < b_tenant)
+end
+
+-- the next entry of a class to release, or nil: {shape, tenant, score, seq}
+local function pick(cls, now, starve)
+  local tops, G = survey(cls, now, starve)
+  local best = nil
+  for _, top in ipairs(tops) do
+    if not top.blocked and cap_check(top.D, G, false) == nil then
+      local seq = entry_info(redis.call('LINDEX', lane_key(top.tenant, top.shape), 0))
+      if best == nil or before(top.score, top.tenant, best.score, best.tenant)
+          or (top.score == best.score and top.tenant == best.tenant and seq < best.seq) then
+        best = {shape = top.shape, tenant = top.tenant, score = top.score, seq = seq}
+      end
+    end
+  end
+  return best
+end
+
+-- reasons (see fairshare/queue.py _explain) ------------------------------------------
+
+-- Why a ready-or-not entry of shape D of `tenant` is not released now (lane-level
+-- reasons only), or nil when nothing but its turn holds it.
+local function blocker(tenant, D, G)
+  local cfg = cfg_of(tenant)
+  if never_fits(cfg, D) then return {'never'} end
+  local q = quota_check(cfg, state_of(tenant), D)
+  if q then return q end
+  local c = cap_check(D, nil, false)
+  if c then return {'capacity', c[1], c[2]} end
+  c = cap_check(D, G, false)
+  if c then return {'guard', c[1]} end
+  return nil
+end
+
+-- 1-based position among the tenant's queued tickets of its class (by seq)
+local function position_of(tenant, cls, seq)
+  local ahead = 0
+  local function count(ticket)
+    local rec = get_rec(ticket)
+    if tonumber(rec[F_SEQ]) < seq then ahead = ahead + 1 end
+  end
+  for _, shape in ipairs(redis.call('SMEMBERS', P .. 'tl:' .. tenant)) do
+    if parse_shape(shape).cls == cls then
+      for _, entry in ipairs(redis.call('LRANGE', lane_key(tenant, shape), 0, -1)) do
+        if string.sub(entry, 1, 1) == '@' then
+          for _, t in ipairs(gang_members(hash_table(P .. 'g:' .. string.sub(entry, 2)))) do
+            count(t)
+          end
+        else
+          count(entry)
+        end
+      end
+    end
+  end
+  for _, gid in ipairs(redis.call('SMEMBERS', K_GANGS)) do
+    local g = hash_table(P .. 'g:' .. gid)
+    if g.t == tenant and g.c == cls and (g.sh or '') == '' then
+      for _, t in ipairs(gang_members(g)) do count(t) end
+    end
+  end
+  return ahead + 1
+end
+
+local function free_slices(tenant)
+  local st = state_of(tenant)
+  return math.max(0, cfg_of(tenant).ns - num(st, 'ui') - num(st, 'ut'))
+end
+
+-- the shape of the lane a queued ticket waits in (nil while its gang is incomplete)
+local function lane_of(rec)
+  if rec[F_GANG] == '' then return single_shape(rec) end
+  local sh = redis.call('HGET', P .. 'g:' .. rec[F_GANG], 'sh')
+  if not sh or sh == '' then return nil end
+  return sh
+end
+
+-- {position, queue length, reason...} of a known queued ticket
+local function describe_queued(ticket, rec, now, starve)
+  local tenant, cls = rec[F_TENANT], rec[F_CLASS]
+  local length = num(state_of(tenant), 'qc:' .. cls)
+  local shape = lane_of(rec)
+  if not shape then
+    local g = hash_table(P .. 'g:' .. rec[F_GANG])
+    return {0, length, 'gang', rec[F_GANG], num(g, 'r') + #gang_members(g), g.n}
+  end
+  local position = position_of(tenant, cls, tonumber(rec[F_SEQ]))
+  local _, G = survey(parse_shape(shape).cls, now, starve)
+  local why = blocker(tenant, parse_shape(shape), G)
+  if why == nil then
+    local entry = rec[F_GANG] == '' and ticket or ('@' .. rec[F_GANG])
+    if redis.call('LINDEX', lane_key(tenant, shape), 0) ~= entry then
+      why = {'ahead', position - 1}
+    else
+      why = {'turn'}
+    end
+  end
+  local out = {position, length}
+  for _, v in ipairs(why) do out[#out + 1] = v end
+  return out
+end

@@ -1,1 +1,14 @@
-error('not implemented yet')
+-- requeue: a released (or reserved) ticket could not start; free its usage and queue
+-- it at the head of its lane. A gang member is retried alone. Returns 1 if requeued.
+local ticket = ARGV[1]
+local rec = get_rec(ticket)
+if not rec or (rec[F_STATE] ~= 'R' and rec[F_STATE] ~= 'A') then return 0 end
+add_usage(rec[F_TENANT], rec[F_BAND], parse_counts(rec[F_DEMAND]), -1)
+redis.call('ZREM', K_RESV, ticket)
+gang_running(rec[F_GANG], -1)
+rec[F_GANG] = ''
+rec[F_GSIZE] = '1'
+rec[F_AT] = ''
+enqueue(ticket, rec, true)
+refresh(rec[F_TENANT])
+return 1

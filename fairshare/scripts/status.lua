@@ -1,1 +1,19 @@
-error('not implemented yet')
+-- status: per known tenant (by name), a flat field/value list.
+local names = redis.call('SMEMBERS', K_TENANTS)
+table.sort(names)
+local out = {}
+for _, tenant in ipairs(names) do
+  local c = cfg_of(tenant)
+  local st = state_of(tenant)
+  local used = {}
+  for k, v in pairs(st) do
+    local res = string.match(k, '^u:(.+)$')
+    if res then used[res] = tonumber(v) end
+  end
+  out[#out + 1] = {'tenant', tenant, 'w', c.wraw, 'nominal', c.nominal,
+                   'ns', tostring(c.ns), 'b', tostring(c.b), 'rs', tostring(c.rs),
+                   'used', format_counts(used), 'ui', tostring(num(st, 'ui')),
+                   'ut', tostring(num(st, 'ut')), 'ub', tostring(num(st, 'ub')),
+                   'qci', tostring(num(st, 'qc:i')), 'qct', tostring(num(st, 'qc:t'))}
+end
+return out

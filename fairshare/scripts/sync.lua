@@ -1,1 +1,20 @@
-error('not implemented yet')
+-- sync: store capacity (ARGV[1], counts) and, per tenant, 5 fields: name, weight,
+-- borrow slices, reserve slices, nominal counts. Tenants not named lose their quota
+-- but keep their usage and queue. Readiness and shares are refreshed.
+redis.call('DEL', K_CAP)
+for k, v in pairs(parse_counts(ARGV[1])) do redis.call('HSET', K_CAP, k, v) end
+local configured = {}
+for i = 2, #ARGV, 5 do
+  local tenant, nominal = ARGV[i], ARGV[i + 4]
+  local key = P .. 'tc:' .. tenant
+  configured[tenant] = true
+  redis.call('DEL', key)
+  redis.call('HSET', key, 'w', ARGV[i + 1], 'b', ARGV[i + 2], 'rs', ARGV[i + 3],
+             'ns', slices(parse_counts(nominal)), 'n', nominal)
+  redis.call('SADD', K_TENANTS, tenant)
+end
+for _, tenant in ipairs(redis.call('SMEMBERS', K_TENANTS)) do
+  if not configured[tenant] then redis.call('DEL', P .. 'tc:' .. tenant) end
+  refresh(tenant)
+end
+return 1
