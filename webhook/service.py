@@ -80,7 +80,8 @@ FAIL_OPEN_WARNING = (
     "(onRedisUnavailable: allow)"
 )
 
-ALLOW = "allow"
+# Redis did not answer (a ResponseError is an answer: a bug, handled as an internal error).
+_UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, OSError)
 
 
 @dataclass
@@ -283,7 +284,7 @@ class AdmissionService:
                               f"fairgate cannot queue this pod: {exc}")
         try:
             admission = self._admit(config, queued, request.dry_run)
-        except (redis.RedisError, OSError) as exc:
+        except _UNAVAILABLE as exc:
             return self._redis_unavailable(request, progress, exc)
         gated = admission.outcome == "queued"
         ops = build_patch(_pod(pod), plan, admission.band, gated,
