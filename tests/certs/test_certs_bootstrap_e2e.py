@@ -22,6 +22,7 @@ from certs_https import HttpsServer
 from cryptography import x509
 from cryptography.x509.verification import PolicyBuilder, Store
 from harness.controlplane import ControlPlane, build_controlplane
+from harness.waiting import wait_for
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
@@ -316,3 +317,89 @@ def test_maintenance_renews_in_the_cluster_and_the_running_server_picks_it_up(
     assert stored.ca_cert_pem == initial.ca_cert_pem  # renewed with the same CA
     assert load_bundle(https_server.cert_dir) == stored
     assert cluster.ca_bundles() == [stored.ca_cert_pem] * 4
+
+
+def test_the_documented_least_privilege_rbac_is_enough(cluster: Cluster, tmp_path: Path) -> None:
+    """Exactly the verbs certs.bootstrap documents, scoped by name where RBAC allows it."""
+    user = f"webhook-{uuid.uuid4().hex[:6]}"
+    ns, secret = cluster.target.namespace, cluster.target.secret_name
+    subject = [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}]
+    rbac: Any = client.RbacAuthorizationV1Api(cluster.plane.admin)
+    rbac.create_namespaced_role(
+        ns,
+        {
+            "metadata": {"name": user},
+            "rules": [
+                {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+                {
+                    "apiGroups": [""],
+                    "resources": ["secrets"],
+                    "resourceNames": [secret],
+                    "verbs": ["get", "patch"],
+                },
+            ],
+        },
+    )
+    rbac.create_namespaced_role_binding(
+        ns,
+        {
+            "metadata": {"name": user},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": user},
+            "subjects": subject,
+        },
+    )
+    group = "admissionregistration.k8s.io"
+    rbac.create_cluster_role(
+        {
+            "metadata": {"name": user},
+            "rules": [
+                {
+                    "apiGroups": [group],
+                    "resources": ["mutatingwebhookconfigurations"],
+                    "resourceNames": list(cluster.target.mutating_configs),
+                    "verbs": ["get", "patch"],
+                },
+                {
+                    "apiGroups": [group],
+                    "resources": ["validatingwebhookconfigurations"],
+                    "resourceNames": list(cluster.target.validating_configs),
+                    "verbs": ["get", "patch"],
+                },
+            ],
+        }
+    )
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": user},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": user,
+            },
+            "subjects": subject,
+        }
+    )
+    try:
+        api = cluster.plane.client_for(user)
+        review: Any = client.AuthorizationV1Api(api)
+
+        def allowed(attributes: dict[str, str]) -> bool:
+            body = {"spec": {"resourceAttributes": attributes}}
+            return bool(review.create_self_subject_access_review(body).status.allowed)
+
+        validating = cluster.target.validating_configs[0]
+        checks = [
+            {"namespace": ns, "verb": "create", "resource": "secrets"},
+            {"group": group, "verb": "patch", "resource": "validatingwebhookconfigurations"}
+            | {"name": validating},
+        ]
+        wait_for(lambda: all(allowed(c) for c in checks), 10, "the RBAC rules to take effect")
+        created = ensure_certificates(api, cluster.target, tmp_path)
+        later = dt.datetime.now(dt.UTC) + dt.timedelta(days=250)
+        renewed = ensure_certificates(api, cluster.target, tmp_path, now=later)
+        assert renewed.cert.serial_number != created.cert.serial_number
+        assert cluster.secret_bundle() == renewed
+        assert cluster.ca_bundles() == [created.ca_cert_pem] * 4
+    finally:
+        rbac.delete_cluster_role_binding(user)
+        rbac.delete_cluster_role(user)
