@@ -390,8 +390,12 @@ def test_the_documented_least_privilege_rbac_is_enough(cluster: Cluster, tmp_pat
         validating = cluster.target.validating_configs[0]
         checks = [
             {"namespace": ns, "verb": "create", "resource": "secrets"},
-            {"group": group, "verb": "patch", "resource": "validatingwebhookconfigurations"}
-            | {"name": validating},
+            {
+                "group": group,
+                "verb": "patch",
+                "resource": "validatingwebhookconfigurations",
+                "name": validating,
+            },
         ]
         wait_for(lambda: all(allowed(c) for c in checks), 10, "the RBAC rules to take effect")
         created = ensure_certificates(api, cluster.target, tmp_path)
