@@ -98,14 +98,3 @@ def gate_names(pod: object) -> list[str]:
             raise PodError(f"spec.schedulingGates[{i}].name must be a string")
         names.append(name)
     return names
-
-
-def describe(pod: object) -> str:
-    """``namespace/name`` (or ``generateName``) for messages; never raises."""
-    try:
-        meta = metadata(pod)
-    except PodError:
-        return "<malformed pod>"
-    name = meta.get("name") or f"{meta.get('generateName') or ''}*"
-    namespace = meta.get("namespace")
-    return f"{namespace}/{name}" if namespace else str(name)
