@@ -3,7 +3,8 @@
 The binaries are built (or found up to date) once per run, before any test starts, if
 any e2e test is selected: see tests/e2e/controlplane/build.sh. Then one session-wide
 control plane (etcd, kube-apiserver, kube-scheduler) runs on loopback with fake GPU
-nodes and a fake kubelet.
+nodes and a fake kubelet; tests that need fairgate get it installed and running from
+the `fairgate` fixture.
 """
 
 from __future__ import annotations
@@ -31,14 +32,6 @@ _bin_dir: Path | None = None
 
 def _is_e2e(item: pytest.Item) -> bool:
     return E2E_DIR in Path(str(item.fspath)).parents
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test under tests/e2e is e2e and slow, whether or not its module says so."""
-    for item in items:
-        if _is_e2e(item):
-            item.add_marker(pytest.mark.e2e)
-            item.add_marker(pytest.mark.slow)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -102,12 +95,6 @@ def fairgate(
         finally:
             stack.stop()
             stack.uninstall_webhooks()
-
-
-@pytest.fixture
-def core(controlplane: ControlPlane) -> Any:
-    """CoreV1Api as cluster admin."""
-    return client.CoreV1Api(controlplane.admin)
 
 
 NamespaceFactory = Callable[..., str]

@@ -26,7 +26,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from .controlplane import REPO, ControlPlane, Process, free_port, wait_until_ok
-from .manifests import Manifest, apply, load_kustomization, webhooks_to_url
+from .manifests import WEBHOOK_KINDS, Manifest, apply, load_kustomization, webhooks_to_url
 from .waiting import wait_for
 
 SYSTEM_NAMESPACE = "fairgate-system"
@@ -134,6 +134,7 @@ class FairgateStack:
         self.webhook: Process | None = None
         self.dispatcher: Process | None = None
         self._env: dict[str, dict[str, str]] = {}
+        self._webhooks: list[Manifest] = []
 
     @staticmethod
     def _write_config_dir(directory: Path) -> Path:
@@ -163,13 +164,13 @@ class FairgateStack:
         ca_bundle = base64.b64encode((self.cert_dir / "ca.crt").read_bytes()).decode()
         objects = load_kustomization(REPO / "manifests")
         objects = webhooks_to_url(_with_e2e_config(objects), self.url, ca_bundle)
-        webhooks = [o for o in objects if o["kind"].endswith("WebhookConfiguration")]
-        apply(self.cp.admin, [o for o in objects if o not in webhooks])
+        self._webhooks = [o for o in objects if o["kind"] in WEBHOOK_KINDS]
+        apply(self.cp.admin, [o for o in objects if o not in self._webhooks])
         self._store_tls_secret()
         for tenant in QUOTA_YAML:
             apply(self.cp.admin, _tenant_admin_objects(tenant))
             self._create_tenant_namespace(tenant)
-        apply(self.cp.admin, webhooks)
+        self.install_webhooks()
         for component in ("webhook", "dispatcher"):
             kubeconfig = self.cp.token_kubeconfig(SYSTEM_NAMESPACE, f"fairgate-{component}")
             self._env[component] = {
@@ -306,6 +307,10 @@ class FairgateStack:
         for process in (self.webhook, self.dispatcher):
             if process is not None:
                 process.check_alive()
+
+    def install_webhooks(self) -> None:
+        """(Re)apply the Mutating- and ValidatingWebhookConfiguration `fairgate`."""
+        apply(self.cp.admin, self._webhooks)
 
     def uninstall_webhooks(self) -> None:
         """Remove the webhook configurations, so nothing after the stack depends on it."""
