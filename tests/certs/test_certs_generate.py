@@ -12,6 +12,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from certs import (
     Bundle,
@@ -283,3 +285,20 @@ def test_bad_names_are_refused_with_the_fix(
 ) -> None:
     with pytest.raises(CertError, match=message):
         new_bundle(service, namespace, extra)
+
+
+SERVICE_NAME = st.from_regex(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", fullmatch=True)
+NAMESPACE = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", fullmatch=True)
+
+
+@settings(max_examples=25, deadline=None)
+@given(service=SERVICE_NAME, namespace=NAMESPACE)
+def test_any_valid_service_and_namespace_get_a_verifiable_cert(
+    service: str, namespace: str
+) -> None:
+    b = new_bundle(service, namespace, now=NOW)
+    forms = [service, f"{service}.{namespace}", f"{service}.{namespace}.svc"]
+    forms.append(f"{service}.{namespace}.svc.cluster.local")
+    assert sans(b.cert) == [x509.DNSName(n) for n in forms]
+    for name in forms:
+        verify(b, x509.DNSName(name))
