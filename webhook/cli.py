@@ -112,19 +112,22 @@ def _add_certs(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def _serve(args: argparse.Namespace) -> int:
     from webhook.logs import configure_logging
-    from webhook.server import ServeOptions, serve
+    from webhook.server import ServeError, ServeOptions, serve
 
     configure_logging(args.log_level)
-    serve(
-        ServeOptions(
-            cert_dir=Path(args.cert_dir),
-            port=args.port,
-            redis_url=args.redis_url,
-            config_dir=Path(args.config_dir) if args.config_dir else None,
-            host=args.host,
-            log_level=args.log_level,
-        )
+    options = ServeOptions(
+        cert_dir=Path(args.cert_dir),
+        port=args.port,
+        redis_url=args.redis_url,
+        config_dir=Path(args.config_dir) if args.config_dir else None,
+        host=args.host,
+        log_level=args.log_level,
     )
+    try:
+        serve(options)
+    except ServeError as exc:
+        print(f"fairgate: error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

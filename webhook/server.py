@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,14 +29,20 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from certs import CertReloader, server_ssl_context
+from tenants.models import CONTROL_NAMESPACE
+from tenants.source import ConfigSource, LocalDirSource
 from webhook.app import create_app
-from webhook.configsource import ConfigProvider, cluster_provider, local_provider
 from webhook.service import AdmissionService
 
 log = logging.getLogger("fairgate.webhook.server")
 
 DEFAULT_REDIS_TIMEOUT = 0.5
 WEBHOOK_CONFIGURATION = "fairgate"
+CONFIG_POLL_SECONDS = 1.0
+
+
+class ServeError(RuntimeError):
+    """``fairgate serve`` cannot start; the message says what to fix."""
 
 
 @dataclass(frozen=True)
@@ -67,42 +74,75 @@ def connect_redis(url: str, timeout: float = DEFAULT_REDIS_TIMEOUT) -> redis.Red
     )
 
 
-def _config_provider(options: ServeOptions) -> ConfigProvider:
-    if options.config_dir is not None:
-        return local_provider(options.config_dir)
-    namespace = os.environ.get("POD_NAMESPACE", "fairgate-system")
-    return cluster_provider(options.cert_dir, namespace, WEBHOOK_CONFIGURATION)
+def _local_source(config_dir: Path) -> ConfigSource:
+    source = LocalDirSource(config_dir, poll_interval=CONFIG_POLL_SECONDS)
+    source.start()
+    if not source.ready:
+        source.close()
+        problems = "; ".join(source.last_error.values())
+        raise ServeError(f"cannot load the config in {config_dir}: {problems}")
+    return source
+
+
+def _cluster_source(cert_dir: Path, stop: threading.Event) -> ConfigSource:
+    """Watch the cluster's config; bootstrap and keep renewing the serving certificate."""
+    from certs.bootstrap import WebhookTarget, ensure_certificates, maintain_certificates
+    from tenants.cluster import ClusterConfigSource, api_client_from_environment
+
+    namespace = os.environ.get("POD_NAMESPACE", CONTROL_NAMESPACE)
+    api = api_client_from_environment()
+    target = WebhookTarget(
+        namespace=namespace,
+        mutating_configs=(WEBHOOK_CONFIGURATION,),
+        validating_configs=(WEBHOOK_CONFIGURATION,),
+    )
+    cert_dir.mkdir(parents=True, exist_ok=True)
+    ensure_certificates(api, target, cert_dir)
+    threading.Thread(
+        target=maintain_certificates,
+        args=(api, target, cert_dir),
+        kwargs={"stop": stop},
+        name="fairgate-cert-maintainer",
+        daemon=True,
+    ).start()
+    source = ClusterConfigSource(api, namespace)
+    source.start()
+    return source
 
 
 def serve(options: ServeOptions) -> None:
     """Run the webhook until SIGTERM/SIGINT (see the module contract)."""
-    provider = _config_provider(options)
-    provider.start()
+    stop = threading.Event()
+    if options.config_dir is not None:
+        source = _local_source(options.config_dir)
+    else:
+        source = _cluster_source(options.cert_dir, stop)
     client = connect_redis(options.redis_url, options.redis_timeout)
-    service = AdmissionService(provider, client)
-    app = create_app(service, deadline_seconds=options.deadline_seconds)
-    context = server_ssl_context(options.cert_dir)
-    reloader = CertReloader(context, options.cert_dir)
-    config = uvicorn.Config(
-        app,
-        host=options.host,
-        port=options.port,
-        ssl_context_factory=lambda _config, _default: context,
-        log_config=None,
-        access_log=False,
-        server_header=False,
-        timeout_graceful_shutdown=int(options.graceful_seconds),
-        lifespan="on",
-    )
-    server = uvicorn.Server(config)
-
-    async def main() -> None:
-        async with reloader.running():
-            await server.serve()
-
-    log.info("serving https://%s:%d (mutate, validate)", options.host, options.port)
     try:
+        service = AdmissionService(source, client)
+        app = create_app(service, deadline_seconds=options.deadline_seconds)
+        context = server_ssl_context(options.cert_dir)
+        reloader = CertReloader(context, options.cert_dir)
+        config = uvicorn.Config(
+            app,
+            host=options.host,
+            port=options.port,
+            ssl_context_factory=lambda _config, _default: context,
+            log_config=None,
+            access_log=False,
+            server_header=False,
+            timeout_graceful_shutdown=int(options.graceful_seconds),
+            lifespan="on",
+        )
+        server = uvicorn.Server(config)
+
+        async def main() -> None:
+            async with reloader.running():
+                await server.serve()
+
+        log.info("serving https://%s:%d (mutate, validate)", options.host, options.port)
         asyncio.run(main())
     finally:
-        provider.stop()
+        stop.set()
+        source.close()
         client.close()

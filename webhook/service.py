@@ -49,13 +49,14 @@ from admission.reviews import (
     with_patch,
 )
 from admission.validation import validate_create, validate_update
-from audit import ADMIT, DENY, QUEUE, AuditLog
+from audit import ADMIT, DENY, QUEUE, QUOTA_CHANGE, AuditLog
 from fairshare.model import Admission, InvalidRequestError, PodRequest
 from fairshare.queue import FairQueue, UnknownTenantError
 from tenants import resources
+from tenants.configmaps import review_configmap
 from tenants.models import FairgateConfig, PriorityBand
+from tenants.source import ConfigNotReadyError, ConfigSource
 from webhook.auditing import AuditWriter
-from webhook.configsource import ConfigProvider
 from webhook.metrics import WebhookMetrics
 
 log = logging.getLogger("fairgate.webhook")
@@ -151,7 +152,7 @@ class AdmissionService:
 
     def __init__(
         self,
-        config: ConfigProvider,
+        config: ConfigSource,
         client: redis.Redis,
         *,
         metrics: WebhookMetrics | None = None,
@@ -181,10 +182,23 @@ class AdmissionService:
         """Write the audit records still queued."""
         self.audit.stop()
 
-    def readiness(self) -> tuple[bool, dict[str, str]]:
+    def current_config(self) -> FairgateConfig | None:
+        """The config snapshot to decide with, None before the first full load."""
+        try:
+            return self.config.config
+        except ConfigNotReadyError:
+            return None
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
         """Ready when Redis answers a PING and a config is loaded; detail per part."""
-        detail = dict(self.config.detail())
-        config_ok = self.config.current() is not None
+        config_ok = self.config.ready
+        detail: dict[str, Any] = {
+            "config": "loaded" if config_ok else "not loaded",
+            "config_generation": self.config.generation,
+        }
+        errors = self.config.last_error
+        if errors:
+            detail["config_errors"] = errors
         try:
             self.client.ping()
             detail["redis"] = "ok"
@@ -251,7 +265,7 @@ class AdmissionService:
         if not (_is_pod(request) and request.operation == "CREATE"):
             return allow(request.uid)
         pod = request.object
-        config = self.config.current()
+        config = self.current_config()
         if config is None:
             if not _asks_for_gpu(pod):
                 return allow(request.uid)
@@ -315,7 +329,7 @@ class AdmissionService:
     def _redis_unavailable(
         self, request: AdmissionRequest, progress: Progress, error: BaseException
     ) -> AdmissionReviewResponse:
-        config = progress.config or self.config.current()
+        config = progress.config or self.current_config()
         policy = config.platform.on_redis_unavailable if config is not None else "deny"
         self.metrics.redis_unavailable.labels(policy).inc()
         plan = progress.plan
@@ -342,12 +356,53 @@ class AdmissionService:
     def _validate(self, request: AdmissionRequest, progress: Progress) -> AdmissionReviewResponse:
         if _is_pod(request) and request.operation in ("CREATE", "UPDATE"):
             return self._validate_pod(request, progress)
+        if _is_configmap(request):
+            return self._validate_configmap(request, progress)
         return allow(request.uid)
+
+    def _validate_configmap(
+        self, request: AdmissionRequest, progress: Progress
+    ) -> AdmissionReviewResponse:
+        config = self.current_config()
+        new, old = request.object, request.old_object
+        if config is None:
+            return self._deny(request, progress, _Decision(DENY, "config not loaded"),
+                              "fairgate has not loaded its config yet: retry in a minute")
+        metadata = _metadata(new) or _metadata(old)
+        user = request.user_info
+        verdict = review_configmap(
+            operation=request.operation,
+            name=request.name or str(metadata.get("name") or ""),
+            namespace=request.namespace or str(metadata.get("namespace") or ""),
+            new_data=_data(new),
+            old_data=_data(old),
+            username=user.username,
+            groups=tuple(user.groups),
+            labels=_labels(new),
+            current=config,
+            usage_slices_by_tenant=self._usage(),
+        )
+        if not verdict.ours:
+            return allow(request.uid)
+        tenant = verdict.tenant or ""
+        if not verdict.allowed:
+            return self._deny(request, progress, _Decision(DENY, verdict.message, tenant=tenant),
+                              verdict.message, warnings=verdict.warnings)
+        decision = _Decision(QUOTA_CHANGE, f"{request.operation.lower()} accepted",
+                             tenant=tenant, diff=verdict.audit_diff)
+        return allow(request.uid, verdict.warnings, self._record(request, decision, progress))
+
+    def _usage(self) -> dict[str, int] | None:
+        """Slices in use per tenant, or None when Redis cannot say right now."""
+        try:
+            return {t.tenant: t.used_slices for t in self.queue.tenant_status()}
+        except (*_UNAVAILABLE, redis.ResponseError):
+            return None
 
     def _validate_pod(
         self, request: AdmissionRequest, progress: Progress
     ) -> AdmissionReviewResponse:
-        config = self.config.current()
+        config = self.current_config()
         if config is None:
             if not _asks_for_gpu(request.object):
                 return allow(request.uid)
@@ -413,6 +468,30 @@ class AdmissionService:
             "reason": decision.reason,
             **decision.extra_audit,
         }
+
+
+def _metadata(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    metadata = obj.get("metadata") if obj is not None else None
+    return metadata if isinstance(metadata, Mapping) else {}
+
+
+def _labels(obj: Mapping[str, Any] | None) -> Mapping[str, str] | None:
+    if obj is None:
+        return None
+    labels = _metadata(obj).get("labels")
+    if not isinstance(labels, Mapping):
+        return {}
+    return {str(k): v for k, v in labels.items() if isinstance(v, str)}
+
+
+def _data(obj: Mapping[str, Any] | None) -> Mapping[str, str] | None:
+    """A ConfigMap's ``data`` (None when there is no object; non-strings dropped)."""
+    if obj is None:
+        return None
+    data = obj.get("data")
+    if not isinstance(data, Mapping):
+        return {}
+    return {str(k): v for k, v in data.items() if isinstance(v, str)}
 
 
 def _pod(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
