@@ -1,0 +1,101 @@
+"""Fixtures for the manifest tests: the kustomize build output, as applied.
+
+Every test reads the objects that `kustomize build` prints for `manifests/`
+(and `manifests/tenant-admin/`), never the source files directly. The build is
+done by `kubetool` (tests/manifests/kubetool, Go): the kustomize library that
+kubectl embeds plus the API server's CEL code, so that the tests need no
+kubectl binary. `go` (1.26 or newer, as for the e2e tests) must be installed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+MANIFESTS = REPO / "manifests"
+TENANT_ADMIN = MANIFESTS / "tenant-admin"
+KUBETOOL_SRC = Path(__file__).resolve().parent / "kubetool"
+# The first build compiles k8s.io/apiserver and kustomize: minutes on 2 cores.
+BUILD_TIMEOUT = 1500
+
+Obj = dict[str, Any]
+
+
+def go_binary() -> str:
+    """The `go` command, or a test failure that says how to get it."""
+    found = shutil.which("go") or (
+        "/usr/local/go/bin/go" if os.access("/usr/local/go/bin/go", os.X_OK) else None
+    )
+    if found is None:
+        pytest.fail(
+            "the manifest tests need Go 1.26 or newer on PATH to build "
+            "tests/manifests/kubetool (kustomize and the API server's CEL)"
+        )
+    return found
+
+
+@pytest.fixture(scope="session")
+def kubetool(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Path of a freshly built kubetool binary."""
+    out = tmp_path_factory.mktemp("kubetool") / "kubetool"
+    proc = subprocess.run(
+        [go_binary(), "build", "-o", str(out), "."],
+        cwd=KUBETOOL_SRC,
+        capture_output=True,
+        text=True,
+        timeout=BUILD_TIMEOUT,
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"building kubetool failed:\n{proc.stderr[-4000:]}")
+    return out
+
+
+def kustomize_build(kubetool: Path, directory: Path) -> list[Obj]:
+    """The objects `kustomize build directory` prints, in order."""
+    proc = subprocess.run(
+        [str(kubetool), "kustomize", str(directory)], capture_output=True, text=True, timeout=120
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"kustomize build {directory} failed: {proc.stderr}")
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+@pytest.fixture(scope="session")
+def base(kubetool: Path) -> list[Obj]:
+    """The kustomize base `manifests/`, built."""
+    return kustomize_build(kubetool, MANIFESTS)
+
+
+@pytest.fixture(scope="session")
+def tenant_admin(kubetool: Path) -> list[Obj]:
+    """The tenant-admin example `manifests/tenant-admin/`, built."""
+    return kustomize_build(kubetool, TENANT_ADMIN)
+
+
+def find(objs: list[Obj], kind: str, name: str) -> Obj:
+    """The one object of ``kind`` called ``name``."""
+    hits = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(hits) == 1, f"expected exactly one {kind} {name}, found {len(hits)}"
+    return hits[0]
+
+
+def of_kind(objs: list[Obj], kind: str) -> list[Obj]:
+    """All objects of ``kind``."""
+    return [o for o in objs if o["kind"] == kind]
+
+
+@pytest.fixture(scope="session")
+def webhooks(base: list[Obj]) -> dict[str, Obj]:
+    """Every webhook entry of the two `fairgate` configurations, by name."""
+    entries: dict[str, Obj] = {}
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        for hook in find(base, kind, "fairgate")["webhooks"]:
+            entries[hook["name"]] = {**hook, "kind": kind}
+    return entries

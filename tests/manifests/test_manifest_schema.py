@@ -1,0 +1,89 @@
+"""Every manifest is valid Kubernetes, checked against the API's own schema."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+from conftest import MANIFESTS, TENANT_ADMIN, Obj
+
+pytestmark = pytest.mark.timeout(1800)  # the session's first test builds kubetool
+
+# The newest schema the library ships, and an older release still in wide use
+# (the oldest with everything used here: matchConditions GA, preStop sleep).
+SCHEMA_VERSIONS = [kubernetes_validate.latest_version(), "1.31.0"]
+
+
+def _validate(objs: list[Obj], version: str) -> list[str]:
+    problems = []
+    for obj in objs:
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            where = f"{obj['kind']} {obj['metadata'].get('name')}"
+            problems.append(f"{where}: {exc.message} at {list(exc.path)}")
+    return problems
+
+
+@pytest.mark.parametrize("version", SCHEMA_VERSIONS)
+def test_base_validates_strictly(base: list[Obj], version: str) -> None:
+    assert _validate(base, version) == []
+
+
+@pytest.mark.parametrize("version", SCHEMA_VERSIONS)
+def test_tenant_admin_validates_strictly(tenant_admin: list[Obj], version: str) -> None:
+    assert _validate(tenant_admin, version) == []
+
+
+def test_strict_validation_catches_a_typo(base: list[Obj]) -> None:
+    """The check above can fail: an unknown field is reported."""
+    deployment = next(o for o in base if o["kind"] == "Deployment")
+    broken = {**deployment, "spec": {**deployment["spec"], "replica": 2}}
+    assert _validate([broken], SCHEMA_VERSIONS[0])
+
+
+def _resource_files(directory: Path) -> set[str]:
+    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    return set(kustomization["resources"])
+
+
+def test_every_yaml_file_is_built() -> None:
+    """No manifest escapes validation by being left out of a kustomization."""
+    for directory in (MANIFESTS, TENANT_ADMIN):
+        on_disk = {p.name for p in directory.glob("*.yaml")} - {"kustomization.yaml"}
+        assert on_disk == _resource_files(directory), directory
+
+
+def test_base_is_crd_free_and_in_its_namespace(base: list[Obj]) -> None:
+    kinds = {o["kind"] for o in base}
+    assert "CustomResourceDefinition" not in kinds
+    namespaced = [o for o in base if "namespace" in o["metadata"]]
+    assert namespaced
+    assert {o["metadata"]["namespace"] for o in namespaced} == {"fairgate-system"}
+
+
+def test_webhook_configurations_come_last(base: list[Obj]) -> None:
+    """Applied in this order, nothing in the base is held up by its own webhooks."""
+    kinds = [o["kind"] for o in base]
+    assert kinds[-2:] == ["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"]
+    assert kinds[0] == "Namespace"
+
+
+def test_kubectl_kustomize_agrees(base: list[Obj]) -> None:
+    """Where kubectl is installed, `kubectl kustomize` prints the same objects."""
+    import shutil
+    import subprocess
+
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed; kubetool's kustomize is the reference here")
+    out = subprocess.run(
+        [kubectl, "kustomize", str(MANIFESTS)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
+    assert [d for d in yaml.safe_load_all(out) if d] == base
