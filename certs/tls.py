@@ -36,6 +36,7 @@ import os
 import ssl
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
@@ -86,6 +87,15 @@ def _load_into(context: ssl.SSLContext, combined_pem: bytes) -> None:
         context.load_cert_chain(path)
 
 
+@dataclass
+class _Rejection:
+    """A cert/key content that failed to load, and for how many polls it has stayed."""
+
+    digest: bytes
+    reason: str
+    polls: int = 0
+
+
 def _new_server_context() -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -117,8 +127,11 @@ class CertReloader:
 
     Changes are detected by content hash. A pair that is missing, unreadable or
     mismatched (e.g. caught halfway through a rotation) is ignored and the previous
-    certificate keeps serving until a good pair appears.
+    certificate keeps serving until a good pair appears; a bad pair that is still there
+    after ``STALE_POLLS`` polls is logged as a warning.
     """
+
+    STALE_POLLS = 5
 
     def __init__(
         self,
@@ -138,34 +151,40 @@ class CertReloader:
         self._cert_dir = cert_dir
         self._interval = interval
         self._on_reload = on_reload
-        self._digest = self._fingerprint()
-        self._rejected: bytes | None = None
+        current = self._read()
+        self._digest = current[2] if current else None
+        self._rejected: _Rejection | None = None
 
-    def _fingerprint(self) -> bytes | None:
+    def _read(self) -> tuple[bytes, bytes, bytes] | None:
+        """cert PEM, key PEM and their digest; None while a file is missing."""
         try:
             cert_pem, key_pem = _read_pair(self._cert_dir)
         except OSError:
             return None
-        return hashlib.sha256(cert_pem + b"\0" + key_pem).digest()
+        return cert_pem, key_pem, hashlib.sha256(cert_pem + b"\0" + key_pem).digest()
 
     def check(self) -> bool:
         """Reload now if the files changed to a good pair; True if a new cert was loaded.
 
         Call it only from the thread running the serving event loop (``run`` does).
         """
-        try:
-            cert_pem, key_pem = _read_pair(self._cert_dir)
-        except OSError:
+        current = self._read()
+        if current is None:
             return False
-        digest = hashlib.sha256(cert_pem + b"\0" + key_pem).digest()
-        if digest in (self._digest, self._rejected):
+        cert_pem, key_pem, digest = current
+        if digest == self._digest:
+            return False
+        if self._rejected is not None and digest == self._rejected.digest:
+            self._rejected.polls += 1
+            if self._rejected.polls == self.STALE_POLLS:
+                log.warning("serving certificate not reloaded: %s", self._rejected.reason)
             return False
         try:
             combined, cert = _checked_pem(cert_pem, key_pem, source=str(self._cert_dir))
             _load_into(_new_server_context(), combined)  # prove it loads before going live
         except (CertError, ssl.SSLError) as exc:
-            self._rejected = digest
-            log.warning("not reloading the serving certificate yet: %s", exc)
+            self._rejected = _Rejection(digest, str(exc))
+            log.info("waiting for a matching certificate and key: %s", exc)
             return False
         _load_into(self._context, combined)
         self._digest = digest

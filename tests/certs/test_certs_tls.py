@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import ssl
 import threading
@@ -127,7 +128,9 @@ def test_server_context_explains_missing_or_mismatched_files(tmp_path: Path) -> 
         server_ssl_context(tmp_path)
 
 
-def test_reloader_waits_for_a_matching_pair_then_swaps_the_live_context(cert_dir: Path) -> None:
+def test_reloader_waits_for_a_matching_pair_then_swaps_the_live_context(
+    cert_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     ca_file = cert_dir / "ca.crt"
     first = load_bundle(cert_dir)
     context = server_ssl_context(cert_dir)
@@ -137,6 +140,20 @@ def test_reloader_waits_for_a_matching_pair_then_swaps_the_live_context(cert_dir
     (cert_dir / "tls.key").write_bytes(renewed.key_pem)  # caught halfway through a rotation
     assert not reloader.check()
     assert served_serial(context, ca_file) == first.cert.serial_number
+
+    # A pair that stays mismatched is warned about once, after STALE_POLLS more polls.
+    def warnings() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+    for _ in range(CertReloader.STALE_POLLS - 1):
+        assert not reloader.check()
+    assert warnings() == []
+    for _ in range(3):
+        assert not reloader.check()
+    assert [r.getMessage() for r in warnings()] == [
+        f"serving certificate not reloaded: {cert_dir}/tls.key: private key does not match "
+        "its certificate"
+    ]
     (cert_dir / "tls.crt").write_bytes(renewed.cert_pem)
     assert reloader.check()
     assert served_serial(context, ca_file) == renewed.cert.serial_number
