@@ -7,10 +7,13 @@ from typing import Any
 
 import jsonpatch
 import pytest
-from admission_kit import CONFIG, gpu_pod, load_review
+from admission_kit import CONFIG, NAMESPACES, gpu_pod, load_review
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from pod_strategies import pods
 
 from admission.mutation import build_patch, mutate_pod
-from admission.plan import MAX_MESSAGE_CHARS, PodPlan, plan_create
+from admission.plan import MAX_MESSAGE_CHARS, Denied, NotOurs, PodPlan, plan_create
 from admission.reviews import parse_review
 from admission.validation import WEBHOOK_USER, Verdict, validate_create, validate_update
 from tenants.models import (
@@ -18,6 +21,8 @@ from tenants.models import (
     CLASS_LABEL,
     DEMAND_ANNOTATION,
     DISPATCHER_USER,
+    POD_GROUP_LABEL,
+    POD_GROUP_SIZE_ANNOTATION,
     QUEUE_GATE,
     TENANT_LABEL,
     TICKET_ANNOTATION,
@@ -260,3 +265,58 @@ def test_tenant_label_on_update() -> None:
     new = copy.deepcopy(old)
     new["metadata"]["labels"][TENANT_LABEL] = "team-b"
     denied(validate_update(old, new, ALICE, [], CONFIG), "label 'fairgate.io/tenant'")
+
+
+# --- property: plan, patch and validation agree on every pod ------------------------------
+
+
+@st.composite
+def admission_cases(draw: st.DrawFn) -> tuple[dict[str, Any], str]:
+    namespace = draw(st.sampled_from(sorted(NAMESPACES)))
+    pod = draw(pods(namespace))
+    metadata = pod["metadata"]
+    labels = dict(metadata.get("labels") or {})
+    annotations = dict(metadata.get("annotations") or {})
+    if draw(st.booleans()):
+        labels[CLASS_LABEL] = draw(st.sampled_from(["inference", "training", "batch"]))
+    if draw(st.booleans()):
+        labels[POD_GROUP_LABEL] = "gang"
+        annotations[POD_GROUP_SIZE_ANNOTATION] = draw(st.sampled_from(["1", "4", "0", "x"]))
+    if draw(st.booleans()):
+        kind = draw(st.sampled_from(["ReplicaSet", "StatefulSet", "Job", "JobSet", "Foo"]))
+        metadata["ownerReferences"] = [
+            {"apiVersion": "v1", "kind": kind, "name": "o", "uid": "u", "controller": True}
+        ]
+    metadata["labels"], metadata["annotations"] = labels, annotations
+    return pod, namespace
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(admission_cases(), st.booleans(), st.booleans())
+def test_plan_patch_and_validation_agree(
+    case: tuple[dict[str, Any], str], borrow: bool, gated: bool
+) -> None:
+    pod, namespace = case
+    result = plan_create(pod, namespace, "uid-x", CONFIG)
+    event(type(result).__name__ + (f" {result.code}" if isinstance(result, Denied) else ""))
+    if isinstance(result, NotOurs):
+        assert validate_create(pod, namespace, CONFIG).allowed
+        return
+    if isinstance(result, Denied):
+        assert 0 < len(result.message) <= MAX_MESSAGE_CHARS
+        denied(validate_create(pod, namespace, CONFIG))
+        return
+    band: PriorityBand = (
+        "inference" if result.pod_class == "inference" else ("borrowed" if borrow else "training")
+    )
+    mutated = jsonpatch.apply_patch(pod, build_patch(pod, result, band, gated, CLASSES))
+    verdict = validate_create(mutated, namespace, CONFIG)
+    assert verdict.allowed, verdict.reason
+    again = plan_create(mutated, namespace, "uid-y", CONFIG)
+    assert isinstance(again, PodPlan)
+    assert (again.ticket, again.pod_class, again.demand) == (
+        "uid-x",
+        result.pod_class,
+        result.demand,
+    )
+    assert build_patch(mutated, again, band, gated, CLASSES) == []
