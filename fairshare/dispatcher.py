@@ -62,6 +62,7 @@ class DispatcherSettings:
     queued_event_interval: float = 60.0
     queued_events_per_pass: int = 100  # 0 disables Queued events
     idle_wait: float = 1.0  # how long run() waits for cluster changes
+    unseen_grace: float = 30.0  # a released ticket whose pod never shows up: reconcile
 
 
 @dataclass
@@ -118,6 +119,7 @@ class Dispatcher:
         self._last_reconcile = float("-inf")
         self._last_status = float("-inf")
         self._posted: dict[str, _Posted] = {}
+        self._unseen: dict[str, tuple[Release, float]] = {}  # released, pod not seen yet
         self._event_cursor = 0
 
     # -- config and capacity ----------------------------------------------------------
@@ -178,6 +180,7 @@ class Dispatcher:
         pods = self.cluster.list_pods()
         summary = reconcile(self.queue, pods)
         self.pods = {pod.ticket: pod for pod in pods if not pod.finished}
+        self._unseen.clear()
         self._need_reconcile = False
         self._last_reconcile = self.clock()
         self.metrics.reconciles.labels("ok").inc()
@@ -209,6 +212,9 @@ class Dispatcher:
         if known is None and not self.queue.confirm(pod.ticket, self.clock()):
             log.info("pod not in the queue: reconciling", extra={"fields": _fields(pod)})
             self._need_reconcile = True
+        unseen = self._unseen.pop(pod.ticket, None)
+        if unseen is not None:
+            self._lift(unseen[0], StepResult())
 
     def _gone(self, pod: GpuPod) -> None:
         if pod.gated and self.queue.remove(pod.ticket):
@@ -243,10 +249,10 @@ class Dispatcher:
         """Lift one released pod's gate; False if it had to go back into the queue."""
         pod = self.pods.get(release.ticket)
         if pod is None:
-            # Released before its pod was seen (watch lag): try again later.
-            self.queue.requeue(release.ticket)
+            # Released before its pod was seen (watch lag): lift it when it shows up.
+            self._unseen[release.ticket] = (release, self.clock())
             self.metrics.lifts.labels("unseen").inc()
-            return False
+            return True
         outcome = self.cluster.lift_gate(pod)
         self.metrics.lifts.labels(outcome.value).inc()
         if outcome is LiftOutcome.FAILED:
@@ -283,6 +289,10 @@ class Dispatcher:
     # -- timed chores ---------------------------------------------------------------------
 
     def _chores(self, now: float) -> None:
+        if any(now - since > self.settings.unseen_grace for _, since in self._unseen.values()):
+            log.warning("released tickets whose pods never appeared: reconciling",
+                        extra={"fields": {"tickets": sorted(self._unseen)}})
+            self._need_reconcile = True
         if now - self._last_expire >= self.settings.expire_every:
             self._last_expire = now
             expired = self.queue.expire(now)

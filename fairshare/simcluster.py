@@ -128,6 +128,7 @@ class SimulatedCluster:
         self.events: deque[PostedEvent] = deque(maxlen=self.keep_events)
         self.history: dict[str, PodHistory] = {}
         self.preemptions = 0
+        self._scheduling = False
 
     # -- the Cluster protocol -----------------------------------------------------------
 
@@ -224,6 +225,10 @@ class SimulatedCluster:
                     used[name] = used.get(name, 0) + n
         return used
 
+    def has_changes(self) -> bool:
+        """Whether changes are waiting to be read by :meth:`changes`."""
+        return bool(self._changes)
+
     def pending_released(self) -> list[GpuPod]:
         """Released pods the scheduler has not placed yet."""
         return [s.pod for s in self._pods.values() if self._unscheduled(s)]
@@ -243,16 +248,30 @@ class SimulatedCluster:
 
     def schedule(self) -> None:
         """Place pending released pods, highest priority first, then oldest; preempt."""
+        if self._scheduling:
+            return  # re-entered from a re-created pod: the running pass places it
+        self._scheduling = True
+        try:
+            tried: set[str] = set()
+            while self._schedule_pass(tried):
+                pass  # pods re-created by preemption may be placeable: go again
+        finally:
+            self._scheduling = False
+
+    def _schedule_pass(self, tried: set[str]) -> bool:
+        """One pass over pods not tried yet; True if it found any."""
         waiting = sorted(
-            (s for s in self._pods.values() if self._unscheduled(s)),
+            (s for s in self._pods.values() if self._unscheduled(s) and s.pod.uid not in tried),
             key=lambda s: (-self._priority(s.pod), s.pod.created, s.pod.uid),
         )
         for sim in waiting:
+            tried.add(sim.pod.uid)
             if sim.pod.uid not in self._pods or not self._unscheduled(sim):
                 continue
             if not _fits(sim.pod.demand, self._free()) and not self._preempt_for(sim.pod):
                 continue
             self._start(sim)
+        return bool(waiting)
 
     def _start(self, sim: _SimPod) -> None:
         now = self.clock()
@@ -285,23 +304,39 @@ class SimulatedCluster:
         if not _fits(pod.demand, free):
             return False
         for victim in victims:
-            self._evict(victim)
+            if victim.pod.uid in self._pods:
+                self._evict(victim)
         return True
 
     def _evict(self, victim: _SimPod) -> None:
+        """Preempt ``victim``; a gang member takes its whole gang down (its controller
+        restarts the gang as a new one, like JobSet or PyTorchJob do)."""
+        gang = [victim]
+        if victim.pod.group is not None:
+            gang = [
+                s for s in self._pods.values()
+                if s.pod.group == victim.pod.group
+                and s.pod.ref.namespace == victim.pod.ref.namespace and not s.pod.finished
+            ]
         now = self.clock()
-        self.preemptions += 1
-        history = self.history[victim.pod.uid]
-        history.ended = now
-        history.preempted = True
-        victim.ends = None
-        self._set(victim, replace(victim.pod, phase="Failed"))
-        del self._pods[victim.pod.uid]
-        self._changes.append(ClusterChange(ChangeKind.POD_GONE, victim.pod))
-        self.events.append(PostedEvent(
-            now, victim.pod.ref, "Preempted", "Preempted by a higher-priority pod", "Normal"
-        ))
-        self.create_pod(replace(victim.spec, name=_next_name(victim.spec.name)))
+        for member in gang:
+            self.preemptions += 1
+            history = self.history[member.pod.uid]
+            history.ended = now
+            history.preempted = True
+            member.ends = None
+            self._set(member, replace(member.pod, phase="Failed"))
+            del self._pods[member.pod.uid]
+            self._changes.append(ClusterChange(ChangeKind.POD_GONE, member.pod))
+            self.events.append(PostedEvent(
+                now, member.pod.ref, "Preempted", "Preempted by a higher-priority pod", "Normal"
+            ))
+        for member in gang:
+            group = member.spec.group
+            self.create_pod(replace(
+                member.spec, name=_next_name(member.spec.name),
+                group=_next_name(group) if group is not None else None,
+            ))
 
     def _set(self, sim: _SimPod, pod: GpuPod) -> None:
         sim.pod = pod

@@ -1,0 +1,389 @@
+"""``fairgate simulate``: replay a trace through the real queue on a virtual clock.
+
+Contract:
+- :func:`run_simulation` runs the real :class:`~fairshare.queue.FairQueue` (its Lua
+  scripts, in a real Redis: ``redis_url``, or a private ``redis-server`` started for the
+  run) behind the real :class:`~fairshare.dispatcher.Dispatcher`, against a
+  :class:`~fairshare.simcluster.SimulatedCluster` (pods run for their duration; the
+  kube-scheduler's preemption is modelled). Time is virtual and event-driven: arrivals
+  and completions are events, and after every event the dispatcher runs until nothing
+  changes. Keys live under a private prefix that is deleted afterwards, so a shared
+  Redis is never disturbed.
+- The :class:`SimulationReport` (``to_json`` is the ``--json`` object of DESIGN.md):
+  ``jain_index``: Jain's index of x_i = (tenant i's mean usage in slices while it is
+  backlogged) / weight_i, counting only the time when at least two tenants are
+  backlogged (a tenant is backlogged while it has a pod waiting); 1.0 when that never
+  happens. ``utilization``: used / capacity slice-seconds over busy time (a pod running or
+  waiting). ``wait_seconds``: per class, p50/p99/max of creation-to-start; a pod still
+  waiting at the horizon counts with the wait so far. ``tenants``: weight, share (fraction
+  of all slice-seconds used), admitted (pods released), waiting (pods not started at the
+  horizon). Extra attributes for tests and capacity planning: ``backlogged_utilization``
+  (utilisation of the resources that waiting pods ask for, while they wait),
+  ``gang_violations``, ``preemptions``.
+- :func:`simulate_command` is the CLI entry: trace path, ``--json``, ``--redis-url``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import redis
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from fairshare.dispatcher import Dispatcher, DispatcherSettings
+from fairshare.localredis import local_redis
+from fairshare.model import PodRequest
+from fairshare.queue import FairQueue
+from fairshare.simcluster import Placement, PodHistory, PodSpec, SimulatedCluster, VirtualClock
+from fairshare.trace import Trace, TracePod, load_trace
+from tenants import resources
+from tenants.models import CLASSES
+from tenants.schema import ConfigError
+
+# Virtual seconds between dispatcher chores; a reconcile is never needed in a simulation.
+_SETTINGS = DispatcherSettings(
+    expire_every=5.0, reconcile_every=math.inf, status_every=math.inf,
+    queued_events_per_pass=0,
+)
+_MAX_SETTLE_ROUNDS = 10_000
+
+ProgressHook = Callable[[float], None]  # called with the virtual time
+
+
+@dataclass(frozen=True)
+class WaitStats:
+    """Wait percentiles of one class, in seconds."""
+
+    p50: float
+    p99: float
+    max: float
+
+
+@dataclass(frozen=True)
+class TenantReport:
+    """One tenant's outcome."""
+
+    weight: float
+    share: float
+    admitted: int
+    waiting: int
+
+
+@dataclass(frozen=True)
+class SimulationReport:
+    """What a simulation measured (see the module docstring)."""
+
+    jain_index: float
+    utilization: float
+    wait_seconds: dict[str, WaitStats]
+    tenants: dict[str, TenantReport]
+    backlogged_utilization: float = 1.0
+    gang_violations: list[str] = field(default_factory=list)
+    preemptions: int = 0
+    horizon: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` object: exactly the keys of DESIGN.md."""
+        return {
+            "jain_index": round(self.jain_index, 4),
+            "utilization": round(self.utilization, 4),
+            "wait_seconds": {
+                cls: {"p50": round(w.p50, 3), "p99": round(w.p99, 3), "max": round(w.max, 3)}
+                for cls, w in self.wait_seconds.items()
+            },
+            "tenants": {
+                name: {"weight": t.weight, "share": round(t.share, 4), "admitted": t.admitted,
+                       "waiting": t.waiting}
+                for name, t in self.tenants.items()
+            },
+        }
+
+
+class _Meter:
+    """Integrates usage, busy time and backlog over virtual time."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.capacity = resources.total_slices(trace.capacity)
+        self.capacity_of = {
+            name: n * resources.slices_of(name) for name, n in trace.capacity.items()
+        }
+        self.weights = {name: t.weight for name, t in trace.tenants.items()}
+        self.used_seconds = dict.fromkeys(self.weights, 0.0)  # slice-seconds
+        self.backlog_used = dict.fromkeys(self.weights, 0.0)  # slice-seconds while contended
+        self.backlog_time = dict.fromkeys(self.weights, 0.0)
+        self.busy_time = 0.0
+        self.busy_used = 0.0
+        self.waiting_capacity = 0.0  # slice-seconds of resources that pods waited for
+        self.waiting_used = 0.0
+
+    def interval(self, dt: float, cluster: SimulatedCluster) -> None:
+        if dt <= 0:
+            return
+        usage = dict.fromkeys(self.weights, 0)
+        by_resource: dict[str, int] = {}
+        waiting: set[str] = set()
+        wanted: set[str] = set()
+        for pod in cluster.list_pods():
+            if pod.phase == "Running":
+                usage[pod.tenant] += pod.slices
+                for name, n in pod.demand.items():
+                    by_resource[name] = by_resource.get(name, 0) + n * resources.slices_of(name)
+            elif not pod.finished:
+                waiting.add(pod.tenant)
+                wanted.update(pod.demand)
+        total = sum(usage.values())
+        for tenant, used in usage.items():
+            self.used_seconds[tenant] += used * dt
+        if total or waiting:
+            self.busy_time += dt
+            self.busy_used += total * dt
+        for name in wanted:
+            self.waiting_capacity += self.capacity_of.get(name, 0) * dt
+            self.waiting_used += by_resource.get(name, 0) * dt
+        if len(waiting) >= 2:
+            for tenant in waiting:
+                self.backlog_used[tenant] += usage[tenant] * dt
+                self.backlog_time[tenant] += dt
+
+    def jain(self) -> float:
+        xs = [
+            self.backlog_used[t] / self.backlog_time[t] / self.weights[t]
+            for t in self.weights if self.backlog_time[t] > 0
+        ]
+        if len(xs) < 2 or not any(xs):
+            return 1.0
+        return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs))
+
+    def utilization(self) -> float:
+        busy = self.capacity * self.busy_time
+        return self.busy_used / busy if busy else 1.0
+
+    def waiting_utilization(self) -> float:
+        return self.waiting_used / self.waiting_capacity if self.waiting_capacity else 1.0
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (0 for no values)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[rank - 1]
+
+
+def _gang_violations(history: dict[str, PodHistory]) -> list[str]:
+    """Gangs whose members were not all released at one instant."""
+    gangs: dict[tuple[str, str], list[PodHistory]] = {}
+    for record in history.values():
+        if record.spec.group is not None:
+            gangs.setdefault((record.spec.namespace, record.spec.group), []).append(record)
+    problems = []
+    for (namespace, group), members in sorted(gangs.items()):
+        released = {m.released for m in members}
+        complete = len(members) == members[0].spec.group_size
+        if len(released) > 1 or (None not in released and not complete):
+            problems.append(f"{namespace}/{group}: release times {sorted(map(str, released))}")
+    return problems
+
+
+def _report(trace: Trace, meter: _Meter, cluster: SimulatedCluster) -> SimulationReport:
+    end = trace.horizon
+    waits: dict[str, list[float]] = {cls: [] for cls in CLASSES}
+    admitted = dict.fromkeys(trace.tenants, 0)
+    waiting = dict.fromkeys(trace.tenants, 0)
+    for record in cluster.history.values():
+        spec = record.spec
+        if record.released is not None:
+            admitted[spec.tenant] += 1
+        if record.started is not None:
+            waits[spec.pod_class].append(record.started - record.created)
+        elif record.ended is None:
+            waiting[spec.tenant] += 1
+            waits[spec.pod_class].append(end - record.created)
+    total_used = sum(meter.used_seconds.values())
+    return SimulationReport(
+        jain_index=meter.jain(),
+        utilization=meter.utilization(),
+        wait_seconds={
+            cls: WaitStats(_percentile(v, 0.5), _percentile(v, 0.99), max(v, default=0.0))
+            for cls, v in waits.items() if v
+        },
+        tenants={
+            name: TenantReport(
+                weight=t.weight,
+                share=meter.used_seconds[name] / total_used if total_used else 0.0,
+                admitted=admitted[name],
+                waiting=waiting[name],
+            )
+            for name, t in trace.tenants.items()
+        },
+        backlogged_utilization=meter.waiting_utilization(),
+        gang_violations=_gang_violations(cluster.history),
+        preemptions=cluster.preemptions,
+        horizon=end,
+    )
+
+
+@contextmanager
+def _redis(redis_url: str | None) -> Iterator[str]:
+    if redis_url:
+        yield redis_url
+    else:
+        with local_redis() as url:
+            yield url
+
+
+class Simulation:
+    """One run of a trace; :meth:`run` drives it to the horizon."""
+
+    def __init__(self, trace: Trace, client: redis.Redis, prefix: str) -> None:
+        """Set up queue, dispatcher and cluster on ``client`` under ``prefix``."""
+        self.trace = trace
+        self.clock = VirtualClock(0.0)
+        self.queue = FairQueue(client, prefix=prefix)
+        config = trace.config()
+        self.cluster = SimulatedCluster(dict(trace.capacity), self._admit, self.clock)
+        self.dispatcher = Dispatcher(self.queue, self.cluster, lambda: config,
+                                     clock=self.clock, settings=_SETTINGS)
+        self.meter = _Meter(trace)
+        self.dispatcher.sync(force=True)
+
+    def _admit(self, spec: PodSpec, uid: str) -> Placement:
+        now = self.clock()
+        request = PodRequest(
+            ticket=uid, tenant=spec.tenant, namespace=spec.namespace, name=spec.name,
+            pod_class=spec.pod_class, demand=dict(spec.demand), group=spec.group,
+            group_size=spec.group_size if spec.group else 1, submitted_at=now,
+        )
+        admission = self.queue.admit(request, now)
+        return Placement(uid, admission.band, admission.outcome == "queued")
+
+    def settle(self) -> None:
+        """Run the dispatcher until the cluster reports no more changes."""
+        for _ in range(_MAX_SETTLE_ROUNDS):
+            result = self.dispatcher.step()
+            if not result.released and not result.requeued and not self.cluster.has_changes():
+                return
+        raise RuntimeError("the dispatcher did not settle: it keeps releasing or requeuing")
+
+    def run(self, progress: ProgressHook | None = None) -> SimulationReport:
+        """Replay every arrival and completion up to the horizon."""
+        arrivals = self.trace.pods()
+        index = 0
+        while True:
+            next_arrival = arrivals[index].at if index < len(arrivals) else math.inf
+            next_end = self.cluster.next_completion()
+            when = min(next_arrival, next_end if next_end is not None else math.inf)
+            if when > self.trace.horizon:
+                break
+            self.meter.interval(when - self.clock(), self.cluster)
+            self.clock.advance_to(when)
+            self.cluster.advance()
+            while index < len(arrivals) and arrivals[index].at <= when:
+                self.cluster.create_pod(_spec(arrivals[index]))
+                index += 1
+            self.settle()
+            if progress is not None:
+                progress(when)
+        self.meter.interval(self.trace.horizon - self.clock(), self.cluster)
+        return _report(self.trace, self.meter, self.cluster)
+
+
+def _spec(pod: TracePod) -> PodSpec:
+    return PodSpec(
+        namespace=f"{pod.tenant}-sim", name=pod.name, tenant=pod.tenant,
+        pod_class=pod.pod_class, demand=dict(pod.demand), duration=pod.duration,
+        group=pod.group, group_size=pod.group_size,
+    )
+
+
+def run_simulation(
+    trace: Trace, redis_url: str | None = None, progress: ProgressHook | None = None
+) -> SimulationReport:
+    """Simulate ``trace`` (starting a private redis-server when ``redis_url`` is None)."""
+    with _redis(redis_url) as url:
+        client = redis.Redis.from_url(url)
+        prefix = f"fairgate:sim:{uuid.uuid4().hex[:12]}:"
+        try:
+            return Simulation(trace, client, prefix).run(progress)
+        finally:
+            for keys in _batches(client.scan_iter(match=f"{prefix}*", count=1000), 500):
+                client.delete(*keys)
+            client.close()
+
+
+def _batches(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
+    batch: list[Any] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def render_report(report: SimulationReport, console: Console) -> None:
+    """The report as tables for humans."""
+    summary = Table(title="fairgate simulation", show_header=False)
+    summary.add_row("Jain's index (share/weight, backlogged tenants)", f"{report.jain_index:.4f}")
+    summary.add_row("utilisation (busy time)", f"{report.utilization:.1%}")
+    summary.add_row("utilisation (while pods wait)", f"{report.backlogged_utilization:.1%}")
+    summary.add_row("preempted pods", str(report.preemptions))
+    if report.gang_violations:
+        summary.add_row("gangs partly released", ", ".join(report.gang_violations))
+    console.print(summary)
+    waits = Table(title="wait from creation to start (s)")
+    for column in ("class", "p50", "p99", "max"):
+        waits.add_column(column, justify="left" if column == "class" else "right")
+    for cls, w in report.wait_seconds.items():
+        waits.add_row(cls, f"{w.p50:.1f}", f"{w.p99:.1f}", f"{w.max:.1f}")
+    console.print(waits)
+    tenants = Table(title="tenants")
+    for column in ("tenant", "weight", "share", "share/weight", "admitted", "waiting"):
+        tenants.add_column(column, justify="left" if column == "tenant" else "right")
+    for name, t in report.tenants.items():
+        tenants.add_row(name, f"{t.weight:g}", f"{t.share:.1%}", f"{t.share / t.weight:.3f}",
+                        str(t.admitted), str(t.waiting))
+    console.print(tenants)
+
+
+def simulate_command(
+    path: Path, json_out: bool, redis_url: str | None, out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
+    """``fairgate simulate``: 0 on success, 2 for a bad trace, 1 when Redis fails."""
+    stdout = out or sys.stdout
+    stderr = err or sys.stderr
+    try:
+        trace = load_trace(path)
+    except ConfigError as error:
+        stderr.write(f"fairgate: error: {error}\n")
+        return 2
+    try:
+        if json_out:
+            report = run_simulation(trace, redis_url)
+        else:
+            with Progress(console=Console(file=stderr), transient=True) as bar:
+                task = bar.add_task("simulating", total=trace.horizon)
+                report = run_simulation(
+                    trace, redis_url, lambda now: bar.update(task, completed=now)
+                )
+    except (redis.RedisError, OSError) as error:
+        stderr.write(f"fairgate: error: Redis failed during the simulation: {error}\n")
+        return 1
+    if json_out:
+        stdout.write(json.dumps(report.to_json()) + "\n")
+    else:
+        render_report(report, Console(file=stdout))
+    return 0
