@@ -35,6 +35,7 @@ conditions, is refused. Otherwise the ticket is the request uid.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -62,6 +63,7 @@ from tenants.models import (
 
 MAX_MESSAGE_CHARS = 250
 MAX_GROUP_SIZE = 10_000
+TICKET_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 USER_LABELS = frozenset({TENANT_LABEL, CLASS_LABEL, POD_GROUP_LABEL})
 USER_ANNOTATIONS = frozenset({POD_GROUP_SIZE_ANNOTATION})
 FAIRGATE_ANNOTATIONS = frozenset({TICKET_ANNOTATION, DEMAND_ANNOTATION, BORROWED_ANNOTATION})
@@ -299,6 +301,10 @@ def _ticket(
     )
     if not ticket:
         raise _Refusal("fairgate-field", f"annotation {present[0]} is set by fairgate: {fix}")
+    if not TICKET_PATTERN.match(ticket):
+        raise _Refusal(
+            "fairgate-field", f"annotation {TICKET_ANNOTATION} is not one fairgate set: {fix}"
+        )
     if annotations.get(DEMAND_ANNOTATION) != resources.format_counts(demand):
         raise _Refusal(
             "fairgate-field",

@@ -196,6 +196,15 @@ def test_pod_without_gpu_is_not_ours_even_in_unlabelled_namespace() -> None:
             ],
         ),
         (
+            gpu_pod(
+                labels={TENANT_LABEL: "team-a"},
+                annotations={TICKET_ANNOTATION: "x y", DEMAND_ANNOTATION: "gpu=1"},
+            ),
+            "team-a-train",
+            "fairgate-field",
+            ["annotation fairgate.io/ticket is not one fairgate set"],
+        ),
+        (
             gpu_pod(annotations={BORROWED_ANNOTATION: "true"}),
             "team-a-train",
             "fairgate-field",
