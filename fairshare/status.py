@@ -1,0 +1,258 @@
+"""``fairgate status`` and ``fairgate why``: the queue explained, as data and as text.
+
+Contract:
+- :func:`status_report` reads every tenant's quota, usage and backlog from the queue and
+  returns plain data (JSON-ready): per tenant ``weight``, ``nominal`` (per resource and in
+  GPU-equivalents), ``borrowLimit``, ``used``, ``borrowed`` (GPU-equivalents),
+  ``queued`` by class and ``weightedShare`` (GPU-equivalents used per unit of weight).
+  :func:`render_status` prints it as a table. :func:`status_command` is the CLI entry.
+- :func:`why_report` explains one pod (``<namespace>/<name>``) from the audit stream
+  (``fairgate:audit``: the webhook's admit/queue/deny records, the dispatcher's
+  dispatch/release records) and the queue's ticket state. The verdict is one of
+  ``unknown`` (no record: not fairgate's business, or older than the audit retention),
+  ``denied`` (with the reason), ``queued`` (position, queue length and what it waits
+  for: tenant quota, inference reserve, cluster capacity, gang members), ``reserved`` /
+  ``running`` (released: when, after how long) or ``ended`` (its usage was freed).
+  :func:`why_command` is the CLI entry. Times are the queue's clock (Unix seconds).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, TextIO
+
+import redis
+from rich.console import Console
+from rich.table import Table
+
+from audit import ADMIT, DENY, DISPATCH, QUEUE, RELEASE, AuditLog, AuditRecord
+from fairshare.cluster import PodRef
+from fairshare.model import TenantStatus, TicketStatus
+from fairshare.queue import FairQueue
+from tenants.resources import SLICES_PER_GPU, format_counts, gpu_equivalents, total_slices
+
+Verdict = Literal["unknown", "denied", "queued", "reserved", "running", "ended"]
+
+
+def _gpu_eq(slices: int) -> float:
+    return round(slices / SLICES_PER_GPU, 2)
+
+
+def tenant_row(status: TenantStatus) -> dict[str, Any]:
+    """One tenant's line of ``fairgate status`` as plain data."""
+    return {
+        "weight": status.weight,
+        "nominal": dict(status.nominal),
+        "nominalGpuEquivalents": _gpu_eq(status.nominal_slices),
+        "borrowLimit": _gpu_eq(status.borrow_limit_slices),
+        "inferenceReserve": _gpu_eq(status.inference_reserve_slices),
+        "used": _gpu_eq(status.used_slices),
+        "borrowed": _gpu_eq(status.borrowed_slices),
+        "queued": {"inference": status.queued.get("inference", 0),
+                   "training": status.queued.get("training", 0)},
+        "weightedShare": round(status.used_slices / SLICES_PER_GPU / status.weight, 4),
+    }
+
+
+def status_report(queue: FairQueue) -> dict[str, Any]:
+    """``{"tenants": {name: row}}`` for every tenant the queue knows (see tenant_row)."""
+    return {"tenants": {s.tenant: tenant_row(s) for s in queue.tenant_status()}}
+
+
+def render_status(report: dict[str, Any], console: Console) -> None:
+    """The status report as a table (GPU-equivalents unless a unit is shown)."""
+    table = Table(title="fairgate tenants (GPU-equivalents)")
+    columns = ("tenant", "weight", "nominal", "borrowLimit", "used", "borrowed",
+               "queued inference", "queued training", "weighted share")
+    for column in columns:
+        table.add_column(column, justify="left" if column == "tenant" else "right")
+    for name, row in report["tenants"].items():
+        nominal = f"{row['nominalGpuEquivalents']:.2f}"
+        if row["nominal"]:
+            nominal += f" ({format_counts(row['nominal'])})"
+        table.add_row(
+            name, f"{row['weight']:g}", nominal, f"{row['borrowLimit']:.2f}",
+            f"{row['used']:.2f}", f"{row['borrowed']:.2f}", str(row["queued"]["inference"]),
+            str(row["queued"]["training"]), f"{row['weightedShare']:.3f}",
+        )
+    if not report["tenants"]:
+        console.print("no tenants in the queue yet: is the dispatcher or webhook running "
+                      "against this Redis (check --redis-url)?")
+        return
+    console.print(table)
+
+
+@dataclass(frozen=True)
+class WhyReport:
+    """What fairgate knows about one pod."""
+
+    pod: str
+    verdict: Verdict
+    summary: str
+    ticket: str | None = None
+    tenant: str | None = None
+    pod_class: str | None = None
+    demand: str | None = None
+    position: int | None = None
+    queue_length: int | None = None
+    waiting_for: str | None = None
+    released_at: float | None = None
+    waited_seconds: float | None = None
+    history: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain data (``class`` for ``pod_class``; unset fields left out)."""
+        data = {k: v for k, v in asdict(self).items() if v is not None}
+        if "pod_class" in data:
+            data["class"] = data.pop("pod_class")
+        return data
+
+
+def _when(seconds: float) -> str:
+    moment = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _records_of(ref: PodRef, records: Iterable[AuditRecord]) -> list[AuditRecord]:
+    """Records about ``ref``: by namespace/name, plus every record sharing their tickets."""
+    everything = [r for r in records if r.namespace == ref.namespace]
+    tickets = {r.uid for r in everything if r.name == ref.name and r.uid}
+    return [r for r in everything if r.name == ref.name or r.uid in tickets]
+
+
+def _history(records: list[AuditRecord]) -> list[str]:
+    return [f"{r.time} {r.decision}: {r.reason}" if r.reason else f"{r.time} {r.decision}"
+            for r in records]
+
+
+def why_report(
+    ref: PodRef, queue: FairQueue, records: Iterable[AuditRecord], now: float
+) -> WhyReport:
+    """Explain ``ref`` from its audit ``records`` and the queue's state at ``now``."""
+    mine = _records_of(ref, records)
+    history = _history(mine)
+    if not mine:
+        return WhyReport(
+            str(ref), "unknown",
+            f"fairgate has no record of {ref}: either it is not fairgate's business (it asks "
+            "for no nvidia.com GPU or MIG resource), it was never created, or its records are "
+            "older than the audit log's retention",
+        )
+    last = mine[-1]
+    tickets = [r.uid for r in mine if r.decision in (ADMIT, QUEUE, DISPATCH, RELEASE) and r.uid]
+    if last.decision == DENY or not tickets:
+        return WhyReport(str(ref), "denied", f"denied at admission: {last.reason}",
+                         tenant=last.tenant or None, history=history)
+    ticket = tickets[-1]
+    status = queue.ticket_status(ticket, now)
+    common: dict[str, Any] = {
+        "pod": str(ref), "ticket": ticket, "tenant": last.tenant or None,
+        "pod_class": last.pod_class or None, "demand": last.demand or None,
+        "history": history,
+    }
+    if status is None:
+        ended = next((r for r in reversed(mine) if r.decision == RELEASE), None)
+        why = f" ({ended.reason})" if ended is not None and ended.reason else ""
+        return WhyReport(
+            verdict="ended",
+            summary=f"no longer in the queue: its usage was freed{why}; the pod ended, was "
+                    "deleted, or its reservation expired before the pod was created",
+            **common,
+        )
+    return _from_status(status, common)
+
+
+def _from_status(status: TicketStatus, common: dict[str, Any]) -> WhyReport:
+    common.update(tenant=status.tenant, pod_class=status.pod_class,
+                  demand=format_counts(status.demand))
+    lane = f"{status.tenant}/{status.pod_class}"
+    if status.state in ("queued", "gang-waiting"):
+        if status.position is None:
+            where = f"queued for {lane} ({status.queue_length} queued)"
+        else:
+            where = f"queued: position {status.position} of {status.queue_length} for {lane}"
+        waiting = status.waiting_for or "its turn"
+        return WhyReport(
+            verdict="queued", summary=f"{where}, waiting for {waiting}",
+            position=status.position, queue_length=status.queue_length,
+            waiting_for=waiting, **common,
+        )
+    released = status.released_at
+    waited = max(0.0, released - status.submitted_at) if released is not None else None
+    verdict: Verdict = "running" if status.state == "running" else "reserved"
+    if released is None or waited is None:
+        held = gpu_equivalents(total_slices(status.demand))
+        summary = f"released as {status.band} (holding {held} GPU-eq)"
+    else:
+        summary = (f"released as {status.band} at {_when(released)} after {waited:.1f}s in "
+                   f"queue; {'running' if verdict == 'running' else 'reserved, pod not seen yet'}")
+    return WhyReport(verdict=verdict, summary=summary, released_at=released,
+                     waited_seconds=waited, **common)
+
+
+def render_why(report: WhyReport, out: TextIO) -> None:
+    """The report as a few lines of text."""
+    out.write(f"{report.pod}: {report.summary}\n")
+    details = [(k, getattr(report, k)) for k in ("ticket", "tenant", "pod_class", "demand")]
+    for key, value in details:
+        if value is not None:
+            out.write(f"  {key.replace('pod_class', 'class')}: {value}\n")
+    if report.history:
+        out.write("  audit history:\n")
+        for line in report.history[-10:]:
+            out.write(f"    {line}\n")
+
+
+def _audit_records(client: redis.Redis) -> Iterable[AuditRecord]:
+    return (e.record for e in AuditLog(client).entries() if e.record is not None)
+
+
+def status_command(
+    redis_url: str, json_out: bool, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
+    """``fairgate status``: 0, or 1 when Redis cannot be read."""
+    stdout, stderr = out or sys.stdout, err or sys.stderr
+    client = redis.Redis.from_url(redis_url)
+    try:
+        report = status_report(FairQueue(client))
+    except (redis.RedisError, OSError) as error:
+        stderr.write(f"fairgate: error: cannot read the queue at {redis_url}: {error}\n")
+        return 1
+    finally:
+        client.close()
+    if json_out:
+        stdout.write(json.dumps(report) + "\n")
+    else:
+        render_status(report, Console(file=stdout, width=140))
+    return 0
+
+
+def why_command(
+    redis_url: str, ref: str, json_out: bool = False, out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
+    """``fairgate why <ns>/<pod>``: 0, 2 for a malformed reference, 1 when Redis fails."""
+    stdout, stderr = out or sys.stdout, err or sys.stderr
+    try:
+        pod = PodRef.parse(ref)
+    except ValueError as error:
+        stderr.write(f"fairgate: error: {error}\n")
+        return 2
+    client = redis.Redis.from_url(redis_url)
+    try:
+        report = why_report(pod, FairQueue(client), _audit_records(client), time.time())
+    except (redis.RedisError, OSError) as error:
+        stderr.write(f"fairgate: error: cannot read the queue at {redis_url}: {error}\n")
+        return 1
+    finally:
+        client.close()
+    if json_out:
+        stdout.write(json.dumps(report.to_json()) + "\n")
+    else:
+        render_why(report, stdout)
+    return 0
