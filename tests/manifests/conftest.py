@@ -99,3 +99,22 @@ def webhooks(base: list[Obj]) -> dict[str, Obj]:
         for hook in find(base, kind, "fairgate")["webhooks"]:
             entries[hook["name"]] = {**hook, "kind": kind}
     return entries
+
+
+def selects(selector: Obj, labels: dict[str, str]) -> bool:
+    """Whether a metav1.LabelSelector selects an object with ``labels``."""
+    for key, value in selector.get("matchLabels", {}).items():
+        if labels.get(key) != value:
+            return False
+    for expr in selector.get("matchExpressions", []):
+        key, op, values = expr["key"], expr["operator"], expr.get("values", [])
+        present = key in labels
+        ok = {
+            "In": present and labels.get(key) in values,
+            "NotIn": not present or labels[key] not in values,
+            "Exists": present,
+            "DoesNotExist": not present,
+        }[op]
+        if not ok:
+            return False
+    return True

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
 import kubernetes_validate
@@ -73,9 +75,6 @@ def test_webhook_configurations_come_last(base: list[Obj]) -> None:
 
 def test_kubectl_kustomize_agrees(base: list[Obj]) -> None:
     """Where kubectl is installed, `kubectl kustomize` prints the same objects."""
-    import shutil
-    import subprocess
-
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl is not installed; kubetool's kustomize is the reference here")

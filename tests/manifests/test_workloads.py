@@ -1,0 +1,228 @@
+"""The workloads, their Services, network policy, PriorityClasses and config."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+from conftest import Obj, find, of_kind, selects
+
+from tenants.models import QUOTA_LABEL, PriorityClasses
+from tenants.schema import parse_platform, parse_quota
+
+pytestmark = pytest.mark.timeout(1800)  # the session's first test builds kubetool
+
+REDIS_URL = "redis://fairgate-redis:6379/0"
+FAIRGATE_WORKLOADS = [("Deployment", "fairgate-webhook"), ("Deployment", "fairgate-dispatcher")]
+ALL_WORKLOADS = [*FAIRGATE_WORKLOADS, ("StatefulSet", "fairgate-redis")]
+
+
+def _pod_spec(base: list[Obj], kind: str, name: str) -> Obj:
+    spec: Obj = find(base, kind, name)["spec"]["template"]["spec"]
+    return spec
+
+
+def _only_container(pod_spec: Obj) -> Obj:
+    assert len(pod_spec["containers"]) == 1
+    container: Obj = pod_spec["containers"][0]
+    return container
+
+
+@pytest.mark.parametrize(("kind", "name"), ALL_WORKLOADS)
+def test_restricted_security_context(base: list[Obj], kind: str, name: str) -> None:
+    """Every pod meets the `restricted` Pod Security Standard, and more."""
+    spec = _pod_spec(base, kind, name)
+    pod_sc = spec["securityContext"]
+    assert pod_sc["runAsNonRoot"] is True
+    assert pod_sc["runAsUser"] > 0
+    assert pod_sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = _only_container(spec)["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert "privileged" not in sc
+    assert not spec.get("hostNetwork") and not spec.get("hostPID")
+
+
+@pytest.mark.parametrize(("kind", "name"), ALL_WORKLOADS)
+def test_requests_and_limits(base: list[Obj], kind: str, name: str) -> None:
+    resources = _only_container(_pod_spec(base, kind, name))["resources"]
+    assert set(resources["requests"]) == {"cpu", "memory"}
+    assert set(resources["limits"]) == {"cpu", "memory"}
+
+
+def test_namespace_enforces_restricted(base: list[Obj]) -> None:
+    labels = find(base, "Namespace", "fairgate-system")["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+@pytest.mark.parametrize(("kind", "name"), FAIRGATE_WORKLOADS)
+def test_fairgate_image_runs_as_the_image_user(base: list[Obj], kind: str, name: str) -> None:
+    spec = _pod_spec(base, kind, name)
+    assert spec["securityContext"]["runAsUser"] == 65532  # USER in the Dockerfile
+    assert _only_container(spec)["image"] == "fairgate:0.1.0"
+    assert spec["serviceAccountName"] == name
+
+
+def test_webhook_deployment(base: list[Obj]) -> None:
+    deployment = find(base, "Deployment", "fairgate-webhook")
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    spec = deployment["spec"]["template"]["spec"]
+    container = _only_container(spec)
+    assert container["command"] == [
+        "fairgate",
+        "serve",
+        "--cert-dir",
+        "/var/run/fairgate/certs",
+        "--port",
+        "8443",
+        "--redis-url",
+        REDIS_URL,
+    ]
+    assert container["ports"] == [{"name": "https", "containerPort": 8443, "protocol": "TCP"}]
+    probes = {k: container[k]["httpGet"] for k in ("livenessProbe", "readinessProbe")}
+    assert probes["livenessProbe"]["path"] == "/healthz"
+    assert probes["readinessProbe"]["path"] == "/readyz"
+    for probe in [*probes.values(), container["startupProbe"]["httpGet"]]:
+        assert (probe["scheme"], probe["port"]) == ("HTTPS", "https")
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    cert_volume = volumes[mounts["/var/run/fairgate/certs"]]
+    assert "emptyDir" in cert_volume
+    assert "emptyDir" in volumes[mounts["/tmp"]]
+    # Pods spread over nodes, selecting exactly the webhook's own pods.
+    terms = spec["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    term = terms[0]["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+
+
+def test_webhook_pdb_keeps_one(base: list[Obj]) -> None:
+    pdb = find(base, "PodDisruptionBudget", "fairgate-webhook")
+    deployment = find(base, "Deployment", "fairgate-webhook")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
+
+
+def test_webhook_service(base: list[Obj]) -> None:
+    service = find(base, "Service", "fairgate-webhook")
+    deployment = find(base, "Deployment", "fairgate-webhook")
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    (port,) = service["spec"]["ports"]
+    assert (port["port"], port["targetPort"]) == (443, "https")
+    container = _only_container(deployment["spec"]["template"]["spec"])
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert named[port["targetPort"]] == 8443
+
+
+def test_dispatcher_deployment(base: list[Obj]) -> None:
+    spec = _pod_spec(base, "Deployment", "fairgate-dispatcher")
+    container = _only_container(spec)
+    assert container["command"] == ["fairgate", "dispatch", "--redis-url", REDIS_URL]
+    assert "ports" not in container
+
+
+def test_redis_statefulset_persists_with_aof(base: list[Obj]) -> None:
+    sts = find(base, "StatefulSet", "fairgate-redis")
+    service = find(base, "Service", "fairgate-redis")
+    assert sts["spec"]["serviceName"] == "fairgate-redis"
+    assert service["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"]
+    assert service["spec"]["ports"][0]["port"] == 6379
+    container = _only_container(sts["spec"]["template"]["spec"])
+    args = container["command"]
+    assert args[0] == "redis-server"
+    assert args[args.index("--appendonly") + 1] == "yes"
+    data_dir = args[args.index("--dir") + 1]
+    (claim,) = sts["spec"]["volumeClaimTemplates"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts[claim["metadata"]["name"]] == data_dir
+    assert claim["spec"]["resources"]["requests"]["storage"]
+    assert sts["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+def _policy(base: list[Obj], name: str) -> Obj:
+    return find(base, "NetworkPolicy", name)
+
+
+def _pod_labels(base: list[Obj], kind: str, name: str) -> dict[str, str]:
+    labels: dict[str, str] = find(base, kind, name)["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+def test_ingress_denied_by_default(base: list[Obj]) -> None:
+    policy = _policy(base, "fairgate-default-deny-ingress")
+    assert policy["spec"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
+
+
+def test_webhook_reachable_only_on_its_port(base: list[Obj]) -> None:
+    policy = _policy(base, "fairgate-webhook")["spec"]
+    assert selects(policy["podSelector"], _pod_labels(base, "Deployment", "fairgate-webhook"))
+    assert not selects(policy["podSelector"], _pod_labels(base, "StatefulSet", "fairgate-redis"))
+    (rule,) = policy["ingress"]
+    # From anywhere (API server addresses cannot be selected), one port only.
+    assert "from" not in rule
+    assert rule["ports"] == [{"protocol": "TCP", "port": 8443}]
+
+
+def test_redis_reachable_only_from_fairgate(base: list[Obj]) -> None:
+    policy = _policy(base, "fairgate-redis")["spec"]
+    assert selects(policy["podSelector"], _pod_labels(base, "StatefulSet", "fairgate-redis"))
+    assert set(policy["policyTypes"]) == {"Ingress", "Egress"}
+    assert policy["egress"] == []
+    (rule,) = policy["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 6379}]
+    (peer,) = rule["from"]
+    assert set(peer) == {"podSelector"}  # same namespace only
+    for kind, name in FAIRGATE_WORKLOADS:
+        assert selects(peer["podSelector"], _pod_labels(base, kind, name))
+    stranger = {
+        "app.kubernetes.io/name": "something-else",
+        "app.kubernetes.io/component": "webhook",
+    }
+    assert not selects(peer["podSelector"], stranger)
+    assert not selects(peer["podSelector"], _pod_labels(base, "StatefulSet", "fairgate-redis"))
+
+
+def test_priority_classes_match_the_design(base: list[Obj]) -> None:
+    defaults = PriorityClasses()
+    for band in ("inference", "training", "borrowed"):
+        spec = defaults.for_band(band)
+        pc = find(base, "PriorityClass", spec.name)
+        assert (pc["value"], pc["preemptionPolicy"]) == (spec.value, spec.preemption_policy)
+        assert pc["globalDefault"] is False
+    values = [
+        find(base, "PriorityClass", f"fairgate-{b}")["value"]
+        for b in ("inference", "training", "borrowed")
+    ]
+    assert values == [100000, 10000, 1000]
+    assert find(base, "PriorityClass", "fairgate-borrowed")["preemptionPolicy"] == "Never"
+
+
+def test_example_config_parses_with_fairgates_own_schema(base: list[Obj]) -> None:
+    platform_cm = find(base, "ConfigMap", "fairgate-platform")
+    assert set(platform_cm["data"]) == {"platform.yaml"}
+    platform = parse_platform(platform_cm["data"]["platform.yaml"])
+    quotas = [
+        cm for cm in of_kind(base, "ConfigMap") if cm["metadata"]["name"].startswith("quota-")
+    ]
+    assert {cm["metadata"]["name"] for cm in quotas} == {"quota-team-a", "quota-team-b"}
+    for cm in quotas:
+        tenant = cm["metadata"]["name"].removeprefix("quota-")
+        assert cm["metadata"]["labels"][QUOTA_LABEL] == tenant
+        assert set(cm["data"]) == {"quota.yaml"}
+        assert tenant in platform.tenants
+        parse_quota(cm["data"]["quota.yaml"], tenant, platform)  # raises on any problem
+
+
+def test_design_example_is_verbatim(base: list[Obj]) -> None:
+    """quota-team-a is the design's own example, field for field."""
+    quota: Any = yaml.safe_load(find(base, "ConfigMap", "quota-team-a")["data"]["quota.yaml"])
+    assert quota == {
+        "nominal": {"gpu": 8, "mig-1g.5gb": 14},
+        "borrowLimit": {"gpuEquivalents": 4},
+        "inferenceReserve": {"gpuEquivalents": 2},
+        "defaultClass": "training",
+    }
