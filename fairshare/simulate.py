@@ -256,6 +256,8 @@ class Simulation:
         self.dispatcher = Dispatcher(self.queue, self.cluster, lambda: config,
                                      clock=self.clock, settings=_SETTINGS)
         self.meter = _Meter(trace)
+        self._arrivals = trace.pods()
+        self._next = 0
         self.dispatcher.sync(force=True)
 
     def _admit(self, spec: PodSpec, uid: str) -> Placement:
@@ -276,26 +278,31 @@ class Simulation:
                 return
         raise RuntimeError("the dispatcher did not settle: it keeps releasing or requeuing")
 
-    def run(self, progress: ProgressHook | None = None) -> SimulationReport:
-        """Replay every arrival and completion up to the horizon."""
-        arrivals = self.trace.pods()
-        index = 0
+    def advance(self, until: float, progress: ProgressHook | None = None) -> None:
+        """Replay every arrival and completion up to ``until`` (at most the horizon)."""
+        until = min(until, self.trace.horizon)
         while True:
-            next_arrival = arrivals[index].at if index < len(arrivals) else math.inf
+            pending = self._arrivals[self._next] if self._next < len(self._arrivals) else None
             next_end = self.cluster.next_completion()
-            when = min(next_arrival, next_end if next_end is not None else math.inf)
-            if when > self.trace.horizon:
+            when = min(pending.at if pending is not None else math.inf,
+                       next_end if next_end is not None else math.inf)
+            if when > until:
                 break
             self.meter.interval(when - self.clock(), self.cluster)
             self.clock.advance_to(when)
             self.cluster.advance()
-            while index < len(arrivals) and arrivals[index].at <= when:
-                self.cluster.create_pod(_spec(arrivals[index]))
-                index += 1
+            while self._next < len(self._arrivals) and self._arrivals[self._next].at <= when:
+                self.cluster.create_pod(_spec(self._arrivals[self._next]))
+                self._next += 1
             self.settle()
             if progress is not None:
                 progress(when)
-        self.meter.interval(self.trace.horizon - self.clock(), self.cluster)
+        self.meter.interval(until - self.clock(), self.cluster)
+        self.clock.advance_to(until)
+
+    def run(self, progress: ProgressHook | None = None) -> SimulationReport:
+        """Replay the rest of the trace up to the horizon and report."""
+        self.advance(self.trace.horizon, progress)
         return _report(self.trace, self.meter, self.cluster)
 
 

@@ -1,0 +1,175 @@
+"""The simulator on the example traces: the real queue and dispatcher on a virtual clock."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+import redis
+
+from fairshare.simulate import Simulation, run_simulation, simulate_command
+from fairshare.trace import load_trace, parse_trace
+from tenants.schema import ConfigError
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.mark.slow
+def test_weights_1_2_3_all_backlogged_converge_to_weighted_shares(redis_url: str) -> None:
+    report = run_simulation(load_trace(EXAMPLES / "weights-1-2-3.yaml"), redis_url)
+    assert report.jain_index >= 0.99
+    shares = {name: t.share for name, t in report.tenants.items()}
+    assert shares["team-a"] == pytest.approx(1 / 6, abs=0.02)
+    assert shares["team-b"] == pytest.approx(2 / 6, abs=0.02)
+    assert shares["team-c"] == pytest.approx(3 / 6, abs=0.02)
+    assert all(t.waiting > 0 for t in report.tenants.values())  # backlogged to the end
+
+
+@pytest.mark.slow
+def test_inference_starts_within_a_second_over_a_full_training_backlog(redis_url: str) -> None:
+    trace = load_trace(EXAMPLES / "inference-burst.yaml")
+    sim = Simulation(trace, redis.Redis.from_url(redis_url), "fairgate:test:")
+    sim.advance(1.0)
+    queued = sum(s.queued["training"] for s in sim.queue.tenant_status())
+    assert queued >= 1900  # 2,000 training pods, all but what fits queued
+    report = sim.run()
+    waits = report.wait_seconds["inference"]
+    assert waits.p99 <= 1.0
+    assert waits.max <= 1.0
+    assert report.preemptions > 0  # inference got its room by preempting borrowed training
+    inference = [h for h in sim.cluster.history.values() if h.spec.pod_class == "inference"]
+    assert len(inference) >= 70 and all(h.started is not None for h in inference)
+
+
+@pytest.mark.slow
+def test_gangs_are_released_all_at_once_or_not_at_all(redis_url: str) -> None:
+    trace = load_trace(EXAMPLES / "gangs.yaml")
+    sim = Simulation(trace, redis.Redis.from_url(redis_url), "fairgate:test:")
+    report = sim.run()
+    assert report.gang_violations == []
+    gangs: dict[tuple[str, str], list[float | None]] = {}
+    for record in sim.cluster.history.values():
+        if record.spec.group is not None:
+            gangs.setdefault((record.spec.namespace, record.spec.group), []).append(
+                record.released
+            )
+    released = [times for times in gangs.values() if times[0] is not None]
+    assert len(released) >= 20  # the trace really releases gangs
+    for times in gangs.values():
+        assert len(set(times)) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example", ["weights-1-2-3.yaml", "mig-and-gpus.yaml"])
+def test_capacity_stays_busy_while_pods_wait(redis_url: str, example: str) -> None:
+    report = run_simulation(load_trace(EXAMPLES / example), redis_url)
+    assert report.backlogged_utilization >= 0.95
+    assert report.utilization >= 0.95
+
+
+def test_mig_pods_do_not_wait_behind_whole_gpu_pods(redis_url: str) -> None:
+    trace = parse_trace({
+        "capacity": {"gpu": 2, "mig-1g.5gb": 7},
+        "tenants": {"team-a": {"weight": 1, "nominal": {"gpu": 2, "mig-1g.5gb": 7}}},
+        "arrivals": [
+            {"at": 0, "tenant": "team-a", "class": "training", "demand": {"gpu": 1},
+             "duration": 100, "count": 10},
+            {"at": 1, "tenant": "team-a", "class": "training", "demand": {"mig-1g.5gb": 1},
+             "duration": 50, "count": 3},
+        ],
+        "horizon": 60,
+    })
+    report = run_simulation(trace, redis_url)
+    sim_waits = report.wait_seconds["training"]
+    assert sim_waits.max == pytest.approx(60.0)  # whole-GPU pods still waiting at the end
+    assert report.tenants["team-a"].admitted == 2 + 3  # both GPUs and all three MIG pods
+
+
+def test_json_output_has_exactly_the_designed_keys(redis_url: str, tmp_path: Path) -> None:
+    trace = tmp_path / "t.yaml"
+    trace.write_text(
+        "capacity: {gpu: 2}\n"
+        "tenants:\n  team-a: {weight: 2, nominal: {gpu: 2}}\n"
+        "  team-b: {weight: 1, nominal: {gpu: 2}}\n"
+        "arrivals:\n"
+        "  - {at: 0, tenant: team-a, class: training, demand: {gpu: 1}, duration: 10, count: 6}\n"
+        "  - {at: 0, tenant: team-b, class: inference, demand: {gpu: 1}, duration: 5, count: 2}\n"
+        "horizon: 100\n"
+    )
+    out = io.StringIO()
+    assert simulate_command(trace, True, redis_url, out=out) == 0
+    data = json.loads(out.getvalue())
+    assert set(data) == {"jain_index", "utilization", "wait_seconds", "tenants"}
+    assert set(data["wait_seconds"]) == {"inference", "training"}
+    assert set(data["wait_seconds"]["training"]) == {"p50", "p99", "max"}
+    assert set(data["tenants"]["team-a"]) == {"weight", "share", "admitted", "waiting"}
+    # The 2 training pods that started first were preempted by inference at t=0 and
+    # re-created by their controller: 6 + 2 pods released for team-a.
+    assert data["tenants"]["team-a"]["admitted"] == 8
+    assert data["tenants"]["team-b"]["admitted"] == 2
+    assert 0 < data["utilization"] <= 1
+    assert data["wait_seconds"]["inference"]["max"] == 0.0
+    # then 6 training pods of 10 s on 2 GPUs from t=5: the last two start at 25 s
+    assert data["wait_seconds"]["training"]["max"] == pytest.approx(25.0)
+    assert sum(t["share"] for t in data["tenants"].values()) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_the_simulation_leaves_a_shared_redis_as_it_found_it(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    client.set("someone-else", "1")
+    run_simulation(load_trace(EXAMPLES / "gangs.yaml").model_copy(update={"horizon": 50}),
+                   redis_url)
+    assert client.keys("*") == [b"someone-else"]
+
+
+def test_a_bad_trace_names_the_field_and_exits_2(tmp_path: Path) -> None:
+    trace = tmp_path / "bad.yaml"
+    trace.write_text(
+        "capacity: {gpu: 4}\ntenants: {team-a: {weight: 1}}\n"
+        "arrivals:\n  - {at: 0, tenant: team-b, class: training, demand: {gpu: 1}, duration: 5}\n"
+        "  - {at: 0, tenant: team-a, class: batch, demand: {gpu: 1}, duration: 5}\n"
+        "horizon: 10\n"
+    )
+    err = io.StringIO()
+    assert simulate_command(trace, True, None, out=io.StringIO(), err=err) == 2
+    assert "arrivals.1.class" in err.getvalue()
+    assert "'inference' or 'training'" in err.getvalue()
+
+
+def test_trace_cross_checks_name_the_field() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_trace({
+            "capacity": {"gpu": 4},
+            "tenants": {"team-a": {"weight": 1, "nominal": {"gpu": 1},
+                                   "inferenceReserve": {"gpuEquivalents": 2}}},
+            "arrivals": [
+                {"at": 0, "tenant": "team-x", "class": "training", "demand": {"gpu": 1},
+                 "duration": 5},
+                {"at": 0, "tenant": "team-a", "class": "training",
+                 "demand": {"mig-1g.5gb": 1}, "duration": 5},
+            ],
+            "horizon": 10,
+        })
+    fields = {p.field for p in caught.value.problems}
+    assert fields == {"tenants.team-a.inferenceReserve.gpuEquivalents", "arrivals.0.tenant",
+                      "arrivals.1.demand"}
+
+
+def test_streams_and_gangs_expand_into_pods() -> None:
+    trace = parse_trace({
+        "capacity": {"gpu": 4},
+        "tenants": {"team-a": {"weight": 1, "nominal": {"gpu": 4}}},
+        "arrivals": [
+            {"at": 5, "tenant": "team-a", "class": "training", "demand": {"gpu": 1},
+             "duration": 5, "count": 3, "every": 2},
+            {"at": 0, "tenant": "team-a", "class": "training", "demand": {"gpu": 1},
+             "duration": 5, "count": 2, "every": 10, "group": "g", "groupSize": 2},
+        ],
+        "horizon": 10,
+    })
+    pods = trace.pods()
+    assert [p.at for p in pods] == [0, 0, 5, 7, 9, 10, 10]
+    assert [p.group for p in pods if p.group] == ["g-0", "g-0", "g-1", "g-1"]
+    assert len({p.name for p in pods}) == len(pods)
