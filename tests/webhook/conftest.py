@@ -41,7 +41,19 @@ def start_server(
         server.stop()
 
 
+@pytest.fixture(scope="module")
+def shared_server(
+    cert_dir: Path, redis_server_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServeProcess]:
+    """One ``fairgate serve`` per test module, on the session's Redis."""
+    directory = tmp_path_factory.mktemp("serve")
+    config = write_config(directory / "config")
+    with ServeProcess(cert_dir, redis_server_url, config, directory / "serve.log") as server:
+        yield server
+
+
 @pytest.fixture
-def server(start_server: ServerFactory, redis_url: str) -> ServeProcess:
-    """``fairgate serve`` on the test session's (emptied) Redis."""
-    return start_server(redis_url)
+def server(shared_server: ServeProcess, redis_url: str) -> ServeProcess:
+    """The module's ``fairgate serve``, its Redis emptied before the test (the webhook
+    re-syncs its config into an empty Redis by itself)."""
+    return shared_server

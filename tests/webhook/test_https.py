@@ -23,6 +23,7 @@ import redis
 from webhook_helpers import ServerFactory, gpu_pod, review
 
 from fairshare.localredis import local_redis
+from fairshare.queue import FairQueue
 from webhook.process import ServeProcess, client_context
 from webhook.service import REDIS_DOWN_MESSAGE
 
@@ -131,13 +132,23 @@ def test_readyz_reports_redis_and_config(server: ServeProcess) -> None:
     assert body["config"] == "loaded"
 
 
+def _metric(text: str, sample: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
 def test_metrics_count_decisions_and_latency(server: ServeProcess) -> None:
-    mutate(server, review(gpu_pod("sandbox", "nb-0")))
+    count = 'fairgate_admission_duration_seconds_count{operation="CREATE",webhook="mutate"}'
+    denied = 'fairgate_admission_decisions_total{tenant="",verdict="deny"}'
     with server.client() as client:
-        text = client.get("/metrics").text
-    assert 'fairgate_admission_duration_seconds_count{operation="CREATE",webhook="mutate"} 1.0' \
-        in text
-    assert 'fairgate_admission_decisions_total{tenant="",verdict="deny"} 1.0' in text
+        before = client.get("/metrics").text
+        mutate(server, review(gpu_pod("sandbox", "nb-0")))
+        after = client.get("/metrics").text
+    assert _metric(after, count) == _metric(before, count) + 1
+    assert _metric(after, denied) == _metric(before, denied) + 1
+    assert "process_resident_memory_bytes" in after
 
 
 # -- /mutate -------------------------------------------------------------------------------
@@ -420,7 +431,9 @@ def test_fail_open_policy_admits_and_audits(start_server: ServerFactory) -> None
 # -- concurrency ---------------------------------------------------------------------------
 
 
-def test_32_racing_admissions_never_exceed_nominal_plus_borrow(server: ServeProcess) -> None:
+def test_32_racing_admissions_never_exceed_nominal_plus_borrow(
+    server: ServeProcess, redis_client: redis.Redis
+) -> None:
     """Tenant ``race``: nominal 4 GPUs + borrowLimit 2 GPU-eq; 32 pods race over HTTPS."""
 
     def admit(i: int) -> dict[str, Any]:
@@ -439,9 +452,64 @@ def test_32_racing_admissions_never_exceed_nominal_plus_borrow(server: ServeProc
     borrowed = [r for r in responses if r["auditAnnotations"]["decision"] == "admit"
                 and "borrowed" in r["auditAnnotations"]["reason"]]
     assert len(borrowed) <= 2
+    status = {t.tenant: t for t in FairQueue(redis_client).tenant_status()}["race"]
+    assert status.used_slices == 7 * decisions.count("admit") <= 7 * (4 + 2)
+    assert status.borrowed_slices == 7 * len(borrowed) <= 7 * 2
+    assert status.used["gpu"] - len(borrowed) <= 4
 
 
 def test_uid_in_request_is_echoed_even_for_denials(server: ServeProcess) -> None:
     uid = str(uuid.uuid4())
     response = mutate(server, review(gpu_pod("sandbox", "x"), uid=uid))
     assert response["uid"] == uid
+
+
+# -- quota ConfigMaps ----------------------------------------------------------------------
+
+
+def _quota_configmap(tenant: str, text: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": f"quota-{tenant}", "namespace": "fairgate-system",
+                     "labels": {"fairgate.io/quota": tenant}},
+        "data": {"quota.yaml": text},
+    }
+
+
+def _configmap_review(new: dict[str, Any], old: dict[str, Any], user: str,
+                      groups: tuple[str, ...]) -> dict[str, Any]:
+    return review(new, operation="UPDATE", old=old, kind="ConfigMap", resource="configmaps",
+                  user=user, groups=groups)
+
+
+def test_tenant_admin_may_raise_own_quota_within_the_ceiling(server: ServeProcess) -> None:
+    old = _quota_configmap("team-a", "nominal: {gpu: 2}\n")
+    new = _quota_configmap("team-a", "nominal: {gpu: 4}\n")
+    response = validate(server, _configmap_review(new, old, "bob", ("team-a-admins",)))
+    assert response["allowed"] is True
+    assert response["auditAnnotations"]["decision"] == "quota-change"
+    assert response["auditAnnotations"]["tenant"] == "team-a"
+
+
+def test_another_tenants_admin_may_not_edit_the_quota(server: ServeProcess) -> None:
+    old = _quota_configmap("team-b", "nominal: {gpu: 1}\n")
+    new = _quota_configmap("team-b", "nominal: {gpu: 2}\n")
+    response = validate(server, _configmap_review(new, old, "bob", ("team-a-admins",)))
+    assert response["allowed"] is False
+    assert response["auditAnnotations"]["decision"] == "deny"
+
+
+def test_malformed_quota_yaml_is_denied_with_its_line(server: ServeProcess) -> None:
+    old = _quota_configmap("team-a", "nominal: {gpu: 2}\n")
+    new = _quota_configmap("team-a", "nominal:\n  gpu: [1\n")
+    response = validate(server, _configmap_review(new, old, "bob", ("team-a-admins",)))
+    assert response["allowed"] is False
+    assert "line" in response["status"]["message"]
+
+
+def test_other_configmaps_pass_untouched(server: ServeProcess) -> None:
+    cm = {"apiVersion": "v1", "kind": "ConfigMap",
+          "metadata": {"name": "app-settings", "namespace": "team-a-dev"}, "data": {"a": "b"}}
+    response = validate(server, review(cm, kind="ConfigMap", resource="configmaps"))
+    assert response == {"uid": response["uid"], "allowed": True}

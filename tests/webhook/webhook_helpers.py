@@ -95,7 +95,7 @@ def review(
 ) -> dict[str, Any]:
     """A complete AdmissionReview v1 request."""
     source = obj if obj is not None else old
-    metadata = (source or {}).get("metadata", {})
+    metadata = (source or {}).get("metadata") or {}
     return {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
