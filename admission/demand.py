@@ -83,7 +83,7 @@ def _container_demand(container: Mapping[str, Any], where: str) -> ResourceCount
     limits = _amounts(pods.mapping(spec.get("limits"), f"{where}: resources.limits"), where)
     requests = _amounts(pods.mapping(spec.get("requests"), f"{where}: resources.requests"), where)
     demand: ResourceCounts = {}
-    for short in limits.keys() | requests.keys():
+    for short in sorted(limits.keys() | requests.keys()):
         if short in limits:
             name, value = limits[short]
             count = _count(name, value, where)

@@ -98,7 +98,13 @@ class PodGroup:
 
 @dataclass(frozen=True)
 class PodPlan:
-    """Everything fairgate decided about a GPU pod before asking the queue."""
+    """Everything fairgate decided about a GPU pod before asking the queue.
+
+    ``demand`` holds positive counts by short resource name and ``demand_slices`` their
+    compute slices; ``class_reason`` says how the class was chosen; ``ticket`` is the
+    request uid, or the pod's own ticket when ``reused_ticket`` (reinvocation rule);
+    ``warnings`` are for the user (each short, see ``admission.reviews``).
+    """
 
     tenant: Tenant
     pod_class: PodClass
