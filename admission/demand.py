@@ -15,7 +15,8 @@ Contract:
   This is the computation of Kubernetes' ``PodRequests`` for extended resources.
 - Zero amounts are no demand: the result holds only positive counts, keyed by short name
   (``gpu``, ``mig-1g.5gb``). An empty result means the pod asks for no GPU.
-- Any problem (unknown NVIDIA resource or MIG profile, fractional or negative count,
+- Any problem (unknown NVIDIA resource or MIG profile, fractional, negative or absurd
+  (over :data:`MAX_DEVICES`) count,
   requests != limits, a pod that is not shaped like a Pod) raises :class:`DemandError`
   naming the container and resource; no other exception type escapes.
 """
@@ -31,6 +32,7 @@ from tenants import resources
 from tenants.resources import ResourceCounts
 
 SIDECAR_RESTART_POLICY = "Always"
+MAX_DEVICES = 1_000_000
 
 
 class DemandError(pods.PodError):
@@ -68,6 +70,8 @@ def _count(name: str, value: Any, where: str) -> int:
         amount = parse_quantity(value)
     except QuantityError as exc:
         raise DemandError(f"{where}: {name}: {exc}") from exc
+    if abs(amount) > MAX_DEVICES:
+        raise DemandError(f"{where}: {name} is out of range (at most {MAX_DEVICES} devices)")
     if amount < 0:
         raise DemandError(f"{where}: {name} is {value!r}: a device count cannot be negative")
     if amount.denominator != 1:
