@@ -320,3 +320,46 @@ def test_plan_patch_and_validation_agree(
         result.demand,
     )
     assert build_patch(mutated, again, band, gated, CLASSES) == []
+
+
+POD_KEYS = [
+    "metadata",
+    "labels",
+    "annotations",
+    "ownerReferences",
+    "kind",
+    "controller",
+    "spec",
+    "containers",
+    "initContainers",
+    "resources",
+    "limits",
+    "requests",
+    "nvidia.com/gpu",
+    "priorityClassName",
+    "schedulingGates",
+    "name",
+    "restartPolicy",
+    CLASS_LABEL,
+    TENANT_LABEL,
+    TICKET_ANNOTATION,
+    DEMAND_ANNOTATION,
+    POD_GROUP_LABEL,
+    POD_GROUP_SIZE_ANNOTATION,
+]
+JSON_ISH = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 3) | st.sampled_from(["1", "gpu=1", "x", ""]),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(POD_KEYS), inner, max_size=4)
+    ),
+    max_leaves=16,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(JSON_ISH, JSON_ISH, st.sampled_from(sorted(NAMESPACES)))
+def test_arbitrary_json_never_raises(first: Any, second: Any, namespace: str) -> None:
+    result = plan_create(first, namespace, "uid", CONFIG)
+    assert isinstance(result, NotOurs | Denied | PodPlan)
+    assert isinstance(validate_create(first, namespace, CONFIG), Verdict)
+    assert isinstance(validate_update(first, second, ALICE, [], CONFIG), Verdict)
