@@ -337,6 +337,18 @@ PLAN_ARGS = st.tuples(
 )
 
 
+OWNED_PATHS = (
+    "/metadata/labels",
+    "/metadata/annotations",
+    "/spec/priorityClassName",
+    "/spec/priority",
+    "/spec/preemptionPolicy",
+    "/spec/tolerations",
+    "/spec/affinity",
+    "/spec/schedulingGates",
+)
+
+
 def _non_empty(term: dict[str, Any]) -> bool:
     return bool(term.get("matchExpressions") or term.get("matchFields"))
 
@@ -350,6 +362,9 @@ def test_patch_applies_and_keeps_user_settings(pod: dict[str, Any], args: Any) -
     ops = build_patch(pod, plan, band, gated, CLASSES)
     assert pod == before
     result = jsonpatch.apply_patch(pod, ops)  # raises if any op does not apply
+    for op in ops:  # the patch only touches what fairgate owns or appends to
+        assert op["op"] in ("add", "replace", "remove", "move"), op
+        assert op["path"].startswith(OWNED_PATHS) or op["path"] in ("/metadata",), op
 
     spec, old_spec = result["spec"], before["spec"]
     assert spec["containers"] == old_spec["containers"]
