@@ -297,38 +297,71 @@ def _add_pending(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
                           help="local config directory (default: the cluster's ConfigMaps)")
     dispatch.set_defaults(handler=_not_yet("dispatch"))
 
+    _add_audit(subparsers)
+# -- status, why, simulate ---------------------------------------------------------------
+
+
+def _status(args: argparse.Namespace) -> int:
+    from fairshare.status import status_command
+
+    return status_command(args.redis_url, args.json)
+
+
+def _add_status(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     status = _subparser(
         subparsers, "status", "per-tenant usage, quota and queues",
-        "Per tenant: weight, nominal, borrowLimit, used, borrowed, queued by class,\n"
-        "weighted share.",
-        "  fairgate status --redis-url redis://127.0.0.1:6379/0\n  fairgate status --json\n",
+        "Per tenant: weight, nominal, borrowLimit, used, borrowed, queued by class and\n"
+        "weighted share (usage / weight), from the queue in Redis.",
+        "  fairgate status --redis-url redis://127.0.0.1:6379/0\n"
+        "  fairgate status --json | jq '.tenants'\n",
     )
     _redis_url_argument(status)
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    status.set_defaults(handler=_not_yet("status"))
+    status.set_defaults(handler=_status)
 
+
+def _why(args: argparse.Namespace) -> int:
+    from fairshare.status import why_command
+
+    return why_command(args.redis_url, args.pod, args.json)
+
+
+def _add_why(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     why = _subparser(
         subparsers, "why", "explain what happened to a pod",
-        "Say whether a pod is not fairgate's business, was denied (why), is queued\n"
-        "(position, what it waits for) or was released (when, after how long).",
-        "  fairgate why team-a-dev/trainer-0\n",
+        "Say in plain words whether a pod is not fairgate's business, was denied (and\n"
+        "why), is queued (position, and what it waits for: tenant quota, inference\n"
+        "reserve, cluster capacity, gang members) or was released (when, after how long).",
+        "  fairgate why team-a-dev/trainer-0\n  fairgate why team-a-dev/trainer-0 --json\n",
     )
-    why.add_argument("pod", metavar="NAMESPACE/POD")
+    why.add_argument("pod", metavar="NAMESPACE/POD", help="the pod, e.g. team-a-dev/trainer-0")
+    why.add_argument("--json", action="store_true", help="print JSON instead of text")
     _redis_url_argument(why)
-    why.set_defaults(handler=_not_yet("why"))
+    why.set_defaults(handler=_why)
 
-    _add_audit(subparsers)
 
+def _simulate(args: argparse.Namespace) -> int:
+    from fairshare.simulate import simulate_command
+
+    return simulate_command(Path(args.trace), args.json, args.redis_url)
+
+
+def _add_simulate(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     simulate = _subparser(
         subparsers, "simulate", "replay a workload trace through the real queue",
-        "Run the real queue code on a virtual clock against a trace and report shares,\n"
-        "Jain's index, waits per class and utilisation.",
-        "  fairgate simulate examples/weights.yaml\n  fairgate simulate trace.yaml --json\n",
+        "Run the real queue (Lua in Redis) and dispatcher on a virtual clock against a\n"
+        "trace (capacity, tenants with weights and quotas, pod arrivals) and report\n"
+        "each tenant's share / weight, Jain's index, wait percentiles per class and\n"
+        "utilisation. Starts its own redis-server unless --redis-url / $REDIS_URL is\n"
+        "given. Trace format: see DESIGN.md, 'Simulation trace', and examples/.",
+        "  fairgate simulate examples/weights.yaml\n"
+        "  fairgate simulate trace.yaml --json | jq .jain_index\n",
     )
-    simulate.add_argument("trace", metavar="TRACE.yaml")
+    simulate.add_argument("trace", metavar="TRACE.yaml", help="the trace file")
     simulate.add_argument("--json", action="store_true", help="print one JSON object")
     _redis_url_argument(simulate, required=False)
-    simulate.set_defaults(handler=_not_yet("simulate"))
+    simulate.set_defaults(handler=_simulate)
+
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -345,6 +378,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_certs(subparsers)
     _add_serve(subparsers)
     _add_pending(subparsers)
+    _add_status(subparsers)
+    _add_why(subparsers)
+    _add_simulate(subparsers)
     return parser
 
 

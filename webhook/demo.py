@@ -1,20 +1,30 @@
-"""``fairgate demo``: the webhook at work on this machine, no cluster needed.
+"""``fairgate demo``: the webhook and the dispatcher at work on this machine, no cluster.
 
-Contract: :func:`run_demo` starts a ``redis-server`` (unless a URL is given), writes a
-CA and serving certificate and an embedded three-tenant config into a temporary
-directory, runs ``fairgate serve`` as a child process over HTTPS on loopback, sends it
-a deterministic, realistic stream of AdmissionReview v1 requests (verifying the server
-against the generated CA), shows progress and then a per-tenant table. Everything it
-started or wrote is removed at the end. Exit code 0 when every request got a valid
-answer, 1 otherwise (the server's log is shown).
+Contract: :func:`run_demo` starts a ``redis-server`` (unless a URL is given; the demo
+then writes fairgate's keys, prefix ``fairgate:``, into that Redis), writes a CA and
+serving certificate and an embedded three-tenant config into a temporary directory,
+runs ``fairgate serve`` as a child process over HTTPS on loopback, and replays a
+deterministic, realistic stream of pods on a simulated cluster
+(:class:`~fairshare.simcluster.SimulatedCluster`, virtual clock): every pod creation is
+a real AdmissionReview v1 sent over HTTPS (verified against the generated CA), the
+answer's JSON Patch decides the pod's ticket, priority band and gate, and the real
+:class:`~fairshare.dispatcher.Dispatcher` releases gated pods as running pods finish.
+It shows progress, then per tenant what was admitted at once, queued, denied and
+released later, with wait times per class, and verifies the audit chain. Everything it
+started or wrote on disk is removed at the end. Exit code 0 when every request got a
+valid answer, 1 otherwise (the server's log is shown).
 """
 
 from __future__ import annotations
 
 import base64
+import io
 import json
+import math
 import random
+import statistics
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
@@ -23,15 +33,29 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonpatch
+import redis
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from audit import AuditLog
 from certs import write_bundle
+from fairshare.dispatcher import Dispatcher, DispatcherSettings
 from fairshare.localredis import local_redis
+from fairshare.queue import FairQueue
+from fairshare.simcluster import Placement, PodSpec, SimulatedCluster, VirtualClock
 from tenants import resources
 from tenants.localdir import load_config_dir
-from tenants.models import QUEUE_GATE, FairgateConfig
+from tenants.models import (
+    CLASS_LABEL,
+    POD_GROUP_LABEL,
+    POD_GROUP_SIZE_ANNOTATION,
+    QUEUE_GATE,
+    TICKET_ANNOTATION,
+    FairgateConfig,
+    PodClass,
+)
 from webhook.process import ServeProcess
 
 PLATFORM_YAML = """\
@@ -44,7 +68,7 @@ tenants:
     admins: {groups: [team-a-admins], users: [alice@example.com]}
   team-b:
     weight: 2
-    ceiling: {gpuEquivalents: 5}
+    ceiling: {gpuEquivalents: 6}
     admins: {groups: [team-b-admins]}
   team-c:
     weight: 1
@@ -62,8 +86,9 @@ inferenceReserve: {gpuEquivalents: 1}
 defaultClass: training
 """,
     "team-b": """\
-nominal: {gpu: 3}
+nominal: {gpu: 5}
 borrowLimit: {gpuEquivalents: 1}
+inferenceReserve: {gpuEquivalents: 3}
 defaultClass: training
 """,
     "team-c": """\
@@ -95,11 +120,12 @@ def write_demo_config(directory: Path) -> FairgateConfig:
 
 @dataclass(frozen=True)
 class DemoPod:
-    """One pod of the demo stream."""
+    """One pod of the demo stream: what a user or controller creates."""
 
     namespace: str
     name: str
     demand: Mapping[str, int]
+    duration: float = 300.0
     pod_class: str | None = None
     owner_kind: str | None = None
     group: tuple[str, int] | None = None
@@ -107,13 +133,13 @@ class DemoPod:
     def manifest(self) -> dict[str, Any]:
         """The pod as the API server would send it."""
         limits = {resources.k8s_name(r): str(n) for r, n in self.demand.items()}
-        labels: dict[str, str] = {"app": self.name.rsplit("-", 1)[0]}
+        labels: dict[str, str] = {"app": self.name.split("-", 1)[0]}
         annotations: dict[str, str] = {}
         if self.pod_class:
-            labels["fairgate.io/class"] = self.pod_class
+            labels[CLASS_LABEL] = self.pod_class
         if self.group:
-            labels["fairgate.io/pod-group"] = self.group[0]
-            annotations["fairgate.io/pod-group-size"] = str(self.group[1])
+            labels[POD_GROUP_LABEL] = self.group[0]
+            annotations[POD_GROUP_SIZE_ANNOTATION] = str(self.group[1])
         metadata: dict[str, Any] = {
             "name": self.name, "namespace": self.namespace, "labels": labels,
         }
@@ -161,27 +187,36 @@ def admission_review(pod: Mapping[str, Any], uid: str, *, dry_run: bool = False)
 
 
 def demo_stream(total: int, seed: int = 7) -> list[DemoPod]:
-    """A deterministic mixed stream of about ``total`` pods (gangs kept whole)."""
+    """A deterministic mixed stream of about ``total`` pods (gangs kept whole).
+
+    Durations are virtual seconds: inference replicas are short-lived here so that the
+    demo shows them coming and going; training runs for minutes.
+    """
     rng = random.Random(seed)
+
+    def minutes(low: int, high: int) -> float:
+        return float(rng.randint(low, high) * 60)
+
     kinds: list[tuple[int, Any]] = [
         # (weight, factory(i) -> list of pods)
-        (5, lambda i: [DemoPod("team-a-prod", f"chat-{i}", {"mig-1g.5gb": 1},
-                               owner_kind="ReplicaSet")]),
-        (6, lambda i: [DemoPod("team-a-research", f"pretrain-{i}", {"gpu": 1},
+        (5, lambda i: [DemoPod("team-a-prod", f"chat-{i}", {"mig-1g.5gb": 1}, minutes(1, 3),
+                               "inference", "ReplicaSet")]),
+        (6, lambda i: [DemoPod("team-a-research", f"pretrain-{i}", {"gpu": 1}, minutes(5, 15),
                                owner_kind="Job")]),
-        (1, lambda i: [DemoPod("team-a-research", f"ddp{i}-{m}", {"gpu": 1}, "training",
+        (1, lambda i: [DemoPod("team-a-research", f"ddp{i}-{m}", {"gpu": 1}, 600.0, "training",
                                "Job", (f"ddp{i}", 4)) for m in range(4)]),
-        (4, lambda i: [DemoPod("team-b-ml", f"finetune-{i}", {"gpu": 2}, owner_kind="Job")]),
-        (3, lambda i: [DemoPod("team-b-ml", f"embed-{i}", {"gpu": 1}, "inference",
-                               "ReplicaSet")]),
-        (1, lambda i: [DemoPod("team-b-ml", f"huge-{i}", {"gpu": 6}, "inference")]),
-        (4, lambda i: [DemoPod("team-c-serving", f"asr-{i}", {"mig-1g.5gb": 1},
+        (4, lambda i: [DemoPod("team-b-ml", f"finetune-{i}", {"gpu": 2}, minutes(5, 12),
+                               owner_kind="Job")]),
+        (3, lambda i: [DemoPod("team-b-ml", f"embed-{i}", {"gpu": 1},
+                               float(rng.randint(30, 90)), "inference", "ReplicaSet")]),
+        (1, lambda i: [DemoPod("team-b-ml", f"huge-{i}", {"gpu": 6}, 60.0, "inference")]),
+        (4, lambda i: [DemoPod("team-c-serving", f"asr-{i}", {"mig-1g.5gb": 1}, minutes(1, 3),
                                owner_kind="ReplicaSet")]),
         (2, lambda i: [DemoPod("team-c-serving", f"rerank-{i}", {"mig-3g.20gb": 1},
-                               "inference", "ReplicaSet")]),
-        (1, lambda i: [DemoPod("team-c-serving", f"train-{i}", {"gpu": 1}, "training",
+                               minutes(1, 3), "inference", "ReplicaSet")]),
+        (1, lambda i: [DemoPod("team-c-serving", f"train-{i}", {"gpu": 1}, 600.0, "training",
                                "Job")]),
-        (2, lambda i: [DemoPod("sandbox", f"notebook-{i}", {"gpu": 1})]),
+        (3, lambda i: [DemoPod("sandbox", f"notebook-{i}", {"gpu": 1})]),
         (2, lambda i: [DemoPod("team-a-prod", f"web-{i}", {})]),
     ]
     weights = [w for w, _ in kinds]
@@ -194,74 +229,220 @@ def demo_stream(total: int, seed: int = 7) -> list[DemoPod]:
     return pods
 
 
-@dataclass
-class TenantTally:
-    """What happened to one tenant's pods."""
-
-    nominal_slices: int = 0
-    weight: float = 0.0
-    admitted: int = 0
-    used_slices: int = 0
-    queued: int = 0
-    denied: int = 0
-    reasons: dict[str, int] = field(default_factory=dict)
-
-
 class DemoError(RuntimeError):
     """The webhook answered something that is not a valid admission response."""
 
 
-def _is_gated(response: Mapping[str, Any]) -> bool:
-    patch = response.get("patch")
-    if not patch:
-        return False
-    ops = json.loads(base64.b64decode(patch))
-    return any(QUEUE_GATE in json.dumps(op.get("value")) for op in ops
-               if op.get("path", "").startswith("/spec/schedulingGates"))
+class Denied(Exception):
+    """The webhook refused a pod (the API server would not create it)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
-def _tally(
-    tallies: dict[str, TenantTally], config: FairgateConfig, pod: DemoPod,
-    answer: Mapping[str, Any], uid: str,
-) -> None:
-    response = answer.get("response")
-    if answer.get("kind") != "AdmissionReview" or not isinstance(response, dict) \
-            or response.get("uid") != uid:
-        raise DemoError(f"invalid answer for {pod.namespace}/{pod.name}: {answer}")
-    if not pod.demand:
-        return
-    tenant = config.tenant_of_namespace(pod.namespace) or NO_TENANT
-    tally = tallies.setdefault(tenant, TenantTally())
-    if not response["allowed"]:
-        tally.denied += 1
-        reason = response.get("auditAnnotations", {}).get("reason", "?")
-        tally.reasons[reason] = tally.reasons.get(reason, 0) + 1
-    elif _is_gated(response):
-        tally.queued += 1
-    else:
-        tally.admitted += 1
-        tally.used_slices += resources.total_slices(pod.demand)
+class WebhookClient:
+    """Sends pod CREATEs to the webhook and turns answers into placements."""
+
+    def __init__(self, client: httpx.Client, config: FairgateConfig) -> None:
+        """Talk through ``client`` (TLS verified); read priority classes from ``config``."""
+        self.client = client
+        self.priority_classes = config.platform.priority_classes
+        self.sent = 0
+
+    def create(self, pod: DemoPod) -> tuple[PodClass, Placement] | None:
+        """Admit ``pod``: its class and placement; None when it asks for no GPU.
+
+        Raises :class:`Denied` when the webhook refuses it, :class:`DemoError` when the
+        answer is not a valid AdmissionReview response.
+        """
+        manifest = pod.manifest()
+        uid = str(uuid.uuid4())
+        reply = self.client.post("/mutate", json=admission_review(manifest, uid))
+        self.sent += 1
+        if reply.status_code != 200:
+            raise DemoError(f"/mutate answered HTTP {reply.status_code} for "
+                            f"{pod.namespace}/{pod.name}: {reply.text[:300]}")
+        answer = reply.json()
+        response = answer.get("response")
+        if answer.get("kind") != "AdmissionReview" or not isinstance(response, dict) \
+                or response.get("uid") != uid:
+            raise DemoError(f"invalid answer for {pod.namespace}/{pod.name}: {answer}")
+        if not response["allowed"]:
+            raise Denied(response.get("auditAnnotations", {}).get("reason", "denied"))
+        if not response.get("patch"):
+            return None
+        ops = json.loads(base64.b64decode(response["patch"]))
+        stamped = jsonpatch.apply_patch(manifest, ops)
+        band = self.priority_classes.band_of(stamped["spec"]["priorityClassName"])
+        if band is None:
+            raise DemoError(f"unknown priority class in the patch for {pod.name}")
+        gated = {"name": QUEUE_GATE} in stamped["spec"].get("schedulingGates", [])
+        pod_class: PodClass = "inference" if band == "inference" else "training"
+        ticket = stamped["metadata"]["annotations"][TICKET_ANNOTATION]
+        return pod_class, Placement(ticket, band, gated)
+
+
+@dataclass
+class TenantTally:
+    """What happened to one tenant's pods."""
+
+    weight: float = 0.0
+    nominal_slices: int = 0
+    admitted: int = 0
+    queued: int = 0
+    denied: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+    released: int = 0
+    waits: dict[str, list[float]] = field(default_factory=dict)
+    slice_seconds: float = 0.0
+
+
+class DemoCluster:
+    """The simulated cluster, the dispatcher and the webhook, driven on a virtual clock."""
+
+    def __init__(self, webhook: WebhookClient, config: FairgateConfig, client: redis.Redis,
+                 start: float) -> None:
+        """Run against Redis ``client`` (fairgate's default keys) from virtual ``start``."""
+        self.webhook = webhook
+        self.config = config
+        self.clock = VirtualClock(start)
+        self.cluster = SimulatedCluster(dict(config.platform.capacity), self._admit, self.clock)
+        self.dispatcher = Dispatcher(
+            FairQueue(client), self.cluster, lambda: config, clock=self.clock,
+            audit=AuditLog(client, out=io.StringIO()),
+            settings=DispatcherSettings(reconcile_every=math.inf, queued_events_per_pass=0),
+        )
+        self.tallies = {t.name: TenantTally(t.weight, t.nominal_slices) for t in config.tenants()}
+        self._prepared: dict[tuple[str, str], Placement] = {}
+        self._pods: dict[tuple[str, str], DemoPod] = {}
+
+    def _tally(self, namespace: str) -> TenantTally:
+        tenant = self.config.tenant_of_namespace(namespace) or NO_TENANT
+        return self.tallies.setdefault(tenant, TenantTally())
+
+    def _admit(self, spec: PodSpec, _uid: str) -> Placement:
+        """The cluster's admission hook: the placement the webhook gave this pod."""
+        prepared = self._prepared.pop((spec.namespace, spec.name), None)
+        if prepared is not None:
+            return prepared
+        # Re-created by its controller after a preemption: a new admission request.
+        pod = DemoPod(spec.namespace, spec.name, spec.demand, spec.duration, spec.pod_class,
+                      group=(spec.group, spec.group_size) if spec.group else None)
+        answer = self.webhook.create(pod)
+        if answer is None:
+            raise DemoError(f"re-created pod {spec.name} lost its GPU demand")
+        return answer[1]
+
+    def create(self, pod: DemoPod) -> None:
+        """A user creates ``pod``: admission over HTTPS, then the simulated API server."""
+        try:
+            answer = self.webhook.create(pod)
+        except Denied as denied:
+            tally = self._tally(pod.namespace)
+            tally.denied += 1
+            tally.reasons[denied.reason] = tally.reasons.get(denied.reason, 0) + 1
+            return
+        if answer is None:
+            return  # no GPU: not fairgate's business
+        pod_class, placement = answer
+        tally = self._tally(pod.namespace)
+        if placement.gated:
+            tally.queued += 1
+        else:
+            tally.admitted += 1
+        tenant = self.config.tenant_of_namespace(pod.namespace) or NO_TENANT
+        spec = PodSpec(
+            namespace=pod.namespace, name=pod.name, tenant=tenant, pod_class=pod_class,
+            demand=dict(pod.demand), duration=pod.duration,
+            group=pod.group[0] if pod.group else None,
+            group_size=pod.group[1] if pod.group else 1,
+        )
+        self._prepared[(spec.namespace, spec.name)] = placement
+        self.cluster.create_pod(spec)
+
+    def settle(self) -> None:
+        """Let the dispatcher work until the cluster is quiet."""
+        for _ in range(1000):
+            result = self.dispatcher.step()
+            if not result.released and not result.requeued and not self.cluster.has_changes():
+                return
+        raise DemoError("the dispatcher did not settle")
+
+    def advance_to(self, when: float) -> None:
+        """Finish every pod due by ``when``, dispatching after each completion."""
+        while True:
+            due = self.cluster.next_completion()
+            if due is None or due > when:
+                break
+            self._meter(due)
+            self.clock.advance_to(due)
+            self.cluster.advance()
+            self.settle()
+        self._meter(when)
+        self.clock.advance_to(when)
+
+    def _meter(self, until: float) -> None:
+        elapsed = until - self.clock()
+        if elapsed <= 0:
+            return
+        for pod in self.cluster.list_pods():
+            if pod.phase == "Running":
+                self.tallies[pod.tenant].slice_seconds += \
+                    elapsed * resources.total_slices(pod.demand)
+
+    def waiting(self) -> int:
+        """Pods created but not started yet."""
+        return sum(1 for h in self.cluster.history.values()
+                   if h.started is None and h.ended is None)
+
+    def finish(self, horizon: float) -> None:
+        """Run completions until nothing waits (or ``horizon``), then gather waits."""
+        while self.waiting() and self.clock() < horizon:
+            due = self.cluster.next_completion()
+            if due is None:
+                break
+            self.advance_to(min(due, horizon))
+        for history in self.cluster.history.values():
+            tally = self.tallies[history.spec.tenant]
+            if history.released is not None and history.released > history.created:
+                tally.released += 1
+            started = history.started if history.started is not None else self.clock()
+            tally.waits.setdefault(history.spec.pod_class, []).append(started - history.created)
+
+
+def _wait(waits: Mapping[str, list[float]], pod_class: str) -> str:
+    values = waits.get(pod_class)
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.0f}/{max(values):.0f}"
 
 
 def _table(tallies: Mapping[str, TenantTally]) -> Table:
-    table = Table(title="fairgate demo: per-tenant outcome (GPU-eq = 7 compute slices)")
-    for column in ("tenant", "weight", "nominal GPU-eq", "admitted", "used GPU-eq", "queued",
-                   "denied", "denial reasons"):
-        table.add_column(column, justify="left" if column in ("tenant", "denial reasons")
-                         else "right")
+    table = Table(title="per tenant: nominal quota in GPU-eq (7 compute slices), pods "
+                  "admitted at once / queued / denied / released later by the dispatcher, "
+                  "GPU-eq hours used, wait from creation to start in virtual s (median/max)")
+    columns = ("tenant", "weight", "nominal", "admitted", "queued", "denied", "released",
+               "GPU-eq h", "inference wait", "training wait")
+    for column in columns:
+        table.add_column(column, justify="left" if column == "tenant" else "right")
     for name in sorted(tallies):
         t = tallies[name]
         table.add_row(
             name,
             f"{t.weight:g}" if t.weight else "-",
             resources.gpu_equivalents(t.nominal_slices) if t.weight else "-",
-            str(t.admitted),
-            resources.gpu_equivalents(t.used_slices),
-            str(t.queued),
-            str(t.denied),
-            ", ".join(f"{r} x{n}" for r, n in sorted(t.reasons.items())),
+            str(t.admitted), str(t.queued), str(t.denied), str(t.released),
+            f"{t.slice_seconds / resources.SLICES_PER_GPU / 3600:.2f}",
+            _wait(t.waits, "inference"), _wait(t.waits, "training"),
         )
     return table
+
+
+def _reasons(tallies: Mapping[str, TenantTally]) -> str:
+    lines = [f"  {name}: " + ", ".join(f"{r} x{n}" for r, n in sorted(t.reasons.items()))
+             for name, t in sorted(tallies.items()) if t.reasons]
+    return "denials (audit reason):\n" + "\n".join(lines) if lines else "no denials"
 
 
 @contextmanager
@@ -273,9 +454,15 @@ def _redis(url: str | None) -> Iterator[str]:
             yield started
 
 
+ARRIVAL_GAP = 5.0  # virtual seconds between pod creations
+HORIZON = 4 * 3600.0  # virtual seconds the demo runs at most
+
+
 def run_demo(redis_url: str | None = None, pods: int = 120, console: Console | None = None) -> int:
     """Run the demo (see the module contract); returns the exit code."""
     out = console or Console()
+    if not out.is_terminal:
+        out.width = max(out.width, 120)
     with ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fairgate-demo-")))
         url = stack.enter_context(_redis(redis_url))
@@ -287,31 +474,37 @@ def run_demo(redis_url: str | None = None, pods: int = 120, console: Console | N
             ServeProcess(workdir / "certs", url, workdir / "config", workdir / "serve.log")
         )
         out.print(f"fairgate serve is up at {server.base_url} (TLS verified against ca.crt)")
-        tallies = {t.name: TenantTally(t.nominal_slices, t.weight) for t in config.tenants()}
+        client = redis.Redis.from_url(url)
+        stack.callback(client.close)
+        http = stack.enter_context(server.client())
+        demo = DemoCluster(WebhookClient(http, config), config, client, time.time())
         stream = demo_stream(pods)
         try:
-            with server.client() as client, Progress(
-                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                console=out, transient=False,
-            ) as progress:
-                task = progress.add_task("admission reviews", total=len(stream))
-                for pod in stream:
-                    uid = str(uuid.uuid4())
-                    reply = client.post("/mutate", json=admission_review(pod.manifest(), uid))
-                    if reply.status_code != 200:
-                        raise DemoError(
-                            f"/mutate answered HTTP {reply.status_code} for "
-                            f"{pod.namespace}/{pod.name}: {reply.text[:300]}"
-                        )
-                    _tally(tallies, config, pod, reply.json(), uid)
+            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                          console=out) as progress:
+                task = progress.add_task("pods created through the webhook", total=len(stream))
+                start = demo.clock()
+                for i, pod in enumerate(stream):
+                    demo.advance_to(start + i * ARRIVAL_GAP)
+                    demo.create(pod)
+                    demo.settle()
                     progress.advance(task)
+                drain = progress.add_task("dispatcher draining the queues", total=None)
+                demo.finish(start + HORIZON)
+                progress.update(drain, total=1, completed=1)
         except (DemoError, httpx.HTTPError) as exc:
             out.print(f"[red]demo failed:[/red] {exc}\n--- fairgate serve log ---\n"
                       + server.log_tail())
             return 1
-        out.print(_table(tallies))
+        out.print(_table(demo.tallies))
+        out.print(_reasons(demo.tallies))
+        result, _entries = AuditLog(client, out=io.StringIO()).verify()
         out.print(
-            "Pods in 'queued' carry the scheduling gate fairgate.io/queue; in a cluster "
-            "`fairgate dispatch` lifts it when their turn comes."
+            f"{demo.webhook.sent} AdmissionReviews over HTTPS; "
+            f"{demo.cluster.preemptions} preemptions; still waiting: {demo.waiting()}; "
+            f"audit chain: {result.checked} records, "
+            + ("verified" if result.ok else f"BROKEN: {result.problem}")
         )
+        if not result.ok:
+            return 1
     return 0
