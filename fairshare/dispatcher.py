@@ -9,9 +9,12 @@ Contract:
 - Pod changes: a pod first seen with a ticket is confirmed; a pod that ended
   (``Succeeded``/``Failed``) or was deleted frees its usage (``release``); a gated pod
   that was deleted leaves the queue (``remove``). A pod the queue does not know
-  (Redis lost data, or a reservation expired before the pod appeared) triggers a
-  reconcile, so usage and queue always converge on the cluster's truth.
-- Capacity is the platform's ``capacity`` override if set, else the cluster's.
+  (Redis lost data, or a reservation expired before the pod appeared), or a queue that
+  holds less usage or fewer queued pods than the pods seen (checked every status pass),
+  triggers a reconcile, so usage and queue always converge on the cluster's truth.
+- Capacity is the platform's ``capacity`` override if set, else the cluster's; config and
+  capacity are pushed again on every status pass and reconcile (a flush, or another
+  writer, may have changed them).
 - Several dispatchers may run on one queue: ``dispatch`` hands each queue unit to exactly
   one caller (one Lua script), and the gate patch's ``test`` op guards the pod.
 - Events: ``Admitted`` ("Admitted after 12.4s in queue") on every lift; ``Queued``
@@ -29,7 +32,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import redis
@@ -37,10 +40,10 @@ import redis
 from audit import DISPATCH, RELEASE, AuditLog
 from fairshare.cluster import ChangeKind, Cluster, ClusterChange, GpuPod, LiftOutcome
 from fairshare.metrics import DispatcherMetrics
-from fairshare.model import Release
+from fairshare.model import Release, TenantStatus
 from fairshare.queue import FairQueue, UnknownTenantError
 from fairshare.reconcile import reconcile
-from tenants.models import FairgateConfig
+from tenants.models import FairgateConfig, PodClass
 from tenants.resources import format_counts
 
 log = logging.getLogger("fairgate.dispatcher")
@@ -150,13 +153,12 @@ class Dispatcher:
             return result
         try:
             self.handle(changes)
-            now = self.clock()
-            if self._need_reconcile or now - self._last_reconcile >= \
-                    self.settings.reconcile_every:
-                self.reconcile()
-                result.reconciled = True
+            self._reconcile_if_due(result)
             self._dispatch(result)
             self._chores(self.clock())
+            if self._need_reconcile:  # the chores found the queue short of the cluster
+                self._reconcile_if_due(result)
+                self._dispatch(result)
         except UnknownTenantError as error:
             log.warning("queue lost its config (%s): syncing and reconciling", error)
             self._synced = None
@@ -173,6 +175,12 @@ class Dispatcher:
                 self._synced = None
                 self._need_reconcile = True
                 stop.wait(self.settings.idle_wait)
+
+    def _reconcile_if_due(self, result: StepResult) -> None:
+        if self._need_reconcile or \
+                self.clock() - self._last_reconcile >= self.settings.reconcile_every:
+            self.reconcile()
+            result.reconciled = True
 
     def reconcile(self) -> None:
         """Rebuild usage and queue from the cluster (after syncing config)."""
@@ -262,6 +270,7 @@ class Dispatcher:
             self._free(pod, "pod gone before its gate was lifted")
             return True
         self._posted.pop(pod.ticket, None)
+        self.pods[pod.ticket] = replace(pod, gated=False)
         if outcome is LiftOutcome.LIFTED:
             result.released.append(release)
             self._admitted(pod, release)
@@ -302,8 +311,33 @@ class Dispatcher:
                          extra={"fields": {"tickets": expired}})
         if now - self._last_status >= self.settings.status_every:
             self._last_status = now
-            self.metrics.observe_tenants(self.queue.tenant_status())
+            self.sync(force=True)  # heals a capacity another writer (or a flush) changed
+            statuses = self.queue.tenant_status()
+            self.metrics.observe_tenants(statuses)
+            self._check_drift(statuses)
             self._queued_events(now)
+
+    def _check_drift(self, statuses: list[TenantStatus]) -> None:
+        """Reconcile when Redis holds less than the pods seen: it lost data (a flush)."""
+        used: dict[str, int] = {}
+        queued: dict[tuple[str, PodClass], int] = {}
+        for pod in self.pods.values():
+            if pod.gated:
+                key = (pod.tenant, pod.pod_class)
+                queued[key] = queued.get(key, 0) + 1
+            else:
+                used[pod.tenant] = used.get(pod.tenant, 0) + pod.slices
+        known = {s.tenant: s for s in statuses}
+        for tenant in {t for t, _ in queued} | set(used):
+            status = known.get(tenant)
+            lost = status is None or status.used_slices < used.get(tenant, 0) or any(
+                status.queued.get(cls, 0) < n for (t, cls), n in queued.items() if t == tenant
+            )
+            if lost:
+                log.warning("queue holds less than the cluster: reconciling",
+                            extra={"fields": {"tenant": tenant}})
+                self._need_reconcile = True
+                return
 
     def _queued_events(self, now: float) -> None:
         budget = self.settings.queued_events_per_pass

@@ -1,0 +1,103 @@
+"""Test rig: the real FairQueue and Dispatcher on a SimulatedCluster with a virtual clock."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from audit import AuditLog
+from fairshare.cluster import GpuPod
+from fairshare.dispatcher import Dispatcher, DispatcherSettings
+from fairshare.model import PodRequest
+from fairshare.queue import FairQueue, UnknownTenantError
+from fairshare.simcluster import Placement, PodSpec, SimulatedCluster, VirtualClock
+from tenants.models import FairgateConfig, PlatformConfig, PodClass, QuotaSpec
+
+
+def make_config(tenants: dict[str, dict[str, Any]]) -> FairgateConfig:
+    """A config from ``{tenant: {weight, ceiling, quota fields...}}`` (ceiling 100 GPU-eq)."""
+    platform = PlatformConfig.model_validate({"tenants": {
+        name: {"weight": spec.get("weight", 1), "ceiling": {"gpuEquivalents": 100}}
+        for name, spec in tenants.items()
+    }})
+    quotas = {
+        name: QuotaSpec.model_validate({k: v for k, v in spec.items() if k != "weight"})
+        for name, spec in tenants.items()
+    }
+    return FairgateConfig(platform=platform, quotas=quotas)
+
+
+def admit_hook(queue: FairQueue, clock: VirtualClock, config: FairgateConfig) -> Any:
+    """What the webhook does at CREATE: ask the queue, gate the pod if it was queued.
+
+    Like the webhook, it pushes the config (without capacity) again when Redis lost it.
+    """
+
+    def admit(spec: PodSpec, uid: str) -> Placement:
+        now = clock()
+        request = PodRequest(
+            ticket=uid, tenant=spec.tenant, namespace=spec.namespace, name=spec.name,
+            pod_class=spec.pod_class, demand=dict(spec.demand), group=spec.group,
+            group_size=spec.group_size if spec.group else 1, submitted_at=now,
+        )
+        try:
+            admission = queue.admit(request, now)
+        except UnknownTenantError:
+            queue.sync_config(config, config.platform.capacity)
+            admission = queue.admit(request, now)
+        return Placement(uid, admission.band, admission.outcome == "queued")
+
+    return admit
+
+
+@dataclass
+class Rig:
+    """Queue, simulated cluster and dispatcher sharing one virtual clock."""
+
+    client: redis.Redis
+    queue: FairQueue
+    clock: VirtualClock
+    cluster: SimulatedCluster
+    dispatcher: Dispatcher
+    config: FairgateConfig
+
+    def pod(self, name: str, tenant: str = "team-a", pod_class: PodClass = "training",
+            demand: dict[str, int] | None = None, duration: float = 100.0,
+            group: str | None = None, group_size: int = 1) -> GpuPod:
+        """Create a pod as a controller would (admitted through the real queue)."""
+        return self.cluster.create_pod(PodSpec(
+            namespace=f"{tenant}-ns", name=name, tenant=tenant, pod_class=pod_class,
+            demand=demand or {"gpu": 1}, duration=duration, group=group,
+            group_size=group_size,
+        ))
+
+    def at(self, when: float) -> None:
+        """Move the clock to ``when``, finish what is due, and let the dispatcher settle."""
+        self.clock.advance_to(when)
+        self.cluster.advance()
+        self.settle()
+
+    def settle(self) -> None:
+        """Step the dispatcher until nothing changes."""
+        for _ in range(1000):
+            result = self.dispatcher.step()
+            if not result.released and not self.cluster.has_changes():
+                return
+        raise AssertionError("dispatcher did not settle")
+
+
+def make_rig(redis_url: str, tenants: dict[str, dict[str, Any]], capacity: dict[str, int],
+             settings: DispatcherSettings | None = None, audit: AuditLog | None = None,
+             prefix: str = "fairgate:") -> Rig:
+    """A rig on ``redis_url`` with the given tenants and cluster capacity."""
+    client = redis.Redis.from_url(redis_url)
+    queue = FairQueue(client, prefix=prefix)
+    clock = VirtualClock(1_000.0)
+    config = make_config(tenants)
+    cluster = SimulatedCluster(dict(capacity), admit_hook(queue, clock, config), clock)
+    dispatcher = Dispatcher(queue, cluster, lambda: config, clock=clock, audit=audit,
+                            settings=settings or DispatcherSettings())
+    dispatcher.sync(force=True)
+    return Rig(client, queue, clock, cluster, dispatcher, config)

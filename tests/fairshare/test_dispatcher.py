@@ -1,0 +1,252 @@
+"""The dispatcher against the real queue (real Redis) and a simulated cluster."""
+
+from __future__ import annotations
+
+import io
+import threading
+from collections import Counter
+
+import redis
+
+from audit import DISPATCH, RELEASE, AuditLog
+from fairshare.cluster import ChangeKind, ClusterChange, EventType, GpuPod, LiftOutcome
+from fairshare.dispatcher import Dispatcher, DispatcherSettings
+from fairshare.model import PodRequest
+from fairshare.queue import FairQueue
+from fairshare.simcluster import PodSpec, SimulatedCluster, VirtualClock
+from tests.fairshare.simkit import admit_hook, make_config, make_rig
+
+TEAM_A = {"team-a": {"weight": 1, "nominal": {"gpu": 4}}}
+
+
+def _used(queue: FairQueue, tenant: str = "team-a") -> int:
+    return next(s.used_slices for s in queue.tenant_status() if s.tenant == tenant)
+
+
+def test_a_finished_pod_frees_its_gpu_for_the_next_one(redis_url: str) -> None:
+    audit = AuditLog(redis.Redis.from_url(redis_url), out=io.StringIO())
+    rig = make_rig(redis_url, TEAM_A, {"gpu": 1}, audit=audit)
+    first = rig.pod("first", duration=10)
+    second = rig.pod("second", duration=10)
+    assert not first.gated and second.gated
+    rig.settle()
+    assert _used(rig.queue) == 7
+    waiting = rig.queue.ticket_status(second.ticket, rig.clock())
+    assert waiting is not None and waiting.state == "queued"
+
+    rig.at(1_010.0)  # first ends: its usage is freed and second released
+    history = rig.cluster.history
+    assert history[first.uid].ended == 1_010.0
+    assert history[second.uid].released == 1_010.0
+    assert history[second.uid].started == 1_010.0
+    assert _used(rig.queue) == 7
+    admitted = [e for e in rig.cluster.events if e.reason == "Admitted"]
+    assert [(e.pod.name, e.message) for e in admitted] == [
+        ("second", "Admitted after 10.0s in queue")
+    ]
+
+    rig.at(1_020.0)
+    assert _used(rig.queue) == 0
+    records = [e.record for e in audit.entries() if e.record is not None]
+    assert [(r.decision, r.name) for r in records] == [
+        (RELEASE, "first"), (DISPATCH, "second"), (RELEASE, "second")
+    ]
+    assert records[1].uid == second.ticket and records[1].tenant == "team-a"
+    assert "after 10.0s" in records[1].reason
+
+
+def test_queued_events_tell_position_and_reason_and_are_rate_limited(redis_url: str) -> None:
+    settings = DispatcherSettings(status_every=1.0, queued_event_interval=60.0)
+    rig = make_rig(redis_url, TEAM_A, {"gpu": 1}, settings=settings)
+    for i in range(9):
+        rig.pod(f"p{i}", duration=30)
+    rig.settle()
+
+    def queued_since(count: int) -> dict[str, str]:
+        events = [e for e in rig.cluster.events if e.reason == "Queued"][count:]
+        return {e.pod.name: e.message for e in events}
+
+    first = queued_since(0)
+    assert sorted(first) == [f"p{i}" for i in range(1, 9)]  # one per gated pod
+    assert first["p1"] == ("Queued: position 1 of 8 for team-a/training, waiting for "
+                           "1 x gpu of cluster capacity")
+    assert first["p8"].startswith("Queued: position 8 of 8 for team-a/training, waiting for")
+    told = len(first)
+
+    rig.at(1_030.0)  # p1 released, everyone moves up one place: too soon, too little
+    assert queued_since(told) == {}
+    rig.at(1_060.0)  # p3 and p4 went from 3 and 4 to 1 and 2 (halved), a minute later
+    assert queued_since(told) == {
+        "p3": "Queued: position 1 of 6 for team-a/training, waiting for 1 x gpu of cluster "
+              "capacity",
+        "p4": "Queued: position 2 of 6 for team-a/training, waiting for 1 x gpu of cluster "
+              "capacity",
+    }
+    told += 2
+    rig.at(1_090.0)  # p4 halved again, but was told 30 s ago; p5 and p6 halved
+    assert sorted(queued_since(told)) == ["p5", "p6"]
+    told += 2
+    rig.at(1_120.0)
+    assert sorted(queued_since(told)) == ["p7", "p8"]
+
+
+def test_a_deleted_gated_pod_leaves_the_queue(redis_url: str) -> None:
+    rig = make_rig(redis_url, TEAM_A, {"gpu": 1})
+    rig.pod("running")
+    gated = rig.pod("waiting")
+    rig.settle()
+    assert next(s.queued["training"] for s in rig.queue.tenant_status()) == 1
+    rig.cluster.delete_pod(gated.uid)
+    rig.settle()
+    assert rig.queue.ticket_status(gated.ticket, rig.clock()) is None
+    assert next(s.queued["training"] for s in rig.queue.tenant_status()) == 0
+    assert _used(rig.queue) == 7
+
+
+def test_a_reservation_no_pod_confirms_is_expired(redis_url: str) -> None:
+    rig = make_rig(redis_url, TEAM_A, {"gpu": 4})
+    rig.settle()  # the dispatcher's start-up reconcile
+    now = rig.clock()
+    request = PodRequest(ticket="never-created", tenant="team-a", namespace="team-a-ns",
+                         name="ghost", pod_class="training", demand={"gpu": 2},
+                         submitted_at=now)
+    assert rig.queue.admit(request, now).outcome == "reserved"
+    rig.settle()
+    assert _used(rig.queue) == 14
+    rig.at(now + rig.queue.reservation_ttl + 10)
+    assert _used(rig.queue) == 0
+    assert rig.dispatcher.metrics.expired._value.get() == 1
+
+
+def test_metrics_show_queue_depth_usage_and_waits(redis_url: str) -> None:
+    rig = make_rig(redis_url, TEAM_A, {"gpu": 2}, settings=DispatcherSettings(status_every=0))
+    for i in range(5):
+        rig.pod(f"p{i}", duration=50)
+    rig.settle()
+    text = rig.dispatcher.metrics.render().decode()
+    assert 'fairgate_pending_workloads{class="training",tenant="team-a"} 3.0' in text
+    assert 'fairgate_tenant_resource_usage{resource="gpu",tenant="team-a"} 2.0' in text
+    assert 'fairgate_tenant_nominal_quota{resource="gpu",tenant="team-a"} 4.0' in text
+    assert 'fairgate_cluster_capacity{resource="gpu"} 2.0' in text
+    rig.at(1_050.0)
+    text = rig.dispatcher.metrics.render().decode()
+    assert ('fairgate_admission_wait_time_seconds_count{class="training",tenant="team-a"} 2.0'
+            in text)
+    assert 'fairgate_gate_lifts_total{outcome="lifted"} 2.0' in text
+
+
+def test_a_redis_flush_is_noticed_and_rebuilt(redis_url: str) -> None:
+    rig = make_rig(redis_url, TEAM_A, {"gpu": 1}, settings=DispatcherSettings(status_every=5))
+    rig.pod("running", duration=100)
+    rig.pod("waiting", duration=100)
+    rig.settle()
+    rig.client.flushall()  # Redis loses everything
+    rig.pod("newcomer", duration=100)  # the webhook re-syncs config and queues it
+    rig.at(1_010.0)  # the next status pass sees the queue hold less than the cluster
+    status = {s.tenant: s for s in rig.queue.tenant_status()}
+    assert status["team-a"].used_slices == 7
+    assert status["team-a"].queued["training"] == 2
+
+
+class _SharedCluster:
+    """One simulated cluster watched by several dispatchers (each sees every change)."""
+
+    def __init__(self, sim: SimulatedCluster) -> None:
+        self.sim = sim
+        self.lock = threading.RLock()
+        self.views: list[_View] = []
+        self.lifts: Counter[tuple[str, LiftOutcome]] = Counter()
+
+    def view(self) -> _View:
+        view = _View(self)
+        self.views.append(view)
+        return view
+
+    def pump(self) -> None:
+        changes = self.sim.changes(0)
+        for view in self.views:
+            view.pending.extend(changes)
+
+
+class _View:
+    def __init__(self, shared: _SharedCluster) -> None:
+        self.shared = shared
+        self.pending: list[ClusterChange] = []
+
+    def list_pods(self) -> list[GpuPod]:
+        with self.shared.lock:
+            return self.shared.sim.list_pods()
+
+    def changes(self, timeout: float) -> list[ClusterChange]:
+        with self.shared.lock:
+            self.shared.pump()
+            batch, self.pending = self.pending, []
+            return batch
+
+    def capacity(self) -> dict[str, int]:
+        with self.shared.lock:
+            return self.shared.sim.capacity()
+
+    def lift_gate(self, pod: GpuPod) -> LiftOutcome:
+        with self.shared.lock:
+            outcome = self.shared.sim.lift_gate(pod)
+            self.shared.lifts[(pod.ticket, outcome)] += 1
+            return outcome
+
+    def post_event(self, pod: GpuPod, reason: str, message: str, type_: EventType) -> None:
+        with self.shared.lock:
+            self.shared.sim.post_event(pod, reason, message, type_)
+
+
+def test_two_dispatchers_release_each_ticket_exactly_once(redis_url: str) -> None:
+    config = make_config({"team-a": {"weight": 1, "nominal": {"gpu": 300}},
+                          "team-b": {"weight": 2, "nominal": {"gpu": 300}}})
+    clock = VirtualClock(1_000.0)
+    setup_queue = FairQueue(redis.Redis.from_url(redis_url))
+    setup_queue.sync_config(config, {"gpu": 0})
+    sim = SimulatedCluster({"gpu": 0}, admit_hook(setup_queue, clock, config), clock)
+    shared = _SharedCluster(sim)
+    settings = DispatcherSettings(batch=1, reconcile_every=1e9)
+    dispatchers = [
+        Dispatcher(FairQueue(redis.Redis.from_url(redis_url)), shared.view(), lambda: config,
+                   clock=clock, settings=settings)
+        for _ in range(2)
+    ]
+    pods = [
+        sim.create_pod(_spec(f"p{i}", "team-a" if i % 3 else "team-b")) for i in range(240)
+    ]
+    assert all(p.gated for p in pods)
+    for dispatcher in dispatchers:
+        dispatcher.step()  # both reconcile and see every gated pod
+    with shared.lock:
+        sim.capacity_counts["gpu"] = 240
+        for view in shared.views:
+            view.pending.append(ClusterChange(ChangeKind.CAPACITY))
+
+    released: list[list[str]] = [[], []]
+    start = threading.Barrier(2)
+
+    def work(index: int) -> None:
+        start.wait()
+        for _ in range(2_000):
+            result = dispatchers[index].step()
+            released[index] += [r.ticket for r in result.released]
+            with shared.lock:
+                if all(not p.gated for p in sim.list_pods()):
+                    return
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    tickets = [t for part in released for t in part]
+    assert sorted(tickets) == sorted(p.ticket for p in pods)  # each exactly once
+    assert all(outcome is LiftOutcome.LIFTED for (_, outcome) in shared.lifts)
+    assert sum(shared.lifts.values()) == len(pods)
+    assert all(not p.gated for p in sim.list_pods())
+
+
+def _spec(name: str, tenant: str) -> PodSpec:
+    return PodSpec(namespace=f"{tenant}-ns", name=name, tenant=tenant, pod_class="training",
+                   demand={"gpu": 1}, duration=100)
