@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography import x509
+from webhook_helpers import gpu_pod, review
 
 from webhook.cli import build_parser, main
+from webhook.process import ServeProcess
 
 SUBCOMMANDS = [
     ["demo"], ["certs"], ["certs", "generate"], ["serve"], ["dispatch"], ["status"], ["why"],
@@ -94,3 +99,100 @@ def test_serve_with_broken_config_names_the_file(tmp_path: Path) -> None:
     assert "platform.yaml" in result.stderr
     assert "weight" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# -- commands against a real webhook and Redis -----------------------------------------------
+
+
+def _fairgate(*args: str, env_redis: str | None = None) -> subprocess.CompletedProcess[str]:
+    import os
+
+    env = {**os.environ}
+    if env_redis is not None:
+        env["REDIS_URL"] = env_redis
+    return subprocess.run([sys.executable, "-m", "webhook.cli", *args], capture_output=True,
+                          text=True, timeout=120, check=False, env=env)
+
+
+def _admit(server: ServeProcess, namespace: str, name: str) -> dict[str, Any]:
+    body = review(gpu_pod(namespace, name))
+    with server.client() as client:
+        reply = client.post("/mutate", json=body)
+    assert reply.status_code == 200
+    response: dict[str, Any] = reply.json()["response"]
+    return response
+
+
+def test_status_shows_what_the_webhook_reserved(server: ServeProcess, redis_url: str) -> None:
+    _admit(server, "team-b-dev", "first")
+    _admit(server, "team-b-dev", "second")
+    result = _fairgate("status", "--json", env_redis=redis_url)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert "team-b" in json.dumps(report)
+    table = _fairgate("status", "--redis-url", redis_url)
+    assert table.returncode == 0
+    assert "team-b" in table.stdout
+
+
+def test_why_explains_a_queued_pod(server: ServeProcess, redis_url: str) -> None:
+    _admit(server, "team-b-dev", "holder")
+    queued = _admit(server, "team-b-dev", "waiter")
+    assert queued["auditAnnotations"]["decision"] == "queue"
+    result = _fairgate("why", "team-b-dev/waiter", "--redis-url", redis_url)
+    assert result.returncode == 0, result.stderr
+    assert "queued" in result.stdout.lower()
+    bad = _fairgate("why", "no-slash", "--redis-url", redis_url)
+    assert bad.returncode == 2
+    assert "Traceback" not in bad.stderr
+
+
+def test_audit_commands_read_and_verify_the_webhooks_records(
+    server: ServeProcess, redis_url: str
+) -> None:
+    denied = _admit(server, "sandbox", "nb")
+    assert denied["allowed"] is False
+    deadline = time.monotonic() + 5
+    query = _fairgate("audit", "query", "--decision", "deny", "--json", "--redis-url", redis_url)
+    while '"sandbox"' not in query.stdout and time.monotonic() < deadline:
+        time.sleep(0.2)
+        query = _fairgate("audit", "query", "--decision", "deny", "--json",
+                          "--redis-url", redis_url)
+    records = [json.loads(line) for line in query.stdout.splitlines()]
+    assert any(r["namespace"] == "sandbox" and r["reason"] == "no-tenant" for r in records)
+    verify = _fairgate("audit", "verify", "--redis-url", redis_url)
+    assert verify.returncode == 0, verify.stdout
+    assert verify.stdout.startswith("OK")
+    tail = _fairgate("audit", "tail", "--no-follow", "--redis-url", redis_url)
+    assert "sandbox" in tail.stdout
+
+
+def test_simulate_reports_fairness_as_json() -> None:
+    trace = Path(__file__).parents[2] / "examples" / "weights-1-2-3.yaml"
+    result = _fairgate("simulate", str(trace), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert {"jain_index", "utilization", "wait_seconds", "tenants"} <= set(report)
+
+
+def test_unreachable_redis_is_a_clear_error() -> None:
+    result = _fairgate("audit", "verify", "--redis-url", "redis://127.0.0.1:1/0")
+    assert result.returncode == 1
+    assert "Redis" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_demo_runs_to_completion_and_cleans_up(tmp_path: Path) -> None:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    env["TMPDIR"] = str(tmp_path)
+    result = subprocess.run([sys.executable, "-m", "webhook.cli", "demo"], capture_output=True,
+                            text=True, timeout=120, check=False, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for tenant in ("team-a", "team-b", "team-c", "(no tenant)"):
+        assert tenant in result.stdout
+    assert "no-tenant" in result.stdout  # the unlabeled namespace was refused
+    assert "audit chain:" in result.stdout and "verified" in result.stdout
+    assert list(tmp_path.iterdir()) == []  # certificates, config and logs removed
