@@ -11,8 +11,6 @@ import pytest
 import yaml
 from conftest import MANIFESTS, TENANT_ADMIN, Obj
 
-pytestmark = pytest.mark.timeout(1800)  # the session's first test builds kubetool
-
 # The newest schema the library ships, and an older release still in wide use
 # (the oldest with everything used here: matchConditions GA, preStop sleep).
 SCHEMA_VERSIONS = [kubernetes_validate.latest_version(), "1.31.0"]

@@ -29,8 +29,6 @@ import pytest
 from conftest import Obj
 from matchcases import CASES, MUTATE_PODS, VALIDATE_CONFIGMAPS, VALIDATE_PODS, Case
 
-pytestmark = pytest.mark.timeout(1800)  # the session's first test builds kubetool
-
 _ENV = celpy.Environment()
 
 

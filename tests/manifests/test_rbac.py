@@ -9,8 +9,6 @@ from conftest import Obj, find, of_kind
 
 from tenants.schema import parse_platform
 
-pytestmark = pytest.mark.timeout(1800)  # the session's first test builds kubetool
-
 NS = "fairgate-system"
 WEBHOOK = ("ServiceAccount", "fairgate-webhook", NS)
 DISPATCHER = ("ServiceAccount", "fairgate-dispatcher", NS)

@@ -6,8 +6,6 @@ import pytest
 from conftest import Obj, find, selects
 from matchcases import MUTATE_PODS, VALIDATE_CONFIGMAPS, VALIDATE_PODS
 
-pytestmark = pytest.mark.timeout(1800)  # the session's first test builds kubetool
-
 POD_HOOKS = (MUTATE_PODS, VALIDATE_PODS)
 
 

@@ -11,8 +11,6 @@ from conftest import Obj, find, of_kind, selects
 from tenants.models import QUOTA_LABEL, PriorityClasses
 from tenants.schema import parse_platform, parse_quota
 
-pytestmark = pytest.mark.timeout(1800)  # the session's first test builds kubetool
-
 REDIS_URL = "redis://fairgate-redis:6379/0"
 FAIRGATE_WORKLOADS = [("Deployment", "fairgate-webhook"), ("Deployment", "fairgate-dispatcher")]
 ALL_WORKLOADS = [*FAIRGATE_WORKLOADS, ("StatefulSet", "fairgate-redis")]
