@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import redis
@@ -87,12 +87,17 @@ _UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, OSError)
 
 @dataclass
 class Progress:
-    """How far a decision got; read by the deadline and error fallbacks."""
+    """How far a decision got; read by the deadline and error fallbacks.
+
+    ``abandoned`` is set when the deadline passed and a fallback answered instead: the
+    worker still running the decision then records nothing (no second audit record).
+    """
 
     started: float
     review: AdmissionReview | None = None
     plan: PodPlan | None = None
     config: FairgateConfig | None = None
+    abandoned: bool = False
 
 
 @dataclass(frozen=True)
@@ -105,7 +110,6 @@ class _Decision:
     pod_class: str = ""
     demand: str = ""
     diff: Mapping[str, Mapping[str, Any]] | None = None
-    extra_audit: Mapping[str, str] = field(default_factory=dict)
 
 
 def _planned(verdict: str, reason: str, plan: PodPlan | None) -> _Decision:
@@ -221,6 +225,8 @@ class AdmissionService:
 
     def overdue(self, webhook: Webhook, body: bytes, progress: Progress) -> AdmissionReviewResponse:
         """The answer for a decision that missed its deadline."""
+        progress.abandoned = True  # the late worker's own decision is not recorded
+        progress = replace(progress, abandoned=False)
         review = progress.review or parse_review(body)
         progress.review = review
         request = review.request
@@ -443,7 +449,17 @@ class AdmissionService:
     def _record(
         self, request: AdmissionRequest, decision: _Decision, progress: Progress
     ) -> dict[str, str]:
-        """Count and audit ``decision``; return its ``auditAnnotations``."""
+        """Count and audit ``decision``; return its ``auditAnnotations``.
+
+        Dry-run requests are counted but not audited (they change nothing).
+        """
+        annotations = {
+            "decision": decision.verdict,
+            "tenant": decision.tenant,
+            "reason": decision.reason,
+        }
+        if progress.abandoned:
+            return annotations
         self.metrics.decisions.labels(decision.tenant, decision.verdict).inc()
         latency_ms = (time.perf_counter() - progress.started) * 1000
         if not request.dry_run:
@@ -462,12 +478,7 @@ class AdmissionService:
                 latency_ms=latency_ms,
                 diff=decision.diff,
             )
-        return {
-            "decision": decision.verdict,
-            "tenant": decision.tenant,
-            "reason": decision.reason,
-            **decision.extra_audit,
-        }
+        return annotations
 
 
 def _metadata(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
