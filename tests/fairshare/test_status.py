@@ -1,0 +1,161 @@
+"""`fairgate status` and `fairgate why` against a real Redis holding a queue built by the
+real scripts, and an audit stream written by the real AuditLog."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+import redis
+
+from audit import ADMIT, DENY, DISPATCH, QUEUE, RELEASE, AuditLog
+from fairshare.cluster import PodRef
+from fairshare.model import PodRequest
+from fairshare.queue import FairQueue
+from fairshare.status import status_command, status_report, why_command, why_report
+from tests.fairshare.simkit import make_config
+
+NOW = 1_700_000_000.0
+CONFIG = make_config({
+    "team-a": {"weight": 2, "nominal": {"gpu": 4, "mig-1g.5gb": 7},
+               "borrowLimit": {"gpuEquivalents": 2}, "inferenceReserve": {"gpuEquivalents": 1}},
+    "team-b": {"weight": 1, "nominal": {"gpu": 2}},
+})
+
+
+def _request(ticket: str, name: str, tenant: str = "team-a", pod_class: str = "training",
+             demand: dict[str, int] | None = None, at: float = NOW) -> PodRequest:
+    return PodRequest(ticket=ticket, tenant=tenant, namespace=f"{tenant}-dev", name=name,
+                      pod_class=pod_class,  # type: ignore[arg-type]
+                      demand=demand or {"gpu": 1}, submitted_at=at)
+
+
+@pytest.fixture
+def queue(redis_client: redis.Redis) -> FairQueue:
+    """A queue with team-a running 3 GPUs and 1 MIG slice, team-a and team-b queued."""
+    q = FairQueue(redis_client)
+    q.sync_config(CONFIG, {"gpu": 4, "mig-1g.5gb": 7})
+    for i in range(3):
+        assert q.admit(_request(f"a-run-{i}", f"run-{i}"), NOW).outcome == "reserved"
+        q.confirm(f"a-run-{i}", NOW)
+    assert q.admit(_request("a-mig", "mig", pod_class="inference",
+                            demand={"mig-1g.5gb": 1}), NOW).outcome == "reserved"
+    assert q.admit(_request("b-run", "b-run", tenant="team-b"), NOW).outcome == "reserved"
+    for i in range(2):
+        admission = q.admit(_request(f"a-wait-{i}", f"wait-{i}", at=NOW + 1 + i), NOW + 1 + i)
+        assert admission.outcome == "queued"
+    assert q.admit(_request("b-wait", "b-wait", tenant="team-b", at=NOW + 5),
+                   NOW + 5).outcome == "queued"
+    return q
+
+
+def test_status_reports_quota_usage_backlog_and_share(queue: FairQueue) -> None:
+    report = status_report(queue)
+    a, b = report["tenants"]["team-a"], report["tenants"]["team-b"]
+    assert a == {
+        "weight": 2.0, "nominal": {"gpu": 4, "mig-1g.5gb": 7}, "nominalGpuEquivalents": 5.0,
+        "borrowLimit": 2.0, "inferenceReserve": 1.0, "used": 3.14, "borrowed": 0.0,
+        "queued": {"inference": 0, "training": 2}, "weightedShare": round(22 / 7 / 2, 4),
+    }
+    assert b["used"] == 1.0 and b["queued"] == {"inference": 0, "training": 1}
+    assert b["weightedShare"] == 1.0
+
+
+def test_status_command_prints_json_and_a_table(queue: FairQueue, redis_url: str) -> None:
+    out = io.StringIO()
+    assert status_command(redis_url, True, out=out) == 0
+    assert json.loads(out.getvalue()) == status_report(queue)
+    table = io.StringIO()
+    assert status_command(redis_url, False, out=table) == 0
+    text = table.getvalue()
+    assert "team-a" in text and "5.00 (gpu=4,mig-1g.5gb=7)" in text and "3.14" in text
+
+
+def test_status_command_reports_an_unreachable_redis() -> None:
+    err = io.StringIO()
+    assert status_command("redis://127.0.0.1:1/0", True, out=io.StringIO(), err=err) == 1
+    assert "cannot read the queue at redis://127.0.0.1:1/0" in err.getvalue()
+
+
+def _audit(client: redis.Redis) -> AuditLog:
+    return AuditLog(client, out=io.StringIO())
+
+
+def test_why_explains_a_queued_pod(queue: FairQueue, redis_client: redis.Redis) -> None:
+    log = _audit(redis_client)
+    log.record(QUEUE, uid="a-wait-1", tenant="team-a", namespace="team-a-dev",
+               name="wait-1", pod_class="training", demand="gpu=1",
+               reason="waiting for 1 x gpu of cluster capacity")
+    records = [e.record for e in log.entries() if e.record]
+    report = why_report(PodRef("team-a-dev", "wait-1"), queue, records, NOW + 10)
+    assert report.verdict == "queued"
+    assert report.position == 2 and report.queue_length == 2
+    assert report.summary.startswith("queued: position 2 of 2 for team-a/training, waiting for ")
+    assert report.waiting_for is not None and report.ticket == "a-wait-1"
+
+
+def test_why_explains_a_running_pod_and_when_it_was_released(
+    queue: FairQueue, redis_client: redis.Redis, redis_url: str
+) -> None:
+    log = _audit(redis_client)
+    log.record(ADMIT, uid="a-run-1", tenant="team-a", namespace="team-a-dev", name="run-1",
+               pod_class="training", demand="gpu=1", reason="reserved as training")
+    records = [e.record for e in log.entries() if e.record]
+    report = why_report(PodRef("team-a-dev", "run-1"), queue, records, NOW + 10)
+    assert report.verdict == "running"
+    assert report.released_at == NOW and report.waited_seconds == 0.0
+    assert "released as training at 2023-11-14T22:13:20Z after 0.0s in queue" in report.summary
+    out = io.StringIO()
+    assert why_command(redis_url, "team-a-dev/run-1", out=out) == 0
+    assert out.getvalue().startswith("team-a-dev/run-1: released as training at ")
+    assert "reserved as training" in out.getvalue()  # the audit history
+
+
+def test_why_follows_a_generated_name_through_the_ticket(
+    queue: FairQueue, redis_client: redis.Redis
+) -> None:
+    log = _audit(redis_client)
+    log.record(QUEUE, uid="a-wait-0", tenant="team-a", namespace="team-a-dev",
+               name="trainer-*", pod_class="training", demand="gpu=1")
+    log.record(DISPATCH, uid="a-wait-0", tenant="team-a", namespace="team-a-dev",
+               name="trainer-x7k2p", pod_class="training", demand="gpu=1",
+               reason="released as training after 12.4s")
+    records = [e.record for e in log.entries() if e.record]
+    report = why_report(PodRef("team-a-dev", "trainer-x7k2p"), queue, records, NOW + 10)
+    assert report.ticket == "a-wait-0"
+    assert len(report.history) == 2  # the webhook's record joined through the ticket
+
+
+def test_why_explains_a_denied_pod_an_ended_pod_and_an_unknown_pod(
+    queue: FairQueue, redis_client: redis.Redis, redis_url: str
+) -> None:
+    log = _audit(redis_client)
+    log.record(DENY, uid="x1", tenant="team-a", namespace="team-a-dev", name="greedy",
+               reason="exceeds the tenant's ceiling")
+    log.record(ADMIT, uid="a-run-2", tenant="team-a", namespace="team-a-dev", name="run-2")
+    assert queue.release("a-run-2")
+    log.record(RELEASE, uid="a-run-2", tenant="team-a", namespace="team-a-dev", name="run-2",
+               reason="pod Succeeded")
+    records = [e.record for e in log.entries() if e.record]
+
+    denied = why_report(PodRef("team-a-dev", "greedy"), queue, records, NOW)
+    assert denied.verdict == "denied"
+    assert denied.summary == "denied at admission: exceeds the tenant's ceiling"
+
+    ended = why_report(PodRef("team-a-dev", "run-2"), queue, records, NOW)
+    assert ended.verdict == "ended" and "(pod Succeeded)" in ended.summary
+
+    unknown = why_report(PodRef("team-a-dev", "cpu-only"), queue, records, NOW)
+    assert unknown.verdict == "unknown"
+    assert "not fairgate's business" in unknown.summary
+
+    out = io.StringIO()
+    assert why_command(redis_url, "team-a-dev/greedy", json_out=True, out=out) == 0
+    assert json.loads(out.getvalue())["verdict"] == "denied"
+
+
+def test_why_refuses_a_malformed_reference(redis_url: str) -> None:
+    err = io.StringIO()
+    assert why_command(redis_url, "just-a-name", out=io.StringIO(), err=err) == 2
+    assert "expected <namespace>/<pod>" in err.getvalue()
