@@ -1,0 +1,580 @@
+"""Admission latency and throughput of the webhook over HTTPS on loopback (issue 7).
+
+Run (from the repository root):
+
+    python -m bench.admission                     # the full run: table + JSON
+    python -m bench.admission --duration 5        # shorter
+    python -m bench.admission scaling --workers 1,2,4
+    python -m bench.admission serve --workers 2 ...   # only the bench server (manual runs)
+
+What it measures, all in one run against one server process (``wrk`` from Debian, the
+Lua script ``bench/wrk/review.lua`` posting a real AdmissionReview v1 with a fresh uid
+per request; a real ``redis-server`` on 127.0.0.1):
+
+- ``baseline``: ``POST /bench/allow`` on the same app, uvicorn and TLS stack: reads the
+  body, parses the JSON, answers ``allowed: true`` with the uid.
+- ``mutate-fast``: ``/mutate`` for a GPU pod of a tenant with room (reserved at once).
+- ``mutate-queue``: ``/mutate`` for a GPU pod of a tenant whose quota is full (queued
+  behind a growing backlog: one Lua script each, gate + warning in the answer).
+- ``validate``: ``/validate`` for the CREATE of a pod as ``/mutate`` stamped it.
+
+Each at a fixed rate (``--rate``, paced by the Lua script: Debian has no wrk2) and at
+saturation (closed loop, ``--connections``). Redis is emptied before every run.
+
+The bench server is :func:`webhook.app.create_app` over the same
+:func:`webhook.server.connect_redis` client, :func:`certs.server_ssl_context` and uvicorn
+options as ``fairgate serve``, plus the baseline route, served by ``--workers`` uvicorn
+processes on one socket (``fairgate serve`` has no ``--workers``). ``--check-serve``
+also measures the real ``fairgate serve`` process at saturation on ``/mutate``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import secrets
+import shutil
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonpatch
+import redis
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from certs import server_ssl_context, write_bundle
+from fairshare.localredis import free_port, local_redis
+from tenants.source import LocalDirSource
+from webhook.app import create_app
+from webhook.process import ServeProcess, client_context
+from webhook.server import connect_redis
+from webhook.service import AdmissionService
+
+HOST = "127.0.0.1"
+WRK_SCRIPT = Path(__file__).parent / "wrk" / "review.lua"
+UID = "UID_PLACEHOLDER"
+BASELINE_PATH = "/bench/allow"
+_ENV_PREFIX = "FAIRGATE_BENCH_"
+
+# Tenant "fast" never runs out of room; tenant "queue" has one GPU, held before each run.
+PLATFORM_YAML = """\
+platformAdmins: {groups: [platform-team]}
+capacity: {gpu: 10000000}
+tenants:
+  fast: {weight: 1, ceiling: {gpuEquivalents: 10000000}}
+  queue: {weight: 1, ceiling: {gpuEquivalents: 1}}
+onRedisUnavailable: deny
+"""
+QUOTAS = {
+    "fast": "nominal: {gpu: 10000000}\ndefaultClass: training\n",
+    "queue": "nominal: {gpu: 1}\ndefaultClass: training\n",
+}
+NAMESPACES_YAML = "fast-dev: {fairgate.io/tenant: fast}\nqueue-dev: {fairgate.io/tenant: queue}\n"
+
+
+def write_bench_config(directory: Path) -> Path:
+    """The bench's config dir (tenants ``fast`` and ``queue``)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "platform.yaml").write_text(PLATFORM_YAML)
+    for tenant, text in QUOTAS.items():
+        (directory / f"quota-{tenant}.yaml").write_text(text)
+    (directory / "namespaces.yaml").write_text(NAMESPACES_YAML)
+    return directory
+
+
+def pod(namespace: str, name: str) -> dict[str, Any]:
+    """A one-GPU training pod as a Job controller would create it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name, "namespace": namespace,
+            "labels": {"app": "trainer", "job-name": "trainer"},
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "trainer",
+                                 "uid": "0b5c6a86-8f2f-4c8e-9a43-7d1c6c1d2e11",
+                                 "controller": True}],
+        },
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{
+                "name": "main", "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+                "command": ["python", "train.py"],
+                "resources": {"limits": {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "1"},
+                              "requests": {"cpu": "4", "memory": "16Gi"}},
+            }],
+        },
+    }
+
+
+def review(obj: dict[str, Any], uid: str = UID) -> dict[str, Any]:
+    """An AdmissionReview v1 pod CREATE as the API server sends it."""
+    meta = obj["metadata"]
+    gvk = {"group": "", "version": "v1", "kind": "Pod"}
+    gvr = {"group": "", "version": "v1", "resource": "pods"}
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid, "kind": gvk, "resource": gvr, "requestKind": gvk,
+            "requestResource": gvr, "name": meta["name"], "namespace": meta["namespace"],
+            "operation": "CREATE",
+            "userInfo": {"username": "system:serviceaccount:kube-system:job-controller",
+                         "groups": ["system:serviceaccounts", "system:authenticated"]},
+            "object": obj, "oldObject": None, "dryRun": False,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
+        },
+    }
+
+
+# -- the bench server ------------------------------------------------------------------
+
+
+def _baseline_answer(body: bytes) -> bytes:
+    uid = json.loads(body)["request"]["uid"]
+    return json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                       "response": {"uid": uid, "allowed": True}}).encode()
+
+
+def bench_app() -> FastAPI:
+    """The webhook app as ``fairgate serve`` builds it, plus ``POST /bench/allow``.
+
+    Reads its settings from ``FAIRGATE_BENCH_*`` environment variables (it is the
+    uvicorn app factory of every worker process).
+    """
+    source = LocalDirSource(Path(os.environ[_ENV_PREFIX + "CONFIG_DIR"]), poll_interval=1.0)
+    source.start()
+    client = connect_redis(os.environ[_ENV_PREFIX + "REDIS_URL"])
+    app = create_app(AdmissionService(source, client))
+
+    @app.post(BASELINE_PATH)
+    async def allow(request: Request) -> Response:
+        return Response(_baseline_answer(await request.body()), media_type="application/json")
+
+    return app
+
+
+def _ssl_context(config: uvicorn.Config, _default: Any) -> ssl.SSLContext:
+    return server_ssl_context(Path(os.environ[_ENV_PREFIX + "CERT_DIR"]))
+
+
+def serve(cert_dir: Path, redis_url: str, config_dir: Path, port: int, workers: int) -> None:
+    """Serve :func:`bench_app` on 127.0.0.1:``port`` with ``workers`` processes."""
+    os.environ.update({_ENV_PREFIX + "CERT_DIR": str(cert_dir),
+                       _ENV_PREFIX + "REDIS_URL": redis_url,
+                       _ENV_PREFIX + "CONFIG_DIR": str(config_dir)})
+    uvicorn.run(
+        "bench.admission:bench_app", factory=True, host=HOST, port=port, workers=workers,
+        ssl_context_factory=_ssl_context, log_config=None, access_log=False,
+        server_header=False, lifespan="on",
+    )
+
+
+@dataclass
+class Server:
+    """A running server process (bench server or ``fairgate serve``) on loopback."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    ca_file: Path
+
+    @property
+    def base_url(self) -> str:
+        """``https://127.0.0.1:<port>``."""
+        return f"https://{HOST}:{self.port}"
+
+    def client(self) -> httpx.Client:
+        """A verifying HTTPS client."""
+        return httpx.Client(base_url=self.base_url, verify=client_context(self.ca_file),
+                            timeout=10.0)
+
+    def pids(self) -> list[int]:
+        """The server's process and its worker processes."""
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
+        try:
+            kids = [int(p) for p in children.read_text().split()]
+        except OSError:
+            kids = []
+        return [self.process.pid, *kids]
+
+
+class BenchEnvironment:
+    """Certificates, config dir and a private ``redis-server`` for a bench run."""
+
+    def __init__(self, stack: ExitStack) -> None:
+        """Set everything up; torn down when ``stack`` closes."""
+        self._stack = stack
+        self.workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(
+            prefix="fairgate-bench-")))
+        self.cert_dir = self.workdir / "certs"
+        write_bundle(self.cert_dir, extra_sans=(HOST,))
+        self.config_dir = write_bench_config(self.workdir / "config")
+        self.redis_url = stack.enter_context(local_redis())
+        self.redis = redis.Redis.from_url(self.redis_url)
+        stack.callback(self.redis.close)
+
+    @contextmanager
+    def bench_server(self, workers: int = 1) -> Iterator[Server]:
+        """The bench server with ``workers`` uvicorn processes, until the context exits."""
+        port = free_port()
+        command = [sys.executable, "-m", "bench.admission", "serve",
+                   "--cert-dir", str(self.cert_dir), "--redis-url", self.redis_url,
+                   "--config-dir", str(self.config_dir), "--port", str(port),
+                   "--workers", str(workers)]
+        log = (self.workdir / f"server-{port}.log").open("ab")
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                   cwd=Path(__file__).resolve().parent.parent)
+        server = Server(process, port, self.cert_dir / "ca.crt")
+        try:
+            _wait_healthy(server, workers)
+            yield server
+        finally:
+            process.terminate()
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            log.close()
+
+    @contextmanager
+    def fairgate_serve(self) -> Iterator[Server]:
+        """The real ``fairgate serve`` process (one worker; no baseline route)."""
+        with ServeProcess(self.cert_dir, self.redis_url, self.config_dir,
+                          self.workdir / "fairgate-serve.log") as serve_process:
+            assert serve_process.process is not None
+            yield Server(serve_process.process, serve_process.port, serve_process.ca_file)
+
+
+def _wait_healthy(server: Server, workers: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    with server.client() as client:
+        while time.monotonic() < deadline:
+            if server.process.poll() is not None:
+                raise RuntimeError(f"bench server exited with {server.process.returncode}")
+            try:
+                if (client.get("/healthz").status_code == 200
+                        and len(server.pids()) >= (workers + 1 if workers > 1 else 1)):
+                    time.sleep(1.0 if workers > 1 else 0.0)  # let every worker start
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+    raise RuntimeError(f"bench server not healthy within {timeout}s")
+
+
+# -- scenarios -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One endpoint and body to load."""
+
+    name: str
+    path: str
+    body: str  # JSON with UID_PLACEHOLDER for the request uid
+
+
+def _stamped(server: Server, obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` as ``/mutate`` stamps it (the body ``/validate`` then sees)."""
+    body = review(obj, uid="6b0c9a52-2f1e-4d8a-9e57-3c2d1b0a9f88")
+    with server.client() as client:
+        answer = client.post("/mutate", json=body).json()["response"]
+    ops = json.loads(base64.b64decode(answer["patch"]))
+    result: dict[str, Any] = jsonpatch.apply_patch(obj, ops)
+    return result
+
+
+def scenarios(server: Server) -> list[Scenario]:
+    """Baseline, /mutate fast path, /mutate queue path, /validate."""
+    fast = json.dumps(review(pod("fast-dev", "trainer-0")))
+    queued = json.dumps(review(pod("queue-dev", "trainer-0")))
+    validate = json.dumps(review(_stamped(server, pod("fast-dev", "trainer-0"))))
+    return [
+        Scenario("baseline", BASELINE_PATH, fast),
+        Scenario("mutate-fast", "/mutate", fast),
+        Scenario("mutate-queue", "/mutate", queued),
+        Scenario("validate", "/validate", validate),
+    ]
+
+
+def quiesce(env: BenchEnvironment, quiet: float = 0.5, timeout: float = 60.0) -> None:
+    """Wait until the server stopped writing to Redis (requests and audit drained)."""
+    deadline = time.monotonic() + timeout
+    last = -1
+    while time.monotonic() < deadline:
+        # INFO itself is a command: one per look.
+        count = int(env.redis.info("stats")["total_commands_processed"])
+        if count == last + 1:
+            return
+        last = count
+        time.sleep(quiet)
+    raise RuntimeError(f"the server kept writing to Redis for {timeout}s after the load")
+
+
+def reset_redis(env: BenchEnvironment, server: Server) -> None:
+    """Empty Redis once the server is idle, then fill tenant ``queue``'s only GPU so its
+    pods must wait."""
+    quiesce(env)
+    env.redis.flushall()
+    holder = review(pod("queue-dev", "holder"), uid=f"{secrets.token_hex(4)}-0000-4000-8000-"
+                    "000000000000")
+    with server.client() as client:
+        answer = client.post("/mutate", json=holder).json()["response"]
+    if answer["auditAnnotations"]["decision"] != "admit":
+        raise RuntimeError(f"could not fill tenant queue's quota: {answer}")
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """What ``wrk`` saw in one run."""
+
+    scenario: str
+    mode: str  # "rate=<n>" or "saturation"
+    connections: int
+    seconds: float
+    requests: int
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    p999_ms: float
+    max_ms: float
+    errors: int
+    non_2xx: int
+    decisions: dict[str, int]
+
+
+def run_wrk(server: Server, scenario: Scenario, *, rate: int, duration: float,
+            connections: int, threads: int, workdir: Path) -> LoadResult:
+    """Load ``scenario`` with wrk (``rate`` 0: saturation) and parse its JSON summary."""
+    template = workdir / f"{scenario.name}.json"
+    template.write_text(scenario.body)
+    command = ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{duration:g}s",
+               "--timeout", "5s", "-s", str(WRK_SCRIPT), server.base_url + scenario.path,
+               "--", str(template), str(rate), secrets.token_hex(4), str(threads)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=duration + 60,
+                          check=True)
+    line = next((x for x in done.stdout.splitlines() if x.startswith("WRK_JSON ")), None)
+    if line is None:
+        raise RuntimeError(f"wrk printed no summary:\n{done.stdout}\n{done.stderr}")
+    raw = json.loads(line.removeprefix("WRK_JSON "))
+    seconds = raw["duration_us"] / 1e6
+    errors = raw["errors"]
+    lat = raw["latency_us"]
+    return LoadResult(
+        scenario=scenario.name,
+        mode=f"rate={rate}" if rate else "saturation",
+        connections=connections,
+        seconds=round(seconds, 2),
+        requests=raw["requests"],
+        rps=round(raw["requests"] / seconds, 1),
+        p50_ms=lat["p50"] / 1000, p99_ms=lat["p99"] / 1000, p999_ms=lat["p99.9"] / 1000,
+        max_ms=lat["max"] / 1000,
+        errors=errors["connect"] + errors["read"] + errors["write"] + errors["timeout"],
+        non_2xx=errors["status"],
+        decisions=raw["decisions"],
+    )
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """How hard and how long to load."""
+
+    rate: int = 500
+    duration: float = 15.0
+    rate_connections: int = 16
+    saturation_connections: int = 32
+    threads: int = 1
+
+
+def measure(env: BenchEnvironment, server: Server, plan: LoadPlan,
+            only: Sequence[str] = (), modes: Sequence[str] = ("rate", "saturation"),
+            ) -> list[LoadResult]:
+    """Every scenario (or those named in ``only``) in every mode, Redis reset before each."""
+    results = []
+    for scenario in scenarios(server):
+        if only and scenario.name not in only:
+            continue
+        for mode in modes:
+            reset_redis(env, server)
+            rate = plan.rate if mode == "rate" else 0
+            connections = plan.rate_connections if rate else plan.saturation_connections
+            # A short warm-up on the same path, not counted.
+            run_wrk(server, scenario, rate=0, duration=1, connections=connections,
+                    threads=plan.threads, workdir=env.workdir)
+            results.append(run_wrk(server, scenario, rate=rate, duration=plan.duration,
+                                   connections=connections, threads=plan.threads,
+                                   workdir=env.workdir))
+    return results
+
+
+# -- reporting -------------------------------------------------------------------------
+
+TARGET_P99_MS = 5.0
+TARGET_SATURATION_RPS = 1500.0
+TARGET_P50_RATIO = 1.5
+
+
+def verdicts(results: Sequence[LoadResult]) -> dict[str, Any]:
+    """The issue's three targets, each with the measured figure and met or not."""
+    by = {(r.scenario, r.mode.split("=")[0]): r for r in results}
+    base = by.get(("baseline", "rate"))
+    out: dict[str, Any] = {}
+    for name in ("mutate-fast", "mutate-queue", "validate"):
+        fixed, sat = by.get((name, "rate")), by.get((name, "saturation"))
+        if fixed is not None:
+            out[f"{name} p99 at fixed rate <= {TARGET_P99_MS} ms"] = {
+                "measured_ms": fixed.p99_ms, "met": fixed.p99_ms <= TARGET_P99_MS}
+            if base is not None:
+                ratio = fixed.p50_ms / base.p50_ms
+                out[f"{name} p50 <= {TARGET_P50_RATIO}x baseline"] = {
+                    "ratio": round(ratio, 2), "met": ratio <= TARGET_P50_RATIO}
+        if sat is not None and name.startswith("mutate"):
+            out[f"{name} saturation >= {TARGET_SATURATION_RPS:g} req/s"] = {
+                "measured_rps": sat.rps, "met": sat.rps >= TARGET_SATURATION_RPS}
+    return out
+
+
+def table(results: Sequence[LoadResult]) -> str:
+    """A Markdown table of ``results``."""
+    lines = ["| scenario | load | conns | req/s | p50 ms | p99 ms | p99.9 ms | max ms | "
+             "errors | non-2xx | decisions |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        decisions = ", ".join(f"{k} {v}" for k, v in r.decisions.items() if v)
+        lines.append(f"| {r.scenario} | {r.mode} | {r.connections} | {r.rps:.0f} | "
+                     f"{r.p50_ms:.2f} | {r.p99_ms:.2f} | {r.p999_ms:.2f} | {r.max_ms:.1f} | "
+                     f"{r.errors} | {r.non_2xx} | {decisions} |")
+    return "\n".join(lines)
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on."""
+    model = next((line.split(":", 1)[1].strip() for line in
+                  Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), "unknown")
+    wrk = subprocess.run(["wrk", "-v"], capture_output=True, text=True, check=False)
+    redis_version = subprocess.run(["redis-server", "--version"], capture_output=True,
+                                   text=True, check=False).stdout.split()[2]
+    return {"cpus": os.cpu_count(), "cpu": model, "python": sys.version.split()[0],
+            "uvicorn": uvicorn.__version__, "wrk": wrk.stdout.split("\n")[0].split(" [")[0],
+            "redis": redis_version.removeprefix("v="),
+            "load_average_at_start": os.getloadavg()}
+
+
+# -- commands --------------------------------------------------------------------------
+
+
+def _run(args: argparse.Namespace) -> int:
+    plan = LoadPlan(rate=args.rate, duration=args.duration,
+                    rate_connections=args.rate_connections,
+                    saturation_connections=args.connections)
+    report: dict[str, Any] = {"machine": machine(), "plan": asdict(plan)}
+    with ExitStack() as stack:
+        env = BenchEnvironment(stack)
+        with env.bench_server(workers=1) as server:
+            results = measure(env, server, plan, only=args.only)
+        if args.check_serve:
+            with env.fairgate_serve() as real:
+                reset_redis(env, real)
+                fast = next(s for s in scenarios(real) if s.name == "mutate-fast")
+                run_wrk(real, fast, rate=0, duration=1, connections=plan.saturation_connections,
+                        threads=1, workdir=env.workdir)
+                check = run_wrk(real, fast, rate=0, duration=plan.duration,
+                                connections=plan.saturation_connections, threads=1,
+                                workdir=env.workdir)
+            results.append(LoadResult(**{**asdict(check), "scenario": "fairgate-serve mutate-fast"}))
+    report["results"] = [asdict(r) for r in results]
+    report["targets"] = verdicts(results)
+    print(table(results))
+    print()
+    for name, verdict in report["targets"].items():
+        print(f"{'MET ' if verdict['met'] else 'MISS'} {name}: "
+              + ", ".join(f"{k}={v}" for k, v in verdict.items() if k != "met"))
+    print()
+    print(json.dumps(report))
+    return 0
+
+
+def _scaling(args: argparse.Namespace) -> int:
+    plan = LoadPlan(duration=args.duration, saturation_connections=args.connections,
+                    threads=args.threads)
+    counts = [int(n) for n in args.workers.split(",")]
+    report: dict[str, Any] = {"machine": machine(), "plan": asdict(plan), "curve": []}
+    rows = ["| workers | scenario | req/s | p50 ms | p99 ms | p99.9 ms | non-2xx |",
+            "|---|---|---|---|---|---|---|"]
+    with ExitStack() as stack:
+        env = BenchEnvironment(stack)
+        for workers in counts:
+            with env.bench_server(workers=workers) as server:
+                for result in measure(env, server, plan, only=("baseline", "mutate-fast"),
+                                      modes=("saturation",)):
+                    report["curve"].append({"workers": workers, **asdict(result)})
+                    rows.append(f"| {workers} | {result.scenario} | {result.rps:.0f} | "
+                                f"{result.p50_ms:.2f} | {result.p99_ms:.2f} | "
+                                f"{result.p999_ms:.2f} | {result.non_2xx} |")
+    print("\n".join(rows))
+    print()
+    print(json.dumps(report))
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    serve(Path(args.cert_dir), args.redis_url, Path(args.config_dir), args.port, args.workers)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m bench.admission [run|scaling|serve] ...``."""
+    if shutil.which("wrk") is None:
+        print("bench: error: wrk not found: apt-get install wrk", file=sys.stderr)
+        return 2
+    parser = argparse.ArgumentParser(prog="python -m bench.admission", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command")
+    run = sub.add_parser("run", help="latency and throughput of every scenario (default)")
+    for p in (parser, run):
+        p.add_argument("--rate", type=int, default=500, help="fixed rate, req/s (500)")
+        p.add_argument("--duration", type=float, default=15.0, help="seconds per run (15)")
+        p.add_argument("--rate-connections", type=int, default=16,
+                       help="connections at the fixed rate (16)")
+        p.add_argument("--connections", type=int, default=32,
+                       help="connections at saturation (32)")
+        p.add_argument("--only", action="append", default=[],
+                       choices=["baseline", "mutate-fast", "mutate-queue", "validate"],
+                       help="only this scenario (repeatable)")
+        p.add_argument("--check-serve", action="store_true",
+                       help="also load the real `fairgate serve` (/mutate fast, saturation)")
+        p.set_defaults(handler=_run)
+    scaling = sub.add_parser("scaling", help="saturation throughput at 1, 2, 4 workers")
+    scaling.add_argument("--workers", default="1,2,4", help="worker counts (1,2,4)")
+    scaling.add_argument("--duration", type=float, default=10.0, help="seconds per run (10)")
+    scaling.add_argument("--connections", type=int, default=64, help="connections (64)")
+    scaling.add_argument("--threads", type=int, default=1, help="wrk threads (1)")
+    scaling.set_defaults(handler=_scaling)
+    srv = sub.add_parser("serve", help="only serve the bench app (for manual runs)")
+    srv.add_argument("--cert-dir", required=True)
+    srv.add_argument("--redis-url", required=True)
+    srv.add_argument("--config-dir", required=True)
+    srv.add_argument("--port", type=int, required=True)
+    srv.add_argument("--workers", type=int, default=1)
+    srv.set_defaults(handler=_serve)
+    args = parser.parse_args(argv)
+    handler: Any = args.handler
+    result: int = handler(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())
