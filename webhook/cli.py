@@ -273,31 +273,45 @@ def _add_audit(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     verify.set_defaults(handler=_audit_verify)
 
 
-# -- commands of other packages --------------------------------------------------------
+# -- dispatch --------------------------------------------------------------------------
 
 
-def _not_yet(name: str) -> Handler:
-    def handler(_args: argparse.Namespace) -> int:
-        print(f"fairgate: error: `fairgate {name}` is not available in this build yet",
-              file=sys.stderr)
-        return 1
+def _dispatch(args: argparse.Namespace) -> int:
+    from webhook.dispatch import DispatchError, run_dispatch
+    from webhook.logs import configure_logging
 
-    return handler
+    configure_logging(args.log_level)
+    try:
+        return run_dispatch(args.redis_url, Path(args.config_dir) if args.config_dir else None,
+                            args.metrics_port)
+    except DispatchError as exc:
+        print(f"fairgate: error: {exc}", file=sys.stderr)
+        return 2
 
 
-def _add_pending(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_dispatch(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dispatch = _subparser(
         subparsers, "dispatch", "run the dispatcher and reconciler",
-        "Release gated pods from the weighted-fair queue, free usage when pods end,\n"
-        "and rebuild the queue from the cluster.",
-        "  fairgate dispatch --redis-url redis://fairgate-redis:6379/0\n",
+        "Release gated pods from the weighted-fair queue (inference first, then the tenant\n"
+        "with the lowest share / weight, FIFO; gangs all at once) by lifting their\n"
+        "fairgate.io/queue gate, free usage when pods end, expire unconfirmed\n"
+        "reservations, post Events, and rebuild the queue from the cluster at start and\n"
+        "on a timer. Talks to the cluster with in-cluster credentials or $KUBECONFIG.\n"
+        "Several replicas may run at once. SIGTERM stops it.",
+        "  fairgate dispatch --redis-url redis://fairgate-redis:6379/0\n"
+        "  KUBECONFIG=~/.kube/config fairgate dispatch --config-dir ./config --metrics-port 9090\n",
     )
     _redis_url_argument(dispatch)
     dispatch.add_argument("--config-dir", metavar="DIR",
                           help="local config directory (default: the cluster's ConfigMaps)")
-    dispatch.set_defaults(handler=_not_yet("dispatch"))
+    dispatch.add_argument("--metrics-port", type=_port, metavar="N",
+                          help="serve Prometheus metrics over HTTP on this port (default: off)")
+    dispatch.add_argument("--log-level", default="info",
+                          choices=["debug", "info", "warning", "error"],
+                          help="log level (default: %(default)s)")
+    dispatch.set_defaults(handler=_dispatch)
 
-    _add_audit(subparsers)
+
 # -- status, why, simulate ---------------------------------------------------------------
 
 
@@ -377,7 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(subparsers)
     _add_certs(subparsers)
     _add_serve(subparsers)
-    _add_pending(subparsers)
+    _add_dispatch(subparsers)
     _add_status(subparsers)
     _add_why(subparsers)
     _add_simulate(subparsers)

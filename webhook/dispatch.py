@@ -1,0 +1,105 @@
+"""``fairgate dispatch``: the dispatcher and reconciler against a real cluster.
+
+Contract: :func:`run_dispatch` watches pods and nodes (official ``kubernetes`` client;
+in-cluster credentials, else ``$KUBECONFIG`` / ``~/.kube/config``) and runs
+:class:`fairshare.dispatcher.Dispatcher` on the queue in ``redis_url`` until SIGTERM or
+SIGINT, then returns 0. Config comes from ``config_dir`` (hot-reloaded) or from the
+cluster's ConfigMaps and Namespaces. Dispatch and release decisions are audited to the
+Redis Stream ``fairgate:audit`` and stdout. With ``metrics_port`` the dispatcher's
+Prometheus metrics are served over plain HTTP on that port (``/metrics``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+
+import redis
+from prometheus_client import start_http_server
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from audit import AuditLog
+from fairshare.dispatcher import Dispatcher
+from fairshare.kube import KubeCluster, api_client
+from fairshare.metrics import DispatcherMetrics
+from fairshare.queue import FairQueue
+from tenants.models import CONTROL_NAMESPACE, FairgateConfig, PriorityClasses
+from tenants.source import ConfigNotReadyError, ConfigSource, LocalDirSource
+
+log = logging.getLogger("fairgate.dispatch")
+
+CONFIG_POLL_SECONDS = 1.0
+FIRST_CONFIG_WAIT_SECONDS = 60.0
+REDIS_TIMEOUT_SECONDS = 5.0
+
+
+class DispatchError(RuntimeError):
+    """``fairgate dispatch`` cannot start; the message says what to fix."""
+
+
+def _source(config_dir: Path | None) -> ConfigSource:
+    if config_dir is not None:
+        local = LocalDirSource(config_dir, poll_interval=CONFIG_POLL_SECONDS)
+        local.start()
+        if not local.ready:
+            local.close()
+            problems = "; ".join(local.last_error.values())
+            raise DispatchError(f"cannot load the config in {config_dir}: {problems}")
+        return local
+    from tenants.cluster import ClusterConfigSource, api_client_from_environment
+
+    namespace = os.environ.get("POD_NAMESPACE", CONTROL_NAMESPACE)
+    cluster = ClusterConfigSource(api_client_from_environment(), namespace)
+    cluster.start()
+    if not cluster.wait_ready(FIRST_CONFIG_WAIT_SECONDS):
+        log.warning("no complete config after %.0fs; dispatching nothing until it loads",
+                    FIRST_CONFIG_WAIT_SECONDS)
+    return cluster
+
+
+def _current(source: ConfigSource) -> FairgateConfig | None:
+    try:
+        return source.config
+    except ConfigNotReadyError:
+        return None
+
+
+def run_dispatch(redis_url: str, config_dir: Path | None = None,
+                 metrics_port: int | None = None) -> int:
+    """Dispatch until SIGTERM/SIGINT (see the module contract); the exit code."""
+    stop = threading.Event()
+
+    def on_signal(_signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    source = _source(config_dir)
+    client = redis.Redis.from_url(
+        redis_url,
+        socket_timeout=REDIS_TIMEOUT_SECONDS,
+        socket_connect_timeout=REDIS_TIMEOUT_SECONDS,
+        retry=Retry(ExponentialBackoff(cap=2.0), 3),
+    )
+    config = _current(source)
+    priority_classes = config.platform.priority_classes if config else PriorityClasses()
+    cluster = KubeCluster(api_client(), priority_classes)
+    metrics = DispatcherMetrics()
+    if metrics_port is not None:
+        start_http_server(metrics_port, registry=metrics.registry)
+    dispatcher = Dispatcher(FairQueue(client), cluster, lambda: _current(source),
+                            metrics=metrics, audit=AuditLog(client))
+    cluster.start()
+    log.info("dispatching from %s", redis_url.split("@")[-1])
+    try:
+        dispatcher.run(stop)
+    finally:
+        cluster.stop()
+        source.close()
+        client.close()
+    return 0
