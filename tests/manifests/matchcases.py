@@ -97,6 +97,20 @@ GPU1 = {"nvidia.com/gpu": "1"}
 MIG = {"nvidia.com/mig-1g.5gb": "2"}
 CPU = {"cpu": "500m", "memory": "1Gi"}
 
+# A large pod: 60 app containers and 20 init containers, each naming 8
+# resources. Evaluating it must stay within the API server's CEL cost budget
+# (an exhausted budget is an error, and an error refuses the request).
+WIDE = {f"example.com/r{i}": "1" for i in range(6)} | CPU
+
+
+def wide_pod(gpu_in_last_init: bool) -> Obj:
+    """A pod with many containers and resources; optionally a GPU at the very end."""
+    inits = [container(f"i{i}", limits=WIDE, requests=WIDE) for i in range(20)]
+    if gpu_in_last_init:
+        inits[-1] = container("i19", limits=WIDE | GPU1, requests=WIDE | GPU1)
+    return pod([container(f"c{i}", limits=WIDE, requests=WIDE) for i in range(60)], inits)
+
+
 # Pods, each with whether it asks for an nvidia.com/ resource anywhere.
 GPU_PODS: list[tuple[str, Obj, bool]] = [
     ("gpu-limits-in-container", pod([container(limits=GPU1)]), True),
@@ -131,6 +145,8 @@ GPU_PODS: list[tuple[str, Obj, bool]] = [
         False,
     ),
     ("no-spec", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}, False),
+    ("wide-pod-gpu-last", wide_pod(True), True),
+    ("wide-pod-no-gpu", wide_pod(False), False),
 ]
 
 
