@@ -166,15 +166,23 @@ class Dispatcher:
         return result
 
     def run(self, stop: threading.Event) -> None:
-        """Step until ``stop`` is set; Redis outages are logged and retried."""
+        """Step until ``stop`` is set. A failed step (Redis or the API server down) is
+        logged and retried after ``idle_wait``, starting with a reconcile."""
         while not stop.is_set():
             try:
                 self.step(self.settings.idle_wait)
             except (redis.RedisError, OSError) as error:
                 log.error("dispatcher step failed: %s; retrying", error)
-                self._synced = None
-                self._need_reconcile = True
-                stop.wait(self.settings.idle_wait)
+                self._after_failure(stop)
+            except Exception:  # the loop must outlive any one bad step
+                log.exception("dispatcher step failed unexpectedly; retrying")
+                self._after_failure(stop)
+
+    def _after_failure(self, stop: threading.Event) -> None:
+        self._synced = None
+        self._capacity = None
+        self._need_reconcile = True
+        stop.wait(self.settings.idle_wait)
 
     def _reconcile_if_due(self, result: StepResult) -> None:
         if self._need_reconcile or \

@@ -15,14 +15,19 @@ Contract:
   ``Failed`` and are deleted; their controller re-creates them (a new pod, a new admission)
   from scratch (as a Job's controller does).
 - Every change is reported through :meth:`changes` like a watch would, in order.
+- Safe to share between threads (one re-entrant lock around every public method), so the
+  demo can run the dispatcher loop beside the code that creates pods.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
+import threading
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar, cast
 
 from fairshare.cluster import (
     ChangeKind,
@@ -35,6 +40,18 @@ from fairshare.cluster import (
 from tenants.models import PodClass, PriorityBand, PriorityClasses
 
 Clock = Callable[[], float]
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _locked(method: _Method) -> _Method:
+    """Run ``method`` holding the cluster's lock (re-entrant: methods call each other)."""
+
+    @functools.wraps(method)
+    def wrapper(self: SimulatedCluster, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return cast(_Method, wrapper)
 
 
 class VirtualClock:
@@ -129,22 +146,27 @@ class SimulatedCluster:
         self.history: dict[str, PodHistory] = {}
         self.preemptions = 0
         self._scheduling = False
+        self._lock = threading.RLock()
 
     # -- the Cluster protocol -----------------------------------------------------------
 
+    @_locked
     def list_pods(self) -> list[GpuPod]:
         """Every pod that exists now (finished pods stay until deleted, like Job pods)."""
         return [sim.pod for sim in self._pods.values()]
 
+    @_locked
     def changes(self, timeout: float) -> list[ClusterChange]:
         """Every change since the last call (never waits: the caller drives time)."""
         batch, self._changes = self._changes, []
         return batch
 
+    @_locked
     def capacity(self) -> dict[str, int]:
         """The pool's capacity."""
         return dict(self.capacity_counts)
 
+    @_locked
     def lift_gate(self, pod: GpuPod) -> LiftOutcome:
         """Ungate ``pod`` and try to schedule it."""
         sim = self._pods.get(pod.uid)
@@ -157,12 +179,14 @@ class SimulatedCluster:
         self.schedule()
         return LiftOutcome.LIFTED
 
+    @_locked
     def post_event(self, pod: GpuPod, reason: str, message: str, type_: EventType) -> None:
         """Keep the Event (the newest ``keep_events``)."""
         self.events.append(PostedEvent(self.clock(), pod.ref, reason, message, type_))
 
     # -- driving it -----------------------------------------------------------------------
 
+    @_locked
     def create_pod(self, spec: PodSpec) -> GpuPod:
         """Admit ``spec`` through the hook and create the pod (released ones get scheduled)."""
         uid = f"uid-{next(self._uids):07d}"
@@ -183,6 +207,7 @@ class SimulatedCluster:
             self.schedule()
         return pod
 
+    @_locked
     def delete_pod(self, uid: str) -> None:
         """Delete a pod now (a user's ``kubectl delete``)."""
         sim = self._pods.pop(uid, None)
@@ -194,11 +219,13 @@ class SimulatedCluster:
         self._changes.append(ClusterChange(ChangeKind.POD_GONE, sim.pod))
         self.schedule()
 
+    @_locked
     def next_completion(self) -> float | None:
         """When the next running pod finishes, if any runs."""
         ends = [sim.ends for sim in self._pods.values() if sim.ends is not None]
         return min(ends) if ends else None
 
+    @_locked
     def advance(self) -> None:
         """Finish every running pod whose end time has come, then schedule."""
         now = self.clock()
@@ -209,6 +236,7 @@ class SimulatedCluster:
                 self._set(sim, replace(sim.pod, phase="Succeeded"))
         self.schedule()
 
+    @_locked
     def forget_finished(self) -> None:
         """Delete finished pods (what TTL-after-finished does), reporting their deletion."""
         for uid, sim in list(self._pods.items()):
@@ -216,6 +244,7 @@ class SimulatedCluster:
                 del self._pods[uid]
                 self._changes.append(ClusterChange(ChangeKind.POD_GONE, sim.pod))
 
+    @_locked
     def used(self) -> dict[str, int]:
         """Resources held by running pods."""
         used: dict[str, int] = {}
@@ -225,10 +254,12 @@ class SimulatedCluster:
                     used[name] = used.get(name, 0) + n
         return used
 
+    @_locked
     def has_changes(self) -> bool:
         """Whether changes are waiting to be read by :meth:`changes`."""
         return bool(self._changes)
 
+    @_locked
     def pending_released(self) -> list[GpuPod]:
         """Released pods the scheduler has not placed yet."""
         return [s.pod for s in self._pods.values() if self._unscheduled(s)]
@@ -246,6 +277,7 @@ class SimulatedCluster:
         used = self.used()
         return {name: n - used.get(name, 0) for name, n in self.capacity_counts.items()}
 
+    @_locked
     def schedule(self) -> None:
         """Place pending released pods, highest priority first, then oldest; preempt."""
         if self._scheduling:

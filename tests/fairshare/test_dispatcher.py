@@ -250,3 +250,47 @@ def test_two_dispatchers_release_each_ticket_exactly_once(redis_url: str) -> Non
 def _spec(name: str, tenant: str) -> PodSpec:
     return PodSpec(namespace=f"{tenant}-ns", name=name, tenant=tenant, pod_class="training",
                    demand={"gpu": 1}, duration=100)
+
+
+class _FlakyCluster(SimulatedCluster):
+    """A simulated cluster whose API is down for the first ``outages`` lists."""
+
+    outages = 2
+
+    def list_pods(self) -> list[GpuPod]:
+        if self.outages:
+            self.outages -= 1
+            raise ConnectionRefusedError("API server unreachable")
+        return super().list_pods()
+
+
+def test_run_outlives_failing_steps_and_stops_when_told(redis_url: str) -> None:
+    config = make_config(TEAM_A)
+    clock = VirtualClock(1_000.0)
+    queue = FairQueue(redis.Redis.from_url(redis_url))
+    cluster = _FlakyCluster({"gpu": 1}, admit_hook(queue, clock, config), clock)
+    dispatcher = Dispatcher(queue, cluster, lambda: config, clock=clock,
+                            settings=DispatcherSettings(idle_wait=0.01))
+    queue.sync_config(config, {"gpu": 1})
+    first = cluster.create_pod(_spec("first", "team-a"))
+    second = cluster.create_pod(_spec("second", "team-a"))
+    stop = threading.Event()
+    thread = threading.Thread(target=dispatcher.run, args=(stop,))
+    thread.start()
+    try:
+        for _ in range(500):
+            if cluster.outages == 0 and first.ticket in dispatcher.pods:
+                break
+            stop.wait(0.01)
+        clock.advance_to(1_100.0)
+        cluster.advance()  # first ends: the running loop releases second
+        for _ in range(500):
+            if cluster.history[second.uid].started is not None:
+                break
+            stop.wait(0.01)
+    finally:
+        stop.set()
+        thread.join(10)
+    assert not thread.is_alive()
+    assert cluster.outages == 0
+    assert cluster.history[second.uid].started == 1_100.0
