@@ -29,6 +29,13 @@ local cfg = cfg_of(tenant)
 if not cfg.known then
   return redis.error_reply('unknown tenant: ' .. tenant .. ' (not configured)')
 end
+if gid ~= '' then
+  local gang_class = redis.call('HGET', P .. 'g:' .. gid, 'c')
+  if gang_class and gang_class ~= cls then
+    return redis.error_reply('pod group ' .. gid .. ' mixes classes: every member of a '
+      .. 'gang must have the same fairgate.io/class')
+  end
+end
 local st = state_of(tenant)
 local d = parse_counts(demand)
 local ds = slices(d)

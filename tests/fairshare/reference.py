@@ -1,0 +1,511 @@
+"""A small, slow, pure-Python model of the fair queue's rules (fairshare/README.md).
+
+It keeps plain lists and dicts and recomputes everything (usage, readiness, shares,
+guards) from the ticket records on every call, so it shares no bookkeeping with the
+Lua scripts: the stateful test drives both with the same operations and compares
+every answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fairshare.model import Admission, PodRequest, Release
+from fairshare.queue import _explain
+from tenants.models import FairgateConfig, PodClass, PriorityBand
+from tenants.resources import ResourceCounts, format_counts, slices_of, total_slices
+
+BANDS = ("i", "t", "b")
+PRIO = {"i": 3, "t": 2, "b": 1}
+BAND_CODE: dict[PriorityBand, str] = {"inference": "i", "training": "t", "borrowed": "b"}
+BAND_NAME: dict[str, PriorityBand] = {v: k for k, v in BAND_CODE.items()}
+CLASS_CODE: dict[PodClass, str] = {"inference": "i", "training": "t"}
+
+Shape = dict[str, ResourceCounts]  # band code -> counts
+
+
+def shape_key(shape: Shape) -> str:
+    return "+".join(f"{b}/{format_counts(shape[b])}" for b in BANDS if any(shape[b].values()))
+
+
+def shape_class(shape: Shape) -> str:
+    return "i" if any(shape["i"].values()) else "t"
+
+
+def shape_resources(shape: Shape) -> set[str]:
+    return {r for b in BANDS for r, n in shape[b].items() if n}
+
+
+def empty_shape() -> Shape:
+    return {"i": {}, "t": {}, "b": {}}
+
+
+@dataclass
+class Cfg:
+    w: float = 1.0
+    n: ResourceCounts = field(default_factory=dict)
+    b: int = 0
+    rs: int = 0
+    known: bool = False
+
+    @property
+    def ns(self) -> int:
+        return total_slices(self.n)
+
+
+@dataclass
+class Rec:
+    state: str  # Q G R A
+    tenant: str
+    cls: str
+    band: str
+    demand: ResourceCounts
+    ns: str
+    name: str
+    gang: str
+    gsize: int
+    submitted: float
+    seq: int
+    at: float | None = None
+
+
+@dataclass
+class Gang:
+    tenant: str
+    cls: str
+    size: int
+    members: list[str] = field(default_factory=list)
+    running: int = 0
+    linked: str | None = None  # lane shape key while in a lane
+
+
+class Reference:
+    """The rules, naively."""
+
+    def __init__(self, starvation_seconds: float) -> None:
+        self.starve = starvation_seconds
+        self.cfg: dict[str, Cfg] = {}
+        self.cap: ResourceCounts = {}
+        self.tenants: set[str] = set()
+        self.recs: dict[str, Rec] = {}
+        self.lanes: dict[tuple[str, str], list[str]] = {}
+        self.lane_shapes: dict[str, Shape] = {}
+        self.gangs: dict[str, Gang] = {}
+        self.resv: dict[str, float] = {}
+        self.seq = 0
+
+    # -- derived state -------------------------------------------------------------
+
+    def cfg_of(self, tenant: str) -> Cfg:
+        return self.cfg.get(tenant, Cfg())
+
+    def usage(self, tenant: str) -> dict[str, int]:
+        """u:<res> (non-borrowed units), ui/ut/ub slices."""
+        u: dict[str, int] = {"ui": 0, "ut": 0, "ub": 0}
+        for rec in self.recs.values():
+            if rec.tenant == tenant and rec.state in ("R", "A"):
+                u["u" + rec.band] += total_slices(rec.demand)
+                if rec.band != "b":
+                    for r, n in rec.demand.items():
+                        u["u:" + r] = u.get("u:" + r, 0) + n
+        return u
+
+    def cluster_used(self, band: str, res: str) -> int:
+        return sum(rec.demand.get(res, 0) for rec in self.recs.values()
+                   if rec.state in ("R", "A") and rec.band == band)
+
+    def queued(self, tenant: str, states: tuple[str, ...] = ("Q", "G")) -> list[Rec]:
+        return [r for r in self.recs.values() if r.tenant == tenant and r.state in states]
+
+    def share(self, tenant: str) -> float:
+        u = self.usage(tenant)
+        return (u["ui"] + u["ut"] + u["ub"]) / self.cfg_of(tenant).w
+
+    def quota_check(self, tenant: str, shape: Shape, idle: bool = False) -> list[object] | None:
+        cfg = self.cfg_of(tenant)
+        u = {"ui": 0, "ut": 0, "ub": 0} if idle else self.usage(tenant)
+        nb: dict[str, int] = {}
+        for b in ("i", "t"):
+            for r, n in shape[b].items():
+                nb[r] = nb.get(r, 0) + n
+        missing = 0
+        for r in sorted(nb):
+            over = u.get("u:" + r, 0) + nb[r] - cfg.n.get(r, 0)
+            if over > 0:
+                missing += over * slices_of(r)
+        if any(shape["t"].values()):
+            over = u["ut"] + total_slices(shape["t"]) - (cfg.ns - cfg.rs)
+            missing = max(missing, over)
+        if missing > 0:
+            return ["quota", missing]
+        if any(shape["b"].values()):
+            over = u["ub"] + total_slices(shape["b"]) - cfg.b
+            if over > 0:
+                return ["borrow", over]
+        return None
+
+    def cap_check(self, shape: Shape, guards: Shape | None, idle: bool = False
+                  ) -> tuple[str, int] | None:
+        for band in BANDS:
+            for res in sorted(r for r, n in shape[band].items() if n):
+                need = 0
+                for b2 in BANDS:
+                    if PRIO[b2] >= PRIO[band]:
+                        need += shape[b2].get(res, 0)
+                        if not idle:
+                            need += self.cluster_used(b2, res)
+                if guards is not None:
+                    need += guards[band].get(res, 0)
+                over = need - self.cap.get(res, 0)
+                if over > 0:
+                    return res, over
+        return None
+
+    def entry_info(self, entry: str) -> tuple[int, float]:
+        if not entry.startswith("@"):
+            rec = self.recs[entry]
+            return rec.seq, rec.submitted
+        members = [self.recs[t] for t in self.gangs[entry[1:]].members]
+        return max(m.seq for m in members), max(m.submitted for m in members)
+
+    def ready(self, cls: str) -> dict[str, list[tuple[float, str]]]:
+        """Shape key -> ready tenants (share, name), sorted."""
+        out: dict[str, list[tuple[float, str]]] = {}
+        for (tenant, key), entries in self.lanes.items():
+            shape = self.lane_shapes[key]
+            if entries and shape_class(shape) == cls and self.quota_check(tenant, shape) is None:
+                out.setdefault(key, []).append((self.share(tenant), tenant))
+        for v in out.values():
+            v.sort()
+        return out
+
+    def survey(self, cls: str, now: float
+               ) -> tuple[list[tuple[str, str, float, bool]], Shape]:
+        tops: list[tuple[str, str, float, bool]] = []
+        guards = empty_shape()
+        for key, tenants in self.ready(cls).items():
+            score, tenant = tenants[0]
+            shape = self.lane_shapes[key]
+            blocked = self.cap_check(shape, None) is not None
+            tops.append((key, tenant, score, blocked))
+            if blocked and self.cap_check(shape, None, idle=True) is None:
+                _, at = self.entry_info(self.lanes[(tenant, key)][0])
+                if now - at >= self.starve:
+                    for b in BANDS:
+                        for r, n in shape[b].items():
+                            guards[b][r] = guards[b].get(r, 0) + n
+        return tops, guards
+
+    def pick(self, cls: str, now: float) -> tuple[str, str] | None:
+        tops, guards = self.survey(cls, now)
+        best: tuple[float, str, int, str] | None = None
+        for key, tenant, score, blocked in tops:
+            if blocked or self.cap_check(self.lane_shapes[key], guards) is not None:
+                continue
+            seq, _ = self.entry_info(self.lanes[(tenant, key)][0])
+            cand = (score, tenant, seq, key)
+            if best is None or cand < best:
+                best = cand
+        return None if best is None else (best[1], best[3])
+
+    # -- lanes and gangs ----------------------------------------------------------
+
+    def push(self, tenant: str, shape: Shape, entry: str, head: bool) -> None:
+        key = shape_key(shape)
+        self.lane_shapes[key] = shape
+        lane = self.lanes.setdefault((tenant, key), [])
+        lane.insert(0, entry) if head else lane.append(entry)
+
+    def drop_empty(self) -> None:
+        for k in [k for k, v in self.lanes.items() if not v]:
+            del self.lanes[k]
+
+    def gang_unlink(self, gid: str) -> None:
+        g = self.gangs[gid]
+        if g.linked is None:
+            return
+        self.lanes[(g.tenant, g.linked)].remove("@" + gid)
+        for t in g.members:
+            self.recs[t].state = "G"
+        g.linked = None
+
+    def gang_link(self, gid: str, head: bool) -> None:
+        g = self.gangs[gid]
+        if not g.members:
+            if g.running <= 0:
+                del self.gangs[gid]
+            return
+        if g.running + len(g.members) < g.size:
+            return
+        shape = empty_shape()
+        for t in g.members:
+            rec = self.recs[t]
+            rec.state = "Q"
+            for r, n in rec.demand.items():
+                shape[rec.band][r] = shape[rec.band].get(r, 0) + n
+        g.linked = shape_key(shape)
+        self.push(g.tenant, shape, "@" + gid, head)
+
+    def enqueue(self, ticket: str, rec: Rec, head: bool) -> None:
+        self.recs[ticket] = rec
+        self.tenants.add(rec.tenant)
+        if not rec.gang:
+            rec.state = "Q"
+            shape = empty_shape()
+            shape[rec.band] = dict(rec.demand)
+            self.push(rec.tenant, shape, ticket, head)
+            return
+        rec.state = "G"
+        g = self.gangs.setdefault(rec.gang, Gang(rec.tenant, rec.cls, rec.gsize))
+        self.gang_unlink(rec.gang)
+        g.tenant, g.cls, g.size = rec.tenant, rec.cls, rec.gsize
+        g.members.append(ticket)
+        self.gang_link(rec.gang, head)
+
+    def dequeue(self, ticket: str, rec: Rec) -> None:
+        if not rec.gang:
+            shape = empty_shape()
+            shape[rec.band] = dict(rec.demand)
+            self.lanes[(rec.tenant, shape_key(shape))].remove(ticket)
+            return
+        self.gang_unlink(rec.gang)
+        self.gangs[rec.gang].members.remove(ticket)
+        self.gang_link(rec.gang, False)
+
+    def gang_running(self, gid: str, sign: int) -> None:
+        if not gid or gid not in self.gangs:
+            return
+        self.gang_unlink(gid)
+        self.gangs[gid].running += sign
+        self.gang_link(gid, False)
+
+    def forget(self, ticket: str) -> None:
+        rec = self.recs[ticket]
+        if rec.state in ("R", "A"):
+            self.resv.pop(ticket, None)
+            del self.recs[ticket]
+            self.gang_running(rec.gang, -1)
+        else:
+            self.dequeue(ticket, rec)
+            del self.recs[ticket]
+        self.drop_empty()
+
+    # -- operations ---------------------------------------------------------------
+
+    def sync(self, config: FairgateConfig, capacity: ResourceCounts) -> None:
+        self.cap = {r: n for r, n in capacity.items() if n}
+        self.cfg = {}
+        for t in config.tenants():
+            self.cfg[t.name] = Cfg(w=t.weight, n={r: n for r, n in t.nominal.items() if n},
+                                   b=t.borrow_slices, rs=t.reserve_slices, known=True)
+            self.tenants.add(t.name)
+
+    def position(self, rec: Rec) -> int:
+        return 1 + sum(1 for r in self.queued(rec.tenant)
+                       if r.cls == rec.cls and r.seq < rec.seq)
+
+    def free(self, tenant: str) -> int:
+        u = self.usage(tenant)
+        return max(0, self.cfg_of(tenant).ns - u["ui"] - u["ut"])
+
+    def blocker(self, tenant: str, shape: Shape, guards: Shape) -> list[object] | None:
+        if self.quota_check(tenant, shape, idle=True) is not None:
+            return ["never"]
+        q = self.quota_check(tenant, shape)
+        if q is not None:
+            return q
+        c = self.cap_check(shape, None)
+        if c is not None:
+            return ["capacity", c[0], c[1]]
+        c = self.cap_check(shape, guards)
+        if c is not None:
+            return ["guard", c[0]]
+        return None
+
+    def describe(self, ticket: str, rec: Rec, now: float) -> tuple[int, int, list[object]]:
+        length = len([r for r in self.queued(rec.tenant) if r.cls == rec.cls])
+        if rec.gang and self.gangs[rec.gang].linked is None:
+            g = self.gangs[rec.gang]
+            return 0, length, ["gang", rec.gang, g.running + len(g.members), g.size]
+        if rec.gang:
+            key = self.gangs[rec.gang].linked
+            assert key is not None
+            entry = "@" + rec.gang
+        else:
+            shape = empty_shape()
+            shape[rec.band] = dict(rec.demand)
+            key, entry = shape_key(shape), ticket
+        shape = self.lane_shapes[key]
+        position = self.position(rec)
+        _, guards = self.survey(shape_class(shape), now)
+        why = self.blocker(rec.tenant, shape, guards)
+        if why is None:
+            head = self.lanes[(rec.tenant, key)][0]
+            why = ["ahead", position - 1] if head != entry else ["turn"]
+        return position, length, why
+
+    def admit(self, req: PodRequest, now: float, dry: bool) -> tuple[Admission, list[object]]:
+        """The admission and the raw reason list (None reason -> [])."""
+        existing = self.recs.get(req.ticket)
+        if existing is not None:
+            t = existing.tenant
+            band = BAND_NAME[existing.band]
+            length = len([r for r in self.queued(t) if r.cls == existing.cls])
+            if existing.state in ("R", "A"):
+                return Admission("reserved", band, None, length, self.free(t),
+                                 self.cfg_of(t).ns, None, True), []
+            pos, length, why = self.describe(req.ticket, existing, now)
+            return Admission("queued", band, pos or None, length, self.free(t),
+                             self.cfg_of(t).ns, None, True), why
+        tenant, cls = req.tenant, CLASS_CODE[req.pod_class]
+        cfg = self.cfg_of(tenant)
+        if not cfg.known:
+            raise LookupError(tenant)
+        u = self.usage(tenant)
+        d = {r: n for r, n in req.demand.items() if n}
+        ds = total_slices(d)
+        queued = self.queued(tenant)
+        band = "i"
+        if cls == "t":
+            room = cfg.ns - cfg.rs
+            qs_t = sum(total_slices(r.demand) for r in queued if r.band == "t")
+            qs_b = sum(total_slices(r.demand) for r in queued if r.band == "b")
+            fits = u["ut"] + qs_t + ds <= room
+            alone = ds <= room
+            for r, n in d.items():
+                qd = sum(q.demand.get(r, 0) for q in queued if q.band == "t")
+                if u.get("u:" + r, 0) + qd + n > cfg.n.get(r, 0):
+                    fits = False
+                if n > cfg.n.get(r, 0):
+                    alone = False
+            if fits:
+                band = "t"
+            elif cfg.b > 0 and u["ub"] + qs_b + ds <= cfg.b:
+                band = "b"
+            elif alone or ds > cfg.b:
+                band = "t"
+            else:
+                band = "b"
+        shape = empty_shape()
+        shape[band] = dict(d)
+        qc = len([r for r in queued if r.cls == cls])
+        free = max(0, cfg.ns - u["ui"] - u["ut"])
+        position = qc + 1
+        reason: list[object] | None
+        gid = req.gang or ""
+        if gid:
+            g = self.gangs.get(gid)
+            members = g.members if g else []
+            have = (g.running if g else 0) + len(members) + 1
+            if have < req.group_size:
+                reason, position = ["gang", gid, have, req.group_size], 0
+            else:
+                gshape = empty_shape()
+                for t in members:
+                    m = self.recs[t]
+                    for r, n in m.demand.items():
+                        gshape[m.band][r] = gshape[m.band].get(r, 0) + n
+                for r, n in d.items():
+                    gshape[band][r] = gshape[band].get(r, 0) + n
+                _, guards = self.survey(shape_class(gshape), now)
+                reason = self.blocker(tenant, gshape, guards) or ["turn"]
+        else:
+            tops, guards = self.survey(cls, now)
+            reason = self.blocker(tenant, shape, guards)
+            if reason is None and any(
+                r.cls == cls and r.state == "Q" and set(r.demand) & set(d) for r in queued
+            ):
+                reason = ["ahead", qc]
+            if reason is None:
+                share = self.share(tenant)
+                if cls == "t":
+                    inf_tops, inf_guards = self.survey("i", now)
+                    for key, _t, _s, blocked in inf_tops:
+                        s = self.lane_shapes[key]
+                        if (not blocked and shape_resources(s) & set(d)
+                                and self.cap_check(s, inf_guards) is None):
+                            reason = ["inference"]
+                            break
+                for key, t, score, blocked in tops:
+                    s = self.lane_shapes[key]
+                    if (reason is None and not blocked and shape_resources(s) & set(d)
+                            and (score, t) < (share, tenant)
+                            and self.cap_check(s, guards) is None):
+                        reason = ["turn"]
+        if reason is None:
+            if not dry:
+                self.seq += 1
+                self.recs[req.ticket] = Rec("R", tenant, cls, band, d, req.namespace,
+                                            req.name, "", 1, req.submitted_at, self.seq, now)
+                self.resv[req.ticket] = now
+                self.tenants.add(tenant)
+            return Admission("reserved", BAND_NAME[band], None, qc, free, cfg.ns, None), []
+        if not dry:
+            self.seq += 1
+            self.enqueue(req.ticket, Rec("Q", tenant, cls, band, d, req.namespace, req.name,
+                                         gid, req.group_size if gid else 1,
+                                         req.submitted_at, self.seq), False)
+        return Admission("queued", BAND_NAME[band], position or None, qc + 1, free, cfg.ns,
+                         None), reason
+
+    def dispatch(self, now: float, limit: int) -> list[Release]:
+        out: list[Release] = []
+        for _ in range(limit):
+            chosen = self.pick("i", now) or self.pick("t", now)
+            if chosen is None:
+                break
+            tenant, key = chosen
+            entry = self.lanes[(tenant, key)].pop(0)
+            if entry.startswith("@"):
+                g = self.gangs[entry[1:]]
+                tickets, g.members = g.members, []
+                g.linked = None
+                g.running += len(tickets)
+            else:
+                tickets = [entry]
+            for t in tickets:
+                rec = self.recs[t]
+                rec.state, rec.at = "A", now
+                out.append(Release(t, rec.tenant, rec.ns, rec.name, BAND_NAME[rec.band],
+                                   dict(rec.demand), max(0.0, now - rec.submitted)))
+            self.drop_empty()
+        return out
+
+    def release(self, ticket: str, queued_only: bool) -> bool:
+        rec = self.recs.get(ticket)
+        if rec is None or (queued_only and rec.state not in ("Q", "G")):
+            return False
+        self.forget(ticket)
+        return True
+
+    def confirm(self, ticket: str) -> bool:
+        rec = self.recs.get(ticket)
+        if rec is None:
+            return False
+        self.resv.pop(ticket, None)
+        if rec.state == "R":
+            rec.state = "A"
+        return True
+
+    def expire(self, cutoff: float) -> list[str]:
+        out = sorted((at, t) for t, at in self.resv.items() if at <= cutoff)
+        for _, t in out:
+            self.forget(t)
+        return [t for _, t in out]
+
+    def requeue(self, ticket: str) -> bool:
+        rec = self.recs.get(ticket)
+        if rec is None or rec.state not in ("R", "A"):
+            return False
+        self.resv.pop(ticket, None)
+        self.gang_running(rec.gang, -1)
+        rec.gang, rec.gsize, rec.at = "", 1, None
+        self.enqueue(ticket, rec, True)
+        return True
+
+
+def waiting_for(reason: list[object], tenant: str, pod_class: PodClass) -> str | None:
+    """``Admission.waiting_for`` for a reason list, as the queue words it."""
+    if not reason:
+        return None
+    return _explain([str(x) for x in reason], tenant, pod_class)

@@ -1,0 +1,305 @@
+"""Random interleavings of every queue operation, checked against the reference model.
+
+Each step runs the same operation on a real FairQueue (Lua in a real redis-server)
+and on tests/fairshare/reference.py, and compares the answers exactly; invariants
+1 (quota and capacity safety), 2 (class priority), 4 (work conservation) and
+5 (idempotency, dry run writes nothing) are checked on the real state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import redis
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
+
+from fairshare.model import PodRequest
+from fairshare.queue import FairQueue
+from tenants.models import FairgateConfig, PlatformConfig, PodClass, QuotaSpec
+from tenants.resources import ResourceCounts
+from tests.fairshare.reference import BANDS, PRIO, Reference, empty_shape, waiting_for
+
+STARVE = 120.0
+TENANTS = ("a", "b", "c")
+RESOURCES = ("gpu", "mig-1g.5gb", "mig-3g.40gb")
+DEMANDS: tuple[ResourceCounts, ...] = (
+    {"gpu": 1}, {"gpu": 2}, {"mig-1g.5gb": 1}, {"mig-1g.5gb": 2}, {"mig-3g.40gb": 1},
+    {"gpu": 1, "mig-1g.5gb": 1},
+)
+
+quota_st = st.fixed_dictionaries({
+    "weight": st.sampled_from([0.5, 1.0, 2.0, 3.0]),
+    "gpu": st.integers(1, 4),
+    "mig-1g.5gb": st.integers(1, 6),
+    "mig-3g.40gb": st.integers(0, 2),
+    "borrow": st.integers(0, 2),
+    "reserve": st.integers(0, 1),
+})
+capacity_st = st.fixed_dictionaries({
+    "gpu": st.integers(1, 6), "mig-1g.5gb": st.integers(1, 7), "mig-3g.40gb": st.integers(0, 2),
+})
+
+
+def make_config(quotas: dict[str, dict[str, float]]) -> FairgateConfig:
+    platform = PlatformConfig.model_validate({
+        "tenants": {t: {"weight": q["weight"], "ceiling": {"gpuEquivalents": 100}}
+                    for t, q in quotas.items()},
+    })
+    specs = {
+        t: QuotaSpec.model_validate({
+            "nominal": {r: int(q[r]) for r in RESOURCES},
+            "borrowLimit": {"gpuEquivalents": int(q["borrow"])},
+            "inferenceReserve": {"gpuEquivalents": int(q["reserve"])},
+        })
+        for t, q in quotas.items()
+    }
+    return FairgateConfig(platform=platform, quotas=specs)
+
+
+def dump_all(client: redis.Redis) -> dict[bytes, bytes | None]:
+    """Every key with its serialized value (DUMP)."""
+    return {key: client.dump(key) for key in client.scan_iter(count=1000)}
+
+
+class QueueMachine(RuleBasedStateMachine):
+    client: redis.Redis
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.client.flushall()
+        self.queue = FairQueue(self.client, starvation_seconds=STARVE)
+        self.ref = Reference(STARVE)
+        self.now = 1000.0
+        self.count = 0
+        self.tickets: list[str] = []
+        self.cap: ResourceCounts = {}
+        self.last_usage = self.usage_snapshot()
+
+    # -- helpers -----------------------------------------------------------------
+
+    def usage_snapshot(self) -> dict[tuple[str, str], int]:
+        """Limit-relevant usage per tenant and per cluster band/resource (from Redis)."""
+        snap: dict[tuple[str, str], int] = {}
+        for ts in self.queue.tenant_status():
+            for r, n in ts.used.items():
+                snap[(ts.tenant, "u:" + r)] = n
+            snap[(ts.tenant, "ut")] = ts.training_slices
+            snap[(ts.tenant, "ub")] = ts.borrowed_slices
+        used = self.client.hgetall("fairgate:used")
+        for field, value in used.items():
+            snap[("cluster", field.decode())] = int(value)
+        return snap
+
+    def pick(self, index: int, states: str = "QGRA") -> str | None:
+        """A ticket ever admitted (maybe forgotten since) whose reference state is in
+        ``states`` ("" also allows forgotten ones)."""
+        if states == "QGRA":
+            found = self.tickets
+        else:
+            found = [t for t in self.tickets
+                     if (t in self.ref.recs and self.ref.recs[t].state in states)]
+        return found[index % len(found)] if found else None
+
+    def request(self, tenant: str, pod_class: PodClass, demand: int, gang: int) -> PodRequest:
+        self.count += 1
+        group = f"g{gang}-{pod_class[0]}" if gang else None
+        return PodRequest(
+            ticket=f"tk-{self.count}", tenant=tenant, namespace=f"ns-{tenant}",
+            name=f"pod-{self.count}", pod_class=pod_class, demand=dict(DEMANDS[demand]),
+            group=group, group_size=gang + 1 if gang else 1, submitted_at=self.now,
+        )
+
+    def check_admit(self, req: PodRequest, dry: bool) -> None:
+        got = self.queue.admit(req, self.now, dry_run=dry)
+        want, reason = self.ref.admit(req, self.now, dry)
+        want = dataclasses.replace(
+            want, waiting_for=waiting_for(reason, req.tenant, req.pod_class)
+        )
+        assert got == want
+
+    # -- rules ---------------------------------------------------------------------
+
+    @initialize(quotas=st.fixed_dictionaries({t: quota_st for t in TENANTS}), cap=capacity_st)
+    def first_config(self, quotas: dict[str, dict[str, float]], cap: ResourceCounts) -> None:
+        self.configure(quotas, cap)
+
+    @rule(quotas=st.fixed_dictionaries({t: quota_st for t in TENANTS}), cap=capacity_st)
+    def configure(self, quotas: dict[str, dict[str, float]], cap: ResourceCounts) -> None:
+        config = make_config(quotas)
+        self.cap = cap
+        self.queue.sync_config(config, cap)
+        self.ref.sync(config, cap)
+        self.last_usage = self.usage_snapshot()
+
+    @rule(tenant=st.sampled_from(TENANTS), pod_class=st.sampled_from(["inference", "training"]),
+          demand=st.integers(0, len(DEMANDS) - 1),
+          gang=st.sampled_from([0, 0, 0, 0, 1, 2]))
+    def admit(self, tenant: str, pod_class: PodClass, demand: int, gang: int) -> None:
+        req = self.request(tenant, pod_class, demand, gang)
+        self.check_admit(req, dry=False)
+        self.tickets.append(req.ticket)
+
+    @rule(pods=st.lists(st.tuples(st.sampled_from(TENANTS),
+                                  st.sampled_from(["inference", "training"]),
+                                  st.integers(0, len(DEMANDS) - 1),
+                                  st.sampled_from([0, 0, 1, 2])), min_size=2, max_size=6))
+    def burst(self, pods: list[tuple[str, PodClass, int, int]]) -> None:
+        for tenant, pod_class, demand, gang in pods:
+            self.admit(tenant, pod_class, demand, gang)
+            self.quota_and_capacity_safety()
+
+    @rule(index=st.integers(0, 10_000))
+    def finish(self, index: int) -> None:
+        self.release(index, "RA")
+
+    @rule(tenant=st.sampled_from(TENANTS), pod_class=st.sampled_from(["inference", "training"]),
+          demand=st.integers(0, len(DEMANDS) - 1), gang=st.sampled_from([0, 1]))
+    def dry_run_writes_nothing(self, tenant: str, pod_class: PodClass, demand: int,
+                               gang: int) -> None:
+        req = self.request(tenant, pod_class, demand, gang)
+        before = dump_all(self.client)
+        self.check_admit(req, dry=True)
+        assert dump_all(self.client) == before
+
+    @rule(index=st.integers(0, 10_000))
+    def duplicate_changes_nothing(self, index: int) -> None:
+        ticket = self.pick(index)
+        rec = self.ref.recs.get(ticket) if ticket else None
+        if rec is None or ticket is None:
+            return
+        pod_class: PodClass = "inference" if rec.cls == "i" else "training"
+        req = PodRequest(ticket, rec.tenant, rec.ns, rec.name, pod_class, dict(rec.demand),
+                         submitted_at=rec.submitted)
+        before = dump_all(self.client)
+        got = self.queue.admit(req, self.now)
+        assert got.duplicate
+        self.check_admit(req, dry=False)
+        assert dump_all(self.client) == before
+
+    @rule(limit=st.sampled_from([1, 2, 100]))
+    def dispatch(self, limit: int) -> None:
+        got = self.queue.dispatch(self.now, limit)
+        assert got == self.ref.dispatch(self.now, limit)
+        if limit == 100:
+            self.check_nothing_fits()
+
+    @rule(index=st.integers(0, 10_000), states=st.just("QGRA"))
+    def release(self, index: int, states: str) -> None:
+        ticket = self.pick(index, states)
+        if ticket is not None:
+            assert self.queue.release(ticket) == self.ref.release(ticket, queued_only=False)
+            assert not self.queue.release(ticket)
+
+    @rule(index=st.integers(0, 10_000))
+    def remove(self, index: int) -> None:
+        ticket = self.pick(index, "QGA")
+        if ticket is not None:
+            assert self.queue.remove(ticket) == self.ref.release(ticket, queued_only=True)
+
+    @rule(index=st.integers(0, 10_000))
+    def confirm(self, index: int) -> None:
+        ticket = self.pick(index)
+        if ticket is not None:
+            assert self.queue.confirm(ticket, self.now) == self.ref.confirm(ticket)
+
+    @rule(index=st.integers(0, 10_000))
+    def requeue(self, index: int) -> None:
+        ticket = self.pick(index, "RAQ")
+        if ticket is not None:
+            assert self.queue.requeue(ticket) == self.ref.requeue(ticket)
+
+    @rule(seconds=st.sampled_from([0.5, 5.0, 31.0, 150.0]))
+    def tick_and_expire(self, seconds: float) -> None:
+        self.now += seconds
+        got = self.queue.expire(self.now)
+        assert got == self.ref.expire(self.now - self.queue.reservation_ttl)
+
+    @rule(index=st.integers(0, 10_000))
+    def why(self, index: int) -> None:
+        ticket = self.pick(index)
+        if ticket is None:
+            return
+        status = self.queue.ticket_status(ticket, self.now)
+        rec = self.ref.recs.get(ticket)
+        assert (status is None) == (rec is None)
+        if status is None or rec is None:
+            return
+        assert status.state == {"Q": "queued", "G": "gang-waiting", "R": "reserved",
+                                "A": "running"}[rec.state]
+        if rec.state in ("Q", "G"):
+            position, length, reason = self.ref.describe(ticket, rec, self.now)
+            assert status.position == (position or None)
+            assert status.queue_length == length
+            assert status.waiting_for == waiting_for(reason, rec.tenant, status.pod_class)
+
+    # -- invariants ----------------------------------------------------------------
+
+    def check_nothing_fits(self) -> None:
+        """Invariants 2 and 4: after a full dispatch no queued pod could be released."""
+        for cls in ("i", "t"):
+            _, guards = self.ref.survey(cls, self.now)
+            for rec in self.ref.recs.values():
+                if rec.state != "Q" or rec.gang or rec.cls != cls:
+                    continue
+                shape = empty_shape()
+                shape[rec.band] = dict(rec.demand)
+                fits = (self.ref.quota_check(rec.tenant, shape) is None
+                        and self.ref.cap_check(shape, guards) is None)
+                assert not fits, f"{rec} fits but was not released"
+
+    @invariant()
+    def usage_matches_reference(self) -> None:
+        for ts in self.queue.tenant_status():
+            usage = self.ref.usage(ts.tenant)
+            assert ts.inference_slices == usage["ui"]
+            assert ts.training_slices == usage["ut"]
+            assert ts.borrowed_slices == usage["ub"]
+            assert ts.used == {k[2:]: v for k, v in usage.items() if k.startswith("u:") and v}
+            for pod_class, code in (("inference", "i"), ("training", "t")):
+                want = len([r for r in self.ref.queued(ts.tenant) if r.cls == code])
+                assert ts.queued[pod_class] == want  # type: ignore[index]
+
+    @invariant()
+    def quota_and_capacity_safety(self) -> None:
+        """Invariant 1: a limit may be exceeded only by lowering it, never by growth."""
+        now = self.usage_snapshot()
+        for ts in self.queue.tenant_status():
+            limits = {("u:" + r): n for r, n in ts.nominal.items()}
+            limits["ut"] = ts.nominal_slices - ts.inference_reserve_slices
+            limits["ub"] = ts.borrow_limit_slices
+            for field in set(limits) | {f for (t, f) in now if t == ts.tenant}:
+                value = now.get((ts.tenant, field), 0)
+                if value > limits.get(field, 0):
+                    assert value <= self.last_usage.get((ts.tenant, field), 0), (
+                        f"{ts.tenant} {field} grew to {value} over its limit"
+                    )
+        for band in BANDS:
+            for res in RESOURCES:
+                grew = now.get(("cluster", f"{band}:{res}"), 0) > self.last_usage.get(
+                    ("cluster", f"{band}:{res}"), 0)
+                if grew:
+                    total = sum(now.get(("cluster", f"{b}:{res}"), 0)
+                                for b in BANDS if PRIO[b] >= PRIO[band])
+                    assert total <= self.cap.get(res, 0), f"{band} {res} over capacity"
+        self.last_usage = now
+
+
+@pytest.mark.slow
+def test_queue_matches_reference_model(redis_client: redis.Redis) -> None:
+    class Machine(QueueMachine):
+        client = redis_client
+
+    run_state_machine_as_test(
+        Machine,
+        settings=settings(max_examples=80, stateful_step_count=40, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow]),
+    )
