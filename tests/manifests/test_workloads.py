@@ -21,6 +21,11 @@ def _pod_spec(base: list[Obj], kind: str, name: str) -> Obj:
     return spec
 
 
+def _env(container: Obj) -> dict[str, str]:
+    """A container's literal environment values (Kubernetes expands $(NAME) from these)."""
+    return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+
+
 def _only_container(pod_spec: Obj) -> Obj:
     assert len(pod_spec["containers"]) == 1
     container: Obj = pod_spec["containers"][0]
@@ -78,8 +83,9 @@ def test_webhook_deployment(base: list[Obj]) -> None:
         "--port",
         "8443",
         "--redis-url",
-        REDIS_URL,
+        "$(REDIS_URL)",
     ]
+    assert _env(container)["REDIS_URL"] == REDIS_URL
     assert container["ports"] == [{"name": "https", "containerPort": 8443, "protocol": "TCP"}]
     probes = {k: container[k]["httpGet"] for k in ("livenessProbe", "readinessProbe")}
     assert probes["livenessProbe"]["path"] == "/healthz"
@@ -119,7 +125,8 @@ def test_webhook_service(base: list[Obj]) -> None:
 def test_dispatcher_deployment(base: list[Obj]) -> None:
     spec = _pod_spec(base, "Deployment", "fairgate-dispatcher")
     container = _only_container(spec)
-    assert container["command"] == ["fairgate", "dispatch", "--redis-url", REDIS_URL]
+    assert container["command"] == ["fairgate", "dispatch", "--redis-url", "$(REDIS_URL)"]
+    assert _env(container)["REDIS_URL"] == REDIS_URL
     assert "ports" not in container
 
 
