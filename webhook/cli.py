@@ -392,6 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_certs(subparsers)
     _add_serve(subparsers)
     _add_dispatch(subparsers)
+    _add_audit(subparsers)
     _add_status(subparsers)
     _add_why(subparsers)
     _add_simulate(subparsers)
