@@ -14,6 +14,7 @@ Contract (format in DESIGN.md, "Simulation trace"):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,10 @@ from tenants.schema import ConfigError, Problem, load_yaml_mapping, parse_model,
 
 # A trace is a planning input: keep it small enough to simulate in minutes.
 MAX_PODS = 200_000
+# Tenant and group names become namespace names and label values.
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,40}[a-z0-9])?$")
+_NAME_HINT = ("is not a valid name: use at most 42 lower-case letters, digits and '-', "
+              "starting and ending with a letter or digit (e.g. team-a)")
 
 
 class _Strict(BaseModel):
@@ -168,6 +173,8 @@ def _cross_problems(trace: Trace) -> list[Problem]:
     if capacity_slices == 0:
         problems.append(Problem("capacity", "is empty: give at least one resource, e.g. {gpu: 8}"))
     for name, tenant in trace.tenants.items():
+        if not _NAME.match(name):
+            problems.append(Problem(f"tenants.{name}", _NAME_HINT))
         for problem in quota_problems(tenant.quota(), name, None):
             problems.append(Problem(f"tenants.{name}.{problem.field}", problem.message))
     total = 0
@@ -193,6 +200,8 @@ def _cross_problems(trace: Trace) -> list[Problem]:
                 )
             )
         if arrival.group is not None:
+            if not _NAME.match(arrival.group):
+                problems.append(Problem(f"{where}.group", _NAME_HINT))
             if arrival.group in groups:
                 problems.append(
                     Problem(

@@ -143,18 +143,21 @@ def test_trace_cross_checks_name_the_field() -> None:
         parse_trace({
             "capacity": {"gpu": 4},
             "tenants": {"team-a": {"weight": 1, "nominal": {"gpu": 1},
-                                   "inferenceReserve": {"gpuEquivalents": 2}}},
+                                   "inferenceReserve": {"gpuEquivalents": 2}},
+                        "Team B": {"weight": 1}},
             "arrivals": [
                 {"at": 0, "tenant": "team-x", "class": "training", "demand": {"gpu": 1},
                  "duration": 5},
                 {"at": 0, "tenant": "team-a", "class": "training",
                  "demand": {"mig-1g.5gb": 1}, "duration": 5},
+                {"at": 0, "tenant": "team-a", "class": "training", "demand": {"gpu": 1},
+                 "duration": 5, "group": "my gang", "groupSize": 2},
             ],
             "horizon": 10,
         })
     fields = {p.field for p in caught.value.problems}
-    assert fields == {"tenants.team-a.inferenceReserve.gpuEquivalents", "arrivals.0.tenant",
-                      "arrivals.1.demand"}
+    assert fields == {"tenants.team-a.inferenceReserve.gpuEquivalents", "tenants.Team B",
+                      "arrivals.0.tenant", "arrivals.1.demand", "arrivals.2.group"}
 
 
 def test_streams_and_gangs_expand_into_pods() -> None:
