@@ -1,17 +1,74 @@
--- Append one audit record to the chain if the chain head is still what the writer saw.
--- KEYS[1] the stream, KEYS[2] the chain head (hash: seq, hash, floor)
--- ARGV[1] the head hash the record chains to ("" when the chain is empty)
--- ARGV[2] the record's seq, ARGV[3] its hash, ARGV[4] its JSON, ARGV[5] maxlen (exact)
--- Returns {1, stream id} when appended, or {0, head seq, head hash} when another writer
--- moved the head first (the caller re-chains the record onto that head and retries).
-local head = redis.call('HMGET', KEYS[2], 'seq', 'hash', 'floor')
-local head_hash = head[2] or ''
-if head_hash ~= ARGV[1] then
-  return {0, head[1] or '0', head_hash}
+-- Append one audit record as the next link of the hash chain, atomically.
+-- KEYS[1] the stream, KEYS[2] the chain head (a hash: seq, hash, floor)
+-- ARGV[1] SHA-256 hex of the record body (canonical JSON without seq/prev/hash)
+-- ARGV[2] the record body, ARGV[3] maxlen (exact retention)
+-- The link is SHA-256("<seq>:" .. bytes(prev) .. bytes(content)), computed here because
+-- Redis Lua only offers SHA-1 (redis.sha1hex); the message is 2 blocks, the body never
+-- passes through this function. Returns {seq, prev, hash, stream id}.
+local band, bxor, bnot = bit.band, bit.bxor, bit.bnot
+local rshift, ror, tobit, tohex = bit.rshift, bit.ror, bit.tobit, bit.tohex
+local K = {
+  0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+  0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+  0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+  0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+  0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+  0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+  0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+  0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
+}
+
+local function sha256(msg)
+  local len = #msg
+  local bits = len * 8
+  msg = msg .. '\128' .. string.rep('\0', (55 - len) % 64) .. string.char(0, 0, 0, 0,
+    math.floor(bits / 16777216) % 256, math.floor(bits / 65536) % 256,
+    math.floor(bits / 256) % 256, bits % 256)
+  local h0, h1, h2, h3 = 0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a
+  local h4, h5, h6, h7 = 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19
+  local w = {}
+  for chunk = 1, #msg, 64 do
+    for i = 0, 15 do
+      local b1, b2, b3, b4 = string.byte(msg, chunk + i * 4, chunk + i * 4 + 3)
+      w[i] = tobit(b1 * 16777216 + b2 * 65536 + b3 * 256 + b4)
+    end
+    for i = 16, 63 do
+      local x, y = w[i - 15], w[i - 2]
+      local s0 = bxor(ror(x, 7), ror(x, 18), rshift(x, 3))
+      local s1 = bxor(ror(y, 17), ror(y, 19), rshift(y, 10))
+      w[i] = tobit(w[i - 16] + s0 + w[i - 7] + s1)
+    end
+    local a, b, c, d, e, f, g, h = h0, h1, h2, h3, h4, h5, h6, h7
+    for i = 0, 63 do
+      local t1 = h + bxor(ror(e, 6), ror(e, 11), ror(e, 25))
+        + bxor(band(e, f), band(bnot(e), g)) + K[i + 1] + w[i]
+      local t2 = bxor(ror(a, 2), ror(a, 13), ror(a, 22))
+        + bxor(band(a, b), band(a, c), band(b, c))
+      h, g, f, e = g, f, e, tobit(d + t1)
+      d, c, b, a = c, b, a, tobit(t1 + t2)
+    end
+    h0, h1, h2, h3 = tobit(h0 + a), tobit(h1 + b), tobit(h2 + c), tobit(h3 + d)
+    h4, h5, h6, h7 = tobit(h4 + e), tobit(h5 + f), tobit(h6 + g), tobit(h7 + h)
+  end
+  return tohex(h0) .. tohex(h1) .. tohex(h2) .. tohex(h3)
+    .. tohex(h4) .. tohex(h5) .. tohex(h6) .. tohex(h7)
 end
-local seq = tonumber(ARGV[2])
-local maxlen = tonumber(ARGV[5])
+
+local function unhex(text)
+  return (string.gsub(text, '..', function(pair) return string.char(tonumber(pair, 16)) end))
+end
+
+local content = ARGV[1]
+if not string.match(content, '^%x+$') or #content ~= 64 then
+  return redis.error_reply('audit content digest must be 64 hex digits')
+end
+local head = redis.call('HMGET', KEYS[2], 'seq', 'hash', 'floor')
+local seq = tonumber(head[1] or '0') + 1
+local prev = head[2] or string.rep('0', 64)
+local link = sha256(seq .. ':' .. unhex(prev) .. unhex(content))
+local maxlen = tonumber(ARGV[3])
 local floor = math.max(tonumber(head[3] or '1'), seq - maxlen + 1, 1)
-local id = redis.call('XADD', KEYS[1], 'MAXLEN', maxlen, '*', 'record', ARGV[4])
-redis.call('HSET', KEYS[2], 'seq', seq, 'hash', ARGV[3], 'floor', floor)
-return {1, id}
+local id = redis.call('XADD', KEYS[1], 'MAXLEN', maxlen, '*',
+  'seq', seq, 'prev', prev, 'hash', link, 'record', ARGV[2])
+redis.call('HSET', KEYS[2], 'seq', seq, 'hash', link, 'floor', floor)
+return {seq, prev, link, id}

@@ -5,10 +5,14 @@ Contract:
   (operation, tenant, namespace/name, class, demand), the outcome (decision, reason,
   latency) and, for quota changes, a field-level ``diff``. It carries no pod spec, no
   environment values and no secrets: only the fields listed here exist.
-- Records are chained: ``seq`` counts from 1, ``prev`` is the previous record's ``hash``
-  (:data:`GENESIS` for seq 1) and ``hash`` is the SHA-256 (hex) of the record's canonical
-  JSON without ``hash`` (keys sorted, no spaces, UTF-8). The canonical JSON with ``hash``
-  is the record's one wire form: the stdout line and the Redis Stream entry.
+- Records are chained: ``seq`` counts from 1 and ``prev`` is the previous record's
+  ``hash`` (:data:`GENESIS` for seq 1). ``hash`` is SHA-256 (hex) over
+  ``b"<seq>:" + bytes.fromhex(prev) + bytes.fromhex(content)`` where ``content`` is the
+  SHA-256 (hex) of the record's *body*: its canonical JSON without ``seq``, ``prev`` and
+  ``hash`` (keys sorted, no spaces, UTF-8). So every field is covered and each record
+  commits to the one before it; the two-step form lets Redis compute the link inside
+  one Lua script (see :mod:`audit.log`) while the body is hashed by the writer.
+- The wire form is the canonical JSON of all fields including ``hash``: the stdout line.
 - :func:`verify` checks a run of records, oldest first, and names the first broken or
   missing one. The oldest record present is the *anchor*: its ``prev`` is trusted, because
   retention trims the oldest records (the anchor is the lowest seq present, wherever it
@@ -65,10 +69,35 @@ def canonical_json(fields: Mapping[str, Any]) -> str:
     return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+CHAIN_FIELDS = ("seq", "prev", "hash")
+
+
+def content_digest(body_json: str) -> str:
+    """SHA-256 hex of a record body's canonical JSON."""
+    return hashlib.sha256(body_json.encode("utf-8")).hexdigest()
+
+
+def link_hash(seq: int, prev: str, content: str) -> str:
+    """The chain hash of record ``seq`` whose body digest is ``content``, after ``prev``.
+
+    Returns "" when ``prev`` or ``content`` is not 64 hex digits (a tampered record).
+    """
+    try:
+        raw = f"{seq}:".encode() + bytes.fromhex(prev) + bytes.fromhex(content)
+    except (ValueError, TypeError):
+        return ""
+    if len(raw) != len(f"{seq}:") + 64:
+        return ""
+    return hashlib.sha256(raw).hexdigest()
+
+
 def chain_hash(fields: Mapping[str, Any]) -> str:
-    """SHA-256 hex of the canonical JSON of ``fields`` without its ``hash`` key."""
-    body = {k: v for k, v in fields.items() if k != "hash"}
-    return hashlib.sha256(canonical_json(body).encode("utf-8")).hexdigest()
+    """The ``hash`` a record with these wire ``fields`` must carry ("" if unchainable)."""
+    body = {k: v for k, v in fields.items() if k not in CHAIN_FIELDS}
+    seq, prev = fields.get("seq"), fields.get("prev")
+    if not isinstance(seq, int) or not isinstance(prev, str):
+        return ""
+    return link_hash(seq, prev, content_digest(canonical_json(body)))
 
 
 @dataclass(frozen=True)
@@ -123,10 +152,14 @@ class AuditRecord:
         """The record's wire form: canonical JSON including ``hash``."""
         return canonical_json(self.fields())
 
+    def body_json(self) -> str:
+        """The canonical JSON of the record without ``seq``, ``prev`` and ``hash``."""
+        return canonical_json({k: v for k, v in self.fields().items() if k not in CHAIN_FIELDS})
+
     def chained(self, seq: int, prev: str) -> AuditRecord:
         """This record as number ``seq`` of a chain after a record whose hash is ``prev``."""
-        unhashed = _replace(self, seq=seq, prev=prev, hash=None)
-        return _replace(unhashed, hash=chain_hash(unhashed.fields()))
+        digest = content_digest(self.body_json())
+        return _replace(self, seq=seq, prev=prev, hash=link_hash(seq, prev, digest))
 
     @classmethod
     def from_json(cls, text: str | bytes) -> AuditRecord:
@@ -137,28 +170,27 @@ class AuditRecord:
             raise ValueError(f"not JSON: {exc}") from exc
         if not isinstance(data, dict):
             raise ValueError("not a JSON object")
+        return cls.from_fields(data)
+
+    @classmethod
+    def from_fields(cls, data: Mapping[str, Any]) -> AuditRecord:
+        """A record from its wire mapping, which must be exactly what :meth:`fields` gives."""
         known = {f for f in cls.__dataclass_fields__ if f != "pod_class"} | {"class"}
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"unknown keys {sorted(unknown)}")
         if "decision" not in data:
             raise ValueError("missing key 'decision'")
-        data["pod_class"] = data.pop("class", "")
-        data["groups"] = tuple(data.get("groups", ()))
+        values = dict(data)
+        values["pod_class"] = values.pop("class", "")
+        values["groups"] = tuple(values.get("groups", ()))
         try:
-            record = cls(**data)
-        except TypeError as exc:
+            record = cls(**values)
+        except (TypeError, ValueError) as exc:
             raise ValueError(str(exc)) from exc
-        if record.to_json() != canonical_json(_with_class(data)):
+        if record.to_json() != canonical_json(data):
             raise ValueError("fields have the wrong types")
         return record
-
-
-def _with_class(data: dict[str, Any]) -> dict[str, Any]:
-    out = dict(data)
-    out["class"] = out.pop("pod_class")
-    out["groups"] = list(out["groups"])
-    return out
 
 
 def _replace(record: AuditRecord, **changes: Any) -> AuditRecord:

@@ -7,20 +7,26 @@ Contract:
   written to ``out`` (unchained: ``seq``/``prev``/``hash`` null), ``last_error`` and
   ``failures`` say what went wrong, the counter ``fairgate_audit_write_failures_total``
   counts it and a warning is logged.
-- Chaining is race-free across threads and processes: the SHA-256 is computed here and the
-  record is appended by one Lua script (``append.lua``) only if the chain head (kept in
-  ``<stream>:head``) still is the record's ``prev``; otherwise the script returns the new
-  head and the record is re-chained onto it (optimistic compare-and-set; every conflict
-  means another writer made progress). SHA-256 cannot be computed in Redis Lua, which only
-  offers SHA-1.
+- Chaining is race-free across threads and processes by construction: one Lua script
+  (``append.lua``) reads the chain head (kept in ``<stream>:head``), computes the link
+  hash, appends the entry and moves the head, atomically. The writer hashes the record
+  body (SHA-256) and the script hashes only the short link message, in pure Lua, because
+  Redis Lua offers SHA-1 alone; no retries, so no writer can starve.
+- A stream entry holds the fields ``seq``, ``prev``, ``hash`` and ``record`` (the body:
+  canonical JSON without the three); the stdout line is the complete record.
 - Retention is exact: ``XADD MAXLEN <maxlen>`` keeps the newest ``maxlen`` records; the
   head's ``floor`` is the lowest seq retention has not removed, so :meth:`AuditLog.verify`
   can tell trimming from deletion.
 - With ``client=None`` records are chained in-process and only written to ``out``.
+- Give the client socket timeouts (``socket_timeout``, ``socket_connect_timeout``): a
+  record waits for Redis at most that long before falling back to stdout only.
+
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import sys
 import threading
@@ -32,12 +38,19 @@ from typing import Any, TextIO
 import redis
 from prometheus_client import Counter
 
-from audit.chain import GENESIS, AuditRecord, ChainHead, VerifyResult, verify
+from audit.chain import (
+    CHAIN_FIELDS,
+    GENESIS,
+    AuditRecord,
+    ChainHead,
+    VerifyResult,
+    content_digest,
+    verify,
+)
 
 STREAM = "fairgate:audit"
 MAXLEN = 100_000
 PAGE = 1000
-MAX_ATTEMPTS = 100
 
 log = logging.getLogger(__name__)
 
@@ -90,35 +103,18 @@ class AuditLog:
         if self._script is None:
             with self._lock:
                 rec = draft.chained(self._head.seq + 1, self._head.hash)
-                self._head = ChainHead(rec.seq or 0, rec.hash or "")
+                self._head = ChainHead(self._head.seq + 1, rec.hash or "")
             return rec
+        body = draft.body_json()
         try:
-            return self._append_redis(draft)
-        except (redis.RedisError, OSError, RuntimeError) as exc:
+            seq, prev, digest, _ = self._script(
+                keys=[self.stream, self.head_key],
+                args=[content_digest(body), body, self.maxlen],
+            )
+        except (redis.RedisError, OSError) as exc:
             self._fail(exc)
             return draft
-
-    def _append_redis(self, draft: AuditRecord) -> AuditRecord:
-        assert self._script is not None
-        with self._lock:
-            head = self._head
-        expected = head.hash if head.seq else ""
-        for _ in range(MAX_ATTEMPTS):
-            seq = head.seq + 1
-            rec = draft.chained(seq, head.hash if head.seq else GENESIS)
-            digest = rec.hash or ""
-            reply = self._script(
-                keys=[self.stream, self.head_key],
-                args=[expected, seq, digest, rec.to_json(), self.maxlen],
-            )
-            if int(reply[0]) == 1:
-                with self._lock:
-                    if seq > self._head.seq:
-                        self._head = ChainHead(seq, digest)
-                return rec
-            expected = _text(reply[2])
-            head = ChainHead(int(reply[1]), expected or GENESIS)
-        raise RuntimeError(f"the chain head moved {MAX_ATTEMPTS} times in a row")
+        return dataclasses.replace(draft, seq=int(seq), prev=_text(prev), hash=_text(digest))
 
     def _fail(self, exc: BaseException) -> None:
         with self._lock:
@@ -188,15 +184,24 @@ class AuditLog:
 
 
 def parse_entry(raw_id: bytes | str, values: Mapping[Any, Any] | None) -> StoredRecord:
-    """A stream entry as a :class:`StoredRecord`."""
+    """A stream entry (chain fields + body) as a :class:`StoredRecord`."""
     stream_id = _text(raw_id)
-    raw = (values or {}).get(b"record", (values or {}).get("record"))
-    if raw is None:
-        return StoredRecord(stream_id, None, "entry has no 'record' field")
+    fields = {_text(k): _text(v) for k, v in (values or {}).items()}
+    missing = [f for f in (*CHAIN_FIELDS, "record") if f not in fields]
+    if missing:
+        return StoredRecord(stream_id, None, f"entry lacks field(s) {', '.join(missing)}")
     try:
-        return StoredRecord(stream_id, AuditRecord.from_json(raw))
+        body = json.loads(fields["record"])
+        if not isinstance(body, dict) or set(body) & set(CHAIN_FIELDS):
+            raise ValueError("the body must be a JSON object without seq/prev/hash")
+        seq = int(fields["seq"])
+        record = AuditRecord.from_fields(
+            {**body, "seq": seq, "prev": fields["prev"], "hash": fields["hash"]})
     except ValueError as exc:
         return StoredRecord(stream_id, None, f"not a valid audit record: {exc}")
+    if record.body_json() != fields["record"]:
+        return StoredRecord(stream_id, None, "not a valid audit record: body is not canonical")
+    return StoredRecord(stream_id, record)
 
 
 def _head_of(raw: list[Any]) -> ChainHead | None:

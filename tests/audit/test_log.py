@@ -10,8 +10,8 @@ import threading
 import pytest
 import redis
 
-from audit.chain import AuditRecord
-from audit.log import STREAM, AuditLog
+from audit.chain import GENESIS, AuditRecord, chain_hash
+from audit.log import STREAM, AuditLog, parse_entry
 from fairshare.localredis import free_port
 
 pytestmark = pytest.mark.timeout(300)
@@ -25,8 +25,8 @@ def _write(log: AuditLog, n: int, writer: str = "w") -> list[AuditRecord]:
     ]
 
 
-def _stored(client: redis.Redis, stream: str = STREAM) -> list[AuditRecord]:
-    return [AuditRecord.from_json(v[b"record"]) for _, v in client.xrange(stream)]
+def _stored(client: redis.Redis, stream: str = STREAM) -> list[AuditRecord | None]:
+    return [parse_entry(i, v).record for i, v in client.xrange(stream)]
 
 
 @pytest.mark.slow
@@ -42,15 +42,29 @@ def test_ten_thousand_records_chain_and_verify(redis_client: redis.Redis) -> Non
     assert lines == [r.to_json() for r in written]
 
 
-def test_same_line_on_stdout_and_in_the_stream(redis_client: redis.Redis) -> None:
+def test_same_record_on_stdout_and_in_the_stream(redis_client: redis.Redis) -> None:
     out = io.StringIO()
     log = AuditLog(redis_client, out=out)
     rec = log.record("quota-change", user="alice", operation="UPDATE", tenant="team-a",
                      name="quota-team-a", diff={"nominal.gpu": {"before": 8, "after": 4}})
-    (stored,) = redis_client.xrange(STREAM)
-    assert stored[1][b"record"].decode() + "\n" == out.getvalue()
+    ((_, fields),) = redis_client.xrange(STREAM)
+    assert out.getvalue() == rec.to_json() + "\n"
+    assert fields[b"record"].decode() == rec.body_json()
+    assert (int(fields[b"seq"]), fields[b"prev"].decode(), fields[b"hash"].decode()) == (
+        1, GENESIS, rec.hash)
+    assert rec.hash == chain_hash(rec.fields())
+    assert _stored(redis_client) == [rec]
     assert json.loads(out.getvalue())["diff"] == {"nominal.gpu": {"before": 8, "after": 4}}
-    assert rec.seq == 1
+
+
+def test_redis_link_hash_matches_python(redis_client: redis.Redis) -> None:
+    log = AuditLog(redis_client, out=io.StringIO())
+    local = AuditLog(None, out=io.StringIO())
+    for i, reason in enumerate(["", "é" * 300, "x" * 2000, '"quoted" \\ \n']):
+        stored = log.record("deny", reason=reason, uid=str(i), time="2026-01-01T00:00:00.000Z")
+        mirrored = local.record("deny", reason=reason, uid=str(i),
+                                time="2026-01-01T00:00:00.000Z")
+        assert stored == mirrored
 
 
 def test_retention_is_exact_and_what_remains_verifies(redis_client: redis.Redis) -> None:
@@ -97,10 +111,10 @@ def test_rewritten_stream_with_an_edited_record_is_located(redis_client: redis.R
     entries = redis_client.xrange(STREAM)
     redis_client.delete(STREAM)
     for n, (_, values) in enumerate(entries):
-        raw = values[b"record"].decode()
         if n == 12:
-            raw = raw.replace('"decision":"admit"', '"decision":"deny"')
-        redis_client.xadd(STREAM, {"record": raw})
+            values[b"record"] = values[b"record"].replace(b'"decision":"admit"',
+                                                          b'"decision":"deny"')
+        redis_client.xadd(STREAM, values)
     result, checked = log.verify()
     assert not result.ok and result.first_bad == 13 and "edited" in result.problem
     assert result.position == 12 and len(checked) == 30
@@ -109,9 +123,13 @@ def test_rewritten_stream_with_an_edited_record_is_located(redis_client: redis.R
 def test_garbage_entry_is_located(redis_client: redis.Redis) -> None:
     log = AuditLog(redis_client, out=io.StringIO())
     _write(log, 5)
-    redis_client.xadd(STREAM, {"record": "{not json"})
+    head = {"seq": 6, "prev": "0" * 64, "hash": "1" * 64}
+    garbage = redis_client.xadd(STREAM, {**head, "record": "{not json"})
     result, _ = log.verify()
     assert not result.ok and result.first_bad == 6 and "not a valid audit record" in result.problem
+    redis_client.xdel(STREAM, garbage)
+    redis_client.xadd(STREAM, {"record": "{}"})
+    assert "lacks field(s) seq, prev, hash" in log.verify()[0].problem
 
 
 def _threaded_writer(url: str, name: str, n: int) -> None:
