@@ -9,7 +9,6 @@ the `fairgate` fixture.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from functools import partial
@@ -77,16 +76,9 @@ def fairgate(
     """fairgate installed from manifests/, `fairgate serve` and `fairgate dispatch` running.
 
     It has its own redis-server. At the end the webhook configurations are removed.
-    Config comes from the cluster's ConfigMaps, or with FAIRGATE_E2E_CONFIG=dir from an
-    equivalent --config-dir.
     """
     with local_redis() as redis_url:
-        stack = FairgateStack(
-            controlplane,
-            tmp_path_factory.mktemp("fairgate"),
-            redis_url,
-            config_from_cluster=os.environ.get("FAIRGATE_E2E_CONFIG") != "dir",
-        )
+        stack = FairgateStack(controlplane, tmp_path_factory.mktemp("fairgate"), redis_url)
         try:
             stack.install()
             stack.start_webhook()

@@ -104,7 +104,7 @@ def test_gpu_pod_is_stamped_by_the_webhook_through_the_api_server(
     scheduling: Any = client.SchedulingV1Api(controlplane.admin)
     scheduling.create_priority_class({"metadata": {"name": "team-a-urgent"}, "value": 500000})
     try:
-        response = core.create_namespaced_pod_with_http_info(
+        pod, _, headers = core.create_namespaced_pod_with_http_info(
             ns,
             pod_manifest(
                 "trainer", {"nvidia.com/gpu": 1}, tolerate_gpu=False, priority_class="team-a-urgent"
@@ -112,7 +112,6 @@ def test_gpu_pod_is_stamped_by_the_webhook_through_the_api_server(
         )
     finally:
         scheduling.delete_priority_class("team-a-urgent")
-    pod = response.data
     labels, annotations = pod.metadata.labels, pod.metadata.annotations
     assert labels["fairgate.io/tenant"] == "team-a"
     assert labels["fairgate.io/class"] == "training"
@@ -128,8 +127,8 @@ def test_gpu_pod_is_stamped_by_the_webhook_through_the_api_server(
     assert "nvidia.com/mig.strategy" in keys
     assert not pod.spec.scheduling_gates
     # The user's own priority class was replaced; the API server passes the warning on.
-    warnings = response.headers.get("Warning", "")
-    assert "team-a-urgent" in warnings, response.headers
+    warnings = headers.get("Warning", "")
+    assert "team-a-urgent" in warnings, headers
 
     node = wait_for(partial(running_node, core, ns, "trainer"), 30, "trainer to run")
     assert node in WHOLE_GPU_NODES  # whole-GPU demand avoids MIG nodes
@@ -149,11 +148,11 @@ def test_over_quota_pod_waits_gated_until_the_dispatcher_releases_it(
     core.create_namespaced_pod(ns, pod_manifest("first", {"nvidia.com/gpu": 4}))
     wait_for(partial(running_node, core, ns, "first"), 30, "first to run")
 
-    response = core.create_namespaced_pod_with_http_info(
+    created, _, headers = core.create_namespaced_pod_with_http_info(
         ns, pod_manifest("second", {"nvidia.com/gpu": 1})
     )
-    assert [g.name for g in response.data.spec.scheduling_gates] == [GATE]
-    assert response.headers.get("Warning"), "a queued pod should say why it waits"
+    assert [g.name for g in created.spec.scheduling_gates] == [GATE]
+    assert headers.get("Warning"), "a queued pod should say why it waits"
     second = core.read_namespaced_pod("second", ns)
     assert is_gated(second)
     time.sleep(2)  # dispatcher and scheduler are running: it must stay held

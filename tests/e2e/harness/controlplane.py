@@ -23,6 +23,7 @@ import yaml
 from kubernetes import client
 
 from .pki import CertificateAuthority, KeyPair, write_signing_key
+from .proxy import ServiceProxy
 
 REPO = Path(__file__).resolve().parents[3]
 BUILD_SCRIPT = REPO / "tests" / "e2e" / "controlplane" / "build.sh"
@@ -147,6 +148,7 @@ class ControlPlane:
         self.apiserver_port = free_port()
         self.url = f"https://127.0.0.1:{self.apiserver_port}"
         self.processes: list[Process] = []
+        self.services = ServiceProxy()
         self._clients: dict[tuple[str, tuple[str, ...]], client.ApiClient] = {}
         self._kubeconfigs: dict[tuple[str, tuple[str, ...]], Path] = {}
         self.admin_kubeconfig = self.kubeconfig_for("e2e-admin", ["system:masters"])
@@ -155,6 +157,7 @@ class ControlPlane:
 
     def start(self, timeout: float = 180.0) -> None:
         """Start all three processes and return once the API server and scheduler are ready."""
+        self.services.start()
         try:
             etcd_url = self._start_etcd(timeout)
             self._start_apiserver(etcd_url, timeout)
@@ -170,9 +173,10 @@ class ControlPlane:
         self._clients.clear()
         while self.processes:
             self.processes.pop().stop()
+        self.services.stop()
 
-    def _spawn(self, name: str, argv: Sequence[str]) -> Process:
-        process = Process(name, argv, self.log_dir)
+    def _spawn(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> Process:
+        process = Process(name, argv, self.log_dir, env)
         self.processes.append(process)
         return process
 
@@ -233,6 +237,9 @@ class ControlPlane:
                 "--profiling=false",
                 "--v=1",
             ],
+            # Webhook Services are reached through the proxy (see harness.proxy); Go
+            # never proxies loopback addresses, so etcd and the API server itself are not.
+            env={**os.environ, "HTTPS_PROXY": self.services.url, "NO_PROXY": ""},
         )
         wait_until_ok(f"{self.url}/readyz", self._tls_context(), [apiserver], timeout)
 

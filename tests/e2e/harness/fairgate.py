@@ -1,13 +1,15 @@
 """fairgate installed into the e2e cluster and running as real processes.
 
-`FairgateStack.install()` does what an operator would with the kustomize base, adapted to
-processes on loopback: it generates the webhook certificate with `fairgate certs
-generate` (SANs include 127.0.0.1), stores it as the `fairgate-webhook-tls` Secret that
-`fairgate serve` adopts, applies `manifests/` with each webhook's `clientConfig` rewritten
-to `url: https://127.0.0.1:<port>/<path>` and that CA as `caBundle`, applies the tenant
-admin base for every tenant, and creates one namespace per tenant. `fairgate serve` and
-`fairgate dispatch` then run as child processes, authenticated with bound tokens of their
-own ServiceAccounts, so fairgate's RBAC is what the API server enforces.
+`FairgateStack.install()` does what an operator would with the kustomize base: it
+generates the webhook certificate with `fairgate certs generate` (SANs name the Service
+`fairgate-webhook.fairgate-system.svc`), stores it as the `fairgate-webhook-tls` Secret
+that `fairgate serve` adopts, applies `manifests/` unchanged except for the e2e tenants'
+config and that CA as each webhook's `caBundle`, applies the tenant admin base for every
+tenant, and creates one namespace per tenant. `fairgate serve` and `fairgate dispatch`
+then run as child processes, authenticated with bound tokens of their own
+ServiceAccounts, so fairgate's RBAC is what the API server enforces. The API server
+reaches the webhook Service through the control plane's service proxy (harness.proxy),
+verifying the certificate against the Service name, as in a real cluster.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from .controlplane import REPO, ControlPlane, Process, free_port, wait_until_ok
-from .manifests import WEBHOOK_KINDS, Manifest, apply, load_kustomization, webhooks_to_url
+from .manifests import WEBHOOK_KINDS, Manifest, apply, load_kustomization, with_ca_bundle
+from .pods import pod_manifest
 from .waiting import wait_for
 
 SYSTEM_NAMESPACE = "fairgate-system"
+WEBHOOK_SERVICE = "fairgate-webhook"
 GATE = "fairgate.io/queue"
 
 # The e2e tenants. Capacity of the default fake nodes: 8 GPUs, 7 x 1g.5gb, 2 x 3g.40gb.
@@ -118,52 +122,26 @@ class FairgateStack:
         controlplane: ControlPlane,
         work_dir: Path,
         redis_url: str,
-        config_from_cluster: bool = True,
     ) -> None:
-        """`config_from_cluster=False` runs both processes with `--config-dir` (the same
-        tenants, written as files) instead of the ConfigMaps and Namespace labels."""
         self.cp = controlplane
-        self.config_args: list[str] = []
-        if not config_from_cluster:
-            self.config_args = ["--config-dir", str(self._write_config_dir(work_dir / "config"))]
         self.work_dir = work_dir
         self.redis_url = redis_url
         self.cert_dir = work_dir / "certs"
         self.port = free_port()
-        self.url = f"https://127.0.0.1:{self.port}"
         self.webhook: Process | None = None
         self.dispatcher: Process | None = None
         self._env: dict[str, dict[str, str]] = {}
         self._webhooks: list[Manifest] = []
 
-    @staticmethod
-    def _write_config_dir(directory: Path) -> Path:
-        directory.mkdir(parents=True)
-        (directory / "platform.yaml").write_text(PLATFORM_YAML)
-        for tenant, quota in QUOTA_YAML.items():
-            (directory / f"quota-{tenant}.yaml").write_text(quota)
-        (directory / "namespaces.yaml").write_text(
-            yaml.safe_dump({tenant_namespace(t): {"fairgate.io/tenant": t} for t in QUOTA_YAML})
-        )
-        return directory
-
     # -- install -----------------------------------------------------------------------
 
     def install(self) -> None:
         """Certificates, manifests, tenant admin RBAC, tenant namespaces and their users."""
-        self.run_cli(
-            "certs",
-            "generate",
-            "--out",
-            str(self.cert_dir),
-            "--san",
-            "127.0.0.1",
-            "--san",
-            "localhost",
-        )
+        self.run_cli("certs", "generate", "--out", str(self.cert_dir))
         ca_bundle = base64.b64encode((self.cert_dir / "ca.crt").read_bytes()).decode()
-        objects = load_kustomization(REPO / "manifests")
-        objects = webhooks_to_url(_with_e2e_config(objects), self.url, ca_bundle)
+        objects = with_ca_bundle(
+            _with_e2e_config(load_kustomization(REPO / "manifests")), ca_bundle
+        )
         self._webhooks = [o for o in objects if o["kind"] in WEBHOOK_KINDS]
         apply(self.cp.admin, [o for o in objects if o not in self._webhooks])
         self._store_tls_secret()
@@ -257,7 +235,8 @@ class FairgateStack:
         return result
 
     def start_webhook(self, timeout: float = 60.0) -> None:
-        """Start `fairgate serve` and wait until its /readyz answers over TLS."""
+        """Start `fairgate serve`; return once the API server's calls to it succeed."""
+        self.cp.services.route(WEBHOOK_SERVICE, SYSTEM_NAMESPACE, 443, self.port)
         self.webhook = Process(
             "fairgate-serve",
             fairgate_command(
@@ -270,13 +249,26 @@ class FairgateStack:
                 "127.0.0.1",
                 "--redis-url",
                 self.redis_url,
-                *self.config_args,
             ),
             self.cp.log_dir,
             env=self._env["webhook"],
         )
+        # The certificate names the Service, not 127.0.0.1: check the chain only here;
+        # the API server checks the name too when it calls through the service proxy.
         context = ssl.create_default_context(cafile=str(self.cert_dir / "ca.crt"))
-        wait_until_ok(f"{self.url}/readyz", context, [self.webhook], timeout)
+        context.check_hostname = False
+        wait_until_ok(f"https://127.0.0.1:{self.port}/readyz", context, [self.webhook], timeout)
+        wait_for(self._called_by_apiserver, timeout, "the API server to call fairgate serve")
+
+    def _called_by_apiserver(self) -> bool:
+        """A dry-run GPU pod comes back stamped (dry run: nothing changes in Redis)."""
+        core: Any = client.CoreV1Api(self.cp.admin)
+        pod = core.create_namespaced_pod(
+            tenant_namespace(next(iter(QUOTA_YAML))),
+            pod_manifest("probe", {"nvidia.com/gpu": 1}),
+            dry_run="All",
+        )
+        return "fairgate.io/tenant" in (pod.metadata.labels or {})
 
     def stop_webhook(self) -> None:
         if self.webhook is not None:
@@ -291,7 +283,6 @@ class FairgateStack:
                 "dispatch",
                 "--redis-url",
                 self.redis_url,
-                *self.config_args,
             ),
             self.cp.log_dir,
             env=self._env["dispatcher"],
@@ -336,17 +327,19 @@ class FairgateStack:
         return parsed
 
     def tenant_state(self, tenant: str) -> Mapping[str, Any]:
-        """What `fairgate status --json` says about `tenant`."""
-        state: Mapping[str, Any] = self.status()["tenants"][tenant]
+        """`fairgate status --json`'s row for `tenant` ({} while the queue does not know it)."""
+        state: Mapping[str, Any] = self.status()["tenants"].get(tenant, {})
         return state
 
     def wait_idle(self, timeout: float = 30.0) -> None:
-        """Wait until fairgate holds no usage and no queue for any tenant."""
+        """Wait until fairgate reports no usage and nothing queued for any tenant."""
 
-        def idle() -> bool:
-            return all(
-                not self.tenant_state(t).get("used") and not self.tenant_state(t).get("queued")
-                for t in QUOTA_YAML
-            )
+        def busy() -> dict[str, Any]:
+            rows = {t: self.tenant_state(t) for t in QUOTA_YAML}
+            return {
+                t: row
+                for t, row in rows.items()
+                if row.get("used") or any(row.get("queued", {}).values())
+            }
 
-        wait_for(idle, timeout, "fairgate to report no usage and no queue")
+        wait_for(lambda: not busy(), timeout, "fairgate to report no usage and no queue")

@@ -46,17 +46,16 @@ def load_kustomization(directory: Path) -> list[Manifest]:
     return objects
 
 
-def webhooks_to_url(objects: Iterable[Manifest], base_url: str, ca_bundle: str) -> list[Manifest]:
-    """Copies of `objects` whose webhooks call `base_url` + their service path, with `ca_bundle`."""
-    rewritten = []
+def with_ca_bundle(objects: Iterable[Manifest], ca_bundle: str) -> list[Manifest]:
+    """Copies of `objects` where every webhook's clientConfig carries `ca_bundle` (base64)."""
+    result = []
     for obj in objects:
         obj = copy.deepcopy(obj)
         if obj.get("kind") in WEBHOOK_KINDS:
             for webhook in obj["webhooks"]:
-                path = webhook["clientConfig"].get("service", {}).get("path", "/")
-                webhook["clientConfig"] = {"url": base_url + path, "caBundle": ca_bundle}
-        rewritten.append(obj)
-    return rewritten
+                webhook["clientConfig"]["caBundle"] = ca_bundle
+        result.append(obj)
+    return result
 
 
 def apply(api: client.ApiClient, objects: Iterable[Manifest]) -> None:
