@@ -123,6 +123,7 @@ else
 end
 
 if reason == nil then
+  if band ~= 'b' then free = math.max(0, free - ds) end
   if dry then return reply(0, 'reserved', band, 0, qc, free, cfg.ns, {}) end
   local seq = redis.call('INCR', K_SEQ)
   put_rec(ticket, {'R', tenant, cls, band, format_counts(d), ns, name, '', '1', submitted,

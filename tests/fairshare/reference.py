@@ -433,6 +433,8 @@ class Reference:
                             and self.cap_check(s, guards) is None):
                         reason = ["turn"]
         if reason is None:
+            if band != "b":
+                free = max(0, free - ds)
             if not dry:
                 self.seq += 1
                 self.recs[req.ticket] = Rec("R", tenant, cls, band, d, req.namespace,

@@ -124,7 +124,7 @@ class QueueMachine(RuleBasedStateMachine):
         want = dataclasses.replace(
             want, waiting_for=waiting_for(reason, req.tenant, req.pod_class)
         )
-        assert got == want
+        assert got == want, (req, got, want)
 
     # -- rules ---------------------------------------------------------------------
 
@@ -188,7 +188,8 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(limit=st.sampled_from([1, 2, 100]))
     def dispatch(self, limit: int) -> None:
         got = self.queue.dispatch(self.now, limit)
-        assert got == self.ref.dispatch(self.now, limit)
+        want = self.ref.dispatch(self.now, limit)
+        assert got == want, (got, want)
         if limit == 100:
             self.check_nothing_fits()
 

@@ -1,0 +1,372 @@
+"""Behaviour of the fair queue against a real redis-server: bands, fast path, order,
+gangs, starvation guard, expiry, requeue, idempotency, dry run, rebuild, snapshots."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+from fairshare.model import Admission, GatedPod, InvalidRequestError, PodRequest, RunningPod
+from fairshare.queue import FairQueue, UnknownTenantError
+from tenants.models import FairgateConfig, PlatformConfig, PodClass, QuotaSpec
+from tenants.resources import ResourceCounts
+
+
+def config(**tenants: dict[str, Any]) -> FairgateConfig:
+    """Tenants as name=dict(weight=..., nominal={...}, borrow=GPUs, reserve=GPUs)."""
+    platform = PlatformConfig.model_validate({
+        "tenants": {name: {"weight": t.get("weight", 1), "ceiling": {"gpuEquivalents": 1000}}
+                    for name, t in tenants.items()},
+    })
+    quotas = {
+        name: QuotaSpec.model_validate({
+            "nominal": t.get("nominal", {}),
+            "borrowLimit": {"gpuEquivalents": t.get("borrow", 0)},
+            "inferenceReserve": {"gpuEquivalents": t.get("reserve", 0)},
+        })
+        for name, t in tenants.items()
+    }
+    return FairgateConfig(platform=platform, quotas=quotas)
+
+
+class Pods:
+    """Makes numbered PodRequests."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self, tenant: str, pod_class: PodClass = "training",
+                 demand: ResourceCounts | None = None, group: str | None = None,
+                 size: int = 1, at: float | None = None) -> PodRequest:
+        self.n += 1
+        return PodRequest(
+            ticket=f"t{self.n}", tenant=tenant, namespace=f"ns-{tenant}", name=f"p{self.n}",
+            pod_class=pod_class, demand=demand or {"gpu": 1}, group=group, group_size=size,
+            submitted_at=float(self.n) if at is None else at,
+        )
+
+
+@pytest.fixture
+def pods() -> Pods:
+    return Pods()
+
+
+def queue_with(client: redis.Redis, capacity: ResourceCounts, starvation: float = 300.0,
+               **tenants: dict[str, Any]) -> FairQueue:
+    q = FairQueue(client, starvation_seconds=starvation)
+    q.sync_config(config(**tenants), capacity)
+    return q
+
+
+def admit_all(q: FairQueue, reqs: list[PodRequest], now: float = 0.0) -> list[Admission]:
+    return [q.admit(r, now) for r in reqs]
+
+
+def released(q: FairQueue, now: float = 100.0, limit: int = 100) -> list[str]:
+    return [r.ticket for r in q.dispatch(now, limit)]
+
+
+def test_bands_follow_nominal_then_borrow_then_wait(redis_client: redis.Redis,
+                                                    pods: Pods) -> None:
+    q = queue_with(redis_client, {"gpu": 100},
+                   a={"nominal": {"gpu": 3}, "borrow": 1, "reserve": 1})
+    got = admit_all(q, [pods("a") for _ in range(4)] + [pods("a", "inference")] * 1)
+    # training room is 3 - 1 reserved GPUs: two training, one borrowed, then it waits
+    assert [(a.outcome, a.band) for a in got] == [
+        ("reserved", "training"), ("reserved", "training"), ("reserved", "borrowed"),
+        ("queued", "training"), ("reserved", "inference"),
+    ]
+    assert got[3].waiting_for == "1.00 GPU-eq of tenant quota"
+    assert got[3].position == 1 and got[3].queue_length == 1
+    assert (got[3].free_slices, got[3].nominal_slices) == (7, 21)
+    # inference uses the reserve but never borrows
+    extra = q.admit(pods("a", "inference"), 0.0)
+    assert (extra.outcome, extra.band) == ("queued", "inference")
+
+
+def test_band_counts_training_queued_ahead(redis_client: redis.Redis, pods: Pods) -> None:
+    q = queue_with(redis_client, {"gpu": 1}, a={"nominal": {"gpu": 4}, "borrow": 1})
+    got = admit_all(q, [pods("a") for _ in range(6)])
+    # capacity 1: one runs, three queue as training (nominal 4 counts them), then borrowed
+    assert [a.band for a in got] == ["training"] * 4 + ["borrowed", "training"]
+    assert [a.outcome for a in got] == ["reserved"] + ["queued"] * 5
+
+
+def test_mig_pod_is_not_stuck_behind_whole_gpu_pods(redis_client: redis.Redis,
+                                                    pods: Pods) -> None:
+    q = queue_with(redis_client, {"gpu": 1, "mig-1g.5gb": 7},
+                   a={"nominal": {"gpu": 4, "mig-1g.5gb": 7}})
+    admit_all(q, [pods("a"), pods("a")])  # the second waits for cluster capacity
+    mig = q.admit(pods("a", demand={"mig-1g.5gb": 1}), 0.0)
+    assert mig.outcome == "reserved"
+    same = q.admit(pods("a"), 0.0)
+    assert (same.outcome, same.waiting_for) == ("queued", "1 x gpu of cluster capacity")
+
+
+def test_fast_path_does_not_jump_own_queue(redis_client: redis.Redis, pods: Pods) -> None:
+    q = queue_with(redis_client, {"gpu": 2}, a={"nominal": {"gpu": 4}})
+    admit_all(q, [pods("a", demand={"gpu": 2}), pods("a", demand={"gpu": 2})])
+    assert q.release("t1")
+    # capacity is free again, but t2 waits ahead of a new pod of the same class
+    newcomer = q.admit(pods("a"), 0.0)
+    assert (newcomer.outcome, newcomer.waiting_for) == ("queued", "1 training pod(s) ahead in a")
+    assert released(q) == ["t2"]
+
+
+def test_inference_is_released_before_training(redis_client: redis.Redis,
+                                               pods: Pods) -> None:
+    q = queue_with(redis_client, {"gpu": 1},
+                   a={"nominal": {"gpu": 4}}, b={"nominal": {"gpu": 4}})
+    admit_all(q, [pods("a", demand={"gpu": 1})])
+    admit_all(q, [pods("a"), pods("b"), pods("b", "inference"), pods("a", "inference")])
+    # inference counts training capacity as free: both inference pods went straight in
+    assert [r.band for r in q.dispatch(100.0, 10)] == []
+    assert q.ticket_status("t4", 0.0) is not None
+    assert q.ticket_status("t4", 0.0).state == "reserved"  # type: ignore[union-attr]
+    q.release("t1")
+    q.release("t4")
+    q.release("t5")
+    assert released(q, limit=1) == ["t2"]
+
+
+def test_training_waits_while_an_inference_pod_fits(redis_client: redis.Redis,
+                                                    pods: Pods) -> None:
+    q = queue_with(redis_client, {"gpu": 2}, a={"nominal": {"gpu": 4}},
+                   b={"nominal": {"gpu": 4}}, c={"nominal": {"gpu": 4}})
+    admit_all(q, [pods("a", "inference", {"gpu": 2}), pods("a", "inference")])
+    trainee = q.admit(pods("b"), 0.0)
+    assert trainee.outcome == "queued"
+    q.release("t1")  # the queued inference pod t2 now fits
+    late = q.admit(pods("c"), 0.0)
+    assert (late.outcome, late.waiting_for) == ("queued", "inference pods released first")
+    assert released(q) == ["t2", "t3"]
+
+
+def test_lowest_weighted_share_goes_first(redis_client: redis.Redis, pods: Pods) -> None:
+    q = queue_with(redis_client, {"gpu": 6},
+                   a={"weight": 1, "nominal": {"gpu": 6}}, b={"weight": 2, "nominal": {"gpu": 6}})
+    blockers = admit_all(q, [pods("a", "inference", {"gpu": 6})])
+    assert blockers[0].outcome == "reserved"
+    reqs = [pods("a") for _ in range(6)] + [pods("b") for _ in range(6)]
+    admit_all(q, reqs)
+    q.release("t1")
+    order = [r.tenant for r in q.dispatch(100.0, 6)]
+    # shares (slices / weight) stay balanced 1:2
+    assert order == ["a", "b", "b", "a", "b", "b"]
+
+
+def test_gang_is_released_all_at_once_when_complete(redis_client: redis.Redis,
+                                                    pods: Pods) -> None:
+    q = queue_with(redis_client, {"gpu": 3}, a={"nominal": {"gpu": 8}})
+    first = q.admit(pods("a", group="g", size=3), 0.0)
+    assert (first.outcome, first.position, first.waiting_for) == (
+        "queued", None, "gang ns-a/g: 1 of 3 members queued")
+    q.admit(pods("a", group="g", size=3), 0.0)
+    assert released(q) == []
+    last = q.admit(pods("a", group="g", size=3), 0.0)
+    assert last.outcome == "queued" and last.position == 3
+    assert sorted(released(q)) == ["t1", "t2", "t3"]
+
+
+def test_gang_waits_for_room_for_every_member(redis_client: redis.Redis, pods: Pods) -> None:
+    q = queue_with(redis_client, {"gpu": 3}, a={"nominal": {"gpu": 8}})
+    q.admit(pods("a", demand={"gpu": 2}), 0.0)
+    admit_all(q, [pods("a", group="g", size=2), pods("a", group="g", size=2)])
+    assert released(q) == []  # only one GPU free: no member may start alone
+    q.release("t1")
+    assert sorted(released(q)) == ["t2", "t3"]
+    # a member that ends and is recreated completes its gang with the one running
+    q.release("t2")
+    again = q.admit(pods("a", group="g", size=2), 0.0)
+    assert again.outcome == "queued"
+    assert released(q) == ["t4"]
+
+
+def test_mixed_class_gang_is_refused(redis_client: redis.Redis, pods: Pods) -> None:
+    q = queue_with(redis_client, {"gpu": 3}, a={"nominal": {"gpu": 8}})
+    q.admit(pods("a", group="g", size=2), 0.0)
+    with pytest.raises(redis.ResponseError, match="same fairgate.io/class"):
+        q.admit(pods("a", "inference", group="g", size=2), 0.0)
+
+
+def test_starvation_guard_reserves_capacity_for_a_large_pod(redis_client: redis.Redis,
+                                                            pods: Pods) -> None:
+    q = queue_with(redis_client, {"gpu": 4}, starvation=60.0,
+                   big={"nominal": {"gpu": 4}}, small={"nominal": {"gpu": 4}, "weight": 100})
+    admit_all(q, [pods("small", at=0.0) for _ in range(4)])
+    large = q.admit(pods("big", demand={"gpu": 4}, at=0.0), 0.0)
+    assert large.waiting_for == "4 x gpu of cluster capacity"
+    admit_all(q, [pods("small", at=1.0) for _ in range(4)])
+    # before the guard: a freed GPU goes to a small pod (the big one cannot use it)
+    q.release("t1")
+    assert released(q, now=30.0) == ["t6"]
+    # after waiting 60 s the big pod's GPUs are held: small pods no longer jump it
+    for ticket in ("t2", "t3"):
+        q.release(ticket)
+    assert released(q, now=61.0) == []
+    status = q.ticket_status("t7", 61.0)
+    assert status is not None and status.waiting_for == (
+        "gpu capacity held for a pod waiting longer (starvation guard)")
+    q.release("t4")
+    q.release("t6")
+    assert released(q, now=62.0, limit=1) == ["t5"]
+
+
+def test_expire_frees_unconfirmed_reservations(redis_client: redis.Redis, pods: Pods) -> None:
+    q = queue_with(redis_client, {"gpu": 2}, a={"nominal": {"gpu": 2}})
+    admit_all(q, [pods("a"), pods("a")], now=10.0)
+    assert q.confirm("t1", 11.0)
+    assert not q.confirm("nope", 11.0)
+    assert q.expire(39.0) == []
+    assert q.expire(40.0) == ["t2"]
+    assert [t.used for t in q.tenant_status()] == [{"gpu": 1}]
+    assert q.ticket_status("t2", 41.0) is None
+
+
+def test_requeue_puts_a_ticket_back_at_the_head(redis_client: redis.Redis,
+                                                pods: Pods) -> None:
+    q = queue_with(redis_client, {"gpu": 1}, a={"nominal": {"gpu": 4}})
+    admit_all(q, [pods("a"), pods("a"), pods("a")])
+    q.release("t1")
+    assert released(q, limit=1) == ["t2"]
+    assert q.requeue("t2")
+    assert not q.requeue("t3")  # queued, not released
+    status = q.ticket_status("t2", 0.0)
+    assert status is not None and (status.state, status.position) == ("queued", 1)
+    assert released(q, limit=1) == ["t2"]
+
+
+def test_release_and_remove_are_idempotent(redis_client: redis.Redis, pods: Pods) -> None:
+    q = queue_with(redis_client, {"gpu": 1}, a={"nominal": {"gpu": 4}})
+    admit_all(q, [pods("a"), pods("a")])
+    assert not q.remove("t1")  # running: remove only drops queued pods
+    assert q.remove("t2") and not q.remove("t2")
+    assert q.release("t1") and not q.release("t1")
+    (status,) = q.tenant_status()
+    assert (status.used_slices, status.queued) == (0, {"inference": 0, "training": 0})
+
+
+def dump_all(client: redis.Redis) -> dict[bytes, bytes | None]:
+    return {key: client.dump(key) for key in client.scan_iter(count=1000)}
+
+
+def test_same_ticket_twice_and_dry_run_change_nothing(redis_client: redis.Redis,
+                                                      pods: Pods) -> None:
+    q = queue_with(redis_client, {"gpu": 1}, a={"nominal": {"gpu": 4}})
+    first = q.admit(pods("a"), 0.0)
+    before = dump_all(redis_client)
+    again = q.admit(PodRequest("t1", "a", "ns-a", "p1", "training", {"gpu": 1}), 5.0)
+    assert again == Admission(**{**first.__dict__, "duplicate": True})
+    dry = q.admit(pods("a"), 5.0, dry_run=True)
+    assert (dry.outcome, dry.position, dry.waiting_for) == (
+        "queued", 1, "1 x gpu of cluster capacity")
+    assert dump_all(redis_client) == before
+    real = q.admit(PodRequest("t2", "a", "ns-a", "p2", "training", {"gpu": 1}), 5.0)
+    assert real.outcome == dry.outcome and real.band == dry.band
+
+
+def test_unknown_tenant_and_bad_requests_are_refused(redis_client: redis.Redis,
+                                                     pods: Pods) -> None:
+    q = queue_with(redis_client, {"gpu": 1}, a={"nominal": {"gpu": 4}})
+    with pytest.raises(UnknownTenantError, match="sync_config"):
+        q.admit(pods("nobody"), 0.0)
+    with pytest.raises(InvalidRequestError, match="demand is empty"):
+        PodRequest("t", "a", "ns", "p", "training", {})
+    with pytest.raises(InvalidRequestError, match="ticket"):
+        PodRequest("bad ticket", "a", "ns", "p", "training", {"gpu": 1})
+    with pytest.raises(InvalidRequestError, match="unknown resource"):
+        PodRequest("t", "a", "ns", "p", "training", {"nvidia.com/gpu": 1})
+
+
+def test_lowering_quota_evicts_nothing(redis_client: redis.Redis, pods: Pods) -> None:
+    q = queue_with(redis_client, {"gpu": 8}, a={"nominal": {"gpu": 4}})
+    admit_all(q, [pods("a") for _ in range(4)])
+    q.sync_config(config(a={"nominal": {"gpu": 1}}), {"gpu": 8})
+    (status,) = q.tenant_status()
+    assert status.used == {"gpu": 4} and status.nominal == {"gpu": 1}
+    waiting = q.admit(pods("a"), 0.0)
+    assert waiting.waiting_for == "4.00 GPU-eq of tenant quota"
+    for ticket in ("t1", "t2", "t3", "t4"):
+        q.release(ticket)
+    assert released(q) == ["t5"]
+
+
+def test_status_snapshots(redis_client: redis.Redis, pods: Pods) -> None:
+    q = queue_with(redis_client, {"gpu": 2},
+                   a={"weight": 2, "nominal": {"gpu": 2}, "borrow": 1, "reserve": 1},
+                   b={"nominal": {"mig-1g.5gb": 7}})
+    admit_all(q, [pods("a", "inference"), pods("a"), pods("a")])
+    a, b = q.tenant_status()
+    assert (a.tenant, a.weight, a.nominal_slices, a.borrow_limit_slices,
+            a.inference_reserve_slices) == ("a", 2.0, 14, 7, 7)
+    assert (a.inference_slices, a.training_slices, a.borrowed_slices, a.used_slices) == (
+        7, 7, 0, 14)
+    assert a.queued == {"inference": 0, "training": 1}
+    assert a.weighted_share == 7.0
+    assert (b.tenant, b.used_slices, b.nominal) == ("b", 0, {"mig-1g.5gb": 7})
+    why = q.ticket_status("t3", 9.0)
+    assert why is not None
+    assert (why.state, why.band, why.position, why.queue_length, why.submitted_at) == (
+        "queued", "borrowed", 1, 1, 3.0)
+    assert why.waiting_for == "1 x gpu of cluster capacity"
+    q.release("t1")
+    (rel,) = q.dispatch(12.0)
+    assert (rel.ticket, rel.band, rel.waited_seconds, rel.namespace) == (
+        "t3", "borrowed", 9.0, "ns-a")
+    running = q.ticket_status("t3", 13.0)
+    assert running is not None and (running.state, running.released_at) == ("running", 12.0)
+
+
+def test_rebuild_restores_order_and_usage(redis_client: redis.Redis, pods: Pods) -> None:
+    tenants = {"a": {"weight": 1, "nominal": {"gpu": 4, "mig-1g.5gb": 7}, "borrow": 2},
+               "b": {"weight": 3, "nominal": {"gpu": 4}}}
+    q = queue_with(redis_client, {"gpu": 4, "mig-1g.5gb": 2}, **tenants)
+    reqs = [
+        pods("a"), pods("b", "inference", {"gpu": 2}), pods("a", demand={"mig-1g.5gb": 1}),
+        pods("a"), pods("b"), pods("a", group="g", size=2), pods("b", "inference"),
+        pods("a", demand={"mig-1g.5gb": 2}), pods("a", group="g", size=2), pods("a"),
+        pods("b"), pods("a", "inference", {"mig-1g.5gb": 1}), pods("a", group="h", size=3),
+    ]
+    answers = {r.ticket: q.admit(r, r.submitted_at) for r in reqs}
+    for ticket, answer in answers.items():
+        if answer.outcome == "reserved":
+            assert q.confirm(ticket, 20.0)  # the pods exist in the cluster
+    released(q, limit=1)
+    by_ticket = {r.ticket: r for r in reqs}
+
+    def snapshot(queue: FairQueue) -> tuple[object, ...]:
+        statuses = {t: queue.ticket_status(t, 50.0) for t in by_ticket}
+        return tuple(queue.tenant_status()), tuple(sorted(
+            (t, s.state, s.band, s.position, s.queue_length, s.waiting_for)
+            for t, s in statuses.items() if s is not None))
+
+    running, gated = [], []
+    for ticket, req in by_ticket.items():
+        status = q.ticket_status(ticket, 50.0)
+        assert status is not None
+        if status.state in ("running", "reserved"):
+            running.append(RunningPod(ticket, req.tenant, req.namespace, req.name,
+                                      req.pod_class, status.band, req.demand,
+                                      req.group, req.group_size))
+        else:
+            gated.append(GatedPod(req, answers[ticket].band))
+
+    def carry_on(queue: FairQueue) -> list[str]:
+        """Pods end one by one; what is released after each."""
+        order: list[str] = []
+        for pod in running:
+            queue.release(pod.ticket)
+            order += ["|"] + [r.ticket for r in queue.dispatch(60.0, 100)]
+        return order
+
+    before = snapshot(q)
+    assert len(before[1]) == len(reqs)
+    expected = carry_on(q)
+    redis_client.flushall()
+    fresh = queue_with(redis_client, {"gpu": 4, "mig-1g.5gb": 2}, **tenants)
+    fresh.rebuild(running, reversed(gated))
+    assert snapshot(fresh) == before
+    assert carry_on(fresh) == expected
+    assert len([t for t in expected if t != "|"]) >= 5
