@@ -14,7 +14,9 @@ Contract:
 - A watch that ends (server timeout) resumes from the last resource version seen
   (bookmarks included); an expired one (410 Gone) is replaced by a fresh list; other
   failures retry after an exponential backoff (1 s doubling up to ``max_backoff``).
-- RBAC it needs: get/list/watch ``configmaps`` and create ``events`` in the control
+- A list or watch that fails is reported in ``last_error`` under
+  ``<namespace>/configmaps`` or ``namespaces`` until a list succeeds again.
+- RBAC it needs: list/watch ``configmaps`` and create ``events`` in the control
   namespace; list/watch ``namespaces``.
 """
 
@@ -79,6 +81,7 @@ class ClusterConfigSource(ConfigSource):
         self._state = ConfigAssembler(namespace)
         self._state_lock = threading.Lock()
         self._listed: set[str] = set()
+        self._api_errors: dict[str, str] = {}
         self._known_configmaps: set[str] = set()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -138,6 +141,7 @@ class ClusterConfigSource(ConfigSource):
                         self._apply_event(kind, event["type"], event["object"])
                 version = active.resource_version or version
                 backoff = 1.0
+                self._recovered(kind)
             except ApiException as exc:
                 if exc.status == GONE:
                     log.info("%s watch expired (410 Gone): listing again", kind)
@@ -150,6 +154,9 @@ class ClusterConfigSource(ConfigSource):
 
     def _back_off(self, kind: str, exc: BaseException, backoff: float) -> float:
         log.warning("%s watch failed (%s); retrying in %.0fs", kind, exc, backoff)
+        with self._state_lock:
+            self._api_errors[self._watch_name(kind)] = _api_failure(exc)
+            self._publish()
         self._stop.wait(backoff)
         return min(backoff * 2, self.max_backoff)
 
@@ -177,6 +184,7 @@ class ClusterConfigSource(ConfigSource):
                     ).items():
                         failed[obj] = (message, cm)
             self._listed.add(kind)
+            self._api_errors.pop(self._watch_name(kind), None)
             self._publish()
         self._report(failed)
 
@@ -208,12 +216,21 @@ class ClusterConfigSource(ConfigSource):
             return self._state.set_platform(data)
         return self._state.set_quota(name, data, labels)
 
+    def _recovered(self, kind: str) -> None:
+        with self._state_lock:
+            if self._api_errors.pop(self._watch_name(kind), None) is not None:
+                self._publish()
+
+    def _watch_name(self, kind: str) -> str:
+        return f"{self.namespace}/configmaps" if kind == "configmaps" else "namespaces"
+
     def _publish(self) -> None:
+        errors = {**self._state.errors, **self._api_errors}
         if self._listed >= {"configmaps", "namespaces"}:
-            self._install(self._state.snapshot(), self._state.errors)
+            self._install(self._state.snapshot(), errors)
             self._first_load.set()
         else:
-            self._set_errors(self._state.errors)
+            self._set_errors(errors)
 
     def _report(self, failed: Mapping[str, tuple[str, Any]]) -> None:
         for obj, (message, configmap) in failed.items():
@@ -246,6 +263,12 @@ class ClusterConfigSource(ConfigSource):
             self.core.create_namespaced_event(meta.namespace or self.namespace, event)
         except (ApiException, HTTPError, OSError) as exc:
             log.warning("could not post an Event on ConfigMap %s: %s", meta.name, exc)
+
+
+def _api_failure(exc: BaseException) -> str:
+    if isinstance(exc, ApiException):
+        return f"list/watch failed: {exc.status} {exc.reason} (check fairgate's RBAC)"
+    return f"list/watch failed: {type(exc).__name__}: {exc}"
 
 
 def _is_ours(name: str) -> bool:

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 from e2e.harness.controlplane import ControlPlane, ControlPlaneError, build_controlplane
-from kubernetes import client
+from e2e.harness.manifests import apply, load_kustomization
+from kubernetes import client, config
 from prometheus_client import REGISTRY
 
 from tenants.cluster import EVENT_REASON, ClusterConfigSource
@@ -176,3 +177,49 @@ def test_a_second_source_starts_from_a_full_list(
         assert dict(fresh.config.quotas) == dict(source.config.quotas)
     finally:
         fresh.close()
+
+
+RBAC_KINDS = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
+              "RoleBinding")
+
+
+def test_the_shipped_rbac_suffices_for_the_webhook_service_account(
+    controlplane: ControlPlane, core: Any, source: ClusterConfigSource,
+) -> None:
+    repo = Path(__file__).resolve().parents[2]
+    objects = [o for o in load_kustomization(repo / "manifests") if o["kind"] in RBAC_KINDS]
+    apply(controlplane.admin, objects)
+    kubeconfig = controlplane.token_kubeconfig(NS, "fairgate-webhook")
+    limited = ClusterConfigSource(config.new_client_from_config(config_file=str(kubeconfig)),
+                                  watch_timeout_seconds=2)
+    limited.start()
+    try:
+        assert limited.wait_ready(60), limited.last_error
+        assert limited.config.platform == source.config.platform
+        before = _nominal(limited, "team-b")
+        core.replace_namespaced_config_map("quota-team-b", NS,
+                                           _quota("nominal: {gpu: 100}\n", "team-b"))
+        _wait(lambda: f"{NS}/quota-team-b" in limited.last_error, "the ceiling error")
+
+        def warned() -> bool:
+            events = core.list_namespaced_event(
+                NS, field_selector="involvedObject.name=quota-team-b,reason=" + EVENT_REASON)
+            return bool(events.items)
+
+        _wait(warned, "an Event posted with the service account's rights")
+        assert _nominal(limited, "team-b") == before
+    finally:
+        limited.close()
+
+
+def test_without_rights_it_stays_unready_and_says_why(controlplane: ControlPlane) -> None:
+    nobody = ClusterConfigSource(controlplane.client_for("nobody@example.com"),
+                                 watch_timeout_seconds=2, max_backoff=1)
+    nobody.start()
+    try:
+        _wait(lambda: f"{NS}/configmaps" in nobody.last_error, "the list failure")
+        assert not nobody.ready
+        assert "403" in nobody.last_error[f"{NS}/configmaps"]
+        assert "RBAC" in nobody.last_error[f"{NS}/configmaps"]
+    finally:
+        nobody.close()
