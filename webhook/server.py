@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,6 +142,8 @@ def serve(options: ServeOptions) -> None:
                 await server.serve()
 
         log.info("serving https://%s:%d (mutate, validate)", options.host, options.port)
+        # uvicorn handles SIGTERM gracefully, then re-raises it once done: end with 0.
+        signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
         asyncio.run(main())
     finally:
         stop.set()

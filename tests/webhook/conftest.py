@@ -28,7 +28,7 @@ def start_server(
     """Start ``fairgate serve`` processes; all are stopped at the end of the test."""
     started: list[ServeProcess] = []
 
-    def start(redis_url: str, policy: str = "deny") -> ServeProcess:
+    def start(redis_url: str, policy: str = "deny", cert_dir: Path = cert_dir) -> ServeProcess:
         n = len(started)
         config = write_config(tmp_path / f"config-{n}", policy)
         server = ServeProcess(cert_dir, redis_url, config, tmp_path / f"serve-{n}.log")

@@ -117,4 +117,4 @@ def review(
 
 
 ServerFactory = Callable[..., ServeProcess]
-"""``start_server(redis_url, policy="deny")`` of the ``start_server`` fixture."""
+"""``start_server(redis_url, policy="deny", cert_dir=...)`` of the ``start_server`` fixture."""

@@ -1,0 +1,110 @@
+"""``fairgate serve`` over its lifetime: config and certificate hot reload, graceful stop."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from webhook_helpers import ServerFactory, gpu_pod, review
+
+from certs import write_bundle
+from webhook.process import ServeProcess, client_context
+
+
+def _decision(server: ServeProcess, namespace: str, name: str, dry_run: bool = False) -> str:
+    with server.client() as client:
+        reply = client.post("/mutate", json=review(gpu_pod(namespace, name), dry_run=dry_run))
+    assert reply.status_code == 200
+    response: dict[str, Any] = reply.json()["response"]
+    return str(response["auditAnnotations"]["decision"])
+
+
+def _eventually(check: Any, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_a_quota_edit_takes_effect_without_a_restart(
+    start_server: ServerFactory, redis_url: str
+) -> None:
+    server = start_server(redis_url)
+    assert _decision(server, "team-b-dev", "one") == "admit"
+    # nominal is 1 GPU: a second pod would wait (asked as a dry run: nothing is queued)
+    assert _decision(server, "team-b-dev", "two", dry_run=True) == "queue"
+    (server.config_dir / "quota-team-b.yaml").write_text("nominal: {gpu: 3}\n")
+    assert _eventually(lambda: _decision(server, "team-b-dev", "two", dry_run=True) == "admit")
+    assert _decision(server, "team-b-dev", "two") == "admit"
+
+
+def test_a_broken_config_edit_keeps_the_last_good_one_and_is_reported(
+    start_server: ServerFactory, redis_url: str
+) -> None:
+    server = start_server(redis_url)
+    (server.config_dir / "quota-team-b.yaml").write_text("nominal: {gpu: [\n")
+
+    def reported() -> bool:
+        with server.client() as client:
+            body = client.get("/readyz").json()
+        return "config_errors" in body
+
+    assert _eventually(reported)
+    with server.client() as client:
+        ready = client.get("/readyz")
+    assert ready.status_code == 200  # the last good config still serves
+    assert "quota-team-b.yaml" in str(ready.json()["config_errors"])
+    assert _decision(server, "team-b-dev", "still-works") == "admit"
+
+
+def test_a_renewed_certificate_is_served_without_a_restart(
+    start_server: ServerFactory, redis_url: str, tmp_path: Path, cert_dir: Path
+) -> None:
+    own_certs = tmp_path / "own-certs"
+    write_bundle(own_certs, extra_sans=("127.0.0.1",))
+    server = start_server(redis_url, cert_dir=own_certs)
+    old_ca = tmp_path / "old-ca.crt"
+    old_ca.write_bytes((own_certs / "ca.crt").read_bytes())
+    write_bundle(own_certs, extra_sans=("127.0.0.1",))  # a new CA and serving cert
+
+    def new_cert_served() -> bool:
+        try:
+            with httpx.Client(verify=client_context(own_certs / "ca.crt")) as client:
+                return client.get(f"{server.base_url}/healthz").status_code == 200
+        except httpx.ConnectError:
+            return False
+
+    assert _eventually(new_cert_served)
+    with httpx.Client(verify=client_context(old_ca)) as client, \
+            pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+        client.get(f"{server.base_url}/healthz")
+
+
+def test_sigterm_finishes_requests_in_flight_and_exits_0(
+    start_server: ServerFactory, redis_url: str
+) -> None:
+    server = start_server(redis_url)
+    answers: list[int] = []
+
+    def hammer() -> None:
+        with server.client() as client:
+            for i in range(200):
+                try:
+                    reply = client.post("/mutate", json=review(gpu_pod("team-a-dev", f"p{i}")))
+                except httpx.TransportError:
+                    return  # the server stopped accepting: fine, nothing half-answered
+                answers.append(reply.status_code)
+
+    worker = threading.Thread(target=hammer)
+    worker.start()
+    time.sleep(0.3)
+    assert server.stop() == 0
+    worker.join(30)
+    assert answers and set(answers) == {200}
+    assert "Finished server process" in server.log_tail(200)
