@@ -494,7 +494,8 @@ def _run(args: argparse.Namespace) -> int:
                 check = run_wrk(real, fast, rate=0, duration=plan.duration,
                                 connections=plan.saturation_connections, threads=1,
                                 workdir=env.workdir)
-            results.append(LoadResult(**{**asdict(check), "scenario": "fairgate-serve mutate-fast"}))
+            results.append(LoadResult(**{**asdict(check),
+                                         "scenario": "fairgate-serve mutate-fast"}))
     report["results"] = [asdict(r) for r in results]
     report["targets"] = verdicts(results)
     print(table(results))
