@@ -9,7 +9,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import MANIFESTS, REPO, TENANT_ADMIN, Obj, find, kustomize_build, of_kind
+from manifest_objects import MANIFESTS, REPO, TENANT_ADMIN, Obj, find, kustomize_build, of_kind
 
 from tenants.schema import parse_platform, parse_quota
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import MANIFESTS, TENANT_ADMIN, Obj
+from manifest_objects import MANIFESTS, TENANT_ADMIN, Obj
 
 # The newest schema the library ships, and an older release still in wide use
 # (the oldest with everything used here: matchConditions GA, preStop sleep).

@@ -26,7 +26,7 @@ from typing import Any
 
 import celpy
 import pytest
-from conftest import Obj
+from manifest_objects import Obj
 from matchcases import CASES, MUTATE_PODS, VALIDATE_CONFIGMAPS, VALIDATE_PODS, Case
 
 _ENV = celpy.Environment()

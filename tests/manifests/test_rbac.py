@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from conftest import Obj, find, of_kind
+from manifest_objects import Obj, find, of_kind
 
 from tenants.schema import parse_platform
 

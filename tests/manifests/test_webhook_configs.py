@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import Obj, find, selects
+from manifest_objects import Obj, find, selects
 from matchcases import MUTATE_PODS, VALIDATE_CONFIGMAPS, VALIDATE_PODS
 
 POD_HOOKS = (MUTATE_PODS, VALIDATE_PODS)

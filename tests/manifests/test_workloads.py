@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import Obj, find, of_kind, selects
+from manifest_objects import Obj, find, of_kind, selects
 
 from tenants.models import QUOTA_LABEL, PriorityClasses
 from tenants.schema import parse_platform, parse_quota
