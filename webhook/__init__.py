@@ -1,1 +1,11 @@
-"""fairgate webhook."""
+"""fairgate webhook: the imperative shell around the pure admission logic.
+
+- :mod:`webhook.app`: ``create_app(service)``, the FastAPI app (``/mutate``,
+  ``/validate``, ``/healthz``, ``/readyz``, ``/metrics``): HTTP, limits, deadline.
+- :mod:`webhook.service`: ``AdmissionService``, the decisions (plan, queue, patch,
+  validation, ConfigMap edits), audited.
+- :mod:`webhook.server`: ``fairgate serve`` (uvicorn over TLS 1.2+, hot reloads).
+- :mod:`webhook.dispatch`: ``fairgate dispatch`` (dispatcher against a real cluster).
+- :mod:`webhook.cli`: the ``fairgate`` command; :mod:`webhook.demo`: ``fairgate demo``.
+- :mod:`webhook.process`: ``fairgate serve`` as a child process (demo, tests, bench).
+"""

@@ -38,7 +38,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from admission.reviews import AdmissionReviewResponse, InvalidReview
-from webhook.metrics import CONTENT_TYPE, WebhookMetrics
+from webhook.metrics import CONTENT_TYPE
 from webhook.service import AdmissionService, Progress, Webhook
 
 log = logging.getLogger("fairgate.webhook")
@@ -90,19 +90,19 @@ def _error_response(status: int, message: str) -> JSONResponse:
 def create_app(
     service: AdmissionService,
     *,
-    metrics: WebhookMetrics | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     deadline_seconds: float = DEFAULT_DEADLINE_SECONDS,
     workers: int = DEFAULT_WORKERS,
 ) -> FastAPI:
     """The FastAPI app serving ``service`` (see the module docstring for the contract).
 
-    ``service`` decides; this layer does HTTP, limits, the deadline and metrics. The
-    service's background parts (the audit writer) run for the app's lifespan.
+    ``service`` decides; this layer does HTTP, limits, the deadline and the latency
+    metric (into ``service.metrics``). The service's background part (the audit writer)
+    runs for the app's lifespan. ``workers`` bounds the decisions running at once.
     """
     if max_body_bytes <= 0 or deadline_seconds <= 0 or workers <= 0:
         raise ValueError("max_body_bytes, deadline_seconds and workers must be positive")
-    webhook_metrics = metrics if metrics is not None else service.metrics
+    webhook_metrics = service.metrics
     limiter = anyio.CapacityLimiter(workers)
 
     @asynccontextmanager
