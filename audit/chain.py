@@ -14,11 +14,13 @@ Contract:
   one Lua script (see :mod:`audit.log`) while the body is hashed by the writer.
 - The wire form is the canonical JSON of all fields including ``hash``: the stdout line.
 - :func:`verify` checks a run of records, oldest first, and names the first broken or
-  missing one. The oldest record present is the *anchor*: its ``prev`` is trusted, because
-  retention trims the oldest records (the anchor is the lowest seq present, wherever it
-  stands). A :class:`ChainHead` (kept beside the stream by the
-  writer) additionally reveals records removed from the end, and records removed from the
-  start that retention did not remove (``floor``).
+  missing one. The record with the lowest seq present is the *anchor*: its ``prev`` is
+  trusted, because retention trims the oldest records (so a record removed from the
+  start is indistinguishable from one trimmed, unless the head says otherwise). A
+  :class:`ChainHead` (kept beside the stream by the writer) additionally reveals records
+  removed from the end, and records removed from the start that retention did not
+  remove (``floor``). The chain detects edits and removals by anyone who cannot rewrite
+  every later record and the head; keep the stdout copies elsewhere to pin the hashes.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -159,7 +161,7 @@ class AuditRecord:
     def chained(self, seq: int, prev: str) -> AuditRecord:
         """This record as number ``seq`` of a chain after a record whose hash is ``prev``."""
         digest = content_digest(self.body_json())
-        return _replace(self, seq=seq, prev=prev, hash=link_hash(seq, prev, digest))
+        return replace(self, seq=seq, prev=prev, hash=link_hash(seq, prev, digest))
 
     @classmethod
     def from_json(cls, text: str | bytes) -> AuditRecord:
@@ -191,12 +193,6 @@ class AuditRecord:
         if record.to_json() != canonical_json(data):
             raise ValueError("fields have the wrong types")
         return record
-
-
-def _replace(record: AuditRecord, **changes: Any) -> AuditRecord:
-    values = {f: getattr(record, f) for f in record.__dataclass_fields__}
-    values.update(changes)
-    return AuditRecord(**values)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,6 @@ Contract:
 - With ``client=None`` records are chained in-process and only written to ``out``.
 - Give the client socket timeouts (``socket_timeout``, ``socket_connect_timeout``): a
   record waits for Redis at most that long before falling back to stdout only.
-
 """
 
 from __future__ import annotations
@@ -93,7 +92,11 @@ class AuditLog:
         )
 
     def record(self, decision: str, **fields: Any) -> AuditRecord:
-        """Append a record (fields as in :class:`AuditRecord`) and return it as stored."""
+        """Append a record (fields as in :class:`AuditRecord`) and return it as stored.
+
+        Redis and stdout failures are reported, never raised; an unknown field or a
+        malformed decision (programming errors) raise TypeError / ValueError.
+        """
         draft = AuditRecord(decision=decision, **fields)
         stored = self._append(draft)
         self._write_line(stored.to_json())
@@ -186,7 +189,10 @@ class AuditLog:
 def parse_entry(raw_id: bytes | str, values: Mapping[Any, Any] | None) -> StoredRecord:
     """A stream entry (chain fields + body) as a :class:`StoredRecord`."""
     stream_id = _text(raw_id)
-    fields = {_text(k): _text(v) for k, v in (values or {}).items()}
+    try:
+        fields = {_text(k): _text(v) for k, v in (values or {}).items()}
+    except UnicodeDecodeError:
+        return StoredRecord(stream_id, None, "entry is not UTF-8 text")
     missing = [f for f in (*CHAIN_FIELDS, "record") if f not in fields]
     if missing:
         return StoredRecord(stream_id, None, f"entry lacks field(s) {', '.join(missing)}")
