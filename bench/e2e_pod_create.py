@@ -1,6 +1,6 @@
 """Pod-create latency through a real kube-apiserver, with and without fairgate's webhooks.
 
-Usage: python bench/e2e_pod_create.py [--pods N] [--batch B] [--config dir|cluster]
+Usage: python bench/e2e_pod_create.py [--pods N] [--batch B]
 
 Starts the e2e control plane (tests/e2e/controlplane/build.sh builds it if needed), fake
 GPU nodes, fairgate installed from manifests/ with `fairgate serve` and `fairgate
@@ -83,12 +83,6 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pods", type=int, default=200, help="pods per side (default 200)")
     parser.add_argument("--batch", type=int, default=20, help="pods per batch (default 20)")
-    parser.add_argument(
-        "--config",
-        choices=["cluster", "dir"],
-        default="cluster",
-        help="fairgate's config source (default: the cluster's ConfigMaps)",
-    )
     args = parser.parse_args()
 
     with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
@@ -102,9 +96,7 @@ def main() -> int:
         stack.callback(kubelet.stop)
         redis_url = stack.enter_context(local_redis())
         (work / "fairgate").mkdir()
-        fairgate = FairgateStack(
-            cp, work / "fairgate", redis_url, config_from_cluster=args.config == "cluster"
-        )
+        fairgate = FairgateStack(cp, work / "fairgate", redis_url)
         fairgate.install()
         stack.callback(fairgate.stop)
         fairgate.start_webhook()
@@ -124,7 +116,7 @@ def main() -> int:
             done += count
         fairgate.check_alive()
 
-    print(f"{args.pods} pods per side, batches of {args.batch}, config from {args.config}\n")
+    print(f"{args.pods} pods per side, batches of {args.batch}\n")
     print("| path | p50 ms | p99 ms | mean ms | max ms |")
     print("|---|---|---|---|---|")
     for side, values in samples.items():
