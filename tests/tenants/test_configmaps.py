@@ -8,6 +8,8 @@ from datetime import date
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from audit.chain import AuditRecord
 from tenants.configmaps import ConfigMapVerdict, field_diff, review_configmap_request
@@ -330,3 +332,30 @@ def test_diff_with_yaml_dates_goes_into_an_audit_record() -> None:
                     "since": {"before": "x", "after": date(2026, 1, 2)}}
     record = AuditRecord(decision="quota-change", diff=diff)
     assert '"after":"2026-01-02"' in record.to_json()
+
+
+USERS = ["alice@example.com", "bob@example.com", "pat@example.com", "mallory@example.com",
+         "system:serviceaccount:fairgate-system:fairgate-dispatcher",
+         "system:serviceaccount:fairgate-system:fairgate-other"]
+GROUPS = ["team-a-admins", "team-b-admins", "platform-team", "system:masters",
+          "system:authenticated", "team-a-admin"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(user=st.sampled_from(USERS), groups=st.lists(st.sampled_from(GROUPS), unique=True),
+       operation=st.sampled_from(["CREATE", "UPDATE", "DELETE"]))
+def test_who_may_write_team_a_quota(user: str, groups: list[str], operation: str) -> None:
+    platform = parse_platform(PLATFORM_YAML)
+    current = FairgateConfig(platform=platform,
+                             quotas={"team-a": parse_quota(QUOTA_A, "team-a", platform)})
+    body = admission_review(operation, "quota-team-a", (user, groups),
+                            new={"quota.yaml": "nominal: {gpu: 2}\n"},
+                            old={"quota.yaml": QUOTA_A}, labels={"fairgate.io/quota": "team-a"})
+    platform_admin = ("platform-team" in groups or "system:masters" in groups
+                      or user.endswith(":fairgate-dispatcher"))
+    tenant_admin = user == "alice@example.com" or "team-a-admins" in groups
+    expected = platform_admin or (tenant_admin and operation != "DELETE")
+    verdict = review(current, body)
+    assert verdict.allowed == expected, verdict.message
+    if not expected:
+        assert f"user {user!r}" in verdict.message
