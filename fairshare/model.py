@@ -116,9 +116,10 @@ class Admission:
     queued pods of the same class (None when reserved, or while a gang is incomplete);
     ``queue_length`` is how many pods of that tenant and class are queued.
     ``free_slices`` / ``nominal_slices`` describe the tenant's nominal quota (slices not
-    used by non-borrowed pods, this one included when reserved / all of it). ``waiting_for`` says in words what a queued
-    pod waits for (None when reserved). ``duplicate`` is True when the ticket was
-    already known: nothing changed and the answer describes the ticket's current state.
+    used by non-borrowed pods, this one included when reserved / all of it).
+    ``waiting_for`` says in words what a queued pod waits for (None when reserved).
+    ``duplicate`` is True when the ticket was already known: nothing changed and the
+    answer describes the ticket's current state.
     """
 
     outcome: Outcome

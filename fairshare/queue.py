@@ -116,6 +116,8 @@ class FairQueue:
             if marker in message:
                 tenant = message.split(marker, 1)[1].split()[0].strip()
                 raise UnknownTenantError(tenant) from exc
+            if "invalid: " in message:
+                raise InvalidRequestError(message.split("invalid: ", 1)[1]) from exc
             raise
 
     # -- configuration -------------------------------------------------------------

@@ -32,7 +32,7 @@ end
 if gid ~= '' then
   local gang_class = redis.call('HGET', P .. 'g:' .. gid, 'c')
   if gang_class and gang_class ~= cls then
-    return redis.error_reply('pod group ' .. gid .. ' mixes classes: every member of a '
+    return redis.error_reply('invalid: pod group ' .. gid .. ' mixes classes: every member of a '
       .. 'gang must have the same fairgate.io/class')
   end
 end

@@ -187,7 +187,7 @@ def test_gang_waits_for_room_for_every_member(redis_client: redis.Redis, pods: P
 def test_mixed_class_gang_is_refused(redis_client: redis.Redis, pods: Pods) -> None:
     q = queue_with(redis_client, {"gpu": 3}, a={"nominal": {"gpu": 8}})
     q.admit(pods("a", group="g", size=2), 0.0)
-    with pytest.raises(redis.ResponseError, match="same fairgate.io/class"):
+    with pytest.raises(InvalidRequestError, match=r"same fairgate\.io/class"):
         q.admit(pods("a", "inference", group="g", size=2), 0.0)
 
 
