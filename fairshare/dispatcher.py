@@ -15,6 +15,8 @@ Contract:
 - Capacity is the platform's ``capacity`` override if set, else the cluster's; config and
   capacity are pushed again on every status pass and reconcile (a flush, or another
   writer, may have changed them).
+- Gates of one dispatch round are lifted by ``lift_workers`` threads (the cluster must be
+  thread-safe then); everything else (Redis, metrics, audit) happens in the caller.
 - Several dispatchers may run on one queue: ``dispatch`` hands each queue unit to exactly
   one caller (one Lua script), and the gate patch's ``test`` op guards the pod.
 - Events: ``Admitted`` ("Admitted after 12.4s in queue") on every lift; ``Queued``
@@ -32,6 +34,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -66,6 +69,7 @@ class DispatcherSettings:
     queued_events_per_pass: int = 100  # 0 disables Queued events
     idle_wait: float = 1.0  # how long run() waits for cluster changes
     unseen_grace: float = 30.0  # a released ticket whose pod never shows up: reconcile
+    lift_workers: int = 8  # gates lifted in parallel (1: in order, in the caller's thread)
 
 
 @dataclass
@@ -123,6 +127,10 @@ class Dispatcher:
         self._last_status = float("-inf")
         self._posted: dict[str, _Posted] = {}
         self._unseen: dict[str, tuple[Release, float]] = {}  # released, pod not seen yet
+        self._pool = (
+            ThreadPoolExecutor(self.settings.lift_workers, thread_name_prefix="lift-gate")
+            if self.settings.lift_workers > 1 else None
+        )
         self._event_cursor = 0
 
     # -- config and capacity ----------------------------------------------------------
@@ -178,6 +186,11 @@ class Dispatcher:
                 log.exception("dispatcher step failed unexpectedly; retrying")
                 self._after_failure(stop)
 
+    def close(self) -> None:
+        """Stop the gate-lifting threads (after the last step)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
     def _after_failure(self, stop: threading.Event) -> None:
         self._synced = None
         self._capacity = None
@@ -230,7 +243,8 @@ class Dispatcher:
             self._need_reconcile = True
         unseen = self._unseen.pop(pod.ticket, None)
         if unseen is not None:
-            self._lift(unseen[0], StepResult())
+            release = unseen[0]
+            self._lifted(release, pod, self._lift(release, pod), StepResult())
 
     def _gone(self, pod: GpuPod) -> None:
         if pod.gated and self.queue.remove(pod.ticket):
@@ -255,21 +269,45 @@ class Dispatcher:
             releases = self.queue.dispatch(self.clock(), self.settings.batch)
             if not releases:
                 break
-            requeued = [r.ticket for r in releases if not self._lift(r, result)]
+            seen: list[tuple[Release, GpuPod]] = []
+            for release in releases:
+                pod = self.pods.get(release.ticket)
+                if pod is None:
+                    # Released before its pod was seen (watch lag): lift it when it shows up.
+                    self._unseen[release.ticket] = (release, self.clock())
+                    self.metrics.lifts.labels("unseen").inc()
+                else:
+                    seen.append((release, pod))
+            outcomes = self._lift_all(seen)
+            requeued = [
+                release.ticket for (release, pod), outcome in zip(seen, outcomes, strict=True)
+                if not self._lifted(release, pod, outcome, result)
+            ]
             result.requeued += requeued
             if requeued:
                 break  # let the cluster catch up before trying again
         self.metrics.attempt.observe(time.perf_counter() - started)
 
-    def _lift(self, release: Release, result: StepResult) -> bool:
-        """Lift one released pod's gate; False if it had to go back into the queue."""
-        pod = self.pods.get(release.ticket)
-        if pod is None:
-            # Released before its pod was seen (watch lag): lift it when it shows up.
-            self._unseen[release.ticket] = (release, self.clock())
-            self.metrics.lifts.labels("unseen").inc()
-            return True
+    def _lift_all(self, batch: list[tuple[Release, GpuPod]]) -> list[LiftOutcome]:
+        """Lift the gates of ``batch`` (in parallel with ``lift_workers`` > 1)."""
+        if self._pool is None or len(batch) < 2:
+            return [self._lift(release, pod) for release, pod in batch]
+        return list(self._pool.map(lambda item: self._lift(*item), batch))
+
+    def _lift(self, release: Release, pod: GpuPod) -> LiftOutcome:
+        """The cluster I/O of one release: lift the gate, then say so on the pod."""
         outcome = self.cluster.lift_gate(pod)
+        if outcome is LiftOutcome.LIFTED:
+            self.cluster.post_event(
+                pod, "Admitted", f"Admitted after {release.waited_seconds:.1f}s in queue",
+                "Normal",
+            )
+        return outcome
+
+    def _lifted(
+        self, release: Release, pod: GpuPod, outcome: LiftOutcome, result: StepResult
+    ) -> bool:
+        """Book one lift's outcome; False if the pod had to go back into the queue."""
         self.metrics.lifts.labels(outcome.value).inc()
         if outcome is LiftOutcome.FAILED:
             self.queue.requeue(release.ticket)
@@ -288,8 +326,6 @@ class Dispatcher:
         waited = release.waited_seconds
         self.metrics.wait.labels(pod.pod_class, pod.tenant).observe(waited)
         self.metrics.admitted.labels(pod.pod_class, pod.tenant).inc()
-        self.cluster.post_event(pod, "Admitted", f"Admitted after {waited:.1f}s in queue",
-                                "Normal")
         log.info("lifted gate", extra={"fields": _fields(pod, waited_seconds=round(waited, 3))})
         if self.audit is not None:
             self.audit.record(DISPATCH, **self._audit_fields(pod),

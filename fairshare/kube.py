@@ -11,7 +11,7 @@ Contract:
 - :meth:`KubeCluster.lift_gate` removes the ``fairgate.io/queue`` gate with a JSON Patch
   whose ``test`` ops pin the pod's uid and the gate's index, so two dispatchers (or a
   gate that moved) can never remove the wrong gate; conflicts, 429 and 5xx answers are
-  retried with exponential backoff and jitter.
+  retried with exponential backoff and jitter. Thread-safe.
 - :meth:`KubeCluster.post_event` creates a core/v1 Event on the pod.
 """
 
@@ -206,6 +206,7 @@ class KubeCluster:
         self._instance = instance or socket.gethostname()
         self._changes: queue.Queue[ClusterChange] = queue.Queue()
         self._nodes: dict[str, dict[str, int]] = {}
+        self._gate_index: dict[str, int] = {}  # pod uid -> index of our gate, as last seen
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -227,7 +228,7 @@ class KubeCluster:
     def list_pods(self) -> list[GpuPod]:
         """Every pod labelled ``fairgate.io/tenant`` that carries a ticket."""
         items, _ = self._list(self._core.list_pod_for_all_namespaces, label_selector=TENANT_LABEL)
-        found = (pod_from_manifest(item, self._priority_classes) for item in items)
+        found = (self._remember(item) for item in items)
         return [pod for pod in found if pod is not None]
 
     def capacity(self) -> dict[str, int]:
@@ -322,7 +323,7 @@ class KubeCluster:
             self._changes.put(ClusterChange(ChangeKind.RESYNC))
 
         def on_event(kind: str, obj: dict[str, Any]) -> None:
-            pod = pod_from_manifest(obj, self._priority_classes)
+            pod = self._remember(obj, deleted=kind == "DELETED")
             if pod is not None:
                 gone = ChangeKind.POD_GONE if kind == "DELETED" else ChangeKind.POD
                 self._changes.put(ClusterChange(gone, pod))
@@ -361,7 +362,21 @@ class KubeCluster:
     # -- writes --------------------------------------------------------------------------
 
     def lift_gate(self, pod: GpuPod) -> LiftOutcome:
-        """Remove ``fairgate.io/queue`` from ``pod`` (the same uid) if it is still there."""
+        """Remove ``fairgate.io/queue`` from ``pod`` (the same uid) if it is still there.
+
+        First with the gate's index as last seen by the watch (one request); if that is
+        stale the ``test`` ops fail (422) and it reads the pod and retries with backoff.
+        """
+        index = self._gate_index.pop(pod.uid, None)
+        if index is not None:
+            try:
+                self._patch_gate(pod, index)
+                return LiftOutcome.LIFTED
+            except ApiException as error:
+                if error.status == 404:
+                    return LiftOutcome.GONE
+            except OSError:
+                pass  # retried below with a fresh read
         delays = self._backoff.delays()
         while True:
             try:
@@ -391,6 +406,10 @@ class KubeCluster:
         index = next((i for i, g in enumerate(gates) if g.get("name") == QUEUE_GATE), None)
         if index is None:
             return LiftOutcome.NOT_GATED
+        self._patch_gate(pod, index)
+        return LiftOutcome.LIFTED
+
+    def _patch_gate(self, pod: GpuPod, index: int) -> None:
         patch = [
             {"op": "test", "path": "/metadata/uid", "value": pod.uid},
             {"op": "test", "path": f"/spec/schedulingGates/{index}/name", "value": QUEUE_GATE},
@@ -400,7 +419,19 @@ class KubeCluster:
             pod.ref.name, pod.ref.namespace, patch, _content_type=JSON_PATCH,
             _preload_content=False,
         )
-        return LiftOutcome.LIFTED
+
+    def _remember(self, obj: Mapping[str, Any], deleted: bool = False) -> GpuPod | None:
+        """Parse a pod and remember where its gate is (for a one-request lift)."""
+        pod = pod_from_manifest(obj, self._priority_classes)
+        if pod is None:
+            return None
+        gates = (obj.get("spec") or {}).get("schedulingGates") or []
+        index = next((i for i, g in enumerate(gates) if g.get("name") == QUEUE_GATE), None)
+        if index is None or deleted:
+            self._gate_index.pop(pod.uid, None)
+        else:
+            self._gate_index[pod.uid] = index
+        return pod
 
     def post_event(self, pod: GpuPod, reason: str, message: str, type_: EventType) -> None:
         """Create a core/v1 Event about ``pod``; failures are logged and swallowed."""

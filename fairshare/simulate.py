@@ -53,7 +53,7 @@ from tenants.schema import ConfigError
 # Virtual seconds between dispatcher chores; a reconcile is never needed in a simulation.
 _SETTINGS = DispatcherSettings(
     expire_every=5.0, reconcile_every=math.inf, status_every=math.inf,
-    queued_events_per_pass=0,
+    queued_events_per_pass=0, lift_workers=1,  # lifts in release order: reproducible runs
 )
 _MAX_SETTLE_ROUNDS = 10_000
 

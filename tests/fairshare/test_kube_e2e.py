@@ -172,6 +172,21 @@ def test_a_gate_moving_under_the_patch_is_never_confused(
         assert QUEUE_GATE not in gates and "example.com/last" in gates, (name, gates)
 
 
+def test_a_stale_gate_index_from_the_watch_falls_back_to_a_fresh_read(
+    controlplane: ControlPlane, core: Any, namespace: str
+) -> None:
+    core.create_namespaced_pod(namespace, _stamped("stale", ["example.com/first", QUEUE_GATE,
+                                                             "example.com/last"]))
+    cluster = KubeCluster(controlplane.admin)
+    pod = _pod(cluster, namespace, "stale")  # remembers our gate at index 1
+    core.patch_namespaced_pod(
+        "stale", namespace, [{"op": "remove", "path": "/spec/schedulingGates/0"}],
+        _content_type=JSON_PATCH,
+    )  # now index 1 is example.com/last: a blind remove would take the wrong gate
+    assert cluster.lift_gate(pod) is LiftOutcome.LIFTED
+    assert _gates(core, namespace, "stale") == ["example.com/last"]
+
+
 def test_a_recreated_pod_of_the_same_name_is_not_lifted(
     controlplane: ControlPlane, core: Any, namespace: str
 ) -> None:
