@@ -13,7 +13,8 @@ Contract:
   (reason ``InvalidFairgateConfig``) on the ConfigMap through the core v1 events API.
 - A watch that ends (server timeout) resumes from the last resource version seen
   (bookmarks included); an expired one (410 Gone) is replaced by a fresh list; other
-  failures retry after an exponential backoff (1 s doubling up to ``max_backoff``).
+  failures retry after an exponential backoff (1 s doubling up to ``max_backoff``); a
+  silent dead connection is noticed by a client-side read timeout.
 - A list or watch that fails is reported in ``last_error`` under
   ``<namespace>/configmaps`` or ``namespaces`` until a list succeeds again.
 - RBAC it needs: list/watch ``configmaps`` and create ``events`` in the control
@@ -54,6 +55,8 @@ EVENT_REASON = "InvalidFairgateConfig"
 COMPONENT = "fairgate"
 MAX_EVENT_MESSAGE = 1024
 GONE = 410
+REQUEST_TIMEOUT = 30
+"""Seconds to connect and to wait for a list; a watch may stay idle up to its timeout + 30."""
 
 
 def api_client_from_environment(kubeconfig: str | None = None) -> client.ApiClient:
@@ -127,14 +130,17 @@ class ClusterConfigSource(ConfigSource):
         while not self._stop.is_set():
             try:
                 if version is None:
-                    listing = lister(**args)
+                    listing = lister(_request_timeout=REQUEST_TIMEOUT, **args)
                     version = listing.metadata.resource_version
                     self._apply_list(kind, listing.items)
                 active = Watch()
                 self._watches[kind] = active
                 for event in active.stream(lister, resource_version=version,
                                            timeout_seconds=self.watch_timeout_seconds,
-                                           allow_watch_bookmarks=True, **args):
+                                           allow_watch_bookmarks=True,
+                                           _request_timeout=(REQUEST_TIMEOUT,
+                                                             self.watch_timeout_seconds + 30),
+                                           **args):
                     if self._stop.is_set():
                         break
                     if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
@@ -151,6 +157,10 @@ class ClusterConfigSource(ConfigSource):
                 version = None
             except (HTTPError, OSError, ValueError) as exc:
                 backoff = self._back_off(kind, exc, backoff)
+            except Exception as exc:  # a long-lived watch must survive surprises
+                log.exception("%s watch crashed; listing again", kind)
+                backoff = self._back_off(kind, exc, backoff)
+                version = None
 
     def _back_off(self, kind: str, exc: BaseException, backoff: float) -> float:
         log.warning("%s watch failed (%s); retrying in %.0fs", kind, exc, backoff)
