@@ -1,7 +1,8 @@
 """``fairgate demo``: the webhook and the dispatcher at work on this machine, no cluster.
 
-Contract: :func:`run_demo` starts a ``redis-server`` (unless a URL is given; the demo
-then writes fairgate's keys, prefix ``fairgate:``, into that Redis), writes a CA and
+Contract: :func:`run_demo` starts a ``redis-server`` (unless a URL is given: that Redis
+must hold no ``fairgate:`` keys, so a live deployment is never touched, and the demo's
+keys are deleted at the end), writes a CA and
 serving certificate and an embedded three-tenant config into a temporary directory,
 runs ``fairgate serve`` as a child process over HTTPS on loopback, and replays a
 deterministic, realistic stream of pods on a simulated cluster
@@ -106,6 +107,7 @@ sandbox: {}
 """
 
 NO_TENANT = "(no tenant)"
+KEY_PREFIX = "fairgate:"
 
 
 def write_demo_config(directory: Path) -> FairgateConfig:
@@ -445,13 +447,32 @@ def _reasons(tallies: Mapping[str, TenantTally]) -> str:
     return "denials (audit reason):\n" + "\n".join(lines) if lines else "no denials"
 
 
+class DemoRefused(RuntimeError):
+    """The demo will not run against this Redis; the message says why."""
+
+
 @contextmanager
 def _redis(url: str | None) -> Iterator[str]:
-    if url:
-        yield url
-    else:
+    """A Redis for the demo: a private one, or ``url`` if it holds no fairgate state."""
+    if not url:
         with local_redis() as started:
             yield started
+        return
+    client = redis.Redis.from_url(url, socket_connect_timeout=5)
+    if next(client.scan_iter(match=f"{KEY_PREFIX}*", count=1000), None) is not None:
+        client.close()
+        raise DemoRefused(
+            f"{url} already holds fairgate keys ({KEY_PREFIX}*): the demo would change "
+            "them; point REDIS_URL at an empty Redis or database (e.g. .../15), or unset "
+            "it to let the demo start its own redis-server"
+        )
+    try:
+        yield url
+    finally:  # remove what the demo wrote (the Redis held no fairgate keys before)
+        keys = list(client.scan_iter(match=f"{KEY_PREFIX}*", count=1000))
+        for start in range(0, len(keys), 500):
+            client.delete(*keys[start:start + 500])
+        client.close()
 
 
 ARRIVAL_GAP = 5.0  # virtual seconds between pod creations
@@ -465,7 +486,11 @@ def run_demo(redis_url: str | None = None, pods: int = 120, console: Console | N
         out.width = max(out.width, 120)
     with ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fairgate-demo-")))
-        url = stack.enter_context(_redis(redis_url))
+        try:
+            url = stack.enter_context(_redis(redis_url))
+        except DemoRefused as refused:
+            out.print(f"[red]fairgate demo:[/red] {refused}")
+            return 2
         out.print(f"[bold]fairgate demo[/bold]: Redis at {url}, work dir {workdir}")
         write_bundle(workdir / "certs", extra_sans=("127.0.0.1", "localhost"))
         config = write_demo_config(workdir / "config")

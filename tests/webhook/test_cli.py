@@ -196,3 +196,31 @@ def test_demo_runs_to_completion_and_cleans_up(tmp_path: Path) -> None:
     assert "no-tenant" in result.stdout  # the unlabeled namespace was refused
     assert "audit chain:" in result.stdout and "verified" in result.stdout
     assert list(tmp_path.iterdir()) == []  # certificates, config and logs removed
+
+
+@pytest.mark.slow
+def test_demo_on_a_given_redis_leaves_no_keys_behind(redis_client: Any, redis_url: str) -> None:
+    import io
+
+    from rich.console import Console
+
+    from webhook.demo import run_demo
+
+    out = io.StringIO()
+    assert run_demo(redis_url, pods=40, console=Console(file=out, width=140)) == 0, out.getvalue()
+    assert "verified" in out.getvalue()
+    assert redis_client.keys("fairgate:*") == []
+
+
+def test_demo_refuses_a_redis_holding_fairgate_state(redis_client: Any, redis_url: str) -> None:
+    import io
+
+    from rich.console import Console
+
+    from webhook.demo import run_demo
+
+    redis_client.set("fairgate:live-deployment", "precious")
+    out = io.StringIO()
+    assert run_demo(redis_url, console=Console(file=out, width=140)) == 2
+    assert "already holds fairgate keys" in out.getvalue()
+    assert redis_client.get("fairgate:live-deployment") == b"precious"
