@@ -46,6 +46,17 @@ def running_node(core: Any, namespace: str, name: str) -> str | None:
     return pod.spec.node_name if pod.status.phase == "Running" else None
 
 
+def event_message(core: Any, namespace: str, pod: str, reason: str) -> str | None:
+    """The message of the newest Event `reason` about `pod`, or None."""
+    events = core.list_namespaced_event(
+        namespace, field_selector=f"involvedObject.name={pod},reason={reason}"
+    ).items
+    if not events:
+        return None
+    message: str = events[-1].message
+    return message
+
+
 def no_pods(core: Any, namespace: str) -> bool:
     return not core.list_namespaced_pod(namespace).items
 
@@ -153,9 +164,12 @@ def test_over_quota_pod_waits_gated_until_the_dispatcher_releases_it(
     )
     assert [g.name for g in created.spec.scheduling_gates] == [GATE]
     assert headers.get("Warning"), "a queued pod should say why it waits"
-    second = core.read_namespaced_pod("second", ns)
-    assert is_gated(second)
-    time.sleep(2)  # dispatcher and scheduler are running: it must stay held
+    assert is_gated(core.read_namespaced_pod("second", ns))
+    # What `kubectl describe pod second` shows the user: where it stands and why.
+    queued = wait_for(
+        partial(event_message, core, ns, "second", "Queued"), 30, "a Queued event on second"
+    )
+    assert "position 1" in queued, queued
     assert core.read_namespaced_pod("second", ns).spec.node_name is None
 
     kubelet.finish(ns, "first")
@@ -166,6 +180,7 @@ def test_over_quota_pod_waits_gated_until_the_dispatcher_releases_it(
     )
     assert node in WHOLE_GPU_NODES
     assert not core.read_namespaced_pod("second", ns).spec.scheduling_gates
+    wait_for(partial(event_message, core, ns, "second", "Admitted"), 10, "an Admitted event")
 
 
 # 3 -------------------------------------------------------------------------------------
