@@ -29,7 +29,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -143,8 +143,7 @@ class AuditRecord:
 
     def fields(self) -> dict[str, Any]:
         """The record as its wire mapping (``class`` for ``pod_class``, no ``diff`` if None)."""
-        data = asdict(self)
-        data["class"] = data.pop("pod_class")
+        data = {_WIRE_NAMES.get(name, name): getattr(self, name) for name in _FIELD_NAMES}
         data["groups"] = list(self.groups)
         if self.diff is None:
             del data["diff"]
@@ -193,6 +192,10 @@ class AuditRecord:
         if record.to_json() != canonical_json(data):
             raise ValueError("fields have the wrong types")
         return record
+
+
+_FIELD_NAMES = tuple(f.name for f in fields(AuditRecord))
+_WIRE_NAMES = {"pod_class": "class"}
 
 
 @dataclass(frozen=True)
