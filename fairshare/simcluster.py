@@ -110,6 +110,7 @@ class PostedEvent:
 class _SimPod:
     pod: GpuPod
     spec: PodSpec
+    seq: int  # creation order (ties of creationTimestamp go to the later pod)
     started: float | None = None
     ends: float | None = None
 
@@ -189,7 +190,8 @@ class SimulatedCluster:
     @_locked
     def create_pod(self, spec: PodSpec) -> GpuPod:
         """Admit ``spec`` through the hook and create the pod (released ones get scheduled)."""
-        uid = f"uid-{next(self._uids):07d}"
+        seq = next(self._uids)
+        uid = f"uid-{seq:07d}"
         placement = self.admit(spec, uid)
         now = self.clock()
         pod = GpuPod(
@@ -198,7 +200,7 @@ class SimulatedCluster:
             demand=dict(spec.demand), group=spec.group, group_size=spec.group_size,
             phase="Pending", gated=placement.gated, node=None, created=now,
         )
-        self._pods[uid] = _SimPod(pod, spec)
+        self._pods[uid] = _SimPod(pod, spec, seq)
         self.history[uid] = PodHistory(
             spec, placement.ticket, placement.band, now, None if placement.gated else now
         )
@@ -323,7 +325,7 @@ class SimulatedCluster:
                 if s.pod.phase == "Running" and self._priority(s.pod) < mine
                 and any(name in pod.demand for name in s.pod.demand)
             ),
-            key=lambda s: (self._priority(s.pod), -s.pod.created, s.pod.uid),
+            key=lambda s: (self._priority(s.pod), -s.pod.created, -s.seq),
         )
         free = self._free()
         victims: list[_SimPod] = []
