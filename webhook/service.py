@@ -81,6 +81,8 @@ FAIL_OPEN_WARNING = (
     "(onRedisUnavailable: allow)"
 )
 
+_CAPACITY_KEY = "fairgate:cap"
+
 # Redis did not answer (a ResponseError is an answer: a bug, handled as an internal error).
 _UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, OSError)
 
@@ -329,8 +331,17 @@ class AdmissionService:
             return self.queue.admit(queued, queued.submitted_at, dry_run=dry_run)
 
     def _sync(self, config: FairgateConfig) -> None:
-        self.queue.sync_config(config, config.platform.capacity)
+        """Store the config in the queue. Capacity is the platform's override, else what
+        the dispatcher last stored (it alone sees the nodes): never wipe it."""
+        capacity = dict(config.platform.capacity) or self._stored_capacity()
+        self.queue.sync_config(config, capacity)
         self._synced = config
+
+    def _stored_capacity(self) -> dict[str, int]:
+        # fairshare's capacity hash; see /work/agents/requests-webhook.md, request 1: to be
+        # replaced by sync_config(config, capacity=None) keeping the stored capacity.
+        raw: dict[bytes, bytes] = self.client.hgetall(_CAPACITY_KEY)  # type: ignore[assignment]
+        return {name.decode(): int(count) for name, count in raw.items()}
 
     def _redis_unavailable(
         self, request: AdmissionRequest, progress: Progress, error: BaseException

@@ -28,9 +28,10 @@ def start_server(
     """Start ``fairgate serve`` processes; all are stopped at the end of the test."""
     started: list[ServeProcess] = []
 
-    def start(redis_url: str, policy: str = "deny", cert_dir: Path = cert_dir) -> ServeProcess:
+    def start(redis_url: str, policy: str = "deny", cert_dir: Path = cert_dir,
+              capacity: bool = True) -> ServeProcess:
         n = len(started)
-        config = write_config(tmp_path / f"config-{n}", policy)
+        config = write_config(tmp_path / f"config-{n}", policy, capacity)
         server = ServeProcess(cert_dir, redis_url, config, tmp_path / f"serve-{n}.log")
         started.append(server)
         server.start()

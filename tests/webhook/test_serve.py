@@ -108,3 +108,21 @@ def test_sigterm_finishes_requests_in_flight_and_exits_0(
     worker.join(30)
     assert answers and set(answers) == {200}
     assert "Finished server process" in server.log_tail(200)
+
+
+def test_the_webhook_keeps_the_capacity_the_dispatcher_stored(
+    start_server: ServerFactory, redis_url: str, redis_client: Any
+) -> None:
+    """In a cluster only the dispatcher knows the nodes' capacity: the webhook syncing
+    its config must not wipe it (the pod would wait for capacity that exists)."""
+    from fairshare.queue import FairQueue
+    from tenants.localdir import load_config_dir
+
+    server = start_server(redis_url, capacity=False)
+    FairQueue(redis_client).sync_config(load_config_dir(server.config_dir), {"gpu": 8})
+    assert _decision(server, "team-a-dev", "fits") == "admit"
+    (server.config_dir / "quota-team-a.yaml").write_text(
+        "nominal: {gpu: 3}\ndefaultClass: training\n")  # the webhook syncs again
+    assert _eventually(lambda: _decision(server, "team-a-dev", "probe", dry_run=True) == "admit"
+                       and _decision(server, "team-a-dev", "third", dry_run=True) == "admit")
+    assert redis_client.hgetall("fairgate:cap") == {b"gpu": b"8"}

@@ -12,7 +12,7 @@ from webhook.process import ServeProcess
 
 PLATFORM_YAML = """\
 platformAdmins: {groups: [platform-team]}
-capacity: {gpu: 64, mig-1g.5gb: 28}
+%(capacity)s
 tenants:
   team-a:
     weight: 2
@@ -45,10 +45,17 @@ sandbox: {}
 """
 
 
-def write_config(directory: Path, policy: str = "deny") -> Path:
-    """The tests' config dir (tenants team-a, team-b, race; ``sandbox`` unlabeled)."""
+def write_config(directory: Path, policy: str = "deny", capacity: bool = True) -> Path:
+    """The tests' config dir (tenants team-a, team-b, race; ``sandbox`` unlabeled).
+
+    Without ``capacity`` the platform sets no capacity override (as in a cluster, where
+    the dispatcher stores the capacity of the nodes).
+    """
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "platform.yaml").write_text(PLATFORM_YAML % {"policy": policy})
+    override = "capacity: {gpu: 64, mig-1g.5gb: 28}" if capacity else "capacity: {}"
+    (directory / "platform.yaml").write_text(
+        PLATFORM_YAML % {"policy": policy, "capacity": override}
+    )
     for tenant, text in QUOTAS.items():
         (directory / f"quota-{tenant}.yaml").write_text(text)
     (directory / "namespaces.yaml").write_text(NAMESPACES_YAML)
@@ -117,4 +124,5 @@ def review(
 
 
 ServerFactory = Callable[..., ServeProcess]
-"""``start_server(redis_url, policy="deny", cert_dir=...)`` of the ``start_server`` fixture."""
+"""``start_server(redis_url, policy="deny", cert_dir=..., capacity=True)`` of the
+``start_server`` fixture."""
