@@ -266,12 +266,18 @@ class LocalDirSource(ConfigSource):
             try:
                 config = load_config_dir(self.directory)
             except ConfigError as exc:
-                if self.last_error.get(exc.source) != str(exc):
-                    report_failure(exc.source, str(exc))
-                self._set_errors({exc.source: str(exc)})
-                return False
+                return self._failed(exc.source, str(exc))
+            except (OSError, ValueError) as exc:  # unreadable file, not UTF-8, ...
+                source = getattr(exc, "filename", None) or str(self.directory)
+                return self._failed(str(source), f"cannot read: {exc}")
             self._install(config, {})
             return True
+
+    def _failed(self, source: str, message: str) -> bool:
+        if self.last_error.get(source) != message:
+            report_failure(source, message)
+        self._set_errors({source: message})
+        return False
 
     def _poll(self) -> None:
         assert self.poll_interval is not None
