@@ -384,29 +384,34 @@ class Dispatcher:
                 return
 
     def _queued_events(self, now: float) -> None:
+        """Check up to ``queued_events_per_pass`` gated pods: those never told first,
+        then the others in turn."""
         budget = self.settings.queued_events_per_pass
         gated = [pod for pod in self.pods.values() if pod.gated]
         if not budget or not gated:
             return
+        fresh = [pod for pod in gated if pod.ticket not in self._posted][:budget]
         start = self._event_cursor % len(gated)
-        batch = (gated[start:] + gated[:start])[:budget]
-        self._event_cursor = start + len(batch)
+        rotation = [p for p in gated[start:] + gated[:start] if p.ticket in self._posted]
+        batch = fresh + rotation[:budget - len(fresh)]
+        self._event_cursor = start + len(batch) - len(fresh)
         for pod in batch:
             status = self.queue.ticket_status(pod.ticket, now)
-            if status is None or status.position is None:
+            if status is None or status.state not in ("queued", "gang-waiting"):
                 continue
             reason = status.waiting_for or "its turn"
+            position = status.position or 0  # 0: an incomplete gang has no place yet
             last = self._posted.get(pod.ticket)
             if last is not None and (
                 now - last.at < self.settings.queued_event_interval
-                or (status.position > last.position // 2
+                or (position > last.position // 2
                     and _DIGITS.sub("#", reason) == _DIGITS.sub("#", last.reason))
             ):
                 continue
-            self._posted[pod.ticket] = _Posted(status.position, reason, now)
+            self._posted[pod.ticket] = _Posted(position, reason, now)
+            where = f": position {position} of {status.queue_length}" if position else ""
             self.cluster.post_event(
                 pod, "Queued",
-                f"Queued: position {status.position} of {status.queue_length} for "
-                f"{pod.tenant}/{pod.pod_class}, waiting for {reason}",
+                f"Queued{where} for {pod.tenant}/{pod.pod_class}, waiting for {reason}",
                 "Normal",
             )
