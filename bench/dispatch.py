@@ -29,11 +29,11 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fairshare.localredis import local_redis  # noqa: E402
-from fairshare.model import PodRequest  # noqa: E402
-from fairshare.queue import FairQueue  # noqa: E402
-from tenants.models import FairgateConfig, PlatformConfig, PodClass, QuotaSpec  # noqa: E402
-from tenants.resources import ResourceCounts  # noqa: E402
+from fairshare.localredis import local_redis
+from fairshare.model import PodRequest
+from fairshare.queue import FairQueue
+from tenants.models import FairgateConfig, PlatformConfig, PodClass, QuotaSpec
+from tenants.resources import ResourceCounts
 
 PREFIX = "bench:"
 # (share of pods, class, demand): a mix of whole-GPU and MIG pods, 10% inference
