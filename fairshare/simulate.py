@@ -19,7 +19,8 @@ Contract:
   of all slice-seconds used), admitted (pods released), waiting (pods not started at the
   horizon). Extra attributes for tests and capacity planning: ``backlogged_utilization``
   (utilisation of the resources that waiting pods ask for, while they wait),
-  ``gang_violations``, ``preemptions``.
+  ``gang_violations``, ``quota_violations`` (invariant 1, checked after every event, the
+  first ten), ``preemptions``.
 - :func:`simulate_command` is the CLI entry: trace path, ``--json``, ``--redis-url``.
 """
 
@@ -29,7 +30,7 @@ import json
 import math
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from fairshare.cluster import GpuPod
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
 from fairshare.localredis import local_redis
 from fairshare.model import PodRequest
@@ -47,7 +49,7 @@ from fairshare.queue import FairQueue
 from fairshare.simcluster import Placement, PodHistory, PodSpec, SimulatedCluster, VirtualClock
 from fairshare.trace import Trace, TracePod, load_trace
 from tenants import resources
-from tenants.models import CLASSES
+from tenants.models import CLASSES, FairgateConfig
 from tenants.schema import ConfigError
 
 # Virtual seconds between dispatcher chores; a reconcile is never needed in a simulation.
@@ -89,6 +91,7 @@ class SimulationReport:
     tenants: dict[str, TenantReport]
     backlogged_utilization: float = 1.0
     gang_violations: list[str] = field(default_factory=list)
+    quota_violations: list[str] = field(default_factory=list)
     preemptions: int = 0
     horizon: float = 0.0
 
@@ -172,6 +175,38 @@ class _Meter:
         return self.waiting_used / self.waiting_capacity if self.waiting_capacity else 1.0
 
 
+def quota_violations(config: FairgateConfig, pods: Iterable[GpuPod]) -> list[str]:
+    """Invariant 1 over the pods holding quota (released, not ended): per tenant,
+    non-borrowed usage per resource <= nominal, non-borrowed training slices <= nominal
+    minus the inference reserve, borrowed slices <= borrow limit."""
+    held: dict[str, list[GpuPod]] = {}
+    for pod in pods:
+        if pod.holds_capacity:
+            held.setdefault(pod.tenant, []).append(pod)
+    problems: list[str] = []
+    for name, mine in sorted(held.items()):
+        tenant = config.tenant(name)
+        if tenant is None:
+            problems.append(f"{name}: pods hold GPUs but the tenant is unknown")
+            continue
+        per_resource: dict[str, int] = {}
+        for pod in mine:
+            if pod.band != "borrowed":
+                for resource, n in pod.demand.items():
+                    per_resource[resource] = per_resource.get(resource, 0) + n
+        for resource, n in sorted(per_resource.items()):
+            if n > tenant.nominal.get(resource, 0):
+                problems.append(f"{name}: {resource}={n} above nominal "
+                                f"{tenant.nominal.get(resource, 0)}")
+        training = sum(p.slices for p in mine if p.band == "training")
+        if training > tenant.nominal_slices - tenant.reserve_slices:
+            problems.append(f"{name}: training {training} slices above nominal minus reserve")
+        borrowed = sum(p.slices for p in mine if p.band == "borrowed")
+        if borrowed > tenant.borrow_slices:
+            problems.append(f"{name}: borrowed {borrowed} slices above the borrow limit")
+    return problems
+
+
 def _percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile (0 for no values)."""
     if not values:
@@ -196,7 +231,9 @@ def _gang_violations(history: dict[str, PodHistory]) -> list[str]:
     return problems
 
 
-def _report(trace: Trace, meter: _Meter, cluster: SimulatedCluster) -> SimulationReport:
+def _report(
+    trace: Trace, meter: _Meter, cluster: SimulatedCluster, violations: list[str]
+) -> SimulationReport:
     end = trace.horizon
     waits: dict[str, list[float]] = {cls: [] for cls in CLASSES}
     admitted = dict.fromkeys(trace.tenants, 0)
@@ -229,6 +266,7 @@ def _report(trace: Trace, meter: _Meter, cluster: SimulatedCluster) -> Simulatio
         },
         backlogged_utilization=meter.waiting_utilization(),
         gang_violations=_gang_violations(cluster.history),
+        quota_violations=violations,
         preemptions=cluster.preemptions,
         horizon=end,
     )
@@ -256,6 +294,8 @@ class Simulation:
         self.dispatcher = Dispatcher(self.queue, self.cluster, lambda: config,
                                      clock=self.clock, settings=_SETTINGS)
         self.meter = _Meter(trace)
+        self.config = config
+        self.quota_violations: list[str] = []
         self._arrivals = trace.pods()
         self._next = 0
         self.dispatcher.sync(force=True)
@@ -295,6 +335,11 @@ class Simulation:
                 self.cluster.create_pod(_spec(self._arrivals[self._next]))
                 self._next += 1
             self.settle()
+            if len(self.quota_violations) < 10:
+                self.quota_violations += [
+                    f"t={when:g}: {problem}"
+                    for problem in quota_violations(self.config, self.cluster.list_pods())
+                ]
             if progress is not None:
                 progress(when)
         self.meter.interval(until - self.clock(), self.cluster)
@@ -303,7 +348,7 @@ class Simulation:
     def run(self, progress: ProgressHook | None = None) -> SimulationReport:
         """Replay the rest of the trace up to the horizon and report."""
         self.advance(self.trace.horizon, progress)
-        return _report(self.trace, self.meter, self.cluster)
+        return _report(self.trace, self.meter, self.cluster, self.quota_violations)
 
 
 def _spec(pod: TracePod) -> PodSpec:
@@ -349,6 +394,8 @@ def render_report(report: SimulationReport, console: Console) -> None:
     summary.add_row("preempted pods", str(report.preemptions))
     if report.gang_violations:
         summary.add_row("gangs partly released", ", ".join(report.gang_violations))
+    if report.quota_violations:
+        summary.add_row("quota exceeded", "; ".join(report.quota_violations))
     console.print(summary)
     waits = Table(title="wait from creation to start (s)")
     for column in ("class", "p50", "p99", "max"):

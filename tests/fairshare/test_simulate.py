@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from fairshare.simulate import Simulation, run_simulation, simulate_command
+from fairshare.cluster import GpuPod, PodRef
+from fairshare.simulate import Simulation, quota_violations, run_simulation, simulate_command
 from fairshare.trace import load_trace, parse_trace
+from tenants.models import PriorityBand
 from tenants.schema import ConfigError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -176,3 +178,41 @@ def test_streams_and_gangs_expand_into_pods() -> None:
     assert [p.at for p in pods] == [0, 0, 5, 7, 9, 10, 10]
     assert [p.group for p in pods if p.group] == ["g-0", "g-0", "g-1", "g-1"]
     assert len({p.name for p in pods}) == len(pods)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
+def test_quota_holds_after_every_event_of_every_example(redis_url: str, example: str) -> None:
+    report = run_simulation(load_trace(EXAMPLES / example), redis_url)
+    assert report.quota_violations == []
+    assert report.gang_violations == []
+
+
+def test_the_quota_check_sees_a_tenant_above_its_quota() -> None:
+    trace = parse_trace({
+        "capacity": {"gpu": 8},
+        "tenants": {"team-a": {"weight": 1, "nominal": {"gpu": 2},
+                               "borrowLimit": {"gpuEquivalents": 1},
+                               "inferenceReserve": {"gpuEquivalents": 1}}},
+        "arrivals": [], "horizon": 1,
+    })
+
+    def pod(name: str, band: PriorityBand, gpus: int, gated: bool = False) -> GpuPod:
+        return GpuPod(ref=PodRef("ns", name), uid=name, ticket=name, tenant="team-a",
+                      pod_class="inference" if band == "inference" else "training",
+                      band=band, demand={"gpu": gpus}, group=None, group_size=1,
+                      phase="Running" if not gated else "Pending", gated=gated, node=None,
+                      created=0.0)
+
+    config = trace.config()
+    fine = [pod("i", "inference", 1), pod("t", "training", 1), pod("b", "borrowed", 1),
+            pod("waiting", "training", 5, gated=True)]
+    assert quota_violations(config, fine) == []
+    over = [pod("t1", "training", 2), pod("b1", "borrowed", 2)]
+    assert quota_violations(config, over) == [
+        "team-a: training 14 slices above nominal minus reserve",
+        "team-a: borrowed 14 slices above the borrow limit",
+    ]
+    assert quota_violations(config, [pod("i", "inference", 3)]) == [
+        "team-a: gpu=3 above nominal 2"
+    ]
