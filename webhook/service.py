@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -144,13 +144,18 @@ def _asks_for_gpu(pod: object) -> bool:
 
 
 def _queued_warning(plan: PodPlan, admission: Admission) -> str:
+    """E.g. ``queued: team-a has 0.00 of 2.00 GPU-eq free; position 3 of 12 (training);
+    waiting for ...`` (cut to 120 characters by the response builder)."""
     free = resources.gpu_equivalents(max(admission.free_slices, 0))
     nominal = resources.gpu_equivalents(admission.nominal_slices)
-    return (
-        f"queued: {plan.tenant.name} has {free} of {nominal} GPU-eq free; position "
-        f"{admission.position} of {admission.queue_length} ({plan.pod_class}), "
-        f"waiting for {admission.waiting_for}"
-    )
+    parts = [f"queued: {plan.tenant.name} has {free} of {nominal} GPU-eq free"]
+    if admission.position is not None:
+        parts.append(
+            f"position {admission.position} of {admission.queue_length} ({plan.pod_class})"
+        )
+    if admission.waiting_for:
+        parts.append(f"waiting for {admission.waiting_for}")
+    return "; ".join(parts)
 
 
 class AdmissionService:
@@ -163,12 +168,12 @@ class AdmissionService:
         *,
         metrics: WebhookMetrics | None = None,
         audit_log: AuditLog | None = None,
-        clock: Any = time.time,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         """Decide with ``config`` and the queue in Redis ``client``.
 
         Audit records go to ``audit_log`` (by default the Redis Stream of ``client``
-        plus stdout).
+        plus stdout); ``clock`` (epoch seconds) orders the queue.
         """
         self.config = config
         self.client = client

@@ -513,3 +513,18 @@ def test_other_configmaps_pass_untouched(server: ServeProcess) -> None:
           "metadata": {"name": "app-settings", "namespace": "team-a-dev"}, "data": {"a": "b"}}
     response = validate(server, review(cm, kind="ConfigMap", resource="configmaps"))
     assert response == {"uid": response["uid"], "allowed": True}
+
+
+def test_a_gang_member_waits_for_its_gang_with_a_readable_warning(server: ServeProcess) -> None:
+    def member(i: int) -> dict[str, Any]:
+        pod = gpu_pod("team-a-dev", f"ddp-{i}", labels={"fairgate.io/pod-group": "ddp"},
+                      annotations={"fairgate.io/pod-group-size": "2"})
+        return mutate(server, review(pod))
+
+    first = member(0)
+    assert first["allowed"] is True
+    assert first["auditAnnotations"]["decision"] == "queue"  # alone, a gang cannot run
+    assert first["warnings"][-1].startswith("queued: team-a has")
+    assert "None" not in " ".join(first["warnings"])
+    second = member(1)
+    assert second["allowed"] is True
