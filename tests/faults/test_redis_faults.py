@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import (
+from fault_kit import (
     Answer,
     Load,
     RedisServer,

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import redis
-from conftest import (
+from fault_kit import (
     Answer,
     Load,
     RedisServer,
