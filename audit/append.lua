@@ -5,7 +5,7 @@
 -- The link is SHA-256("<seq>:" .. bytes(prev) .. bytes(content)), computed here because
 -- Redis Lua only offers SHA-1 (redis.sha1hex); the message is 2 blocks, the body never
 -- passes through this function. Returns {seq, prev, hash, stream id}.
-local band, bxor, bnot = bit.band, bit.bxor, bit.bnot
+local band, bor, bxor = bit.band, bit.bor, bit.bxor
 local rshift, ror, tobit, tohex = bit.rshift, bit.ror, bit.tobit, bit.tohex
 local K = {
   0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
@@ -41,9 +41,9 @@ local function sha256(msg)
     local a, b, c, d, e, f, g, h = h0, h1, h2, h3, h4, h5, h6, h7
     for i = 0, 63 do
       local t1 = h + bxor(ror(e, 6), ror(e, 11), ror(e, 25))
-        + bxor(band(e, f), band(bnot(e), g)) + K[i + 1] + w[i]
+        + bxor(g, band(e, bxor(f, g))) + K[i + 1] + w[i]
       local t2 = bxor(ror(a, 2), ror(a, 13), ror(a, 22))
-        + bxor(band(a, b), band(a, c), band(b, c))
+        + bor(band(a, b), band(c, bor(a, b)))
       h, g, f, e = g, f, e, tobit(d + t1)
       d, c, b, a = c, b, a, tobit(t1 + t2)
     end

@@ -10,7 +10,7 @@ import threading
 import pytest
 import redis
 
-from audit.chain import GENESIS, AuditRecord, chain_hash
+from audit.chain import GENESIS, AuditRecord, chain_hash, content_digest, link_hash
 from audit.log import STREAM, AuditLog, parse_entry
 from fairshare.localredis import free_port
 
@@ -184,3 +184,12 @@ def test_redis_flushed_restarts_the_chain(redis_client: redis.Redis) -> None:
     assert rec.seq == 1
     assert log.verify()[0].ok
     assert _stored(redis_client) == [rec]
+
+
+@pytest.mark.parametrize("seq", [9, 99_999, 10**12, 10**15])
+def test_lua_link_hash_for_long_sequence_numbers(redis_client: redis.Redis, seq: int) -> None:
+    prev = "ab" * 32
+    redis_client.hset(f"{STREAM}:head", mapping={"seq": seq, "hash": prev, "floor": 1})
+    rec = AuditLog(redis_client, out=io.StringIO()).record("admit", uid="x")
+    assert (rec.seq, rec.prev) == (seq + 1, prev)
+    assert rec.hash == link_hash(seq + 1, prev, content_digest(rec.body_json()))
