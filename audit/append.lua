@@ -64,11 +64,12 @@ if not string.match(content, '^%x+$') or #content ~= 64 then
 end
 local head = redis.call('HMGET', KEYS[2], 'seq', 'hash', 'floor')
 local seq = tonumber(head[1] or '0') + 1
+local seq_text = string.format('%d', seq)  -- not seq .. '': Lua 5.1 would print 1e+15
 local prev = head[2] or string.rep('0', 64)
-local link = sha256(seq .. ':' .. unhex(prev) .. unhex(content))
+local link = sha256(seq_text .. ':' .. unhex(prev) .. unhex(content))
 local maxlen = tonumber(ARGV[3])
-local floor = math.max(tonumber(head[3] or '1'), seq - maxlen + 1, 1)
-local id = redis.call('XADD', KEYS[1], 'MAXLEN', maxlen, '*',
-  'seq', seq, 'prev', prev, 'hash', link, 'record', ARGV[2])
-redis.call('HSET', KEYS[2], 'seq', seq, 'hash', link, 'floor', floor)
-return {seq, prev, link, id}
+local floor = string.format('%d', math.max(tonumber(head[3] or '1'), seq - maxlen + 1, 1))
+local id = redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[3], '*',
+  'seq', seq_text, 'prev', prev, 'hash', link, 'record', ARGV[2])
+redis.call('HSET', KEYS[2], 'seq', seq_text, 'hash', link, 'floor', floor)
+return {seq_text, prev, link, id}
