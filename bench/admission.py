@@ -208,6 +208,17 @@ class Server:
             kids = []
         return [self.process.pid, *kids]
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU time used so far by the server and its workers."""
+        total = 0.0
+        for pid in self.pids():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return total
+
 
 class BenchEnvironment:
     """Certificates, config dir and a private ``redis-server`` for a bench run."""
@@ -353,18 +364,32 @@ class LoadResult:
     errors: int
     non_2xx: int
     decisions: dict[str, int]
+    server_cpu_ms: float  # server CPU time per request (all its processes)
+    redis_cpu_ms: float  # redis-server CPU time per request
+
+
+def _redis_cpu(client: redis.Redis) -> float:
+    cpu = client.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
 def run_wrk(server: Server, scenario: Scenario, *, rate: int, duration: float,
-            connections: int, threads: int, workdir: Path) -> LoadResult:
-    """Load ``scenario`` with wrk (``rate`` 0: saturation) and parse its JSON summary."""
+            connections: int, threads: int, workdir: Path,
+            redis_client: redis.Redis | None = None) -> LoadResult:
+    """Load ``scenario`` with wrk (``rate`` 0: saturation) and parse its JSON summary;
+    CPU per request is measured on the server's processes and on ``redis_client``'s
+    server (0 without one)."""
     template = workdir / f"{scenario.name}.json"
     template.write_text(scenario.body)
     command = ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{duration:g}s",
                "--timeout", "5s", "-s", str(WRK_SCRIPT), server.base_url + scenario.path,
                "--", str(template), str(rate), secrets.token_hex(4), str(threads)]
+    cpu_before = server.cpu_seconds()
+    redis_before = _redis_cpu(redis_client) if redis_client is not None else 0.0
     done = subprocess.run(command, capture_output=True, text=True, timeout=duration + 60,
                           check=True)
+    cpu = server.cpu_seconds() - cpu_before
+    redis_cpu = _redis_cpu(redis_client) - redis_before if redis_client is not None else 0.0
     line = next((x for x in done.stdout.splitlines() if x.startswith("WRK_JSON ")), None)
     if line is None:
         raise RuntimeError(f"wrk printed no summary:\n{done.stdout}\n{done.stderr}")
@@ -384,6 +409,8 @@ def run_wrk(server: Server, scenario: Scenario, *, rate: int, duration: float,
         errors=errors["connect"] + errors["read"] + errors["write"] + errors["timeout"],
         non_2xx=errors["status"],
         decisions=raw["decisions"],
+        server_cpu_ms=round(1000 * cpu / max(raw["requests"], 1), 3),
+        redis_cpu_ms=round(1000 * redis_cpu / max(raw["requests"], 1), 3),
     )
 
 
@@ -415,7 +442,7 @@ def measure(env: BenchEnvironment, server: Server, plan: LoadPlan,
                     threads=plan.threads, workdir=env.workdir)
             results.append(run_wrk(server, scenario, rate=rate, duration=plan.duration,
                                    connections=connections, threads=plan.threads,
-                                   workdir=env.workdir))
+                                   workdir=env.workdir, redis_client=env.redis))
     return results
 
 
@@ -449,13 +476,14 @@ def verdicts(results: Sequence[LoadResult]) -> dict[str, Any]:
 def table(results: Sequence[LoadResult]) -> str:
     """A Markdown table of ``results``."""
     lines = ["| scenario | load | conns | req/s | p50 ms | p99 ms | p99.9 ms | max ms | "
-             "errors | non-2xx | decisions |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "errors | non-2xx | server CPU ms/req | Redis CPU ms/req | decisions |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         decisions = ", ".join(f"{k} {v}" for k, v in r.decisions.items() if v)
         lines.append(f"| {r.scenario} | {r.mode} | {r.connections} | {r.rps:.0f} | "
                      f"{r.p50_ms:.2f} | {r.p99_ms:.2f} | {r.p999_ms:.2f} | {r.max_ms:.1f} | "
-                     f"{r.errors} | {r.non_2xx} | {decisions} |")
+                     f"{r.errors} | {r.non_2xx} | {r.server_cpu_ms:.2f} | {r.redis_cpu_ms:.3f} | "
+                     f"{decisions} |")
     return "\n".join(lines)
 
 
@@ -493,7 +521,7 @@ def _run(args: argparse.Namespace) -> int:
                         threads=1, workdir=env.workdir)
                 check = run_wrk(real, fast, rate=0, duration=plan.duration,
                                 connections=plan.saturation_connections, threads=1,
-                                workdir=env.workdir)
+                                workdir=env.workdir, redis_client=env.redis)
             results.append(LoadResult(**{**asdict(check),
                                          "scenario": "fairgate-serve mutate-fast"}))
     report["results"] = [asdict(r) for r in results]
@@ -513,8 +541,8 @@ def _scaling(args: argparse.Namespace) -> int:
                     threads=args.threads)
     counts = [int(n) for n in args.workers.split(",")]
     report: dict[str, Any] = {"machine": machine(), "plan": asdict(plan), "curve": []}
-    rows = ["| workers | scenario | req/s | p50 ms | p99 ms | p99.9 ms | non-2xx |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| workers | scenario | req/s | p50 ms | p99 ms | p99.9 ms | non-2xx | "
+            "server CPU ms/req |", "|---|---|---|---|---|---|---|---|"]
     with ExitStack() as stack:
         env = BenchEnvironment(stack)
         for workers in counts:
@@ -524,7 +552,8 @@ def _scaling(args: argparse.Namespace) -> int:
                     report["curve"].append({"workers": workers, **asdict(result)})
                     rows.append(f"| {workers} | {result.scenario} | {result.rps:.0f} | "
                                 f"{result.p50_ms:.2f} | {result.p99_ms:.2f} | "
-                                f"{result.p999_ms:.2f} | {result.non_2xx} |")
+                                f"{result.p999_ms:.2f} | {result.non_2xx} | "
+                                f"{result.server_cpu_ms:.2f} |")
     print("\n".join(rows))
     print()
     print(json.dumps(report))
