@@ -15,10 +15,13 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
 import redis
+from kubernetes.client import ApiClient
+from kubernetes.config import ConfigException
 from prometheus_client import start_http_server
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
@@ -54,12 +57,22 @@ def _source(config_dir: Path | None) -> ConfigSource:
     from tenants.cluster import ClusterConfigSource, api_client_from_environment
 
     namespace = os.environ.get("POD_NAMESPACE", CONTROL_NAMESPACE)
-    cluster = ClusterConfigSource(api_client_from_environment(), namespace)
+    cluster = ClusterConfigSource(_api(api_client_from_environment), namespace)
     cluster.start()
     if not cluster.wait_ready(FIRST_CONFIG_WAIT_SECONDS):
         log.warning("no complete config after %.0fs; dispatching nothing until it loads",
                     FIRST_CONFIG_WAIT_SECONDS)
     return cluster
+
+
+def _api(make: Callable[[], ApiClient]) -> ApiClient:
+    try:
+        return make()
+    except (ConfigException, OSError) as exc:
+        raise DispatchError(
+            f"cannot use the cluster ({type(exc).__name__}: {exc}): run in the cluster or "
+            "set KUBECONFIG to a working kubeconfig"
+        ) from exc
 
 
 def _current(source: ConfigSource) -> FairgateConfig | None:
@@ -88,7 +101,7 @@ def run_dispatch(redis_url: str, config_dir: Path | None = None,
     )
     config = _current(source)
     priority_classes = config.platform.priority_classes if config else PriorityClasses()
-    cluster = KubeCluster(api_client(), priority_classes)
+    cluster = KubeCluster(_api(api_client), priority_classes)
     metrics = DispatcherMetrics()
     if metrics_port is not None:
         start_http_server(metrics_port, registry=metrics.registry)

@@ -28,6 +28,7 @@ import redis
 import uvicorn
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from urllib3.exceptions import HTTPError
 
 from certs import CertReloader, server_ssl_context
 from tenants.models import CONTROL_NAMESPACE
@@ -87,18 +88,31 @@ def _local_source(config_dir: Path) -> ConfigSource:
 
 def _cluster_source(cert_dir: Path, stop: threading.Event) -> ConfigSource:
     """Watch the cluster's config; bootstrap and keep renewing the serving certificate."""
-    from certs.bootstrap import WebhookTarget, ensure_certificates, maintain_certificates
+    from kubernetes.config import ConfigException
+
+    from certs.bootstrap import (
+        BootstrapError,
+        WebhookTarget,
+        ensure_certificates,
+        maintain_certificates,
+    )
     from tenants.cluster import ClusterConfigSource, api_client_from_environment
 
     namespace = os.environ.get("POD_NAMESPACE", CONTROL_NAMESPACE)
-    api = api_client_from_environment()
     target = WebhookTarget(
         namespace=namespace,
         mutating_configs=(WEBHOOK_CONFIGURATION,),
         validating_configs=(WEBHOOK_CONFIGURATION,),
     )
-    cert_dir.mkdir(parents=True, exist_ok=True)
-    ensure_certificates(api, target, cert_dir)
+    try:
+        api = api_client_from_environment()
+        cert_dir.mkdir(parents=True, exist_ok=True)
+        ensure_certificates(api, target, cert_dir)
+    except (ConfigException, BootstrapError, OSError, HTTPError) as exc:
+        raise ServeError(
+            f"cannot use the cluster ({type(exc).__name__}: {exc}): run in the cluster or set "
+            "KUBECONFIG to a working kubeconfig, or pass --config-dir DIR to run locally"
+        ) from exc
     threading.Thread(
         target=maintain_certificates,
         args=(api, target, cert_dir),

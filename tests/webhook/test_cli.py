@@ -224,3 +224,23 @@ def test_demo_refuses_a_redis_holding_fairgate_state(redis_client: Any, redis_ur
     assert run_demo(redis_url, console=Console(file=out, width=140)) == 2
     assert "already holds fairgate keys" in out.getvalue()
     assert redis_client.get("fairgate:live-deployment") == b"precious"
+
+
+@pytest.mark.parametrize("command", [
+    ["serve", "--cert-dir", "certs", "--port", "8443"],
+    ["dispatch"],
+])
+def test_cluster_mode_without_a_cluster_says_how_to_fix(
+    command: list[str], tmp_path: Path
+) -> None:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+    env["KUBECONFIG"] = str(tmp_path / "missing-kubeconfig")
+    result = subprocess.run(
+        [sys.executable, "-m", "webhook.cli", *command, "--redis-url", "redis://127.0.0.1:1/0"],
+        capture_output=True, text=True, timeout=60, check=False, env=env, cwd=tmp_path,
+    )
+    assert result.returncode == 2
+    assert "KUBECONFIG" in result.stderr
+    assert "Traceback" not in result.stderr
