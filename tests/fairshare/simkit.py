@@ -101,3 +101,4 @@ def make_rig(redis_url: str, tenants: dict[str, dict[str, Any]], capacity: dict[
                             settings=settings or DispatcherSettings())
     dispatcher.sync(force=True)
     return Rig(client, queue, clock, cluster, dispatcher, config)
+
