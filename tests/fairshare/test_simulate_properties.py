@@ -50,8 +50,7 @@ def traces(draw: st.DrawFn) -> dict[str, Any]:
 
 @pytest.mark.slow
 @settings(max_examples=40, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow,
-                                                                  HealthCheck.function_scoped_fixture])
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(data=traces())
 def test_random_traces_keep_quota_and_gangs_and_lose_no_pod(
     redis_url: str, data: dict[str, Any]
