@@ -85,7 +85,7 @@ class ClusterConfigSource(ConfigSource):
         self._state_lock = threading.Lock()
         self._listed: set[str] = set()
         self._api_errors: dict[str, str] = {}
-        self._known_configmaps: set[str] = set()
+        self._known: dict[str, Any] = {}  # our ConfigMaps: name -> metadata
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._watches: dict[str, Any] = {}
@@ -173,7 +173,7 @@ class ClusterConfigSource(ConfigSource):
     # -- applying objects ----------------------------------------------------------------
 
     def _apply_list(self, kind: str, items: Iterable[Any]) -> None:
-        failed: dict[str, tuple[str, Any]] = {}
+        failed: dict[str, str] = {}
         with self._state_lock:
             if kind == "namespaces":
                 seen = {ns.metadata.name: ns.metadata.labels for ns in items}
@@ -182,49 +182,51 @@ class ClusterConfigSource(ConfigSource):
                 for name, labels in seen.items():
                     self._state.set_namespace(name, labels)
             else:
-                ours = [cm for cm in items if _is_ours(cm.metadata.name)]
-                present = {cm.metadata.name for cm in ours}
-                for gone in self._known_configmaps - present:
-                    self._apply_configmap(gone, None, None)
-                if PLATFORM_CONFIGMAP not in present:
-                    self._state.set_platform(None)
-                for cm in sorted(ours, key=lambda c: c.metadata.name != PLATFORM_CONFIGMAP):
-                    for obj, message in self._apply_configmap(
-                        cm.metadata.name, cm.data or {}, cm.metadata.labels
-                    ).items():
-                        failed[obj] = (message, cm)
+                ours = {cm.metadata.name: cm for cm in items if _is_ours(cm.metadata.name)}
+                for gone in set(self._known) - set(ours):
+                    failed.update(self._apply_configmap(gone, None))
+                if PLATFORM_CONFIGMAP not in ours:
+                    failed.update(self._state.set_platform(None))
+                for name in sorted(ours, key=lambda n: n != PLATFORM_CONFIGMAP):
+                    failed.update(self._apply_configmap(name, ours[name]))
             self._listed.add(kind)
             self._api_errors.pop(self._watch_name(kind), None)
             self._publish()
-        self._report(failed)
+            reports = self._with_metadata(failed)
+        self._report(reports)
 
     def _apply_event(self, kind: str, kind_of_event: str, obj: Any) -> None:
         deleted = kind_of_event == "DELETED"
-        failed: dict[str, tuple[str, Any]] = {}
         with self._state_lock:
             if kind == "namespaces":
                 self._state.set_namespace(obj.metadata.name,
                                           None if deleted else obj.metadata.labels)
+                failed: dict[str, str] = {}
             elif _is_ours(obj.metadata.name):
-                data = None if deleted else (obj.data or {})
-                for name, message in self._apply_configmap(
-                    obj.metadata.name, data, obj.metadata.labels
-                ).items():
-                    failed[name] = (message, obj)
+                failed = self._apply_configmap(obj.metadata.name, None if deleted else obj)
             else:
                 return
             self._publish()
-        self._report(failed)
+            reports = self._with_metadata(failed)
+        self._report(reports)
 
-    def _apply_configmap(self, name: str, data: Mapping[str, str] | None,
-                         labels: Mapping[str, str] | None) -> dict[str, str]:
-        if data is None:
-            self._known_configmaps.discard(name)
+    def _apply_configmap(self, name: str, configmap: Any | None) -> dict[str, str]:
+        """Apply one of our ConfigMaps (None: deleted); returns the objects that failed."""
+        if configmap is None:
+            self._known.pop(name, None)
+            data, labels = None, None
         else:
-            self._known_configmaps.add(name)
+            self._known[name] = configmap.metadata
+            data, labels = configmap.data or {}, configmap.metadata.labels
         if name == PLATFORM_CONFIGMAP:
             return self._state.set_platform(data)
         return self._state.set_quota(name, data, labels)
+
+    def _with_metadata(self, failed: Mapping[str, str]) -> list[tuple[str, str, Any]]:
+        """(object, message, its ConfigMap's metadata if it still exists) per failure."""
+        prefix = f"{self.namespace}/"
+        return [(obj, message, self._known.get(obj.removeprefix(prefix)))
+                for obj, message in failed.items()]
 
     def _recovered(self, kind: str) -> None:
         with self._state_lock:
@@ -242,14 +244,14 @@ class ClusterConfigSource(ConfigSource):
         else:
             self._set_errors(errors)
 
-    def _report(self, failed: Mapping[str, tuple[str, Any]]) -> None:
-        for obj, (message, configmap) in failed.items():
+    def _report(self, failed: Iterable[tuple[str, str, Any]]) -> None:
+        for obj, message, meta in failed:
             report_failure(obj, message)
-            self._post_event(configmap, message)
+            if meta is not None:
+                self._post_event(meta, message)
 
-    def _post_event(self, configmap: Any, message: str) -> None:
-        """A Warning Event on ``configmap`` (best effort: failures are only logged)."""
-        meta = configmap.metadata
+    def _post_event(self, meta: Any, message: str) -> None:
+        """A Warning Event on the ConfigMap ``meta`` describes (best effort: only logged)."""
         now = datetime.now(UTC)
         event = client.CoreV1Event(
             metadata=client.V1ObjectMeta(name=f"{meta.name}.{uuid.uuid4().hex[:16]}",

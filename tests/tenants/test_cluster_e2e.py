@@ -148,6 +148,30 @@ def test_broken_platform_keeps_the_old_one(source: ClusterConfigSource, core: An
     assert team_a is not None and team_a.weight == 4
 
 
+def test_lowered_ceiling_reports_the_quota_it_breaks(
+    source: ClusterConfigSource, core: Any,
+) -> None:
+    quota_obj = f"{NS}/quota-team-a"
+    before = _nominal(source)
+    assert before == {"gpu": 6}
+    core.replace_namespaced_config_map(
+        "fairgate-platform", NS, _configmap("fairgate-platform", "platform.yaml",
+                                            PLATFORM.replace("24", "5")))
+    _wait(lambda: quota_obj in source.last_error, "the quota to be re-checked")
+    assert "exceeds the ceiling of 5 GPU-eq" in source.last_error[quota_obj]
+    assert _nominal(source) == before
+
+    def warned_on_quota() -> bool:
+        events = core.list_namespaced_event(
+            NS, field_selector="involvedObject.name=quota-team-a,reason=" + EVENT_REASON)
+        return any("exceeds the ceiling" in e.message for e in events.items)
+
+    _wait(warned_on_quota, "the Event on quota-team-a (not on fairgate-platform)")
+    core.replace_namespaced_config_map(
+        "fairgate-platform", NS, _configmap("fairgate-platform", "platform.yaml", PLATFORM))
+    _wait(lambda: quota_obj not in source.last_error, "the quota to be accepted again")
+
+
 def test_namespace_labels_follow_the_cluster(source: ClusterConfigSource, core: Any) -> None:
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
         name="team-b-prod", labels={"fairgate.io/tenant": "team-b"})))
