@@ -370,3 +370,17 @@ def test_rebuild_restores_order_and_usage(redis_client: redis.Redis, pods: Pods)
     assert snapshot(fresh) == before
     assert carry_on(fresh) == expected
     assert len([t for t in expected if t != "|"]) >= 5
+
+
+def test_lower_bands_count_as_free_capacity(redis_client: redis.Redis, pods: Pods) -> None:
+    q = queue_with(redis_client, {"gpu": 2},
+                   a={"nominal": {"gpu": 1}, "borrow": 1}, b={"nominal": {"gpu": 2}})
+    got = admit_all(q, [pods("a"), pods("a")])
+    assert [(a.outcome, a.band) for a in got] == [("reserved", "training"),
+                                                  ("reserved", "borrowed")]
+    # the cluster is full, but b's training may take the borrowed GPU (preemption)
+    assert q.admit(pods("b"), 0.0).outcome == "reserved"
+    assert q.admit(pods("b"), 0.0).waiting_for == "1 x gpu of cluster capacity"
+    # a borrowed pod never counts a higher band as free
+    q.release("t2")
+    assert q.admit(pods("a"), 0.0).waiting_for == "1 x gpu of cluster capacity"
