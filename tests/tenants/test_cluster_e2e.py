@@ -247,3 +247,37 @@ def test_without_rights_it_stays_unready_and_says_why(controlplane: ControlPlane
         assert "RBAC" in nobody.last_error[f"{NS}/configmaps"]
     finally:
         nobody.close()
+
+
+def test_recovers_once_rights_are_granted(controlplane: ControlPlane, core: Any) -> None:
+    user = "late@example.com"
+    late = ClusterConfigSource(controlplane.client_for(user), watch_timeout_seconds=2,
+                               max_backoff=1)
+    late.start()
+    try:
+        _wait(lambda: f"{NS}/configmaps" in late.last_error, "the 403")
+        rbac = client.RbacAuthorizationV1Api(controlplane.admin)
+        subject = [client.RbacV1Subject(kind="User", name=user,
+                                        api_group="rbac.authorization.k8s.io")]
+        rbac.create_namespaced_role(NS, client.V1Role(
+            metadata=client.V1ObjectMeta(name="late-config"),
+            rules=[client.V1PolicyRule(api_groups=[""], resources=["configmaps"],
+                                       verbs=["list", "watch"])]))
+        rbac.create_namespaced_role_binding(NS, client.V1RoleBinding(
+            metadata=client.V1ObjectMeta(name="late-config"), subjects=subject,
+            role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role",
+                                      name="late-config")))
+        rbac.create_cluster_role(client.V1ClusterRole(
+            metadata=client.V1ObjectMeta(name="late-namespaces"),
+            rules=[client.V1PolicyRule(api_groups=[""], resources=["namespaces"],
+                                       verbs=["list", "watch"])]))
+        rbac.create_cluster_role_binding(client.V1ClusterRoleBinding(
+            metadata=client.V1ObjectMeta(name="late-namespaces"), subjects=subject,
+            role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io",
+                                      kind="ClusterRole", name="late-namespaces")))
+        assert late.wait_ready(60), late.last_error
+        _wait(lambda: not any(k in late.last_error for k in (f"{NS}/configmaps", "namespaces")),
+              "the list errors to clear")
+        assert late.config.tenant("team-a") is not None
+    finally:
+        late.close()
