@@ -24,11 +24,11 @@ def load_config_dir(directory: Path) -> FairgateConfig:
             str(platform_path),
             [Problem("", "file not found: create it (see docs/configuration.md)")],
         )
-    platform = parse_platform(platform_path.read_text(), str(platform_path))
+    platform = parse_platform(_read(platform_path), str(platform_path))
     quotas: dict[str, QuotaSpec] = {}
     for path in sorted(directory.glob(f"{QUOTA_CONFIGMAP_PREFIX}*.yaml")):
         tenant = path.stem.removeprefix(QUOTA_CONFIGMAP_PREFIX)
-        quotas[tenant] = parse_quota(path.read_text(), tenant, platform, str(path))
+        quotas[tenant] = parse_quota(_read(path), tenant, platform, str(path))
     namespaces = _load_namespaces(directory / NAMESPACES_FILE)
     return FairgateConfig(platform=platform, quotas=quotas, namespaces=namespaces)
 
@@ -36,7 +36,7 @@ def load_config_dir(directory: Path) -> FairgateConfig:
 def _load_namespaces(path: Path) -> dict[str, dict[str, str]]:
     if not path.is_file():
         return {}
-    data = load_yaml_mapping(path.read_text(), str(path))
+    data = load_yaml_mapping(_read(path), str(path))
     problems = [
         Problem(str(ns), "must map label names to string values")
         for ns, labels in data.items()
@@ -46,3 +46,14 @@ def _load_namespaces(path: Path) -> dict[str, dict[str, str]]:
     if problems:
         raise ConfigError(str(path), problems)
     return {str(ns): dict(labels) for ns, labels in data.items()}
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            str(path), [Problem("", f"not UTF-8 text (byte {exc.start}): save it as UTF-8")]
+        ) from exc
+    except OSError as exc:
+        raise ConfigError(str(path), [Problem("", f"cannot read: {exc.strerror}")]) from exc

@@ -103,3 +103,12 @@ def test_config_dir_error_names_the_file(tmp_path: Path) -> None:
 def test_missing_platform_file_says_what_to_create(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"platform\.yaml: file not found"):
         load_config_dir(tmp_path)
+
+
+def test_unreadable_quota_file_names_the_file(tmp_path: Path) -> None:
+    (tmp_path / "platform.yaml").write_text(PLATFORM)
+    (tmp_path / "quota-team-a.yaml").write_bytes(b"nominal: {gpu: \xff}")
+    with pytest.raises(ConfigError) as info:
+        load_config_dir(tmp_path)
+    assert info.value.source.endswith("quota-team-a.yaml")
+    assert "not UTF-8" in str(info.value)
