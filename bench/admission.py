@@ -5,6 +5,7 @@ Run (from the repository root):
     python -m bench.admission                     # the full run: table + JSON
     python -m bench.admission --duration 5        # shorter
     python -m bench.admission scaling --workers 1,2,4
+    python -m bench.admission breakdown --profile   # where the time goes (py-spy)
     python -m bench.admission serve --workers 2 ...   # only the bench server (manual runs)
 
 What it measures, all in one run against one server process (``wrk`` from Debian, the
@@ -501,6 +502,118 @@ def machine() -> dict[str, Any]:
             "load_average_at_start": os.getloadavg()}
 
 
+# -- where the time goes ----------------------------------------------------------------
+
+
+def _per_call_us(call: Any, count: int) -> float:
+    call()
+    started = time.perf_counter()
+    for _ in range(count):
+        call()
+    return 1e6 * (time.perf_counter() - started) / count
+
+
+def breakdown(env: BenchEnvironment, count: int = 2000) -> dict[str, float]:
+    """Microseconds per call of each step of a fast-path ``/mutate``, in this process
+    (the same functions the service calls, in the same order)."""
+    import io
+    import uuid
+
+    import anyio
+    import anyio.to_thread
+
+    from admission.mutation import build_patch
+    from admission.plan import PodPlan, plan_create
+    from admission.reviews import parse_review, with_patch
+    from audit import AuditLog
+    from fairshare.model import PodRequest
+    from fairshare.queue import FairQueue
+    from tenants.localdir import load_config_dir
+    from webhook.metrics import WebhookMetrics
+
+    config = load_config_dir(env.config_dir)
+    body = json.dumps(review(pod("fast-dev", "trainer-0"), uid=str(uuid.uuid4()))).encode()
+    request = parse_review(body).request
+    assert request.object is not None
+    obj = request.object
+    plan = plan_create(obj, request.namespace, request.uid, config)
+    assert isinstance(plan, PodPlan)
+    classes = config.platform.priority_classes
+    ops = build_patch(obj, plan, "training", False, classes)
+    queue = FairQueue(env.redis)
+    queue.sync_config(config, config.platform.capacity)
+    tickets = iter(range(10**9))
+    audit = AuditLog(env.redis, out=io.StringIO())
+    metrics = WebhookMetrics()
+
+    def admit() -> None:
+        n = next(tickets)
+        queue.admit(PodRequest(ticket=f"bench-{n}", tenant="fast", namespace="fast-dev",
+                               name=f"trainer-{n}", pod_class="training", demand={"gpu": 1},
+                               submitted_at=time.time()), time.time())
+
+    def count_metrics() -> None:
+        metrics.decisions.labels("fast", "admit").inc()
+        metrics.duration.labels("mutate", "CREATE").observe(0.001)
+
+    async def hops() -> float:
+        started = time.perf_counter()
+        for _ in range(count):
+            await anyio.to_thread.run_sync(time.monotonic)
+        return 1e6 * (time.perf_counter() - started) / count
+
+    steps = {
+        "parse_review (pydantic, strict)": _per_call_us(lambda: parse_review(body), count),
+        "plan_create": _per_call_us(
+            lambda: plan_create(obj, request.namespace, request.uid, config), count),
+        "build_patch (deepcopy + jsonpatch diff)": _per_call_us(
+            lambda: build_patch(obj, plan, "training", False, classes), count),
+        "with_patch + model_dump_json": _per_call_us(
+            lambda: with_patch(request.uid, ops, [], {"decision": "admit"}).model_dump_json(
+                by_alias=True, exclude_none=True), count),
+        "metrics (decision + duration)": _per_call_us(count_metrics, count),
+        "Redis PING round trip (for scale)": _per_call_us(env.redis.ping, count),
+        "FairQueue.admit (one Lua script)": _per_call_us(admit, count),
+        "AuditLog.record (Lua append + JSON line)": _per_call_us(
+            lambda: audit.record("admit", uid=str(uuid.uuid4()), user="u", groups=("g",),
+                                 operation="CREATE", tenant="fast", namespace="fast-dev",
+                                 name="trainer-0", pod_class="training", demand="gpu=1",
+                                 reason="reserved as training", latency_ms=1.0), count),
+        "anyio.to_thread hop (event loop -> pool)": anyio.run(hops),
+    }
+    return {name: round(us, 1) for name, us in steps.items()}
+
+
+def profile(env: BenchEnvironment, seconds: float, connections: int, top: int = 25
+            ) -> list[tuple[str, float]]:
+    """py-spy ``--gil`` samples of the bench server under ``/mutate`` fast-path
+    saturation: the frames holding the GIL most (inclusive share of samples)."""
+    if shutil.which("py-spy") is None:
+        raise RuntimeError("py-spy not found: pip install py-spy")
+    counts: dict[str, int] = {}
+    total = 0
+    with env.bench_server(workers=1) as server:
+        fast = next(s for s in scenarios(server) if s.name == "mutate-fast")
+        reset_redis(env, server)
+        raw = env.workdir / "py-spy.txt"
+        spy = subprocess.Popen(["py-spy", "record", "--pid", str(server.process.pid),
+                                "--duration", str(int(seconds)), "--rate", "250", "--gil",
+                                "--threads", "--nonblocking", "--format", "raw",
+                                "-o", str(raw)], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+        run_wrk(server, fast, rate=0, duration=seconds + 1, connections=connections,
+                threads=1, workdir=env.workdir)
+        spy.wait(30)
+    for line in raw.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        total += int(n)
+        for frame in {f.split(" (")[0] + " (" + f.split(" (")[-1].split(":")[0] + ")"
+                      for f in stack.split(";")[1:]}:
+            counts[frame] = counts.get(frame, 0) + int(n)
+    ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
+    return [(frame, round(100 * n / max(total, 1), 1)) for frame, n in ranked]
+
+
 # -- commands --------------------------------------------------------------------------
 
 
@@ -560,6 +673,23 @@ def _scaling(args: argparse.Namespace) -> int:
     return 0
 
 
+def _breakdown(args: argparse.Namespace) -> int:
+    with ExitStack() as stack:
+        steps = breakdown(BenchEnvironment(stack), args.count)
+        frames = (profile(BenchEnvironment(stack), args.seconds, args.connections)
+                  if args.profile else [])
+    print("| step of a fast-path /mutate | us per call |\n|---|---|")
+    for name, us in steps.items():
+        print(f"| {name} | {us:.1f} |")
+    if frames:
+        print("\n| frame (py-spy --gil, inclusive) | % of GIL samples |\n|---|---|")
+        for frame, share in frames:
+            print(f"| `{frame}` | {share} |")
+    print()
+    print(json.dumps({"machine": machine(), "steps_us": steps, "gil_profile": frames}))
+    return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
     serve(Path(args.cert_dir), args.redis_url, Path(args.config_dir), args.port, args.workers)
     return 0
@@ -593,6 +723,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     scaling.add_argument("--connections", type=int, default=64, help="connections (64)")
     scaling.add_argument("--threads", type=int, default=1, help="wrk threads (1)")
     scaling.set_defaults(handler=_scaling)
+    why = sub.add_parser("breakdown", help="where the time of a /mutate goes")
+    why.add_argument("--count", type=int, default=2000, help="calls per step (2000)")
+    why.add_argument("--profile", action="store_true",
+                     help="also py-spy --gil the server under load (pip install py-spy)")
+    why.add_argument("--seconds", type=float, default=10.0, help="profile length (10)")
+    why.add_argument("--connections", type=int, default=32, help="connections (32)")
+    why.set_defaults(handler=_breakdown)
     srv = sub.add_parser("serve", help="only serve the bench app (for manual runs)")
     srv.add_argument("--cert-dir", required=True)
     srv.add_argument("--redis-url", required=True)

@@ -78,19 +78,13 @@ def test_unparseable_quota_is_refused_with_a_clear_message(
     assert_valid_answer(reply, body["request"]["uid"], "/validate")
 
 
+@settings(max_examples=examples(60), deadline=None, database=None, suppress_health_check=SLOW)
+@given(text=quota_yaml)
 def test_hostile_quota_edits_get_a_valid_answer(
-    fuzz_server: ServeProcess, fuzz_client: httpx.Client
+    fuzz_server: ServeProcess, fuzz_client: httpx.Client, text: str
 ) -> None:
     assert fuzz_server.process is not None
-    pid = fuzz_server.process.pid
-
-    @settings(max_examples=examples(60), deadline=None, database=None,
-              suppress_health_check=SLOW)
-    @given(text=quota_yaml)
-    def check(text: str) -> None:
-        body = _edit(text)
-        reply = fuzz_client.post("/validate", json=body)
-        assert_valid_answer(reply, body["request"]["uid"], "/validate")
-        assert rss_bytes(pid) <= RSS_LIMIT
-
-    check()
+    body = _edit(text)
+    reply = fuzz_client.post("/validate", json=body)
+    assert_valid_answer(reply, body["request"]["uid"], "/validate")
+    assert rss_bytes(fuzz_server.process.pid) <= RSS_LIMIT

@@ -61,24 +61,19 @@ def assert_valid_answer(reply: httpx.Response, uid: str | None, path: str) -> No
 
 
 @pytest.mark.parametrize("path", ["/mutate", "/validate"])
+@settings(max_examples=examples(150), deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                 HealthCheck.large_base_example])
+@given(body=bodies())
 def test_hostile_reviews_get_a_valid_answer(
-    fuzz_server: ServeProcess, fuzz_client: httpx.Client, path: str
+    fuzz_server: ServeProcess, fuzz_client: httpx.Client, path: str,
+    body: tuple[bytes, str | None],
 ) -> None:
     assert fuzz_server.process is not None
-    pid = fuzz_server.process.pid
-
-    @settings(max_examples=examples(150), deadline=None, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                     HealthCheck.large_base_example])
-    @given(body=bodies())
-    def check(body: tuple[bytes, str | None]) -> None:
-        data, uid = body
-        reply = fuzz_client.post(path, content=data,
-                                 headers={"content-type": "application/json"})
-        assert_valid_answer(reply, uid, path)
-        assert rss_bytes(pid) <= RSS_LIMIT
-
-    check()
+    data, uid = body
+    reply = fuzz_client.post(path, content=data, headers={"content-type": "application/json"})
+    assert_valid_answer(reply, uid, path)
+    assert rss_bytes(fuzz_server.process.pid) <= RSS_LIMIT
 
 
 def test_oversized_body_gets_413_and_memory_stays_bounded(
