@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -9,9 +10,11 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 from webhook_helpers import ServerFactory, gpu_pod, review
 
 from certs import write_bundle
+from fairshare.localredis import free_port
 from webhook.process import ServeProcess, client_context
 
 
@@ -126,3 +129,44 @@ def test_the_webhook_keeps_the_capacity_the_dispatcher_stored(
     assert _eventually(lambda: _decision(server, "team-a-dev", "probe", dry_run=True) == "admit"
                        and _decision(server, "team-a-dev", "third", dry_run=True) == "admit")
     assert redis_client.hgetall("fairgate:cap") == {b"gpu": b"8"}
+
+
+def _redis_server(port: int, workdir: Path) -> subprocess.Popen[bytes]:
+    process = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(workdir)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    client = redis.Redis(port=port, socket_connect_timeout=0.2)
+    assert _eventually(lambda: _pings(client)), "redis-server did not start"
+    client.close()
+    return process
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+
+
+def test_service_recovers_when_redis_comes_back_empty(
+    start_server: ServerFactory, tmp_path: Path
+) -> None:
+    port = free_port()
+    first = _redis_server(port, tmp_path)
+    try:
+        server = start_server(f"redis://127.0.0.1:{port}/0")
+        assert _decision(server, "team-a-dev", "before") == "admit"
+    finally:
+        first.terminate()
+        first.wait()
+    assert _decision(server, "team-a-dev", "while-down") == "deny"
+    second = _redis_server(port, tmp_path)  # restarted empty: no config, no usage
+    try:
+        # the webhook re-syncs its config into the empty Redis by itself, within 5 s
+        assert _eventually(lambda: _decision(server, "team-a-dev", "after") == "admit",
+                           timeout=5.0)
+    finally:
+        second.terminate()
+        second.wait()
