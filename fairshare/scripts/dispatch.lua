@@ -35,11 +35,4 @@ for _ = 1, limit do
   refresh(chosen.tenant)
 end
 
-for _, cls in ipairs({'i', 't'}) do
-  for _, shape in ipairs(class_shapes(cls)) do
-    if redis.call('EXISTS', P .. 'r:' .. shape) == 0 then
-      redis.call('SREM', P .. 'sh:' .. cls, shape)
-    end
-  end
-end
 return out

@@ -278,8 +278,9 @@ local function refresh(tenant)
     else
       local D = parse_shape(shape)
       if quota_check(cfg, st, D) == nil then
-        redis.call('ZADD', ready, share, tenant)
-        redis.call('SADD', P .. 'sh:' .. D.cls, shape)
+        if redis.call('ZADD', ready, share, tenant) == 1 then
+          redis.call('SADD', P .. 'sh:' .. D.cls, shape)
+        end
       else
         redis.call('ZREM', ready, tenant)
       end
@@ -430,14 +431,17 @@ local function class_shapes(cls)
 end
 
 -- For each ready shape of a class: its best tenant (lowest share, then name) and
--- whether it fits the idle-guard capacity. Guards: a blocked shape whose best head
+-- whether it fits the cluster without guards. Guards: a blocked shape whose best head
 -- waited >= starve seconds reserves its demand for its band (if it could ever fit).
-local function survey(cls, now, starve)
+-- `tidy` (writing scripts only) forgets shapes whose ready set is empty.
+local function survey(cls, now, starve, tidy)
   local tops = {}
   local G = {i = {}, t = {}, b = {}}
   for _, shape in ipairs(class_shapes(cls)) do
     local r = redis.call('ZRANGE', P .. 'r:' .. shape, 0, 0, 'WITHSCORES')
-    if #r > 0 then
+    if #r == 0 and tidy then
+      redis.call('SREM', P .. 'sh:' .. cls, shape)
+    elseif #r > 0 then
       local D = parse_shape(shape)
       local blocked = cap_check(D, nil, false)
       local top = {shape = shape, tenant = r[1], score = tonumber(r[2]), D = D,
@@ -460,16 +464,23 @@ local function before(a_score, a_tenant, b_score, b_tenant)
   return a_score < b_score or (a_score == b_score and a_tenant < b_tenant)
 end
 
--- the next entry of a class to release, or nil: {shape, tenant, score, seq}
+local function head_seq(top)
+  if not top.seq then
+    top.seq = entry_info(redis.call('LINDEX', lane_key(top.tenant, top.shape), 0))
+  end
+  return top.seq
+end
+
+-- the next entry of a class to release (a survey top), or nil; tidies (see survey)
 local function pick(cls, now, starve)
-  local tops, G = survey(cls, now, starve)
+  local tops, G = survey(cls, now, starve, true)
   local best = nil
   for _, top in ipairs(tops) do
     if not top.blocked and cap_check(top.D, G, false) == nil then
-      local seq = entry_info(redis.call('LINDEX', lane_key(top.tenant, top.shape), 0))
       if best == nil or before(top.score, top.tenant, best.score, best.tenant)
-          or (top.score == best.score and top.tenant == best.tenant and seq < best.seq) then
-        best = {shape = top.shape, tenant = top.tenant, score = top.score, seq = seq}
+          or (top.score == best.score and top.tenant == best.tenant
+              and head_seq(top) < head_seq(best)) then
+        best = top
       end
     end
   end
