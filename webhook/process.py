@@ -10,7 +10,6 @@ stdout and stderr go to ``log_path``.
 
 from __future__ import annotations
 
-import os
 import signal
 import ssl
 import subprocess
@@ -84,7 +83,7 @@ class ServeProcess:
         ]
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ}
+                command, stdout=log, stderr=subprocess.STDOUT
             )
         deadline = time.monotonic() + self.startup_timeout
         with self.client(timeout=1.0) as client:

@@ -72,9 +72,9 @@ NO_CONFIG_MESSAGE = (
     "retry in a minute or ask the platform team"
 )
 INTERNAL_ERROR_MESSAGE = (
-    "fairgate could not decide on this pod because of an internal error (logged with "
-    "uid {uid}): GPU pods are refused rather than admitted unchecked; retry, or ask the "
-    "platform team"
+    "fairgate could not decide on this request because of an internal error (logged with "
+    "uid {uid}): it is refused rather than admitted unchecked; retry, or ask the platform "
+    "team"
 )
 FAIL_OPEN_WARNING = (
     "fairgate queue (Redis) unavailable: admitted without a quota check "
