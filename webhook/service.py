@@ -83,8 +83,15 @@ FAIL_OPEN_WARNING = (
 
 _CAPACITY_KEY = "fairgate:cap"
 
-# Redis did not answer (a ResponseError is an answer: a bug, handled as an internal error).
-_UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError, OSError)
+# Redis did not answer, or cannot store anything (out of memory, a read-only replica).
+# Any other ResponseError is an answer: a bug, handled as an internal error.
+_UNAVAILABLE = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.exceptions.OutOfMemoryError,
+    redis.exceptions.ReadOnlyError,
+    OSError,
+)
 
 
 @dataclass

@@ -528,3 +528,39 @@ def test_a_gang_member_waits_for_its_gang_with_a_readable_warning(server: ServeP
     assert "None" not in " ".join(first["warnings"])
     second = member(1)
     assert second["allowed"] is True
+
+
+def test_redis_out_of_memory_is_handled_as_unavailable(
+    server: ServeProcess, redis_client: redis.Redis
+) -> None:
+    mutate(server, review(gpu_pod("team-a-dev", "before")))
+    redis_client.config_set("maxmemory", "1")  # noeviction: every write is refused
+    try:
+        response = mutate(server, review(gpu_pod("team-a-dev", "oom")))
+        cpu_only = mutate(server, review(gpu_pod("team-a-dev", "web", limits={"cpu": "1"})))
+    finally:
+        redis_client.config_set("maxmemory", "0")
+    assert response["allowed"] is False
+    assert response["status"]["message"] == REDIS_DOWN_MESSAGE
+    assert cpu_only["allowed"] is True
+
+
+def test_an_internal_error_denies_the_gpu_pod_and_logs_a_traceback(
+    server: ServeProcess, redis_client: redis.Redis
+) -> None:
+    first = mutate(server, review(gpu_pod("team-a-dev", "before")))
+    assert first["auditAnnotations"]["decision"] == "admit"
+    # Corrupt the queue's state behind the webhook's back: its Lua script now fails.
+    for key in redis_client.keys("fairgate:tc:*"):
+        redis_client.delete(key)
+        redis_client.set(key, "not a hash")
+    body = review(gpu_pod("team-a-dev", "broken"))
+    response = mutate(server, body)
+    assert response["allowed"] is False
+    assert response["status"]["reason"] == "InternalError"
+    assert body["request"]["uid"] in response["status"]["message"]
+    assert "refused rather than admitted unchecked" in response["status"]["message"]
+    log = server.log_path.read_text()
+    errors = [json.loads(line) for line in log.splitlines()
+              if body["request"]["uid"] in line and '"level":"error"' in line]
+    assert errors and "Traceback" in errors[0]["traceback"]
