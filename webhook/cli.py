@@ -31,7 +31,7 @@ examples:
   fairgate status --redis-url redis://127.0.0.1:6379/0
   fairgate why team-a-dev/trainer-0
   fairgate audit verify
-  fairgate simulate examples/weights.yaml --json
+  fairgate simulate examples/weights-1-2-3.yaml --json
 
 Run `fairgate <command> --help` for the details of a command.
 """
@@ -368,7 +368,7 @@ def _add_simulate(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
         "each tenant's share / weight, Jain's index, wait percentiles per class and\n"
         "utilisation. Starts its own redis-server unless --redis-url / $REDIS_URL is\n"
         "given. Trace format: see DESIGN.md, 'Simulation trace', and examples/.",
-        "  fairgate simulate examples/weights.yaml\n"
+        "  fairgate simulate examples/weights-1-2-3.yaml\n"
         "  fairgate simulate trace.yaml --json | jq .jain_index\n",
     )
     simulate.add_argument("trace", metavar="TRACE.yaml", help="the trace file")
