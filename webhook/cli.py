@@ -121,7 +121,6 @@ def _serve(args: argparse.Namespace) -> int:
         redis_url=args.redis_url,
         config_dir=Path(args.config_dir) if args.config_dir else None,
         host=args.host,
-        log_level=args.log_level,
     )
     try:
         serve(options)

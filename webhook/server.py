@@ -10,8 +10,9 @@ Contract:
   injection; see :mod:`certs.bootstrap`).
 - Redis is reached with short socket timeouts (``redis_timeout``) and one reconnect
   attempt, so that every admission is answered within the app's deadline.
-- SIGTERM / SIGINT: stop accepting, finish requests in flight (up to
-  ``graceful_seconds``), flush the audit queue, exit 0.
+- SIGTERM: stop accepting, finish requests in flight (up to ``graceful_seconds``),
+  flush the audit queue, return (``fairgate serve`` exits 0). SIGINT (Ctrl-C) does the
+  same and the command exits 130.
 """
 
 from __future__ import annotations
@@ -59,7 +60,6 @@ class ServeOptions:
     redis_timeout: float = DEFAULT_REDIS_TIMEOUT
     deadline_seconds: float = 1.0
     graceful_seconds: float = 10.0
-    log_level: str = "info"
 
 
 def connect_redis(url: str, timeout: float = DEFAULT_REDIS_TIMEOUT) -> redis.Redis:
