@@ -41,16 +41,29 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
     """Keeps the examples in epilogs as written."""
 
 
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def _redis_url(text: str) -> str:
+    if not text.startswith(_REDIS_SCHEMES):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a Redis URL: use redis://HOST:PORT/DB (rediss:// for TLS, "
+            "unix:///path/redis.sock)"
+        )
+    return text
+
+
 def _redis_url_argument(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
     default = os.environ.get("REDIS_URL")
     parser.add_argument(
         "--redis-url",
+        type=_redis_url,
         default=default,
         required=required and default is None,
         metavar="URL",
         help="Redis holding fairgate's queue and audit stream, e.g. "
-        "redis://127.0.0.1:6379/0 (default: $REDIS_URL"
-        + (f", now {default}" if default else ", which is not set") + ")",
+        "redis://127.0.0.1:6379/0 (default: $REDIS_URL, which is "
+        + ("set" if default else "not set") + ")",
     )
 
 
@@ -130,6 +143,12 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return int(text)
+
+
 def _port(text: str) -> int:
     try:
         value = int(text)
@@ -185,9 +204,11 @@ def _add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "what was admitted, queued and denied. Cleans up after itself.",
         "  fairgate demo\n  REDIS_URL=redis://127.0.0.1:6379/0 fairgate demo\n",
     )
-    demo.add_argument("--redis-url", default=os.environ.get("REDIS_URL"), metavar="URL",
-                      help="use this Redis instead of starting one (default: $REDIS_URL)")
-    demo.add_argument("--pods", type=int, default=120,
+    demo.add_argument("--redis-url", type=_redis_url, default=os.environ.get("REDIS_URL"),
+                      metavar="URL",
+                      help="use this Redis (it must hold no fairgate keys) instead of starting "
+                      "one (default: $REDIS_URL)")
+    demo.add_argument("--pods", type=_positive, default=120,
                       help="how many pod admissions to send (default: %(default)s)")
     demo.set_defaults(handler=_demo)
 

@@ -244,3 +244,19 @@ def test_cluster_mode_without_a_cluster_says_how_to_fix(
     assert result.returncode == 2
     assert "KUBECONFIG" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("argv", [
+    ["status", "--redis-url", "http://127.0.0.1:6379"],
+    ["serve", "--cert-dir", "c", "--port", "99999", "--redis-url", "redis://127.0.0.1:1/0"],
+    ["demo", "--pods", "0"],
+])
+def test_bad_arguments_are_usage_errors_that_say_what_is_wrong(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: argument" in err
+    assert "Traceback" not in err
