@@ -6,8 +6,9 @@ Contract (rules in ``fairshare/README.md``; key layout there too):
 - :meth:`FairQueue.admit` reserves a pod now (fast path) or queues it, and picks its
   priority band; it is idempotent per ticket, and ``dry_run`` writes nothing.
 - :meth:`FairQueue.dispatch` releases queued pods in queue order: class first
-  (inference before training), then the tenant with the lowest weighted share
-  (slices used / weight; ties by tenant name), then FIFO; gangs all at once.
+  (inference, then training; within training, the training band before borrowed
+  pods), then the tenant with the lowest weighted share (slices used / weight; ties
+  by tenant name), then FIFO; gangs all at once.
 - Quota safety holds at every instant: per tenant, non-borrowed usage per resource
   <= nominal, non-borrowed training slices <= nominal - inference reserve, borrowed
   slices <= borrow limit; cluster capacity per band (lower bands count as free).
@@ -337,6 +338,8 @@ def _explain(reason: Sequence[str], tenant: str, pod_class: PodClass) -> str:
         return f"{rest[0]} {pod_class} pod(s) ahead in {tenant}"
     if code == "inference":
         return "inference pods released first"
+    if code == "priority":
+        return "training pods within nominal quota released first"
     if code == "turn":
         return "its turn: tenants with a lower weighted share go first"
     return code

@@ -88,30 +88,32 @@ if gid ~= '' then
     end
     for k, v in pairs(d) do G[band][k] = (G[band][k] or 0) + v end
     local gang_shape = parse_shape(format_shape(G))
-    local _, guards = survey(gang_shape.cls, now, starve)
+    local _, guards = survey(gang_shape.tier, now, starve)
     reason = blocker(tenant, gang_shape, guards) or {'turn'}
   end
 else
-  local tops, guards = survey(cls, now, starve)
+  local tops, guards = survey(band, now, starve)
   reason = blocker(tenant, D, guards)
   if reason == nil then
     for k, _ in pairs(d) do
       if num(st, 'qr:' .. cls .. ':' .. k) > 0 then reason = {'ahead', qc} end
     end
   end
-  if reason == nil then
-    -- nobody earlier in queue order (same class, or inference for training) that
-    -- shares a resource and could be released now
-    local share = share_of(tenant, st)
-    if cls == 't' then
-      local inf_tops, inf_guards = survey('i', now, starve)
-      for _, top in ipairs(inf_tops) do
+  -- nobody earlier in queue order that shares a resource and could be released now:
+  -- a higher tier (inference; training for borrowed), or a lower share in this tier
+  for _, tier in ipairs(TIERS) do
+    if reason == nil and PRIO[tier] > PRIO[band] then
+      local higher, higher_guards = survey(tier, now, starve)
+      for _, top in ipairs(higher) do
         if reason == nil and not top.blocked and shares_resource(top.D, d)
-            and cap_check(top.D, inf_guards, false) == nil then
-          reason = {'inference'}
+            and cap_check(top.D, higher_guards, false) == nil then
+          reason = {tier == 'i' and 'inference' or 'priority'}
         end
       end
     end
+  end
+  if reason == nil then
+    local share = share_of(tenant, st)
     for _, top in ipairs(tops) do
       if reason == nil and not top.blocked and shares_resource(top.D, d)
           and before(top.score, top.tenant, share, tenant)

@@ -1,5 +1,5 @@
 -- dispatch: release up to `limit` queue entries (a pod or a whole gang) in queue
--- order. ARGV: now, limit, starvation seconds. Returns a flat list of 7 fields per
+-- order: tiers inference, training, borrowed; then weighted share; then FIFO. ARGV: now, limit, starvation seconds. Returns a flat list of 7 fields per
 -- released ticket: ticket, tenant, namespace, name, band, demand, submitted_at.
 local now, limit, starve = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local out = {}
@@ -19,7 +19,7 @@ local function release(ticket)
 end
 
 for _ = 1, limit do
-  local chosen = pick('i', now, starve) or pick('t', now, starve)
+  local chosen = pick('i', now, starve) or pick('t', now, starve) or pick('b', now, starve)
   if not chosen then break end
   local entry = redis.call('LPOP', lane_key(chosen.tenant, chosen.shape))
   if string.sub(entry, 1, 1) == '@' then

@@ -103,7 +103,9 @@ local function parse_shape(shape)
     for k, v in pairs(D[band]) do any[k] = (any[k] or 0) + v end
   end
   D.all = sorted_keys(any)
-  D.cls = (next(D.i) ~= nil) and 'i' or 't'
+  -- tier: the lowest band in the shape; dispatch serves tiers i, t, b in order
+  D.tier = (next(D.i) ~= nil) and 'i' or ((next(D.b) ~= nil) and 'b' or 't')
+  D.cls = (D.tier == 'i') and 'i' or 't'
   SHAPES[shape] = D
   return D
 end
@@ -279,7 +281,7 @@ local function refresh(tenant)
       local D = parse_shape(shape)
       if quota_check(cfg, st, D) == nil then
         if redis.call('ZADD', ready, share, tenant) == 1 then
-          redis.call('SADD', P .. 'sh:' .. D.cls, shape)
+          redis.call('SADD', P .. 'sh:' .. D.tier, shape)
         end
       else
         redis.call('ZREM', ready, tenant)
@@ -426,21 +428,23 @@ end
 
 -- ordering ---------------------------------------------------------------------------
 
-local function class_shapes(cls)
-  return redis.call('SMEMBERS', P .. 'sh:' .. cls)
+local TIERS = {'i', 't', 'b'}
+
+local function tier_shapes(tier)
+  return redis.call('SMEMBERS', P .. 'sh:' .. tier)
 end
 
--- For each ready shape of a class: its best tenant (lowest share, then name) and
+-- For each ready shape of a tier: its best tenant (lowest share, then name) and
 -- whether it fits the cluster without guards. Guards: a blocked shape whose best head
 -- waited >= starve seconds reserves its demand for its band (if it could ever fit).
 -- `tidy` (writing scripts only) forgets shapes whose ready set is empty.
-local function survey(cls, now, starve, tidy)
+local function survey(tier, now, starve, tidy)
   local tops = {}
   local G = {i = {}, t = {}, b = {}}
-  for _, shape in ipairs(class_shapes(cls)) do
+  for _, shape in ipairs(tier_shapes(tier)) do
     local r = redis.call('ZRANGE', P .. 'r:' .. shape, 0, 0, 'WITHSCORES')
     if #r == 0 and tidy then
-      redis.call('SREM', P .. 'sh:' .. cls, shape)
+      redis.call('SREM', P .. 'sh:' .. tier, shape)
     elseif #r > 0 then
       local D = parse_shape(shape)
       local blocked = cap_check(D, nil, false)
@@ -471,9 +475,9 @@ local function head_seq(top)
   return top.seq
 end
 
--- the next entry of a class to release (a survey top), or nil; tidies (see survey)
-local function pick(cls, now, starve)
-  local tops, G = survey(cls, now, starve, true)
+-- the next entry of a tier to release (a survey top), or nil; tidies (see survey)
+local function pick(tier, now, starve)
+  local tops, G = survey(tier, now, starve, true)
   local best = nil
   for _, top in ipairs(tops) do
     if not top.blocked and cap_check(top.D, G, false) == nil then
@@ -555,7 +559,7 @@ local function describe_queued(ticket, rec, now, starve)
     return {0, length, 'gang', rec[F_GANG], num(g, 'r') + #gang_members(g), g.n}
   end
   local position = position_of(tenant, cls, tonumber(rec[F_SEQ]))
-  local _, G = survey(parse_shape(shape).cls, now, starve)
+  local _, G = survey(parse_shape(shape).tier, now, starve)
   local why = blocker(tenant, parse_shape(shape), G)
   if why == nil then
     local entry = rec[F_GANG] == '' and ticket or ('@' .. rec[F_GANG])

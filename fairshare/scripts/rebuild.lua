@@ -10,9 +10,9 @@ for _, tenant in ipairs(redis.call('SMEMBERS', K_TENANTS)) do
     redis.call('SREM', K_TENANTS, tenant)
   end
 end
-for _, cls in ipairs({'i', 't'}) do
-  for _, shape in ipairs(class_shapes(cls)) do redis.call('DEL', P .. 'r:' .. shape) end
-  redis.call('DEL', P .. 'sh:' .. cls)
+for _, tier in ipairs(TIERS) do
+  for _, shape in ipairs(tier_shapes(tier)) do redis.call('DEL', P .. 'r:' .. shape) end
+  redis.call('DEL', P .. 'sh:' .. tier)
 end
 for _, gid in ipairs(redis.call('SMEMBERS', K_GANGS)) do redis.call('DEL', P .. 'g:' .. gid) end
 redis.call('DEL', K_GANGS, K_TICKETS, K_RESV, K_USED)

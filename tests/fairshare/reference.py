@@ -28,8 +28,11 @@ def shape_key(shape: Shape) -> str:
     return "+".join(f"{b}/{format_counts(shape[b])}" for b in BANDS if any(shape[b].values()))
 
 
-def shape_class(shape: Shape) -> str:
-    return "i" if any(shape["i"].values()) else "t"
+def shape_tier(shape: Shape) -> str:
+    """The lowest band in the shape: dispatch serves tiers i, t, b in that order."""
+    if any(shape["i"].values()):
+        return "i"
+    return "b" if any(shape["b"].values()) else "t"
 
 
 def shape_resources(shape: Shape) -> set[str]:
@@ -168,22 +171,22 @@ class Reference:
         members = [self.recs[t] for t in self.gangs[entry[1:]].members]
         return max(m.seq for m in members), max(m.submitted for m in members)
 
-    def ready(self, cls: str) -> dict[str, list[tuple[float, str]]]:
+    def ready(self, tier: str) -> dict[str, list[tuple[float, str]]]:
         """Shape key -> ready tenants (share, name), sorted."""
         out: dict[str, list[tuple[float, str]]] = {}
         for (tenant, key), entries in self.lanes.items():
             shape = self.lane_shapes[key]
-            if entries and shape_class(shape) == cls and self.quota_check(tenant, shape) is None:
+            if entries and shape_tier(shape) == tier and self.quota_check(tenant, shape) is None:
                 out.setdefault(key, []).append((self.share(tenant), tenant))
         for v in out.values():
             v.sort()
         return out
 
-    def survey(self, cls: str, now: float
+    def survey(self, tier: str, now: float
                ) -> tuple[list[tuple[str, str, float, bool]], Shape]:
         tops: list[tuple[str, str, float, bool]] = []
         guards = empty_shape()
-        for key, tenants in self.ready(cls).items():
+        for key, tenants in self.ready(tier).items():
             score, tenant = tenants[0]
             shape = self.lane_shapes[key]
             blocked = self.cap_check(shape, None) is not None
@@ -196,8 +199,8 @@ class Reference:
                             guards[b][r] = guards[b].get(r, 0) + n
         return tops, guards
 
-    def pick(self, cls: str, now: float) -> tuple[str, str] | None:
-        tops, guards = self.survey(cls, now)
+    def pick(self, tier: str, now: float) -> tuple[str, str] | None:
+        tops, guards = self.survey(tier, now)
         best: tuple[float, str, int, str] | None = None
         for key, tenant, score, blocked in tops:
             if blocked or self.cap_check(self.lane_shapes[key], guards) is not None:
@@ -337,7 +340,7 @@ class Reference:
             key, entry = shape_key(shape), ticket
         shape = self.lane_shapes[key]
         position = self.position(rec)
-        _, guards = self.survey(shape_class(shape), now)
+        _, guards = self.survey(shape_tier(shape), now)
         why = self.blocker(rec.tenant, shape, guards)
         if why is None:
             head = self.lanes[(rec.tenant, key)][0]
@@ -407,31 +410,33 @@ class Reference:
                         gshape[m.band][r] = gshape[m.band].get(r, 0) + n
                 for r, n in d.items():
                     gshape[band][r] = gshape[band].get(r, 0) + n
-                _, guards = self.survey(shape_class(gshape), now)
+                _, guards = self.survey(shape_tier(gshape), now)
                 reason = self.blocker(tenant, gshape, guards) or ["turn"]
         else:
-            tops, guards = self.survey(cls, now)
+            tops, guards = self.survey(band, now)
             reason = self.blocker(tenant, shape, guards)
             if reason is None and any(
                 r.cls == cls and r.state == "Q" and set(r.demand) & set(d) for r in queued
             ):
                 reason = ["ahead", qc]
-            if reason is None:
-                share = self.share(tenant)
-                if cls == "t":
-                    inf_tops, inf_guards = self.survey("i", now)
-                    for key, _t, _s, blocked in inf_tops:
+            for tier in BANDS:
+                if reason is None and PRIO[tier] > PRIO[band]:
+                    higher, higher_guards = self.survey(tier, now)
+                    for key, _t, _s, blocked in higher:
                         s = self.lane_shapes[key]
                         if (not blocked and shape_resources(s) & set(d)
-                                and self.cap_check(s, inf_guards) is None):
-                            reason = ["inference"]
+                                and self.cap_check(s, higher_guards) is None):
+                            reason = ["inference" if tier == "i" else "priority"]
                             break
+            if reason is None:
+                share = self.share(tenant)
                 for key, t, score, blocked in tops:
                     s = self.lane_shapes[key]
-                    if (reason is None and not blocked and shape_resources(s) & set(d)
+                    if (not blocked and shape_resources(s) & set(d)
                             and (score, t) < (share, tenant)
                             and self.cap_check(s, guards) is None):
                         reason = ["turn"]
+                        break
         if reason is None:
             if band != "b":
                 free = max(0, free - ds)
@@ -453,7 +458,7 @@ class Reference:
     def dispatch(self, now: float, limit: int) -> list[Release]:
         out: list[Release] = []
         for _ in range(limit):
-            chosen = self.pick("i", now) or self.pick("t", now)
+            chosen = self.pick("i", now) or self.pick("t", now) or self.pick("b", now)
             if chosen is None:
                 break
             tenant, key = chosen

@@ -384,3 +384,19 @@ def test_lower_bands_count_as_free_capacity(redis_client: redis.Redis, pods: Pod
     # a borrowed pod never counts a higher band as free
     q.release("t2")
     assert q.admit(pods("a"), 0.0).waiting_for == "1 x gpu of cluster capacity"
+
+
+def test_training_band_goes_before_borrowed_pods(redis_client: redis.Redis,
+                                                 pods: Pods) -> None:
+    q = queue_with(redis_client, {"gpu": 3}, a={"weight": 100, "nominal": {"gpu": 1},
+                                                 "borrow": 1},
+                   b={"weight": 1, "nominal": {"gpu": 3}})
+    admit_all(q, [pods("a"), pods("b"), pods("b")])
+    borrower = q.admit(pods("a"), 0.0)
+    assert (borrower.band, borrower.waiting_for) == ("borrowed", "1 x gpu of cluster capacity")
+    q.admit(pods("b"), 0.0)
+    q.release("t2")
+    # a's share is far lower, but its borrowed pod would be preempted at once by b's
+    assert released(q) == ["t5"]
+    status = q.ticket_status("t4", 1.0)
+    assert status is not None and status.waiting_for == "1 x gpu of cluster capacity"

@@ -246,10 +246,10 @@ class QueueMachine(RuleBasedStateMachine):
 
     def check_nothing_fits(self) -> None:
         """Invariants 2 and 4: after a full dispatch no queued pod could be released."""
-        for cls in ("i", "t"):
-            _, guards = self.ref.survey(cls, self.now)
+        for tier in BANDS:
+            _, guards = self.ref.survey(tier, self.now)
             for rec in self.ref.recs.values():
-                if rec.state != "Q" or rec.gang or rec.cls != cls:
+                if rec.state != "Q" or rec.gang or rec.band != tier:
                     continue
                 shape = empty_shape()
                 shape[rec.band] = dict(rec.demand)
