@@ -35,6 +35,7 @@ import argparse
 import base64
 import json
 import os
+import re
 import secrets
 import shutil
 import ssl
@@ -584,6 +585,12 @@ def breakdown(env: BenchEnvironment, count: int = 2000) -> dict[str, float]:
     return {name: round(us, 1) for name, us in steps.items()}
 
 
+# Frames every request passes through (thread bootstrap, uvicorn/starlette/fastapi layers,
+# this module): left out of the profile table, which is about where the work goes.
+_FRAMEWORK = re.compile(r"threading\.py|runpy|runners\.py|uvicorn/(main|server|_compat|middleware)"
+                        r"|starlette/|fastapi/|admission\.py\)$|<module>")
+
+
 def profile(env: BenchEnvironment, seconds: float, connections: int, top: int = 25
             ) -> list[tuple[str, float]]:
     """py-spy ``--gil`` samples of the bench server under ``/mutate`` fast-path
@@ -610,7 +617,8 @@ def profile(env: BenchEnvironment, seconds: float, connections: int, top: int = 
         for frame in {f.split(" (")[0] + " (" + f.split(" (")[-1].split(":")[0] + ")"
                       for f in stack.split(";")[1:]}:
             counts[frame] = counts.get(frame, 0) + int(n)
-    ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
+    ranked = sorted(((f, n) for f, n in counts.items() if not _FRAMEWORK.search(f)),
+                    key=lambda kv: -kv[1])[:top]
     return [(frame, round(100 * n / max(total, 1), 1)) for frame, n in ranked]
 
 

@@ -31,11 +31,11 @@ from bench.admission import machine
 ROOT = Path(__file__).resolve().parent.parent
 # test node id -> share of the examples
 SHARES = {
-    "tests/fuzz/test_webhook_fuzz.py::test_hostile_reviews_get_a_valid_answer[/mutate]": 0.3,
-    "tests/fuzz/test_webhook_fuzz.py::test_hostile_reviews_get_a_valid_answer[/validate]": 0.2,
+    "tests/fuzz/test_webhook_fuzz.py::test_hostile_reviews_get_a_valid_answer[/mutate]": 0.25,
+    "tests/fuzz/test_webhook_fuzz.py::test_hostile_reviews_get_a_valid_answer[/validate]": 0.15,
     "tests/fuzz/test_configmap_fuzz.py::test_parse_quota_never_raises_anything_but_a_config_error":
-        0.3,
-    "tests/fuzz/test_configmap_fuzz.py::test_hostile_quota_edits_get_a_valid_answer": 0.2,
+        0.45,
+    "tests/fuzz/test_configmap_fuzz.py::test_hostile_quota_edits_get_a_valid_answer": 0.15,
 }
 _PASSING = re.compile(r"(\d+) passing, (\d+) failing, and (\d+) invalid")
 

@@ -82,9 +82,9 @@ def containers(draw: st.DrawFn) -> Any:
 @st.composite
 def label_maps(draw: st.DrawFn) -> Any:
     """Labels/annotations: fairgate's own keys, junk, wrong value types, sometimes huge."""
-    size = draw(st.sampled_from([0, 1, 3, 3, 3, 5000]))
-    if size == 5000:
-        return {f"k{i}": "v" for i in range(size)}
+    if draw(st.integers(0, 29)) == 0:
+        return {f"k{i}": "v" for i in range(5000)}
+    size = draw(st.sampled_from([0, 1, 3, 5]))
     keys = st.one_of(st.sampled_from(FAIRGATE_KEYS), st.text(max_size=10))
     values = st.one_of(st.sampled_from(["inference", "training", "team-a", "true", "gpu=1",
                                         "x y", "4", "-1", "team-b"]), json_scalars)
