@@ -59,7 +59,7 @@ from fastapi.responses import Response
 from certs import server_ssl_context, write_bundle
 from fairshare.localredis import free_port, local_redis
 from tenants.source import LocalDirSource
-from webhook.app import create_app
+from webhook.app import DEFAULT_WORKERS, create_app
 from webhook.process import ServeProcess, client_context
 from webhook.server import connect_redis
 from webhook.service import AdmissionService
@@ -158,7 +158,9 @@ def bench_app() -> FastAPI:
     source = LocalDirSource(Path(os.environ[_ENV_PREFIX + "CONFIG_DIR"]), poll_interval=1.0)
     source.start()
     client = connect_redis(os.environ[_ENV_PREFIX + "REDIS_URL"])
-    app = create_app(AdmissionService(source, client))
+    pool = os.environ.get(_ENV_PREFIX + "POOL")
+    app = create_app(AdmissionService(source, client),
+                     workers=int(pool) if pool else DEFAULT_WORKERS)
 
     @app.post(BASELINE_PATH)
     async def allow(request: Request) -> Response:
@@ -171,11 +173,14 @@ def _ssl_context(config: uvicorn.Config, _default: Any) -> ssl.SSLContext:
     return server_ssl_context(Path(os.environ[_ENV_PREFIX + "CERT_DIR"]))
 
 
-def serve(cert_dir: Path, redis_url: str, config_dir: Path, port: int, workers: int) -> None:
-    """Serve :func:`bench_app` on 127.0.0.1:``port`` with ``workers`` processes."""
+def serve(cert_dir: Path, redis_url: str, config_dir: Path, port: int, workers: int,
+          pool: int | None = None) -> None:
+    """Serve :func:`bench_app` on 127.0.0.1:``port`` with ``workers`` processes, each with
+    a decision thread pool of ``pool`` threads (default: the app's)."""
     os.environ.update({_ENV_PREFIX + "CERT_DIR": str(cert_dir),
                        _ENV_PREFIX + "REDIS_URL": redis_url,
-                       _ENV_PREFIX + "CONFIG_DIR": str(config_dir)})
+                       _ENV_PREFIX + "CONFIG_DIR": str(config_dir),
+                       _ENV_PREFIX + "POOL": str(pool or "")})
     uvicorn.run(
         "bench.admission:bench_app", factory=True, host=HOST, port=port, workers=workers,
         ssl_context_factory=_ssl_context, log_config=None, access_log=False,
@@ -238,13 +243,14 @@ class BenchEnvironment:
         stack.callback(self.redis.close)
 
     @contextmanager
-    def bench_server(self, workers: int = 1) -> Iterator[Server]:
-        """The bench server with ``workers`` uvicorn processes, until the context exits."""
+    def bench_server(self, workers: int = 1, pool: int | None = None) -> Iterator[Server]:
+        """The bench server with ``workers`` uvicorn processes (decision pool of ``pool``
+        threads each), until the context exits."""
         port = free_port()
         command = [sys.executable, "-m", "bench.admission", "serve",
                    "--cert-dir", str(self.cert_dir), "--redis-url", self.redis_url,
                    "--config-dir", str(self.config_dir), "--port", str(port),
-                   "--workers", str(workers)]
+                   "--workers", str(workers), *(["--pool", str(pool)] if pool else [])]
         log = (self.workdir / f"server-{port}.log").open("ab")
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                    cwd=Path(__file__).resolve().parent.parent)
@@ -629,10 +635,10 @@ def _run(args: argparse.Namespace) -> int:
     plan = LoadPlan(rate=args.rate, duration=args.duration,
                     rate_connections=args.rate_connections,
                     saturation_connections=args.connections)
-    report: dict[str, Any] = {"machine": machine(), "plan": asdict(plan)}
+    report: dict[str, Any] = {"machine": machine(), "plan": asdict(plan), "pool": args.pool}
     with ExitStack() as stack:
         env = BenchEnvironment(stack)
-        with env.bench_server(workers=1) as server:
+        with env.bench_server(workers=1, pool=args.pool) as server:
             results = measure(env, server, plan, only=args.only)
         if args.check_serve:
             with env.fairgate_serve() as real:
@@ -699,7 +705,8 @@ def _breakdown(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    serve(Path(args.cert_dir), args.redis_url, Path(args.config_dir), args.port, args.workers)
+    serve(Path(args.cert_dir), args.redis_url, Path(args.config_dir), args.port, args.workers,
+          args.pool)
     return 0
 
 
@@ -722,6 +729,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--only", action="append", default=[],
                        choices=["baseline", "mutate-fast", "mutate-queue", "validate"],
                        help="only this scenario (repeatable)")
+        p.add_argument("--pool", type=int, default=None,
+                       help=f"decision threads per worker (create_app's, {DEFAULT_WORKERS})")
         p.add_argument("--check-serve", action="store_true",
                        help="also load the real `fairgate serve` (/mutate fast, saturation)")
         p.set_defaults(handler=_run)
@@ -744,6 +753,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     srv.add_argument("--config-dir", required=True)
     srv.add_argument("--port", type=int, required=True)
     srv.add_argument("--workers", type=int, default=1)
+    srv.add_argument("--pool", type=int, default=None)
     srv.set_defaults(handler=_serve)
     args = parser.parse_args(argv)
     handler: Any = args.handler
