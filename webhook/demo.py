@@ -316,6 +316,7 @@ class DemoCluster:
             settings=DispatcherSettings(reconcile_every=math.inf, queued_events_per_pass=0),
         )
         self.tallies = {t.name: TenantTally(t.weight, t.nominal_slices) for t in config.tenants()}
+        self.dispatcher.step()  # as at any start: sync the config, rebuild from the cluster
         self._prepared: dict[tuple[str, str], Placement] = {}
         self._pods: dict[tuple[str, str], DemoPod] = {}
 
