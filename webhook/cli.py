@@ -134,6 +134,8 @@ def _serve(args: argparse.Namespace) -> int:
         redis_url=args.redis_url,
         config_dir=Path(args.config_dir) if args.config_dir else None,
         host=args.host,
+        workers=args.workers,
+        log_level=args.log_level,
     )
     try:
         serve(options)
@@ -169,7 +171,8 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "cluster's ConfigMaps and Namespaces. SIGTERM finishes requests in flight.",
         "  fairgate serve --cert-dir ./certs --port 8443 --redis-url redis://127.0.0.1:6379/0 "
         "--config-dir ./config\n"
-        "  REDIS_URL=redis://fairgate-redis:6379/0 fairgate serve --cert-dir /certs --port 8443\n",
+        "  REDIS_URL=redis://fairgate-redis:6379/0 fairgate serve --cert-dir /certs --port 8443\n"
+        "  fairgate serve --cert-dir /certs --port 8443 --workers 2   # two processes\n",
     )
     serve.add_argument("--cert-dir", required=True, metavar="DIR",
                        help="directory holding tls.crt and tls.key (see `fairgate certs`)")
@@ -179,6 +182,9 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                        help="local config directory (default: read the config from the cluster)")
     serve.add_argument("--host", default="0.0.0.0",
                        help="address to listen on (default: %(default)s)")
+    serve.add_argument("--workers", type=_positive, default=1, metavar="N",
+                       help="worker processes sharing the port (default: %(default)s); "
+                       "use about one per CPU core the webhook may use")
     serve.add_argument("--log-level", default="info",
                        choices=["debug", "info", "warning", "error"],
                        help="log level (default: %(default)s)")

@@ -10,6 +10,11 @@ Contract:
   injection; see :mod:`certs.bootstrap`).
 - Redis is reached with short socket timeouts (``redis_timeout``) and one reconnect
   attempt, so that every admission is answered within the app's deadline.
+- ``workers`` > 1: the parent binds the socket (and, in a cluster, bootstraps and renews
+  the certificate), then runs that many worker processes (spawned, each with its own
+  config source, Redis pool, audit writer and certificate reloader) accepting on the
+  shared socket; a worker that dies is restarted. The decision work is CPU-bound Python
+  under one GIL per process, so workers are how one pod uses more than one core.
 - SIGTERM: stop accepting, finish requests in flight (up to ``graceful_seconds``),
   flush the audit queue, return (``fairgate serve`` exits 0). SIGINT (Ctrl-C) does the
   same and the command exits 130.
@@ -18,15 +23,21 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import multiprocessing
 import os
 import signal
+import socket
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import redis
 import uvicorn
+from kubernetes.client import ApiClient
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 from urllib3.exceptions import HTTPError
@@ -36,6 +47,9 @@ from tenants.models import CONTROL_NAMESPACE
 from tenants.source import ConfigSource, LocalDirSource
 from webhook.app import create_app
 from webhook.service import AdmissionService
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
 
 log = logging.getLogger("fairgate.webhook.server")
 
@@ -60,6 +74,8 @@ class ServeOptions:
     redis_timeout: float = DEFAULT_REDIS_TIMEOUT
     deadline_seconds: float = 1.0
     graceful_seconds: float = 10.0
+    workers: int = 1
+    log_level: str = "info"
 
 
 def connect_redis(url: str, timeout: float = DEFAULT_REDIS_TIMEOUT) -> redis.Redis:
@@ -86,33 +102,44 @@ def _local_source(config_dir: Path) -> ConfigSource:
     return source
 
 
-def _cluster_source(cert_dir: Path, stop: threading.Event) -> ConfigSource:
-    """Watch the cluster's config; bootstrap and keep renewing the serving certificate."""
+def _cluster_api() -> ApiClient:
     from kubernetes.config import ConfigException
 
+    from tenants.cluster import api_client_from_environment
+
+    try:
+        return api_client_from_environment()
+    except ConfigException as exc:
+        raise _cluster_error(exc) from exc
+
+
+def _cluster_error(exc: BaseException) -> ServeError:
+    return ServeError(
+        f"cannot use the cluster ({type(exc).__name__}: {exc}): run in the cluster or set "
+        "KUBECONFIG to a working kubeconfig, or pass --config-dir DIR to run locally"
+    )
+
+
+def _bootstrap_certificates(cert_dir: Path, stop: threading.Event) -> None:
+    """Adopt or create the serving certificate in the cluster, then keep renewing it."""
     from certs.bootstrap import (
         BootstrapError,
         WebhookTarget,
         ensure_certificates,
         maintain_certificates,
     )
-    from tenants.cluster import ClusterConfigSource, api_client_from_environment
 
-    namespace = os.environ.get("POD_NAMESPACE", CONTROL_NAMESPACE)
     target = WebhookTarget(
-        namespace=namespace,
+        namespace=_namespace(),
         mutating_configs=(WEBHOOK_CONFIGURATION,),
         validating_configs=(WEBHOOK_CONFIGURATION,),
     )
+    api = _cluster_api()
     try:
-        api = api_client_from_environment()
         cert_dir.mkdir(parents=True, exist_ok=True)
         ensure_certificates(api, target, cert_dir)
-    except (ConfigException, BootstrapError, OSError, HTTPError) as exc:
-        raise ServeError(
-            f"cannot use the cluster ({type(exc).__name__}: {exc}): run in the cluster or set "
-            "KUBECONFIG to a working kubeconfig, or pass --config-dir DIR to run locally"
-        ) from exc
+    except (BootstrapError, OSError, HTTPError) as exc:
+        raise _cluster_error(exc) from exc
     threading.Thread(
         target=maintain_certificates,
         args=(api, target, cert_dir),
@@ -120,18 +147,39 @@ def _cluster_source(cert_dir: Path, stop: threading.Event) -> ConfigSource:
         name="fairgate-cert-maintainer",
         daemon=True,
     ).start()
-    source = ClusterConfigSource(api, namespace)
+
+
+def _namespace() -> str:
+    return os.environ.get("POD_NAMESPACE", CONTROL_NAMESPACE)
+
+
+def _config_source(options: ServeOptions) -> ConfigSource:
+    if options.config_dir is not None:
+        return _local_source(options.config_dir)
+    from tenants.cluster import ClusterConfigSource
+
+    source = ClusterConfigSource(_cluster_api(), _namespace())
     source.start()
     return source
 
 
-def serve(options: ServeOptions) -> None:
-    """Run the webhook until SIGTERM/SIGINT (see the module contract)."""
-    stop = threading.Event()
-    if options.config_dir is not None:
-        source = _local_source(options.config_dir)
-    else:
-        source = _cluster_source(options.cert_dir, stop)
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ServeError(f"cannot listen on {host}:{port}: {exc}") from exc
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _run_uvicorn(options: ServeOptions, sock: socket.socket | None) -> None:
+    """Serve in this process until SIGTERM/SIGINT (on ``sock`` if given)."""
+    source = _config_source(options)
     client = connect_redis(options.redis_url, options.redis_timeout)
     try:
         service = AdmissionService(source, client)
@@ -153,13 +201,81 @@ def serve(options: ServeOptions) -> None:
 
         async def main() -> None:
             async with reloader.running():
-                await server.serve()
+                await server.serve(sockets=[sock] if sock is not None else None)
 
-        log.info("serving https://%s:%d (mutate, validate)", options.host, options.port)
         # uvicorn handles SIGTERM gracefully, then re-raises it once done: end with 0.
         signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
         asyncio.run(main())
     finally:
-        stop.set()
         source.close()
         client.close()
+
+
+def _worker(options: ServeOptions, sock: socket.socket) -> None:
+    """Entry point of a worker process (spawned: configure logging afresh)."""
+    from webhook.logs import configure_logging
+
+    configure_logging(options.log_level)
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C reaches the whole group
+        _run_uvicorn(options, sock)
+
+
+def _supervise(options: ServeOptions, sock: socket.socket) -> None:
+    """Keep ``options.workers`` worker processes serving ``sock`` until SIGTERM/SIGINT."""
+    spawn = multiprocessing.get_context("spawn")
+    stop = threading.Event()
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    def start(index: int) -> multiprocessing.process.BaseProcess:
+        process = spawn.Process(target=_worker, args=(options, sock),
+                                name=f"fairgate-serve-{index}", daemon=False)
+        process.start()
+        return process
+
+    workers = [start(i) for i in range(options.workers)]
+    log.info("serving https://%s:%d with %d workers (pids %s)", options.host, options.port,
+             options.workers, ", ".join(str(w.pid) for w in workers))
+    while not stop.wait(0.5):
+        for index, worker in enumerate(workers):
+            if not worker.is_alive() and not stop.is_set():
+                log.error("worker %d (pid %s) exited with %s; starting a new one",
+                          index, worker.pid, worker.exitcode)
+                time.sleep(0.5)
+                workers[index] = start(index)
+    for worker in workers:
+        if worker.is_alive() and worker.pid is not None:
+            os.kill(worker.pid, signal.SIGTERM)
+    for worker in workers:
+        worker.join(options.graceful_seconds + 5)
+        if worker.is_alive():
+            worker.kill()
+            worker.join()
+
+
+def serve(options: ServeOptions) -> None:
+    """Run the webhook until SIGTERM/SIGINT (see the module contract)."""
+    if options.workers < 1:
+        raise ServeError(f"--workers must be 1 or more, got {options.workers}")
+    stop = threading.Event()
+    try:
+        if options.config_dir is None:
+            _bootstrap_certificates(options.cert_dir, stop)
+        if options.workers == 1:
+            log.info("serving https://%s:%d (mutate, validate)", options.host, options.port)
+            _run_uvicorn(options, None)
+            return
+        if options.config_dir is not None:
+            _local_source(options.config_dir).close()  # fail here, not in every worker
+        server_ssl_context(options.cert_dir)
+        sock = _listen(options.host, options.port)
+        try:
+            _supervise(options, sock)
+        finally:
+            sock.close()
+    finally:
+        stop.set()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import threading
 import time
@@ -170,3 +172,39 @@ def test_service_recovers_when_redis_comes_back_empty(
     finally:
         second.terminate()
         second.wait()
+
+
+def _workers(pid: int) -> list[int]:
+    """The worker processes of ``fairgate serve`` ``pid`` (not multiprocessing's helpers)."""
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    children = [int(p) for p in path.read_text().split()] if path.exists() else []
+    found = []
+    for child in children:
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"spawn_main" in cmdline:
+            found.append(child)
+    return found
+
+
+def test_workers_share_the_port_replace_a_dead_one_and_stop_cleanly(
+    cert_dir: Path, redis_url: str, tmp_path: Path
+) -> None:
+    from webhook_helpers import write_config
+
+    server = ServeProcess(cert_dir, redis_url, write_config(tmp_path / "config"),
+                          tmp_path / "serve.log", workers=2)
+    with server:
+        assert server.process is not None
+        parent = server.process.pid
+        assert _eventually(lambda: len(_workers(parent)) == 2)
+        decisions = [_decision(server, "race-dev", f"w{i}") for i in range(8)]
+        assert decisions.count("admit") == 6  # one queue, whichever worker answered
+        victim = _workers(parent)[0]
+        os.kill(victim, signal.SIGKILL)
+        assert _eventually(lambda: victim not in _workers(parent) and len(_workers(parent)) == 2)
+        assert _eventually(lambda: _decision(server, "team-a-dev", "after") == "admit")
+        assert server.stop() == 0
+    assert "starting a new one" in server.log_tail(200)
