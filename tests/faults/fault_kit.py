@@ -242,11 +242,13 @@ class Ticket:
 
 def live_tickets(client: redis.Redis) -> dict[str, Ticket]:
     """Every ticket in the queue, read atomically (one HGETALL)."""
-    raw = client.hgetall("fairgate:tk")
+    raw: dict[bytes | str, bytes | str] = client.hgetall("fairgate:tk")
     tickets = {}
     for key, value in raw.items():
-        state, tenant, _cls, band, demand, *_ = value.decode().split("|")
-        tickets[key.decode()] = Ticket(state, tenant, band, demand)
+        text = value.decode() if isinstance(value, bytes) else value
+        state, tenant, _cls, band, demand, *_ = text.split("|")
+        tickets[key.decode() if isinstance(key, bytes) else key] = Ticket(
+            state, tenant, band, demand)
     return tickets
 
 

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
 from fault_kit import (
@@ -197,12 +198,14 @@ def test_concurrency_storm_never_exceeds_any_quota(
     rng = random.Random(2026)
     pods = [_storm_pod(rng, n) for n in range(total)]
     load = Load(server, lambda c, i: {}, clients=64)
-    clients = threading.local()
+    local = threading.local()
+    opened: list[httpx.Client] = []
 
     def admit(pod: dict[str, Any]) -> Answer:
-        if not hasattr(clients, "http"):
-            clients.http = server.client(timeout=30)
-        return load.post(clients.http, pod)
+        if not hasattr(local, "http"):
+            local.http = server.client(timeout=30)
+            opened.append(local.http)
+        return load.post(local.http, pod)
 
     try:
         with ThreadPoolExecutor(64) as pool:
@@ -211,6 +214,8 @@ def test_concurrency_storm_never_exceeds_any_quota(
         stop.set()
         for thread in threads:
             thread.join(10)
+        for http in opened:
+            http.close()
     assert problems == [], problems
     assert snapshots[0] > 10
     assert [a for a in answers if a.status != 200] == []
