@@ -9,6 +9,9 @@ fairgate's internal-error denial.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,9 +20,10 @@ from conftest import examples, rss_bytes
 from hostile import YAML_BUG_SEEDS, YAML_SEEDS, quota_yaml
 from hypothesis import HealthCheck, given, settings
 from test_webhook_fuzz import RSS_LIMIT, assert_valid_answer
-from webhook_helpers import review
+from webhook_helpers import review, write_config
 
 from tenants.schema import ConfigError, parse_platform, parse_quota
+from tenants.source import LocalDirSource
 from webhook.process import ServeProcess
 
 pytestmark = pytest.mark.slow
@@ -38,7 +42,7 @@ def _quota_configmap(text: str) -> dict[str, Any]:
             "data": {"quota.yaml": text}}
 
 
-KNOWN_BUG = pytest.mark.xfail(strict=True, reason="bugs.md: tenants/schema.py "
+KNOWN_BUG = pytest.mark.xfail(strict=True, reason="bugs.md B7-1: tenants/schema.py "
                               "load_yaml_mapping lets RecursionError/ValueError escape")
 SEEDS = [pytest.param(text, id=f"seed-{i}") for i, text in enumerate(YAML_SEEDS)] + [
     pytest.param(text, id=name, marks=KNOWN_BUG) for name, text in YAML_BUG_SEEDS.items()]
@@ -88,3 +92,29 @@ def test_hostile_quota_edits_get_a_valid_answer(
     reply = fuzz_client.post("/validate", json=body)
     assert_valid_answer(reply, body["request"]["uid"], "/validate")
     assert rss_bytes(fuzz_server.process.pid) <= RSS_LIMIT
+
+
+@KNOWN_BUG
+def test_a_hostile_quota_file_does_not_stop_config_reload(tmp_path: Path) -> None:
+    """A --config-dir quota file that breaks the YAML parser is reported and skipped; a
+    later good edit is still picked up (the poll thread survives)."""
+    write_config(tmp_path)
+    quota = tmp_path / "quota-team-a.yaml"
+    source = LocalDirSource(tmp_path, poll_interval=0.1)
+    source.start()
+    try:
+        generation = source.generation
+        quota.write_text(YAML_BUG_SEEDS["5000 nested flow lists"])
+        _wait(lambda: bool(source.last_error))
+        quota.write_text("nominal: {gpu: 3}\n")
+        _wait(lambda: source.generation > generation)
+        assert source.config.tenant("team-a").nominal == {"gpu": 3}  # type: ignore[union-attr]
+    finally:
+        source.close()
+
+
+def _wait(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
