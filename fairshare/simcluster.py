@@ -22,9 +22,10 @@ Contract:
 from __future__ import annotations
 
 import functools
+import heapq
 import itertools
 import threading
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
@@ -131,7 +132,12 @@ class PodHistory:
 
 @dataclass
 class SimulatedCluster:
-    """A cluster in memory; see the module docstring."""
+    """A cluster in memory; see the module docstring.
+
+    Pods are indexed by state (waiting: gated or released but not placed; running), with
+    usage and backlog counted as they change, so a step costs time in proportion to what
+    changes, not to how many pods exist.
+    """
 
     capacity_counts: dict[str, int]
     admit: AdmitHook
@@ -141,6 +147,14 @@ class SimulatedCluster:
 
     def __post_init__(self) -> None:
         self._pods: dict[str, _SimPod] = {}
+        self._waiting: dict[str, _SimPod] = {}  # gated, or released and not placed yet
+        self._unscheduled: dict[str, _SimPod] = {}  # released and not placed yet
+        self._running: dict[str, _SimPod] = {}
+        self._used: Counter[str] = Counter()  # units of each resource held by running pods
+        self._tenant_slices: Counter[str] = Counter()  # slices held by running pods
+        self._waiting_tenants: Counter[str] = Counter()
+        self._waiting_resources: Counter[str] = Counter()
+        self._ends: list[tuple[float, int, str]] = []  # heap of running pods' end times
         self._changes: list[ClusterChange] = []
         self._uids = itertools.count(1)
         self.events: deque[PostedEvent] = deque(maxlen=self.keep_events)
@@ -177,6 +191,7 @@ class SimulatedCluster:
             return LiftOutcome.NOT_GATED
         self.history[pod.uid].released = self.clock()
         self._set(sim, replace(sim.pod, gated=False))
+        self._unscheduled[pod.uid] = sim
         self.schedule()
         return LiftOutcome.LIFTED
 
@@ -200,7 +215,11 @@ class SimulatedCluster:
             demand=dict(spec.demand), group=spec.group, group_size=spec.group_size,
             phase="Pending", gated=placement.gated, node=None, created=now,
         )
-        self._pods[uid] = _SimPod(pod, spec, seq)
+        sim = _SimPod(pod, spec, seq)
+        self._pods[uid] = sim
+        self._wait(sim, True)
+        if not placement.gated:
+            self._unscheduled[uid] = sim
         self.history[uid] = PodHistory(
             spec, placement.ticket, placement.band, now, None if placement.gated else now
         )
@@ -212,9 +231,10 @@ class SimulatedCluster:
     @_locked
     def delete_pod(self, uid: str) -> None:
         """Delete a pod now (a user's ``kubectl delete``)."""
-        sim = self._pods.pop(uid, None)
+        sim = self._pods.get(uid)
         if sim is None:
             return
+        self._remove(sim)
         history = self.history[uid]
         if history.ended is None:
             history.ended = self.clock()
@@ -224,18 +244,19 @@ class SimulatedCluster:
     @_locked
     def next_completion(self) -> float | None:
         """When the next running pod finishes, if any runs."""
-        ends = [sim.ends for sim in self._pods.values() if sim.ends is not None]
-        return min(ends) if ends else None
+        while self._ends and self._ends[0][2] not in self._running:
+            heapq.heappop(self._ends)  # ended early (preempted, deleted)
+        return self._ends[0][0] if self._ends else None
 
     @_locked
     def advance(self) -> None:
         """Finish every running pod whose end time has come, then schedule."""
         now = self.clock()
-        for sim in list(self._pods.values()):
-            if sim.ends is not None and sim.ends <= now:
-                sim.ends = None
-                self.history[sim.pod.uid].ended = now
-                self._set(sim, replace(sim.pod, phase="Succeeded"))
+        while (when := self.next_completion()) is not None and when <= now:
+            sim = self._running[heapq.heappop(self._ends)[2]]
+            self._stop_running(sim)
+            self.history[sim.pod.uid].ended = now
+            self._set(sim, replace(sim.pod, phase="Succeeded"))
         self.schedule()
 
     @_locked
@@ -249,12 +270,27 @@ class SimulatedCluster:
     @_locked
     def used(self) -> dict[str, int]:
         """Resources held by running pods."""
-        used: dict[str, int] = {}
-        for sim in self._pods.values():
-            if sim.pod.phase == "Running":
-                for name, n in sim.pod.demand.items():
-                    used[name] = used.get(name, 0) + n
-        return used
+        return {name: n for name, n in self._used.items() if n}
+
+    @_locked
+    def running_slices(self) -> dict[str, int]:
+        """Slices held by running pods, per tenant."""
+        return {name: n for name, n in self._tenant_slices.items() if n}
+
+    @_locked
+    def waiting_tenants(self) -> set[str]:
+        """Tenants with a pod that is not running yet (gated, or released and pending)."""
+        return {name for name, n in self._waiting_tenants.items() if n}
+
+    @_locked
+    def wanted_resources(self) -> set[str]:
+        """Resources that waiting pods ask for."""
+        return {name for name, n in self._waiting_resources.items() if n}
+
+    @_locked
+    def holding_pods(self) -> list[GpuPod]:
+        """Pods holding quota: released and not ended (running or pending placement)."""
+        return [s.pod for s in (*self._running.values(), *self._unscheduled.values())]
 
     @_locked
     def has_changes(self) -> bool:
@@ -264,20 +300,41 @@ class SimulatedCluster:
     @_locked
     def pending_released(self) -> list[GpuPod]:
         """Released pods the scheduler has not placed yet."""
-        return [s.pod for s in self._pods.values() if self._unscheduled(s)]
+        return [s.pod for s in self._unscheduled.values()]
+
+    # -- state bookkeeping ----------------------------------------------------------------
+
+    def _wait(self, sim: _SimPod, waiting: bool) -> None:
+        sign = 1 if waiting else -1
+        if waiting:
+            self._waiting[sim.pod.uid] = sim
+        else:
+            del self._waiting[sim.pod.uid]
+            self._unscheduled.pop(sim.pod.uid, None)
+        self._waiting_tenants[sim.pod.tenant] += sign
+        for name in sim.pod.demand:
+            self._waiting_resources[name] += sign
+
+    def _stop_running(self, sim: _SimPod) -> None:
+        del self._running[sim.pod.uid]
+        self._used.subtract(sim.pod.demand)
+        self._tenant_slices[sim.pod.tenant] -= sim.pod.slices
+
+    def _remove(self, sim: _SimPod) -> None:
+        """Take ``sim`` out of the cluster, whatever its state."""
+        if sim.pod.uid in self._waiting:
+            self._wait(sim, False)
+        elif sim.pod.uid in self._running:
+            self._stop_running(sim)
+        del self._pods[sim.pod.uid]
 
     # -- the scheduler --------------------------------------------------------------------
 
     def _priority(self, pod: GpuPod) -> int:
         return self.priority_classes.for_band(pod.band).value
 
-    @staticmethod
-    def _unscheduled(sim: _SimPod) -> bool:
-        return not sim.pod.gated and sim.pod.phase == "Pending" and sim.started is None
-
     def _free(self) -> dict[str, int]:
-        used = self.used()
-        return {name: n - used.get(name, 0) for name, n in self.capacity_counts.items()}
+        return {name: n - self._used[name] for name, n in self.capacity_counts.items()}
 
     @_locked
     def schedule(self) -> None:
@@ -295,12 +352,12 @@ class SimulatedCluster:
     def _schedule_pass(self, tried: set[str]) -> bool:
         """One pass over pods not tried yet; True if it found any."""
         waiting = sorted(
-            (s for s in self._pods.values() if self._unscheduled(s) and s.pod.uid not in tried),
+            (s for uid, s in self._unscheduled.items() if uid not in tried),
             key=lambda s: (-self._priority(s.pod), s.pod.created, s.pod.uid),
         )
         for sim in waiting:
             tried.add(sim.pod.uid)
-            if sim.pod.uid not in self._pods or not self._unscheduled(sim):
+            if sim.pod.uid not in self._unscheduled:
                 continue
             if not _fits(sim.pod.demand, self._free()) and not self._preempt_for(sim.pod):
                 continue
@@ -311,6 +368,11 @@ class SimulatedCluster:
         now = self.clock()
         sim.started = now
         sim.ends = now + sim.spec.duration
+        self._wait(sim, False)
+        self._running[sim.pod.uid] = sim
+        self._used.update(sim.pod.demand)
+        self._tenant_slices[sim.pod.tenant] += sim.pod.slices
+        heapq.heappush(self._ends, (sim.ends, sim.seq, sim.pod.uid))
         self.history[sim.pod.uid].started = now
         self._set(sim, replace(sim.pod, phase="Running", node="sim-node"))
 
@@ -321,8 +383,8 @@ class SimulatedCluster:
         mine = self._priority(pod)
         candidates = sorted(
             (
-                s for s in self._pods.values()
-                if s.pod.phase == "Running" and self._priority(s.pod) < mine
+                s for s in self._running.values()
+                if self._priority(s.pod) < mine
                 and any(name in pod.demand for name in s.pod.demand)
             ),
             key=lambda s: (self._priority(s.pod), -s.pod.created, -s.seq),
@@ -348,9 +410,9 @@ class SimulatedCluster:
         gang = [victim]
         if victim.pod.group is not None:
             gang = [
-                s for s in self._pods.values()
+                s for s in (*self._running.values(), *self._waiting.values())
                 if s.pod.group == victim.pod.group
-                and s.pod.ref.namespace == victim.pod.ref.namespace and not s.pod.finished
+                and s.pod.ref.namespace == victim.pod.ref.namespace
             ]
         now = self.clock()
         for member in gang:
@@ -358,9 +420,9 @@ class SimulatedCluster:
             history = self.history[member.pod.uid]
             history.ended = now
             history.preempted = True
+            self._remove(member)
             member.ends = None
             self._set(member, replace(member.pod, phase="Failed"))
-            del self._pods[member.pod.uid]
             self._changes.append(ClusterChange(ChangeKind.POD_GONE, member.pod))
             self.events.append(PostedEvent(
                 now, member.pod.ref, "Preempted", "Preempted by a higher-priority pod", "Normal"

@@ -132,30 +132,21 @@ class _Meter:
     def interval(self, dt: float, cluster: SimulatedCluster) -> None:
         if dt <= 0:
             return
-        usage = dict.fromkeys(self.weights, 0)
-        by_resource: dict[str, int] = {}
-        waiting: set[str] = set()
-        wanted: set[str] = set()
-        for pod in cluster.list_pods():
-            if pod.phase == "Running":
-                usage[pod.tenant] += pod.slices
-                for name, n in pod.demand.items():
-                    by_resource[name] = by_resource.get(name, 0) + n * resources.slices_of(name)
-            elif not pod.finished:
-                waiting.add(pod.tenant)
-                wanted.update(pod.demand)
+        usage = cluster.running_slices()
+        used_units = cluster.used()
+        waiting = cluster.waiting_tenants()
         total = sum(usage.values())
         for tenant, used in usage.items():
             self.used_seconds[tenant] += used * dt
         if total or waiting:
             self.busy_time += dt
             self.busy_used += total * dt
-        for name in wanted:
+        for name in cluster.wanted_resources():
             self.waiting_capacity += self.capacity_of.get(name, 0) * dt
-            self.waiting_used += by_resource.get(name, 0) * dt
+            self.waiting_used += used_units.get(name, 0) * resources.slices_of(name) * dt
         if len(waiting) >= 2:
             for tenant in waiting:
-                self.backlog_used[tenant] += usage[tenant] * dt
+                self.backlog_used[tenant] += usage.get(tenant, 0) * dt
                 self.backlog_time[tenant] += dt
 
     def jain(self) -> float:
@@ -338,7 +329,7 @@ class Simulation:
             if len(self.quota_violations) < 10:
                 self.quota_violations += [
                     f"t={when:g}: {problem}"
-                    for problem in quota_violations(self.config, self.cluster.list_pods())
+                    for problem in quota_violations(self.config, self.cluster.holding_pods())
                 ]
             if progress is not None:
                 progress(when)
