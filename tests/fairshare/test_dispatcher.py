@@ -309,3 +309,39 @@ def test_run_outlives_failing_steps_and_stops_when_told(redis_url: str) -> None:
     assert not thread.is_alive()
     assert cluster.outages == 0
     assert cluster.history[second.uid].started == 1_100.0
+
+
+class _StubbornCluster(SimulatedCluster):
+    """A simulated cluster whose API refuses the first ``refusals`` gate lifts."""
+
+    refusals = 1
+
+    def lift_gate(self, pod: GpuPod) -> LiftOutcome:
+        if self.refusals:
+            self.refusals -= 1
+            return LiftOutcome.FAILED
+        return super().lift_gate(pod)
+
+
+def test_a_failed_lift_goes_back_to_the_queue_and_is_retried(redis_url: str) -> None:
+    config = make_config(TEAM_A)
+    clock = VirtualClock(1_000.0)
+    queue = FairQueue(redis.Redis.from_url(redis_url))
+    cluster = _StubbornCluster({"gpu": 1}, admit_hook(queue, clock, config), clock)
+    dispatcher = Dispatcher(queue, cluster, lambda: config, clock=clock)
+    queue.sync_config(config, {"gpu": 1})
+    first = cluster.create_pod(_spec("first", "team-a"))
+    second = cluster.create_pod(_spec("second", "team-a"))
+    dispatcher.step()
+    clock.advance_to(1_100.0)
+    cluster.advance()  # first ends; second is released but its lift fails
+    result = dispatcher.step()
+    assert result.requeued == [second.ticket] and result.released == []
+    status = queue.ticket_status(second.ticket, clock())
+    assert status is not None and status.state == "queued" and status.position == 1
+    assert _used(queue) == 0  # the failed release holds nothing
+    assert dispatcher.metrics.lifts.labels("failed")._value.get() == 1
+    result = dispatcher.step()  # the API is back
+    assert [r.ticket for r in result.released] == [second.ticket]
+    assert cluster.history[second.uid].started == 1_100.0
+    assert first.ticket not in dispatcher.pods
