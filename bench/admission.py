@@ -56,6 +56,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from audit import AuditLog
 from certs import server_ssl_context, write_bundle
 from fairshare.localredis import free_port, local_redis
 from tenants.source import LocalDirSource
@@ -159,7 +160,10 @@ def bench_app() -> FastAPI:
     source.start()
     client = connect_redis(os.environ[_ENV_PREFIX + "REDIS_URL"])
     pool = os.environ.get(_ENV_PREFIX + "POOL")
-    app = create_app(AdmissionService(source, client),
+    # What-if: audit kept in memory only (no Redis append, no stdout), to measure its share.
+    audit = (AuditLog(None, out=open(os.devnull, "w"))  # noqa: SIM115 (lives with the app)
+             if os.environ.get(_ENV_PREFIX + "AUDIT_OFF") else None)
+    app = create_app(AdmissionService(source, client, audit_log=audit),
                      workers=int(pool) if pool else DEFAULT_WORKERS)
 
     @app.post(BASELINE_PATH)
@@ -174,13 +178,15 @@ def _ssl_context(config: uvicorn.Config, _default: Any) -> ssl.SSLContext:
 
 
 def serve(cert_dir: Path, redis_url: str, config_dir: Path, port: int, workers: int,
-          pool: int | None = None) -> None:
+          pool: int | None = None, audit_off: bool = False) -> None:
     """Serve :func:`bench_app` on 127.0.0.1:``port`` with ``workers`` processes, each with
-    a decision thread pool of ``pool`` threads (default: the app's)."""
+    a decision thread pool of ``pool`` threads (default: the app's); ``audit_off`` keeps
+    audit records in memory only (a what-if measurement, never a product setting)."""
     os.environ.update({_ENV_PREFIX + "CERT_DIR": str(cert_dir),
                        _ENV_PREFIX + "REDIS_URL": redis_url,
                        _ENV_PREFIX + "CONFIG_DIR": str(config_dir),
-                       _ENV_PREFIX + "POOL": str(pool or "")})
+                       _ENV_PREFIX + "POOL": str(pool or ""),
+                       _ENV_PREFIX + "AUDIT_OFF": "1" if audit_off else ""})
     uvicorn.run(
         "bench.admission:bench_app", factory=True, host=HOST, port=port, workers=workers,
         ssl_context_factory=_ssl_context, log_config=None, access_log=False,
@@ -243,14 +249,16 @@ class BenchEnvironment:
         stack.callback(self.redis.close)
 
     @contextmanager
-    def bench_server(self, workers: int = 1, pool: int | None = None) -> Iterator[Server]:
+    def bench_server(self, workers: int = 1, pool: int | None = None,
+                     audit_off: bool = False) -> Iterator[Server]:
         """The bench server with ``workers`` uvicorn processes (decision pool of ``pool``
-        threads each), until the context exits."""
+        threads each; see :func:`serve` for ``audit_off``), until the context exits."""
         port = free_port()
         command = [sys.executable, "-m", "bench.admission", "serve",
                    "--cert-dir", str(self.cert_dir), "--redis-url", self.redis_url,
                    "--config-dir", str(self.config_dir), "--port", str(port),
-                   "--workers", str(workers), *(["--pool", str(pool)] if pool else [])]
+                   "--workers", str(workers), *(["--pool", str(pool)] if pool else []),
+                   *(["--audit-off"] if audit_off else [])]
         log = (self.workdir / f"server-{port}.log").open("ab")
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                    cwd=Path(__file__).resolve().parent.parent)
@@ -395,7 +403,9 @@ def run_wrk(server: Server, scenario: Scenario, *, rate: int, duration: float,
     cpu_before = server.cpu_seconds()
     redis_before = _redis_cpu(redis_client) if redis_client is not None else 0.0
     done = subprocess.run(command, capture_output=True, text=True, timeout=duration + 60,
-                          check=True)
+                          check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"wrk exited with {done.returncode}:\n{done.stdout}\n{done.stderr}")
     cpu = server.cpu_seconds() - cpu_before
     redis_cpu = _redis_cpu(redis_client) - redis_before if redis_client is not None else 0.0
     line = next((x for x in done.stdout.splitlines() if x.startswith("WRK_JSON ")), None)
@@ -635,10 +645,11 @@ def _run(args: argparse.Namespace) -> int:
     plan = LoadPlan(rate=args.rate, duration=args.duration,
                     rate_connections=args.rate_connections,
                     saturation_connections=args.connections)
-    report: dict[str, Any] = {"machine": machine(), "plan": asdict(plan), "pool": args.pool}
+    report: dict[str, Any] = {"machine": machine(), "plan": asdict(plan), "pool": args.pool,
+                              "audit_off": args.audit_off}
     with ExitStack() as stack:
         env = BenchEnvironment(stack)
-        with env.bench_server(workers=1, pool=args.pool) as server:
+        with env.bench_server(workers=1, pool=args.pool, audit_off=args.audit_off) as server:
             results = measure(env, server, plan, only=args.only)
         if args.check_serve:
             with env.fairgate_serve() as real:
@@ -706,7 +717,7 @@ def _breakdown(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     serve(Path(args.cert_dir), args.redis_url, Path(args.config_dir), args.port, args.workers,
-          args.pool)
+          args.pool, args.audit_off)
     return 0
 
 
@@ -731,6 +742,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help="only this scenario (repeatable)")
         p.add_argument("--pool", type=int, default=None,
                        help=f"decision threads per worker (create_app's, {DEFAULT_WORKERS})")
+        p.add_argument("--audit-off", action="store_true",
+                       help="what-if: audit records in memory only (measures audit's cost)")
         p.add_argument("--check-serve", action="store_true",
                        help="also load the real `fairgate serve` (/mutate fast, saturation)")
         p.set_defaults(handler=_run)
@@ -754,6 +767,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     srv.add_argument("--port", type=int, required=True)
     srv.add_argument("--workers", type=int, default=1)
     srv.add_argument("--pool", type=int, default=None)
+    srv.add_argument("--audit-off", action="store_true")
     srv.set_defaults(handler=_serve)
     args = parser.parse_args(argv)
     handler: Any = args.handler
