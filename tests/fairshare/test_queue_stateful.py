@@ -26,7 +26,14 @@ from fairshare.model import PodRequest
 from fairshare.queue import FairQueue
 from tenants.models import FairgateConfig, PlatformConfig, PodClass, QuotaSpec
 from tenants.resources import ResourceCounts
-from tests.fairshare.reference import BANDS, PRIO, Reference, empty_shape, waiting_for
+from tests.fairshare.reference import (
+    BAND_CODE,
+    BANDS,
+    PRIO,
+    Reference,
+    empty_shape,
+    waiting_for,
+)
 
 STARVE = 120.0
 TENANTS = ("a", "b", "c")
@@ -87,16 +94,13 @@ class QueueMachine(RuleBasedStateMachine):
     # -- helpers -----------------------------------------------------------------
 
     def usage_snapshot(self) -> dict[tuple[str, str], int]:
-        """Limit-relevant usage per tenant and per cluster band/resource (from Redis)."""
+        """Limit-relevant usage per tenant (from Redis)."""
         snap: dict[tuple[str, str], int] = {}
         for ts in self.queue.tenant_status():
             for r, n in ts.used.items():
                 snap[(ts.tenant, "u:" + r)] = n
             snap[(ts.tenant, "ut")] = ts.training_slices
             snap[(ts.tenant, "ub")] = ts.borrowed_slices
-        used = self.client.hgetall("fairgate:used")
-        for field, value in used.items():
-            snap[("cluster", field.decode())] = int(value)
         return snap
 
     def pick(self, index: int, states: str = "QGRA") -> str | None:
@@ -119,7 +123,10 @@ class QueueMachine(RuleBasedStateMachine):
         )
 
     def check_admit(self, req: PodRequest, dry: bool) -> None:
+        used = self.cluster_used()
         got = self.queue.admit(req, self.now, dry_run=dry)
+        if got.outcome == "reserved" and not got.duplicate and not dry:
+            self.check_capacity(used, [(BAND_CODE[got.band], req.demand)])
         want, reason = self.ref.admit(req, self.now, dry)
         want = dataclasses.replace(
             want, waiting_for=waiting_for(reason, req.tenant, req.pod_class)
@@ -155,7 +162,7 @@ class QueueMachine(RuleBasedStateMachine):
     def burst(self, pods: list[tuple[str, PodClass, int, int]]) -> None:
         for tenant, pod_class, demand, gang in pods:
             self.admit(tenant, pod_class, demand, gang)
-            self.quota_and_capacity_safety()
+            self.quota_safety()
 
     @rule(index=st.integers(0, 10_000))
     def finish(self, index: int) -> None:
@@ -187,9 +194,21 @@ class QueueMachine(RuleBasedStateMachine):
 
     @rule(limit=st.sampled_from([1, 2, 100]))
     def dispatch(self, limit: int) -> None:
+        used = self.cluster_used()
         got = self.queue.dispatch(self.now, limit)
         want = self.ref.dispatch(self.now, limit)
         assert got == want, (got, want)
+        # each decision (a pod, or a whole gang) fits at the moment it is taken
+        decisions: list[list[tuple[str, ResourceCounts]]] = []
+        last_gang = None
+        for release in got:
+            gang = self.ref.recs[release.ticket].gang or None
+            if gang is None or gang != last_gang:
+                decisions.append([])
+            decisions[-1].append((BAND_CODE[release.band], release.demand))
+            last_gang = gang
+        for started in decisions:
+            self.check_capacity(used, started)
         if limit == 100:
             self.check_nothing_fits()
 
@@ -270,8 +289,9 @@ class QueueMachine(RuleBasedStateMachine):
                 assert ts.queued[pod_class] == want  # type: ignore[index]
 
     @invariant()
-    def quota_and_capacity_safety(self) -> None:
-        """Invariant 1: a limit may be exceeded only by lowering it, never by growth."""
+    def quota_safety(self) -> None:
+        """Invariant 1: a tenant's limit may be exceeded only by lowering it, never by
+        growth."""
         now = self.usage_snapshot()
         for ts in self.queue.tenant_status():
             limits = {("u:" + r): n for r, n in ts.nominal.items()}
@@ -283,15 +303,23 @@ class QueueMachine(RuleBasedStateMachine):
                     assert value <= self.last_usage.get((ts.tenant, field), 0), (
                         f"{ts.tenant} {field} grew to {value} over its limit"
                     )
-        for band in BANDS:
-            for res in RESOURCES:
-                grew = now.get(("cluster", f"{band}:{res}"), 0) > self.last_usage.get(
-                    ("cluster", f"{band}:{res}"), 0)
-                if grew:
-                    total = sum(now.get(("cluster", f"{b}:{res}"), 0)
-                                for b in BANDS if PRIO[b] >= PRIO[band])
-                    assert total <= self.cap.get(res, 0), f"{band} {res} over capacity"
         self.last_usage = now
+
+    def cluster_used(self) -> dict[tuple[str, str], int]:
+        return {tuple(field.decode().split(":", 1)): int(n)  # type: ignore[misc]
+                for field, n in self.client.hgetall("fairgate:used").items()}
+
+    def check_capacity(self, used: dict[tuple[str, str], int],
+                       started: list[tuple[str, ResourceCounts]]) -> None:
+        """Invariant 1 for the cluster: pods that start together (one reservation, one
+        gang) fit the capacity of their band, counting lower bands as free."""
+        for band, demand in started:
+            for res, n in demand.items():
+                used[(band, res)] = used.get((band, res), 0) + n
+        for band, demand in started:
+            for res in demand:
+                total = sum(used.get((b, res), 0) for b in BANDS if PRIO[b] >= PRIO[band])
+                assert total <= self.cap.get(res, 0), f"{band} {res} over capacity"
 
 
 @pytest.mark.slow
