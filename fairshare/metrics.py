@@ -43,6 +43,7 @@ class DispatcherMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         """Register the collectors in ``registry`` (a fresh one by default)."""
         self.registry = registry if registry is not None else CollectorRegistry()
+        self._series: dict[Gauge, set[tuple[str, ...]]] = {}
         r = self.registry
         self.pending = Gauge("fairgate_pending_workloads",
                              "GPU pods waiting behind the fairgate.io/queue gate.",
@@ -85,30 +86,41 @@ class DispatcherMetrics:
                                registry=r)
 
     def observe_tenants(self, statuses: Iterable[TenantStatus]) -> None:
-        """Set the per-tenant gauges from a queue snapshot (tenants not listed are zeroed)."""
-        for gauge in (self.pending, self.usage, self.nominal, self.borrow_limit, self.borrowed,
-                      self.share):
-            gauge.clear()
+        """Set the per-tenant gauges from a queue snapshot; series of tenants (or
+        resources) no longer listed are removed. A scrape never sees a gauge emptied."""
+        seen: dict[Gauge, set[tuple[str, ...]]] = {}
+
+        def put(gauge: Gauge, labels: tuple[str, ...], value: float) -> None:
+            gauge.labels(*labels).set(value)
+            seen.setdefault(gauge, set()).add(labels)
+
         for status in statuses:
             tenant = status.tenant
             for pod_class in CLASSES:
-                self.pending.labels(pod_class, tenant).set(status.queued.get(pod_class, 0))
-            for resource, n in status.nominal.items():
-                self.nominal.labels(tenant, resource).set(n)
-                self.usage.labels(tenant, resource).set(status.used.get(resource, 0))
-            for resource, n in status.used.items():
-                if resource not in status.nominal:
-                    self.usage.labels(tenant, resource).set(n)
-            self.borrow_limit.labels(tenant).set(status.borrow_limit_slices / SLICES_PER_GPU)
-            self.borrowed.labels(tenant).set(status.borrowed_slices / SLICES_PER_GPU)
-            self.share.labels(tenant).set(status.weighted_share)
+                put(self.pending, (pod_class, tenant), status.queued.get(pod_class, 0))
+            for resource in set(status.nominal) | set(status.used):
+                put(self.nominal, (tenant, resource), status.nominal.get(resource, 0))
+                put(self.usage, (tenant, resource), status.used.get(resource, 0))
+            put(self.borrow_limit, (tenant,), status.borrow_limit_slices / SLICES_PER_GPU)
+            put(self.borrowed, (tenant,), status.borrowed_slices / SLICES_PER_GPU)
+            put(self.share, (tenant,), status.weighted_share)
+        for gauge in (self.pending, self.usage, self.nominal, self.borrow_limit, self.borrowed,
+                      self.share):
+            self._drop_others(gauge, seen.get(gauge, set()))
 
     def observe_capacity(self, capacity: Mapping[str, int]) -> None:
-        """Set the capacity gauge."""
-        self.capacity.clear()
+        """Set the capacity gauge (resources no longer present are removed)."""
         for resource, n in capacity.items():
             self.capacity.labels(resource).set(n)
+        self._drop_others(self.capacity, {(resource,) for resource in capacity})
+
+    def _drop_others(self, gauge: Gauge, keep: set[tuple[str, ...]]) -> None:
+        """Remove the series of ``gauge`` this object set before and not now."""
+        for labels in self._series.get(gauge, set()) - keep:
+            gauge.remove(*labels)
+        self._series[gauge] = keep
 
     def render(self) -> bytes:
         """The registry in the Prometheus text exposition format."""
         return generate_latest(self.registry)
+
