@@ -352,13 +352,13 @@ class Reference:
         existing = self.recs.get(req.ticket)
         if existing is not None:
             t = existing.tenant
-            band = BAND_NAME[existing.band]
+            old_band = BAND_NAME[existing.band]
             length = len([r for r in self.queued(t) if r.cls == existing.cls])
             if existing.state in ("R", "A"):
-                return Admission("reserved", band, None, length, self.free(t),
+                return Admission("reserved", old_band, None, length, self.free(t),
                                  self.cfg_of(t).ns, None, True), []
             pos, length, why = self.describe(req.ticket, existing, now)
-            return Admission("queued", band, pos or None, length, self.free(t),
+            return Admission("queued", old_band, pos or None, length, self.free(t),
                              self.cfg_of(t).ns, None, True), why
         tenant, cls = req.tenant, CLASS_CODE[req.pod_class]
         cfg = self.cfg_of(tenant)

@@ -320,9 +320,12 @@ def test_status_snapshots(redis_client: redis.Redis, pods: Pods) -> None:
 
 
 def test_rebuild_restores_order_and_usage(redis_client: redis.Redis, pods: Pods) -> None:
-    tenants = {"a": {"weight": 1, "nominal": {"gpu": 4, "mig-1g.5gb": 7}, "borrow": 2},
-               "b": {"weight": 3, "nominal": {"gpu": 4}}}
-    q = queue_with(redis_client, {"gpu": 4, "mig-1g.5gb": 2}, **tenants)
+    tenants: dict[str, dict[str, Any]] = {
+        "a": {"weight": 1, "nominal": {"gpu": 4, "mig-1g.5gb": 7}, "borrow": 2},
+        "b": {"weight": 3, "nominal": {"gpu": 4}},
+    }
+    q = FairQueue(redis_client)
+    q.sync_config(config(**tenants), {"gpu": 4, "mig-1g.5gb": 2})
     reqs = [
         pods("a"), pods("b", "inference", {"gpu": 2}), pods("a", demand={"mig-1g.5gb": 1}),
         pods("a"), pods("b"), pods("a", group="g", size=2), pods("b", "inference"),
@@ -336,7 +339,7 @@ def test_rebuild_restores_order_and_usage(redis_client: redis.Redis, pods: Pods)
     released(q, limit=1)
     by_ticket = {r.ticket: r for r in reqs}
 
-    def snapshot(queue: FairQueue) -> tuple[object, ...]:
+    def snapshot(queue: FairQueue) -> tuple[tuple[object, ...], tuple[object, ...]]:
         statuses = {t: queue.ticket_status(t, 50.0) for t in by_ticket}
         return tuple(queue.tenant_status()), tuple(sorted(
             (t, s.state, s.band, s.position, s.queue_length, s.waiting_for)
@@ -365,7 +368,8 @@ def test_rebuild_restores_order_and_usage(redis_client: redis.Redis, pods: Pods)
     assert len(before[1]) == len(reqs)
     expected = carry_on(q)
     redis_client.flushall()
-    fresh = queue_with(redis_client, {"gpu": 4, "mig-1g.5gb": 2}, **tenants)
+    fresh = FairQueue(redis_client)
+    fresh.sync_config(config(**tenants), {"gpu": 4, "mig-1g.5gb": 2})
     fresh.rebuild(running, reversed(gated))
     assert snapshot(fresh) == before
     assert carry_on(fresh) == expected

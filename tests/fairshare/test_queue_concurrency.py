@@ -84,7 +84,8 @@ def test_two_dispatchers_release_each_ticket_exactly_once(redis_url: str,
     setup = FairQueue(redis_client)
     setup.sync_config(config(a={"nominal": {"gpu": 50}, "weight": 1},
                              b={"nominal": {"gpu": 50}, "weight": 2}), {"gpu": 6})
-    queued, started = [], []
+    queued: list[str] = []
+    started: list[str] = []
     for i in range(300):
         tenant = "ab"[i % 2]
         req = PodRequest(f"q{i}", tenant, f"ns-{tenant}", f"p{i}", "training",

@@ -306,8 +306,12 @@ class QueueMachine(RuleBasedStateMachine):
         self.last_usage = now
 
     def cluster_used(self) -> dict[tuple[str, str], int]:
-        return {tuple(field.decode().split(":", 1)): int(n)  # type: ignore[misc]
-                for field, n in self.client.hgetall("fairgate:used").items()}
+        used: dict[tuple[str, str], int] = {}
+        for field, n in self.client.hgetall("fairgate:used").items():
+            text = field.decode() if isinstance(field, bytes) else str(field)
+            band, res = text.split(":", 1)
+            used[(band, res)] = int(n)
+        return used
 
     def check_capacity(self, used: dict[tuple[str, str], int],
                        started: list[tuple[str, ResourceCounts]]) -> None:
