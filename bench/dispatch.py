@@ -1,11 +1,12 @@
 """Benchmark: cost of one dispatch decision and Redis memory per queued pod.
 
 For each (tenants, queued pods) point of a 10x grid it starts from an empty Redis,
-configures the tenants, fills the cluster with running pods, queues the backlog
-through the real ``FairQueue.admit`` (the webhook's path), and then repeats: one
-running pod ends (``release``, untimed), one ``dispatch(limit=1)`` decision (timed,
-client side, including the loopback round trip). Memory per queued pod is the
-``used_memory`` delta of queueing the backlog divided by its size.
+configures the tenants, fills the cluster with running pods through the real
+``FairQueue.admit`` (the webhook's path) until 200 pods in a row have to queue,
+queues the backlog through the same path, and then repeats: one running pod ends
+(``release``, untimed), one ``dispatch(limit=1)`` decision (timed, client side,
+including the loopback round trip). Memory per queued pod is the ``used_memory``
+delta of queueing the backlog divided by its size.
 
     python bench/dispatch.py                      # full grid, own redis-server
     python bench/dispatch.py --tenants 10 100 --queued 1000 --json out.json
@@ -115,27 +116,29 @@ def measure(client: redis.Redis, tenants: int, queued: int, decisions: int) -> P
     queue = FairQueue(client, prefix=PREFIX, starvation_seconds=3600.0)
     queue.sync_config(config, capacity)
     running: list[str] = []
-    stream = pods(names, 10 * queued + 10_000, rng)
-    # fill the cluster: pods that reserve run; stop once the first pods queue
-    backlog_started = False
-    memory_before = 0
+    stream = pods(names, 10**9, rng)
+    # fill the cluster: pods that reserve run, until 200 pods in a row had to queue
+    in_a_row = 0
+    for req in stream:
+        if queue.admit(req, 1.0).outcome == "reserved":
+            queue.confirm(req.ticket, 1.0)
+            running.append(req.ticket)
+            in_a_row = 0
+        else:
+            queue.remove(req.ticket)
+            in_a_row += 1
+            if in_a_row == 200:
+                break
+    # the backlog: only what it adds is counted
+    memory_before = int(client.info("memory")["used_memory"])
     admit_times: list[float] = []
     queued_count = 0
     for req in stream:
-        if not backlog_started:
-            answer = queue.admit(req, 1.0)
-            if answer.outcome == "reserved":
-                queue.confirm(req.ticket, 1.0)
-                running.append(req.ticket)
-                continue
-            backlog_started = True
-            queue.remove(req.ticket)
-            memory_before = int(client.info("memory")["used_memory"])
         start = time.perf_counter()
         answer = queue.admit(req, 1.0)
         admit_times.append(time.perf_counter() - start)
         if answer.outcome == "reserved":
-            queue.release(req.ticket)  # keep the cluster as it is: only the backlog grows
+            queue.release(req.ticket)  # rare once the cluster is full: keep it as it is
             continue
         queued_count += 1
         if queued_count == queued:
