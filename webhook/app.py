@@ -20,20 +20,22 @@ Why sync work in a thread pool (not ``redis.asyncio``): the queue (``fairshare``
 the audit log are synchronous Redis code shared with the dispatcher and the simulator,
 and the pure admission logic is CPU work that must not stall the event loop either.
 Each request therefore reads its body on the loop, then runs parse + decide + Redis in
-one hop to a bounded worker pool (``anyio.to_thread``, abandoned at the deadline), so
-the loop only does HTTP and TLS. Redis sockets time out after ``redis_timeout`` and the
+one hop to a bounded worker pool (a ``ThreadPoolExecutor``: measured about half the cost
+of an ``anyio.to_thread`` hop; abandoned at the deadline), so the loop only does HTTP
+and TLS. Redis sockets time out after ``redis_timeout`` and the
 deadline bounds the whole answer even when the pool is saturated.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from typing import TypeVar
 
-import anyio
-import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -42,6 +44,8 @@ from webhook.metrics import CONTENT_TYPE
 from webhook.service import AdmissionService, Progress, Webhook
 
 log = logging.getLogger("fairgate.webhook")
+
+T = TypeVar("T")
 
 DEFAULT_MAX_BODY_BYTES = 3 * 1024 * 1024
 DEFAULT_DEADLINE_SECONDS = 1.0
@@ -103,7 +107,12 @@ def create_app(
     if max_body_bytes <= 0 or deadline_seconds <= 0 or workers <= 0:
         raise ValueError("max_body_bytes, deadline_seconds and workers must be positive")
     webhook_metrics = service.metrics
-    limiter = anyio.CapacityLimiter(workers)
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fairgate-decide")
+
+    async def in_pool(call: Callable[..., T], *args: object) -> T:
+        """``call(*args)`` in the pool, given up (TimeoutError) at the deadline."""
+        async with asyncio.timeout(deadline_seconds):
+            return await asyncio.get_running_loop().run_in_executor(pool, call, *args)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -111,7 +120,8 @@ def create_app(
         try:
             yield
         finally:
-            await anyio.to_thread.run_sync(service.stop)
+            await asyncio.get_running_loop().run_in_executor(None, service.stop)
+            pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(
         title="fairgate webhook",
@@ -128,11 +138,7 @@ def create_app(
             body = await _read_body(request, max_body_bytes)
             progress = Progress(started=started)
             try:
-                with anyio.fail_after(deadline_seconds):
-                    answer = await anyio.to_thread.run_sync(
-                        service.review, webhook, body, progress,
-                        abandon_on_cancel=True, limiter=limiter,
-                    )
+                answer = await in_pool(service.review, webhook, body, progress)
             except TimeoutError:
                 answer = service.overdue(webhook, body, progress)
             except InvalidReview:
@@ -174,10 +180,7 @@ def create_app(
     async def readyz() -> JSONResponse:
         """Readiness: Redis answers and a config is loaded."""
         try:
-            with anyio.fail_after(deadline_seconds):
-                ready, detail = await anyio.to_thread.run_sync(
-                    service.readiness, abandon_on_cancel=True, limiter=limiter
-                )
+            ready, detail = await in_pool(service.readiness)
         except TimeoutError:
             ready, detail = False, {"redis": f"no answer within {deadline_seconds}s"}
         return JSONResponse({"ready": ready, **detail}, status_code=200 if ready else 503)

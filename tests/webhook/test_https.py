@@ -212,16 +212,34 @@ def test_mig_pod_is_admitted_against_its_mig_quota(server: ServeProcess) -> None
     assert result["spec"]["priorityClassName"] == "fairgate-inference"
 
 
+def _queue_state(url: str) -> dict[bytes, Any]:
+    """Every key but the audit stream's, with its DUMP."""
+    return {k: v for k, v in redis_snapshot(url).items() if not k.startswith(b"fairgate:audit")}
+
+
+def _audited(url: str) -> bytes:
+    client = redis.Redis.from_url(url)
+    try:
+        return b"".join(v for _id, entry in client.xrange("fairgate:audit")
+                        for v in entry.values())
+    finally:
+        client.close()
+
+
 def test_dry_run_reserves_nothing(server: ServeProcess, redis_url: str) -> None:
     mutate(server, review(gpu_pod("team-b-dev", "warm-up")))  # config synced into Redis
-    client = redis.Redis.from_url(redis_url)
-    client.delete("fairgate:audit", "fairgate:audit:head")
-    client.close()
-    before = redis_snapshot(redis_url)
-    response = mutate(server, review(gpu_pod("team-b-dev", "dry"), dry_run=True))
+    before = _queue_state(redis_url)
+    body = review(gpu_pod("team-b-dev", "dry"), dry_run=True)
+    response = mutate(server, body)
     assert response["allowed"] is True
-    time.sleep(0.3)  # the audit writer would have written by now
-    assert redis_snapshot(redis_url) == before
+    assert _queue_state(redis_url) == before
+    mutate(server, review(gpu_pod("sandbox", "marker")))  # audited after the dry run
+    deadline = time.monotonic() + 5
+    while b"marker" not in _audited(redis_url) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    audited = _audited(redis_url)
+    assert b"warm-up" in audited and b"marker" in audited
+    assert body["request"]["uid"].encode() not in audited
 
 
 def test_the_same_uid_twice_reserves_once(server: ServeProcess) -> None:
