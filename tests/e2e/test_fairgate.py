@@ -22,7 +22,7 @@ from harness.fairgate import (
     tenant_user,
 )
 from harness.kubelet import DEFAULT_GPU_NODES, FakeKubelet
-from harness.pods import is_gated, pod_manifest
+from harness.pods import is_gated, pod_manifest, required_affinity_admits
 from harness.waiting import wait_for
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -133,9 +133,8 @@ def test_gpu_pod_is_stamped_by_the_webhook_through_the_api_server(
     assert pod.spec.priority == 10000  # the Priority plugin and fairgate agree
     assert pod.spec.preemption_policy == "PreemptLowerPriority"
     assert any(t.key == "nvidia.com/gpu" and t.effect == "NoSchedule" for t in pod.spec.tolerations)
-    terms = pod.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution
-    keys = {e.key for term in terms.node_selector_terms for e in term.match_expressions or []}
-    assert "nvidia.com/mig.strategy" in keys
+    admitted = {n.name for n in DEFAULT_GPU_NODES if required_affinity_admits(pod, n.labels())}
+    assert admitted == WHOLE_GPU_NODES  # whole-GPU demand avoids MIG-partitioned nodes
     assert not pod.spec.scheduling_gates
     # The user's own priority class was replaced; the API server passes the warning on.
     warnings = headers.get("Warning", "")
@@ -143,6 +142,22 @@ def test_gpu_pod_is_stamped_by_the_webhook_through_the_api_server(
 
     node = wait_for(partial(running_node, core, ns, "trainer"), 30, "trainer to run")
     assert node in WHOLE_GPU_NODES  # whole-GPU demand avoids MIG nodes
+
+
+def test_mig_pod_is_placed_on_a_mig_node_by_fairgates_affinity(
+    controlplane: ControlPlane,
+    kubelet: FakeKubelet,
+    fairgate: FairgateStack,
+    tenant_pods: None,
+) -> None:
+    ns = tenant_namespace("team-a")
+    core = pods_api(controlplane, "team-a")
+    pod = core.create_namespaced_pod(ns, pod_manifest("mig", {"nvidia.com/mig-1g.5gb": 2}))
+    assert pod.metadata.annotations["fairgate.io/demand"] == "mig-1g.5gb=2"
+    admitted = {n.name for n in DEFAULT_GPU_NODES if required_affinity_admits(pod, n.labels())}
+    assert admitted == {n.name for n in DEFAULT_GPU_NODES if n.mig_strategy == "mixed"}
+    node = wait_for(partial(running_node, core, ns, "mig"), 30, "the MIG pod to run")
+    assert node == "gpu-mig-5gb"
 
 
 # 2 -------------------------------------------------------------------------------------

@@ -258,25 +258,32 @@ class FairgateStack:
         context = ssl.create_default_context(cafile=str(self.cert_dir / "ca.crt"))
         context.check_hostname = False
         wait_until_ok(f"https://127.0.0.1:{self.port}/readyz", context, [self.webhook], timeout)
-        wait_for(self._called_by_apiserver, timeout, "the API server to call fairgate serve")
+        wait_for(
+            lambda: "fairgate.io/tenant" in (self.dry_run_probe().metadata.labels or {}),
+            timeout,
+            "the API server to call fairgate serve",
+        )
 
-    def _called_by_apiserver(self) -> bool:
-        """A dry-run GPU pod comes back stamped (dry run: nothing changes in Redis)."""
+    def dry_run_probe(self) -> Any:
+        """A 1-GPU pod of the first tenant created with dry run (nothing changes in Redis)."""
         core: Any = client.CoreV1Api(self.cp.admin)
-        pod = core.create_namespaced_pod(
+        return core.create_namespaced_pod(
             tenant_namespace(next(iter(QUOTA_YAML))),
             pod_manifest("probe", {"nvidia.com/gpu": 1}),
             dry_run="All",
         )
-        return "fairgate.io/tenant" in (pod.metadata.labels or {})
 
     def stop_webhook(self) -> None:
         if self.webhook is not None:
             self.webhook.stop()
             self.webhook = None
 
-    def start_dispatcher(self) -> None:
-        """Start `fairgate dispatch` (dispatcher and reconciler)."""
+    def start_dispatcher(self, timeout: float = 60.0) -> None:
+        """Start `fairgate dispatch`; return once a fitting pod would be admitted at once.
+
+        Until the dispatcher has published the cluster's capacity, the webhook queues
+        every pod; a dry-run probe that comes back without the gate shows it has.
+        """
         self.dispatcher = Process(
             "fairgate-dispatch",
             fairgate_command(
@@ -287,6 +294,15 @@ class FairgateStack:
             self.cp.log_dir,
             env=self._env["dispatcher"],
         )
+        wait_for(
+            self._admits_fitting_pod,
+            timeout,
+            "fairgate to admit a fitting pod (the dispatcher to publish capacity)",
+        )
+
+    def _admits_fitting_pod(self) -> bool:
+        self.check_alive()
+        return not self.dry_run_probe().spec.scheduling_gates
 
     def stop_dispatcher(self) -> None:
         if self.dispatcher is not None:

@@ -53,3 +53,34 @@ def is_gated(pod: Any) -> bool:
     """True if the API server reports the pod as held by a scheduling gate."""
     scheduled = condition(pod, "PodScheduled")
     return scheduled is not None and scheduled.reason == "SchedulingGated"
+
+
+def _matches(expression: Any, labels: dict[str, str]) -> bool:
+    value = labels.get(expression.key)
+    values = expression.values or []
+    if expression.operator == "In":
+        return value in values
+    if expression.operator == "NotIn":
+        return value not in values
+    if expression.operator == "Exists":
+        return value is not None
+    if expression.operator == "DoesNotExist":
+        return value is None
+    raise ValueError(f"operator {expression.operator} not supported by this helper")
+
+
+def required_affinity_admits(pod: Any, labels: dict[str, str]) -> bool:
+    """Whether the pod's required node affinity admits a node with `labels` (terms are ORed,
+    expressions within a term ANDed; no affinity admits every node)."""
+    affinity = pod.spec.affinity
+    required = (
+        affinity
+        and affinity.node_affinity
+        and (affinity.node_affinity.required_during_scheduling_ignored_during_execution)
+    )
+    if not required:
+        return True
+    return any(
+        all(_matches(e, labels) for e in term.match_expressions or [])
+        for term in required.node_selector_terms
+    )
