@@ -18,7 +18,10 @@ an existing toleration already tolerates that taint, and adds the placement requ
 ``affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution`` when absent.
 Empty terms match no node in Kubernetes and are left alone; the user's matchExpressions
 and matchFields are never dropped. A band that does not suit the plan's class (inference
-must be ``inference``; training ``training`` or ``borrowed``) raises ``ValueError``.
+must be ``inference``; training ``training`` or ``borrowed``) raises ``ValueError``; a pod
+whose fields on those paths have the wrong shape raises :class:`~admission.pods.PodError`.
+The operations are computed from the plan and the fields they touch, so their cost does not
+grow with the rest of the pod; a pod that already carries everything gets no operations.
 """
 
 from __future__ import annotations
@@ -26,8 +29,6 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from typing import Any
-
-import jsonpatch
 
 from admission import pods
 from admission.plan import BANDS_OF_CLASS, PodPlan
@@ -53,6 +54,8 @@ GPU_TOLERATION: Mapping[str, str] = {
     "effect": "NoSchedule",
 }
 JsonObject = dict[str, Any]
+AFFINITY_PATH = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution")
+"""Where the required nodeSelectorTerms live under ``spec``."""
 
 
 def placement_requirements(demand: Mapping[str, int], node_pool: str | None) -> list[JsonObject]:
@@ -80,52 +83,123 @@ def tolerates_gpu_taint(toleration: Mapping[str, Any]) -> bool:
     return operator == "Exists" and key in ("", GPU_TAINT_KEY) and effect in ("", "NoSchedule")
 
 
-def _child(parent: JsonObject, key: str) -> JsonObject:
+def _object(parent: Mapping[str, Any], key: str) -> JsonObject | None:
+    """``parent[key]`` when it is an object, None when absent or null."""
     value = parent.get(key)
-    if value is None:
-        value = parent[key] = {}
-    if not isinstance(value, dict):
+    if value is not None and not isinstance(value, dict):
         raise pods.PodError(f"{key} must be an object, got {type(value).__name__}")
     return value
 
 
-def _children(parent: JsonObject, key: str) -> list[Any]:
+def _array(parent: Mapping[str, Any], key: str) -> list[Any] | None:
+    """``parent[key]`` when it is a list, None when absent or null."""
     value = parent.get(key)
-    if value is None:
-        value = parent[key] = []
-    if not isinstance(value, list):
+    if value is not None and not isinstance(value, list):
         raise pods.PodError(f"{key} must be a list, got {type(value).__name__}")
     return value
+
+
+def _child(parent: JsonObject, key: str) -> JsonObject:
+    value = _object(parent, key)
+    if value is None:
+        value = parent[key] = {}
+    return value
+
+
+def _children(parent: JsonObject, key: str) -> list[Any]:
+    value = _array(parent, key)
+    if value is None:
+        value = parent[key] = []
+    return value
+
+
+# --- what fairgate writes: shared by mutate_pod (in place) and build_patch (as operations) ---
+
+
+def _check_band(plan: PodPlan, band: PriorityBand) -> None:
+    if band not in BANDS_OF_CLASS[plan.pod_class]:
+        raise ValueError(f"band {band!r} does not suit a {plan.pod_class} pod")
+
+
+def _labels(plan: PodPlan) -> dict[str, str]:
+    return {TENANT_LABEL: plan.tenant.name, CLASS_LABEL: plan.pod_class}
+
+
+def _annotations(plan: PodPlan, band: PriorityBand) -> dict[str, str]:
+    wanted = {
+        TICKET_ANNOTATION: plan.ticket,
+        DEMAND_ANNOTATION: resources.format_counts(plan.demand),
+    }
+    if band == "borrowed":
+        wanted[BORROWED_ANNOTATION] = "true"
+    return wanted
+
+
+def _stale_annotations(band: PriorityBand) -> tuple[str, ...]:
+    return () if band == "borrowed" else (BORROWED_ANNOTATION,)
+
+
+def _priority_fields(band: PriorityBand, priority_classes: PriorityClasses) -> dict[str, Any]:
+    priority = priority_classes.for_band(band)
+    return {
+        "priorityClassName": priority.name,
+        "priority": priority.value,
+        "preemptionPolicy": priority.preemption_policy,
+    }
+
+
+def _lacks_gpu_toleration(tolerations: list[Any]) -> bool:
+    return not any(isinstance(t, dict) and tolerates_gpu_taint(t) for t in tolerations)
+
+
+def _is_live(term: Any) -> bool:
+    """Whether a nodeSelectorTerm selects anything (empty terms match no node)."""
+    if not isinstance(term, dict):
+        raise pods.PodError("nodeSelectorTerms entries must be objects")
+    return bool(term.get("matchExpressions") or term.get("matchFields"))
+
+
+def _missing(expressions: list[Any], requirements: list[JsonObject]) -> list[JsonObject]:
+    return [r for r in requirements if r not in expressions]
+
+
+def _is_queue_gate(gate: Any) -> bool:
+    return isinstance(gate, dict) and gate.get("name") == QUEUE_GATE
+
+
+def _gates_after(gates: list[Any], gated: bool) -> list[Any]:
+    kept = [g for g in gates if not _is_queue_gate(g)]
+    return [*kept, {"name": QUEUE_GATE}] if gated else kept
+
+
+def _copies(requirements: list[JsonObject]) -> list[JsonObject]:
+    return copy.deepcopy(requirements)
+
+
+# --- mutate_pod: the stamped pod ---------------------------------------------------------
 
 
 def _merge_affinity(spec: JsonObject, requirements: list[JsonObject]) -> None:
     if not requirements:
         return
-    node_affinity = _child(_child(spec, "affinity"), "nodeAffinity")
-    required = _child(node_affinity, "requiredDuringSchedulingIgnoredDuringExecution")
+    required = spec
+    for key in AFFINITY_PATH:
+        required = _child(required, key)
     terms = _children(required, "nodeSelectorTerms")
     if not terms:
-        terms.append({"matchExpressions": copy.deepcopy(requirements)})
+        terms.append({"matchExpressions": _copies(requirements)})
         return
     for term in terms:
-        if not isinstance(term, dict):
-            raise pods.PodError("nodeSelectorTerms entries must be objects")
-        if not term.get("matchExpressions") and not term.get("matchFields"):
-            continue
-        expressions = _children(term, "matchExpressions")
-        for requirement in requirements:
-            if requirement not in expressions:
-                expressions.append(copy.deepcopy(requirement))
+        if _is_live(term):
+            expressions = _children(term, "matchExpressions")
+            expressions.extend(_copies(_missing(expressions, requirements)))
 
 
 def _set_gate(spec: JsonObject, gated: bool) -> None:
     if spec.get("schedulingGates") is None and not gated:
         return
     gates = _children(spec, "schedulingGates")
-    kept = [g for g in gates if not (isinstance(g, dict) and g.get("name") == QUEUE_GATE)]
-    if gated:
-        kept.append({"name": QUEUE_GATE})
-    gates[:] = kept
+    gates[:] = _gates_after(gates, gated)
 
 
 def mutate_pod(
@@ -136,31 +210,129 @@ def mutate_pod(
     priority_classes: PriorityClasses,
 ) -> JsonObject:
     """A deep copy of ``pod`` carrying fairgate's fields (the result of build_patch)."""
-    if band not in BANDS_OF_CLASS[plan.pod_class]:
-        raise ValueError(f"band {band!r} does not suit a {plan.pod_class} pod")
+    _check_band(plan, band)
     mutated: JsonObject = copy.deepcopy(dict(pod))
     metadata = _child(mutated, "metadata")
-    labels = _child(metadata, "labels")
-    labels[TENANT_LABEL] = plan.tenant.name
-    labels[CLASS_LABEL] = plan.pod_class
+    _child(metadata, "labels").update(_labels(plan))
     annotations = _child(metadata, "annotations")
-    annotations[TICKET_ANNOTATION] = plan.ticket
-    annotations[DEMAND_ANNOTATION] = resources.format_counts(plan.demand)
-    if band == "borrowed":
-        annotations[BORROWED_ANNOTATION] = "true"
-    else:
-        annotations.pop(BORROWED_ANNOTATION, None)
+    annotations.update(_annotations(plan, band))
+    for key in _stale_annotations(band):
+        annotations.pop(key, None)
     spec = _child(mutated, "spec")
-    priority = priority_classes.for_band(band)
-    spec["priorityClassName"] = priority.name
-    spec["priority"] = priority.value
-    spec["preemptionPolicy"] = priority.preemption_policy
+    spec.update(_priority_fields(band, priority_classes))
     tolerations = _children(spec, "tolerations")
-    if not any(isinstance(t, dict) and tolerates_gpu_taint(t) for t in tolerations):
+    if _lacks_gpu_toleration(tolerations):
         tolerations.append(dict(GPU_TOLERATION))
     _merge_affinity(spec, placement_requirements(plan.demand, plan.tenant.node_pool))
     _set_gate(spec, gated)
     return mutated
+
+
+# --- build_patch: the same result as RFC 6902 operations ---------------------------------
+
+
+def _pointer(base: str, key: str | int) -> str:
+    """``base`` extended by one JSON Pointer token (RFC 6901 escaping)."""
+    return f"{base}/{str(key).replace('~', '~0').replace('/', '~1')}"
+
+
+def _same(old: Any, new: Any) -> bool:
+    # type too: JSON true is not 1, 1.0 is not 1
+    return type(old) is type(new) and old == new
+
+
+class _Patch:
+    """Operations under construction."""
+
+    def __init__(self) -> None:
+        self.ops: list[JsonObject] = []
+
+    def add(self, path: str, value: Any) -> None:
+        self.ops.append({"op": "add", "path": path, "value": value})
+
+    def remove(self, path: str) -> None:
+        self.ops.append({"op": "remove", "path": path})
+
+    def object(self, parent: Mapping[str, Any], path: str, key: str) -> JsonObject:
+        """``parent[key]``; when absent or null, an operation creating it empty."""
+        value = _object(parent, key)
+        if value is None:
+            self.add(_pointer(path, key), {})
+            return {}
+        return value
+
+    def fields(self, parent: Mapping[str, Any], path: str, wanted: Mapping[str, Any],
+               stale: tuple[str, ...] = ()) -> None:
+        """Set every ``wanted`` member of the object ``parent`` at ``path``; remove ``stale``."""
+        for key, value in wanted.items():
+            if key not in parent:
+                self.add(_pointer(path, key), value)
+            elif not _same(parent[key], value):
+                self.ops.append({"op": "replace", "path": _pointer(path, key), "value": value})
+        for key in stale:
+            if key in parent:
+                self.remove(_pointer(path, key))
+
+    def string_map(self, parent: Mapping[str, Any], path: str, key: str,
+                   wanted: Mapping[str, str], stale: tuple[str, ...] = ()) -> None:
+        """Like :meth:`fields` on ``parent[key]``, created whole when absent or null."""
+        current = _object(parent, key)
+        if current is None:
+            self.add(_pointer(path, key), dict(wanted))
+        else:
+            self.fields(current, _pointer(path, key), wanted, stale)
+
+    def tolerations(self, spec: Mapping[str, Any]) -> None:
+        current = _array(spec, "tolerations")
+        if current is None:
+            self.add("/spec/tolerations", [dict(GPU_TOLERATION)])
+        elif _lacks_gpu_toleration(current):
+            self.add("/spec/tolerations/-", dict(GPU_TOLERATION))
+
+    def affinity(self, spec: Mapping[str, Any], requirements: list[JsonObject]) -> None:
+        if not requirements:
+            return
+        parent, path = spec, "/spec"
+        for depth, key in enumerate(AFFINITY_PATH):
+            child = _object(parent, key)
+            if child is None:
+                subtree: Any = [{"matchExpressions": _copies(requirements)}]
+                for inner in reversed((*AFFINITY_PATH[depth + 1:], "nodeSelectorTerms")):
+                    subtree = {inner: subtree}
+                self.add(_pointer(path, key), subtree)
+                return
+            parent, path = child, _pointer(path, key)
+        terms = _array(parent, "nodeSelectorTerms")
+        path = _pointer(path, "nodeSelectorTerms")
+        if terms is None:
+            self.add(path, [{"matchExpressions": _copies(requirements)}])
+        elif not terms:
+            self.add(f"{path}/-", {"matchExpressions": _copies(requirements)})
+        for i, term in enumerate(terms or ()):
+            if not _is_live(term):
+                continue
+            expressions = _array(term, "matchExpressions")
+            missing = _copies(_missing(expressions or [], requirements))
+            where = f"{path}/{i}/matchExpressions"
+            if expressions is None:
+                self.add(where, missing)
+            else:
+                for requirement in missing:
+                    self.add(f"{where}/-", requirement)
+
+    def gates(self, spec: Mapping[str, Any], gated: bool) -> None:
+        current = _array(spec, "schedulingGates")
+        if current is None:
+            if gated:
+                self.add("/spec/schedulingGates", [{"name": QUEUE_GATE}])
+            return
+        if _gates_after(current, gated) == current:
+            return
+        for i in reversed(range(len(current))):
+            if _is_queue_gate(current[i]):
+                self.remove(f"/spec/schedulingGates/{i}")
+        if gated:
+            self.add("/spec/schedulingGates/-", {"name": QUEUE_GATE})
 
 
 def build_patch(
@@ -171,6 +343,15 @@ def build_patch(
     priority_classes: PriorityClasses,
 ) -> list[JsonObject]:
     """RFC 6902 operations turning ``pod`` into ``mutate_pod(pod, ...)``."""
-    mutated = mutate_pod(pod, plan, band, gated, priority_classes)
-    ops: list[JsonObject] = jsonpatch.make_patch(dict(pod), mutated).patch
-    return ops
+    _check_band(plan, band)
+    patch = _Patch()
+    metadata = patch.object(pod, "", "metadata")
+    patch.string_map(metadata, "/metadata", "labels", _labels(plan))
+    patch.string_map(metadata, "/metadata", "annotations", _annotations(plan, band),
+                     _stale_annotations(band))
+    spec = patch.object(pod, "", "spec")
+    patch.fields(spec, "/spec", _priority_fields(band, priority_classes))
+    patch.tolerations(spec)
+    patch.affinity(spec, placement_requirements(plan.demand, plan.tenant.node_pool))
+    patch.gates(spec, gated)
+    return patch.ops

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import jsonpatch
@@ -13,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pod_strategies import pods
 
+from admission import pods as pods_module
 from admission.mutation import GPU_TOLERATION, build_patch, mutate_pod, placement_requirements
 from admission.plan import PodPlan, plan_create
 from admission.reviews import parse_review
@@ -428,3 +430,95 @@ def test_patch_applies_and_keeps_user_settings(pod: dict[str, Any], args: Any) -
     ]
     gates = [g["name"] for g in spec.get("schedulingGates") or []]
     assert gates == old_gates + ([QUEUE_GATE] if gated else [])
+
+
+# --- property: the direct operations give exactly the pod the old diff approach gave -----
+
+MIXED_PLAN_POOL = {"key": "fairgate.io/node-pool", "operator": "In", "values": ["a100-pool"]}
+MISSHAPEN = st.sampled_from(["x", 3, [], {}, [1], {"a": 1}])
+# Paths where a pod may carry fairgate's fields already, stale, or with odd JSON types.
+STAMPS: dict[tuple[str, ...], st.SearchStrategy[Any]] = {
+    ("metadata", "labels", TENANT_LABEL): st.sampled_from(["team-a", "team-b", 1]),
+    ("metadata", "labels", CLASS_LABEL): st.sampled_from(["training", "inference"]),
+    ("metadata", "annotations", TICKET_ANNOTATION): st.sampled_from(["ticket-1", "old"]),
+    ("metadata", "annotations", DEMAND_ANNOTATION): st.sampled_from(["gpu=1", "mig-1g.5gb=2"]),
+    ("metadata", "annotations", BORROWED_ANNOTATION): st.sampled_from(["true", "false"]),
+    ("spec", "priorityClassName"): st.sampled_from(["fairgate-training", "fairgate-borrowed"]),
+    ("spec", "priority"): st.sampled_from([10000, 1000, 100000, True, 10000.0, None]),
+    ("spec", "preemptionPolicy"): st.sampled_from(["Never", "PreemptLowerPriority"]),
+    ("spec", "tolerations"): st.just([dict(GPU_TOLERATION)]),
+    ("spec", "schedulingGates"): st.lists(
+        st.sampled_from([QUEUE_GATE, "example.com/a"]).map(lambda n: {"name": n}), max_size=4
+    ),
+}
+# Paths fairgate reads or writes: any of them may have the wrong JSON type.
+SHAPED = [
+    ("metadata",), ("metadata", "labels"), ("metadata", "annotations"), ("spec",),
+    ("spec", "tolerations"), ("spec", "schedulingGates"), ("spec", "affinity"),
+    ("spec", "affinity", "nodeAffinity"),
+    ("spec", "affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution"),
+    ("spec", "affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution",
+     "nodeSelectorTerms"),
+]
+
+
+def _put(pod: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    node = pod
+    for key in path[:-1]:
+        if not isinstance(node.get(key), dict):
+            node[key] = {}
+        node = node[key]
+    node[path[-1]] = value
+
+
+@st.composite
+def stamped_pods(draw: st.DrawFn) -> dict[str, Any]:
+    """pods() that may already carry (some of) fairgate's fields, requirements in their
+    terms, terms with null matchExpressions, or a wrong JSON type on one path."""
+    pod = draw(pods())
+    for path, values in STAMPS.items():
+        if draw(st.booleans()):
+            _put(pod, path, draw(values))
+    terms = (((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {})
+             .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms")
+    for i, term in enumerate(terms or []):
+        if draw(st.booleans()):
+            term["matchExpressions"] = draw(st.one_of(st.sampled_from(
+                [None, [NOT_MIG], [ONLY_MIXED, MIXED_PLAN_POOL], [MIXED_PLAN_POOL]]), MISSHAPEN))
+        if draw(st.integers(0, 9)) == 0:
+            terms[i] = draw(MISSHAPEN)
+    if draw(st.integers(0, 3)) == 0:
+        _put(pod, draw(st.sampled_from(SHAPED)), draw(MISSHAPEN))
+    return pod
+
+
+def _outcome(make: Any) -> Any:
+    try:
+        return make()
+    except pods_module.PodError as exc:
+        return ("PodError", str(exc))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stamped_pods(), PLAN_ARGS)
+def test_operations_give_exactly_the_pod_the_diff_of_mutate_pod_gives(
+    pod: dict[str, Any], args: Any
+) -> None:
+    demand, pool, (pod_class, band), gated = args
+    plan = make_plan(demand, pod_class=pod_class, node_pool=pool)
+    before = copy.deepcopy(pod)
+
+    def reference() -> Any:  # build_patch as it was: diff the stamped deep copy
+        return jsonpatch.apply_patch(
+            pod, jsonpatch.make_patch(pod, mutate_pod(pod, plan, band, gated, CLASSES)))
+
+    expected = _outcome(reference)
+    ops = _outcome(lambda: build_patch(pod, plan, band, gated, CLASSES))
+    assert pod == before, "build_patch must not modify its input"
+    if isinstance(expected, tuple):  # a misshapen pod: the same error, naming the field
+        assert ops == expected
+        return
+    result = jsonpatch.apply_patch(pod, ops)
+    # equal as JSON text too: Python's == takes true for 1 and 1.0 for 1
+    assert json.dumps(result, sort_keys=True) == json.dumps(expected, sort_keys=True)
+    assert build_patch(result, plan, band, gated, CLASSES) == []  # stamping is idempotent
