@@ -302,10 +302,19 @@ def test_tenant_user_cannot_lift_the_gate_or_forge_fairgate_labels(
     status, message = refusal(lambda: core.create_namespaced_pod(ns, forged))
     assert status in (400, 403), message
     assert "fairgate.io/tenant" in message, message
-    forged_gpuless = pod_manifest(
-        "forged-cpu", labels={"fairgate.io/tenant": "team-a"}, tolerate_gpu=False
+
+
+def test_pod_without_gpus_cannot_carry_a_forged_tenant_label(
+    controlplane: ControlPlane, fairgate: FairgateStack, tenant_pods: None
+) -> None:
+    """The validating webhook's matchConditions send such CREATEs precisely so that a
+    forged `fairgate.io/tenant` label is refused even on a pod that asks for no GPU."""
+    core = pods_api(controlplane, "team-b")
+    forged = pod_manifest("forged-cpu", labels={"fairgate.io/tenant": "team-a"}, tolerate_gpu=False)
+    status, message = refusal(
+        lambda: core.create_namespaced_pod(tenant_namespace("team-b"), forged)
     )
-    status, message = refusal(lambda: core.create_namespaced_pod(ns, forged_gpuless))
+    assert status in (400, 403), message
     assert "fairgate.io/tenant" in message, message
 
 
