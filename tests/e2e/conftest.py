@@ -69,13 +69,15 @@ def kubelet(controlplane: ControlPlane) -> Iterator[FakeKubelet]:
     assert not fake.errors, f"fake kubelet errors: {fake.errors}"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def fairgate(
     controlplane: ControlPlane, kubelet: FakeKubelet, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[FairgateStack]:
     """fairgate installed from manifests/, `fairgate serve` and `fairgate dispatch` running.
 
-    It has its own redis-server. At the end the webhook configurations are removed.
+    It has its own redis-server. Module-scoped: after the module the webhook
+    configurations are removed, so tests elsewhere see a cluster without fairgate. It
+    installs into fixed namespaces, so only one module per session can use it.
     """
     with local_redis() as redis_url:
         stack = FairgateStack(controlplane, tmp_path_factory.mktemp("fairgate"), redis_url)
