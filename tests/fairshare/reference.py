@@ -500,6 +500,24 @@ class Reference:
             self.forget(t)
         return [t for _, t in out]
 
+    def rebuild(self, running: list[tuple[str, Rec]], gated: list[tuple[str, Rec]]) -> None:
+        """Replace usage and queue (not the config): ``running`` pods, then ``gated``
+        ones queued in the given order; sequence numbers restart from 1."""
+        self.recs, self.lanes, self.gangs, self.resv = {}, {}, {}, {}
+        self.seq = 0
+        for ticket, rec in running:
+            self.seq += 1
+            rec.state, rec.seq, rec.at, rec.submitted = "A", self.seq, None, 0.0
+            self.recs[ticket] = rec
+            if rec.gang:
+                g = self.gangs.setdefault(rec.gang, Gang(rec.tenant, rec.cls, rec.gsize))
+                g.tenant, g.cls, g.size = rec.tenant, rec.cls, rec.gsize
+                g.running += 1
+        for ticket, rec in gated:
+            self.seq += 1
+            rec.seq, rec.at = self.seq, None
+            self.enqueue(ticket, rec, False)
+
     def requeue(self, ticket: str) -> bool:
         rec = self.recs.get(ticket)
         if rec is None or rec.state not in ("R", "A"):

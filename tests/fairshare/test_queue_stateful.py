@@ -22,14 +22,16 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from fairshare.model import PodRequest
+from fairshare.model import GatedPod, PodRequest, RunningPod
 from fairshare.queue import FairQueue
 from tenants.models import FairgateConfig, PlatformConfig, PodClass, QuotaSpec
 from tenants.resources import ResourceCounts
 from tests.fairshare.reference import (
     BAND_CODE,
+    BAND_NAME,
     BANDS,
     PRIO,
+    Rec,
     Reference,
     empty_shape,
     waiting_for,
@@ -236,6 +238,35 @@ class QueueMachine(RuleBasedStateMachine):
         ticket = self.pick(index, "RAQ")
         if ticket is not None:
             assert self.queue.requeue(ticket) == self.ref.requeue(ticket)
+
+    @rule()
+    def rebuild_from_cluster(self) -> None:
+        """The reconciler replaces Redis with the cluster's truth (reservations not yet
+        confirmed have no pod yet and are dropped)."""
+        running: list[tuple[str, Rec]] = []
+        gated: list[tuple[str, Rec]] = []
+        for ticket, rec in self.ref.recs.items():
+            if rec.state == "A":
+                running.append((ticket, dataclasses.replace(rec)))
+            elif rec.state in ("Q", "G"):
+                gated.append((ticket, dataclasses.replace(rec)))
+        gated.sort(key=lambda item: (item[1].submitted, item[0]))
+
+        def group(rec: Rec) -> tuple[str | None, int]:
+            return (rec.gang.split("/", 1)[1], rec.gsize) if rec.gang else (None, 1)
+
+        def pod_class(rec: Rec) -> PodClass:
+            return "inference" if rec.cls == "i" else "training"
+
+        self.queue.rebuild(
+            [RunningPod(t, r.tenant, r.ns, r.name, pod_class(r), BAND_NAME[r.band],
+                        dict(r.demand), *group(r)) for t, r in running],
+            [GatedPod(PodRequest(t, r.tenant, r.ns, r.name, pod_class(r), dict(r.demand),
+                                 *group(r), submitted_at=r.submitted), BAND_NAME[r.band])
+             for t, r in gated],
+        )
+        self.ref.rebuild(running, gated)
+        self.last_usage = self.usage_snapshot()
 
     @rule(seconds=st.sampled_from([0.5, 5.0, 31.0, 150.0]))
     def tick_and_expire(self, seconds: float) -> None:
