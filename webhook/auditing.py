@@ -1,15 +1,17 @@
 """Hand admission decisions to the audit log without making admission wait for it.
 
-Contract: :meth:`AuditWriter.submit` never blocks and never raises: it queues the record
-for one background thread that appends records to the :class:`~audit.AuditLog` in the
-order they were submitted (so the hash chain follows decision order). When the queue is
-full (the log cannot keep up, e.g. Redis hangs) the record is dropped, counted in
-``dropped`` and logged as an error. :meth:`AuditWriter.stop` writes what is queued
-(bounded by a timeout) before returning.
+Contract: :meth:`AuditWriter.submit` never blocks and never raises: it builds the record
+(timed now) and queues it for one background thread that appends records to the
+:class:`~audit.AuditLog` in the order they were submitted (so the hash chain follows
+decision order). When the queue is full (the log cannot keep up, e.g. Redis hangs) the
+record is dropped, counted in ``dropped`` and logged as an error; so is a record the
+audit log refuses to build (a programming error). :meth:`AuditWriter.stop` writes what
+is queued (bounded by a timeout) before returning.
 
 The queue is a lock-free ``deque``; the writer is woken at most once per batch it
-drains (not once per record), which keeps the request threads' cost per decision to an
-append.
+drains and appends the whole batch with :meth:`audit.AuditLog.record_many` (one Redis
+call and one stdout write per batch), so a decision costs the request thread one record
+build and one append.
 """
 
 from __future__ import annotations
@@ -19,11 +21,9 @@ import threading
 from collections import deque
 from typing import Any
 
-from audit import AuditLog
+from audit import AuditLog, AuditRecord
 
 log = logging.getLogger("fairgate.webhook.audit")
-
-_Item = tuple[str, dict[str, Any]]
 
 
 class AuditWriter:
@@ -34,7 +34,7 @@ class AuditWriter:
         self.audit_log = audit_log
         self.capacity = capacity
         self.dropped = 0
-        self._items: deque[_Item] = deque()
+        self._items: deque[AuditRecord] = deque()
         self._pending = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -57,7 +57,13 @@ class AuditWriter:
                 "cannot keep up", decision, fields.get("uid", ""),
             )
             return
-        self._items.append((decision, fields))
+        try:
+            record = AuditRecord(decision=decision, **fields)
+        except (TypeError, ValueError):
+            self.dropped += 1
+            log.exception("audit record could not be built (decision=%s)", decision)
+            return
+        self._items.append(record)
         if not self._pending.is_set():
             self._pending.set()
 
@@ -79,10 +85,10 @@ class AuditWriter:
             self._pending.wait()
             self._pending.clear()
             while self._items:
-                decision, fields = self._items.popleft()
+                batch = [self._items.popleft() for _ in range(len(self._items))]
                 try:
-                    self.audit_log.record(decision, **fields)
-                except Exception:  # the writer thread must survive a bad record
-                    log.exception("audit record could not be written (decision=%s)", decision)
+                    self.audit_log.record_many(batch)
+                except Exception:  # the writer thread must survive anything
+                    log.exception("%d audit records could not be written", len(batch))
             if self._stopping:
                 return

@@ -44,3 +44,15 @@ def test_a_full_queue_drops_and_counts_instead_of_blocking() -> None:
     writer.stop()
     assert [json.loads(line)["uid"] for line in out.getvalue().splitlines()] == [
         str(i) for i in range(10)]
+
+
+def test_a_record_the_audit_log_refuses_is_dropped_not_raised() -> None:
+    out = io.StringIO()
+    writer = AuditWriter(AuditLog(None, out=out))
+    writer.start()
+    writer.submit("admit", no_such_field=1)
+    writer.submit("Not A Decision", uid="x")
+    writer.submit("deny", uid="kept")
+    writer.stop()
+    assert writer.dropped == 2
+    assert [json.loads(line)["uid"] for line in out.getvalue().splitlines()] == ["kept"]
