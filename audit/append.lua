@@ -1,10 +1,18 @@
--- Append one audit record as the next link of the hash chain, atomically.
+-- Append a batch of audit records as the next links of the hash chain, atomically.
 -- KEYS[1] the stream, KEYS[2] the chain head (a hash: seq, hash, floor)
--- ARGV[1] SHA-256 hex of the record body (canonical JSON without seq/prev/hash)
--- ARGV[2] the record body, ARGV[3] maxlen (exact retention)
--- The link is SHA-256("<seq>:" .. bytes(prev) .. bytes(content)), computed here because
--- Redis Lua only offers SHA-1 (redis.sha1hex); the message is 2 blocks, the body never
--- passes through this function. Returns {seq, prev, hash, stream id}.
+-- ARGV[1] maxlen (exact retention); ARGV[2], ARGV[3] the head (seq, hash) the writer
+-- expects, or "" when it does not know; then, per record, three arguments: the SHA-256
+-- hex of the record body (canonical JSON without seq/prev/hash), the body, and the link
+-- hash the writer computed from the expected head ("" when it did not).
+-- The link of record seq is SHA-256("<seq>:" .. bytes(prev) .. bytes(content)). When the
+-- head is the one expected, the writer's links are the chain's and are stored as given;
+-- otherwise (another writer appended meanwhile, the chain was reset) they are computed
+-- here, in pure Lua because Redis Lua only offers SHA-1 (redis.sha1hex); the message is 2
+-- blocks, the body never passes through it. Nobody retries. Arguments are checked before
+-- anything is written, and after the first write Redis runs the script to its end (it
+-- refuses a script only at its first write, e.g. when out of memory), so a batch is
+-- appended whole or not at all.
+-- Returns {first seq, prev of the first record, link 1, ..., link n}.
 local band, bor, bxor = bit.band, bit.bor, bit.bxor
 local rshift, ror, tobit, tohex = bit.rshift, bit.ror, bit.tobit, bit.tohex
 local K = {
@@ -58,18 +66,44 @@ local function unhex(text)
   return (string.gsub(text, '..', function(pair) return string.char(tonumber(pair, 16)) end))
 end
 
-local content = ARGV[1]
-if not string.match(content, '^%x+$') or #content ~= 64 then
-  return redis.error_reply('audit content digest must be 64 hex digits')
+local function is_digest(text)
+  return #text == 64 and string.match(text, '^%x+$') ~= nil
 end
+
 local head = redis.call('HMGET', KEYS[2], 'seq', 'hash', 'floor')
-local seq = tonumber(head[1] or '0') + 1
-local seq_text = string.format('%d', seq)  -- not seq .. '': Lua 5.1 would print 1e+15
+local seq_text = head[1] or '0'
 local prev = head[2] or string.rep('0', 64)
-local link = sha256(seq_text .. ':' .. unhex(prev) .. unhex(content))
-local maxlen = tonumber(ARGV[3])
-local floor = string.format('%d', math.max(tonumber(head[3] or '1'), seq - maxlen + 1, 1))
-local id = redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[3], '*',
-  'seq', seq_text, 'prev', prev, 'hash', link, 'record', ARGV[2])
-redis.call('HSET', KEYS[2], 'seq', seq_text, 'hash', link, 'floor', floor)
-return {seq_text, prev, link, id}
+local trusted = ARGV[2] == seq_text and ARGV[3] == prev
+local count = (#ARGV - 3) / 3
+if count < 1 or count % 1 ~= 0 then
+  return redis.error_reply('audit append takes maxlen, expected seq and hash, then '
+    .. 'triples of content digest, body and link')
+end
+for i = 0, count - 1 do
+  if not is_digest(ARGV[4 + 3 * i]) then
+    return redis.error_reply('audit content digest must be 64 hex digits')
+  end
+  if trusted and not is_digest(ARGV[6 + 3 * i]) then
+    return redis.error_reply('audit link hash must be 64 hex digits')
+  end
+end
+
+local first = tonumber(seq_text) + 1
+local reply = {string.format('%d', first), prev}  -- not seq .. '': Lua 5.1 would print 1e+15
+local seq = first - 1
+for i = 0, count - 1 do
+  seq = seq + 1
+  seq_text = string.format('%d', seq)
+  local link = ARGV[6 + 3 * i]
+  if not trusted then
+    link = sha256(seq_text .. ':' .. unhex(prev) .. unhex(ARGV[4 + 3 * i]))
+  end
+  redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[1], '*',
+    'seq', seq_text, 'prev', prev, 'hash', link, 'record', ARGV[5 + 3 * i])
+  reply[#reply + 1] = link
+  prev = link
+end
+local floor = string.format('%d',
+  math.max(tonumber(head[3] or '1'), seq - tonumber(ARGV[1]) + 1, 1))
+redis.call('HSET', KEYS[2], 'seq', seq_text, 'hash', prev, 'floor', floor)
+return reply

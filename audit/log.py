@@ -1,17 +1,22 @@
 """Write audit records to stdout and to a hash-chained Redis Stream.
 
 Contract:
-- :meth:`AuditLog.record` builds an :class:`~audit.chain.AuditRecord`, appends it to the
-  stream (default ``fairgate:audit``) as the next link of the chain, and writes the same
-  JSON line to ``out``. It never raises: if Redis is unavailable the record is still
-  written to ``out`` (unchained: ``seq``/``prev``/``hash`` null), ``last_error`` and
-  ``failures`` say what went wrong, the counter ``fairgate_audit_write_failures_total``
-  counts it and a warning is logged.
+- :meth:`AuditLog.record_many` appends records, in order, to the stream (default
+  ``fairgate:audit``) as the next links of the chain, and writes the same JSON lines to
+  ``out``: one script call (EVALSHA) and one write + flush per batch of up to
+  :data:`BATCH` records. A batch is stored whole or not at all, and its records are
+  consecutive in the chain. :meth:`AuditLog.record` is the batch of one. Neither raises
+  for Redis or ``out`` failures: if Redis is unavailable the records are still written to
+  ``out`` (unchained: ``seq``/``prev``/``hash`` null), ``last_error`` and ``failures``
+  (records) say what went wrong, the counter ``fairgate_audit_write_failures_total``
+  counts the records and a warning is logged.
 - Chaining is race-free across threads and processes by construction: one Lua script
-  (``append.lua``) reads the chain head (kept in ``<stream>:head``), computes the link
-  hash, appends the entry and moves the head, atomically. The writer hashes the record
-  body (SHA-256) and the script hashes only the short link message, in pure Lua, because
-  Redis Lua offers SHA-1 alone; no retries, so no writer can starve.
+  (``append.lua``) reads the chain head (kept in ``<stream>:head``), links the records,
+  appends them and moves the head, atomically. The writer hashes each record body
+  (SHA-256) and, from the head its previous append left, the links too; when that head
+  is still current the script stores those links, otherwise (another writer appended in
+  between) it computes them in pure Lua, because Redis Lua offers SHA-1 alone. No
+  retries, so no writer can starve.
 - A stream entry holds the fields ``seq``, ``prev``, ``hash`` and ``record`` (the body:
   canonical JSON without the three); the stdout line is the complete record.
 - Retention is exact: ``XADD MAXLEN <maxlen>`` keeps the newest ``maxlen`` records; the
@@ -19,17 +24,18 @@ Contract:
   can tell trimming from deletion.
 - With ``client=None`` records are chained in-process and only written to ``out``.
 - Give the client socket timeouts (``socket_timeout``, ``socket_connect_timeout``): a
-  record waits for Redis at most that long before falling back to stdout only.
+  batch waits for Redis at most that long before falling back to stdout only.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, TextIO
@@ -44,12 +50,15 @@ from audit.chain import (
     ChainHead,
     VerifyResult,
     content_digest,
+    link_hash,
     verify,
 )
 
 STREAM = "fairgate:audit"
 MAXLEN = 100_000
 PAGE = 1000
+BATCH = 256
+"""Most records one script call appends (longer runs are split into batches)."""
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +93,8 @@ class AuditLog:
         self.last_error: str | None = None
         self._lock = threading.Lock()
         self._head = ChainHead(0, GENESIS)
+        # The stored head as this writer's last append left it (None: not known).
+        self._expected: ChainHead | None = None
         self._script = (
             client.register_script(
                 resources.files("audit").joinpath("append.lua").read_text(encoding="utf-8")
@@ -97,43 +108,67 @@ class AuditLog:
         Redis and stdout failures are reported, never raised; an unknown field or a
         malformed decision (programming errors) raise TypeError / ValueError.
         """
-        draft = AuditRecord(decision=decision, **fields)
-        stored = self._append(draft)
-        self._write_line(stored.to_json())
+        (stored,) = self.record_many([AuditRecord(decision=decision, **fields)])
         return stored
 
-    def _append(self, draft: AuditRecord) -> AuditRecord:
+    def record_many(self, drafts: Iterable[AuditRecord]) -> list[AuditRecord]:
+        """Append ``drafts`` in order and return them as stored (the drafts' own
+        ``seq``/``prev``/``hash`` are ignored). ``drafts`` is consumed lazily, one batch of
+        up to :data:`BATCH` at a time; Redis and stdout failures are reported, never raised.
+        """
+        stored: list[AuditRecord] = []
+        pending = iter(drafts)
+        while batch := list(itertools.islice(pending, BATCH)):
+            chained = self._append(batch)
+            self._write_lines(chained)
+            stored.extend(chained)
+        return stored
+
+    def _append(self, batch: list[AuditRecord]) -> list[AuditRecord]:
         if self._script is None:
             with self._lock:
-                rec = draft.chained(self._head.seq + 1, self._head.hash)
-                self._head = ChainHead(self._head.seq + 1, rec.hash or "")
-            return rec
-        body = draft.body_json()
+                chained = []
+                for draft in batch:
+                    rec = draft.chained(self._head.seq + 1, self._head.hash)
+                    self._head = ChainHead(self._head.seq + 1, rec.hash or "")
+                    chained.append(rec)
+            return chained
+        bodies = [draft.body_json() for draft in batch]
+        digests = [content_digest(body) for body in bodies]
+        expected = self._expected
+        args: list[str | int] = [self.maxlen]
+        args += [expected.seq, expected.hash] if expected is not None else ["", ""]
+        for digest, body, link in zip(digests, bodies, _links(expected, digests), strict=True):
+            args += [digest, body, link]
         try:
-            seq, prev, digest, _ = self._script(
-                keys=[self.stream, self.head_key],
-                args=[content_digest(body), body, self.maxlen],
-            )
+            reply = self._script(keys=[self.stream, self.head_key], args=args)
         except (redis.RedisError, OSError) as exc:
-            self._fail(exc)
-            return draft
-        return dataclasses.replace(draft, seq=int(seq), prev=_text(prev), hash=_text(digest))
+            self._fail(exc, len(batch))
+            return [_unchained(draft) for draft in batch]
+        first, prev = int(reply[0]), _text(reply[1])
+        chained = []
+        for i, (draft, link) in enumerate(zip(batch, map(_text, reply[2:]), strict=True)):
+            chained.append(dataclasses.replace(draft, seq=first + i, prev=prev, hash=link))
+            prev = link
+        self._expected = ChainHead(first + len(batch) - 1, prev)
+        return chained
 
-    def _fail(self, exc: BaseException) -> None:
+    def _fail(self, exc: BaseException, records: int) -> None:
         with self._lock:
-            self.failures += 1
+            self.failures += records
             self.last_error = f"{type(exc).__name__}: {exc}"
-        WRITE_FAILURES.inc()
-        log.warning("audit record not stored in Redis stream %s (written to stdout only): %s",
-                    self.stream, exc)
+        WRITE_FAILURES.inc(records)
+        log.warning("%d audit record(s) not stored in Redis stream %s (written to stdout "
+                    "only): %s", records, self.stream, exc)
 
-    def _write_line(self, line: str) -> None:
+    def _write_lines(self, records: list[AuditRecord]) -> None:
+        text = "".join(rec.to_json() + "\n" for rec in records)
         try:
             with self._lock:
-                self.out.write(line + "\n")
+                self.out.write(text)
                 self.out.flush()
         except (OSError, ValueError) as exc:
-            log.warning("audit record not written to stdout: %s", exc)
+            log.warning("%d audit record(s) not written to stdout: %s", len(records), exc)
 
     def head(self) -> ChainHead | None:
         """The chain head stored beside the stream, or None if the chain is empty."""
@@ -208,6 +243,26 @@ def parse_entry(raw_id: bytes | str, values: Mapping[Any, Any] | None) -> Stored
     if record.body_json() != fields["record"]:
         return StoredRecord(stream_id, None, "not a valid audit record: body is not canonical")
     return StoredRecord(stream_id, record)
+
+
+def _links(expected: ChainHead | None, digests: list[str]) -> list[str]:
+    """The links of records with these body digests appended after ``expected``
+    ("" each when the head is not known)."""
+    if expected is None:
+        return [""] * len(digests)
+    links = []
+    seq, prev = expected.seq, expected.hash
+    for digest in digests:
+        seq += 1
+        prev = link_hash(seq, prev, digest)
+        links.append(prev)
+    return links
+
+
+def _unchained(draft: AuditRecord) -> AuditRecord:
+    if draft.seq is None and draft.prev is None and draft.hash is None:
+        return draft
+    return dataclasses.replace(draft, seq=None, prev=None, hash=None)
 
 
 def _head_of(raw: list[Any]) -> ChainHead | None:

@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import multiprocessing
 import threading
+from collections.abc import Iterator
+from importlib import resources
 
 import pytest
 import redis
 
-from audit.chain import GENESIS, AuditRecord, chain_hash, content_digest, link_hash
+from audit.chain import (
+    GENESIS,
+    AuditRecord,
+    chain_hash,
+    content_digest,
+    link_hash,
+    verify,
+)
 from audit.log import STREAM, AuditLog, parse_entry
-from fairshare.localredis import free_port
+from fairshare.localredis import free_port, local_redis
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -193,3 +203,185 @@ def test_lua_link_hash_for_long_sequence_numbers(redis_client: redis.Redis, seq:
     rec = AuditLog(redis_client, out=io.StringIO()).record("admit", uid="x")
     assert (rec.seq, rec.prev) == (seq + 1, prev)
     assert rec.hash == link_hash(seq + 1, prev, content_digest(rec.body_json()))
+
+
+# --- batches ------------------------------------------------------------------------------
+
+
+class CountingOut(io.StringIO):
+    """A text sink that counts writes and flushes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+        self.flushes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        return super().write(text)
+
+    def flush(self) -> None:
+        self.flushes += 1
+        super().flush()
+
+
+def _drafts(n: int, writer: str = "b") -> list[AuditRecord]:
+    return [AuditRecord("queue", uid=f"{writer}-{i}", tenant="team-a", namespace="ns",
+                        name=f"p{i}", demand="gpu=1", reason="no room") for i in range(n)]
+
+
+def _evalsha_calls(client: redis.Redis) -> int:
+    return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def test_batch_of_one_is_a_record(redis_client: redis.Redis) -> None:
+    out = io.StringIO()
+    log = AuditLog(redis_client, out=out)
+    (rec,) = log.record_many(_drafts(1))
+    assert (rec.seq, rec.prev, rec.uid) == (1, GENESIS, "b-0")
+    assert rec.hash == chain_hash(rec.fields())
+    assert out.getvalue() == rec.to_json() + "\n"
+    assert _stored(redis_client) == [rec]
+    assert log.verify()[0].ok
+    assert log.record_many([]) == []
+
+
+@pytest.mark.parametrize("size", [256, 600])
+def test_a_batch_is_one_script_call_and_one_flush_per_256(
+    redis_client: redis.Redis, size: int,
+) -> None:
+    out = CountingOut()
+    log = AuditLog(redis_client, out=out)
+    _write(log, 1)  # loads the script
+    redis_client.config_resetstat()
+    out.writes = out.flushes = 0
+    stored = log.record_many(_drafts(size))
+    calls = -(-size // 256)
+    assert _evalsha_calls(redis_client) == calls
+    assert (out.writes, out.flushes) == (calls, calls)
+    assert [r.seq for r in stored] == list(range(2, size + 2))
+    assert [r.uid for r in stored] == [f"b-{i}" for i in range(size)]
+    assert out.getvalue().splitlines()[1:] == [r.to_json() for r in stored]
+    assert _stored(redis_client)[1:] == stored
+    result, _ = log.verify()
+    assert result.ok, result.problem
+    assert (result.first_seq, result.last_seq) == (1, size + 1)
+
+
+def test_batch_keeps_retention_exact(redis_client: redis.Redis) -> None:
+    log = AuditLog(redis_client, maxlen=100, out=io.StringIO())
+    log.record_many(_drafts(250))
+    assert redis_client.xlen(STREAM) == 100
+    assert redis_client.hget(f"{STREAM}:head", "floor") == b"151"
+    result, _ = log.verify()
+    assert result.ok, result.problem
+    assert (result.first_seq, result.last_seq) == (151, 250)
+
+
+def test_batches_interleaved_with_other_writers_keep_one_chain(
+    redis_client: redis.Redis, redis_url: str,
+) -> None:
+    # Each writer's remembered head is stale after another writer's batch: the links of
+    # its next batch must then be computed from the real head.
+    other_client = redis.Redis.from_url(redis_url)
+    writers = [AuditLog(redis_client, out=io.StringIO()),
+               AuditLog(other_client, out=io.StringIO()),
+               AuditLog(redis_client, out=io.StringIO())]
+    sizes = [1, 3, 256, 2, 1, 1, 40, 7, 1, 300, 5]
+    batches = [writers[n % 3].record_many(_drafts(size, f"w{n}"))
+               for n, size in enumerate(sizes)]
+    # every batch is a run of consecutive links, in the order the batches were written
+    assert [r.seq for batch in batches for r in batch] == list(range(1, sum(sizes) + 1))
+    result, entries = writers[1].verify()
+    assert result.ok, result.problem
+    assert [e.record for e in entries] == [r for batch in batches for r in batch]
+    redis_client.flushall()  # a reset chain restarts from seq 1 whatever a writer remembers
+    again = [writers[n % 3].record_many(_drafts(size, f"x{n}"))
+             for n, size in enumerate([2, 1, 3])]
+    other_client.close()
+    assert [r.seq for batch in again for r in batch] == list(range(1, 7))
+    result, entries = writers[0].verify()
+    assert result.ok, result.problem
+    assert [e.record for e in entries] == [r for batch in again for r in batch]
+
+
+def test_a_batch_with_a_malformed_record_writes_nothing(redis_client: redis.Redis) -> None:
+    script = redis_client.register_script(
+        resources.files("audit").joinpath("append.lua").read_text(encoding="utf-8"))
+    body = _drafts(1)[0].body_json()
+    good = [content_digest(body), body, ""]
+    with pytest.raises(redis.ResponseError, match="64 hex digits"):
+        script(keys=[STREAM, f"{STREAM}:head"],
+               args=[100, "", "", *good, "not-a-digest", body, "", *good])
+    assert redis_client.xlen(STREAM) == 0 and not redis_client.exists(f"{STREAM}:head")
+
+
+def test_redis_down_mid_batch_still_writes_every_record_to_stdout(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with local_redis() as url:
+        client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=0.5)
+        out = io.StringIO()
+        log = AuditLog(client, out=out)
+        killer = redis.Redis.from_url(url)
+
+        def drafts() -> Iterator[AuditRecord]:
+            for i, draft in enumerate(_drafts(700)):
+                if i == 300:  # the first batch (256) is stored; Redis dies in the second
+                    with contextlib.suppress(redis.ConnectionError):
+                        killer.shutdown(nosave=True)
+                yield draft
+
+        stored = log.record_many(drafts())
+    lines = [AuditRecord.from_json(line) for line in out.getvalue().splitlines()]
+    assert lines == stored
+    assert [r.uid for r in lines] == [f"b-{i}" for i in range(700)]
+    assert [r.seq for r in lines[:256]] == list(range(1, 257))
+    assert verify(lines[:256]).ok
+    assert all(r.seq is None and r.prev is None and r.hash is None for r in lines[256:])
+    assert log.failures == 700 - 256 and log.last_error and "ConnectionError" in log.last_error
+    assert "not stored" in caplog.text
+
+
+def _batch_writer(url: str, name: str, rounds: int) -> None:
+    client = redis.Redis.from_url(url)
+    log = AuditLog(client, out=io.StringIO())
+    for n in range(rounds):
+        stored = log.record_many(_drafts([1, 7, 256, 40][n % 4], f"{name}.{n}"))
+        seqs = [r.seq for r in stored]
+        assert None not in seqs
+        assert seqs == list(range(seqs[0] or 0, (seqs[0] or 0) + len(seqs)))
+    client.close()
+
+
+@pytest.mark.slow
+def test_concurrent_batches_from_threads_and_processes_keep_one_chain(
+    redis_client: redis.Redis, redis_url: str,
+) -> None:
+    rounds = 8
+    spawn = multiprocessing.get_context("spawn")
+    errors: list[BaseException] = []
+
+    def thread_writer(name: str) -> None:
+        try:
+            _batch_writer(redis_url, name, rounds)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=thread_writer, args=(f"t{i}",)) for i in range(2)]
+    procs = [spawn.Process(target=_batch_writer, args=(redis_url, f"p{i}", rounds))
+             for i in range(3)]
+    for worker in [*threads, *procs]:
+        worker.start()
+    for thread in threads:
+        thread.join()
+    for proc in procs:
+        proc.join(120)
+        assert proc.exitcode == 0
+    assert not errors
+    result, entries = AuditLog(redis_client, out=io.StringIO()).verify()
+    assert result.ok, result.problem
+    per_writer = sum([1, 7, 256, 40][n % 4] for n in range(rounds))
+    assert result.checked == 5 * per_writer
+    uids = {e.record.uid for e in entries if e.record is not None}
+    assert len(uids) == 5 * per_writer
