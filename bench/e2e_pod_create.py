@@ -30,6 +30,7 @@ from harness.fairgate import (
     tenant_user,
 )
 from harness.kubelet import FakeKubelet
+from harness.manifests import WEBHOOK_KINDS
 from harness.pods import pod_manifest
 from harness.waiting import wait_for
 from kubernetes import client
@@ -37,6 +38,7 @@ from kubernetes import client
 from fairshare.localredis import local_redis
 
 TENANT = "team-a"
+SETTLE_SECONDS = 2.0
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -54,15 +56,27 @@ def webhook_active(core: Any, namespace: str) -> bool:
 
 
 def set_webhooks(stack: FairgateStack, core: Any, namespace: str, on: bool) -> None:
+    """Install (mutating, then validating) or remove (validating, then mutating) fairgate.
+
+    The API server watches the two kinds with separate informers. A validating webhook
+    active without the mutating one refuses every unstamped GPU pod, and no request shows
+    when the validating informer has caught up, so the script waits SETTLE_SECONDS there.
+    """
+    mutating, validating = WEBHOOK_KINDS
     if on:
-        stack.install_webhooks()
+        stack.install_webhooks([mutating])
+        wait_for(lambda: webhook_active(core, namespace), 30, "the API server to call fairgate")
+        stack.install_webhooks([validating])
+        time.sleep(SETTLE_SECONDS)
     else:
-        stack.uninstall_webhooks()
-    wait_for(
-        lambda: webhook_active(core, namespace) == on,
-        30,
-        f"the API server to {'call' if on else 'stop calling'} fairgate",
-    )
+        stack.uninstall_webhooks([validating])
+        time.sleep(SETTLE_SECONDS)
+        stack.uninstall_webhooks([mutating])
+        wait_for(
+            lambda: not webhook_active(core, namespace),
+            30,
+            "the API server to stop calling fairgate",
+        )
 
 
 def run_batch(

@@ -315,19 +315,22 @@ class FairgateStack:
             if process is not None:
                 process.check_alive()
 
-    def install_webhooks(self) -> None:
-        """(Re)apply the Mutating- and ValidatingWebhookConfiguration `fairgate`."""
-        apply(self.cp.admin, self._webhooks)
+    def install_webhooks(self, kinds: Sequence[str] = WEBHOOK_KINDS) -> None:
+        """(Re)apply the webhook configurations `fairgate` of `kinds`, in that order."""
+        for kind in kinds:
+            apply(self.cp.admin, [o for o in self._webhooks if o["kind"] == kind])
 
-    def uninstall_webhooks(self) -> None:
-        """Remove the webhook configurations, so nothing after the stack depends on it."""
+    def uninstall_webhooks(self, kinds: Sequence[str] = WEBHOOK_KINDS[::-1]) -> None:
+        """Delete the webhook configurations `fairgate` of `kinds` (validating first by
+        default: alone, it would refuse GPU pods that the mutating one did not stamp)."""
         admission: Any = client.AdmissionregistrationV1Api(self.cp.admin)
-        for delete in (
-            admission.delete_mutating_webhook_configuration,
-            admission.delete_validating_webhook_configuration,
-        ):
+        delete = {
+            "MutatingWebhookConfiguration": admission.delete_mutating_webhook_configuration,
+            "ValidatingWebhookConfiguration": admission.delete_validating_webhook_configuration,
+        }
+        for kind in kinds:
             try:
-                delete("fairgate")
+                delete[kind]("fairgate")
             except ApiException as error:
                 if error.status != 404:  # never installed: install() failed early
                     raise
