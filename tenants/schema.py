@@ -18,6 +18,7 @@ from tenants import resources
 from tenants.models import PlatformConfig, QuotaSpec
 
 MAX_DOCUMENT_BYTES = 256 * 1024
+MAX_NESTING = 32
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -45,16 +46,28 @@ class ConfigError(ValueError):
 
 
 class _NoAliasLoader(yaml.SafeLoader):
-    """A safe loader that refuses anchors/aliases."""
+    """A safe loader that refuses anchors/aliases and nesting deeper than MAX_NESTING."""
+
+    _depth = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()  # type: ignore[no-untyped-call]
         if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()  # type: ignore[no-untyped-call]
             raise yaml.constructor.ConstructorError(
                 None, None, "YAML aliases (*name) are not allowed here; write the value out",
                 event.start_mark,
             )
-        return super().compose_node(parent, index)
+        if self._depth >= MAX_NESTING:
+            raise yaml.constructor.ConstructorError(
+                None, None,
+                f"nested deeper than {MAX_NESTING} levels; a fairgate config is a few levels deep",
+                event.start_mark,
+            )
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 def load_yaml_mapping(text: str, source: str) -> dict[str, Any]:
@@ -70,11 +83,16 @@ def load_yaml_mapping(text: str, source: str) -> dict[str, Any]:
         line = mark.line + 1 if mark is not None else None
         column = f", column {mark.column + 1}" if mark is not None else ""
         what = exc.problem or exc.context or "invalid YAML"
-        raise ConfigError(
-            source, [Problem("", f"YAML syntax error{column}: {what}", line)]
-        ) from exc
+        kind = "YAML not accepted" if isinstance(exc, yaml.constructor.ConstructorError) else (
+            "YAML syntax error"
+        )
+        raise ConfigError(source, [Problem("", f"{kind}{column}: {what}", line)]) from exc
     except yaml.YAMLError as exc:
         raise ConfigError(source, [Problem("", f"YAML error: {exc}")]) from exc
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise ConfigError(source, [Problem("", f"unusable value: {exc}")]) from exc
+    except RecursionError as exc:
+        raise ConfigError(source, [Problem("", "document nested too deeply")]) from exc
     if data is None:
         return {}
     if not isinstance(data, dict):

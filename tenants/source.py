@@ -265,11 +265,8 @@ class LocalDirSource(ConfigSource):
             self._seen = self._signature()
             try:
                 config = load_config_dir(self.directory)
-            except ConfigError as exc:
+            except ConfigError as exc:  # also unreadable or non-UTF-8 files, by name
                 return self._failed(exc.source, str(exc))
-            except (OSError, ValueError) as exc:  # unreadable file, not UTF-8, ...
-                source = getattr(exc, "filename", None) or str(self.directory)
-                return self._failed(str(source), f"cannot read: {exc}")
             self._install(config, {})
             return True
 

@@ -42,10 +42,8 @@ def _quota_configmap(text: str) -> dict[str, Any]:
             "data": {"quota.yaml": text}}
 
 
-KNOWN_BUG = pytest.mark.xfail(strict=True, reason="bugs.md B7-1: tenants/schema.py "
-                              "load_yaml_mapping lets RecursionError/ValueError escape")
 SEEDS = [pytest.param(text, id=f"seed-{i}") for i, text in enumerate(YAML_SEEDS)] + [
-    pytest.param(text, id=name, marks=KNOWN_BUG) for name, text in YAML_BUG_SEEDS.items()]
+    pytest.param(text, id=name) for name, text in YAML_BUG_SEEDS.items()]
 
 
 @pytest.mark.parametrize("text", SEEDS)
@@ -72,7 +70,6 @@ def _edit(text: str) -> dict[str, Any]:
                   resource="configmaps", user="bob", groups=("team-a-admins",))
 
 
-@KNOWN_BUG
 @pytest.mark.parametrize("name", sorted(YAML_BUG_SEEDS))
 def test_unparseable_quota_is_refused_with_a_clear_message(
     fuzz_client: httpx.Client, name: str
@@ -94,7 +91,6 @@ def test_hostile_quota_edits_get_a_valid_answer(
     assert rss_bytes(fuzz_server.process.pid) <= RSS_LIMIT
 
 
-@KNOWN_BUG
 def test_a_hostile_quota_file_does_not_stop_config_reload(tmp_path: Path) -> None:
     """A --config-dir quota file that breaks the YAML parser is reported and skipped; a
     later good edit is still picked up (the poll thread survives)."""
