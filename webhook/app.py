@@ -8,7 +8,8 @@ Contract (AdmissionReview v1, as the API server requires):
 - A body that is not an AdmissionReview v1 gets **400** with ``{"error": ...}``; a body
   over ``max_body_bytes`` gets **413**. No other 4xx/5xx comes from these endpoints: an
   unexpected error inside the webhook is logged with its traceback and answered as a
-  denial for GPU pods (an allow for anything else), never as a 500.
+  denial for GPU pods and fairgate's ConfigMaps (an allow for anything else), never as
+  a 500.
 - Every answer is given within ``deadline_seconds`` (default 1 s, well under the API
   server's ``timeoutSeconds``): when the decision (Redis included) is not done by then,
   the ``onRedisUnavailable`` policy answers instead.
@@ -22,8 +23,8 @@ and the pure admission logic is CPU work that must not stall the event loop eith
 Each request therefore reads its body on the loop, then runs parse + decide + Redis in
 one hop to a bounded worker pool (a ``ThreadPoolExecutor``: measured about half the cost
 of an ``anyio.to_thread`` hop; abandoned at the deadline), so the loop only does HTTP
-and TLS. Redis sockets time out after ``redis_timeout`` and the
-deadline bounds the whole answer even when the pool is saturated.
+and TLS. Redis sockets time out quickly (see :func:`webhook.server.connect_redis`) and
+the deadline bounds the whole answer even when the pool is saturated.
 """
 
 from __future__ import annotations
