@@ -5,14 +5,17 @@
 -- hex of the record body (canonical JSON without seq/prev/hash), the body, and the link
 -- hash the writer computed from the expected head ("" when it did not).
 -- The link of record seq is SHA-256("<seq>:" .. bytes(prev) .. bytes(content)). When the
--- head is the one expected, the writer's links are the chain's and are stored as given;
--- otherwise (another writer appended meanwhile, the chain was reset) they are computed
--- here, in pure Lua because Redis Lua only offers SHA-1 (redis.sha1hex); the message is 2
--- blocks, the body never passes through it. Nobody retries. Arguments are checked before
--- anything is written, and after the first write Redis runs the script to its end (it
--- refuses a script only at its first write, e.g. when out of memory), so a batch is
--- appended whole or not at all.
--- Returns {first seq, prev of the first record, link 1, ..., link n}.
+-- head is the one expected, the writer's links are the chain's: every record is appended
+-- with them. Otherwise (another writer appended meanwhile, the chain was reset) only the
+-- first record is appended, its link computed here, in pure Lua because Redis Lua only
+-- offers SHA-1 (redis.sha1hex; the message is 2 blocks, the body never passes through
+-- it): the writer links the rest from the head returned and calls again. So every call
+-- appends at least one record (nobody starves) and hashes at most one link in Lua (a call
+-- holds Redis briefly). Arguments are checked before anything is written, and after the
+-- first write Redis runs a script to its end (it refuses a script only at its first
+-- write, e.g. when out of memory): what a call appends, it appends whole.
+-- Returns {first seq, prev of the first record, link 1, ..., link n}: the n first records
+-- were appended.
 local band, bor, bxor = bit.band, bit.bor, bit.bxor
 local rshift, ror, tobit, tohex = bit.rshift, bit.ror, bit.tobit, bit.tohex
 local K = {
@@ -91,7 +94,7 @@ end
 local first = tonumber(seq_text) + 1
 local reply = {string.format('%d', first), prev}  -- not seq .. '': Lua 5.1 would print 1e+15
 local seq = first - 1
-for i = 0, count - 1 do
+for i = 0, (trusted and count or 1) - 1 do
   seq = seq + 1
   seq_text = string.format('%d', seq)
   local link = ARGV[6 + 3 * i]

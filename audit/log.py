@@ -3,20 +3,22 @@
 Contract:
 - :meth:`AuditLog.record_many` appends records, in order, to the stream (default
   ``fairgate:audit``) as the next links of the chain, and writes the same JSON lines to
-  ``out``: one script call (EVALSHA) and one write + flush per batch of up to
-  :data:`BATCH` records. A batch is stored whole or not at all, and its records are
-  consecutive in the chain. :meth:`AuditLog.record` is the batch of one. Neither raises
-  for Redis or ``out`` failures: if Redis is unavailable the records are still written to
-  ``out`` (unchained: ``seq``/``prev``/``hash`` null), ``last_error`` and ``failures``
-  (records) say what went wrong, the counter ``fairgate_audit_write_failures_total``
-  counts the records and a warning is logged.
+  ``out``: one write + flush per batch of up to :data:`BATCH` records, and one script
+  call (EVALSHA) per batch, two when another writer appended since this one's last call.
+  :meth:`AuditLog.record` is the batch of one. Neither raises for Redis or ``out``
+  failures: if Redis is unavailable the records are still written to ``out`` (unchained:
+  ``seq``/``prev``/``hash`` null), ``last_error`` and ``failures`` (records) say what
+  went wrong, the counter ``fairgate_audit_write_failures_total`` counts the records and
+  a warning is logged.
 - Chaining is race-free across threads and processes by construction: one Lua script
   (``append.lua``) reads the chain head (kept in ``<stream>:head``), links the records,
   appends them and moves the head, atomically. The writer hashes each record body
-  (SHA-256) and, from the head its previous append left, the links too; when that head
-  is still current the script stores those links, otherwise (another writer appended in
-  between) it computes them in pure Lua, because Redis Lua offers SHA-1 alone. No
-  retries, so no writer can starve.
+  (SHA-256) and, from the head its previous call left, the links too; when that head is
+  still current the script stores those links. Otherwise (another writer appended in
+  between) the script appends just the first record, its link computed in pure Lua
+  (Redis Lua offers SHA-1 alone), and the writer links the rest from the new head. Every
+  call appends at least one record, so no writer can starve, and hashes at most one link
+  in Lua, so no call holds Redis long.
 - A stream entry holds the fields ``seq``, ``prev``, ``hash`` and ``record`` (the body:
   canonical JSON without the three); the stdout line is the complete record.
 - Retention is exact: ``XADD MAXLEN <maxlen>`` keeps the newest ``maxlen`` records; the
@@ -42,6 +44,7 @@ from typing import Any, TextIO
 
 import redis
 from prometheus_client import Counter
+from redis.commands.core import Script
 
 from audit.chain import (
     CHAIN_FIELDS,
@@ -125,32 +128,46 @@ class AuditLog:
         return stored
 
     def _append(self, batch: list[AuditRecord]) -> list[AuditRecord]:
-        if self._script is None:
-            with self._lock:
-                chained = []
-                for draft in batch:
-                    rec = draft.chained(self._head.seq + 1, self._head.hash)
-                    self._head = ChainHead(self._head.seq + 1, rec.hash or "")
-                    chained.append(rec)
-            return chained
+        script = self._script
+        if script is None:
+            return self._chain_locally(batch)
         bodies = [draft.body_json() for draft in batch]
         digests = [content_digest(body) for body in bodies]
+        chained: list[AuditRecord] = []
+        while len(chained) < len(batch):
+            done = len(chained)
+            try:
+                chained += self._call(script, batch[done:], bodies[done:], digests[done:])
+            except (redis.RedisError, OSError) as exc:
+                self._fail(exc, len(batch) - done)
+                return chained + [_unchained(draft) for draft in batch[done:]]
+        return chained
+
+    def _chain_locally(self, batch: list[AuditRecord]) -> list[AuditRecord]:
+        with self._lock:
+            chained = []
+            for draft in batch:
+                rec = draft.chained(self._head.seq + 1, self._head.hash)
+                self._head = ChainHead(self._head.seq + 1, rec.hash or "")
+                chained.append(rec)
+        return chained
+
+    def _call(self, script: Script, batch: list[AuditRecord], bodies: list[str],
+              digests: list[str]) -> list[AuditRecord]:
+        """One script call: appends all of ``batch``, or a first part of it when the chain
+        head is not the one this writer last left."""
         expected = self._expected
         args: list[str | int] = [self.maxlen]
         args += [expected.seq, expected.hash] if expected is not None else ["", ""]
         for digest, body, link in zip(digests, bodies, _links(expected, digests), strict=True):
             args += [digest, body, link]
-        try:
-            reply = self._script(keys=[self.stream, self.head_key], args=args)
-        except (redis.RedisError, OSError) as exc:
-            self._fail(exc, len(batch))
-            return [_unchained(draft) for draft in batch]
+        reply = script(keys=[self.stream, self.head_key], args=args)
         first, prev = int(reply[0]), _text(reply[1])
         chained = []
-        for i, (draft, link) in enumerate(zip(batch, map(_text, reply[2:]), strict=True)):
-            chained.append(dataclasses.replace(draft, seq=first + i, prev=prev, hash=link))
+        for i, link in enumerate(map(_text, reply[2:])):
+            chained.append(dataclasses.replace(batch[i], seq=first + i, prev=prev, hash=link))
             prev = link
-        self._expected = ChainHead(first + len(batch) - 1, prev)
+        self._expected = ChainHead(first + len(chained) - 1, prev)
         return chained
 
     def _fail(self, exc: BaseException, records: int) -> None:

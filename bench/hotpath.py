@@ -2,12 +2,16 @@
 
 Run: python -m bench.hotpath [--calls N] [--records N]
 Prints one JSON object:
-- ``build_patch``: µs per call (best and median of 7 rounds of ``--calls`` calls) for a
-  small Job pod (bench.admission's) and a large pod (4 containers x 40 env vars, volumes,
-  two node-selector terms, tolerations, gates).
-- ``audit``: records/s and Redis CPU µs per record (``cmdstat_evalsha``) appending
-  ``--records`` admission-shaped records with ``AuditLog.record`` one at a time, against a
-  private redis-server, writing the JSON lines to /dev/null (a real write + flush).
+- ``patch``: µs per call (best and median of 7 rounds of ``--calls`` calls) for a small
+  Job pod (bench.admission's) and a large pod (4 containers x 40 env vars, volumes, two
+  node-selector terms, tolerations, gates): ``build_patch``, and for reference the former
+  implementation, ``jsonpatch.make_patch`` of the pod and ``mutate_pod``'s deep copy.
+- ``audit``: appending ``--records`` admission-shaped records against a private
+  redis-server, writing the JSON lines to /dev/null (a real write + flush per batch):
+  records/s, Redis CPU µs per record and per script call (``cmdstat_evalsha``), for
+  ``AuditLog.record`` one at a time, ``record_many`` in batches of 16 and 256, and batches
+  of 256 from two writers taking turns (every batch finds the head moved by the other
+  writer: the worst case, two script calls per batch, one link hashed in Lua).
 """
 
 from __future__ import annotations
@@ -22,10 +26,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jsonpatch
 import redis
 
-from admission.mutation import build_patch
+from admission.mutation import build_patch, mutate_pod
 from admission.plan import PodPlan, plan_create
+from audit.chain import AuditRecord
 from audit.log import AuditLog
 from bench.admission import pod, write_bench_config
 from fairshare.localredis import local_redis
@@ -79,16 +85,23 @@ def _plan(obj: dict[str, Any], config: FairgateConfig) -> PodPlan:
 
 
 def patch_timings(config: FairgateConfig, calls: int) -> dict[str, Any]:
-    """µs per build_patch call for the small and the large pod (training band, gated)."""
+    """µs per call for the small and the large pod (training band, gated)."""
     classes = config.platform.priority_classes
     results: dict[str, Any] = {}
     for label, obj in (("small_pod", pod("fast-dev", "t-0")),
                        ("large_pod", large_pod("fast-dev", "t-1"))):
         plan = _plan(obj, config)
+
+        def direct(obj: dict[str, Any] = obj, plan: PodPlan = plan) -> object:
+            return build_patch(obj, plan, "training", True, classes)
+
+        def diffed(obj: dict[str, Any] = obj, plan: PodPlan = plan) -> object:
+            return jsonpatch.make_patch(obj, mutate_pod(obj, plan, "training", True, classes))
+
         results[label] = {
             "pod_json_bytes": len(json.dumps(obj)),
-            "build_patch": per_call_us(
-                lambda o=obj, p=plan: build_patch(o, p, "training", True, classes), calls),
+            "build_patch": per_call_us(direct, calls),
+            "reference_make_patch_of_mutate_pod": per_call_us(diffed, calls),
         }
     return results
 
@@ -103,28 +116,47 @@ def audit_fields(i: int) -> dict[str, Any]:
             "reason": "reserved as training within nominal quota", "latency_ms": 1.234}
 
 
-def _evalsha_usec(client: redis.Redis) -> float:
+def _evalsha(client: redis.Redis) -> tuple[float, int]:
     stats = client.info("commandstats").get("cmdstat_evalsha", {})
-    return float(stats.get("usec", 0))
+    return float(stats.get("usec", 0)), int(stats.get("calls", 0))
+
+
+def _append(client: redis.Redis, logs: list[AuditLog], records: int, batch: int) -> dict[str, Any]:
+    """Append ``records`` records in batches of ``batch``, the logs taking turns."""
+    client.flushall()
+    logs[0].record("admit", **audit_fields(0))  # loads the script
+    client.config_resetstat()
+    started = time.perf_counter()
+    for n, first in enumerate(range(0, records, batch)):
+        log = logs[n % len(logs)]
+        if batch == 1:
+            log.record("admit", **audit_fields(first))
+        else:
+            log.record_many(AuditRecord("admit", **audit_fields(i))
+                            for i in range(first, min(first + batch, records)))
+    elapsed = time.perf_counter() - started
+    usec, calls = _evalsha(client)
+    result, _ = logs[0].verify()
+    return {"records_per_s": round(records / elapsed),
+            "redis_cpu_us_per_record": round(usec / records, 1),
+            "redis_us_per_script_call": round(usec / max(calls, 1), 1),
+            "chain_ok": result.ok and result.checked == records + 1}
 
 
 def audit_timings(records: int) -> dict[str, Any]:
-    """records/s and Redis CPU per record for one-at-a-time appends."""
+    """records/s and Redis CPU per record, one at a time and in batches."""
     results: dict[str, Any] = {"records": records}
     with local_redis() as url, open(os.devnull, "w", encoding="utf-8") as sink:
         client = redis.Redis.from_url(url)
+        other = redis.Redis.from_url(url)
         log = AuditLog(client, out=sink)
-        client.config_resetstat()
-        started = time.perf_counter()
-        for i in range(records):
-            log.record("admit", **audit_fields(i))
-        elapsed = time.perf_counter() - started
-        results["record_one_at_a_time"] = {
-            "records_per_s": round(records / elapsed),
-            "redis_cpu_us_per_record": round(_evalsha_usec(client) / records, 1),
-            "chain_ok": log.verify()[0].ok,
-        }
+        results["record_one_at_a_time"] = _append(client, [log], records, 1)
+        results["record_many_16"] = _append(client, [log], records, 16)
+        results["record_many_256"] = _append(client, [log], records, 256)
+        results["record_many_256_two_writers_alternating"] = _append(
+            client, [log, AuditLog(other, out=sink)], records, 256)
         client.close()
+        other.close()
     return results
 
 

@@ -268,6 +268,24 @@ def test_a_batch_is_one_script_call_and_one_flush_per_256(
     assert (result.first_seq, result.last_seq) == (1, size + 1)
 
 
+def test_after_another_writer_a_batch_takes_one_more_call(
+    redis_client: redis.Redis, redis_url: str,
+) -> None:
+    # The script links only the first record itself (Lua SHA-256), then the writer links
+    # the rest from the head it returned: two calls, never one Lua hash per record.
+    other_client = redis.Redis.from_url(redis_url)
+    log = AuditLog(redis_client, out=io.StringIO())
+    other = AuditLog(other_client, out=io.StringIO())
+    _write(log, 1)
+    _write(other, 1)
+    redis_client.config_resetstat()
+    stored = log.record_many(_drafts(256))
+    other_client.close()
+    assert _evalsha_calls(redis_client) == 2
+    assert [r.seq for r in stored] == list(range(3, 259))
+    assert log.verify()[0].ok
+
+
 def test_batch_keeps_retention_exact(redis_client: redis.Redis) -> None:
     log = AuditLog(redis_client, maxlen=100, out=io.StringIO())
     log.record_many(_drafts(250))
@@ -348,9 +366,8 @@ def _batch_writer(url: str, name: str, rounds: int) -> None:
     log = AuditLog(client, out=io.StringIO())
     for n in range(rounds):
         stored = log.record_many(_drafts([1, 7, 256, 40][n % 4], f"{name}.{n}"))
-        seqs = [r.seq for r in stored]
-        assert None not in seqs
-        assert seqs == list(range(seqs[0] or 0, (seqs[0] or 0) + len(seqs)))
+        seqs = [r.seq or 0 for r in stored]
+        assert 0 not in seqs and seqs == sorted(seqs)  # all chained, in order
     client.close()
 
 
