@@ -198,6 +198,34 @@ def test_over_quota_pod_waits_gated_until_the_dispatcher_releases_it(
     wait_for(partial(event_message, core, ns, "second", "Admitted"), 10, "an Admitted event")
 
 
+def test_gang_waits_whole_and_is_released_together(
+    controlplane: ControlPlane,
+    kubelet: FakeKubelet,
+    fairgate: FairgateStack,
+    tenant_pods: None,
+) -> None:
+    ns = tenant_namespace("team-b")  # nominal 4 GPUs, no borrowing
+    core = pods_api(controlplane, "team-b")
+    core.create_namespaced_pod(ns, pod_manifest("first", {"nvidia.com/gpu": 2}))
+    wait_for(partial(running_node, core, ns, "first"), 30, "first to run")
+    members = ["worker-0", "worker-1"]
+    for name in members:  # 2 x 2 GPUs: one would fit next to first, both do not
+        member = pod_manifest(
+            name,
+            {"nvidia.com/gpu": 2},
+            labels={"fairgate.io/pod-group": "pair"},
+            annotations={"fairgate.io/pod-group-size": "2"},
+        )
+        pod = core.create_namespaced_pod(ns, member)
+        assert [g.name for g in pod.spec.scheduling_gates] == [GATE], name
+    wait_for(partial(event_message, core, ns, "worker-1", "Queued"), 30, "a Queued event")
+    assert all(is_gated(core.read_namespaced_pod(n, ns)) for n in members)
+
+    kubelet.finish(ns, "first")
+    for name in members:
+        wait_for(partial(running_node, core, ns, name), 60, f"gang member {name} to run")
+
+
 # 3 -------------------------------------------------------------------------------------
 
 
