@@ -434,7 +434,7 @@ def test_patch_applies_and_keeps_user_settings(pod: dict[str, Any], args: Any) -
 
 # --- property: the direct operations give exactly the pod the old diff approach gave -----
 
-MIXED_PLAN_POOL = {"key": "fairgate.io/node-pool", "operator": "In", "values": ["a100-pool"]}
+POOL_REQUIREMENT = {"key": "fairgate.io/node-pool", "operator": "In", "values": ["a100-pool"]}
 MISSHAPEN = st.sampled_from(["x", 3, [], {}, [1], {"a": 1}])
 # Paths where a pod may carry fairgate's fields already, stale, or with odd JSON types.
 STAMPS: dict[tuple[str, ...], st.SearchStrategy[Any]] = {
@@ -479,12 +479,13 @@ def stamped_pods(draw: st.DrawFn) -> dict[str, Any]:
     for path, values in STAMPS.items():
         if draw(st.booleans()):
             _put(pod, path, draw(values))
-    terms = (((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {})
-             .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms")
-    for i, term in enumerate(terms or []):
+    terms: list[Any] = (((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {})
+                        .get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+                        ).get("nodeSelectorTerms") or []
+    for i, term in enumerate(terms):
         if draw(st.booleans()):
             term["matchExpressions"] = draw(st.one_of(st.sampled_from(
-                [None, [NOT_MIG], [ONLY_MIXED, MIXED_PLAN_POOL], [MIXED_PLAN_POOL]]), MISSHAPEN))
+                [None, [NOT_MIG], [ONLY_MIXED, POOL_REQUIREMENT], [POOL_REQUIREMENT]]), MISSHAPEN))
         if draw(st.integers(0, 9)) == 0:
             terms[i] = draw(MISSHAPEN)
     if draw(st.integers(0, 3)) == 0:

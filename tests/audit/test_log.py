@@ -9,9 +9,11 @@ import multiprocessing
 import threading
 from collections.abc import Iterator
 from importlib import resources
+from typing import cast
 
 import pytest
 import redis
+from redis.typing import EncodableT, FieldT
 
 from audit.chain import (
     GENESIS,
@@ -35,8 +37,16 @@ def _write(log: AuditLog, n: int, writer: str = "w") -> list[AuditRecord]:
     ]
 
 
-def _stored(client: redis.Redis, stream: str = STREAM) -> list[AuditRecord | None]:
-    return [parse_entry(i, v).record for i, v in client.xrange(stream)]
+Entry = tuple[bytes, dict[bytes, bytes]]
+
+
+def _xrange(client: redis.Redis, count: int | None = None) -> list[Entry]:
+    """The stream's raw entries, oldest first."""
+    return cast(list[Entry], client.xrange(STREAM, count=count))
+
+
+def _stored(client: redis.Redis) -> list[AuditRecord | None]:
+    return [parse_entry(i, v).record for i, v in _xrange(client)]
 
 
 @pytest.mark.slow
@@ -57,7 +67,7 @@ def test_same_record_on_stdout_and_in_the_stream(redis_client: redis.Redis) -> N
     log = AuditLog(redis_client, out=out)
     rec = log.record("quota-change", user="alice", operation="UPDATE", tenant="team-a",
                      name="quota-team-a", diff={"nominal.gpu": {"before": 8, "after": 4}})
-    ((_, fields),) = redis_client.xrange(STREAM)
+    ((_, fields),) = _xrange(redis_client)
     assert out.getvalue() == rec.to_json() + "\n"
     assert fields[b"record"].decode() == rec.body_json()
     assert (int(fields[b"seq"]), fields[b"prev"].decode(), fields[b"hash"].decode()) == (
@@ -98,7 +108,7 @@ def test_retention_after_raising_maxlen_still_verifies(redis_client: redis.Redis
 def test_deleting_a_stream_entry_is_located(redis_client: redis.Redis) -> None:
     log = AuditLog(redis_client, out=io.StringIO())
     _write(log, 50)
-    ids = [i for i, _ in redis_client.xrange(STREAM)]
+    ids = [i for i, _ in _xrange(redis_client)]
     redis_client.xdel(STREAM, ids[20])
     result, _ = log.verify()
     assert not result.ok and result.first_bad == 21 and "missing" in result.problem
@@ -109,7 +119,7 @@ def test_deleting_the_oldest_entry_is_not_mistaken_for_retention(
 ) -> None:
     log = AuditLog(redis_client, maxlen=20, out=io.StringIO())
     _write(log, 30)
-    oldest = redis_client.xrange(STREAM, count=1)[0][0]
+    oldest = _xrange(redis_client, count=1)[0][0]
     redis_client.xdel(STREAM, oldest)
     result, _ = log.verify()
     assert not result.ok and result.first_bad == 11
@@ -118,13 +128,14 @@ def test_deleting_the_oldest_entry_is_not_mistaken_for_retention(
 def test_rewritten_stream_with_an_edited_record_is_located(redis_client: redis.Redis) -> None:
     log = AuditLog(redis_client, out=io.StringIO())
     _write(log, 30)
-    entries = redis_client.xrange(STREAM)
+    entries = _xrange(redis_client)
     redis_client.delete(STREAM)
     for n, (_, values) in enumerate(entries):
         if n == 12:
             values[b"record"] = values[b"record"].replace(b'"decision":"admit"',
                                                           b'"decision":"deny"')
-        redis_client.xadd(STREAM, values)
+        fields: dict[FieldT, EncodableT] = {k: v for k, v in values.items()}
+        redis_client.xadd(STREAM, fields)
     result, checked = log.verify()
     assert not result.ok and result.first_bad == 13 and "edited" in result.problem
     assert result.position == 12 and len(checked) == 30
@@ -133,7 +144,7 @@ def test_rewritten_stream_with_an_edited_record_is_located(redis_client: redis.R
 def test_garbage_entry_is_located(redis_client: redis.Redis) -> None:
     log = AuditLog(redis_client, out=io.StringIO())
     _write(log, 5)
-    head = {"seq": 6, "prev": "0" * 64, "hash": "1" * 64}
+    head: dict[FieldT, EncodableT] = {"seq": 6, "prev": "0" * 64, "hash": "1" * 64}
     garbage = redis_client.xadd(STREAM, {**head, "record": "{not json"})
     result, _ = log.verify()
     assert not result.ok and result.first_bad == 6 and "not a valid audit record" in result.problem
@@ -161,8 +172,10 @@ def test_concurrent_threads_and_processes_keep_one_chain(
     spawn = multiprocessing.get_context("spawn")
     procs = [spawn.Process(target=_threaded_writer, args=(redis_url, f"p{i}", per_writer))
              for i in range(3)]
-    for worker in [*threads, *procs]:
-        worker.start()
+    for thread in threads:
+        thread.start()
+    for proc in procs:
+        proc.start()
     for thread in threads:
         thread.join()
     for proc in procs:
@@ -388,8 +401,10 @@ def test_concurrent_batches_from_threads_and_processes_keep_one_chain(
     threads = [threading.Thread(target=thread_writer, args=(f"t{i}",)) for i in range(2)]
     procs = [spawn.Process(target=_batch_writer, args=(redis_url, f"p{i}", rounds))
              for i in range(3)]
-    for worker in [*threads, *procs]:
-        worker.start()
+    for thread in threads:
+        thread.start()
+    for proc in procs:
+        proc.start()
     for thread in threads:
         thread.join()
     for proc in procs:
