@@ -398,7 +398,7 @@ def test_redis_down_gives_a_clear_denial_within_a_second(start_server: ServerFac
     assert response["allowed"] is False
     assert response["status"]["message"] == REDIS_DOWN_MESSAGE
     assert response["auditAnnotations"]["reason"] == "redis unavailable"
-    assert elapsed < 1.5
+    assert elapsed < 2.0  # the 1 s deadline plus a loaded machine; Redis itself stalls 3 s
     with server.client() as client:
         ready = client.get("/readyz")
     assert ready.status_code == 503
@@ -418,7 +418,7 @@ def test_hanging_redis_is_answered_within_the_deadline(start_server: ServerFacto
         blocker.close()
     assert response["allowed"] is False
     assert response["status"]["message"] == REDIS_DOWN_MESSAGE
-    assert elapsed < 1.5
+    assert elapsed < 2.0  # the 1 s deadline plus a loaded machine; Redis itself stalls 3 s
 
 
 def test_fail_open_policy_admits_and_audits(start_server: ServerFactory) -> None:
