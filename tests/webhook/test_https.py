@@ -398,7 +398,7 @@ def test_redis_down_gives_a_clear_denial_within_a_second(start_server: ServerFac
     assert response["allowed"] is False
     assert response["status"]["message"] == REDIS_DOWN_MESSAGE
     assert response["auditAnnotations"]["reason"] == "redis unavailable"
-    assert elapsed < 2.0  # the 1 s deadline plus a loaded machine; Redis itself stalls 3 s
+    assert elapsed < 2.0  # answered by the 1 s deadline at worst (room for a loaded machine)
     with server.client() as client:
         ready = client.get("/readyz")
     assert ready.status_code == 503
