@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import multiprocessing
@@ -257,6 +258,17 @@ def test_batch_of_one_is_a_record(redis_client: redis.Redis) -> None:
     assert _stored(redis_client) == [rec]
     assert log.verify()[0].ok
     assert log.record_many([]) == []
+
+
+def test_chain_fields_of_drafts_are_ignored(redis_client: redis.Redis) -> None:
+    forged = [dataclasses.replace(d, seq=7, prev="ab" * 32, hash="cd" * 32) for d in _drafts(2)]
+    stored = AuditLog(redis_client, out=io.StringIO()).record_many(forged)
+    assert [(r.seq, r.hash) for r in stored] == [(1, chain_hash(stored[0].fields())),
+                                                 (2, chain_hash(stored[1].fields()))]
+    down = redis.Redis(host="127.0.0.1", port=free_port(), socket_connect_timeout=0.5)
+    unstored = AuditLog(down, out=io.StringIO()).record_many(forged)
+    assert [(r.seq, r.prev, r.hash) for r in unstored] == [(None, None, None)] * 2
+    assert [r.uid for r in unstored] == ["b-0", "b-1"]
 
 
 @pytest.mark.parametrize("size", [256, 600])
