@@ -583,7 +583,7 @@ def breakdown(env: BenchEnvironment, count: int = 2000) -> dict[str, float]:
         "parse_review (pydantic, strict)": _per_call_us(lambda: parse_review(body), count),
         "plan_create": _per_call_us(
             lambda: plan_create(obj, request.namespace, request.uid, config), count),
-        "build_patch (deepcopy + jsonpatch diff)": _per_call_us(
+        "build_patch": _per_call_us(
             lambda: build_patch(obj, plan, "training", False, classes), count),
         "with_patch + model_dump_json": _per_call_us(
             lambda: with_patch(request.uid, ops, [], {"decision": "admit"}).model_dump_json(
