@@ -113,8 +113,9 @@ class Admission:
     """The queue's decision for a :class:`PodRequest`.
 
     ``band`` decides the pod's PriorityClass. ``position`` is 1-based among the tenant's
-    queued pods of the same class (None when reserved, or while a gang is incomplete);
-    ``queue_length`` is how many pods of that tenant and class are queued.
+    queue entries of the same class, a whole gang being one entry (None when reserved,
+    or while a gang is incomplete); ``queue_length`` is how many pods of that tenant
+    and class are queued.
     ``free_slices`` / ``nominal_slices`` describe the tenant's nominal quota (slices not
     used by non-borrowed pods, this one included when reserved / all of it).
     ``waiting_for`` says in words what a queued pod waits for (None when reserved).

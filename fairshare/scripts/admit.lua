@@ -68,7 +68,7 @@ local D = parse_shape(shape)
 local qc = num(st, 'qc:' .. cls)
 local free = math.max(0, cfg.ns - num(st, 'ui') - num(st, 'ut'))
 local reason = nil
-local position = qc + 1
+local position = entries_before(tenant, cls, nil) + 1
 
 if gid ~= '' then
   local g = hash_table(P .. 'g:' .. gid)

@@ -507,33 +507,28 @@ local function blocker(tenant, D, G)
   return nil
 end
 
--- 1-based position among the tenant's queued tickets of its class (by seq)
-local function position_of(tenant, cls, seq)
+-- Queue entries (a pod or a whole gang) of the tenant's class that come before
+-- sequence number `seq` (all of them when seq is nil): a binary search per lane, as
+-- lanes are kept in admission order.
+local function entries_before(tenant, cls, seq)
   local ahead = 0
-  local function count(ticket)
-    local rec = get_rec(ticket)
-    if tonumber(rec[F_SEQ]) < seq then ahead = ahead + 1 end
-  end
   for _, shape in ipairs(redis.call('SMEMBERS', P .. 'tl:' .. tenant)) do
     if parse_shape(shape).cls == cls then
-      for _, entry in ipairs(redis.call('LRANGE', lane_key(tenant, shape), 0, -1)) do
-        if string.sub(entry, 1, 1) == '@' then
-          for _, t in ipairs(gang_members(hash_table(P .. 'g:' .. string.sub(entry, 2)))) do
-            count(t)
-          end
+      local lane = lane_key(tenant, shape)
+      local lo, hi = 0, redis.call('LLEN', lane)
+      if seq == nil then lo = hi end
+      while lo < hi do
+        local mid = math.floor((lo + hi) / 2)
+        if entry_info(redis.call('LINDEX', lane, mid)) < seq then
+          lo = mid + 1
         else
-          count(entry)
+          hi = mid
         end
       end
+      ahead = ahead + lo
     end
   end
-  for _, gid in ipairs(redis.call('SMEMBERS', K_GANGS)) do
-    local g = hash_table(P .. 'g:' .. gid)
-    if g.t == tenant and g.c == cls and (g.sh or '') == '' then
-      for _, t in ipairs(gang_members(g)) do count(t) end
-    end
-  end
-  return ahead + 1
+  return ahead
 end
 
 local function free_slices(tenant)
@@ -558,11 +553,11 @@ local function describe_queued(ticket, rec, now, starve)
     local g = hash_table(P .. 'g:' .. rec[F_GANG])
     return {0, length, 'gang', rec[F_GANG], num(g, 'r') + #gang_members(g), g.n}
   end
-  local position = position_of(tenant, cls, tonumber(rec[F_SEQ]))
+  local entry = rec[F_GANG] == '' and ticket or ('@' .. rec[F_GANG])
+  local position = entries_before(tenant, cls, (entry_info(entry))) + 1
   local _, G = survey(parse_shape(shape).tier, now, starve)
   local why = blocker(tenant, parse_shape(shape), G)
   if why == nil then
-    local entry = rec[F_GANG] == '' and ticket or ('@' .. rec[F_GANG])
     if redis.call('LINDEX', lane_key(tenant, shape), 0) ~= entry then
       why = {'ahead', position - 1}
     else

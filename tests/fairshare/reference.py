@@ -303,9 +303,22 @@ class Reference:
                                    b=t.borrow_slices, rs=t.reserve_slices, known=True)
             self.tenants.add(t.name)
 
-    def position(self, rec: Rec) -> int:
-        return 1 + sum(1 for r in self.queued(rec.tenant)
-                       if r.cls == rec.cls and r.seq < rec.seq)
+    def entries_before(self, tenant: str, cls: str, seq: float) -> int:
+        """Lane entries of the tenant's class before ``seq`` (binary search per lane,
+        as the scripts do; lanes are in admission order)."""
+        ahead = 0
+        for (t, key), lane in self.lanes.items():
+            if t != tenant or ("i" if shape_tier(self.lane_shapes[key]) == "i" else "t") != cls:
+                continue
+            lo, hi = 0, len(lane)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if self.entry_info(lane[mid])[0] < seq:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            ahead += lo
+        return ahead
 
     def free(self, tenant: str) -> int:
         u = self.usage(tenant)
@@ -339,7 +352,7 @@ class Reference:
             shape[rec.band] = dict(rec.demand)
             key, entry = shape_key(shape), ticket
         shape = self.lane_shapes[key]
-        position = self.position(rec)
+        position = self.entries_before(rec.tenant, rec.cls, self.entry_info(entry)[0]) + 1
         _, guards = self.survey(shape_tier(shape), now)
         why = self.blocker(rec.tenant, shape, guards)
         if why is None:
@@ -393,7 +406,7 @@ class Reference:
         shape[band] = dict(d)
         qc = len([r for r in queued if r.cls == cls])
         free = max(0, cfg.ns - u["ui"] - u["ut"])
-        position = qc + 1
+        position = self.entries_before(tenant, cls, float("inf")) + 1
         reason: list[object] | None
         gid = req.gang or ""
         if gid:

@@ -166,7 +166,8 @@ def test_gang_is_released_all_at_once_when_complete(redis_client: redis.Redis,
     q.admit(pods("a", group="g", size=3), 0.0)
     assert released(q) == []
     last = q.admit(pods("a", group="g", size=3), 0.0)
-    assert last.outcome == "queued" and last.position == 3
+    # the gang is one queue entry (first in line); its three pods are queued
+    assert (last.outcome, last.position, last.queue_length) == ("queued", 1, 3)
     assert sorted(released(q)) == ["t1", "t2", "t3"]
 
 
