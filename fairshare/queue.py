@@ -85,7 +85,9 @@ class FairQueue:
     reservation lives without :meth:`confirm`; ``starvation_seconds`` is the starvation
     guard: a ready pod blocked only by cluster capacity, which has waited that long,
     gets the capacity it needs reserved (no other pod of its band using one of its
-    resources is released before it).
+    resources is released before it). With ``wait_for_rebuild``, :meth:`admit`
+    reserves nothing on a Redis where :meth:`rebuild` never ran (a fresh or restarted
+    Redis knows no usage yet): pods queue until the reconciler has rebuilt usage.
     """
 
     def __init__(
@@ -94,6 +96,7 @@ class FairQueue:
         prefix: str = "fairgate:",
         reservation_ttl: float = 30.0,
         starvation_seconds: float = DEFAULT_STARVATION_SECONDS,
+        wait_for_rebuild: bool = False,
     ) -> None:
         if reservation_ttl <= 0 or starvation_seconds < 0:
             raise ValueError(
@@ -103,6 +106,7 @@ class FairQueue:
         self._keys = [prefix]
         self.reservation_ttl = reservation_ttl
         self.starvation_seconds = starvation_seconds
+        self.wait_for_rebuild = wait_for_rebuild
         library = (
             importlib_resources.files("fairshare.scripts").joinpath("lib.lua").read_text()
         )
@@ -163,6 +167,7 @@ class FairQueue:
             req.group_size if req.gang else 1,
             _num(req.submitted_at),
             _num(self.starvation_seconds),
+            1 if self.wait_for_rebuild else 0,
         )
         dup, outcome, band, position, length, free, nominal, *reason = (_s(v) for v in raw)
         queued = outcome == "queued"
@@ -340,6 +345,8 @@ def _explain(reason: Sequence[str], tenant: str, pod_class: PodClass) -> str:
         return "inference pods released first"
     if code == "priority":
         return "training pods within nominal quota released first"
+    if code == "rebuild":
+        return "the dispatcher to restore usage from the cluster (Redis lost its data)"
     if code == "turn":
         return "its turn: tenants with a lower weighted share go first"
     return code

@@ -2,10 +2,11 @@
 -- dry (1 = write nothing), ticket, tenant, namespace, name, class, demand, gang id
 -- ('' if none), gang size, submitted_at, starvation seconds.
 -- Returns {duplicate, outcome, band, position, queue length, free slices,
--- nominal slices, reason...}.
+-- nominal slices, reason...}. ARGV[13] = 1: reserve nothing until rebuild has run.
 local now, dry = tonumber(ARGV[1]), ARGV[2] == '1'
 local ticket, tenant, ns, name, cls, demand = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local gid, gsize, submitted, starve = ARGV[9], ARGV[10], ARGV[11], tonumber(ARGV[12])
+local wait_for_rebuild = ARGV[13] == '1'
 
 local function reply(dup, outcome, band, position, length, free, nominal, reason)
   local out = {dup, outcome, band, position, length, free, nominal}
@@ -122,6 +123,10 @@ else
       end
     end
   end
+end
+
+if reason == nil and wait_for_rebuild and redis.call('EXISTS', K_REBUILT) == 0 then
+  reason = {'rebuild'}
 end
 
 if reason == nil then

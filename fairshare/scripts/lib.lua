@@ -23,6 +23,7 @@ local K_CAP = P .. 'cap'
 local K_TENANTS = P .. 'tenants'
 local K_GANGS = P .. 'gangs'
 local K_SEQ = P .. 'seq'
+local K_REBUILT = P .. 'rebuilt'
 
 local function split(s, sep)
   local out = {}

@@ -41,5 +41,6 @@ for i = 1, #ARGV, 11 do
   end
 end
 redis.call('SET', K_SEQ, seq)
+redis.call('SET', K_REBUILT, 1)
 for _, tenant in ipairs(redis.call('SMEMBERS', K_TENANTS)) do refresh(tenant) end
 return 1

@@ -405,3 +405,24 @@ def test_training_band_goes_before_borrowed_pods(redis_client: redis.Redis,
     assert released(q) == ["t5"]
     status = q.ticket_status("t4", 1.0)
     assert status is not None and status.waiting_for == "1 x gpu of cluster capacity"
+
+
+def test_wait_for_rebuild_reserves_nothing_until_usage_is_restored(
+        redis_client: redis.Redis, pods: Pods) -> None:
+    q = FairQueue(redis_client, wait_for_rebuild=True)
+    q.sync_config(config(a={"nominal": {"gpu": 2}}), {"gpu": 8})
+    # Redis is empty (fresh, or restarted): two pods of a may already run in the cluster
+    gated = pods("a")
+    first = q.admit(gated, 0.0)
+    assert (first.outcome, first.waiting_for) == (
+        "queued", "the dispatcher to restore usage from the cluster (Redis lost its data)")
+    running = [RunningPod("old1", "a", "ns-a", "o1", "training", "training", {"gpu": 1}),
+               RunningPod("old2", "a", "ns-a", "o2", "training", "training", {"gpu": 1})]
+    q.rebuild(running, [GatedPod(gated, first.band)])
+    assert q.admit(pods("a"), 0.0).waiting_for == "1.00 GPU-eq of tenant quota"
+    q.release("old1")
+    assert released(q) == ["t1"]
+    q.release("old2")
+    assert released(q) == ["t2"]
+    q.release("t1")
+    assert q.admit(pods("a"), 0.0).outcome == "reserved"  # usage is known again
