@@ -35,8 +35,6 @@ from harness.pods import pod_manifest
 from harness.waiting import wait_for
 from kubernetes import client
 
-from fairshare.localredis import local_redis
-
 TENANT = "team-a"
 SETTLE_SECONDS = 2.0
 
@@ -108,9 +106,8 @@ def main() -> int:
         kubelet.register_nodes()
         kubelet.start()
         stack.callback(kubelet.stop)
-        redis_url = stack.enter_context(local_redis())
         (work / "fairgate").mkdir()
-        fairgate = FairgateStack(cp, work / "fairgate", redis_url)
+        fairgate = FairgateStack(cp, work / "fairgate")
         fairgate.install()
         stack.callback(fairgate.stop)
         fairgate.start_webhook()

@@ -23,8 +23,6 @@ from harness.waiting import wait_for
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from fairshare.localredis import local_redis
-
 E2E_DIR = Path(__file__).parent
 _bin_dir: Path | None = None
 
@@ -75,20 +73,19 @@ def fairgate(
 ) -> Iterator[FairgateStack]:
     """fairgate installed from manifests/, `fairgate serve` and `fairgate dispatch` running.
 
-    It has its own redis-server. Module-scoped: after the module the webhook
+    It has its own redis-server (`fairgate.redis`). Module-scoped: after the module the webhook
     configurations are removed, so tests elsewhere see a cluster without fairgate. It
     installs into fixed namespaces, so only one module per session can use it.
     """
-    with local_redis() as redis_url:
-        stack = FairgateStack(controlplane, tmp_path_factory.mktemp("fairgate"), redis_url)
-        try:
-            stack.install()
-            stack.start_webhook()
-            stack.start_dispatcher()
-            yield stack
-        finally:
-            stack.stop()
-            stack.uninstall_webhooks()
+    stack = FairgateStack(controlplane, tmp_path_factory.mktemp("fairgate"))
+    try:
+        stack.install()
+        stack.start_webhook()
+        stack.start_dispatcher()
+        yield stack
+    finally:
+        stack.stop()
+        stack.uninstall_webhooks()
 
 
 NamespaceFactory = Callable[..., str]

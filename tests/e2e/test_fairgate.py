@@ -484,6 +484,31 @@ def test_with_fairgate_down_gpu_pods_are_refused_and_other_pods_are_not(
         fairgate.start_webhook()
 
 
+def test_with_redis_down_gpu_pods_are_refused_clearly_until_it_is_back(
+    controlplane: ControlPlane,
+    fairgate: FairgateStack,
+    tenant_pods: None,
+) -> None:
+    ns = tenant_namespace("team-a")  # the platform says onRedisUnavailable: deny
+    core = pods_api(controlplane, "team-a")
+    fairgate.redis.stop()
+    try:
+        status, message = refusal(
+            lambda: core.create_namespaced_pod(ns, pod_manifest("gpu", {"nvidia.com/gpu": 1}))
+        )
+        assert status in (403, 503), message  # the webhook's own Status code is passed on
+        assert 'admission webhook "pods.mutate.fairgate.io" denied the request' in message
+        assert "Redis" in message, message
+        created = core.create_namespaced_pod(ns, pod_manifest("cpu-only", tolerate_gpu=False))
+        assert created.metadata.name == "cpu-only"
+    finally:
+        fairgate.redis.start()
+    # An empty Redis: the dispatcher rebuilds it, then fitting pods are admitted again.
+    fairgate.wait_admitting()
+    pod = core.create_namespaced_pod(ns, pod_manifest("gpu", {"nvidia.com/gpu": 1}))
+    assert not pod.spec.scheduling_gates
+
+
 # 9 -------------------------------------------------------------------------------------
 
 

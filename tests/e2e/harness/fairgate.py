@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import redis
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -117,15 +118,11 @@ def _tenant_admin_objects(tenant: str) -> list[Manifest]:
 class FairgateStack:
     """fairgate in the cluster; see the module docstring."""
 
-    def __init__(
-        self,
-        controlplane: ControlPlane,
-        work_dir: Path,
-        redis_url: str,
-    ) -> None:
+    def __init__(self, controlplane: ControlPlane, work_dir: Path) -> None:
         self.cp = controlplane
         self.work_dir = work_dir
-        self.redis_url = redis_url
+        self.redis = RedisServer(work_dir / "redis", controlplane.log_dir)
+        self.redis_url = self.redis.url
         self.cert_dir = work_dir / "certs"
         self.port = free_port()
         self.webhook: Process | None = None
@@ -136,7 +133,8 @@ class FairgateStack:
     # -- install -----------------------------------------------------------------------
 
     def install(self) -> None:
-        """Certificates, manifests, tenant admin RBAC, tenant namespaces and their users."""
+        """Redis, certificates, manifests, tenant admin RBAC, tenant namespaces and users."""
+        self.redis.start()
         self.run_cli("certs", "generate", "--out", str(self.cert_dir))
         ca_bundle = base64.b64encode((self.cert_dir / "ca.crt").read_bytes()).decode()
         objects = with_ca_bundle(
@@ -294,6 +292,10 @@ class FairgateStack:
             self.cp.log_dir,
             env=self._env["dispatcher"],
         )
+        self.wait_admitting(timeout)
+
+    def wait_admitting(self, timeout: float = 60.0) -> None:
+        """Wait until a fitting pod would be admitted without the gate (dry-run probe)."""
         wait_for(
             self._admits_fitting_pod,
             timeout,
@@ -338,6 +340,7 @@ class FairgateStack:
     def stop(self) -> None:
         self.stop_dispatcher()
         self.stop_webhook()
+        self.redis.stop()
 
     def status(self) -> Mapping[str, Any]:
         """`fairgate status --json`, parsed."""
@@ -362,3 +365,52 @@ class FairgateStack:
             }
 
         wait_for(lambda: not busy(), timeout, "fairgate to report no usage and no queue")
+
+
+class RedisServer:
+    """A private redis-server on a fixed loopback port that a test can stop and restart."""
+
+    def __init__(self, work_dir: Path, log_dir: Path) -> None:
+        self.work_dir = work_dir
+        self.log_dir = log_dir
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: Process | None = None
+
+    def start(self, timeout: float = 10.0) -> None:
+        """Start it empty (no persistence) and wait until it answers PING."""
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.process = Process(
+            "redis-server",
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.work_dir),
+            ],
+            self.log_dir,
+        )
+        wait_for(self._answers, timeout, f"redis-server on port {self.port}")
+
+    def _answers(self) -> bool:
+        assert self.process is not None
+        self.process.check_alive()
+        client_ = redis.Redis.from_url(self.url, socket_timeout=0.5)
+        try:
+            return bool(client_.ping())
+        except redis.ConnectionError:
+            return False
+        finally:
+            client_.close()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+            self.process = None
