@@ -136,6 +136,7 @@ def _serve(args: argparse.Namespace) -> int:
         host=args.host,
         workers=args.workers,
         log_level=args.log_level,
+        wait_for_rebuild=args.wait_for_rebuild,
     )
     try:
         serve(options)
@@ -185,6 +186,11 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     serve.add_argument("--workers", type=_positive, default=1, metavar="N",
                        help="worker processes sharing the port (default: %(default)s); "
                        "use about one per CPU core the webhook may use")
+    serve.add_argument("--wait-for-rebuild", action=argparse.BooleanOptionalAction,
+                       default=None,
+                       help="reserve nothing until `fairgate dispatch` has rebuilt usage from "
+                       "the cluster after Redis started empty: GPU pods queue meanwhile "
+                       "(default: on without --config-dir, off with it)")
     serve.add_argument("--log-level", default="info",
                        choices=["debug", "info", "warning", "error"],
                        help="log level (default: %(default)s)")

@@ -497,7 +497,8 @@ def run_demo(redis_url: str | None = None, pods: int = 120, console: Console | N
         config = write_demo_config(workdir / "config")
         out.print("certificates and a three-tenant config written; starting fairgate serve...")
         server = stack.enter_context(
-            ServeProcess(workdir / "certs", url, workdir / "config", workdir / "serve.log")
+            ServeProcess(workdir / "certs", url, workdir / "config", workdir / "serve.log",
+                         wait_for_rebuild=True)
         )
         out.print(f"fairgate serve is up at {server.base_url} (TLS verified against ca.crt)")
         client = redis.Redis.from_url(url)

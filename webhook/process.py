@@ -46,17 +46,19 @@ class ServeProcess:
         *,
         port: int | None = None,
         workers: int = 1,
+        wait_for_rebuild: bool = False,
         startup_timeout: float = 30.0,
         stop_timeout: float = 15.0,
     ) -> None:
         """Prepare to serve on 127.0.0.1:``port`` (a free port by default) with
-        ``workers`` processes."""
+        ``workers`` processes (``wait_for_rebuild``: see ``fairgate serve --help``)."""
         self.cert_dir = cert_dir
         self.redis_url = redis_url
         self.config_dir = config_dir
         self.log_path = log_path
         self.port = port if port is not None else free_port()
         self.workers = workers
+        self.wait_for_rebuild = wait_for_rebuild
         self.startup_timeout = startup_timeout
         self.stop_timeout = stop_timeout
         self.process: subprocess.Popen[bytes] | None = None
@@ -84,6 +86,7 @@ class ServeProcess:
             "--cert-dir", str(self.cert_dir), "--port", str(self.port), "--host", HOST,
             "--redis-url", self.redis_url, "--config-dir", str(self.config_dir),
             "--workers", str(self.workers),
+            "--wait-for-rebuild" if self.wait_for_rebuild else "--no-wait-for-rebuild",
         ]
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(

@@ -176,15 +176,19 @@ class AdmissionService:
         metrics: WebhookMetrics | None = None,
         audit_log: AuditLog | None = None,
         clock: Callable[[], float] = time.time,
+        wait_for_rebuild: bool = False,
     ) -> None:
         """Decide with ``config`` and the queue in Redis ``client``.
 
         Audit records go to ``audit_log`` (by default the Redis Stream of ``client``
-        plus stdout); ``clock`` (epoch seconds) orders the queue.
+        plus stdout); ``clock`` (epoch seconds) orders the queue. With
+        ``wait_for_rebuild`` nothing is reserved at admission on a Redis whose usage the
+        reconciler has not rebuilt (fresh, or restarted empty): GPU pods are queued
+        behind the gate until it has (see :class:`fairshare.queue.FairQueue`).
         """
         self.config = config
         self.client = client
-        self.queue = FairQueue(client)
+        self.queue = FairQueue(client, wait_for_rebuild=wait_for_rebuild)
         self.metrics = metrics if metrics is not None else WebhookMetrics()
         self.audit = AuditWriter(audit_log if audit_log is not None else AuditLog(client))
         self._clock = clock

@@ -208,3 +208,41 @@ def test_workers_share_the_port_replace_a_dead_one_and_stop_cleanly(
         assert _eventually(lambda: _decision(server, "team-a-dev", "after") == "admit")
         assert server.stop() == 0
     assert "starting a new one" in server.log_tail(200)
+
+
+def test_waiting_for_rebuild_keeps_quota_safe_across_a_redis_restart(
+    cert_dir: Path, tmp_path: Path
+) -> None:
+    """With --wait-for-rebuild (the default in a cluster) nothing is reserved on a Redis
+    the reconciler has not rebuilt: after Redis restarts empty, a tenant whose pods still
+    run cannot exceed its quota; once usage is rebuilt, the fast path is back."""
+    from webhook_helpers import write_config
+
+    from fairshare.queue import FairQueue
+
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    first = _redis_server(port, tmp_path)
+    server = ServeProcess(cert_dir, url, write_config(tmp_path / "config"),
+                          tmp_path / "serve.log", wait_for_rebuild=True)
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        with server:
+            client = redis.Redis.from_url(url)
+            assert _decision(server, "team-b-dev", "fresh") == "queue"  # never rebuilt
+            FairQueue(client).rebuild([], [])  # the reconciler: the cluster runs nothing
+            assert _decision(server, "team-b-dev", "runs") == "admit"  # team-b: 1 GPU
+            first.terminate()
+            first.wait()
+            second = _redis_server(port, tmp_path)  # empty: "runs" is forgotten
+            with server.client() as http:
+                reply = http.post("/mutate", json=review(gpu_pod("team-b-dev", "after")))
+            response = reply.json()["response"]
+            assert response["auditAnnotations"]["decision"] == "queue"
+            assert any("restore usage" in w for w in response["warnings"])
+            client.close()
+    finally:
+        for process in (first, second):
+            if process is not None and process.poll() is None:
+                process.terminate()
+                process.wait()
