@@ -1,14 +1,17 @@
 """Validating-webhook verdicts for pods (pure).
 
 Contract:
-- :func:`validate_create` judges a pod CREATE after all mutation (fairgate's included).
-  A pod without GPU demand is allowed. A GPU pod is denied for everything
-  :func:`admission.plan.plan_create` denies, and unless it carries fairgate's stamp
-  consistently: a ``fairgate.io/ticket`` with the matching ``fairgate.io/demand`` and
-  ``fairgate.io/tenant`` (the reinvocation rule of :mod:`admission.plan`); a
-  ``fairgate.io/class`` label the tenant allows; a priorityClassName of fairgate's band for
-  that class (inference: the inference class; training: the training or borrowed class);
-  and ``fairgate.io/borrowed: "true"`` exactly when the class is the borrowed one.
+- :func:`validate_create` judges a pod CREATE after all mutation (fairgate's included). A
+  pod without GPU demand is allowed unless it carries a marker only fairgate sets (the
+  ``fairgate.io/queue`` gate, the ``fairgate.io/tenant`` label, or a ``fairgate.io/*``
+  annotation other than ``fairgate.io/pod-group-size``): that is a forgery. A GPU pod is
+  denied for everything :func:`admission.plan.plan_create` denies, and unless it carries
+  fairgate's stamp consistently: a ``fairgate.io/ticket`` with the matching
+  ``fairgate.io/demand`` and ``fairgate.io/tenant`` (the reinvocation rule of
+  :mod:`admission.plan`); a ``fairgate.io/class`` label the tenant allows; a
+  priorityClassName of fairgate's band for that class (inference: the inference class;
+  training: the training or borrowed class); and ``fairgate.io/borrowed: "true"`` exactly
+  when the class is the borrowed one.
 - :func:`validate_update` judges a pod UPDATE: removing the ``fairgate.io/queue`` gate is
   denied to anyone but :data:`~tenants.models.DISPATCHER_USER`; adding, changing or
   removing any ``fairgate.io/*`` label or annotation is denied to anyone but fairgate's
@@ -39,7 +42,9 @@ from tenants.models import (
     CLASS_LABEL,
     DISPATCHER_USER,
     FAIRGATE_PREFIX,
+    POD_GROUP_SIZE_ANNOTATION,
     QUEUE_GATE,
+    TENANT_LABEL,
     TICKET_ANNOTATION,
     FairgateConfig,
 )
@@ -65,10 +70,38 @@ def _deny(reason: str) -> Verdict:
     return Verdict(False, one_line(reason, MAX_MESSAGE_CHARS))
 
 
+def _fairgate_only_markers(pod: object) -> list[str]:
+    """Markers on ``pod`` that only fairgate sets (what a GPU-less pod must not carry).
+
+    A pod too malformed to read carries none (the API server's own validation refuses it).
+    """
+    try:
+        labels, annotations, gates = (
+            pods.labels_of(pod), pods.annotations_of(pod), pods.gate_names(pod)
+        )
+    except pods.PodError:
+        return []
+    markers = [f"label {TENANT_LABEL}"] if TENANT_LABEL in labels else []
+    markers += [
+        f"annotation {key}"
+        for key in sorted(annotations)
+        if key.startswith(FAIRGATE_PREFIX) and key != POD_GROUP_SIZE_ANNOTATION
+    ]
+    if QUEUE_GATE in gates:
+        markers.append(f"scheduling gate {QUEUE_GATE}")
+    return markers
+
+
 def validate_create(pod: object, namespace: str, config: FairgateConfig) -> Verdict:
     """Verdict on a mutated pod CREATE in ``namespace``."""
     result = plan_create(pod, namespace, "", config)
     if isinstance(result, NotOurs):
+        forged = _fairgate_only_markers(pod)
+        if forged:
+            return _deny(
+                f"{', '.join(forged)} may only be set by fairgate, on GPU pods: remove "
+                f"{'it' if len(forged) == 1 else 'them'} from this pod"
+            )
         return _allow(result.reason)
     if isinstance(result, Denied):
         return _deny(result.message)

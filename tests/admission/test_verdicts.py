@@ -300,7 +300,14 @@ def test_plan_patch_and_validation_agree(
     result = plan_create(pod, namespace, "uid-x", CONFIG)
     event(type(result).__name__ + (f" {result.code}" if isinstance(result, Denied) else ""))
     if isinstance(result, NotOurs):
-        assert validate_create(pod, namespace, CONFIG).allowed
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        forged = (
+            "fairgate.io/tenant" in (meta.get("labels") or {})
+            or any(k.startswith("fairgate.io/") and k != "fairgate.io/pod-group-size"
+                   for k in meta.get("annotations") or {})
+            or {"name": "fairgate.io/queue"} in (spec.get("schedulingGates") or [])
+        )
+        assert validate_create(pod, namespace, CONFIG).allowed is not forged
         return
     if isinstance(result, Denied):
         assert 0 < len(result.message) <= MAX_MESSAGE_CHARS
@@ -363,3 +370,29 @@ def test_arbitrary_json_never_raises(first: Any, second: Any, namespace: str) ->
     assert isinstance(result, NotOurs | Denied | PodPlan)
     assert isinstance(validate_create(first, namespace, CONFIG), Verdict)
     assert isinstance(validate_update(first, second, ALICE, [], CONFIG), Verdict)
+
+
+@pytest.mark.parametrize(
+    ("metadata", "spec", "named"),
+    [
+        ({"labels": {"fairgate.io/tenant": "team-a"}}, {}, "label fairgate.io/tenant"),
+        ({"annotations": {"fairgate.io/ticket": "t-1"}}, {}, "annotation fairgate.io/ticket"),
+        ({}, {"schedulingGates": [{"name": "fairgate.io/queue"}]}, "scheduling gate"),
+    ],
+)
+def test_gpu_less_pod_with_fairgate_only_marker_is_denied(
+    metadata: dict[str, Any], spec: dict[str, Any], named: str
+) -> None:
+    pod = {"metadata": {"name": "p", **metadata},
+           "spec": {"containers": [{"name": "c", "image": "busybox"}], **spec}}
+    verdict = validate_create(pod, "team-a-train", CONFIG)
+    assert not verdict.allowed
+    assert named in verdict.reason and "remove" in verdict.reason
+
+
+def test_gpu_less_pod_with_user_class_and_group_is_allowed() -> None:
+    pod = {"metadata": {"name": "p",
+                        "labels": {"fairgate.io/class": "training", "fairgate.io/pod-group": "g"},
+                        "annotations": {"fairgate.io/pod-group-size": "2"}},
+           "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+    assert validate_create(pod, "team-a-train", CONFIG).allowed
