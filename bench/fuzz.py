@@ -4,6 +4,7 @@ Run (from the repository root):
 
     python -m bench.fuzz                    # 100,000 examples in total
     python -m bench.fuzz --examples 10000   # a shorter run
+    python -m bench.fuzz --only mutate --log-dir /tmp/fuzz-logs
 
 Runs the hypothesis tests of ``tests/fuzz/`` (the same strategies and oracles as CI)
 with ``FAIRGATE_FUZZ_EXAMPLES`` raised, one pytest process per test, and splits the
@@ -21,6 +22,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,8 +42,9 @@ SHARES = {
 _PASSING = re.compile(r"(\d+) passing, (\d+) failing, and (\d+) invalid")
 
 
-def run_test(node: str, examples: int, timeout: float) -> dict[str, Any]:
-    """One fuzz test with ``examples`` examples; what hypothesis and pytest reported."""
+def run_test(node: str, examples: int, timeout: float, log: Path) -> dict[str, Any]:
+    """One fuzz test with ``examples`` examples; what hypothesis and pytest reported
+    (pytest's whole output is written to ``log``)."""
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "pytest", node, "-q", "-p", "no:cacheprovider",
@@ -50,6 +53,7 @@ def run_test(node: str, examples: int, timeout: float) -> dict[str, Any]:
         env={**os.environ, "FAIRGATE_FUZZ_EXAMPLES": str(examples)},
     )
     seconds = time.monotonic() - started
+    log.write_text(done.stdout + done.stderr)
     passing = failing = invalid = 0
     for match in _PASSING.finditer(done.stdout):
         passing += int(match.group(1))
@@ -58,7 +62,7 @@ def run_test(node: str, examples: int, timeout: float) -> dict[str, Any]:
     tail = "\n".join(done.stdout.splitlines()[-15:])
     return {"test": node, "asked": examples, "passing": passing, "failing": failing,
             "invalid": invalid, "seconds": round(seconds, 1),
-            "outcome": "passed" if done.returncode == 0 else "FAILED",
+            "outcome": "passed" if done.returncode == 0 else "FAILED", "log": str(log),
             **({} if done.returncode == 0 else {"output_tail": tail})}
 
 
@@ -70,9 +74,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="examples in total over all tests (100000)")
     parser.add_argument("--timeout", type=float, default=4 * 3600,
                         help="seconds allowed per test (14400)")
+    parser.add_argument("--only", action="append", default=[], metavar="TEXT",
+                        help="only the tests whose id contains TEXT (repeatable)")
+    default_logs = Path(tempfile.gettempdir()) / "fairgate-fuzz-logs"
+    parser.add_argument("--log-dir", type=Path, default=default_logs,
+                        help=f"where each test's full pytest output goes ({default_logs})")
     args = parser.parse_args(argv)
-    results = [run_test(node, max(1, round(args.examples * share)), args.timeout)
-               for node, share in SHARES.items()]
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+    chosen = {n: s for n, s in SHARES.items() if not args.only or any(t in n for t in args.only)}
+    results = [run_test(node, max(1, round(args.examples * share)), args.timeout,
+                        args.log_dir / (re.sub(r"\W+", "_", node.split("::")[1]) + ".log"))
+               for node, share in chosen.items()]
     print("| test | examples asked | passing | failing | seconds | outcome |")
     print("|---|---|---|---|---|---|")
     for r in results:
