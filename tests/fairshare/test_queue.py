@@ -249,8 +249,26 @@ def test_release_and_remove_are_idempotent(redis_client: redis.Redis, pods: Pods
     assert (status.used_slices, status.queued) == (0, {"inference": 0, "training": 0})
 
 
-def dump_all(client: redis.Redis) -> dict[bytes, bytes | None]:
-    return {key: client.dump(key) for key in client.scan_iter(count=1000)}
+def dump_all(client: redis.Redis) -> dict[bytes, tuple[object, object, int]]:
+    """Every key with its type, full content and TTL. (Raw DUMP bytes are not
+    comparable: Redis rehashes large hashes and sets incrementally, even on reads and
+    in the background, which reorders their serialization without changing them.)"""
+    snapshot: dict[bytes, tuple[object, object, int]] = {}
+    for key in client.scan_iter(count=1000):
+        kind = client.type(key)
+        content: object
+        if kind == b"hash":
+            content = sorted(client.hgetall(key).items())
+        elif kind == b"set":
+            content = sorted(client.smembers(key))
+        elif kind == b"zset":
+            content = client.zrange(key, 0, -1, withscores=True)
+        elif kind == b"list":
+            content = client.lrange(key, 0, -1)
+        else:
+            content = client.dump(key)
+        snapshot[key] = (kind, content, client.pttl(key))
+    return snapshot
 
 
 def test_same_ticket_twice_and_dry_run_change_nothing(redis_client: redis.Redis,

@@ -36,6 +36,7 @@ from tests.fairshare.reference import (
     empty_shape,
     waiting_for,
 )
+from tests.fairshare.test_queue import dump_all
 
 STARVE = 120.0
 TENANTS = ("a", "b", "c")
@@ -72,11 +73,6 @@ def make_config(quotas: dict[str, dict[str, float]]) -> FairgateConfig:
         for t, q in quotas.items()
     }
     return FairgateConfig(platform=platform, quotas=specs)
-
-
-def dump_all(client: redis.Redis) -> dict[bytes, bytes | None]:
-    """Every key with its serialized value (DUMP)."""
-    return {key: client.dump(key) for key in client.scan_iter(count=1000)}
 
 
 class QueueMachine(RuleBasedStateMachine):
