@@ -18,6 +18,7 @@ from conftest import examples, rss_bytes
 from hostile import bodies
 from hypothesis import HealthCheck, given, settings
 
+from webhook.app import DEFAULT_DEADLINE_SECONDS as DEADLINE_SECONDS
 from webhook.process import ServeProcess
 from webhook.service import INTERNAL_ERROR_MESSAGE
 
@@ -54,8 +55,11 @@ def assert_valid_answer(reply: httpx.Response, uid: str | None, path: str) -> No
     if not response["allowed"]:
         message = response["status"]["message"]
         assert isinstance(message, str) and message
-        assert not message.startswith(INTERNAL), message
-        assert response["status"].get("code") != 500, response["status"]
+        # A decision that missed the webhook's deadline (a starved CPU) is answered with
+        # the internal-error denial too (bugs.md B7-4); only a fast one is a real error.
+        if reply.elapsed.total_seconds() < DEADLINE_SECONDS:
+            assert not message.startswith(INTERNAL), message
+            assert response["status"].get("code") != 500, response["status"]
     for warning in response.get("warnings", []):
         assert isinstance(warning, str) and "\n" not in warning
 
