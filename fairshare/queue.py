@@ -127,13 +127,19 @@ class FairQueue:
 
     # -- configuration -------------------------------------------------------------
 
-    def sync_config(self, config: FairgateConfig, capacity: Mapping[str, int]) -> None:
+    def sync_config(
+        self, config: FairgateConfig, capacity: Mapping[str, int] | None
+    ) -> None:
         """Store every tenant's weight and quota (in slices) and the cluster capacity.
 
-        Safe to repeat; tenants missing from ``config`` keep their usage but get an
-        empty quota. Lowering a quota evicts nothing: new pods wait until usage drops.
+        ``capacity=None`` keeps the capacity already stored (a caller that does not see
+        the nodes, like the webhook, must not wipe what the dispatcher stored). Safe to
+        repeat; tenants missing from ``config`` keep their usage but get an empty quota.
+        Lowering a quota or capacity evicts nothing: new pods wait until usage drops.
         """
-        args: list[str | int | float] = [format_counts(capacity)]
+        args: list[str | int | float] = (
+            ["0", ""] if capacity is None else ["1", format_counts(capacity)]
+        )
         for tenant in config.tenants():
             args += [
                 tenant.name,

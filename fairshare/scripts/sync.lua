@@ -1,10 +1,13 @@
--- sync: store capacity (ARGV[1], counts) and, per tenant, 5 fields: name, weight,
--- borrow slices, reserve slices, nominal counts. Tenants not named lose their quota
--- but keep their usage and queue. Readiness and shares are refreshed.
-redis.call('DEL', K_CAP)
-for k, v in pairs(parse_counts(ARGV[1])) do redis.call('HSET', K_CAP, k, v) end
+-- sync: ARGV[1] '1' replaces the capacity with ARGV[2] (counts), '0' keeps the stored
+-- one; then, per tenant, 5 fields: name, weight, borrow slices, reserve slices, nominal
+-- counts. Tenants not named lose their quota but keep their usage and queue.
+-- Readiness and shares are refreshed.
+if ARGV[1] == '1' then
+  redis.call('DEL', K_CAP)
+  for k, v in pairs(parse_counts(ARGV[2])) do redis.call('HSET', K_CAP, k, v) end
+end
 local configured = {}
-for i = 2, #ARGV, 5 do
+for i = 3, #ARGV, 5 do
   local tenant, nominal = ARGV[i], ARGV[i + 4]
   local key = P .. 'tc:' .. tenant
   configured[tenant] = true

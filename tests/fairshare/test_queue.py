@@ -312,6 +312,20 @@ def test_lowering_quota_evicts_nothing(redis_client: redis.Redis, pods: Pods) ->
     assert released(q) == ["t5"]
 
 
+def test_sync_without_capacity_keeps_the_stored_capacity(redis_client: redis.Redis,
+                                                         pods: Pods) -> None:
+    q = queue_with(redis_client, {"gpu": 2}, a={"nominal": {"gpu": 4}})
+    # the webhook pushes config without knowing the nodes: the dispatcher's capacity stays
+    q.sync_config(config(a={"nominal": {"gpu": 4}}, b={"nominal": {"gpu": 1}}), None)
+    assert redis_client.hgetall("fairgate:cap") == {b"gpu": b"2"}
+    assert [s.tenant for s in q.tenant_status()] == ["a", "b"]
+    assert [q.admit(pods("a"), 0.0).outcome for _ in range(3)] == ["reserved", "reserved",
+                                                                   "queued"]
+    # an explicit capacity, even an empty one, still replaces it
+    q.sync_config(config(a={"nominal": {"gpu": 4}}), {})
+    assert redis_client.hgetall("fairgate:cap") == {}
+
+
 def test_status_snapshots(redis_client: redis.Redis, pods: Pods) -> None:
     q = queue_with(redis_client, {"gpu": 2},
                    a={"weight": 2, "nominal": {"gpu": 2}, "borrow": 1, "reserve": 1},
