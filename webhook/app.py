@@ -141,7 +141,7 @@ def create_app(
             try:
                 answer = await in_pool(service.review, webhook, body, progress)
             except TimeoutError:
-                answer = service.overdue(webhook, body, progress)
+                answer = service.overdue(webhook, body, progress, deadline_seconds)
             except InvalidReview:
                 raise
             except Exception as exc:

@@ -12,6 +12,8 @@ process-wide default registry (process metrics, audit write failures):
   when the namespace has none) and verdict (``admit``, ``queue``, ``deny``, ``allow``).
 - ``fairgate_redis_unavailable_total{policy}``: admissions answered by the
   ``onRedisUnavailable`` policy (``deny`` or ``allow``).
+- ``fairgate_admission_overdue_total{webhook}``: requests answered by the deadline
+  fallback (no decision within the deadline).
 - ``fairgate_admission_errors_total``: unexpected errors turned into a safe answer.
 """
 
@@ -50,6 +52,12 @@ class WebhookMetrics:
             "fairgate_redis_unavailable_total",
             "Admissions answered by the onRedisUnavailable policy because Redis failed.",
             ["policy"],
+            registry=self.registry,
+        )
+        self.overdue = Counter(
+            "fairgate_admission_overdue_total",
+            "Requests answered by the deadline fallback, by webhook.",
+            ["webhook"],
             registry=self.registry,
         )
         self.errors = Counter(

@@ -16,10 +16,12 @@ Contract (synchronous; :mod:`webhook.app` runs it in a worker pool under a deadl
     pods with :data:`REDIS_DOWN_MESSAGE`; ``allow`` admits them stamped but unreserved,
     with a warning, audited.
 
-- :meth:`overdue` answers a request whose decision missed the deadline (as a Redis
-  failure) and :meth:`failed` one whose decision raised unexpectedly (logged with its
-  traceback; a GPU pod, or a pod fairgate cannot read, is denied; anything else is
-  allowed). Both are cheap enough for the event loop.
+- :meth:`overdue` answers a request whose decision missed the deadline (a pod CREATE at
+  /mutate as a Redis failure; otherwise :data:`OVERDUE_MESSAGE`, "overloaded") and
+  :meth:`failed` one whose decision raised unexpectedly (:data:`INTERNAL_ERROR_MESSAGE`,
+  logged with its traceback). Either way a GPU pod (or a pod fairgate cannot read) and
+  a fairgate ConfigMap edit are refused; anything else is allowed. Both are cheap
+  enough for the event loop.
 - Every decision on a GPU pod (admit, queue, deny) and every denial or accepted quota
   change is audited (:mod:`audit`, written off the request path) and counted in
   ``fairgate_admission_decisions_total``. Responses carry ``auditAnnotations``
@@ -71,6 +73,10 @@ NO_CONFIG_MESSAGE = (
     "fairgate has not loaded its tenant config yet: GPU pods are refused until it has; "
     "retry in a minute or ask the platform team"
 )
+OVERDUE_MESSAGE = (
+    "fairgate could not decide on this request within its {seconds:g} s deadline (the "
+    "webhook is overloaded): it is refused rather than admitted unchecked; retry"
+)
 INTERNAL_ERROR_MESSAGE = (
     "fairgate could not decide on this request because of an internal error (logged with "
     "uid {uid}): it is refused rather than admitted unchecked; retry, or ask the platform "
@@ -80,8 +86,6 @@ FAIL_OPEN_WARNING = (
     "fairgate queue (Redis) unavailable: admitted without a quota check "
     "(onRedisUnavailable: allow)"
 )
-
-_CAPACITY_KEY = "fairgate:cap"
 
 # Redis did not answer, or cannot store anything (out of memory, a read-only replica).
 # Any other ResponseError is an answer: a bug, handled as an internal error.
@@ -140,6 +144,14 @@ def _is_pod(request: AdmissionRequest) -> bool:
 
 def _is_configmap(request: AdmissionRequest) -> bool:
     return request.kind.group == "" and request.kind.kind == "ConfigMap"
+
+
+def _refused_when_undecided(webhook: Webhook, request: AdmissionRequest) -> bool:
+    """Whether a request fairgate could not decide must be refused: a GPU pod (or one
+    fairgate cannot read) and, at /validate, a ConfigMap; anything else passes."""
+    if _is_pod(request):
+        return _asks_for_gpu(request.object or request.old_object)
+    return _is_configmap(request) and webhook == "validate"
 
 
 def _asks_for_gpu(pod: object) -> bool:
@@ -241,18 +253,32 @@ class AdmissionService:
             return self._mutate(request, progress)
         return self._validate(request, progress)
 
-    def overdue(self, webhook: Webhook, body: bytes, progress: Progress) -> AdmissionReviewResponse:
-        """The answer for a decision that missed its deadline."""
+    def overdue(
+        self, webhook: Webhook, body: bytes, progress: Progress, seconds: float
+    ) -> AdmissionReviewResponse:
+        """The answer for a decision that missed its ``seconds`` deadline: for a pod
+        CREATE at /mutate, the ``onRedisUnavailable`` policy (Redis is the likely cause);
+        otherwise a GPU pod or a fairgate ConfigMap is refused as overloaded."""
         progress.abandoned = True  # the late worker's own decision is not recorded
         progress = replace(progress, abandoned=False)
         review = progress.review or parse_review(body)
         progress.review = review
         request = review.request
-        if webhook == "mutate" and _is_pod(request) and request.operation == "CREATE":
-            if not _asks_for_gpu(request.object):
-                return allow(request.uid)
+        self.metrics.overdue.labels(webhook).inc()
+        log.warning("no decision within %g s for /%s uid=%s", seconds, webhook, request.uid)
+        if not _refused_when_undecided(webhook, request):
+            return allow(request.uid)
+        if webhook == "mutate" and request.operation == "CREATE":
             return self._redis_unavailable(request, progress, TimeoutError("deadline"))
-        return self.failed(webhook, body, progress, TimeoutError("decision deadline exceeded"))
+        plan = progress.plan
+        return self._deny(
+            request,
+            progress,
+            _Decision(DENY, "deadline exceeded", tenant=plan.tenant.name if plan else ""),
+            OVERDUE_MESSAGE.format(seconds=seconds),
+            code=503,
+            reason="ServiceUnavailable",
+        )
 
     def failed(
         self, webhook: Webhook, body: bytes, progress: Progress, error: BaseException
@@ -266,11 +292,7 @@ class AdmissionService:
             webhook, request.uid, request.kind.kind, request.namespace,
             exc_info=(type(error), error, error.__traceback__),
         )
-        refuse = (
-            (_is_pod(request) and _asks_for_gpu(request.object or request.old_object))
-            or (_is_configmap(request) and webhook == "validate")
-        )
-        if not refuse:
+        if not _refused_when_undecided(webhook, request):
             return allow(request.uid)
         message = INTERNAL_ERROR_MESSAGE.format(uid=request.uid)
         plan = progress.plan
@@ -347,17 +369,10 @@ class AdmissionService:
             return self.queue.admit(queued, queued.submitted_at, dry_run=dry_run)
 
     def _sync(self, config: FairgateConfig) -> None:
-        """Store the config in the queue. Capacity is the platform's override, else what
-        the dispatcher last stored (it alone sees the nodes): never wipe it."""
-        capacity = dict(config.platform.capacity) or self._stored_capacity()
-        self.queue.sync_config(config, capacity)
+        """Store the config in the queue. Capacity is the platform's override, else the
+        one the dispatcher stored (it alone sees the nodes): never wiped from here."""
+        self.queue.sync_config(config, dict(config.platform.capacity) or None)
         self._synced = config
-
-    def _stored_capacity(self) -> dict[str, int]:
-        # fairshare's capacity hash; see /work/agents/requests-webhook.md, request 1: to be
-        # replaced by sync_config(config, capacity=None) keeping the stored capacity.
-        raw: dict[bytes, bytes] = self.client.hgetall(_CAPACITY_KEY)  # type: ignore[assignment]
-        return {name.decode(): int(count) for name, count in raw.items()}
 
     def _redis_unavailable(
         self, request: AdmissionRequest, progress: Progress, error: BaseException
