@@ -251,14 +251,25 @@ class FairQueue:
 
     # -- the reconciler ------------------------------------------------------------
 
-    def rebuild(self, running: Iterable[RunningPod], gated: Iterable[GatedPod]) -> None:
+    def rebuild(
+        self,
+        running: Iterable[RunningPod],
+        gated: Iterable[GatedPod],
+        listed_at: float | None = None,
+    ) -> None:
         """Atomically replace usage and queue with the cluster's truth.
 
         ``running``: pods holding GPUs; ``gated``: pods still gated, queued in order of
-        ``submitted_at`` (then ticket). Reservations not yet confirmed are dropped.
-        Configuration (``sync_config``) is kept.
+        ``submitted_at`` (then ticket). ``listed_at``: when the pods were listed (the
+        caller's clock, the one ``admit`` and ``dispatch`` get). Tickets reserved or
+        released by dispatch later than ``listed_at - reservation_ttl`` are in flight
+        (the list cannot show them yet) and are kept with their usage, also when the
+        list shows their pod gated or not at all; an unconfirmed one still expires.
+        With ``listed_at=None`` the lists are taken as complete (nothing reserved or
+        dispatched since): every other ticket is dropped. Configuration is kept.
         """
-        args: list[str | int | float] = []
+        cutoff = "" if listed_at is None else _num(listed_at - self.reservation_ttl)
+        args: list[str | int | float] = [cutoff]
         for pod in running:
             args += ["A", pod.ticket, pod.tenant, pod.namespace, pod.name,
                      _CLASS_CODE[pod.pod_class], _BAND_CODE[pod.band],

@@ -71,8 +71,16 @@ def cluster_truth(pods: Iterable[GpuPod]) -> ClusterTruth:
     return ClusterTruth(running, gated, skipped)
 
 
-def reconcile(queue: FairQueue, pods: Iterable[GpuPod]) -> ReconcileSummary:
-    """Replace the queue's usage and backlog with what ``pods`` say (atomically)."""
+def reconcile(
+    queue: FairQueue, pods: Iterable[GpuPod], listed_at: float | None = None
+) -> ReconcileSummary:
+    """Replace the queue's usage and backlog with what ``pods`` say (atomically).
+
+    ``listed_at`` is when ``pods`` were listed (taken *before* the list call, on the
+    clock the webhook and dispatcher use): reservations and dispatches made shortly
+    before or after it are kept (see :meth:`FairQueue.rebuild`). ``None`` only when
+    nothing can have been reserved or dispatched since the listing.
+    """
     truth = cluster_truth(pods)
-    queue.rebuild(truth.running, truth.gated)
+    queue.rebuild(truth.running, truth.gated, listed_at)
     return ReconcileSummary(len(truth.running), len(truth.gated), truth.skipped)

@@ -1,6 +1,26 @@
 -- rebuild: replace usage and queue with the cluster's truth; configuration stays.
--- ARGV: records of 11 fields: kind ('A' running | 'Q' gated, gated in queue order),
--- ticket, tenant, namespace, name, class, band, demand, gang id, gang size, submitted.
+-- ARGV[1]: cutoff ('' keeps nothing): reserved or released tickets (state R or A with
+-- a reservation/release time F_AT) later than the cutoff are in flight, made after
+-- the pods were listed or too recently for the list to show them; they are kept with
+-- their usage (and reservation expiry), before the list is applied.
+-- ARGV[2..]: records of 11 fields: kind ('A' running | 'Q' gated, gated in queue
+-- order), ticket, tenant, namespace, name, class, band, demand, gang id, gang size,
+-- submitted. A listed ticket that is kept stays as it is (a listed running pod
+-- confirms a kept reservation).
+local cutoff = tonumber(ARGV[1])
+local kept = {}
+if cutoff then
+  local flat = redis.call('HGETALL', K_TICKETS)
+  for i = 1, #flat, 2 do
+    local rec = split(flat[i + 1], SEP)
+    if (rec[F_STATE] == 'R' or rec[F_STATE] == 'A') and rec[F_AT] ~= ''
+        and tonumber(rec[F_AT]) > cutoff then
+      kept[#kept + 1] = {flat[i], rec}
+    end
+  end
+  table.sort(kept, function(a, b) return tonumber(a[2][F_SEQ]) < tonumber(b[2][F_SEQ]) end)
+end
+
 for _, tenant in ipairs(redis.call('SMEMBERS', K_TENANTS)) do
   for _, shape in ipairs(redis.call('SMEMBERS', P .. 'tl:' .. tenant)) do
     redis.call('DEL', lane_key(tenant, shape))
@@ -18,26 +38,44 @@ for _, gid in ipairs(redis.call('SMEMBERS', K_GANGS)) do redis.call('DEL', P .. 
 redis.call('DEL', K_GANGS, K_TICKETS, K_RESV, K_USED)
 USED = nil
 
+-- a ticket holding usage (state R or A)
+local function hold(ticket, rec)
+  redis.call('SADD', K_TENANTS, rec[F_TENANT])
+  put_rec(ticket, rec)
+  add_usage(rec[F_TENANT], rec[F_BAND], parse_counts(rec[F_DEMAND]), 1)
+  if rec[F_STATE] == 'R' then redis.call('ZADD', K_RESV, rec[F_AT], ticket) end
+  local gid = rec[F_GANG]
+  if gid ~= '' then
+    local key = P .. 'g:' .. gid
+    redis.call('HSET', key, 't', rec[F_TENANT], 'c', rec[F_CLASS], 'n', rec[F_GSIZE])
+    redis.call('HINCRBY', key, 'r', 1)
+    redis.call('SADD', K_GANGS, gid)
+  end
+end
+
 local seq = 0
-for i = 1, #ARGV, 11 do
+for _, item in ipairs(kept) do
+  seq = seq + 1
+  item[2][F_SEQ] = seq
+  hold(item[1], item[2])
+end
+for i = 2, #ARGV, 11 do
   local kind, ticket, tenant, ns, name, cls, band, demand, gid, gsize, submitted =
     unpack(ARGV, i, i + 10)
-  if not get_rec(ticket) then
-    redis.call('SADD', K_TENANTS, tenant)
+  local rec = get_rec(ticket)
+  if not rec then
     seq = seq + 1
-    local rec = {kind, tenant, cls, band, demand, ns, name, gid, gsize, submitted, seq, ''}
+    rec = {kind, tenant, cls, band, demand, ns, name, gid, gsize, submitted, seq, ''}
     if kind == 'A' then
-      put_rec(ticket, rec)
-      add_usage(tenant, band, parse_counts(demand), 1)
-      if gid ~= '' then
-        local key = P .. 'g:' .. gid
-        redis.call('HSET', key, 't', tenant, 'c', cls, 'n', gsize)
-        redis.call('HINCRBY', key, 'r', 1)
-        redis.call('SADD', K_GANGS, gid)
-      end
+      hold(ticket, rec)
     else
+      redis.call('SADD', K_TENANTS, tenant)
       enqueue(ticket, rec, false)
     end
+  elseif kind == 'A' and rec[F_STATE] == 'R' then
+    redis.call('ZREM', K_RESV, ticket)
+    rec[F_STATE] = 'A'
+    put_rec(ticket, rec)
   end
 end
 redis.call('SET', K_SEQ, seq)

@@ -513,23 +513,49 @@ class Reference:
             self.forget(t)
         return [t for _, t in out]
 
-    def rebuild(self, running: list[tuple[str, Rec]], gated: list[tuple[str, Rec]]) -> None:
-        """Replace usage and queue (not the config): ``running`` pods, then ``gated``
-        ones queued in the given order; sequence numbers restart from 1."""
+    def rebuild(self, running: list[tuple[str, Rec]], gated: list[tuple[str, Rec]],
+                cutoff: float | None = None) -> None:
+        """Replace usage and queue (not the config): first the in-flight tickets (R or A
+        reserved/released after ``cutoff``, in sequence order, reservations still
+        expiring), then ``running`` pods, then ``gated`` ones queued in the given order,
+        skipping tickets already there (a listed running pod confirms a kept
+        reservation); sequence numbers restart from 1."""
+        kept = sorted(
+            ((t, r) for t, r in self.recs.items()
+             if cutoff is not None and r.state in ("R", "A") and r.at is not None
+             and r.at > cutoff),
+            key=lambda item: item[1].seq,
+        )
+        old_resv = self.resv
         self.recs, self.lanes, self.gangs, self.resv = {}, {}, {}, {}
         self.seq = 0
+        for ticket, rec in kept:
+            self.seq += 1
+            rec.seq = self.seq
+            self.hold(ticket, rec)
+            if rec.state == "R":
+                self.resv[ticket] = old_resv[ticket]
         for ticket, rec in running:
+            if ticket in self.recs:
+                self.confirm(ticket)
+                continue
             self.seq += 1
             rec.state, rec.seq, rec.at, rec.submitted = "A", self.seq, None, 0.0
-            self.recs[ticket] = rec
-            if rec.gang:
-                g = self.gangs.setdefault(rec.gang, Gang(rec.tenant, rec.cls, rec.gsize))
-                g.tenant, g.cls, g.size = rec.tenant, rec.cls, rec.gsize
-                g.running += 1
+            self.hold(ticket, rec)
         for ticket, rec in gated:
+            if ticket in self.recs:
+                continue
             self.seq += 1
             rec.seq, rec.at = self.seq, None
             self.enqueue(ticket, rec, False)
+
+    def hold(self, ticket: str, rec: Rec) -> None:
+        """Put back a ticket holding usage (its gang counts it as running)."""
+        self.recs[ticket] = rec
+        if rec.gang:
+            g = self.gangs.setdefault(rec.gang, Gang(rec.tenant, rec.cls, rec.gsize))
+            g.tenant, g.cls, g.size = rec.tenant, rec.cls, rec.gsize
+            g.running += 1
 
     def requeue(self, ticket: str) -> bool:
         rec = self.recs.get(ticket)

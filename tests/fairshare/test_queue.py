@@ -403,10 +403,69 @@ def test_rebuild_restores_order_and_usage(redis_client: redis.Redis, pods: Pods)
     redis_client.flushall()
     fresh = FairQueue(redis_client)
     fresh.sync_config(config(**tenants), {"gpu": 4, "mig-1g.5gb": 2})
-    fresh.rebuild(running, reversed(gated))
+    fresh.rebuild(running, reversed(gated), listed_at=50.0)  # a flushed Redis keeps nothing
     assert snapshot(fresh) == before
     assert carry_on(fresh) == expected
     assert len([t for t in expected if t != "|"]) >= 5
+
+
+def test_rebuild_keeps_reservations_made_after_the_listing(redis_client: redis.Redis,
+                                                           pods: Pods) -> None:
+    q = queue_with(redis_client, {"gpu": 8}, a={"nominal": {"gpu": 2}})
+    old = pods("a")
+    assert q.admit(old, 0.0).outcome == "reserved"  # never confirmed: its pod was refused
+    listed_at = 100.0  # the reconciler lists the pods: none exists yet
+    late = pods("a")
+    assert q.admit(late, 101.0).outcome == "reserved"  # the webhook, after the listing
+    q.rebuild([], [], listed_at=listed_at)
+    (status,) = q.tenant_status()
+    assert status.used == {"gpu": 1}  # the late reservation still counts, the old is gone
+    assert q.ticket_status(old.ticket, 102.0) is None
+    assert q.admit(pods("a"), 102.0).outcome == "reserved"
+    assert q.admit(pods("a"), 102.0).waiting_for == "1.00 GPU-eq of tenant quota"
+    # a kept reservation still expires when no pod confirms it
+    assert late.ticket in q.expire(101.0 + q.reservation_ttl)
+
+
+def test_rebuild_confirms_a_kept_reservation_whose_pod_is_listed(redis_client: redis.Redis,
+                                                                  pods: Pods) -> None:
+    q = queue_with(redis_client, {"gpu": 8}, a={"nominal": {"gpu": 2}})
+    req = pods("a")
+    assert q.admit(req, 100.0).outcome == "reserved"
+    pod = RunningPod(req.ticket, "a", req.namespace, req.name, "training", "training",
+                     {"gpu": 1})
+    q.rebuild([pod], [], listed_at=100.0)  # the pod exists; its confirm is not in yet
+    assert q.expire(100.0 + 2 * q.reservation_ttl) == []
+    status = q.ticket_status(req.ticket, 200.0)
+    assert status is not None and status.state == "running"
+    assert q.tenant_status()[0].used == {"gpu": 1}
+
+
+def test_rebuild_does_not_queue_again_a_pod_dispatched_after_the_listing(
+        redis_client: redis.Redis, pods: Pods) -> None:
+    q = queue_with(redis_client, {"gpu": 1}, a={"nominal": {"gpu": 2}})
+    first, second = pods("a"), pods("a")
+    assert q.admit(first, 0.0).outcome == "reserved"
+    assert q.admit(second, 0.0).outcome == "queued"
+    q.confirm(first.ticket, 0.0)
+    running = [RunningPod(first.ticket, "a", first.namespace, first.name, "training",
+                          "training", {"gpu": 1})]
+    listed_at = 200.0  # second is gated in the list
+    gated = [GatedPod(second, "training")]
+    q.release(first.ticket)  # first ended after the listing
+    assert released(q, now=201.0) == [second.ticket]  # another dispatcher releases second
+    q.rebuild(running, gated, listed_at=listed_at)
+    status = q.ticket_status(second.ticket, 202.0)
+    assert status is not None and status.state == "running"
+    assert q.tenant_status()[0].queued == {"inference": 0, "training": 0}
+    assert released(q, now=203.0) == []  # not released a second time
+    assert q.tenant_status()[0].used == {"gpu": 2}  # the stale list brings first back
+    # a later rebuild from a current list drops the ended pod, keeps the dispatched one
+    q.rebuild([], [], listed_at=202.0)
+    assert q.tenant_status()[0].used == {"gpu": 1}
+    # once older than the reservation TTL only the list counts
+    q.rebuild([], [], listed_at=201.0 + q.reservation_ttl)
+    assert q.tenant_status()[0].used == {}
 
 
 def test_lower_bands_count_as_free_capacity(redis_client: redis.Redis, pods: Pods) -> None:

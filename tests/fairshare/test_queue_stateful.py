@@ -75,6 +75,15 @@ def make_config(quotas: dict[str, dict[str, float]]) -> FairgateConfig:
     return FairgateConfig(platform=platform, quotas=specs)
 
 
+@dataclasses.dataclass(frozen=True)
+class Listing:
+    """Pods as a reconciler listed them at time ``at``."""
+
+    at: float
+    running: list[tuple[str, Rec]]
+    gated: list[tuple[str, Rec]]
+
+
 class QueueMachine(RuleBasedStateMachine):
     client: redis.Redis
 
@@ -88,6 +97,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.tickets: list[str] = []
         self.cap: ResourceCounts = {}
         self.last_usage = self.usage_snapshot()
+        self.listed: Listing | None = None
 
     # -- helpers -----------------------------------------------------------------
 
@@ -235,18 +245,33 @@ class QueueMachine(RuleBasedStateMachine):
         if ticket is not None:
             assert self.queue.requeue(ticket) == self.ref.requeue(ticket)
 
-    @rule()
-    def rebuild_from_cluster(self) -> None:
-        """The reconciler replaces Redis with the cluster's truth (reservations not yet
-        confirmed have no pod yet and are dropped)."""
+    def listing(self, pods_of_reserved: bool) -> Listing:
+        """The pods the cluster shows now: running (released, confirmed and, with
+        ``pods_of_reserved``, reserved ones whose pod exists but is not confirmed yet)
+        and gated ones in queue order."""
         running: list[tuple[str, Rec]] = []
         gated: list[tuple[str, Rec]] = []
         for ticket, rec in self.ref.recs.items():
-            if rec.state == "A":
+            if rec.state == "A" or (rec.state == "R" and pods_of_reserved):
                 running.append((ticket, dataclasses.replace(rec)))
             elif rec.state in ("Q", "G"):
                 gated.append((ticket, dataclasses.replace(rec)))
         gated.sort(key=lambda item: (item[1].submitted, item[0]))
+        return Listing(self.now, running, gated)
+
+    @rule(pods_of_reserved=st.booleans())
+    def list_pods(self, pods_of_reserved: bool) -> None:
+        """A reconciler lists the pods; its rebuild may come several steps later."""
+        self.listed = self.listing(pods_of_reserved)
+
+    @rule(stale=st.booleans(), pods_of_reserved=st.booleans())
+    def rebuild_from_cluster(self, stale: bool, pods_of_reserved: bool) -> None:
+        """The reconciler replaces Redis with the cluster's truth as listed (now, or at
+        the last ``list_pods``): tickets reserved or dispatched since shortly before the
+        listing are kept."""
+        listed = self.listed if stale and self.listed else self.listing(pods_of_reserved)
+        running = [(t, dataclasses.replace(r)) for t, r in listed.running]
+        gated = [(t, dataclasses.replace(r)) for t, r in listed.gated]
 
         def group(rec: Rec) -> tuple[str | None, int]:
             return (rec.gang.split("/", 1)[1], rec.gsize) if rec.gang else (None, 1)
@@ -260,8 +285,9 @@ class QueueMachine(RuleBasedStateMachine):
             [GatedPod(PodRequest(t, r.tenant, r.ns, r.name, pod_class(r), dict(r.demand),
                                  *group(r), submitted_at=r.submitted), BAND_NAME[r.band])
              for t, r in gated],
+            listed_at=listed.at,
         )
-        self.ref.rebuild(running, gated)
+        self.ref.rebuild(running, gated, listed.at - self.queue.reservation_ttl)
         self.last_usage = self.usage_snapshot()
 
     @rule(seconds=st.sampled_from([0.5, 5.0, 31.0, 150.0]))

@@ -9,9 +9,13 @@ from typing import Any
 import pytest
 import redis
 
-from fairshare.reconcile import cluster_truth
+from fairshare.cluster import GpuPod, PodRef
+from fairshare.model import PodRequest
+from fairshare.queue import FairQueue
+from fairshare.reconcile import cluster_truth, reconcile
 from fairshare.simulate import Simulation
 from fairshare.trace import load_trace
+from tests.fairshare.test_queue import config as make_config
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -90,3 +94,24 @@ def test_cluster_truth_splits_gated_from_running_and_skips_finished(redis_url: s
     assert gang and all(g.request.gang == f"{g.request.namespace}/{g.request.group}"
                         for g in gang)
     assert truth.skipped == 0
+
+
+def test_reconcile_from_a_listing_keeps_what_was_dispatched_since(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    queue = FairQueue(client)
+    config = make_config(a={"nominal": {"gpu": 2}})
+    queue.sync_config(config, {"gpu": 0})  # no node yet: the pod queues
+    request = PodRequest("tk-1", "a", "ns-a", "p1", "training", {"gpu": 1},
+                         submitted_at=10.0)
+    assert queue.admit(request, 10.0).outcome == "queued"
+    listed = [GpuPod(PodRef("ns-a", "p1"), "uid-1", "tk-1", "a", "training", "training",
+                     {"gpu": 1}, None, 1, "Pending", True, None, 10.0)]
+    listed_at = 20.0  # the reconciler lists: p1 is gated
+    queue.sync_config(config, {"gpu": 1})
+    assert [r.ticket for r in queue.dispatch(21.0)] == ["tk-1"]  # a dispatcher, meanwhile
+    summary = reconcile(queue, listed, listed_at=listed_at)
+    assert (summary.running, summary.gated) == (0, 1)
+    status = queue.ticket_status("tk-1", 22.0)
+    assert status is not None and status.state == "running"
+    assert queue.tenant_status()[0].used == {"gpu": 1}
+    assert queue.dispatch(22.0) == []  # not released (and counted) twice
