@@ -87,6 +87,7 @@ def test_redis_killed_during_load(
         killed = time.monotonic()
         redis_server.kill()
         time.sleep(2.0)
+        restarting = time.monotonic()  # Redis may answer from here on
         redis_server.start()
         back = time.monotonic()
         time.sleep(6.0)
@@ -96,7 +97,7 @@ def test_redis_killed_during_load(
     assert slowest <= DEADLINE + SLACK, f"slowest answer took {slowest:.3f}s"
 
     before = [a for a in answers if a.sent + a.seconds < killed]
-    down = [a for a in answers if a.sent > killed + 0.05 and a.sent + a.seconds < back]
+    down = [a for a in answers if a.sent > killed + 0.05 and a.sent + a.seconds < restarting]
     recovered = [a for a in answers if a.sent > back + 5.0]
     assert before and down and recovered, (len(before), len(down), len(recovered))
     assert all(a.decision in ("admit", "queue") for a in before)
@@ -108,7 +109,7 @@ def test_redis_killed_during_load(
             assert a.response["auditAnnotations"]["reason"] == "redis unavailable"
         else:
             assert a.response["allowed"] is True
-            assert FAIL_OPEN_WARNING in a.response["warnings"]
+            assert FAIL_OPEN_WARNING in a.response.get("warnings", []), a.response
             assert a.response["auditAnnotations"]["reason"].startswith("redis unavailable")
     for a in recovered:
         assert a.decision in ("admit", "queue"), a.response
