@@ -227,16 +227,16 @@ YAML_SEEDS = [
     "\x00",
     "nominal: {gpu: 1}\x85",
 ]
-# Texts tenants.schema.load_yaml_mapping fails on with something else than a ConfigError
-# (bugs.md): kept out of ``quota_yaml`` so that the fuzzer looks for new failures; the tests
-# pin them down one by one.
+# Texts that once made tenants.schema.load_yaml_mapping raise something else than a
+# ConfigError (bugs.md B7-1, fixed in 3927e52): pinned one by one by the tests, and drawn
+# by ``quota_yaml`` too.
 YAML_BUG_SEEDS = {
     "5000-digit integer": "nominal: {gpu: " + "9" * 5000 + "}\n",
     "5000 nested flow lists": "nominal: " + "[" * 5000 + "]" * 5000 + "\n",
     "3000 nested flow maps": "nominal: " + "{a: " * 3000 + "1" + "}" * 3000 + "\n",
 }
 quota_yaml = st.one_of(
-    st.sampled_from(YAML_SEEDS),
+    st.sampled_from(YAML_SEEDS + list(YAML_BUG_SEEDS.values())),
     st.text(alphabet=st.sampled_from(list("{}[]:,-&*!|>'\"#%@` \n\tabgpu0123456789.")),
             max_size=200),
     st.builds(lambda n, b, extra: f"nominal: {{gpu: {n}}}\nborrowLimit: {{gpuEquivalents: {b}}}"
