@@ -62,6 +62,22 @@ class UnknownTenantError(LookupError):
         )
 
 
+class TicketConflictError(ValueError):
+    """A pod CREATE carries the ticket of another pod (its YAML was copied, with the
+    ``fairgate.io/ticket`` annotation, from a pod fairgate admitted): the stored
+    reservation or queue place belongs to that pod, never to this one."""
+
+    def __init__(self, ticket: str, state: TicketState, namespace: str, name: str) -> None:
+        self.ticket = ticket
+        self.state = state
+        self.namespace = namespace
+        self.name = name
+        super().__init__(
+            f"ticket {ticket} belongs to pod {namespace}/{name} ({state}): this pod's "
+            f"fairgate.io/* annotations were copied from it; remove them and create it again"
+        )
+
+
 def _load_script(client: redis.Redis, name: str, library: str) -> Script:
     text = importlib_resources.files("fairshare.scripts").joinpath(f"{name}.lua").read_text()
     return client.register_script(library + "\n" + text)
@@ -155,9 +171,16 @@ class FairQueue:
     def admit(self, req: PodRequest, now: float, dry_run: bool = False) -> Admission:
         """Reserve ``req`` now if it may run, else queue it; decide its priority band.
 
-        Idempotent per ticket: a known ticket changes nothing and returns its current
-        state with ``duplicate=True``. ``dry_run`` evaluates the same decision and
-        writes nothing. Raises :class:`UnknownTenantError` for an unconfigured tenant.
+        Idempotent per ticket: the same admission again (the API server reinvoking or
+        retrying the webhook for one pod CREATE) changes nothing and returns the
+        ticket's current state with ``duplicate=True``. It is the same admission only
+        while the pod is not confirmed (reserved, queued or gang-waiting) and namespace,
+        name (the exact string: ``<generateName>*`` stays that string across one
+        CREATE, as Kubernetes names the pod after mutating admission), tenant, class and
+        demand are the stored ones. Otherwise the ticket was copied from another pod:
+        :class:`TicketConflictError`, and nothing changes. ``dry_run`` evaluates the
+        same decision and writes nothing. Raises :class:`UnknownTenantError` for an
+        unconfigured tenant.
         """
         raw = self._run(
             "admit",
@@ -175,7 +198,11 @@ class FairQueue:
             _num(self.starvation_seconds),
             1 if self.wait_for_rebuild else 0,
         )
-        dup, outcome, band, position, length, free, nominal, *reason = (_s(v) for v in raw)
+        fields = [_s(v) for v in raw]
+        if fields[1] == "conflict":
+            _, _, state, owner_ns, owner_name = fields
+            raise TicketConflictError(req.ticket, _STATE_NAME[state], owner_ns, owner_name)
+        dup, outcome, band, position, length, free, nominal, *reason = fields
         queued = outcome == "queued"
         return Admission(
             outcome="queued" if queued else "reserved",

@@ -3,6 +3,9 @@
 -- ('' if none), gang size, submitted_at, starvation seconds.
 -- Returns {duplicate, outcome, band, position, queue length, free slices,
 -- nominal slices, reason...}. ARGV[13] = 1: reserve nothing until rebuild has run.
+-- A known ticket is the same admission again only when its pod has not been confirmed
+-- (state R, Q or G) and namespace, name, tenant, class and demand are identical;
+-- anything else is a copied ticket: {0, 'conflict', state, namespace, name}.
 local now, dry = tonumber(ARGV[1]), ARGV[2] == '1'
 local ticket, tenant, ns, name, cls, demand = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local gid, gsize, submitted, starve = ARGV[9], ARGV[10], ARGV[11], tonumber(ARGV[12])
@@ -17,6 +20,10 @@ end
 local existing = get_rec(ticket)
 if existing then
   local t, c = existing[F_TENANT], existing[F_CLASS]
+  if existing[F_STATE] == 'A' or existing[F_NS] ~= ns or existing[F_NAME] ~= name
+      or t ~= tenant or c ~= cls or existing[F_DEMAND] ~= format_counts(parse_counts(demand)) then
+    return {0, 'conflict', existing[F_STATE], existing[F_NS], existing[F_NAME]}
+  end
   if existing[F_STATE] == 'R' or existing[F_STATE] == 'A' then
     return reply(1, 'reserved', existing[F_BAND], 0, num(state_of(t), 'qc:' .. c),
                  free_slices(t), cfg_of(t).ns, {})

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fairshare.model import Admission, PodRequest, Release
-from fairshare.queue import _explain
+from fairshare.model import Admission, PodRequest, Release, TicketState
+from fairshare.queue import TicketConflictError, _explain
 from tenants.models import FairgateConfig, PodClass, PriorityBand
 from tenants.resources import ResourceCounts, format_counts, slices_of, total_slices
 
@@ -20,6 +20,9 @@ PRIO = {"i": 3, "t": 2, "b": 1}
 BAND_CODE: dict[PriorityBand, str] = {"inference": "i", "training": "t", "borrowed": "b"}
 BAND_NAME: dict[str, PriorityBand] = {v: k for k, v in BAND_CODE.items()}
 CLASS_CODE: dict[PodClass, str] = {"inference": "i", "training": "t"}
+STATE_NAME: dict[str, TicketState] = {
+    "Q": "queued", "G": "gang-waiting", "R": "reserved", "A": "running",
+}
 
 Shape = dict[str, ResourceCounts]  # band code -> counts
 
@@ -364,6 +367,12 @@ class Reference:
         """The admission and the raw reason list (None reason -> [])."""
         existing = self.recs.get(req.ticket)
         if existing is not None:
+            if (existing.state == "A" or (existing.ns, existing.name, existing.tenant,
+                                          existing.cls, existing.demand)
+                    != (req.namespace, req.name, req.tenant, CLASS_CODE[req.pod_class],
+                        {k: v for k, v in req.demand.items() if v})):
+                raise TicketConflictError(req.ticket, STATE_NAME[existing.state],
+                                          existing.ns, existing.name)
             t = existing.tenant
             old_band = BAND_NAME[existing.band]
             length = len([r for r in self.queued(t) if r.cls == existing.cls])

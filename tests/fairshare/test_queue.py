@@ -3,13 +3,14 @@ gangs, starvation guard, expiry, requeue, idempotency, dry run, rebuild, snapsho
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 import redis
 
 from fairshare.model import Admission, GatedPod, InvalidRequestError, PodRequest, RunningPod
-from fairshare.queue import FairQueue, UnknownTenantError
+from fairshare.queue import FairQueue, TicketConflictError, UnknownTenantError
 from tenants.models import FairgateConfig, PlatformConfig, PodClass, QuotaSpec
 from tenants.resources import ResourceCounts
 
@@ -284,6 +285,40 @@ def test_same_ticket_twice_and_dry_run_change_nothing(redis_client: redis.Redis,
     assert dump_all(redis_client) == before
     real = q.admit(PodRequest("t2", "a", "ns-a", "p2", "training", {"gpu": 1}), 5.0)
     assert real.outcome == dry.outcome and real.band == dry.band
+
+
+def test_a_copied_ticket_is_refused_and_changes_nothing(redis_client: redis.Redis,
+                                                        pods: Pods) -> None:
+    q = queue_with(redis_client, {"gpu": 1}, a={"nominal": {"gpu": 4}},
+                   b={"nominal": {"gpu": 4}})
+    running, queued = pods("a"), pods("a")
+    assert [q.admit(r, 0.0).outcome for r in (running, queued)] == ["reserved", "queued"]
+    generated = dataclasses.replace(pods("a"), name="train-*")  # generateName, no name yet
+    assert q.admit(generated, 0.0).outcome == "queued"
+    # reinvocations of the same CREATE (not confirmed yet): the same answer
+    for req in (running, queued, generated):
+        assert q.admit(req, 1.0).duplicate
+    assert q.confirm(running.ticket, 1.0)  # running's pod exists now
+    before = dump_all(redis_client)
+    copies = [
+        (running, "running"),  # its YAML applied again (deleted, release not in yet)
+        (dataclasses.replace(running, name="copy"), "running"),
+        (dataclasses.replace(queued, name="copy"), "queued"),
+        (dataclasses.replace(queued, namespace="ns-other"), "queued"),
+        (dataclasses.replace(generated, name="train-x7k2p"), "queued"),  # the created pod's
+        (dataclasses.replace(queued, tenant="b"), "queued"),
+        (dataclasses.replace(queued, pod_class="inference"), "queued"),
+        (dataclasses.replace(queued, demand={"gpu": 2}), "queued"),
+    ]
+    owners = {r.ticket: r for r in (running, queued, generated)}
+    for copy, state in copies:
+        for dry_run in (False, True):
+            with pytest.raises(TicketConflictError, match="remove them") as error:
+                q.admit(copy, 2.0, dry_run=dry_run)
+            owner = owners[copy.ticket]
+            assert (error.value.ticket, error.value.state, error.value.namespace,
+                    error.value.name) == (owner.ticket, state, owner.namespace, owner.name)
+    assert dump_all(redis_client) == before
 
 
 def test_unknown_tenant_and_bad_requests_are_refused(redis_client: redis.Redis,

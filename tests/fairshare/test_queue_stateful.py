@@ -23,7 +23,7 @@ from hypothesis.stateful import (
 )
 
 from fairshare.model import GatedPod, PodRequest, RunningPod
-from fairshare.queue import FairQueue
+from fairshare.queue import FairQueue, TicketConflictError
 from tenants.models import FairgateConfig, PlatformConfig, PodClass, QuotaSpec
 from tenants.resources import ResourceCounts
 from tests.fairshare.reference import (
@@ -185,8 +185,11 @@ class QueueMachine(RuleBasedStateMachine):
         self.check_admit(req, dry=True)
         assert dump_all(self.client) == before
 
-    @rule(index=st.integers(0, 10_000))
-    def duplicate_changes_nothing(self, index: int) -> None:
+    @rule(index=st.integers(0, 10_000), copy=st.sampled_from(
+        ["", "", "namespace", "name", "generated", "tenant", "class", "demand"]))
+    def same_ticket_again(self, index: int, copy: str) -> None:
+        """The same admission again changes nothing and answers the current state; the
+        ticket copied into another pod (or a running pod's) is refused, changing nothing."""
         ticket = self.pick(index)
         rec = self.ref.recs.get(ticket) if ticket else None
         if rec is None or ticket is None:
@@ -194,10 +197,30 @@ class QueueMachine(RuleBasedStateMachine):
         pod_class: PodClass = "inference" if rec.cls == "i" else "training"
         req = PodRequest(ticket, rec.tenant, rec.ns, rec.name, pod_class, dict(rec.demand),
                          submitted_at=rec.submitted)
+        other_tenant = TENANTS[(TENANTS.index(rec.tenant) + 1) % len(TENANTS)]
+        req = {
+            "": req,
+            "namespace": dataclasses.replace(req, namespace="ns-copy"),
+            "name": dataclasses.replace(req, name=rec.name + "-copy"),
+            "generated": dataclasses.replace(req, name="pod-*"),
+            "tenant": dataclasses.replace(req, tenant=other_tenant),
+            "class": dataclasses.replace(
+                req, pod_class="training" if pod_class == "inference" else "inference"),
+            "demand": dataclasses.replace(req, demand={**rec.demand,
+                                                       "gpu": rec.demand.get("gpu", 0) + 1}),
+        }[copy]
         before = dump_all(self.client)
-        got = self.queue.admit(req, self.now)
-        assert got.duplicate
-        self.check_admit(req, dry=False)
+        if copy or rec.state == "A":
+            with pytest.raises(TicketConflictError) as got:
+                self.queue.admit(req, self.now)
+            with pytest.raises(TicketConflictError) as want:
+                self.ref.admit(req, self.now, False)
+            assert str(got.value) == str(want.value)
+            assert (got.value.namespace, got.value.name) == (rec.ns, rec.name)
+        else:
+            got_admission = self.queue.admit(req, self.now)
+            assert got_admission.duplicate
+            self.check_admit(req, dry=False)
         assert dump_all(self.client) == before
 
     @rule(limit=st.sampled_from([1, 2, 100]))
