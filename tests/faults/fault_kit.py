@@ -124,17 +124,19 @@ def write_config_dir(directory: Path, platform: str, quotas: dict[str, str],
     return directory
 
 
-ServeFactory = Callable[[str, Path], ServeProcess]
+ServeFactory = Callable[..., ServeProcess]
 
 
 @pytest.fixture
 def serve(cert_dir: Path, tmp_path: Path) -> Iterator[ServeFactory]:
-    """``serve(redis_url, config_dir)`` starts a ``fairgate serve``; all stopped at the end."""
+    """``serve(redis_url, config_dir, wait_for_rebuild=False)`` starts a ``fairgate serve``;
+    all are stopped at the end."""
     started: list[ServeProcess] = []
 
-    def start(redis_url: str, config_dir: Path) -> ServeProcess:
+    def start(redis_url: str, config_dir: Path, wait_for_rebuild: bool = False) -> ServeProcess:
         process = ServeProcess(cert_dir, redis_url, config_dir,
-                               tmp_path / f"serve-{len(started)}.log")
+                               tmp_path / f"serve-{len(started)}.log",
+                               wait_for_rebuild=wait_for_rebuild)
         started.append(process)
         process.start()
         return process

@@ -190,16 +190,18 @@ def test_redis_restarted_empty_is_rebuilt_exactly_by_the_reconciler(
     client.close()
 
 
-@pytest.mark.xfail(strict=True, reason="bugs.md: webhook admits against an empty Redis "
-                   "before the reconciler rebuilt usage (quota exceeded)")
 def test_no_admission_beyond_quota_between_redis_restart_and_reconcile(
     redis_server: RedisServer, serve: ServeFactory, tmp_path: Path
 ) -> None:
     """Invariant 1 at every instant: team-a runs 6 pods (its nominal 4 + borrow 2); Redis
-    restarts empty; before any reconcile, a new pod must not be admitted without a gate."""
+    restarts empty; before any reconcile, a new pod must not be admitted without a gate
+    (``--wait-for-rebuild``, the default when the config comes from a cluster)."""
     config = config_dir(tmp_path)
-    server = serve(redis_server.url, config)
+    server = serve(redis_server.url, config, wait_for_rebuild=True)
     load = Load(server, team_a_pod)
+    client = redis_server.client()
+    reconcile(FairQueue(client), [])  # the dispatcher's first reconcile: an empty cluster
+    client.close()
     with server.client() as http:
         full = [load.post(http, team_a_pod(0, i)) for i in range(6)]
         assert [a.decision for a in full] == ["admit"] * 6
