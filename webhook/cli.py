@@ -187,10 +187,10 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                        help="worker processes sharing the port (default: %(default)s); "
                        "use about one per CPU core the webhook may use")
     serve.add_argument("--wait-for-rebuild", action=argparse.BooleanOptionalAction,
-                       default=None,
+                       default=False,
                        help="reserve nothing until `fairgate dispatch` has rebuilt usage from "
-                       "the cluster after Redis started empty: GPU pods queue meanwhile "
-                       "(default: on without --config-dir, off with it)")
+                       "the cluster after Redis started empty (quota stays safe across a "
+                       "Redis loss): GPU pods queue meanwhile (default: off)")
     serve.add_argument("--log-level", default="info",
                        choices=["debug", "info", "warning", "error"],
                        help="log level (default: %(default)s)")

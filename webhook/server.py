@@ -10,11 +10,11 @@ Contract:
   injection; see :mod:`certs.bootstrap`).
 - Redis is reached with short socket timeouts (``redis_timeout``) and one reconnect
   attempt, so that every admission is answered within the app's deadline.
-- ``wait_for_rebuild`` (default: on in cluster mode, where ``fairgate dispatch``
-  reconciles; off with ``config_dir``, e.g. a webhook alone for a demo or tests): admit
-  nothing on the fast path while Redis holds usage the reconciler has not rebuilt (a
-  fresh or restarted-empty Redis); pods queue behind the gate instead, so quota holds
-  across a Redis loss.
+- ``wait_for_rebuild`` (off by default): admit nothing on the fast path while Redis
+  holds usage the reconciler has not rebuilt (a fresh or restarted-empty Redis); pods
+  queue behind the gate instead, so quota holds across a Redis loss. It needs
+  ``fairgate dispatch`` to reconcile whenever that marker is missing (see the
+  dispatcher), else pods wait for its periodic reconcile.
 - ``workers`` > 1: the parent binds the socket (and, in a cluster, bootstraps and renews
   the certificate), then runs that many worker processes (spawned, each with its own
   config source, Redis pool, audit writer and certificate reloader) accepting on the
@@ -81,14 +81,7 @@ class ServeOptions:
     graceful_seconds: float = 10.0
     workers: int = 1
     log_level: str = "info"
-    wait_for_rebuild: bool | None = None  # None: on in cluster mode, off with config_dir
-
-    @property
-    def waits_for_rebuild(self) -> bool:
-        """Whether admission reserves nothing until the reconciler rebuilt usage."""
-        if self.wait_for_rebuild is not None:
-            return self.wait_for_rebuild
-        return self.config_dir is None
+    wait_for_rebuild: bool = False
 
 
 def connect_redis(url: str, timeout: float = DEFAULT_REDIS_TIMEOUT) -> redis.Redis:
@@ -195,7 +188,7 @@ def _run_uvicorn(options: ServeOptions, sock: socket.socket | None) -> None:
     source = _config_source(options)
     client = connect_redis(options.redis_url, options.redis_timeout)
     try:
-        service = AdmissionService(source, client, wait_for_rebuild=options.waits_for_rebuild)
+        service = AdmissionService(source, client, wait_for_rebuild=options.wait_for_rebuild)
         app = create_app(service, deadline_seconds=options.deadline_seconds)
         context = server_ssl_context(options.cert_dir)
         reloader = CertReloader(context, options.cert_dir)

@@ -53,7 +53,7 @@ from admission.reviews import (
 from admission.validation import validate_create, validate_update
 from audit import ADMIT, DENY, QUEUE, QUOTA_CHANGE, AuditLog
 from fairshare.model import Admission, InvalidRequestError, PodRequest
-from fairshare.queue import FairQueue, UnknownTenantError
+from fairshare.queue import FairQueue, TicketConflictError, UnknownTenantError
 from tenants import resources
 from tenants.configmaps import review_configmap
 from tenants.models import FairgateConfig, PriorityBand
@@ -346,6 +346,9 @@ class AdmissionService:
             admission = self._admit(config, queued, request.dry_run)
         except _UNAVAILABLE as exc:
             return self._redis_unavailable(request, progress, exc)
+        except TicketConflictError as exc:
+            return self._deny(request, progress, _planned(DENY, "copied-ticket", plan),
+                              f"fairgate refuses this pod: {exc}")
         gated = admission.outcome == "queued"
         ops = build_patch(_pod(pod), plan, admission.band, gated,
                           config.platform.priority_classes)

@@ -597,3 +597,14 @@ def test_an_internal_error_denies_the_gpu_pod_and_logs_a_traceback(
     errors = [json.loads(line) for line in log.splitlines()
               if body["request"]["uid"] in line and '"level":"error"' in line]
     assert errors and "Traceback" in errors[0]["traceback"]
+
+
+def test_a_pod_copying_another_pods_ticket_is_refused(server: ServeProcess) -> None:
+    original = gpu_pod("team-a-dev", "original")
+    stamped = patched(original, mutate(server, review(original)))
+    copy = gpu_pod("team-a-dev", "copy", labels=stamped["metadata"]["labels"],
+                   annotations=stamped["metadata"]["annotations"])
+    response = mutate(server, review(copy))
+    assert response["allowed"] is False
+    assert "copied" in response["status"]["message"]
+    assert response["auditAnnotations"]["reason"] == "copied-ticket"

@@ -213,7 +213,7 @@ def test_workers_share_the_port_replace_a_dead_one_and_stop_cleanly(
 def test_waiting_for_rebuild_keeps_quota_safe_across_a_redis_restart(
     cert_dir: Path, tmp_path: Path
 ) -> None:
-    """With --wait-for-rebuild (the default in a cluster) nothing is reserved on a Redis
+    """With --wait-for-rebuild nothing is reserved on a Redis
     the reconciler has not rebuilt: after Redis restarts empty, a tenant whose pods still
     run cannot exceed its quota; once usage is rebuilt, the fast path is back."""
     from webhook_helpers import write_config
