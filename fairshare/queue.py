@@ -47,7 +47,7 @@ _STATE_NAME: dict[str, TicketState] = {
     "Q": "queued", "G": "gang-waiting", "R": "reserved", "A": "running",
 }
 _SCRIPTS = ("sync", "admit", "confirm", "dispatch", "forget", "expire", "requeue",
-            "rebuild", "status", "why")
+            "rebuild", "status", "why", "find")
 DEFAULT_STARVATION_SECONDS = 300.0
 
 
@@ -340,6 +340,15 @@ class FairQueue:
                 )
             )
         return result
+
+    def find(self, namespace: str, name: str) -> str | None:
+        """The ticket of the known (reserved, queued or running) pod ``namespace/name``.
+
+        ``name`` is the name the pod was admitted or last rebuilt with: a pod created
+        with ``generateName`` is found as ``<generateName>*`` until a rebuild lists it
+        under its own name. None when no such pod is known.
+        """
+        return _s(self._run("find", namespace, name)) or None
 
     def ticket_status(self, ticket: str, now: float) -> TicketStatus | None:
         """Where ``ticket`` stands and, when queued, what it waits for; None if unknown."""

@@ -143,6 +143,7 @@ if reason == nil then
   put_rec(ticket, {'R', tenant, cls, band, format_counts(d), ns, name, '', '1', submitted,
                    seq, ARGV[1]})
   add_usage(tenant, band, d, 1)
+  index_name(ticket, {'R', tenant, cls, band, '', ns, name})
   redis.call('ZADD', K_RESV, now, ticket)
   redis.call('SADD', K_TENANTS, tenant)
   refresh(tenant)
@@ -151,8 +152,10 @@ end
 
 if not dry then
   local seq = redis.call('INCR', K_SEQ)
-  enqueue(ticket, {'Q', tenant, cls, band, format_counts(d), ns, name, gid, gsize,
-                   submitted, seq, ''}, false)
+  local rec = {'Q', tenant, cls, band, format_counts(d), ns, name, gid, gsize, submitted,
+               seq, ''}
+  enqueue(ticket, rec, false)
+  index_name(ticket, rec)
   refresh(tenant)
 end
 return reply(0, 'queued', band, position, qc + 1, free, cfg.ns, reason)

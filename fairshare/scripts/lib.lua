@@ -240,6 +240,51 @@ local function put_rec(ticket, rec)
   redis.call('HSET', K_TICKETS, ticket, table.concat(rec, SEP))
 end
 
+-- name index (fairgate why <ns>/<pod>): NAME_BUCKETS small hashes nm:<b> (small
+-- enough for Redis' compact listpack encoding at 100k pods), field = 48 bits of
+-- sha1(namespace/name) as an integer, value = the ticket ('u' + 16 bytes for a
+-- lowercase uuid, else 't' + the ticket). A hash collision only makes `find` miss.
+local NAME_BUCKETS = 2048
+local UUID = '^' .. string.rep('%x', 8) .. '%-' .. string.rep('%x', 4) .. '%-'
+  .. string.rep('%x', 4) .. '%-' .. string.rep('%x', 4) .. '%-' .. string.rep('%x', 12) .. '$'
+
+local function name_slot(ns, name)
+  local h = redis.sha1hex(ns .. '/' .. name)
+  return P .. 'nm:' .. (tonumber(string.sub(h, 1, 3), 16) % NAME_BUCKETS),
+    string.format('%d', tonumber(string.sub(h, 4, 15), 16))
+end
+
+local function pack_ticket(ticket)
+  if not string.match(ticket, UUID) or ticket ~= string.lower(ticket) then
+    return 't' .. ticket
+  end
+  local hex = string.gsub(ticket, '%-', '')
+  local out = {'u'}
+  for i = 1, 32, 2 do out[#out + 1] = string.char(tonumber(string.sub(hex, i, i + 1), 16)) end
+  return table.concat(out)
+end
+
+local function unpack_ticket(v)
+  if string.sub(v, 1, 1) == 't' then return string.sub(v, 2) end
+  local hex = {}
+  for i = 2, 17 do hex[#hex + 1] = string.format('%02x', string.byte(v, i)) end
+  local s = table.concat(hex)
+  return string.sub(s, 1, 8) .. '-' .. string.sub(s, 9, 12) .. '-' .. string.sub(s, 13, 16)
+    .. '-' .. string.sub(s, 17, 20) .. '-' .. string.sub(s, 21, 32)
+end
+
+local function index_name(ticket, rec)
+  local key, field = name_slot(rec[F_NS], rec[F_NAME])
+  redis.call('HSET', key, field, pack_ticket(ticket))
+end
+
+local function unindex_name(ticket, rec)
+  local key, field = name_slot(rec[F_NS], rec[F_NAME])
+  if redis.call('HGET', key, field) == pack_ticket(ticket) then
+    redis.call('HDEL', key, field)
+  end
+end
+
 local function single_shape(rec)
   return rec[F_BAND] .. '/' .. rec[F_DEMAND]
 end
@@ -415,6 +460,7 @@ end
 -- free whatever the ticket holds and forget it
 local function forget(ticket, rec)
   local state = rec[F_STATE]
+  unindex_name(ticket, rec)
   if state == 'R' or state == 'A' then
     add_usage(rec[F_TENANT], rec[F_BAND], parse_counts(rec[F_DEMAND]), -1)
     redis.call('ZREM', K_RESV, ticket)

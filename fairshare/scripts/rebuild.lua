@@ -36,12 +36,18 @@ for _, tier in ipairs(TIERS) do
 end
 for _, gid in ipairs(redis.call('SMEMBERS', K_GANGS)) do redis.call('DEL', P .. 'g:' .. gid) end
 redis.call('DEL', K_GANGS, K_TICKETS, K_RESV, K_USED)
+for first = 0, NAME_BUCKETS - 1, 256 do
+  local keys = {}
+  for b = first, first + 255 do keys[#keys + 1] = P .. 'nm:' .. b end
+  redis.call('DEL', unpack(keys))
+end
 USED = nil
 
 -- a ticket holding usage (state R or A)
 local function hold(ticket, rec)
   redis.call('SADD', K_TENANTS, rec[F_TENANT])
   put_rec(ticket, rec)
+  index_name(ticket, rec)
   add_usage(rec[F_TENANT], rec[F_BAND], parse_counts(rec[F_DEMAND]), 1)
   if rec[F_STATE] == 'R' then redis.call('ZADD', K_RESV, rec[F_AT], ticket) end
   local gid = rec[F_GANG]
@@ -71,6 +77,7 @@ for i = 2, #ARGV, 11 do
     else
       redis.call('SADD', K_TENANTS, tenant)
       enqueue(ticket, rec, false)
+      index_name(ticket, rec)
     end
   elseif kind == 'A' and rec[F_STATE] == 'R' then
     redis.call('ZREM', K_RESV, ticket)

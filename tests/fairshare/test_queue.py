@@ -321,6 +321,45 @@ def test_a_copied_ticket_is_refused_and_changes_nothing(redis_client: redis.Redi
     assert dump_all(redis_client) == before
 
 
+def test_find_a_ticket_by_pod_name(redis_client: redis.Redis, pods: Pods) -> None:
+    q = queue_with(redis_client, {"gpu": 1}, a={"nominal": {"gpu": 4}})
+    uid = "0f8e9d6c-1a2b-4c3d-8e9f-a0b1c2d3e4f5"
+    reserved = dataclasses.replace(pods("a"), ticket=uid)
+    queued, expiring = pods("a"), pods("a")
+    assert q.admit(reserved, 0.0).outcome == "reserved"
+    assert q.admit(queued, 0.0).outcome == "queued"
+    assert q.find("ns-a", reserved.name) == uid
+    assert q.find("ns-a", queued.name) == queued.ticket
+    assert q.find("ns-b", queued.name) is None and q.find("ns-a", "nope") is None
+    q.confirm(uid, 1.0)
+    q.release(uid)
+    assert q.find("ns-a", reserved.name) is None
+    assert released(q) == [queued.ticket]
+    assert q.find("ns-a", queued.name) == queued.ticket  # running now
+    q.requeue(queued.ticket)
+    assert q.find("ns-a", queued.name) == queued.ticket
+    assert q.remove(queued.ticket)
+    assert q.find("ns-a", queued.name) is None
+    assert q.admit(expiring, 5.0).outcome == "reserved"
+    assert q.expire(5.0 + q.reservation_ttl) == [expiring.ticket]
+    assert q.find("ns-a", expiring.name) is None
+    # a rebuild indexes the listed pods under their own names
+    generated = dataclasses.replace(pods("a"), name="train-*")
+    q.admit(generated, 50.0)
+    assert q.find("ns-a", "train-*") == generated.ticket
+    pod = RunningPod(generated.ticket, "a", "ns-a", "train-x7k2p", "training", "training",
+                     {"gpu": 1})
+    q.rebuild([pod], [GatedPod(queued, "training")], listed_at=100.0)
+    assert q.find("ns-a", "train-*") is None
+    assert q.find("ns-a", "train-x7k2p") == generated.ticket
+    assert q.find("ns-a", queued.name) == queued.ticket
+    # the same name for a new pod while the old ticket's release is not in yet
+    again = dataclasses.replace(pods("a"), name=queued.name)
+    q.admit(again, 60.0)
+    q.release(queued.ticket)
+    assert q.find("ns-a", queued.name) == again.ticket
+
+
 def test_unknown_tenant_and_bad_requests_are_refused(redis_client: redis.Redis,
                                                      pods: Pods) -> None:
     q = queue_with(redis_client, {"gpu": 1}, a={"nominal": {"gpu": 4}})

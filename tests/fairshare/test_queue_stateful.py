@@ -329,6 +329,7 @@ class QueueMachine(RuleBasedStateMachine):
         assert (status is None) == (rec is None)
         if status is None or rec is None:
             return
+        assert self.queue.find(rec.ns, rec.name) == ticket
         assert status.state == {"Q": "queued", "G": "gang-waiting", "R": "reserved",
                                 "A": "running"}[rec.state]
         if rec.state in ("Q", "G"):
