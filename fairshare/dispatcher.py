@@ -198,7 +198,7 @@ class Dispatcher:
         stop.wait(self.settings.idle_wait)
 
     def _reconcile_if_due(self, result: StepResult) -> None:
-        if self._need_reconcile or \
+        if self._need_reconcile or not self.queue.is_rebuilt() or \
                 self.clock() - self._last_reconcile >= self.settings.reconcile_every:
             self.reconcile()
             result.reconciled = True
@@ -206,8 +206,9 @@ class Dispatcher:
     def reconcile(self) -> None:
         """Rebuild usage and queue from the cluster (after syncing config)."""
         self.sync(force=True)
+        listed_at = self.clock()  # before listing: what is reserved after it is kept
         pods = self.cluster.list_pods()
-        summary = reconcile(self.queue, pods)
+        summary = reconcile(self.queue, pods, listed_at=listed_at)
         self.pods = {pod.ticket: pod for pod in pods if not pod.finished}
         self._unseen.clear()
         self._need_reconcile = False

@@ -278,6 +278,10 @@ class FairQueue:
 
     # -- the reconciler ------------------------------------------------------------
 
+    def is_rebuilt(self) -> bool:
+        """Whether :meth:`rebuild` has run on this Redis since it was last emptied."""
+        return bool(self._client.exists(self._keys[0] + "rebuilt"))
+
     def rebuild(
         self,
         running: Iterable[RunningPod],

@@ -163,6 +163,20 @@ def test_a_redis_flush_is_noticed_and_rebuilt(redis_url: str) -> None:
     assert status["team-a"].queued["training"] == 2
 
 
+def test_an_emptied_redis_is_rebuilt_at_the_next_step_even_with_no_gpu_pods(
+    redis_url: str,
+) -> None:
+    """A webhook with --wait-for-rebuild queues everything until the rebuild marker is
+    back, so the dispatcher must rebuild as soon as Redis was emptied, pods or not."""
+    rig = make_rig(redis_url, TEAM_A, {"gpu": 1}, settings=DispatcherSettings(status_every=600))
+    rig.settle()
+    assert rig.queue.is_rebuilt()
+    rig.client.flushall()
+    assert not rig.queue.is_rebuilt()
+    rig.settle()
+    assert rig.queue.is_rebuilt()
+
+
 class _SharedCluster:
     """One simulated cluster watched by several dispatchers (each sees every change)."""
 

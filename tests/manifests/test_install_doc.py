@@ -81,7 +81,8 @@ def test_uninstall_deletes_webhook_configurations_first(kind: str) -> None:
     (block,) = [b for b in fenced_blocks("sh") if "kubectl delete -k manifests/" in b]
     first_delete = block.index("kubectl delete ")
     assert block.index(f"kubectl delete {kind} fairgate") < block.index("kubectl delete -k")
-    assert block[first_delete:].startswith("kubectl delete mutatingwebhookconfiguration fairgate")
+    # The validating configuration goes first: alone, it refuses every unstamped GPU pod.
+    assert block[first_delete:].startswith("kubectl delete validatingwebhookconfiguration fairgate")
 
 
 def test_tenant_admin_template_instantiates(kubetool: Path, tmp_path: Path) -> None:
