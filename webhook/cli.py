@@ -187,10 +187,11 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                        help="worker processes sharing the port (default: %(default)s); "
                        "use about one per CPU core the webhook may use")
     serve.add_argument("--wait-for-rebuild", action=argparse.BooleanOptionalAction,
-                       default=False,
+                       default=None,
                        help="reserve nothing until `fairgate dispatch` has rebuilt usage from "
                        "the cluster after Redis started empty (quota stays safe across a "
-                       "Redis loss): GPU pods queue meanwhile (default: off)")
+                       "Redis loss): GPU pods queue meanwhile (default: on when the config "
+                       "comes from the cluster, off with --config-dir)")
     serve.add_argument("--log-level", default="info",
                        choices=["debug", "info", "warning", "error"],
                        help="log level (default: %(default)s)")

@@ -10,11 +10,11 @@ Contract:
   injection; see :mod:`certs.bootstrap`).
 - Redis is reached with short socket timeouts (``redis_timeout``) and one reconnect
   attempt, so that every admission is answered within the app's deadline.
-- ``wait_for_rebuild`` (off by default): admit nothing on the fast path while Redis
-  holds usage the reconciler has not rebuilt (a fresh or restarted-empty Redis); pods
-  queue behind the gate instead, so quota holds across a Redis loss. It needs
-  ``fairgate dispatch`` to reconcile whenever that marker is missing (see the
-  dispatcher), else pods wait for its periodic reconcile.
+- ``wait_for_rebuild`` (default: on when the config comes from the cluster, off with
+  ``config_dir``): admit nothing on the fast path while Redis holds usage the reconciler
+  has not rebuilt (a fresh or restarted-empty Redis); pods queue behind the gate
+  instead, so quota holds across a Redis loss. ``fairgate dispatch`` rebuilds as soon as
+  it sees that marker missing.
 - ``workers`` > 1: the parent binds the socket (and, in a cluster, bootstraps and renews
   the certificate), then runs that many worker processes (spawned, each with its own
   config source, Redis pool, audit writer and certificate reloader) accepting on the
@@ -81,7 +81,7 @@ class ServeOptions:
     graceful_seconds: float = 10.0
     workers: int = 1
     log_level: str = "info"
-    wait_for_rebuild: bool = False
+    wait_for_rebuild: bool | None = None  # None: on in cluster mode, off with config_dir
 
 
 def connect_redis(url: str, timeout: float = DEFAULT_REDIS_TIMEOUT) -> redis.Redis:
@@ -188,7 +188,11 @@ def _run_uvicorn(options: ServeOptions, sock: socket.socket | None) -> None:
     source = _config_source(options)
     client = connect_redis(options.redis_url, options.redis_timeout)
     try:
-        service = AdmissionService(source, client, wait_for_rebuild=options.wait_for_rebuild)
+        service = AdmissionService(
+            source, client,
+            wait_for_rebuild=(options.wait_for_rebuild if options.wait_for_rebuild is not None
+                              else options.config_dir is None),
+        )
         app = create_app(service, deadline_seconds=options.deadline_seconds)
         context = server_ssl_context(options.cert_dir)
         reloader = CertReloader(context, options.cert_dir)
