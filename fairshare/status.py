@@ -8,8 +8,9 @@ Contract:
   :func:`render_status` prints it as a table. :func:`status_command` is the CLI entry.
 - :func:`why_report` explains one pod (``<namespace>/<name>``) from the audit stream
   (``fairgate:audit``: the webhook's admit/queue/deny records, the dispatcher's
-  dispatch/release records) and the queue's ticket state. The verdict is one of
-  ``unknown`` (no record: not fairgate's business, or older than the audit retention),
+  dispatch/release records) and the queue's ticket state; a pod without audit records is
+  looked up by name in the queue. The verdict is one of ``unknown`` (no record and not in
+  the queue: not fairgate's business, or older than the audit retention),
   ``denied`` (with the reason), ``queued`` (position, queue length and what it waits
   for: tenant quota, inference reserve, cluster capacity, gang members), ``reserved`` /
   ``running`` (released: when, after how long) or ``ended`` (its usage was freed).
@@ -137,6 +138,10 @@ def why_report(
     mine = _records_of(ref, records)
     history = _history(mine)
     if not mine:
+        known = queue.find(ref.namespace, ref.name)  # audit trimmed or not written
+        status = queue.ticket_status(known, now) if known is not None else None
+        if known is not None and status is not None:
+            return _from_status(status, {"pod": str(ref), "ticket": known, "history": []})
         return WhyReport(
             str(ref), "unknown",
             f"fairgate has no record of {ref}: either it is not fairgate's business (it asks "

@@ -95,6 +95,12 @@ def test_why_explains_a_queued_pod(queue: FairQueue, redis_client: redis.Redis) 
     assert report.waiting_for is not None and report.ticket == "a-wait-1"
 
 
+def test_why_finds_a_queued_pod_by_name_without_audit_records(queue: FairQueue) -> None:
+    report = why_report(PodRef("team-a-dev", "wait-1"), queue, [], NOW + 10)
+    assert report.verdict == "queued" and report.ticket == "a-wait-1"
+    assert report.summary.startswith("queued: position 2 of 2 for team-a/training")
+
+
 def test_why_explains_a_running_pod_and_when_it_was_released(
     queue: FairQueue, redis_client: redis.Redis, redis_url: str
 ) -> None:
