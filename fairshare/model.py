@@ -58,6 +58,13 @@ def _check_demand(demand: Mapping[str, int]) -> None:
             )
 
 
+def gang_id(namespace: str, group: str | None, group_size: int) -> str | None:
+    """The gang id ``namespace/group`` of a pod in a gang of 2 or more, else None."""
+    if group is None or group_size < 2:
+        return None
+    return f"{namespace}/{group}"
+
+
 @dataclass(frozen=True)
 class PodRequest:
     """A GPU pod at CREATE, as the queue sees it.
@@ -103,9 +110,7 @@ class PodRequest:
     @property
     def gang(self) -> str | None:
         """The gang id ``namespace/group`` when this pod is part of a gang of 2 or more."""
-        if self.group is None or self.group_size < 2:
-            return None
-        return f"{self.namespace}/{self.group}"
+        return gang_id(self.namespace, self.group, self.group_size)
 
 
 @dataclass(frozen=True)
@@ -179,9 +184,7 @@ class RunningPod:
     @property
     def gang(self) -> str | None:
         """The gang id ``namespace/group`` when this pod is part of a gang of 2 or more."""
-        if self.group is None or self.group_size < 2:
-            return None
-        return f"{self.namespace}/{self.group}"
+        return gang_id(self.namespace, self.group, self.group_size)
 
 
 @dataclass(frozen=True)
