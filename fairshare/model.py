@@ -41,6 +41,19 @@ def _check_text(what: str, value: str) -> None:
         )
 
 
+def _check_ticket(ticket: str) -> None:
+    if not _TICKET.match(ticket):
+        raise InvalidRequestError(
+            f"ticket {ticket!r} is not usable: use the admission request uid "
+            f"(letters, digits, '.', '_', '-'; at most 128 characters)"
+        )
+
+
+def _check_band(band: str) -> None:
+    if band not in BANDS:
+        raise InvalidRequestError(f"band {band!r} is unknown: use one of {BANDS}")
+
+
 def _check_demand(demand: Mapping[str, int]) -> None:
     if not any(n > 0 for n in demand.values()):
         raise InvalidRequestError(
@@ -86,11 +99,7 @@ class PodRequest:
     submitted_at: float = 0.0
 
     def __post_init__(self) -> None:
-        if not _TICKET.match(self.ticket):
-            raise InvalidRequestError(
-                f"ticket {self.ticket!r} is not usable: use the admission request uid "
-                f"(letters, digits, '.', '_', '-'; at most 128 characters)"
-            )
+        _check_ticket(self.ticket)
         _check_text("tenant", self.tenant)
         _check_text("namespace", self.namespace)
         _check_text("name", self.name)
@@ -170,15 +179,13 @@ class RunningPod:
     group_size: int = 1
 
     def __post_init__(self) -> None:
-        if not _TICKET.match(self.ticket):
-            raise InvalidRequestError(f"ticket {self.ticket!r} is not usable")
+        _check_ticket(self.ticket)
         for what, value in (("tenant", self.tenant), ("namespace", self.namespace),
                             ("name", self.name)):
             _check_text(what, value)
         if self.group is not None:
             _check_text("pod group", self.group)
-        if self.band not in BANDS:
-            raise InvalidRequestError(f"band {self.band!r} is unknown: use one of {BANDS}")
+        _check_band(self.band)
         _check_demand(self.demand)
 
     @property
@@ -195,8 +202,7 @@ class GatedPod:
     band: PriorityBand
 
     def __post_init__(self) -> None:
-        if self.band not in BANDS:
-            raise InvalidRequestError(f"band {self.band!r} is unknown: use one of {BANDS}")
+        _check_band(self.band)
 
 
 @dataclass(frozen=True)
