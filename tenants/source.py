@@ -227,12 +227,28 @@ def _label_problem(tenant: str) -> Problem:
                    f"must be {tenant!r}: set label '{QUOTA_LABEL}: {tenant}'")
 
 
+def start_local_source(directory: Path, poll_interval: float = 1.0) -> LocalDirSource:
+    """A :class:`LocalDirSource` on ``directory``, loaded and polled every ``poll_interval`` s.
+
+    Raises :class:`ConfigNotReadyError` naming every problem when the first load fails.
+    """
+    source = LocalDirSource(directory, poll_interval=poll_interval)
+    source.start()
+    if not source.ready:
+        source.close()
+        problems = "; ".join(source.last_error.values())
+        raise ConfigNotReadyError(f"cannot load the config in {directory}: {problems}")
+    return source
+
+
 class LocalDirSource(ConfigSource):
     """A ``--config-dir`` loaded all or nothing; polled for changes if ``poll_interval``.
 
     A directory that fails to load keeps the previous snapshot (none before the first
-    success: not ready) and is reported under the failing file's path. :meth:`reload`
-    forces a re-read (e.g. on SIGHUP) and returns whether it succeeded.
+    success: not ready) and is reported under the failing file's path. A change is loaded
+    once the files have stayed the same for one poll interval, so a file caught half
+    written is never taken. :meth:`reload` forces a re-read (e.g. on SIGHUP) and returns
+    whether it succeeded.
     """
 
     def __init__(self, directory: Path, poll_interval: float | None = None) -> None:
@@ -278,9 +294,15 @@ class LocalDirSource(ConfigSource):
 
     def _poll(self) -> None:
         assert self.poll_interval is not None
+        changing: tuple[tuple[str, int, int], ...] | None = None
         while not self._stop.wait(self.poll_interval):
-            if self._signature() != self._seen:
+            current = self._signature()
+            if current == self._seen:
+                changing = None
+            elif current == changing:  # unchanged for a whole interval: the write is done
                 self.reload()
+            else:  # a file is being written (e.g. truncated, not yet refilled): wait
+                changing = current
 
     def _signature(self) -> tuple[tuple[str, int, int], ...]:
         """Names, sizes and modification times of the directory's YAML files."""

@@ -32,7 +32,7 @@ from fairshare.kube import KubeCluster, api_client
 from fairshare.metrics import DispatcherMetrics
 from fairshare.queue import FairQueue
 from tenants.models import CONTROL_NAMESPACE, FairgateConfig, PriorityClasses
-from tenants.source import ConfigNotReadyError, ConfigSource, LocalDirSource
+from tenants.source import ConfigNotReadyError, ConfigSource, start_local_source
 
 log = logging.getLogger("fairgate.dispatch")
 
@@ -47,13 +47,10 @@ class DispatchError(RuntimeError):
 
 def _source(config_dir: Path | None) -> ConfigSource:
     if config_dir is not None:
-        local = LocalDirSource(config_dir, poll_interval=CONFIG_POLL_SECONDS)
-        local.start()
-        if not local.ready:
-            local.close()
-            problems = "; ".join(local.last_error.values())
-            raise DispatchError(f"cannot load the config in {config_dir}: {problems}")
-        return local
+        try:
+            return start_local_source(config_dir, CONFIG_POLL_SECONDS)
+        except ConfigNotReadyError as exc:
+            raise DispatchError(str(exc)) from exc
     from tenants.cluster import ClusterConfigSource, api_client_from_environment
 
     namespace = os.environ.get("POD_NAMESPACE", CONTROL_NAMESPACE)

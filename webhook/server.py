@@ -49,7 +49,7 @@ from urllib3.exceptions import HTTPError
 
 from certs import CertReloader, server_ssl_context
 from tenants.models import CONTROL_NAMESPACE
-from tenants.source import ConfigSource, LocalDirSource
+from tenants.source import ConfigNotReadyError, ConfigSource, start_local_source
 from webhook.app import create_app
 from webhook.service import AdmissionService
 
@@ -99,13 +99,10 @@ def connect_redis(url: str, timeout: float = DEFAULT_REDIS_TIMEOUT) -> redis.Red
 
 
 def _local_source(config_dir: Path) -> ConfigSource:
-    source = LocalDirSource(config_dir, poll_interval=CONFIG_POLL_SECONDS)
-    source.start()
-    if not source.ready:
-        source.close()
-        problems = "; ".join(source.last_error.values())
-        raise ServeError(f"cannot load the config in {config_dir}: {problems}")
-    return source
+    try:
+        return start_local_source(config_dir, CONFIG_POLL_SECONDS)
+    except ConfigNotReadyError as exc:
+        raise ServeError(str(exc)) from exc
 
 
 def _cluster_api() -> ApiClient:

@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
-from tenants.source import ConfigAssembler, ConfigNotReadyError, LocalDirSource
+from tenants.source import (
+    ConfigAssembler,
+    ConfigNotReadyError,
+    LocalDirSource,
+    start_local_source,
+)
 
 PLATFORM = """\
 platformAdmins: {groups: [platform-team]}
@@ -111,6 +116,20 @@ def test_unreadable_file_is_reported_not_fatal(polled: LocalDirSource, config_di
     assert _nominal(polled) == {"gpu": 8}
     path.write_text("nominal: {gpu: 5}\n")
     assert _wait_for(lambda: _nominal(polled) == {"gpu": 5}), "the poller survived"
+
+
+def test_start_local_source_names_the_problem_or_returns_a_loaded_source(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "platform.yaml").write_text("tenants: {team-a: {weight: 0}}\n")
+    with pytest.raises(ConfigNotReadyError, match=r"cannot load the config in .*weight"):
+        start_local_source(tmp_path, poll_interval=60)
+    (tmp_path / "platform.yaml").write_text(PLATFORM)
+    source = start_local_source(tmp_path, poll_interval=60)
+    try:
+        assert source.ready and "team-a" in source.config.platform.tenants
+    finally:
+        source.close()
 
 
 def test_not_ready_until_the_first_good_load(tmp_path: Path) -> None:
