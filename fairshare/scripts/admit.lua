@@ -88,12 +88,7 @@ if gid ~= '' then
   else
     -- the gang completes: what its whole entry waits for
     local G = {i = {}, t = {}, b = {}}
-    for _, t in ipairs(members) do
-      local rec = get_rec(t)
-      for k, v in pairs(parse_counts(rec[F_DEMAND])) do
-        G[rec[F_BAND]][k] = (G[rec[F_BAND]][k] or 0) + v
-      end
-    end
+    for _, t in ipairs(members) do add_band_demand(G, get_rec(t)) end
     for k, v in pairs(d) do G[band][k] = (G[band][k] or 0) + v end
     local gang_shape = parse_shape(format_shape(G))
     local _, guards = survey(gang_shape.tier, now, starve)

@@ -236,6 +236,13 @@ local function get_rec(ticket)
   return split(raw, SEP)
 end
 
+-- add a ticket record's demand to the per-band totals D ({i = {}, t = {}, b = {}})
+local function add_band_demand(D, rec)
+  for k, v in pairs(parse_counts(rec[F_DEMAND])) do
+    D[rec[F_BAND]][k] = (D[rec[F_BAND]][k] or 0) + v
+  end
+end
+
 local function put_rec(ticket, rec)
   redis.call('HSET', K_TICKETS, ticket, table.concat(rec, SEP))
 end
@@ -381,9 +388,7 @@ local function gang_link(gid, at_head)
   local D = {i = {}, t = {}, b = {}}
   for _, ticket in ipairs(members) do
     local rec = get_rec(ticket)
-    for k, v in pairs(parse_counts(rec[F_DEMAND])) do
-      D[rec[F_BAND]][k] = (D[rec[F_BAND]][k] or 0) + v
-    end
+    add_band_demand(D, rec)
     count_lane(rec, 1)
     rec[F_STATE] = 'Q'
     put_rec(ticket, rec)
