@@ -59,6 +59,7 @@ from fastapi.responses import Response
 from audit import AuditLog
 from certs import server_ssl_context, write_bundle
 from fairshare.localredis import free_port, local_redis
+from tenants.localdir import write_config_dir
 from tenants.source import LocalDirSource
 from webhook.app import DEFAULT_WORKERS, create_app
 from webhook.process import ServeProcess, client_context
@@ -89,12 +90,7 @@ NAMESPACES_YAML = "fast-dev: {fairgate.io/tenant: fast}\nqueue-dev: {fairgate.io
 
 def write_bench_config(directory: Path) -> Path:
     """The bench's config dir (tenants ``fast`` and ``queue``)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "platform.yaml").write_text(PLATFORM_YAML)
-    for tenant, text in QUOTAS.items():
-        (directory / f"quota-{tenant}.yaml").write_text(text)
-    (directory / "namespaces.yaml").write_text(NAMESPACES_YAML)
-    return directory
+    return write_config_dir(directory, PLATFORM_YAML, QUOTAS, NAMESPACES_YAML)
 
 
 def pod(namespace: str, name: str) -> dict[str, Any]:

@@ -7,6 +7,7 @@ all-or-nothing: any problem raises :class:`~tenants.schema.ConfigError` naming t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from tenants.models import QUOTA_CONFIGMAP_PREFIX, FairgateConfig, QuotaSpec
@@ -31,6 +32,20 @@ def load_config_dir(directory: Path) -> FairgateConfig:
         quotas[tenant] = parse_quota(_read(path), tenant, platform, str(path))
     namespaces = _load_namespaces(directory / NAMESPACES_FILE)
     return FairgateConfig(platform=platform, quotas=quotas, namespaces=namespaces)
+
+
+def write_config_dir(
+    directory: Path, platform_yaml: str, quotas: Mapping[str, str], namespaces_yaml: str
+) -> Path:
+    """Write a config directory that :func:`load_config_dir` reads: ``platform.yaml``,
+    ``quota-<tenant>.yaml`` for each of ``quotas`` (tenant -> YAML), ``namespaces.yaml``.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / PLATFORM_FILE).write_text(platform_yaml)
+    for tenant, text in quotas.items():
+        (directory / f"{QUOTA_CONFIGMAP_PREFIX}{tenant}.yaml").write_text(text)
+    (directory / NAMESPACES_FILE).write_text(namespaces_yaml)
+    return directory
 
 
 def _load_namespaces(path: Path) -> dict[str, dict[str, str]]:

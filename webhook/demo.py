@@ -47,7 +47,7 @@ from fairshare.localredis import local_redis
 from fairshare.queue import FairQueue
 from fairshare.simcluster import Placement, PodSpec, SimulatedCluster, VirtualClock
 from tenants import resources
-from tenants.localdir import load_config_dir
+from tenants.localdir import load_config_dir, write_config_dir
 from tenants.models import (
     CLASS_LABEL,
     POD_GROUP_LABEL,
@@ -112,12 +112,7 @@ KEY_PREFIX = "fairgate:"
 
 def write_demo_config(directory: Path) -> FairgateConfig:
     """Write the demo's config files into ``directory`` and return the loaded config."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "platform.yaml").write_text(PLATFORM_YAML)
-    for tenant, text in QUOTAS.items():
-        (directory / f"quota-{tenant}.yaml").write_text(text)
-    (directory / "namespaces.yaml").write_text(NAMESPACES_YAML)
-    return load_config_dir(directory)
+    return load_config_dir(write_config_dir(directory, PLATFORM_YAML, QUOTAS, NAMESPACES_YAML))
 
 
 @dataclass(frozen=True)

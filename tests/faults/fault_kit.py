@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "webhook"))
 from webhook_helpers import review, write_config
 
 from fairshare.localredis import free_port
+from tenants import localdir
 from webhook.process import ServeProcess
 
 _spec = importlib.util.spec_from_file_location(
@@ -114,14 +115,10 @@ def redis_server() -> Iterator[RedisServer]:
 def write_config_dir(directory: Path, platform: str, quotas: dict[str, str],
                      namespaces: dict[str, str]) -> Path:
     """A ``--config-dir`` with ``platform.yaml``, ``quota-<t>.yaml``, ``namespaces.yaml``."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "platform.yaml").write_text(platform)
-    for tenant, text in quotas.items():
-        (directory / f"quota-{tenant}.yaml").write_text(text)
-    (directory / "namespaces.yaml").write_text(
-        "".join(f"{ns}: {{fairgate.io/tenant: {tenant}}}\n" for ns, tenant in namespaces.items())
+    return localdir.write_config_dir(
+        directory, platform, quotas,
+        "".join(f"{ns}: {{fairgate.io/tenant: {tenant}}}\n" for ns, tenant in namespaces.items()),
     )
-    return directory
 
 
 ServeFactory = Callable[..., ServeProcess]

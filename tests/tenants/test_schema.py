@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tenants.localdir import load_config_dir
+from tenants.localdir import load_config_dir, write_config_dir
 from tenants.schema import ConfigError, parse_platform, parse_quota
 
 PLATFORM = """
@@ -112,3 +112,12 @@ def test_unreadable_quota_file_names_the_file(tmp_path: Path) -> None:
         load_config_dir(tmp_path)
     assert info.value.source.endswith("quota-team-a.yaml")
     assert "not UTF-8" in str(info.value)
+
+
+def test_written_config_dir_loads_back(tmp_path: Path) -> None:
+    directory = write_config_dir(tmp_path / "cfg", PLATFORM, {"team-a": QUOTA},
+                                 "team-a-dev: {fairgate.io/tenant: team-a}\n")
+    config = load_config_dir(directory)
+    tenant_a = config.tenant("team-a")
+    assert tenant_a is not None and tenant_a.nominal == {"gpu": 8, "mig-1g.5gb": 14}
+    assert config.tenant_of_namespace("team-a-dev") == "team-a"

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from tenants.localdir import write_config_dir
 from webhook.process import ServeProcess
 
 PLATFORM_YAML = """\
@@ -51,15 +52,9 @@ def write_config(directory: Path, policy: str = "deny", capacity: bool = True) -
     Without ``capacity`` the platform sets no capacity override (as in a cluster, where
     the dispatcher stores the capacity of the nodes).
     """
-    directory.mkdir(parents=True, exist_ok=True)
     override = "capacity: {gpu: 64, mig-1g.5gb: 28}" if capacity else "capacity: {}"
-    (directory / "platform.yaml").write_text(
-        PLATFORM_YAML % {"policy": policy, "capacity": override}
-    )
-    for tenant, text in QUOTAS.items():
-        (directory / f"quota-{tenant}.yaml").write_text(text)
-    (directory / "namespaces.yaml").write_text(NAMESPACES_YAML)
-    return directory
+    platform = PLATFORM_YAML % {"policy": policy, "capacity": override}
+    return write_config_dir(directory, platform, QUOTAS, NAMESPACES_YAML)
 
 
 def gpu_pod(
