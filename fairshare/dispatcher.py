@@ -41,10 +41,11 @@ from typing import Any
 import redis
 
 from audit import DISPATCH, RELEASE, AuditLog
+from fairshare.calls import UnknownTenantError
 from fairshare.cluster import ChangeKind, Cluster, ClusterChange, GpuPod, LiftOutcome
 from fairshare.metrics import DispatcherMetrics
 from fairshare.model import Release, TenantStatus
-from fairshare.queue import FairQueue, UnknownTenantError
+from fairshare.queue import FairQueue
 from fairshare.reconcile import reconcile
 from tenants.models import FairgateConfig, PodClass
 from tenants.resources import format_counts

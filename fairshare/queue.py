@@ -17,81 +17,42 @@ Contract (rules in ``fairshare/README.md``; key layout there too):
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Mapping, Sequence
-from importlib import resources as importlib_resources
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import redis
-from redis.commands.core import Script
 
+from fairshare.calls import (
+    BAND_CODE,
+    BAND_NAME,
+    CLASS_CODE,
+    CLASS_NAME,
+    STATE_NAME,
+    admission,
+    admit_args,
+    explain,
+    num,
+    queue_error,
+    script_source,
+    sync_args,
+    tenant_statuses,
+    text,
+)
 from fairshare.model import (
     Admission,
     GatedPod,
-    InvalidRequestError,
     PodRequest,
     Release,
     RunningPod,
     TenantStatus,
-    TicketState,
     TicketStatus,
 )
-from tenants.models import FairgateConfig, PodClass, PriorityBand
-from tenants.resources import format_counts, gpu_equivalents, parse_counts
+from tenants.models import FairgateConfig
+from tenants.resources import format_counts, parse_counts
 
-_BAND_CODE: dict[PriorityBand, str] = {"inference": "i", "training": "t", "borrowed": "b"}
-_BAND_NAME: dict[str, PriorityBand] = {code: band for band, code in _BAND_CODE.items()}
-_CLASS_CODE: dict[PodClass, str] = {"inference": "i", "training": "t"}
-_CLASS_NAME: dict[str, PodClass] = {code: cls for cls, code in _CLASS_CODE.items()}
-_STATE_NAME: dict[str, TicketState] = {
-    "Q": "queued", "G": "gang-waiting", "R": "reserved", "A": "running",
-}
 _SCRIPTS = ("sync", "admit", "confirm", "dispatch", "forget", "expire", "requeue",
             "rebuild", "status", "why", "find")
 DEFAULT_STARVATION_SECONDS = 300.0
-
-
-class UnknownTenantError(LookupError):
-    """The queue has no configuration for a tenant (``sync_config`` never named it)."""
-
-    def __init__(self, tenant: str) -> None:
-        self.tenant = tenant
-        super().__init__(
-            f"tenant {tenant!r} is not configured in the queue: add it to platform.yaml "
-            f"and call FairQueue.sync_config (the dispatcher does this on config changes)"
-        )
-
-
-class TicketConflictError(ValueError):
-    """A pod CREATE carries the ticket of another pod (its YAML was copied, with the
-    ``fairgate.io/ticket`` annotation, from a pod fairgate admitted): the stored
-    reservation or queue place belongs to that pod, never to this one."""
-
-    def __init__(self, ticket: str, state: TicketState, namespace: str, name: str) -> None:
-        self.ticket = ticket
-        self.state = state
-        self.namespace = namespace
-        self.name = name
-        super().__init__(
-            f"ticket {ticket} belongs to pod {namespace}/{name} ({state}): this pod's "
-            f"fairgate.io/* annotations were copied from it; remove them and create it again"
-        )
-
-
-def _load_script(client: redis.Redis, name: str, library: str) -> Script:
-    text = importlib_resources.files("fairshare.scripts").joinpath(f"{name}.lua").read_text()
-    return client.register_script(library + "\n" + text)
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _num(value: float) -> str:
-    """A float as text that Lua's tonumber reads back exactly."""
-    if not math.isfinite(value):
-        raise InvalidRequestError(f"time/weight {value!r} must be a finite number")
-    return repr(float(value))
 
 
 class FairQueue:
@@ -123,23 +84,13 @@ class FairQueue:
         self.reservation_ttl = reservation_ttl
         self.starvation_seconds = starvation_seconds
         self.wait_for_rebuild = wait_for_rebuild
-        library = (
-            importlib_resources.files("fairshare.scripts").joinpath("lib.lua").read_text()
-        )
-        self._scripts = {name: _load_script(client, name, library) for name in _SCRIPTS}
+        self._scripts = {name: client.register_script(script_source(name)) for name in _SCRIPTS}
 
     def _run(self, name: str, *args: str | int | float) -> Any:
         try:
             return self._scripts[name](keys=self._keys, args=list(args))
         except redis.ResponseError as exc:
-            message = str(exc)
-            marker = "unknown tenant:"
-            if marker in message:
-                tenant = message.split(marker, 1)[1].split()[0].strip()
-                raise UnknownTenantError(tenant) from exc
-            if "invalid: " in message:
-                raise InvalidRequestError(message.split("invalid: ", 1)[1]) from exc
-            raise
+            raise (queue_error(exc) or exc) from exc
 
     # -- configuration -------------------------------------------------------------
 
@@ -153,18 +104,7 @@ class FairQueue:
         repeat; tenants missing from ``config`` keep their usage but get an empty quota.
         Lowering a quota or capacity evicts nothing: new pods wait until usage drops.
         """
-        args: list[str | int | float] = (
-            ["0", ""] if capacity is None else ["1", format_counts(capacity)]
-        )
-        for tenant in config.tenants():
-            args += [
-                tenant.name,
-                _num(tenant.weight),
-                tenant.borrow_slices,
-                tenant.reserve_slices,
-                format_counts(tenant.nominal),
-            ]
-        self._run("sync", *args)
+        self._run("sync", *sync_args(config, capacity))
 
     # -- the webhook's fast path ---------------------------------------------------
 
@@ -182,45 +122,16 @@ class FairQueue:
         same decision and writes nothing. Raises :class:`UnknownTenantError` for an
         unconfigured tenant.
         """
-        raw = self._run(
-            "admit",
-            _num(now),
-            1 if dry_run else 0,
-            req.ticket,
-            req.tenant,
-            req.namespace,
-            req.name,
-            _CLASS_CODE[req.pod_class],
-            format_counts(req.demand),
-            req.gang or "",
-            req.group_size if req.gang else 1,
-            _num(req.submitted_at),
-            _num(self.starvation_seconds),
-            1 if self.wait_for_rebuild else 0,
-        )
-        fields = [_s(v) for v in raw]
-        if fields[1] == "conflict":
-            _, _, state, owner_ns, owner_name = fields
-            raise TicketConflictError(req.ticket, _STATE_NAME[state], owner_ns, owner_name)
-        dup, outcome, band, position, length, free, nominal, *reason = fields
-        queued = outcome == "queued"
-        return Admission(
-            outcome="queued" if queued else "reserved",
-            band=_BAND_NAME[band],
-            position=int(position) if queued and int(position) > 0 else None,
-            queue_length=int(length),
-            free_slices=int(free),
-            nominal_slices=int(nominal),
-            waiting_for=_explain(reason, req.tenant, req.pod_class) if queued else None,
-            duplicate=dup == "1",
-        )
+        raw = self._run("admit", *admit_args(req, now, dry_run, self.starvation_seconds,
+                                             self.wait_for_rebuild))
+        return admission(raw, req)
 
     def confirm(self, ticket: str, now: float) -> bool:
         """The pod of ``ticket`` exists: its reservation no longer expires.
 
         Returns False when the ticket is unknown (expired or never reserved).
         """
-        return bool(self._run("confirm", ticket, _num(now)))
+        return bool(self._run("confirm", ticket, num(now)))
 
     # -- the dispatcher ------------------------------------------------------------
 
@@ -232,17 +143,17 @@ class FairQueue:
         """
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit}")
-        raw = self._run("dispatch", _num(now), limit, _num(self.starvation_seconds))
+        raw = self._run("dispatch", num(now), limit, num(self.starvation_seconds))
         releases: list[Release] = []
         for i in range(0, len(raw), 7):
-            ticket, tenant, ns, name, band, demand, submitted = (_s(v) for v in raw[i : i + 7])
+            ticket, tenant, ns, name, band, demand, submitted = (text(v) for v in raw[i : i + 7])
             releases.append(
                 Release(
                     ticket=ticket,
                     tenant=tenant,
                     namespace=ns,
                     name=name,
-                    band=_BAND_NAME[band],
+                    band=BAND_NAME[band],
                     demand=parse_counts(demand),
                     waited_seconds=max(0.0, now - float(submitted)),
                 )
@@ -265,8 +176,8 @@ class FairQueue:
 
     def expire(self, now: float) -> list[str]:
         """Free fast-path reservations older than ``reservation_ttl`` never confirmed."""
-        raw = self._run("expire", _num(now - self.reservation_ttl))
-        return [_s(v) for v in raw]
+        raw = self._run("expire", num(now - self.reservation_ttl))
+        return [text(v) for v in raw]
 
     def requeue(self, ticket: str) -> bool:
         """A released pod's gate could not be lifted: free its usage and queue it again
@@ -299,51 +210,27 @@ class FairQueue:
         With ``listed_at=None`` the lists are taken as complete (nothing reserved or
         dispatched since): every other ticket is dropped. Configuration is kept.
         """
-        cutoff = "" if listed_at is None else _num(listed_at - self.reservation_ttl)
+        cutoff = "" if listed_at is None else num(listed_at - self.reservation_ttl)
         args: list[str | int | float] = [cutoff]
         for pod in running:
             args += ["A", pod.ticket, pod.tenant, pod.namespace, pod.name,
-                     _CLASS_CODE[pod.pod_class], _BAND_CODE[pod.band],
+                     CLASS_CODE[pod.pod_class], BAND_CODE[pod.band],
                      format_counts(pod.demand), pod.gang or "",
-                     pod.group_size if pod.gang else 1, _num(0.0)]
+                     pod.group_size if pod.gang else 1, num(0.0)]
         ordered = sorted(gated, key=lambda g: (g.request.submitted_at, g.request.ticket))
         for gated_pod in ordered:
             req = gated_pod.request
             args += ["Q", req.ticket, req.tenant, req.namespace, req.name,
-                     _CLASS_CODE[req.pod_class], _BAND_CODE[gated_pod.band],
+                     CLASS_CODE[req.pod_class], BAND_CODE[gated_pod.band],
                      format_counts(req.demand), req.gang or "",
-                     req.group_size if req.gang else 1, _num(req.submitted_at)]
+                     req.group_size if req.gang else 1, num(req.submitted_at)]
         self._run("rebuild", *args)
 
     # -- snapshots -----------------------------------------------------------------
 
     def tenant_status(self) -> list[TenantStatus]:
         """Every known tenant's quota, usage, backlog and weighted share, by name."""
-        raw = self._run("status")
-        result: list[TenantStatus] = []
-        for entry in raw:
-            fields = dict(zip(*[iter(_s(v) for v in entry)] * 2, strict=True))
-            used = parse_counts(fields["used"])
-            weight = float(fields["w"])
-            total = int(fields["ui"]) + int(fields["ut"]) + int(fields["ub"])
-            result.append(
-                TenantStatus(
-                    tenant=fields["tenant"],
-                    weight=weight,
-                    nominal=parse_counts(fields["nominal"]),
-                    nominal_slices=int(fields["ns"]),
-                    borrow_limit_slices=int(fields["b"]),
-                    inference_reserve_slices=int(fields["rs"]),
-                    used=used,
-                    used_slices=total,
-                    borrowed_slices=int(fields["ub"]),
-                    training_slices=int(fields["ut"]),
-                    inference_slices=int(fields["ui"]),
-                    queued={"inference": int(fields["qci"]), "training": int(fields["qct"])},
-                    weighted_share=total / weight,
-                )
-            )
-        return result
+        return tenant_statuses(self._run("status"))
 
     def find(self, namespace: str, name: str) -> str | None:
         """The ticket of the known (reserved, queued or running) pod ``namespace/name``.
@@ -352,16 +239,16 @@ class FairQueue:
         with ``generateName`` is found as ``<generateName>*`` until a rebuild lists it
         under its own name. None when no such pod is known.
         """
-        return _s(self._run("find", namespace, name)) or None
+        return text(self._run("find", namespace, name)) or None
 
     def ticket_status(self, ticket: str, now: float) -> TicketStatus | None:
         """Where ``ticket`` stands and, when queued, what it waits for; None if unknown."""
-        raw = self._run("why", ticket, _num(now), _num(self.starvation_seconds))
+        raw = self._run("why", ticket, num(now), num(self.starvation_seconds))
         if not raw:
             return None
         (state, tenant, cls, band, demand, ns, name, gang, _size, submitted, _seq, at,
-         position, length, *reason) = (_s(v) for v in raw)
-        pod_class = _CLASS_NAME[cls]
+         position, length, *reason) = (text(v) for v in raw)
+        pod_class = CLASS_NAME[cls]
         queued = state in ("Q", "G")
         return TicketStatus(
             ticket=ticket,
@@ -369,41 +256,14 @@ class FairQueue:
             namespace=ns,
             name=name,
             pod_class=pod_class,
-            band=_BAND_NAME[band],
+            band=BAND_NAME[band],
             demand=parse_counts(demand),
-            state=_STATE_NAME[state],
+            state=STATE_NAME[state],
             position=int(position) if queued and int(position) > 0 else None,
             queue_length=int(length),
-            waiting_for=_explain(reason, tenant, pod_class) if queued else None,
+            waiting_for=explain(reason, tenant, pod_class) if queued else None,
             submitted_at=float(submitted),
             released_at=float(at) if at else None,
             group=gang or None,
         )
 
-
-def _explain(reason: Sequence[str], tenant: str, pod_class: PodClass) -> str:
-    """Words for a reason code returned by the scripts (see lib.lua ``reason``)."""
-    code, *rest = reason
-    if code == "gang":
-        return f"gang {rest[0]}: {rest[1]} of {rest[2]} members queued"
-    if code == "never":
-        return "never fits: demand exceeds the tenant's nominal quota and borrow limit"
-    if code == "quota":
-        return f"{gpu_equivalents(int(rest[0]))} GPU-eq of tenant quota"
-    if code == "borrow":
-        return f"{gpu_equivalents(int(rest[0]))} GPU-eq of borrow limit"
-    if code == "capacity":
-        return f"{rest[1]} x {rest[0]} of cluster capacity"
-    if code == "guard":
-        return f"{rest[0]} capacity held for a pod waiting longer (starvation guard)"
-    if code == "ahead":
-        return f"{rest[0]} {pod_class} pod(s) ahead in {tenant}"
-    if code == "inference":
-        return "inference pods released first"
-    if code == "priority":
-        return "training pods within nominal quota released first"
-    if code == "rebuild":
-        return "the dispatcher to restore usage from the cluster (Redis lost its data)"
-    if code == "turn":
-        return "its turn: tenants with a lower weighted share go first"
-    return code

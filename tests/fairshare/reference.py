@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fairshare.calls import TicketConflictError, explain
 from fairshare.model import Admission, PodRequest, Release, TicketState
-from fairshare.queue import TicketConflictError, _explain
 from tenants.models import FairgateConfig, PodClass, PriorityBand
 from tenants.resources import ResourceCounts, format_counts, slices_of, total_slices
 
@@ -581,4 +581,4 @@ def waiting_for(reason: list[object], tenant: str, pod_class: PodClass) -> str |
     """``Admission.waiting_for`` for a reason list, as the queue words it."""
     if not reason:
         return None
-    return _explain([str(x) for x in reason], tenant, pod_class)
+    return explain([str(x) for x in reason], tenant, pod_class)

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 import redis
 
+from fairshare.calls import TicketConflictError, UnknownTenantError
 from fairshare.model import Admission, GatedPod, InvalidRequestError, PodRequest, RunningPod
-from fairshare.queue import FairQueue, TicketConflictError, UnknownTenantError
+from fairshare.queue import FairQueue
 from tenants.models import FairgateConfig, PlatformConfig, PodClass, QuotaSpec
 from tenants.resources import ResourceCounts
 

@@ -22,8 +22,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from fairshare.calls import TicketConflictError
 from fairshare.model import GatedPod, PodRequest, RunningPod
-from fairshare.queue import FairQueue, TicketConflictError
+from fairshare.queue import FairQueue
 from tenants.models import FairgateConfig, PlatformConfig, PodClass, QuotaSpec
 from tenants.resources import ResourceCounts
 from tests.fairshare.reference import (

@@ -1,0 +1,221 @@
+"""The fair queue's Lua scripts as calls: their source, their arguments, their replies.
+
+Contract (pure: no I/O; shared by the synchronous :class:`fairshare.queue.FairQueue`
+and the webhook's :class:`fairshare.fastpath.AsyncFairQueue`, so both speak to the
+same scripts in exactly the same way):
+
+- :func:`script_source` is the text to register for a script (``lib.lua`` + the script).
+- ``*_args`` build a script's ARGV; the matching reply readers turn its reply into the
+  typed values of :mod:`fairshare.model`, raising :class:`TicketConflictError` where the
+  reply says so.
+- :func:`queue_error` turns a script's error reply into the queue's own exception
+  (:class:`UnknownTenantError`, :class:`~fairshare.model.InvalidRequestError`) or
+  returns None for an error that is not the queue's (a bug: re-raise it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from functools import cache
+from importlib import resources as importlib_resources
+from typing import Any
+
+from fairshare.model import (
+    Admission,
+    InvalidRequestError,
+    PodRequest,
+    TenantStatus,
+    TicketState,
+)
+from tenants.models import FairgateConfig, PodClass, PriorityBand
+from tenants.resources import format_counts, gpu_equivalents, parse_counts
+
+BAND_CODE: dict[PriorityBand, str] = {"inference": "i", "training": "t", "borrowed": "b"}
+BAND_NAME: dict[str, PriorityBand] = {code: band for band, code in BAND_CODE.items()}
+CLASS_CODE: dict[PodClass, str] = {"inference": "i", "training": "t"}
+CLASS_NAME: dict[str, PodClass] = {code: cls for cls, code in CLASS_CODE.items()}
+STATE_NAME: dict[str, TicketState] = {
+    "Q": "queued", "G": "gang-waiting", "R": "reserved", "A": "running",
+}
+
+Args = list[str | int | float]
+
+
+class UnknownTenantError(LookupError):
+    """The queue has no configuration for a tenant (``sync_config`` never named it)."""
+
+    def __init__(self, tenant: str) -> None:
+        self.tenant = tenant
+        super().__init__(
+            f"tenant {tenant!r} is not configured in the queue: add it to platform.yaml "
+            f"and call FairQueue.sync_config (the dispatcher does this on config changes)"
+        )
+
+
+class TicketConflictError(ValueError):
+    """A pod CREATE carries the ticket of another pod (its YAML was copied, with the
+    ``fairgate.io/ticket`` annotation, from a pod fairgate admitted): the stored
+    reservation or queue place belongs to that pod, never to this one."""
+
+    def __init__(self, ticket: str, state: TicketState, namespace: str, name: str) -> None:
+        self.ticket = ticket
+        self.state = state
+        self.namespace = namespace
+        self.name = name
+        super().__init__(
+            f"ticket {ticket} belongs to pod {namespace}/{name} ({state}): this pod's "
+            f"fairgate.io/* annotations were copied from it; remove them and create it again"
+        )
+
+
+@cache
+def script_source(name: str) -> str:
+    """The Lua text to register for the script ``name`` (the shared library first)."""
+    scripts = importlib_resources.files("fairshare.scripts")
+    return scripts.joinpath("lib.lua").read_text() + "\n" + scripts.joinpath(
+        f"{name}.lua"
+    ).read_text()
+
+
+def text(value: Any) -> str:
+    """A reply element as text."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def num(value: float) -> str:
+    """A float as text that Lua's tonumber reads back exactly."""
+    if not math.isfinite(value):
+        raise InvalidRequestError(f"time/weight {value!r} must be a finite number")
+    return repr(float(value))
+
+
+def queue_error(error: Exception) -> Exception | None:
+    """The queue's exception for a script's error reply, or None if it is not one."""
+    message = str(error)
+    marker = "unknown tenant:"
+    if marker in message:
+        return UnknownTenantError(message.split(marker, 1)[1].split()[0].strip())
+    if "invalid: " in message:
+        return InvalidRequestError(message.split("invalid: ", 1)[1])
+    return None
+
+
+# -- sync ---------------------------------------------------------------------------
+
+
+def sync_args(config: FairgateConfig, capacity: Mapping[str, int] | None) -> Args:
+    """ARGV of ``sync.lua``: every tenant's weight and quota; capacity (None keeps)."""
+    args: Args = ["0", ""] if capacity is None else ["1", format_counts(capacity)]
+    for tenant in config.tenants():
+        args += [
+            tenant.name,
+            num(tenant.weight),
+            tenant.borrow_slices,
+            tenant.reserve_slices,
+            format_counts(tenant.nominal),
+        ]
+    return args
+
+
+# -- admit --------------------------------------------------------------------------
+
+
+def admit_args(
+    req: PodRequest, now: float, dry_run: bool, starvation_seconds: float,
+    wait_for_rebuild: bool,
+) -> Args:
+    """ARGV of ``admit.lua``."""
+    return [
+        num(now),
+        1 if dry_run else 0,
+        req.ticket,
+        req.tenant,
+        req.namespace,
+        req.name,
+        CLASS_CODE[req.pod_class],
+        format_counts(req.demand),
+        req.gang or "",
+        req.group_size if req.gang else 1,
+        num(req.submitted_at),
+        num(starvation_seconds),
+        1 if wait_for_rebuild else 0,
+    ]
+
+
+def admission(raw: Sequence[Any], req: PodRequest) -> Admission:
+    """The reply of ``admit.lua`` for ``req``; raises :class:`TicketConflictError`."""
+    fields = [text(v) for v in raw]
+    if fields[1] == "conflict":
+        _, _, state, owner_ns, owner_name = fields
+        raise TicketConflictError(req.ticket, STATE_NAME[state], owner_ns, owner_name)
+    dup, outcome, band, position, length, free, nominal, *reason = fields
+    queued = outcome == "queued"
+    return Admission(
+        outcome="queued" if queued else "reserved",
+        band=BAND_NAME[band],
+        position=int(position) if queued and int(position) > 0 else None,
+        queue_length=int(length),
+        free_slices=int(free),
+        nominal_slices=int(nominal),
+        waiting_for=explain(reason, req.tenant, req.pod_class) if queued else None,
+        duplicate=dup == "1",
+    )
+
+
+# -- status -------------------------------------------------------------------------
+
+
+def tenant_statuses(raw: Sequence[Any]) -> list[TenantStatus]:
+    """The reply of ``status.lua``: every known tenant, by name."""
+    result: list[TenantStatus] = []
+    for entry in raw:
+        fields = dict(zip(*[iter(text(v) for v in entry)] * 2, strict=True))
+        weight = float(fields["w"])
+        total = int(fields["ui"]) + int(fields["ut"]) + int(fields["ub"])
+        result.append(
+            TenantStatus(
+                tenant=fields["tenant"],
+                weight=weight,
+                nominal=parse_counts(fields["nominal"]),
+                nominal_slices=int(fields["ns"]),
+                borrow_limit_slices=int(fields["b"]),
+                inference_reserve_slices=int(fields["rs"]),
+                used=parse_counts(fields["used"]),
+                used_slices=total,
+                borrowed_slices=int(fields["ub"]),
+                training_slices=int(fields["ut"]),
+                inference_slices=int(fields["ui"]),
+                queued={"inference": int(fields["qci"]), "training": int(fields["qct"])},
+                weighted_share=total / weight,
+            )
+        )
+    return result
+
+
+def explain(reason: Sequence[str], tenant: str, pod_class: PodClass) -> str:
+    """Words for a reason code returned by the scripts (see lib.lua ``reason``)."""
+    code, *rest = reason
+    if code == "gang":
+        return f"gang {rest[0]}: {rest[1]} of {rest[2]} members queued"
+    if code == "never":
+        return "never fits: demand exceeds the tenant's nominal quota and borrow limit"
+    if code == "quota":
+        return f"{gpu_equivalents(int(rest[0]))} GPU-eq of tenant quota"
+    if code == "borrow":
+        return f"{gpu_equivalents(int(rest[0]))} GPU-eq of borrow limit"
+    if code == "capacity":
+        return f"{rest[1]} x {rest[0]} of cluster capacity"
+    if code == "guard":
+        return f"{rest[0]} capacity held for a pod waiting longer (starvation guard)"
+    if code == "ahead":
+        return f"{rest[0]} {pod_class} pod(s) ahead in {tenant}"
+    if code == "inference":
+        return "inference pods released first"
+    if code == "priority":
+        return "training pods within nominal quota released first"
+    if code == "rebuild":
+        return "the dispatcher to restore usage from the cluster (Redis lost its data)"
+    if code == "turn":
+        return "its turn: tenants with a lower weighted share go first"
+    return code
