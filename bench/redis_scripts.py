@@ -1,0 +1,217 @@
+"""Benchmark: Redis-side cost of one ``FairQueue.admit`` (the ``admit.lua`` script).
+
+    python -m bench.redis_scripts                       # every case, 2000 admissions each
+    python -m bench.redis_scripts --count 500 --only fast-10-training queue-10000-training
+
+For each case it empties Redis, configures the tenants as ``bench/dispatch.py`` does
+(weights 1-4; each tenant: nominal 64 GPUs, 56 ``mig-1g.5gb``, 16 ``mig-3g.40gb``,
+borrow limit 16 GPU-eq, inference reserve 2 GPU-eq; cluster 512 GPUs) and sets up the
+path, then admits one-GPU pods through the real ``FairQueue.admit`` in batches. Each
+batch is measured alone: ``CONFIG RESETSTAT`` before it, ``INFO commandstats`` and
+``INFO cpu`` after it; the batch is then undone (``release``/``remove``, not measured)
+so every batch meets the same state. Cases:
+
+- ``fast-<tenants>-<class>``: the tenant has room and nothing is queued anywhere
+  (reserved at once); pods go round robin over the tenants.
+- ``queue-<backlog>-<class>``: the tenant's quota is full (its nominal quota and, for
+  training, its borrow limit are held by running pods) and ``<backlog>`` pods of its
+  class wait before each batch; every measured pod is queued behind them.
+- ``gang-<size>``: members of gangs of that size of a tenant with room (members wait
+  until the last completes the gang, which then becomes one queue entry).
+
+Per admission: ``EVALSHA`` microseconds as Redis times the command (script and its
+``redis.call``s), Redis CPU (``used_cpu_user + used_cpu_sys``: also reading the request
+and writing the reply), ``redis.call``s made by the script (``commandstats`` counts the
+commands scripts run) and the client's wall time (Python and the loopback round trip
+included). Prints a Markdown table and one JSON object (with the calls per command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import redis
+
+from bench.dispatch import PREFIX, clear, make_config, server
+from fairshare.model import Admission, PodRequest
+from fairshare.queue import FairQueue
+from tenants.models import PodClass
+
+NOW = 1.0
+# commandstats entries that are not the script's own redis.calls
+_OUTSIDE = {"evalsha", "eval", "script|load", "info", "config|resetstat"}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One admission path: ``backlog`` None is the fast path; ``gang_size`` > 1 gangs."""
+
+    name: str
+    tenants: int
+    pod_class: PodClass
+    backlog: int | None = None
+    gang_size: int = 1
+
+
+CASES = [
+    Case("fast-10-training", 10, "training"),
+    Case("fast-100-training", 100, "training"),
+    Case("fast-10-inference", 10, "inference"),
+    Case("fast-100-inference", 100, "inference"),
+    Case("queue-100-training", 10, "training", backlog=100),
+    Case("queue-10000-training", 10, "training", backlog=10_000),
+    Case("queue-100-inference", 10, "inference", backlog=100),
+    Case("queue-10000-inference", 10, "inference", backlog=10_000),
+    Case("gang-4", 10, "training", gang_size=4),
+]
+
+
+@dataclass
+class Result:
+    case: str
+    admissions: int
+    outcomes: dict[str, int]
+    evalsha_us: float  # Redis' own time of the EVALSHA command, per admission
+    redis_cpu_us: float  # redis-server user + sys CPU, per admission
+    redis_calls: float  # redis.call()s made by the script, per admission
+    client_us: float  # wall time of FairQueue.admit in this process, per admission
+    calls: dict[str, float] = field(default_factory=dict)  # per command, per admission
+
+
+def requests(case: Case, tenants: Sequence[str]) -> Iterator[PodRequest]:
+    """One-GPU pods of ``case``: round robin over ``tenants``, in gangs if it has them."""
+    i = 0
+    while True:
+        tenant = tenants[(i // case.gang_size) % len(tenants)]
+        yield PodRequest(
+            ticket=str(uuid.UUID(int=i + 1)), tenant=tenant, namespace=f"{tenant}-ml",
+            name=f"{case.pod_class[:5]}-{i:07d}", pod_class=case.pod_class,
+            demand={"gpu": 1}, group=f"job-{i // case.gang_size}" if case.gang_size > 1 else None,
+            group_size=case.gang_size, submitted_at=NOW + i * 1e-6,
+        )
+        i += 1
+
+
+def _redis_cpu(client: redis.Redis) -> float:
+    cpu = client.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+def prepare(queue: FairQueue, case: Case, stream: Iterator[PodRequest]) -> None:
+    """Fill the tenant's quota with running pods, then queue ``case.backlog`` pods."""
+    if case.backlog is None:
+        return
+    queued = 0
+    while queued < case.backlog:
+        req = next(stream)
+        if queue.admit(req, NOW).outcome == "reserved":
+            if queued:
+                raise RuntimeError(f"{case.name}: a pod was reserved behind the backlog")
+            queue.confirm(req.ticket, NOW)
+        else:
+            queued += 1
+
+
+def measure(client: redis.Redis, case: Case, count: int, batch: int) -> Result:
+    """``count`` admissions of ``case`` on an emptied Redis (keys under ``bench:``)."""
+    clear(client)
+    config, capacity, names = make_config(case.tenants)
+    queue = FairQueue(client, prefix=PREFIX, starvation_seconds=3600.0)
+    queue.sync_config(config, capacity)
+    # a queue case loads one tenant; the fast path and gangs spread over all
+    stream = requests(case, names[:1] if case.backlog is not None else names)
+    prepare(queue, case, stream)
+    expected = "reserved" if case.backlog is None and case.gang_size == 1 else "queued"
+    calls: Counter[str] = Counter()
+    outcomes: Counter[str] = Counter()
+    evalsha_us = cpu = wall = 0.0
+    done = 0
+    while done < count:
+        size = min(batch, count - done)
+        size -= size % case.gang_size  # whole gangs only
+        reqs = [next(stream) for _ in range(max(size, case.gang_size))]
+        client.config_resetstat()
+        cpu_before = _redis_cpu(client)
+        started = time.perf_counter()
+        answers: list[Admission] = [queue.admit(req, NOW) for req in reqs]
+        wall += time.perf_counter() - started
+        cpu += _redis_cpu(client) - cpu_before
+        stats = client.info("commandstats")
+        evalsha_us += float(stats["cmdstat_evalsha"]["usec"])
+        for key, value in stats.items():
+            command = key.removeprefix("cmdstat_")
+            if command not in _OUTSIDE:
+                calls[command] += int(value["calls"])
+        outcomes.update(a.outcome for a in answers)
+        for req in reqs:  # undo the batch, unmeasured
+            if expected == "reserved":
+                queue.release(req.ticket)
+            else:
+                queue.remove(req.ticket)
+        done += len(reqs)
+    if set(outcomes) != {expected}:
+        raise RuntimeError(f"{case.name}: expected every admission {expected}, got {outcomes}")
+    clear(client)
+    return Result(
+        case=case.name,
+        admissions=done,
+        outcomes=dict(outcomes),
+        evalsha_us=round(evalsha_us / done, 1),
+        redis_cpu_us=round(1e6 * cpu / done, 1),
+        redis_calls=round(sum(calls.values()) / done, 1),
+        client_us=round(1e6 * wall / done, 1),
+        calls={name: round(n / done, 2) for name, n in calls.most_common()},
+    )
+
+
+def table(results: Sequence[Result]) -> str:
+    """A Markdown table of ``results``."""
+    lines = ["| case | admissions | EVALSHA us/admit | Redis CPU us/admit | "
+             "redis.call/admit | client us/admit |", "|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r.case} | {r.admissions} | {r.evalsha_us:.1f} | "
+                     f"{r.redis_cpu_us:.1f} | {r.redis_calls:.1f} | {r.client_us:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m bench.redis_scripts [--count N] [--only CASE ...]``."""
+    parser = argparse.ArgumentParser(prog="python -m bench.redis_scripts",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--count", type=int, default=2000, help="admissions per case (2000)")
+    parser.add_argument("--batch", type=int, default=200,
+                        help="admissions per measured batch (200)")
+    parser.add_argument("--only", nargs="+", choices=[c.name for c in CASES],
+                        help="only these cases")
+    parser.add_argument("--redis-url", help="use this Redis (keys under 'bench:' are "
+                        "deleted; CONFIG RESETSTAT is run) instead of a private redis-server")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    if args.count < 1 or args.batch < 1:
+        parser.error("--count and --batch must be >= 1")
+    results: list[Result] = []
+    with server(args.redis_url) as client:
+        version = client.info("server")["redis_version"]
+        for case in CASES:
+            if args.only and case.name not in args.only:
+                continue
+            results.append(measure(client, case, args.count, args.batch))
+    print(table(results))
+    print()
+    report = {"redis_version": version, "count": args.count, "batch": args.batch,
+              "results": [asdict(r) for r in results]}
+    print(json.dumps(report))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
