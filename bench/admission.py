@@ -61,9 +61,9 @@ from certs import server_ssl_context, write_bundle
 from fairshare.localredis import free_port, local_redis
 from tenants.localdir import write_config_dir
 from tenants.source import LocalDirSource
-from webhook.app import DEFAULT_WORKERS, create_app
+from webhook.app import create_app
 from webhook.process import ServeProcess, client_context
-from webhook.server import connect_redis
+from webhook.server import connect_redis, connect_redis_async
 from webhook.service import AdmissionService
 
 HOST = "127.0.0.1"
@@ -154,13 +154,11 @@ def bench_app() -> FastAPI:
     """
     source = LocalDirSource(Path(os.environ[_ENV_PREFIX + "CONFIG_DIR"]), poll_interval=1.0)
     source.start()
-    client = connect_redis(os.environ[_ENV_PREFIX + "REDIS_URL"])
-    pool = os.environ.get(_ENV_PREFIX + "POOL")
+    url = os.environ[_ENV_PREFIX + "REDIS_URL"]
     # What-if: audit kept in memory only (no Redis append, no stdout), to measure its share.
     audit = (AuditLog(None, out=open(os.devnull, "w"))  # noqa: SIM115 (lives with the app)
-             if os.environ.get(_ENV_PREFIX + "AUDIT_OFF") else None)
-    app = create_app(AdmissionService(source, client, audit_log=audit),
-                     workers=int(pool) if pool else DEFAULT_WORKERS)
+             if os.environ.get(_ENV_PREFIX + "AUDIT_OFF") else AuditLog(connect_redis(url)))
+    app = create_app(AdmissionService(source, connect_redis_async(url), audit))
 
     @app.post(BASELINE_PATH)
     async def allow(request: Request) -> Response:
@@ -174,14 +172,13 @@ def _ssl_context(config: uvicorn.Config, _default: Any) -> ssl.SSLContext:
 
 
 def serve(cert_dir: Path, redis_url: str, config_dir: Path, port: int, workers: int,
-          pool: int | None = None, audit_off: bool = False) -> None:
-    """Serve :func:`bench_app` on 127.0.0.1:``port`` with ``workers`` processes, each with
-    a decision thread pool of ``pool`` threads (default: the app's); ``audit_off`` keeps
-    audit records in memory only (a what-if measurement, never a product setting)."""
+          audit_off: bool = False) -> None:
+    """Serve :func:`bench_app` on 127.0.0.1:``port`` with ``workers`` processes;
+    ``audit_off`` keeps audit records in memory only (a what-if measurement, never a
+    product setting)."""
     os.environ.update({_ENV_PREFIX + "CERT_DIR": str(cert_dir),
                        _ENV_PREFIX + "REDIS_URL": redis_url,
                        _ENV_PREFIX + "CONFIG_DIR": str(config_dir),
-                       _ENV_PREFIX + "POOL": str(pool or ""),
                        _ENV_PREFIX + "AUDIT_OFF": "1" if audit_off else ""})
     uvicorn.run(
         "bench.admission:bench_app", factory=True, host=HOST, port=port, workers=workers,
@@ -245,15 +242,14 @@ class BenchEnvironment:
         stack.callback(self.redis.close)
 
     @contextmanager
-    def bench_server(self, workers: int = 1, pool: int | None = None,
-                     audit_off: bool = False) -> Iterator[Server]:
-        """The bench server with ``workers`` uvicorn processes (decision pool of ``pool``
-        threads each; see :func:`serve` for ``audit_off``), until the context exits."""
+    def bench_server(self, workers: int = 1, audit_off: bool = False) -> Iterator[Server]:
+        """The bench server with ``workers`` uvicorn processes (see :func:`serve` for
+        ``audit_off``), until the context exits."""
         port = free_port()
         command = [sys.executable, "-m", "bench.admission", "serve",
                    "--cert-dir", str(self.cert_dir), "--redis-url", self.redis_url,
                    "--config-dir", str(self.config_dir), "--port", str(port),
-                   "--workers", str(workers), *(["--pool", str(pool)] if pool else []),
+                   "--workers", str(workers),
                    *(["--audit-off"] if audit_off else [])]
         log = (self.workdir / f"server-{port}.log").open("ab")
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
@@ -532,12 +528,12 @@ def breakdown(env: BenchEnvironment, count: int = 2000) -> dict[str, float]:
     import asyncio
     import io
     import uuid
-    from concurrent.futures import ThreadPoolExecutor
 
     from admission.mutation import build_patch
     from admission.plan import PodPlan, plan_create
     from admission.reviews import parse_review, with_patch
     from audit import AuditLog, AuditRecord
+    from fairshare.fastpath import AsyncFairQueue
     from fairshare.model import PodRequest
     from fairshare.queue import FairQueue
     from tenants.localdir import load_config_dir
@@ -552,32 +548,33 @@ def breakdown(env: BenchEnvironment, count: int = 2000) -> dict[str, float]:
     assert isinstance(plan, PodPlan)
     classes = config.platform.priority_classes
     ops = build_patch(obj, plan, "training", False, classes)
-    queue = FairQueue(env.redis)
-    queue.sync_config(config, config.platform.capacity)
+    FairQueue(env.redis).sync_config(config, config.platform.capacity)
     tickets = iter(range(10**9))
     audit = AuditLog(env.redis, out=io.StringIO())
     metrics = WebhookMetrics()
 
-    def admit() -> None:
-        n = next(tickets)
-        queue.admit(PodRequest(ticket=f"bench-{n}", tenant="fast", namespace="fast-dev",
-                               name=f"trainer-{n}", pod_class="training", demand={"gpu": 1},
-                               submitted_at=time.time()), time.time())
+    async def admit_us(concurrency: int) -> float:
+        """AsyncFairQueue.admit as the webhook awaits it, ``concurrency`` at a time."""
+        client = connect_redis_async(env.redis_url)
+        queue = AsyncFairQueue(client)
+
+        async def admit() -> None:
+            n = next(tickets)
+            await queue.admit(PodRequest(
+                ticket=f"bench-{n}", tenant="fast", namespace="fast-dev", name=f"trainer-{n}",
+                pod_class="training", demand={"gpu": 1}, submitted_at=time.time()), time.time())
+
+        await asyncio.gather(*(admit() for _ in range(concurrency)))  # connections made
+        started = time.perf_counter()
+        for _ in range(count // concurrency):
+            await asyncio.gather(*(admit() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+        await client.aclose()
+        return 1e6 * elapsed / (count // concurrency * concurrency)
 
     def count_metrics() -> None:
         metrics.decisions.labels("fast", "admit").inc()
         metrics.duration.labels("mutate", "CREATE").observe(0.001)
-
-    async def hops() -> float:
-        """The app's hop: a ThreadPoolExecutor call awaited under asyncio.timeout."""
-        pool = ThreadPoolExecutor(max_workers=DEFAULT_WORKERS)
-        loop = asyncio.get_running_loop()
-        started = time.perf_counter()
-        for _ in range(count):
-            async with asyncio.timeout(1.0):
-                await loop.run_in_executor(pool, time.monotonic)
-        pool.shutdown()
-        return 1e6 * (time.perf_counter() - started) / count
 
     def audit_batch() -> None:
         audit.record_many(AuditRecord(
@@ -597,10 +594,10 @@ def breakdown(env: BenchEnvironment, count: int = 2000) -> dict[str, float]:
                 by_alias=True, exclude_none=True), count),
         "metrics (decision + duration)": _per_call_us(count_metrics, count),
         "Redis PING round trip (for scale)": _per_call_us(env.redis.ping, count),
-        "FairQueue.admit (one Lua script)": _per_call_us(admit, count),
+        "AsyncFairQueue.admit (one Lua script), one at a time": asyncio.run(admit_us(1)),
+        "AsyncFairQueue.admit, 32 at once (per call)": asyncio.run(admit_us(32)),
         "audit, per record, in batches of 64 (AuditLog.record_many)": _per_call_us(
             audit_batch, max(count // 64, 10)) / 64,
-        "executor hop (event loop -> pool, as webhook.app)": asyncio.run(hops()),
     }
     return {name: round(us, 1) for name, us in steps.items()}
 
@@ -649,11 +646,11 @@ def _run(args: argparse.Namespace) -> int:
     plan = LoadPlan(rate=args.rate, duration=args.duration,
                     rate_connections=args.rate_connections,
                     saturation_connections=args.connections)
-    report: dict[str, Any] = {"machine": machine(), "plan": asdict(plan), "pool": args.pool,
+    report: dict[str, Any] = {"machine": machine(), "plan": asdict(plan),
                               "audit_off": args.audit_off}
     with ExitStack() as stack:
         env = BenchEnvironment(stack)
-        with env.bench_server(workers=1, pool=args.pool, audit_off=args.audit_off) as server:
+        with env.bench_server(workers=1, audit_off=args.audit_off) as server:
             results = measure(env, server, plan, only=args.only)
         if args.check_serve:
             with env.fairgate_serve() as real:
@@ -721,7 +718,7 @@ def _breakdown(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     serve(Path(args.cert_dir), args.redis_url, Path(args.config_dir), args.port, args.workers,
-          args.pool, args.audit_off)
+          args.audit_off)
     return 0
 
 
@@ -744,8 +741,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--only", action="append", default=[],
                        choices=["baseline", "mutate-fast", "mutate-queue", "validate"],
                        help="only this scenario (repeatable)")
-        p.add_argument("--pool", type=int, default=None,
-                       help=f"decision threads per worker (create_app's, {DEFAULT_WORKERS})")
         p.add_argument("--audit-off", action="store_true",
                        help="what-if: audit records in memory only (measures audit's cost)")
         p.add_argument("--check-serve", action="store_true",
@@ -770,7 +765,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     srv.add_argument("--config-dir", required=True)
     srv.add_argument("--port", type=int, required=True)
     srv.add_argument("--workers", type=int, default=1)
-    srv.add_argument("--pool", type=int, default=None)
     srv.add_argument("--audit-off", action="store_true")
     srv.set_defaults(handler=_serve)
     args = parser.parse_args(argv)

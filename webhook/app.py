@@ -17,14 +17,14 @@ Contract (AdmissionReview v1, as the API server requires):
   answers and a config is loaded, else 503; the JSON body says which part is missing.
 - ``GET /metrics``: Prometheus text (see :mod:`webhook.metrics`).
 
-Why sync work in a thread pool (not ``redis.asyncio``): the queue (``fairshare``) and
-the audit log are synchronous Redis code shared with the dispatcher and the simulator,
-and the pure admission logic is CPU work that must not stall the event loop either.
-Each request therefore reads its body on the loop, then runs parse + decide + Redis in
-one hop to a bounded worker pool (a ``ThreadPoolExecutor``: measured about half the cost
-of an ``anyio.to_thread`` hop; abandoned at the deadline), so the loop only does HTTP
-and TLS. Redis sockets time out quickly (see :func:`webhook.server.connect_redis`) and
-the deadline bounds the whole answer even when the pool is saturated.
+Why everything on the event loop: a decision is tens of microseconds of pure Python
+(parse, plan, patch) around one awaited Redis script (``redis.asyncio`` with the
+hiredis parser, :class:`fairshare.fastpath.AsyncFairQueue`). A hop to a worker thread
+per request cost more than the decision itself (the hop, then the GIL hand-offs
+between the loop and up to 64 threads); see ``BENCHMARKS.md``. Audit records are
+written by one background thread (:mod:`webhook.auditing`). Redis sockets time out
+quickly (see :func:`webhook.server.connect_redis`) and the deadline cancels a decision
+still waiting for Redis.
 """
 
 from __future__ import annotations
@@ -32,10 +32,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -46,11 +44,8 @@ from webhook.service import AdmissionService, Progress, Webhook
 
 log = logging.getLogger("fairgate.webhook")
 
-T = TypeVar("T")
-
 DEFAULT_MAX_BODY_BYTES = 3 * 1024 * 1024
 DEFAULT_DEADLINE_SECONDS = 1.0
-DEFAULT_WORKERS = 64
 
 
 class _BodyError(Exception):
@@ -97,23 +92,16 @@ def create_app(
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     deadline_seconds: float = DEFAULT_DEADLINE_SECONDS,
-    workers: int = DEFAULT_WORKERS,
 ) -> FastAPI:
     """The FastAPI app serving ``service`` (see the module docstring for the contract).
 
     ``service`` decides; this layer does HTTP, limits, the deadline and the latency
     metric (into ``service.metrics``). The service's background part (the audit writer)
-    runs for the app's lifespan. ``workers`` bounds the decisions running at once.
+    runs for the app's lifespan.
     """
-    if max_body_bytes <= 0 or deadline_seconds <= 0 or workers <= 0:
-        raise ValueError("max_body_bytes, deadline_seconds and workers must be positive")
+    if max_body_bytes <= 0 or deadline_seconds <= 0:
+        raise ValueError("max_body_bytes and deadline_seconds must be positive")
     webhook_metrics = service.metrics
-    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fairgate-decide")
-
-    async def in_pool(call: Callable[..., T], *args: object) -> T:
-        """``call(*args)`` in the pool, given up (TimeoutError) at the deadline."""
-        async with asyncio.timeout(deadline_seconds):
-            return await asyncio.get_running_loop().run_in_executor(pool, call, *args)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -122,7 +110,6 @@ def create_app(
             yield
         finally:
             await asyncio.get_running_loop().run_in_executor(None, service.stop)
-            pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(
         title="fairgate webhook",
@@ -139,7 +126,8 @@ def create_app(
             body = await _read_body(request, max_body_bytes)
             progress = Progress(started=started)
             try:
-                answer = await in_pool(service.review, webhook, body, progress)
+                async with asyncio.timeout(deadline_seconds):
+                    answer = await service.review(webhook, body, progress)
             except TimeoutError:
                 answer = service.overdue(webhook, body, progress, deadline_seconds)
             except InvalidReview:
@@ -181,7 +169,8 @@ def create_app(
     async def readyz() -> JSONResponse:
         """Readiness: Redis answers and a config is loaded."""
         try:
-            ready, detail = await in_pool(service.readiness)
+            async with asyncio.timeout(deadline_seconds):
+                ready, detail = await service.readiness()
         except TimeoutError:
             ready, detail = False, {"redis": f"no answer within {deadline_seconds}s"}
         return JSONResponse({"ready": ready, **detail}, status_code=200 if ready else 503)

@@ -41,12 +41,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import redis
+import redis.asyncio
 import uvicorn
 from kubernetes.client import ApiClient
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 from urllib3.exceptions import HTTPError
 
+from audit import AuditLog
 from certs import CertReloader, server_ssl_context
 from tenants.models import CONTROL_NAMESPACE
 from tenants.source import ConfigNotReadyError, ConfigSource, start_local_source
@@ -95,6 +98,16 @@ def connect_redis(url: str, timeout: float = DEFAULT_REDIS_TIMEOUT) -> redis.Red
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
         retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
+    )
+
+
+def connect_redis_async(url: str, timeout: float = DEFAULT_REDIS_TIMEOUT) -> redis.asyncio.Redis:
+    """As :func:`connect_redis`, for the event loop (the webhook's decisions)."""
+    return redis.asyncio.Redis.from_url(
+        url,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        retry=AsyncRetry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
     )
 
 
@@ -184,9 +197,10 @@ def _run_uvicorn(options: ServeOptions, sock: socket.socket | None) -> None:
     """Serve in this process until SIGTERM/SIGINT (on ``sock`` if given)."""
     source = _config_source(options)
     client = connect_redis(options.redis_url, options.redis_timeout)
+    decisions_client = connect_redis_async(options.redis_url, options.redis_timeout)
     try:
         service = AdmissionService(
-            source, client,
+            source, decisions_client, AuditLog(client),
             wait_for_rebuild=(options.wait_for_rebuild if options.wait_for_rebuild is not None
                               else options.config_dir is None),
         )
@@ -207,12 +221,16 @@ def _run_uvicorn(options: ServeOptions, sock: socket.socket | None) -> None:
         server = uvicorn.Server(config)
 
         async def main() -> None:
-            async with reloader.running():
-                await server.serve(sockets=[sock] if sock is not None else None)
+            try:
+                async with reloader.running():
+                    await server.serve(sockets=[sock] if sock is not None else None)
+            finally:
+                await decisions_client.aclose()
 
         # uvicorn handles SIGTERM gracefully, then re-raises it once done: end with 0.
         signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
-        asyncio.run(main())
+        with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:  # uvloop
+            runner.run(main())
     finally:
         source.close()
         client.close()

@@ -1,6 +1,6 @@
 """The webhook's decisions: AdmissionReview in, AdmissionReview out, audited.
 
-Contract (synchronous; :mod:`webhook.app` runs it in a worker pool under a deadline):
+Contract (asynchronous; :mod:`webhook.app` awaits it on the event loop under a deadline):
 
 - :meth:`AdmissionService.review` parses a body (raising
   :class:`~admission.reviews.InvalidReview` when it is not an AdmissionReview v1) and
@@ -20,8 +20,8 @@ Contract (synchronous; :mod:`webhook.app` runs it in a worker pool under a deadl
   /mutate as a Redis failure; otherwise :data:`OVERDUE_MESSAGE`, "overloaded") and
   :meth:`failed` one whose decision raised unexpectedly (:data:`INTERNAL_ERROR_MESSAGE`,
   logged with its traceback). Either way a GPU pod (or a pod fairgate cannot read) and
-  a fairgate ConfigMap edit are refused; anything else is allowed. Both are cheap
-  enough for the event loop.
+  a fairgate ConfigMap edit are refused; anything else is allowed. Both are
+  synchronous and make no Redis call.
 - Every decision on a GPU pod (admit, queue, deny) and every denial or accepted quota
   change is audited (:mod:`audit`, written off the request path) and counted in
   ``fairgate_admission_decisions_total``. Responses carry ``auditAnnotations``
@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import redis
+import redis.asyncio
 
 from admission.demand import pod_demand
 from admission.mutation import build_patch
@@ -52,8 +53,9 @@ from admission.reviews import (
 )
 from admission.validation import validate_create, validate_update
 from audit import ADMIT, DENY, QUEUE, QUOTA_CHANGE, AuditLog
+from fairshare.calls import TicketConflictError, UnknownTenantError
+from fairshare.fastpath import AsyncFairQueue
 from fairshare.model import Admission, InvalidRequestError, PodRequest
-from fairshare.queue import FairQueue, TicketConflictError, UnknownTenantError
 from tenants import resources
 from tenants.configmaps import review_configmap
 from tenants.models import FairgateConfig, PriorityBand
@@ -102,8 +104,8 @@ _UNAVAILABLE = (
 class Progress:
     """How far a decision got; read by the deadline and error fallbacks.
 
-    ``abandoned`` is set when the deadline passed and a fallback answered instead: the
-    worker still running the decision then records nothing (no second audit record).
+    ``abandoned`` is set when the deadline passed and a fallback answered instead: a
+    decision still running then records nothing (no second audit record).
     """
 
     started: float
@@ -183,26 +185,26 @@ class AdmissionService:
     def __init__(
         self,
         config: ConfigSource,
-        client: redis.Redis,
+        client: redis.asyncio.Redis,
+        audit_log: AuditLog,
         *,
         metrics: WebhookMetrics | None = None,
-        audit_log: AuditLog | None = None,
         clock: Callable[[], float] = time.time,
         wait_for_rebuild: bool = False,
     ) -> None:
         """Decide with ``config`` and the queue in Redis ``client``.
 
-        Audit records go to ``audit_log`` (by default the Redis Stream of ``client``
-        plus stdout); ``clock`` (epoch seconds) orders the queue. With
+        Audit records go to ``audit_log`` (written by a background thread);
+        ``clock`` (epoch seconds) orders the queue. With
         ``wait_for_rebuild`` nothing is reserved at admission on a Redis whose usage the
         reconciler has not rebuilt (fresh, or restarted empty): GPU pods are queued
         behind the gate until it has (see :class:`fairshare.queue.FairQueue`).
         """
         self.config = config
         self.client = client
-        self.queue = FairQueue(client, wait_for_rebuild=wait_for_rebuild)
+        self.queue = AsyncFairQueue(client, wait_for_rebuild=wait_for_rebuild)
         self.metrics = metrics if metrics is not None else WebhookMetrics()
-        self.audit = AuditWriter(audit_log if audit_log is not None else AuditLog(client))
+        self.audit = AuditWriter(audit_log)
         self._clock = clock
         self._synced: FairgateConfig | None = None
 
@@ -223,7 +225,7 @@ class AdmissionService:
         except ConfigNotReadyError:
             return None
 
-    def readiness(self) -> tuple[bool, dict[str, Any]]:
+    async def readiness(self) -> tuple[bool, dict[str, Any]]:
         """Ready when Redis answers a PING and a config is loaded; detail per part."""
         config_ok = self.config.ready
         detail: dict[str, Any] = {
@@ -234,7 +236,7 @@ class AdmissionService:
         if errors:
             detail["config_errors"] = errors
         try:
-            self.client.ping()
+            await self.client.ping()
             detail["redis"] = "ok"
             redis_ok = True
         except (redis.RedisError, OSError) as exc:
@@ -244,14 +246,16 @@ class AdmissionService:
 
     # -- entry points --------------------------------------------------------------
 
-    def review(self, webhook: Webhook, body: bytes, progress: Progress) -> AdmissionReviewResponse:
+    async def review(
+        self, webhook: Webhook, body: bytes, progress: Progress
+    ) -> AdmissionReviewResponse:
         """Parse ``body`` and answer it (see the module contract)."""
         review = parse_review(body)
         progress.review = review
         request = review.request
         if webhook == "mutate":
-            return self._mutate(request, progress)
-        return self._validate(request, progress)
+            return await self._mutate(request, progress)
+        return await self._validate(request, progress)
 
     def overdue(
         self, webhook: Webhook, body: bytes, progress: Progress, seconds: float
@@ -307,7 +311,9 @@ class AdmissionService:
 
     # -- mutate --------------------------------------------------------------------
 
-    def _mutate(self, request: AdmissionRequest, progress: Progress) -> AdmissionReviewResponse:
+    async def _mutate(
+        self, request: AdmissionRequest, progress: Progress
+    ) -> AdmissionReviewResponse:
         if not (_is_pod(request) and request.operation == "CREATE"):
             return allow(request.uid)
         pod = request.object
@@ -343,7 +349,7 @@ class AdmissionService:
             return self._deny(request, progress, _planned(DENY, "invalid-request", plan),
                               f"fairgate cannot queue this pod: {exc}")
         try:
-            admission = self._admit(config, queued, request.dry_run)
+            admission = await self._admit(config, queued, request.dry_run)
         except _UNAVAILABLE as exc:
             return self._redis_unavailable(request, progress, exc)
         except TicketConflictError as exc:
@@ -360,21 +366,23 @@ class AdmissionService:
             decision = _planned(ADMIT, f"reserved as {admission.band}", plan)
         return with_patch(request.uid, ops, warnings, self._record(request, decision, progress))
 
-    def _admit(self, config: FairgateConfig, queued: PodRequest, dry_run: bool) -> Admission:
+    async def _admit(
+        self, config: FairgateConfig, queued: PodRequest, dry_run: bool
+    ) -> Admission:
         """Ask the queue, syncing the config into Redis first when it is new to it."""
         if self._synced is not config:
-            self._sync(config)
+            await self._sync(config)
         try:
-            return self.queue.admit(queued, queued.submitted_at, dry_run=dry_run)
+            return await self.queue.admit(queued, queued.submitted_at, dry_run=dry_run)
         except UnknownTenantError:
             # Redis lost its state (restarted empty, flushed): give it the config again.
-            self._sync(config)
-            return self.queue.admit(queued, queued.submitted_at, dry_run=dry_run)
+            await self._sync(config)
+            return await self.queue.admit(queued, queued.submitted_at, dry_run=dry_run)
 
-    def _sync(self, config: FairgateConfig) -> None:
+    async def _sync(self, config: FairgateConfig) -> None:
         """Store the config in the queue. Capacity is the platform's override, else the
         one the dispatcher stored (it alone sees the nodes): never wiped from here."""
-        self.queue.sync_config(config, dict(config.platform.capacity) or None)
+        await self.queue.sync_config(config, dict(config.platform.capacity) or None)
         self._synced = config
 
     def _redis_unavailable(
@@ -404,14 +412,16 @@ class AdmissionService:
 
     # -- validate ------------------------------------------------------------------
 
-    def _validate(self, request: AdmissionRequest, progress: Progress) -> AdmissionReviewResponse:
+    async def _validate(
+        self, request: AdmissionRequest, progress: Progress
+    ) -> AdmissionReviewResponse:
         if _is_pod(request) and request.operation in ("CREATE", "UPDATE"):
             return self._validate_pod(request, progress)
         if _is_configmap(request):
-            return self._validate_configmap(request, progress)
+            return await self._validate_configmap(request, progress)
         return allow(request.uid)
 
-    def _validate_configmap(
+    async def _validate_configmap(
         self, request: AdmissionRequest, progress: Progress
     ) -> AdmissionReviewResponse:
         config = self.current_config()
@@ -431,7 +441,7 @@ class AdmissionService:
             groups=tuple(user.groups),
             labels=_labels(new),
             current=config,
-            usage_slices_by_tenant=self._usage(),
+            usage_slices_by_tenant=await self._usage(),
         )
         if not verdict.ours:
             return allow(request.uid)
@@ -443,10 +453,10 @@ class AdmissionService:
                              tenant=tenant, diff=verdict.audit_diff)
         return allow(request.uid, verdict.warnings, self._record(request, decision, progress))
 
-    def _usage(self) -> dict[str, int] | None:
+    async def _usage(self) -> dict[str, int] | None:
         """Slices in use per tenant, or None when Redis cannot say right now."""
         try:
-            return {t.tenant: t.used_slices for t in self.queue.tenant_status()}
+            return {t.tenant: t.used_slices for t in await self.queue.tenant_status()}
         except (*_UNAVAILABLE, redis.ResponseError):
             return None
 

@@ -14,7 +14,7 @@ from webhook_helpers import gpu_pod, review, write_config
 
 from audit import AuditLog
 from tenants.source import LocalDirSource
-from webhook.server import connect_redis
+from webhook.server import connect_redis, connect_redis_async
 from webhook.service import (
     OVERDUE_MESSAGE,
     REDIS_DOWN_MESSAGE,
@@ -28,7 +28,8 @@ def service(tmp_path: Path, redis_url: str) -> Iterator[AdmissionService]:
     source = LocalDirSource(write_config(tmp_path / "config"))
     source.start()
     client = connect_redis(redis_url)
-    admission = AdmissionService(source, client, audit_log=AuditLog(client, out=io.StringIO()))
+    admission = AdmissionService(source, connect_redis_async(redis_url),
+                                 AuditLog(client, out=io.StringIO()))
     admission.start()
     yield admission
     admission.stop()
