@@ -1,0 +1,87 @@
+"""AsyncFairQueue (the webhook's asyncio face of the queue) against a real redis-server:
+it answers exactly as FairQueue does for the same requests, and raises the same errors."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+import redis
+import redis.asyncio
+from test_queue import Pods, config
+
+from fairshare.calls import TicketConflictError, UnknownTenantError
+from fairshare.fastpath import AsyncFairQueue
+from fairshare.model import Admission, InvalidRequestError, PodRequest
+from fairshare.queue import FairQueue
+
+TENANTS = config(
+    a={"nominal": {"gpu": 3}, "borrow": 1, "reserve": 1, "weight": 2},
+    b={"nominal": {"gpu": 1, "mig-1g.5gb": 2}},
+)
+CAPACITY = {"gpu": 6, "mig-1g.5gb": 4}
+
+
+@pytest.fixture
+def pods() -> Pods:
+    return Pods()
+
+
+def _requests(pods: Pods) -> list[PodRequest]:
+    return [
+        *(pods("a") for _ in range(5)),
+        pods("a", "inference"),
+        pods("b", demand={"mig-1g.5gb": 1}),
+        pods("b", demand={"mig-1g.5gb": 2}),
+        pods("b", group="g1", size=2),
+        pods("b", group="g1", size=2),
+        pods("b", "inference", demand={"gpu": 2}),
+    ]
+
+
+def test_answers_as_the_sync_queue_does(redis_url: str, redis_client: redis.Redis,
+                                        pods: Pods) -> None:
+    requests = _requests(pods)
+    sync_queue = FairQueue(redis_client, prefix="sync:")
+    sync_queue.sync_config(TENANTS, CAPACITY)
+    expected = [sync_queue.admit(r, 10.0) for r in requests]
+    expected += [sync_queue.admit(requests[0], 11.0)]  # the same admission again
+
+    async def run() -> tuple[list[Admission], list[tuple[str, int]]]:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        queue = AsyncFairQueue(client, prefix="async:")
+        await queue.sync_config(TENANTS, CAPACITY)
+        got = [await queue.admit(r, 10.0) for r in requests]
+        got.append(await queue.admit(requests[0], 11.0))
+        status = [(t.tenant, t.used_slices) for t in await queue.tenant_status()]
+        await client.aclose()
+        return got, status
+
+    got, status = asyncio.run(run())
+    assert got == expected
+    assert {a.outcome for a in got} == {"reserved", "queued"}  # both paths were taken
+    assert got[-1].duplicate
+    assert status == [(t.tenant, t.used_slices) for t in sync_queue.tenant_status()]
+
+
+def test_raises_the_queue_errors(redis_url: str, pods: Pods) -> None:
+    async def run() -> None:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        queue = AsyncFairQueue(client)
+        with pytest.raises(UnknownTenantError) as unknown:
+            await queue.admit(pods("a"), 1.0)
+        assert unknown.value.tenant == "a"
+        await queue.sync_config(TENANTS, CAPACITY)
+        first = pods("a")
+        await queue.admit(first, 1.0)
+        copied = dataclasses.replace(first, name="other-pod")
+        with pytest.raises(TicketConflictError) as conflict:
+            await queue.admit(copied, 2.0)
+        assert (conflict.value.namespace, conflict.value.name) == (first.namespace, first.name)
+        await queue.admit(pods("b", group="g2", size=2), 3.0)
+        with pytest.raises(InvalidRequestError, match="mixes classes"):
+            await queue.admit(pods("b", "inference", group="g2", size=2), 3.0)
+        await client.aclose()
+
+    asyncio.run(run())
