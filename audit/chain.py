@@ -26,12 +26,15 @@ Contract:
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
-from typing import Any
+from json.encoder import encode_basestring
+from time import time_ns
+from typing import Any, NamedTuple
 
 GENESIS = "0" * 64
 """``prev`` of the very first record of a chain."""
@@ -46,12 +49,23 @@ DECISIONS: tuple[str, ...] = (ADMIT, QUEUE, DENY, DISPATCH, RELEASE, QUOTA_CHANG
 """The decisions fairgate records; others are allowed if they are lower-case words."""
 
 _DECISION = re.compile(r"^[a-z][a-z-]*$")
+_KNOWN_DECISIONS = frozenset(DECISIONS)
 _MAX_TEXT = 1024
+
+# The second utc_now() last formatted, and its text up to the seconds.
+_second: tuple[int, str] = (-1, "")
 
 
 def utc_now() -> str:
     """The current time in RFC 3339 UTC with milliseconds, e.g. ``2026-01-02T03:04:05.678Z``."""
-    return format_time(datetime.now(UTC))
+    global _second
+    ms = time_ns() // 1_000_000
+    second, prefix = _second
+    if ms // 1000 != second:
+        second = ms // 1000
+        prefix = format_time(datetime.fromtimestamp(second, UTC))[:-5]
+        _second = (second, prefix)
+    return f"{prefix}.{ms % 1000:03d}Z"
 
 
 def format_time(when: datetime) -> str:
@@ -66,9 +80,12 @@ def parse_time(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
 
 
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def canonical_json(fields: Mapping[str, Any]) -> str:
     """Canonical JSON: sorted keys, no whitespace, non-ASCII kept as UTF-8."""
-    return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _ENCODER.encode(fields)
 
 
 CHAIN_FIELDS = ("seq", "prev", "hash")
@@ -129,13 +146,16 @@ class AuditRecord:
     hash: str | None = None
 
     def __post_init__(self) -> None:
-        if not _DECISION.match(self.decision):
+        if self.decision not in _KNOWN_DECISIONS and not _DECISION.match(self.decision):
             raise ValueError(
                 f"audit decision {self.decision!r} must be a lower-case word such as "
                 f"{', '.join(DECISIONS)}"
             )
-        object.__setattr__(self, "groups", tuple(self.groups))
-        object.__setattr__(self, "reason", self.reason[:_MAX_TEXT])
+        if type(self.groups) is not tuple:
+            object.__setattr__(self, "groups", tuple(self.groups))
+        reason = self.reason[:_MAX_TEXT]
+        if reason is not self.reason:
+            object.__setattr__(self, "reason", reason)
         object.__setattr__(self, "latency_ms", round(float(self.latency_ms), 3))
         if self.diff is not None:
             # Plain JSON values only (YAML may hold dates): never fail when serialised.
@@ -151,16 +171,51 @@ class AuditRecord:
 
     def to_json(self) -> str:
         """The record's wire form: canonical JSON including ``hash``."""
-        return canonical_json(self.fields())
+        return self.wire_form().line(self.seq, self.prev, self.hash)
 
     def body_json(self) -> str:
         """The canonical JSON of the record without ``seq``, ``prev`` and ``hash``."""
-        return canonical_json({k: v for k, v in self.fields().items() if k not in CHAIN_FIELDS})
+        return self.wire_form().body()
+
+    def wire_form(self) -> WireForm:
+        """This record's canonical JSON, cut where the chain fields go: ``body()`` is
+        :meth:`body_json`, ``line(seq, prev, hash)`` the wire form with those chain fields."""
+        try:
+            return self._usual_wire_form()
+        except TypeError:  # a field not of its declared type: the general encoder
+            body = {k: v for k, v in self.fields().items() if k not in CHAIN_FIELDS}
+            return WireForm(*(_ENCODER.encode({k: body[k] for k in run if k in body})[1:-1]
+                              for run in _WIRE_RUNS))
+
+    def _usual_wire_form(self) -> WireForm:
+        # Strings, a tuple of strings and a float, encoded as json.dumps does (the same
+        # string encoder, float repr); raises TypeError for a value of another type.
+        q = encode_basestring
+        latency = self.latency_ms
+        diff = "" if self.diff is None else f',"diff":{_ENCODER.encode(self.diff)}'
+        return WireForm(
+            f'"class":{q(self.pod_class)},"decision":{q(self.decision)},'
+            f'"demand":{q(self.demand)}{diff},"groups":[{",".join(map(q, self.groups))}]',
+            f'"latency_ms":'
+            f'{float.__repr__(latency) if latency - latency == 0 else _ENCODER.encode(latency)},'
+            f'"name":{q(self.name)},"namespace":{q(self.namespace)},'
+            f'"operation":{q(self.operation)}',
+            f'"reason":{q(self.reason)}',
+            f'"tenant":{q(self.tenant)},"time":{q(self.time)},"uid":{q(self.uid)},'
+            f'"user":{q(self.user)}',
+        )
 
     def chained(self, seq: int, prev: str) -> AuditRecord:
         """This record as number ``seq`` of a chain after a record whose hash is ``prev``."""
         digest = content_digest(self.body_json())
-        return replace(self, seq=seq, prev=prev, hash=link_hash(seq, prev, digest))
+        return self.with_chain(seq, prev, link_hash(seq, prev, digest))
+
+    def with_chain(self, seq: int | None, prev: str | None, hash: str | None) -> AuditRecord:
+        """This record with these chain fields (like ``dataclasses.replace``, without
+        validating again the fields it keeps)."""
+        record = object.__new__(type(self))
+        record.__dict__.update(self.__dict__, seq=seq, prev=prev, hash=hash)
+        return record
 
     @classmethod
     def from_json(cls, text: str | bytes) -> AuditRecord:
@@ -196,6 +251,43 @@ class AuditRecord:
 
 _FIELD_NAMES = tuple(f.name for f in fields(AuditRecord))
 _WIRE_NAMES = {"pod_class": "class"}
+_BODY_KEYS = sorted(_WIRE_NAMES.get(name, name) for name in _FIELD_NAMES
+                    if name not in CHAIN_FIELDS)
+# The body's keys before hash, between hash and prev, prev and seq, and after seq.
+_WIRE_RUNS = tuple(
+    [key for key in _BODY_KEYS if low < key < high]
+    for low, high in itertools.pairwise(("", *sorted(CHAIN_FIELDS), "~"))
+)
+
+
+class WireForm(NamedTuple):
+    """A record's canonical JSON members, in key order, cut where ``hash``, ``prev`` and
+    ``seq`` go (each run without its outer comma)."""
+
+    before_hash: str
+    before_prev: str
+    before_seq: str
+    after_seq: str
+
+    def body(self) -> str:
+        """The canonical JSON of the record without its chain fields."""
+        return f"{{{self.before_hash},{self.before_prev},{self.before_seq},{self.after_seq}}}"
+
+    def line(self, seq: int | None, prev: str | None, hash: str | None) -> str:
+        """The canonical JSON of the record with these chain fields (its wire form)."""
+        return (f'{{{self.before_hash},"hash":{_json_value(hash)},{self.before_prev},'
+                f'"prev":{_json_value(prev)},{self.before_seq},"seq":{_json_value(seq)},'
+                f"{self.after_seq}}}")
+
+
+def _json_value(value: object) -> str:
+    if value is None:
+        return "null"
+    if type(value) is str:
+        return encode_basestring(value)
+    if type(value) is int:
+        return int.__repr__(value)
+    return _ENCODER.encode(value)
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ Contract:
 
 from __future__ import annotations
 
-import dataclasses
+import hashlib
 import itertools
 import json
 import logging
@@ -52,7 +52,6 @@ from audit.chain import (
     AuditRecord,
     ChainHead,
     VerifyResult,
-    content_digest,
     link_hash,
     verify,
 )
@@ -62,6 +61,9 @@ MAXLEN = 100_000
 PAGE = 1000
 BATCH = 256
 """Most records one script call appends (longer runs are split into batches)."""
+
+Link = tuple[int, str, str]
+"""A stored record's chain fields: ``seq``, ``prev``, ``hash``."""
 
 log = logging.getLogger(__name__)
 
@@ -122,53 +124,60 @@ class AuditLog:
         stored: list[AuditRecord] = []
         pending = iter(drafts)
         while batch := list(itertools.islice(pending, BATCH)):
-            chained = self._append(batch)
-            self._write_lines(chained)
-            stored.extend(chained)
+            forms = [draft.wire_form() for draft in batch]
+            links = self._append([form.body().encode() for form in forms])
+            chained = [draft.with_chain(*link) for draft, link in zip(batch, links, strict=False)]
+            chained += [_unchained(draft) for draft in batch[len(links):]]
+            self._write_lines([form.line(rec.seq, rec.prev, rec.hash)
+                               for form, rec in zip(forms, chained, strict=True)])
+            stored += chained
         return stored
 
-    def _append(self, batch: list[AuditRecord]) -> list[AuditRecord]:
+    def _append(self, bodies: list[bytes]) -> list[Link]:
+        """Chain records with these bodies; the links of those stored, a first part of
+        them when Redis failed."""
+        digests = [hashlib.sha256(body).hexdigest() for body in bodies]
         script = self._script
         if script is None:
-            return self._chain_locally(batch)
-        bodies = [draft.body_json() for draft in batch]
-        digests = [content_digest(body) for body in bodies]
-        chained: list[AuditRecord] = []
-        while len(chained) < len(batch):
-            done = len(chained)
+            return self._chain_locally(digests)
+        links: list[Link] = []
+        while len(links) < len(bodies):
+            done = len(links)
             try:
-                chained += self._call(script, batch[done:], bodies[done:], digests[done:])
+                links += self._call(script, bodies[done:], digests[done:])
             except (redis.RedisError, OSError) as exc:
-                self._fail(exc, len(batch) - done)
-                return chained + [_unchained(draft) for draft in batch[done:]]
-        return chained
+                self._fail(exc, len(bodies) - done)
+                break
+        return links
 
-    def _chain_locally(self, batch: list[AuditRecord]) -> list[AuditRecord]:
+    def _chain_locally(self, digests: list[str]) -> list[Link]:
         with self._lock:
-            chained = []
-            for draft in batch:
-                rec = draft.chained(self._head.seq + 1, self._head.hash)
-                self._head = ChainHead(self._head.seq + 1, rec.hash or "")
-                chained.append(rec)
-        return chained
+            links = _links(self._head, digests)
+            self._head = ChainHead(links[-1][0], links[-1][2])
+        return links
 
-    def _call(self, script: Script, batch: list[AuditRecord], bodies: list[str],
-              digests: list[str]) -> list[AuditRecord]:
-        """One script call: appends all of ``batch``, or a first part of it when the chain
-        head is not the one this writer last left."""
+    def _call(self, script: Script, bodies: list[bytes], digests: list[str]) -> list[Link]:
+        """One script call: appends all of ``bodies``, or a first part of them when the
+        chain head is not the one this writer last left."""
         expected = self._expected
-        args: list[str | int] = [self.maxlen]
-        args += [expected.seq, expected.hash] if expected is not None else ["", ""]
-        for digest, body, link in zip(digests, bodies, _links(expected, digests), strict=True):
-            args += [digest, body, link]
+        args: list[str | int | bytes] = [self.maxlen]
+        if expected is None:
+            args += ["", ""]
+            for digest, body in zip(digests, bodies, strict=True):
+                args += (digest, body, "")
+        else:
+            args += [expected.seq, expected.hash]
+            for digest, body, (_, _, link) in zip(digests, bodies, _links(expected, digests),
+                                                  strict=True):
+                args += (digest, body, link)
         reply = script(keys=[self.stream, self.head_key], args=args)
-        first, prev = int(reply[0]), _text(reply[1])
-        chained = []
-        for i, link in enumerate(map(_text, reply[2:])):
-            chained.append(dataclasses.replace(batch[i], seq=first + i, prev=prev, hash=link))
-            prev = link
-        self._expected = ChainHead(first + len(chained) - 1, prev)
-        return chained
+        seq, prev = int(reply[0]), _text(reply[1])
+        links = []
+        for link in map(_text, reply[2:]):
+            links.append((seq, prev, link))
+            seq, prev = seq + 1, link
+        self._expected = ChainHead(seq - 1, prev)
+        return links
 
     def _fail(self, exc: BaseException, records: int) -> None:
         with self._lock:
@@ -178,14 +187,14 @@ class AuditLog:
         log.warning("%d audit record(s) not stored in Redis stream %s (written to stdout "
                     "only): %s", records, self.stream, exc)
 
-    def _write_lines(self, records: list[AuditRecord]) -> None:
-        text = "".join(rec.to_json() + "\n" for rec in records)
+    def _write_lines(self, lines: list[str]) -> None:
+        text = "\n".join(lines) + "\n"
         try:
             with self._lock:
                 self.out.write(text)
                 self.out.flush()
         except (OSError, ValueError) as exc:
-            log.warning("%d audit record(s) not written to stdout: %s", len(records), exc)
+            log.warning("%d audit record(s) not written to stdout: %s", len(lines), exc)
 
     def head(self) -> ChainHead | None:
         """The chain head stored beside the stream, or None if the chain is empty."""
@@ -262,24 +271,22 @@ def parse_entry(raw_id: bytes | str, values: Mapping[Any, Any] | None) -> Stored
     return StoredRecord(stream_id, record)
 
 
-def _links(expected: ChainHead | None, digests: list[str]) -> list[str]:
-    """The links of records with these body digests appended after ``expected``
-    ("" each when the head is not known)."""
-    if expected is None:
-        return [""] * len(digests)
+def _links(head: ChainHead, digests: list[str]) -> list[Link]:
+    """The chain fields of records with these body digests appended after ``head``."""
     links = []
-    seq, prev = expected.seq, expected.hash
+    seq, prev = head.seq, head.hash
     for digest in digests:
         seq += 1
-        prev = link_hash(seq, prev, digest)
-        links.append(prev)
+        link = link_hash(seq, prev, digest)
+        links.append((seq, prev, link))
+        prev = link
     return links
 
 
 def _unchained(draft: AuditRecord) -> AuditRecord:
     if draft.seq is None and draft.prev is None and draft.hash is None:
         return draft
-    return dataclasses.replace(draft, seq=None, prev=None, hash=None)
+    return draft.with_chain(None, None, None)
 
 
 def _head_of(raw: list[Any]) -> ChainHead | None:

@@ -4,22 +4,41 @@ Run: python bench/bench_audit.py [--records N] [--writers W]
 Prints one JSON object: single-writer records/s and per-record latency percentiles,
 multi-process records/s, verify time for the stream,
 Redis memory per stored record and Redis CPU per append (the Lua script's SHA-256 link).
+
+Run: python bench/bench_audit.py --split [--rounds N]
+Prints one JSON object: where the CPU of auditing an admission-shaped record goes, in µs
+per record (this thread's CPU time, median of ``--rounds`` batches of 64, the size the
+webhook's writer drains under load): building the record (``AuditRecord(...)``, on the
+request path), its canonical JSON form, digests and links, the script call, the
+returned records, the stdout lines and their write; ``record_many`` as a whole; Redis
+CPU per record (``cmdstat_evalsha`` and ``used_cpu_user + used_cpu_sys``). Then
+``writer``: an :class:`~webhook.auditing.AuditWriter` fed 64 records every 2 ms while
+this thread, standing for the event loop, sleeps 0.5 ms between feeds: how late its
+wake-ups are (the GIL held by the writer thread), and the writer's CPU per record.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import io
 import json
 import multiprocessing
+import os
 import statistics
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import redis
 
-from audit.log import AuditLog
+from audit.chain import AuditRecord
+from audit.log import AuditLog, _links
 from fairshare.localredis import local_redis
+from webhook.auditing import AuditWriter
+
+BATCH = 64
 
 
 def _record(log: AuditLog, i: int, writer: str) -> None:
@@ -39,11 +58,128 @@ def _writer(url: str, name: str, n: int, out: Any) -> None:
     out.put(time.perf_counter() - start)
 
 
+def admission_fields(i: int) -> dict[str, Any]:
+    """The fields the webhook audits for an admitted pod (as webhook.service passes them)."""
+    return {"uid": f"{i:08d}-0b5c-4c8e-9a43-7d1c6c1d2e11",
+            "user": "system:serviceaccount:kube-system:job-controller",
+            "groups": ("system:serviceaccounts", "system:authenticated"),
+            "operation": "CREATE", "tenant": "fast", "namespace": "fast-dev",
+            "name": f"trainer-{i}", "pod_class": "training", "demand": "gpu=1",
+            "reason": "reserved as training within nominal quota", "latency_ms": 1.2345678}
+
+
+def _redis_cpu_us(client: redis.Redis) -> tuple[float, float]:
+    """Redis CPU so far: the script's (cmdstat_evalsha usec) and the server's, in µs."""
+    script = float(client.info("commandstats").get("cmdstat_evalsha", {}).get("usec", 0))
+    cpu = client.info("cpu")
+    return script, 1e6 * (float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]))
+
+
+def split(url: str, rounds: int) -> dict[str, float]:
+    """µs of CPU per record for each step of auditing a batch of 64 records."""
+    client = redis.Redis.from_url(url)
+    client.flushall()
+    with open(os.devnull, "w", encoding="utf-8") as sink:
+        log = AuditLog(client, out=sink)
+        log.record("admit", **admission_fields(0))  # loads the script, learns the head
+        steps: dict[str, list[float]] = {}
+
+        @contextlib.contextmanager
+        def timed(step: str) -> Iterator[None]:
+            started = time.thread_time_ns()
+            yield
+            steps.setdefault(step, []).append((time.thread_time_ns() - started) / 1e3 / BATCH)
+
+        script_before, cpu_before = _redis_cpu_us(client)
+        for n in range(rounds):
+            fields = [admission_fields(n * BATCH + i) for i in range(BATCH)]
+            with timed("build: AuditRecord(...)"):
+                drafts = [AuditRecord("admit", **f) for f in fields]
+            with timed("canonical JSON (wire_form)"):
+                forms = [d.wire_form() for d in drafts]
+            with timed("body bytes"):
+                bodies = [f.body().encode() for f in forms]
+            with timed("digests and links"):
+                links = _links(log._head, [hashlib.sha256(b).hexdigest() for b in bodies])
+            with timed("returned records (with_chain)"):
+                chained = [d.with_chain(*link) for d, link in zip(drafts, links, strict=True)]
+            with timed("stdout lines"):
+                lines = "\n".join([f.line(r.seq, r.prev, r.hash)
+                                   for f, r in zip(forms, chained, strict=True)]) + "\n"
+            with timed("stdout write + flush"):
+                sink.write(lines)
+                sink.flush()
+            with timed("record_many, in all"):
+                log.record_many(drafts)
+        script_after, cpu_after = _redis_cpu_us(client)
+        verdict, _ = log.verify()
+        assert verdict.ok and verdict.checked == rounds * BATCH + 1, verdict
+    client.close()
+    result = {step: round(statistics.median(us), 2) for step, us in steps.items()}
+    parts = sum(us for step, us in result.items() if not step.startswith(("build", "record_")))
+    result["script call (record_many minus the other steps)"] = round(
+        result["record_many, in all"] - parts, 2)
+    records = rounds * BATCH
+    result["redis: script CPU per record"] = round((script_after - script_before) / records, 2)
+    result["redis: server CPU per record"] = round((cpu_after - cpu_before) / records, 2)
+    return result
+
+
+def writer_gil(url: str, feeds: int) -> dict[str, float]:
+    """How late a thread sleeping 0.5 ms wakes while an AuditWriter appends 64 records
+    every 2 ms (the wake-up waits for the GIL), the CPU of ``submit`` and the writer
+    thread's CPU (the process's CPU minus this thread's), per record."""
+    client = redis.Redis.from_url(url)
+    client.flushall()
+    with open(os.devnull, "w", encoding="utf-8") as sink:
+        writer = AuditWriter(AuditLog(client, out=sink), capacity=1_000_000)
+        writer.start()
+        writer.submit("admit", **admission_fields(0))
+        writer.stop()  # the script is loaded, the head known
+        writer.start()
+        lateness: list[float] = []
+        submit_ns = 0
+        process_before, thread_before = time.process_time_ns(), time.thread_time_ns()
+        for n in range(feeds):
+            fields = [admission_fields(n * BATCH + i) for i in range(BATCH)]
+            started = time.thread_time_ns()
+            for f in fields:
+                writer.submit("admit", **f)
+            submit_ns += time.thread_time_ns() - started
+            for _ in range(4):
+                asleep = time.perf_counter()
+                time.sleep(0.0005)
+                lateness.append((time.perf_counter() - asleep - 0.0005) * 1e6)
+        writer.stop()
+        writer_ns = ((time.process_time_ns() - process_before)
+                     - (time.thread_time_ns() - thread_before))
+        verdict, _ = writer.audit_log.verify()
+        assert verdict.ok and verdict.checked == feeds * BATCH + 1, verdict
+    client.close()
+    lateness.sort()
+    records = feeds * BATCH
+    return {"wakeups": len(lateness),
+            "late_p50_us": round(statistics.median(lateness)),
+            "late_p99_us": round(lateness[int(len(lateness) * 0.99)]),
+            "late_max_us": round(lateness[-1]),
+            "submit_cpu_us_per_record": round(submit_ns / 1e3 / records, 2),
+            "writer_thread_cpu_us_per_record": round(writer_ns / 1e3 / records, 2)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--records", type=int, default=20_000)
     parser.add_argument("--writers", type=int, default=4)
+    parser.add_argument("--split", action="store_true",
+                        help="only the per-step CPU split and the writer's GIL holds")
+    parser.add_argument("--rounds", type=int, default=200, help="batches for --split")
     args = parser.parse_args()
+    if args.split:
+        with local_redis() as url:
+            print(json.dumps({"load_average": os.getloadavg()[0],
+                              "per_record_us": split(url, args.rounds),
+                              "writer": writer_gil(url, args.rounds)}, indent=2))
+        return
     results: dict[str, Any] = {"records": args.records, "writers": args.writers}
     with local_redis() as url:
         client = redis.Redis.from_url(url)
