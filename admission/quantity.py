@@ -44,6 +44,8 @@ def parse_quantity(value: object) -> Fraction:
         raise QuantityError(
             f'{value!r} ({type(value).__name__}) is not a quantity: use a string like "2"'
         )
+    if len(value) <= _MAX_LENGTH and value.isdigit() and value.isascii():
+        return Fraction(int(value))  # the common case, e.g. "1": no regex, no scaling
     match = _QUANTITY.match(value) if len(value) <= _MAX_LENGTH else None
     if match is None:
         raise QuantityError(

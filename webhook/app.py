@@ -150,15 +150,18 @@ def create_app(
                 time.perf_counter() - started
             )
 
-    @app.post("/mutate")
     async def mutate(request: Request) -> Response:
         """Mutating admission: stamp, reserve or queue GPU pods."""
         return await review(request, "mutate")
 
-    @app.post("/validate")
     async def validate(request: Request) -> Response:
         """Validating admission: pod rules and quota ConfigMap edits."""
         return await review(request, "validate")
+
+    # Plain Starlette routes: the body is read and parsed by ``review`` itself, so
+    # FastAPI's per-request dependency solving would be pure overhead on the hot path.
+    app.add_route("/mutate", mutate, methods=["POST"])
+    app.add_route("/validate", validate, methods=["POST"])
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
