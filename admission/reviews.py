@@ -70,8 +70,8 @@ class UserInfo(_Incoming):
 
     username: str = ""
     uid: str = ""
-    groups: list[str] = []
-    extra: dict[str, list[str]] = {}
+    groups: list[str] = Field(default_factory=list)
+    extra: dict[str, list[str]] = Field(default_factory=dict)
 
 
 class AdmissionRequest(_Incoming):

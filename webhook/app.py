@@ -117,6 +117,9 @@ def create_app(
         redoc_url=None,
         openapi_url=None,
         lifespan=lifespan,
+        # fairgate reports through Prometheus (/metrics) and its logs; FastAPI's own
+        # OpenTelemetry hooks would look up the global providers on every request.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
 
     async def review(request: Request, webhook: Webhook) -> Response:
