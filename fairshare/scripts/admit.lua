@@ -71,12 +71,13 @@ if cls == 't' then
   end
 end
 
-local shape = band .. '/' .. format_counts(d)
-local D = parse_shape(shape)
+local counts = format_counts(d)
+local D = parse_shape(band .. '/' .. counts)
 local qc = num(st, 'qc:' .. cls)
 local free = math.max(0, cfg.ns - num(st, 'ui') - num(st, 'ut'))
 local reason = nil
-local position = entries_before(tenant, cls, nil) + 1
+local lanes = redis.call('SMEMBERS', P .. 'tl:' .. tenant)
+local position = entries_before(tenant, cls, nil, lanes) + 1
 
 if gid ~= '' then
   local g = hash_table(P .. 'g:' .. gid)
@@ -92,11 +93,11 @@ if gid ~= '' then
     for k, v in pairs(d) do G[band][k] = (G[band][k] or 0) + v end
     local gang_shape = parse_shape(format_shape(G))
     local _, guards = survey(gang_shape.tier, now, starve)
-    reason = blocker(tenant, gang_shape, guards) or {'turn'}
+    reason = blocker(tenant, gang_shape, guards, st) or {'turn'}
   end
 else
   local tops, guards = survey(band, now, starve)
-  reason = blocker(tenant, D, guards)
+  reason = blocker(tenant, D, guards, st)
   if reason == nil then
     for k, _ in pairs(d) do
       if num(st, 'qr:' .. cls .. ':' .. k) > 0 then reason = {'ahead', qc} end
@@ -135,22 +136,24 @@ if reason == nil then
   if band ~= 'b' then free = math.max(0, free - ds) end
   if dry then return reply(0, 'reserved', band, 0, qc, free, cfg.ns, {}) end
   local seq = redis.call('INCR', K_SEQ)
-  put_rec(ticket, {'R', tenant, cls, band, format_counts(d), ns, name, '', '1', submitted,
+  put_rec(ticket, {'R', tenant, cls, band, counts, ns, name, '', '1', submitted,
                    seq, ARGV[1]})
   add_usage(tenant, band, d, 1)
   index_name(ticket, {'R', tenant, cls, band, '', ns, name})
   redis.call('ZADD', K_RESV, now, ticket)
   redis.call('SADD', K_TENANTS, tenant)
-  refresh(tenant)
+  -- usage changed: lanes (none were added) are re-evaluated on the new state
+  if #lanes > 0 then refresh(tenant) end
   return reply(0, 'reserved', band, 0, qc, free, cfg.ns, {})
 end
 
 if not dry then
   local seq = redis.call('INCR', K_SEQ)
-  local rec = {'Q', tenant, cls, band, format_counts(d), ns, name, gid, gsize, submitted,
+  local rec = {'Q', tenant, cls, band, counts, ns, name, gid, gsize, submitted,
                seq, ''}
   enqueue(ticket, rec, false)
   index_name(ticket, rec)
-  refresh(tenant)
+  -- queueing changes no usage: st still holds what readiness and share depend on
+  refresh(tenant, st)
 end
 return reply(0, 'queued', band, position, qc + 1, free, cfg.ns, reason)

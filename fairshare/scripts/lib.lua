@@ -55,9 +55,7 @@ end
 
 local function parse_counts(s)
   local d = {}
-  if s == '' then return d end
-  for _, part in ipairs(split(s, ',')) do
-    local k, v = string.match(part, '^(.-)=(%d+)$')
+  for k, v in string.gmatch(s, '([^,]+)=(%d+)') do
     d[k] = (d[k] or 0) + tonumber(v)
   end
   return d
@@ -92,7 +90,9 @@ end
 
 local SHAPES = {}
 
--- {i=counts, t=counts, b=counts, all=sorted resource names, cls='i'|'t'}
+-- {i=counts, t=counts, b=counts, all=sorted resource names, cls='i'|'t',
+-- keys={i=, t=, b=: sorted resource names of the band}, nb=non-borrowed (i + t)
+-- counts, nb_keys=its sorted names, t_slices, b_slices}
 local function parse_shape(shape)
   local D = SHAPES[shape]
   if D then return D end
@@ -104,6 +104,12 @@ local function parse_shape(shape)
     for k, v in pairs(D[band]) do any[k] = (any[k] or 0) + v end
   end
   D.all = sorted_keys(any)
+  D.keys = {i = sorted_keys(D.i), t = sorted_keys(D.t), b = sorted_keys(D.b)}
+  D.nb = {}
+  for k, v in pairs(D.i) do D.nb[k] = v end
+  for k, v in pairs(D.t) do D.nb[k] = (D.nb[k] or 0) + v end
+  D.nb_keys = sorted_keys(D.nb)
+  D.t_slices, D.b_slices = slices(D.t), slices(D.b)
   -- tier: the lowest band in the shape; dispatch serves tiers i, t, b in order
   D.tier = (next(D.i) ~= nil) and 'i' or ((next(D.b) ~= nil) and 'b' or 't')
   D.cls = (D.tier == 'i') and 'i' or 't'
@@ -153,23 +159,21 @@ local function share_of(tenant, st)
   return (num(st, 'ui') + num(st, 'ut') + num(st, 'ub')) / cfg_of(tenant).w
 end
 
--- nil when the tenant's quota admits shape D on top of state st, else {code, slices}
+-- nil when the tenant's quota admits shape D (parse_shape) on top of state st, else
+-- {code, slices}
 local function quota_check(cfg, st, D)
-  local nb = {}
-  for k, v in pairs(D.i) do nb[k] = (nb[k] or 0) + v end
-  for k, v in pairs(D.t) do nb[k] = (nb[k] or 0) + v end
   local missing = 0
-  for _, k in ipairs(sorted_keys(nb)) do
-    local over = num(st, 'u:' .. k) + nb[k] - (cfg.n[k] or 0)
+  for _, k in ipairs(D.nb_keys) do
+    local over = num(st, 'u:' .. k) + D.nb[k] - (cfg.n[k] or 0)
     if over > 0 then missing = missing + over * slices_of(k) end
   end
   if next(D.t) ~= nil then
-    local over = num(st, 'ut') + slices(D.t) - (cfg.ns - cfg.rs)
+    local over = num(st, 'ut') + D.t_slices - (cfg.ns - cfg.rs)
     if over > missing then missing = over end
   end
   if missing > 0 then return {'quota', missing} end
   if next(D.b) ~= nil then
-    local over = num(st, 'ub') + slices(D.b) - cfg.b
+    local over = num(st, 'ub') + D.b_slices - cfg.b
     if over > 0 then return {'borrow', over} end
   end
   return nil
@@ -196,12 +200,12 @@ local function cap_of(res)
   return tonumber(CAP[res] or '0')
 end
 
--- nil when D fits the cluster for each of its bands (bands of lower priority count
--- as free), with guard reservations G[band][res] on top; else {res, units missing}.
--- `empty` evaluates against an idle cluster.
+-- nil when D (parse_shape) fits the cluster for each of its bands (bands of lower
+-- priority count as free), with guard reservations G[band][res] on top; else
+-- {res, units missing}. `empty` evaluates against an idle cluster.
 local function cap_check(D, G, empty)
   for _, band in ipairs(BAND_ORDER) do
-    for _, res in ipairs(sorted_keys(D[band])) do
+    for _, res in ipairs(D.keys[band]) do
       local need = 0
       for _, b2 in ipairs(BAND_ORDER) do
         if PRIO[b2] >= PRIO[band] then
@@ -261,14 +265,21 @@ local function name_slot(ns, name)
     string.format('%d', tonumber(string.sub(h, 4, 15), 16))
 end
 
+-- positions of the first hex digit of each byte in a uuid string
+local UUID_BYTES = {1, 3, 5, 7, 10, 12, 15, 17, 20, 22, 25, 27, 29, 31, 33, 35}
+
 local function pack_ticket(ticket)
-  if not string.match(ticket, UUID) or ticket ~= string.lower(ticket) then
+  if not string.find(ticket, UUID) or ticket ~= string.lower(ticket) then
     return 't' .. ticket
   end
-  local hex = string.gsub(ticket, '%-', '')
-  local out = {'u'}
-  for i = 1, 32, 2 do out[#out + 1] = string.char(tonumber(string.sub(hex, i, i + 1), 16)) end
-  return table.concat(out)
+  local c = {string.byte(ticket, 1, 36)}
+  local out = {}
+  for j, i in ipairs(UUID_BYTES) do
+    -- a lowercase hex digit: '0'-'9' are 48-57, 'a'-'f' are 97-102
+    local hi, lo = c[i], c[i + 1]
+    out[j] = (hi > 57 and hi - 87 or hi - 48) * 16 + (lo > 57 and lo - 87 or lo - 48)
+  end
+  return 'u' .. string.char(unpack(out))
 end
 
 local function unpack_ticket(v)
@@ -320,9 +331,10 @@ end
 
 -- Put each of the tenant's lanes into the ready set of its shape (score = weighted
 -- share) when its head fits the tenant's quota, else take it out; drop empty lanes.
-local function refresh(tenant)
+-- `st`: the tenant's state if the caller holds it with current usage (else read).
+local function refresh(tenant, st)
   local cfg = cfg_of(tenant)
-  local st = state_of(tenant)
+  st = st or state_of(tenant)
   local share = share_of(tenant, st)
   local lanes_key = P .. 'tl:' .. tenant
   for _, shape in ipairs(redis.call('SMEMBERS', lanes_key)) do
@@ -546,11 +558,12 @@ end
 -- reasons (see fairshare/queue.py _explain) ------------------------------------------
 
 -- Why a ready-or-not entry of shape D of `tenant` is not released now (lane-level
--- reasons only), or nil when nothing but its turn holds it.
-local function blocker(tenant, D, G)
+-- reasons only), or nil when nothing but its turn holds it. `st`: the tenant's state
+-- if the caller holds it (else read).
+local function blocker(tenant, D, G, st)
   local cfg = cfg_of(tenant)
   if never_fits(cfg, D) then return {'never'} end
-  local q = quota_check(cfg, state_of(tenant), D)
+  local q = quota_check(cfg, st or state_of(tenant), D)
   if q then return q end
   local c = cap_check(D, nil, false)
   if c then return {'capacity', c[1], c[2]} end
@@ -561,10 +574,11 @@ end
 
 -- Queue entries (a pod or a whole gang) of the tenant's class that come before
 -- sequence number `seq` (all of them when seq is nil): a binary search per lane, as
--- lanes are kept in admission order.
-local function entries_before(tenant, cls, seq)
+-- lanes are kept in admission order. `lanes`: the tenant's lanes if the caller holds
+-- them (else read).
+local function entries_before(tenant, cls, seq, lanes)
   local ahead = 0
-  for _, shape in ipairs(redis.call('SMEMBERS', P .. 'tl:' .. tenant)) do
+  for _, shape in ipairs(lanes or redis.call('SMEMBERS', P .. 'tl:' .. tenant)) do
     if parse_shape(shape).cls == cls then
       local lane = lane_key(tenant, shape)
       local lo, hi = 0, redis.call('LLEN', lane)
