@@ -11,7 +11,9 @@
 -- offers SHA-1 (redis.sha1hex; the message is 2 blocks, the body never passes through
 -- it): the writer links the rest from the head returned and calls again. So every call
 -- appends at least one record (nobody starves) and hashes at most one link in Lua (a call
--- holds Redis briefly). Arguments are checked before anything is written, and after the
+-- holds Redis briefly). The arguments a call relies on are checked before anything is
+-- written (the links it stores when the head is the one expected, otherwise the content
+-- digests: a malformed one refuses the whole call), and after the
 -- first write Redis runs a script to its end (it refuses a script only at its first
 -- write, e.g. when out of memory): what a call appends, it appends whole.
 -- Returns {first seq, prev of the first record, link 1, ..., link n}: the n first records
@@ -82,12 +84,17 @@ if count < 1 or count % 1 ~= 0 then
   return redis.error_reply('audit append takes maxlen, expected seq and hash, then '
     .. 'triples of content digest, body and link')
 end
-for i = 0, count - 1 do
-  if not is_digest(ARGV[4 + 3 * i]) then
-    return redis.error_reply('audit content digest must be 64 hex digits')
+if trusted then
+  for i = 6, #ARGV, 3 do
+    if not is_digest(ARGV[i]) then
+      return redis.error_reply('audit link hash must be 64 hex digits')
+    end
   end
-  if trusted and not is_digest(ARGV[6 + 3 * i]) then
-    return redis.error_reply('audit link hash must be 64 hex digits')
+else
+  for i = 4, #ARGV, 3 do
+    if not is_digest(ARGV[i]) then
+      return redis.error_reply('audit content digest must be 64 hex digits')
+    end
   end
 end
 
@@ -101,11 +108,12 @@ for i = 0, (trusted and count or 1) - 1 do
   if not trusted then
     link = sha256(seq_text .. ':' .. unhex(prev) .. unhex(ARGV[4 + 3 * i]))
   end
-  redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[1], '*',
+  redis.call('XADD', KEYS[1], '*',
     'seq', seq_text, 'prev', prev, 'hash', link, 'record', ARGV[5 + 3 * i])
   reply[#reply + 1] = link
   prev = link
 end
+redis.call('XTRIM', KEYS[1], 'MAXLEN', ARGV[1])  -- exact, once per call
 local floor = string.format('%d',
   math.max(tonumber(head[3] or '1'), seq - tonumber(ARGV[1]) + 1, 1))
 redis.call('HSET', KEYS[2], 'seq', seq_text, 'hash', prev, 'floor', floor)

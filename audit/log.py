@@ -21,9 +21,9 @@ Contract:
   in Lua, so no call holds Redis long.
 - A stream entry holds the fields ``seq``, ``prev``, ``hash`` and ``record`` (the body:
   canonical JSON without the three); the stdout line is the complete record.
-- Retention is exact: ``XADD MAXLEN <maxlen>`` keeps the newest ``maxlen`` records; the
-  head's ``floor`` is the lowest seq retention has not removed, so :meth:`AuditLog.verify`
-  can tell trimming from deletion.
+- Retention is exact: every script call ends with ``XTRIM MAXLEN <maxlen>``, keeping the
+  newest ``maxlen`` records; the head's ``floor`` is the lowest seq retention has not
+  removed, so :meth:`AuditLog.verify` can tell trimming from deletion.
 - With ``client=None`` records are chained in-process and only written to ``out``.
 - Give the client socket timeouts (``socket_timeout``, ``socket_connect_timeout``): a
   batch waits for Redis at most that long before falling back to stdout only.
@@ -35,6 +35,7 @@ import hashlib
 import itertools
 import json
 import logging
+import re
 import sys
 import threading
 from collections.abc import Iterable, Iterator, Mapping
@@ -66,6 +67,8 @@ Link = tuple[int, str, str]
 """A stored record's chain fields: ``seq``, ``prev``, ``hash``."""
 
 log = logging.getLogger(__name__)
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 WRITE_FAILURES = Counter(
     "fairgate_audit_write_failures_total",
@@ -120,12 +123,20 @@ class AuditLog:
         """Append ``drafts`` in order and return them as stored (the drafts' own
         ``seq``/``prev``/``hash`` are ignored). ``drafts`` is consumed lazily, one batch of
         up to :data:`BATCH` at a time; Redis and stdout failures are reported, never raised.
+        A string that is not Unicode text (a lone surrogate) is stored with U+FFFD in its
+        place, and a warning is logged.
         """
         stored: list[AuditRecord] = []
         pending = iter(drafts)
         while batch := list(itertools.islice(pending, BATCH)):
             forms = [draft.wire_form() for draft in batch]
-            links = self._append([form.body().encode() for form in forms])
+            try:
+                bodies = [form.body().encode() for form in forms]
+            except UnicodeEncodeError:
+                batch = [_as_text(draft) for draft in batch]
+                forms = [draft.wire_form() for draft in batch]
+                bodies = [form.body().encode() for form in forms]
+            links = self._append(bodies)
             chained = [draft.with_chain(*link) for draft, link in zip(batch, links, strict=False)]
             chained += [_unchained(draft) for draft in batch[len(links):]]
             self._write_lines([form.line(rec.seq, rec.prev, rec.hash)
@@ -281,6 +292,18 @@ def _links(head: ChainHead, digests: list[str]) -> list[Link]:
         links.append((seq, prev, link))
         prev = link
     return links
+
+
+def _as_text(draft: AuditRecord) -> AuditRecord:
+    """``draft`` with U+FFFD for the lone surrogates its strings hold (none: itself)."""
+    line = draft.to_json()
+    try:
+        line.encode()
+    except UnicodeEncodeError:
+        log.warning("audit record %s holds lone surrogates: stored with U+FFFD in their "
+                    "place", ascii(line[:200]))
+        return AuditRecord.from_json(_SURROGATE.sub("\ufffd", line))
+    return draft
 
 
 def _unchained(draft: AuditRecord) -> AuditRecord:

@@ -429,3 +429,20 @@ def test_concurrent_batches_from_threads_and_processes_keep_one_chain(
     assert result.checked == 5 * per_writer
     uids = {e.record.uid for e in entries if e.record is not None}
     assert len(uids) == 5 * per_writer
+
+
+def test_a_lone_surrogate_is_stored_as_replacement_character_not_lost(
+    redis_client: redis.Redis, caplog: pytest.LogCaptureFixture,
+) -> None:
+    out = io.StringIO()
+    log = AuditLog(redis_client, out=out)
+    drafts = _drafts(3)
+    drafts[1] = dataclasses.replace(drafts[1], name="p\ud800", groups=("g\udfff",))
+    stored = log.record_many(drafts)
+    assert [r.seq for r in stored] == [1, 2, 3]
+    assert (stored[1].name, stored[1].groups) == ("p\ufffd", ("g\ufffd",))
+    assert out.getvalue() == "".join(r.to_json() + "\n" for r in stored)
+    out.getvalue().encode()  # UTF-8 text throughout
+    assert _stored(redis_client) == stored
+    assert log.verify()[0].ok
+    assert "lone surrogates" in caplog.text
