@@ -144,9 +144,10 @@ local CFG = {}
 local function cfg_of(tenant)
   local c = CFG[tenant]
   if c then return c end
-  local h = hash_table(P .. 'tc:' .. tenant)
-  c = {w = tonumber(h.w or '1'), wraw = h.w or '1', b = num(h, 'b'), rs = num(h, 'rs'), ns = num(h, 'ns'),
-       n = parse_counts(h.n or ''), known = h.w ~= nil, nominal = h.n or ''}
+  -- a missing field (or hash) reads as false
+  local w, n, ns, b, rs = unpack(redis.call('HMGET', P .. 'tc:' .. tenant, 'w', 'n', 'ns', 'b', 'rs'))
+  c = {w = tonumber(w or '1'), wraw = w or '1', b = tonumber(b or '0'), rs = tonumber(rs or '0'),
+       ns = tonumber(ns or '0'), n = parse_counts(n or ''), known = w ~= false, nominal = n or ''}
   CFG[tenant] = c
   return c
 end
@@ -187,17 +188,27 @@ end
 
 -- cluster capacity -----------------------------------------------------------------
 
-local USED = nil
-local CAP = nil
+-- read once per resource (a missing field reads as false): USED[res][band], CAP[res]
+local USED = {}
+local CAP = {}
 
 local function used_of(band, res)
-  if not USED then USED = hash_table(K_USED) end
-  return tonumber(USED[band .. ':' .. res] or '0')
+  local u = USED[res]
+  if not u then
+    local v = redis.call('HMGET', K_USED, 'i:' .. res, 't:' .. res, 'b:' .. res)
+    u = {i = tonumber(v[1] or '0'), t = tonumber(v[2] or '0'), b = tonumber(v[3] or '0')}
+    USED[res] = u
+  end
+  return u[band]
 end
 
 local function cap_of(res)
-  if not CAP then CAP = hash_table(K_CAP) end
-  return tonumber(CAP[res] or '0')
+  local c = CAP[res]
+  if not c then
+    c = tonumber(redis.call('HGET', K_CAP, res) or '0')
+    CAP[res] = c
+  end
+  return c
 end
 
 -- nil when D (parse_shape) fits the cluster for each of its bands (bands of lower
@@ -225,9 +236,8 @@ local function add_usage(tenant, band, d, sign)
   local key = P .. 'ts:' .. tenant
   for k, v in pairs(d) do
     if band ~= 'b' then redis.call('HINCRBY', key, 'u:' .. k, sign * v) end
-    local field = band .. ':' .. k
-    local now_used = redis.call('HINCRBY', K_USED, field, sign * v)
-    if USED then USED[field] = tostring(now_used) end
+    local now_used = redis.call('HINCRBY', K_USED, band .. ':' .. k, sign * v)
+    if USED[k] then USED[k][band] = now_used end
   end
   redis.call('HINCRBY', key, 'u' .. band, sign * slices(d))
 end

@@ -41,7 +41,7 @@ for first = 0, NAME_BUCKETS - 1, 256 do
   for b = first, first + 255 do keys[#keys + 1] = P .. 'nm:' .. b end
   redis.call('DEL', unpack(keys))
 end
-USED = nil
+USED = {}
 
 -- a ticket holding usage (state R or A)
 local function hold(ticket, rec)
