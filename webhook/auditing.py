@@ -8,10 +8,12 @@ record is dropped, counted in ``dropped`` and logged as an error; so is a record
 audit log refuses to build (a programming error). :meth:`AuditWriter.stop` writes what
 is queued (bounded by a timeout) before returning.
 
-The queue is a lock-free ``deque``; the writer is woken at most once per batch it
-drains and appends the whole batch with :meth:`audit.AuditLog.record_many` (one Redis
-call and one stdout write per batch), so a decision costs the request thread one record
-build and one append.
+A record waits at most ``linger`` seconds (default 10 ms) plus one append before it is
+written: the writer, once woken, lets a batch gather for ``linger``, then appends the
+whole batch with :meth:`audit.AuditLog.record_many` (one Redis call and one stdout write
+per batch). The queue is a lock-free ``deque``, and a request thread wakes the writer
+only when it is idle (waiting for a first record), so under load a decision costs the
+request thread one record build and one append, and the writer one wake-up per batch.
 """
 
 from __future__ import annotations
@@ -25,24 +27,34 @@ from audit import AuditLog, AuditRecord
 
 log = logging.getLogger("fairgate.webhook.audit")
 
+DEFAULT_LINGER_SECONDS = 0.01
+
 
 class AuditWriter:
     """A bounded queue of audit records drained by one thread into an AuditLog."""
 
-    def __init__(self, audit_log: AuditLog, capacity: int = 10_000) -> None:
-        """Write into ``audit_log``; hold at most ``capacity`` records not yet written."""
+    def __init__(
+        self,
+        audit_log: AuditLog,
+        capacity: int = 10_000,
+        linger: float = DEFAULT_LINGER_SECONDS,
+    ) -> None:
+        """Write into ``audit_log``; hold at most ``capacity`` records not yet written;
+        let a batch gather for ``linger`` seconds before each append."""
         self.audit_log = audit_log
         self.capacity = capacity
+        self.linger = linger
         self.dropped = 0
         self._items: deque[AuditRecord] = deque()
-        self._pending = threading.Event()
-        self._stopping = False
+        self._wake = threading.Event()
+        self._stop_requested = threading.Event()
+        self._idle = False
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         """Start the writer thread (idempotent)."""
         if self._thread is None:
-            self._stopping = False
+            self._stop_requested.clear()
             self._thread = threading.Thread(
                 target=self._run, name="fairgate-audit-writer", daemon=True
             )
@@ -64,16 +76,16 @@ class AuditWriter:
             log.exception("audit record could not be built (decision=%s)", decision)
             return
         self._items.append(record)
-        if not self._pending.is_set():
-            self._pending.set()
+        if self._idle:  # read after the append: see _wait_for_records
+            self._wake.set()
 
     def stop(self, timeout: float = 5.0) -> None:
         """Write the queued records (for at most ``timeout`` seconds) and stop the thread."""
         thread = self._thread
         if thread is None:
             return
-        self._stopping = True
-        self._pending.set()
+        self._stop_requested.set()
+        self._wake.set()
         thread.join(timeout)
         if thread.is_alive():
             log.error("audit writer still busy after %.0fs at shutdown: %d records lost",
@@ -81,14 +93,26 @@ class AuditWriter:
         self._thread = None
 
     def _run(self) -> None:
-        while True:
-            self._pending.wait()
-            self._pending.clear()
-            while self._items:
-                batch = [self._items.popleft() for _ in range(len(self._items))]
-                try:
-                    self.audit_log.record_many(batch)
-                except Exception:  # the writer thread must survive anything
-                    log.exception("%d audit records could not be written", len(batch))
-            if self._stopping:
-                return
+        while not self._stop_requested.is_set():
+            self._wait_for_records()
+            self._stop_requested.wait(self.linger)  # a batch gathers; ends early at stop
+            self._drain()
+        self._drain()
+
+    def _wait_for_records(self) -> None:
+        """Return once a record is queued or stop was requested."""
+        while not self._items and not self._stop_requested.is_set():
+            self._idle = True
+            # A submit that read _idle as False appended before this point: seen here.
+            if not self._items:
+                self._wake.wait()
+            self._wake.clear()
+            self._idle = False
+
+    def _drain(self) -> None:
+        while self._items:
+            batch = [self._items.popleft() for _ in range(len(self._items))]
+            try:
+                self.audit_log.record_many(batch)
+            except Exception:  # the writer thread must survive anything
+                log.exception("%d audit records could not be written", len(batch))

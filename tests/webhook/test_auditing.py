@@ -5,8 +5,9 @@ from __future__ import annotations
 import io
 import json
 import threading
+from collections.abc import Iterable
 
-from audit import AuditLog
+from audit import AuditLog, AuditRecord
 from webhook.auditing import AuditWriter
 
 
@@ -56,3 +57,42 @@ def test_a_record_the_audit_log_refuses_is_dropped_not_raised() -> None:
     writer.stop()
     assert writer.dropped == 2
     assert [json.loads(line)["uid"] for line in out.getvalue().splitlines()] == ["kept"]
+
+
+class _CountingLog(AuditLog):
+    """An in-memory AuditLog that counts its appends."""
+
+    def __init__(self) -> None:
+        super().__init__(None, out=io.StringIO())
+        self.batches: list[int] = []
+
+    def record_many(self, drafts: Iterable[AuditRecord]) -> list[AuditRecord]:
+        stored = super().record_many(drafts)
+        self.batches.append(len(stored))
+        return stored
+
+
+def test_records_submitted_while_the_writer_lingers_are_appended_as_one_batch() -> None:
+    audit_log = _CountingLog()
+    writer = AuditWriter(audit_log, linger=30.0)  # stop() ends the linger early
+    writer.start()
+    for i in range(100):
+        writer.submit("admit", uid=str(i))
+    writer.stop()
+    assert audit_log.batches == [100]
+    assert writer.dropped == 0
+
+
+def test_the_writer_wakes_again_after_idling() -> None:
+    audit_log = _CountingLog()
+    writer = AuditWriter(audit_log, linger=0.0)
+    writer.start()
+    for i in range(3):
+        done = len(audit_log.batches)
+        writer.submit("admit", uid=str(i))
+        for _ in range(500):  # the idle writer was woken and wrote the record
+            if len(audit_log.batches) > done:
+                break
+            threading.Event().wait(0.01)
+        assert sum(audit_log.batches) == i + 1
+    writer.stop()
