@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
@@ -191,24 +192,31 @@ class FairgateConfig:
 
         A known tenant without a quota ConfigMap has an empty nominal quota.
         """
-        spec = self.platform.tenants.get(name)
-        if spec is None:
-            return None
-        quota = self.quotas.get(name, QuotaSpec())
-        return Tenant(
-            name=name,
-            weight=spec.weight,
-            ceiling_slices=spec.ceiling.slices,
-            admins=spec.admins,
-            classes=spec.classes,
-            node_pool=spec.node_pool,
-            nominal=dict(quota.nominal),
-            borrow_slices=quota.borrow_limit.slices,
-            reserve_slices=quota.inference_reserve.slices,
-            default_class=quota.default_class,
-        )
+        return self._tenants.get(name)
 
     def tenants(self) -> list[Tenant]:
         """Every tenant the platform config defines, by name."""
-        found = (self.tenant(name) for name in sorted(self.platform.tenants))
-        return [t for t in found if t is not None]
+        return [self._tenants[name] for name in sorted(self._tenants)]
+
+    @cached_property
+    def _tenants(self) -> dict[str, Tenant]:
+        """Every effective tenant, built once per snapshot (admission asks per pod)."""
+        empty = QuotaSpec()
+        found = {}
+        for name, spec in self.platform.tenants.items():
+            quota = self.quotas.get(name)
+            if quota is None:
+                quota = empty
+            found[name] = Tenant(
+                name=name,
+                weight=spec.weight,
+                ceiling_slices=spec.ceiling.slices,
+                admins=spec.admins,
+                classes=spec.classes,
+                node_pool=spec.node_pool,
+                nominal=dict(quota.nominal),
+                borrow_slices=quota.borrow_limit.slices,
+                reserve_slices=quota.inference_reserve.slices,
+                default_class=quota.default_class,
+            )
+        return found
