@@ -27,6 +27,7 @@ import json
 import multiprocessing
 import os
 import statistics
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -125,10 +126,78 @@ def split(url: str, rounds: int) -> dict[str, float]:
     return result
 
 
-def writer_gil(url: str, feeds: int) -> dict[str, float]:
-    """How late a thread sleeping 0.5 ms wakes while an AuditWriter appends 64 records
-    every 2 ms (the wake-up waits for the GIL), the CPU of ``submit`` and the writer
-    thread's CPU (the process's CPU minus this thread's), per record."""
+def _run_delay_ns(schedstat: str) -> int:
+    """How long this thread has waited for a CPU while runnable (Linux schedstat)."""
+    with open(schedstat, encoding="ascii") as stats:
+        return int(stats.read().split()[1])
+
+
+def _feed(writer: AuditWriter, feeds: int, first: int, burst: int = BATCH,
+          ) -> tuple[list[float], int]:
+    """Submit ``burst`` records, then sleep 0.5 ms ``burst / 16`` times, ``feeds`` times:
+    how late each wake-up was (µs, sorted), not counting the time the thread waited for a
+    CPU (two cores are shared with redis-server and the writer), and the CPU (ns) of the
+    submits."""
+    schedstat = f"/proc/self/task/{threading.get_native_id()}/schedstat"
+    lateness: list[float] = []
+    submit_ns = 0
+    for n in range(feeds):
+        fields = [admission_fields(first + n * burst + i) for i in range(burst)]
+        started = time.thread_time_ns()
+        for f in fields:
+            writer.submit("admit", **f)
+        submit_ns += time.thread_time_ns() - started
+        for _ in range(burst // 16):
+            waited = _run_delay_ns(schedstat)
+            asleep = time.perf_counter_ns()
+            time.sleep(0.0005)
+            late = time.perf_counter_ns() - asleep - 500_000
+            lateness.append((late - (_run_delay_ns(schedstat) - waited)) / 1e3)
+    return sorted(lateness), submit_ns
+
+
+def _percentiles(lateness: list[float]) -> dict[str, int]:
+    return {"p50": round(statistics.median(lateness)),
+            "p99": round(lateness[int(len(lateness) * 0.99)]), "max": round(lateness[-1])}
+
+
+def writer_gil(url: str, feeds: int) -> dict[str, Any]:
+    """How late a thread sleeping 0.5 ms wakes (µs, less its wait for a CPU: so the wait
+    for the GIL, and the timer's own slack) while an AuditWriter appends the 64
+    records it submitted before each four sleeps (the wake-up waits for the GIL the
+    writer thread holds), the same with bursts of 512 records before 32 sleeps, and
+    without the writer thread running (the machine's own noise); the CPU of ``submit``
+    and of the writer thread (the process's CPU minus this thread's) per record."""
+    client = redis.Redis.from_url(url)
+    client.flushall()
+    with open(os.devnull, "w", encoding="utf-8") as sink:
+        writer = AuditWriter(AuditLog(client, out=sink), capacity=1_000_000)
+        idle, _ = _feed(writer, feeds, 0)  # the writer thread not started: records wait
+        writer.start()
+        writer.stop()  # writes them; the script is loaded, the head known
+        writer.start()
+        process_before, thread_before = time.process_time_ns(), time.thread_time_ns()
+        loaded, submit_ns = _feed(writer, feeds, feeds * BATCH)
+        writer_ns = ((time.process_time_ns() - process_before)
+                     - (time.thread_time_ns() - thread_before))
+        bursts, _ = _feed(writer, feeds // 8, 2 * feeds * BATCH, burst=8 * BATCH)
+        writer.stop()
+        verdict, _ = writer.audit_log.verify()
+        assert verdict.ok and verdict.checked == 3 * feeds * BATCH, verdict
+    client.close()
+    records = feeds * BATCH
+    return {"wakeups": len(loaded),
+            "late_us_writer_running": _percentiles(loaded),
+            "late_us_writer_running_bursts_of_512": _percentiles(bursts),
+            "late_us_writer_idle": _percentiles(idle),
+            "submit_cpu_us_per_record": round(submit_ns / 1e3 / records, 2),
+            "writer_thread_cpu_us_per_record": round(writer_ns / 1e3 / records, 2)}
+
+
+def paced(url: str, rate: int, seconds: float) -> dict[str, float]:
+    """An AuditWriter (default linger) fed ``rate`` records/s, evenly, for ``seconds``:
+    records per script call, the CPU of submit and of the writer thread per record (as
+    in :func:`writer_gil`), Redis CPU per record."""
     client = redis.Redis.from_url(url)
     client.flushall()
     with open(os.devnull, "w", encoding="utf-8") as sink:
@@ -137,33 +206,35 @@ def writer_gil(url: str, feeds: int) -> dict[str, float]:
         writer.submit("admit", **admission_fields(0))
         writer.stop()  # the script is loaded, the head known
         writer.start()
-        lateness: list[float] = []
+        client.config_resetstat()
+        script_before, server_before = _redis_cpu_us(client)
+        records = int(rate * seconds)
+        fields = [admission_fields(1 + i) for i in range(records)]
         submit_ns = 0
         process_before, thread_before = time.process_time_ns(), time.thread_time_ns()
-        for n in range(feeds):
-            fields = [admission_fields(n * BATCH + i) for i in range(BATCH)]
-            started = time.thread_time_ns()
-            for f in fields:
-                writer.submit("admit", **f)
-            submit_ns += time.thread_time_ns() - started
-            for _ in range(4):
-                asleep = time.perf_counter()
-                time.sleep(0.0005)
-                lateness.append((time.perf_counter() - asleep - 0.0005) * 1e6)
+        started = time.perf_counter()
+        for i, f in enumerate(fields):
+            pause = started + i / rate - time.perf_counter()
+            if pause > 0:
+                time.sleep(pause)
+            before = time.thread_time_ns()
+            writer.submit("admit", **f)
+            submit_ns += time.thread_time_ns() - before
         writer.stop()
         writer_ns = ((time.process_time_ns() - process_before)
                      - (time.thread_time_ns() - thread_before))
+        script_after, server_after = _redis_cpu_us(client)
+        calls = int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
         verdict, _ = writer.audit_log.verify()
-        assert verdict.ok and verdict.checked == feeds * BATCH + 1, verdict
+        assert verdict.ok and verdict.checked == records + 1, verdict
     client.close()
-    lateness.sort()
-    records = feeds * BATCH
-    return {"wakeups": len(lateness),
-            "late_p50_us": round(statistics.median(lateness)),
-            "late_p99_us": round(lateness[int(len(lateness) * 0.99)]),
-            "late_max_us": round(lateness[-1]),
+    return {"records": records, "records_per_script_call": round(records / max(calls, 1), 1),
             "submit_cpu_us_per_record": round(submit_ns / 1e3 / records, 2),
-            "writer_thread_cpu_us_per_record": round(writer_ns / 1e3 / records, 2)}
+            "writer_thread_cpu_us_per_record": round(writer_ns / 1e3 / records, 2),
+            "redis_script_cpu_us_per_record": round(
+                (script_after - script_before) / records, 2),
+            "redis_server_cpu_us_per_record": round(
+                (server_after - server_before) / records, 2)}
 
 
 def main() -> None:
@@ -178,7 +249,8 @@ def main() -> None:
         with local_redis() as url:
             print(json.dumps({"load_average": os.getloadavg()[0],
                               "per_record_us": split(url, args.rounds),
-                              "writer": writer_gil(url, args.rounds)}, indent=2))
+                              "writer": writer_gil(url, args.rounds),
+                              "writer_at_1500_per_s": paced(url, 1500, 4.0)}, indent=2))
         return
     results: dict[str, Any] = {"records": args.records, "writers": args.writers}
     with local_redis() as url:
