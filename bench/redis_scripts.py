@@ -12,12 +12,15 @@ batch is measured alone: ``CONFIG RESETSTAT`` before it, ``INFO commandstats`` a
 so every batch meets the same state. Cases:
 
 - ``fast-<tenants>-<class>``: the tenant has room and nothing is queued anywhere
-  (reserved at once); pods go round robin over the tenants.
+  (reserved at once); pods go round robin over the tenants, which already hold 300
+  pods (half confirmed, half reserved: the ticket hash and the reservation set are
+  past Redis' small encodings, as on a live cluster).
 - ``queue-<backlog>-<class>``: the tenant's quota is full (its nominal quota and, for
   training, its borrow limit are held by running pods) and ``<backlog>`` pods of its
   class wait before each batch; every measured pod is queued behind them.
-- ``gang-<size>``: members of gangs of that size of a tenant with room (members wait
-  until the last completes the gang, which then becomes one queue entry).
+- ``gang-<size>``: members of gangs of that size of tenants with room, holding 300
+  pods as above (members wait until the last completes the gang, which then becomes
+  one queue entry).
 
 Per admission: ``EVALSHA`` microseconds as Redis times the command (script and its
 ``redis.call``s), Redis CPU (``used_cpu_user + used_cpu_sys``: also reading the request
@@ -45,6 +48,7 @@ from fairshare.queue import FairQueue
 from tenants.models import PodClass
 
 NOW = 1.0
+KNOWN_PODS = 300  # held before a fast-path or gang case: half confirmed, half reserved
 # commandstats entries that are not the script's own redis.calls
 _OUTSIDE = {"evalsha", "eval", "script|load", "info", "config|resetstat"}
 
@@ -85,9 +89,10 @@ class Result:
     calls: dict[str, float] = field(default_factory=dict)  # per command, per admission
 
 
-def requests(case: Case, tenants: Sequence[str]) -> Iterator[PodRequest]:
-    """One-GPU pods of ``case``: round robin over ``tenants``, in gangs if it has them."""
-    i = 0
+def requests(case: Case, tenants: Sequence[str], first: int = 0) -> Iterator[PodRequest]:
+    """One-GPU pods of ``case``: round robin over ``tenants``, in gangs if it has them;
+    pod ``first`` first (tickets and names differ between pods)."""
+    i = first
     while True:
         tenant = tenants[(i // case.gang_size) % len(tenants)]
         yield PodRequest(
@@ -104,10 +109,21 @@ def _redis_cpu(client: redis.Redis) -> float:
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
-def prepare(queue: FairQueue, case: Case, stream: Iterator[PodRequest]) -> None:
-    """Fill the tenant's quota with running pods, then queue ``case.backlog`` pods."""
+def prepare(queue: FairQueue, case: Case, tenants: Sequence[str]) -> Iterator[PodRequest]:
+    """Set ``case`` up and return the stream of pods to measure: a queue case fills
+    the first tenant's quota with running pods and queues ``case.backlog`` pods; other
+    cases reserve :data:`KNOWN_PODS` single pods over ``tenants`` and confirm half."""
     if case.backlog is None:
-        return
+        singles = Case(case.name, case.tenants, case.pod_class)
+        known = requests(singles, tenants, first=10**8)
+        for n in range(KNOWN_PODS):
+            req = next(known)
+            if queue.admit(req, NOW).outcome != "reserved":
+                raise RuntimeError(f"{case.name}: pod {n} of the known pods was not reserved")
+            if n % 2:
+                queue.confirm(req.ticket, NOW)
+        return requests(case, tenants)
+    stream = requests(case, tenants[:1])
     queued = 0
     while queued < case.backlog:
         req = next(stream)
@@ -117,6 +133,7 @@ def prepare(queue: FairQueue, case: Case, stream: Iterator[PodRequest]) -> None:
             queue.confirm(req.ticket, NOW)
         else:
             queued += 1
+    return stream
 
 
 def measure(client: redis.Redis, case: Case, count: int, batch: int) -> Result:
@@ -125,9 +142,7 @@ def measure(client: redis.Redis, case: Case, count: int, batch: int) -> Result:
     config, capacity, names = make_config(case.tenants)
     queue = FairQueue(client, prefix=PREFIX, starvation_seconds=3600.0)
     queue.sync_config(config, capacity)
-    # a queue case loads one tenant; the fast path and gangs spread over all
-    stream = requests(case, names[:1] if case.backlog is not None else names)
-    prepare(queue, case, stream)
+    stream = prepare(queue, case, names)
     expected = "reserved" if case.backlog is None and case.gang_size == 1 else "queued"
     calls: Counter[str] = Counter()
     outcomes: Counter[str] = Counter()
