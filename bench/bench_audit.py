@@ -120,6 +120,13 @@ def split(url: str, rounds: int) -> dict[str, float]:
     parts = sum(us for step, us in result.items() if not step.startswith(("build", "record_")))
     result["script call (record_many minus the other steps)"] = round(
         result["record_many, in all"] - parts, 2)
+    # The writer thread holds the GIL from the start of record_many to the script call's
+    # socket write, and from the reply to the stdout write: its longest holds per batch.
+    result["GIL held per 64-record batch, before the script call (ms)"] = round(BATCH * sum(
+        result[step] for step in ("canonical JSON (wire_form)", "body bytes",
+                                  "digests and links")) / 1e3, 3)
+    result["GIL held per 64-record batch, after the reply (ms)"] = round(BATCH * sum(
+        result[step] for step in ("returned records (with_chain)", "stdout lines")) / 1e3, 3)
     records = rounds * BATCH
     result["redis: script CPU per record"] = round((script_after - script_before) / records, 2)
     result["redis: server CPU per record"] = round((cpu_after - cpu_before) / records, 2)
