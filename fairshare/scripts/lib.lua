@@ -90,25 +90,32 @@ end
 
 local SHAPES = {}
 
+-- x + y per resource (x or y itself when the other is empty; the result is only read)
+local function sum_counts(x, y)
+  if next(y) == nil then return x end
+  if next(x) == nil then return y end
+  local s = {}
+  for k, v in pairs(x) do s[k] = v end
+  for k, v in pairs(y) do s[k] = (s[k] or 0) + v end
+  return s
+end
+
+local NONE = {}  -- the sorted resource names of a band without demand (never written)
+
 -- {i=counts, t=counts, b=counts, all=sorted resource names, cls='i'|'t',
 -- keys={i=, t=, b=: sorted resource names of the band}, nb=non-borrowed (i + t)
--- counts, nb_keys=its sorted names, t_slices, b_slices}
+-- counts, nb_keys=its sorted names, t_slices, b_slices}; read only
 local function parse_shape(shape)
   local D = SHAPES[shape]
   if D then return D end
-  D = {i = {}, t = {}, b = {}}
-  local any = {}
-  for _, part in ipairs(split(shape, '+')) do
-    local band, counts = string.match(part, '^(%a)/(.*)$')
+  D = {i = {}, t = {}, b = {}, keys = {i = NONE, t = NONE, b = NONE}}
+  for band, counts in string.gmatch(shape, '(%a)/([^+]*)') do
     D[band] = parse_counts(counts)
-    for k, v in pairs(D[band]) do any[k] = (any[k] or 0) + v end
+    D.keys[band] = sorted_keys(D[band])
   end
-  D.all = sorted_keys(any)
-  D.keys = {i = sorted_keys(D.i), t = sorted_keys(D.t), b = sorted_keys(D.b)}
-  D.nb = {}
-  for k, v in pairs(D.i) do D.nb[k] = v end
-  for k, v in pairs(D.t) do D.nb[k] = (D.nb[k] or 0) + v end
+  D.nb = sum_counts(D.i, D.t)
   D.nb_keys = sorted_keys(D.nb)
+  D.all = sorted_keys(sum_counts(D.nb, D.b))
   D.t_slices, D.b_slices = slices(D.t), slices(D.b)
   -- tier: the lowest band in the shape; dispatch serves tiers i, t, b in order
   D.tier = (next(D.i) ~= nil) and 'i' or ((next(D.b) ~= nil) and 'b' or 't')
@@ -577,6 +584,8 @@ local function blocker(tenant, D, G, st)
   if q then return q end
   local c = cap_check(D, nil, false)
   if c then return {'capacity', c[1], c[2]} end
+  -- without guards the check would repeat the one above
+  if next(G.i) == nil and next(G.t) == nil and next(G.b) == nil then return nil end
   c = cap_check(D, G, false)
   if c then return {'guard', c[1]} end
   return nil
