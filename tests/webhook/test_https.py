@@ -24,6 +24,7 @@ from webhook_helpers import ServerFactory, gpu_pod, review
 
 from fairshare.localredis import local_redis
 from fairshare.queue import FairQueue
+from webhook.auditing import DEFAULT_LINGER_SECONDS
 from webhook.process import ServeProcess, client_context
 from webhook.service import REDIS_DOWN_MESSAGE
 
@@ -94,6 +95,20 @@ def redis_snapshot(url: str) -> dict[bytes, Any]:
         return {key: _contents(client, key) for key in sorted(client.keys("*"))}
     finally:
         client.close()
+
+
+def settled_redis_snapshot(url: str, timeout: float = 10.0) -> dict[bytes, Any]:
+    """:func:`redis_snapshot` once the server's audit writer is done (two snapshots
+    further apart than its batching delay agree), so earlier requests' records and this
+    request's own late ones are all in."""
+    deadline = time.monotonic() + timeout
+    previous = redis_snapshot(url)
+    while True:
+        time.sleep(5 * DEFAULT_LINGER_SECONDS)
+        current = redis_snapshot(url)
+        if current == previous or time.monotonic() > deadline:
+            return current
+        previous = current
 
 
 # -- TLS -----------------------------------------------------------------------------------
@@ -212,10 +227,10 @@ def test_unlabeled_namespace_is_denied_naming_the_label(server: ServeProcess) ->
 
 
 def test_pod_without_gpu_is_allowed_untouched(server: ServeProcess, redis_url: str) -> None:
-    before = redis_snapshot(redis_url)
+    before = settled_redis_snapshot(redis_url)
     response = mutate(server, review(gpu_pod("team-a-dev", "web", limits={"memory": "1Gi"})))
     assert response == {"uid": response["uid"], "allowed": True}
-    assert redis_snapshot(redis_url) == before
+    assert settled_redis_snapshot(redis_url) == before
 
 
 def test_mig_pod_is_admitted_against_its_mig_quota(server: ServeProcess) -> None:
