@@ -8,12 +8,14 @@ record is dropped, counted in ``dropped`` and logged as an error; so is a record
 audit log refuses to build (a programming error). :meth:`AuditWriter.stop` writes what
 is queued (bounded by a timeout) before returning.
 
-A record waits at most ``linger`` seconds (default 10 ms) plus one append before it is
+A record waits at most ``linger`` seconds (default 10 ms) plus two appends before it is
 written: the writer, once woken, lets a batch gather for ``linger``, then appends the
-whole batch with :meth:`audit.AuditLog.record_many` (one Redis call and one stdout write
-per batch). The queue is a lock-free ``deque``, and a request thread wakes the writer
-only when it is idle (waiting for a first record), so under load a decision costs the
-request thread one record build and one append, and the writer one wake-up per batch.
+records queued by then with :meth:`audit.AuditLog.record_many` (one Redis call and one
+stdout write per batch); those queued during that append gather for the next batch (not
+appended at once as a small batch: a Redis call costs far more than a record). The
+queue is a lock-free ``deque``, and a request thread wakes the writer only when it is
+idle (waiting for a first record), so under load a decision costs the request thread one
+record build and one append, and the writer one wake-up per batch.
 """
 
 from __future__ import annotations
@@ -96,8 +98,9 @@ class AuditWriter:
         while not self._stop_requested.is_set():
             self._wait_for_records()
             self._stop_requested.wait(self.linger)  # a batch gathers; ends early at stop
-            self._drain()
-        self._drain()
+            self._append_queued()
+        while self._items:
+            self._append_queued()
 
     def _wait_for_records(self) -> None:
         """Return once a record is queued or stop was requested."""
@@ -109,9 +112,9 @@ class AuditWriter:
             self._wake.clear()
             self._idle = False
 
-    def _drain(self) -> None:
-        while self._items:
-            batch = [self._items.popleft() for _ in range(len(self._items))]
+    def _append_queued(self) -> None:
+        batch = [self._items.popleft() for _ in range(len(self._items))]
+        if batch:
             try:
                 self.audit_log.record_many(batch)
             except Exception:  # the writer thread must survive anything
