@@ -6,15 +6,20 @@ multi-process records/s, verify time for the stream,
 Redis memory per stored record and Redis CPU per append (the Lua script's SHA-256 link).
 
 Run: python bench/bench_audit.py --split [--rounds N]
-Prints one JSON object: where the CPU of auditing an admission-shaped record goes, in µs
-per record (this thread's CPU time, median of ``--rounds`` batches of 64, the size the
-webhook's writer drains under load): building the record (``AuditRecord(...)``, on the
-request path), its canonical JSON form, digests and links, the script call, the
-returned records, the stdout lines and their write; ``record_many`` as a whole; Redis
-CPU per record (``cmdstat_evalsha`` and ``used_cpu_user + used_cpu_sys``). Then
-``writer``: an :class:`~webhook.auditing.AuditWriter` fed 64 records every 2 ms while
-this thread, standing for the event loop, sleeps 0.5 ms between feeds: how late its
-wake-ups are (the GIL held by the writer thread), and the writer's CPU per record.
+Prints one JSON object: ``per_record_us``: where the CPU of auditing an admission-shaped
+record goes, in µs per record (this thread's CPU time, median of ``--rounds`` batches of
+64): building the record (``AuditRecord(...)``, on the request path), its canonical JSON
+form, digests and links, the script call, the returned records, the stdout lines and
+their write; ``record_many`` as a whole; the writer's GIL hold per 64-record batch
+before the script call and after its reply; Redis CPU per record (``cmdstat_evalsha``
+and ``used_cpu_user + used_cpu_sys``). ``writer``: an
+:class:`~webhook.auditing.AuditWriter` fed 64 records every ~2.3 ms (about 28,000/s)
+while this thread, standing for the event loop, sleeps 0.5 ms four times between feeds:
+records per script call, how late its wake-ups are less its wait for a CPU (so: the GIL
+held by the writer thread), also with bursts of 512 and with the writer idle, and the
+CPU of submit and of the writer per record. ``writer_at_1500_per_s``: the same writer
+fed 1,500 records/s evenly (issue 7's rate): records per script call, CPU per record of
+submit, the writer thread and Redis.
 """
 
 from __future__ import annotations
@@ -74,6 +79,10 @@ def _redis_cpu_us(client: redis.Redis) -> tuple[float, float]:
     script = float(client.info("commandstats").get("cmdstat_evalsha", {}).get("usec", 0))
     cpu = client.info("cpu")
     return script, 1e6 * (float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]))
+
+
+def _script_calls(client: redis.Redis) -> int:
+    return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
 
 
 def split(url: str, rounds: int) -> dict[str, float]:
@@ -183,10 +192,12 @@ def writer_gil(url: str, feeds: int) -> dict[str, Any]:
         writer.start()
         writer.stop()  # writes them; the script is loaded, the head known
         writer.start()
+        calls_before = _script_calls(client)
         process_before, thread_before = time.process_time_ns(), time.thread_time_ns()
         loaded, submit_ns = _feed(writer, feeds, feeds * BATCH)
         writer_ns = ((time.process_time_ns() - process_before)
                      - (time.thread_time_ns() - thread_before))
+        calls = _script_calls(client) - calls_before
         bursts, _ = _feed(writer, feeds // 8, 2 * feeds * BATCH, burst=8 * BATCH)
         writer.stop()
         verdict, _ = writer.audit_log.verify()
@@ -194,6 +205,7 @@ def writer_gil(url: str, feeds: int) -> dict[str, Any]:
     client.close()
     records = feeds * BATCH
     return {"wakeups": len(loaded),
+            "records_per_script_call": round(records / max(calls, 1), 1),
             "late_us_writer_running": _percentiles(loaded),
             "late_us_writer_running_bursts_of_512": _percentiles(bursts),
             "late_us_writer_idle": _percentiles(idle),
@@ -231,7 +243,7 @@ def paced(url: str, rate: int, seconds: float) -> dict[str, float]:
         writer_ns = ((time.process_time_ns() - process_before)
                      - (time.thread_time_ns() - thread_before))
         script_after, server_after = _redis_cpu_us(client)
-        calls = int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+        calls = _script_calls(client)
         verdict, _ = writer.audit_log.verify()
         assert verdict.ok and verdict.checked == records + 1, verdict
     client.close()
