@@ -13,6 +13,9 @@ Contract:
   commits to the one before it; the two-step form lets Redis compute the link inside
   one Lua script (see :mod:`audit.log`) while the body is hashed by the writer.
 - The wire form is the canonical JSON of all fields including ``hash``: the stdout line.
+  Canonical JSON is, byte for byte, what ``json.dumps(..., sort_keys=True,
+  separators=(",", ":"), ensure_ascii=False)`` gives (floats as ``repr``, ``1e+16``,
+  ``NaN``), so chains written by any implementation of that form verify.
 - :func:`verify` checks a run of records, oldest first, and names the first broken or
   missing one. The record with the lowest seq present is the *anchor*: its ``prev`` is
   trusted, because retention trims the oldest records (so a record removed from the
@@ -190,6 +193,7 @@ class AuditRecord:
     def _usual_wire_form(self) -> WireForm:
         # Strings, a tuple of strings and a float, encoded as json.dumps does (the same
         # string encoder, float repr); raises TypeError for a value of another type.
+        # Every body field, in key order (tests/audit/test_canonical.py checks it).
         q = encode_basestring
         latency = self.latency_ms
         diff = "" if self.diff is None else f',"diff":{_ENCODER.encode(self.diff)}'
