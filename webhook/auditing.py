@@ -11,7 +11,7 @@ is queued (bounded by a timeout) before returning.
 A record waits at most ``linger`` seconds (default 10 ms) plus two appends before it is
 written: the writer, once woken, lets a batch gather for ``linger``, then appends the
 records queued by then with :meth:`audit.AuditLog.record_many` (one Redis call and one
-stdout write per batch); those queued during that append gather for the next batch (not
+stdout write per :data:`APPEND_RECORDS` records); those queued during that append gather for the next batch (not
 appended at once as a small batch: a Redis call costs far more than a record). The
 queue is a lock-free ``deque``, and a request thread wakes the writer only when it is
 idle (waiting for a first record), so under load a decision costs the request thread one
@@ -30,6 +30,7 @@ from audit import AuditLog, AuditRecord
 log = logging.getLogger("fairgate.webhook.audit")
 
 DEFAULT_LINGER_SECONDS = 0.01
+APPEND_RECORDS = 64
 
 
 class AuditWriter:
@@ -113,8 +114,12 @@ class AuditWriter:
             self._idle = False
 
     def _append_queued(self) -> None:
-        batch = [self._items.popleft() for _ in range(len(self._items))]
-        if batch:
+        """Append the records queued now, at most :data:`APPEND_RECORDS` per call (so
+        the writer never holds the GIL long while request threads wait for it)."""
+        pending = len(self._items)
+        while pending > 0:
+            batch = [self._items.popleft() for _ in range(min(pending, APPEND_RECORDS))]
+            pending -= len(batch)
             try:
                 self.audit_log.record_many(batch)
             except Exception:  # the writer thread must survive anything
