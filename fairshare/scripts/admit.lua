@@ -92,12 +92,20 @@ if gid ~= '' then
     for _, t in ipairs(members) do add_band_demand(G, get_rec(t)) end
     for k, v in pairs(d) do G[band][k] = (G[band][k] or 0) + v end
     local gang_shape = parse_shape(format_shape(G))
-    local _, guards = survey(gang_shape.tier, now, starve)
-    reason = blocker(tenant, gang_shape, guards, st) or {'turn'}
+    reason = quota_blocker(tenant, gang_shape, st)
+    if reason == nil then
+      local _, guards = survey(gang_shape.tier, now, starve)
+      reason = capacity_blocker(gang_shape, guards) or {'turn'}
+    end
   end
 else
-  local tops, guards = survey(band, now, starve)
-  reason = blocker(tenant, D, guards, st)
+  reason = quota_blocker(tenant, D, st)
+  -- the cluster and the queue order are looked at only when the quota allows the pod
+  local tops, guards = {}, nil
+  if reason == nil then
+    tops, guards = survey(band, now, starve)
+    reason = capacity_blocker(D, guards)
+  end
   if reason == nil then
     for k, _ in pairs(d) do
       if num(st, 'qr:' .. cls .. ':' .. k) > 0 then reason = {'ahead', qc} end
@@ -138,12 +146,12 @@ if reason == nil then
   local seq = redis.call('INCR', K_SEQ)
   put_rec(ticket, {'R', tenant, cls, band, counts, ns, name, '', '1', submitted,
                    seq, ARGV[1]})
-  add_usage(tenant, band, d, 1)
+  add_usage(tenant, band, d, 1, st)
   index_name(ticket, {'R', tenant, cls, band, '', ns, name})
   redis.call('ZADD', K_RESV, now, ticket)
   redis.call('SADD', K_TENANTS, tenant)
-  -- usage changed: lanes (none were added) are re-evaluated on the new state
-  if #lanes > 0 then refresh(tenant) end
+  -- usage changed: lanes (none were added) are re-evaluated on the new state (st)
+  if #lanes > 0 then refresh(tenant, st) end
   return reply(0, 'reserved', band, 0, qc, free, cfg.ns, {})
 end
 
@@ -151,9 +159,9 @@ if not dry then
   local seq = redis.call('INCR', K_SEQ)
   local rec = {'Q', tenant, cls, band, counts, ns, name, gid, gsize, submitted,
                seq, ''}
-  enqueue(ticket, rec, false)
+  enqueue(ticket, rec, false, st)
   index_name(ticket, rec)
-  -- queueing changes no usage: st still holds what readiness and share depend on
+  -- queueing changes no usage: st holds what readiness and share depend on
   refresh(tenant, st)
 end
 return reply(0, 'queued', band, position, qc + 1, free, cfg.ns, reason)

@@ -163,6 +163,24 @@ local function state_of(tenant)
   return hash_table(P .. 'ts:' .. tenant)
 end
 
+-- Add deltas {field = n} to the tenant's state: with st, the tenant's current state
+-- (state_of, kept current by the caller), one HSET of the new values (st is updated);
+-- else one HINCRBY per field.
+local function bump_state(tenant, deltas, st)
+  local key = P .. 'ts:' .. tenant
+  if not st then
+    for field, n in pairs(deltas) do redis.call('HINCRBY', key, field, n) end
+    return
+  end
+  local args = {}
+  for field, n in pairs(deltas) do
+    st[field] = num(st, field) + n
+    args[#args + 1] = field
+    args[#args + 1] = st[field]
+  end
+  redis.call('HSET', key, unpack(args))
+end
+
 local function share_of(tenant, st)
   return (num(st, 'ui') + num(st, 'ut') + num(st, 'ub')) / cfg_of(tenant).w
 end
@@ -239,14 +257,15 @@ local function cap_check(D, G, empty)
   return nil
 end
 
-local function add_usage(tenant, band, d, sign)
-  local key = P .. 'ts:' .. tenant
+-- `st`: see bump_state
+local function add_usage(tenant, band, d, sign, st)
+  local deltas = {['u' .. band] = sign * slices(d)}
   for k, v in pairs(d) do
-    if band ~= 'b' then redis.call('HINCRBY', key, 'u:' .. k, sign * v) end
+    if band ~= 'b' then deltas['u:' .. k] = sign * v end
     local now_used = redis.call('HINCRBY', K_USED, band .. ':' .. k, sign * v)
     if USED[k] then USED[k][band] = now_used end
   end
-  redis.call('HINCRBY', key, 'u' .. band, sign * slices(d))
+  bump_state(tenant, deltas, st)
 end
 
 -- tickets ----------------------------------------------------------------------------
@@ -325,23 +344,34 @@ local function single_shape(rec)
 end
 
 -- qc:<class> (queued tickets), qd:<band>:<res>, qs:<band> (queued demand):
--- every queued ticket, in a lane or in an incomplete gang
-local function count_queued(rec, sign)
-  local key = P .. 'ts:' .. rec[F_TENANT]
+-- every queued ticket, in a lane or in an incomplete gang (added to `deltas`)
+local function queued_deltas(rec, sign, deltas)
   local d = parse_counts(rec[F_DEMAND])
-  redis.call('HINCRBY', key, 'qc:' .. rec[F_CLASS], sign)
+  deltas['qc:' .. rec[F_CLASS]] = (deltas['qc:' .. rec[F_CLASS]] or 0) + sign
   for k, v in pairs(d) do
-    redis.call('HINCRBY', key, 'qd:' .. rec[F_BAND] .. ':' .. k, sign * v)
+    local field = 'qd:' .. rec[F_BAND] .. ':' .. k
+    deltas[field] = (deltas[field] or 0) + sign * v
   end
-  redis.call('HINCRBY', key, 'qs:' .. rec[F_BAND], sign * slices(d))
+  deltas['qs:' .. rec[F_BAND]] = (deltas['qs:' .. rec[F_BAND]] or 0) + sign * slices(d)
+  return deltas
 end
 
 -- qr:<class>:<res>: queued tickets in lanes (what the fast path must not jump)
-local function count_lane(rec, sign)
-  local key = P .. 'ts:' .. rec[F_TENANT]
+-- (added to `deltas`)
+local function lane_deltas(rec, sign, deltas)
   for k, _ in pairs(parse_counts(rec[F_DEMAND])) do
-    redis.call('HINCRBY', key, 'qr:' .. rec[F_CLASS] .. ':' .. k, sign)
+    local field = 'qr:' .. rec[F_CLASS] .. ':' .. k
+    deltas[field] = (deltas[field] or 0) + sign
   end
+  return deltas
+end
+
+local function count_queued(rec, sign)
+  bump_state(rec[F_TENANT], queued_deltas(rec, sign, {}))
+end
+
+local function count_lane(rec, sign)
+  bump_state(rec[F_TENANT], lane_deltas(rec, sign, {}))
 end
 
 -- lanes and readiness ------------------------------------------------------------
@@ -442,17 +472,18 @@ local function entry_info(entry)
   return seq, at
 end
 
--- queue a new ticket record (state Q or G is decided here); rec[F_SEQ] must be set
-local function enqueue(ticket, rec, at_head)
-  count_queued(rec, 1)
+-- queue a new ticket record (state Q or G is decided here); rec[F_SEQ] must be set.
+-- `st`: see bump_state (a gang member's counters are written without it)
+local function enqueue(ticket, rec, at_head, st)
   local gid = rec[F_GANG]
   if gid == '' then
+    bump_state(rec[F_TENANT], lane_deltas(rec, 1, queued_deltas(rec, 1, {})), st)
     rec[F_STATE] = 'Q'
     put_rec(ticket, rec)
-    count_lane(rec, 1)
     push_lane(rec[F_TENANT], single_shape(rec), ticket, at_head)
     return
   end
+  count_queued(rec, 1)
   rec[F_STATE] = 'G'
   put_rec(ticket, rec)
   local key = P .. 'g:' .. gid
@@ -574,14 +605,17 @@ end
 
 -- reasons (see fairshare/queue.py _explain) ------------------------------------------
 
--- Why a ready-or-not entry of shape D of `tenant` is not released now (lane-level
--- reasons only), or nil when nothing but its turn holds it. `st`: the tenant's state
--- if the caller holds it (else read).
-local function blocker(tenant, D, G, st)
+-- Why the tenant's quota holds an entry of shape D on top of its state st:
+-- {'never'}, {'quota', slices} or {'borrow', slices}; nil when the quota allows it.
+local function quota_blocker(tenant, D, st)
   local cfg = cfg_of(tenant)
   if never_fits(cfg, D) then return {'never'} end
-  local q = quota_check(cfg, st or state_of(tenant), D)
-  if q then return q end
+  return quota_check(cfg, st, D)
+end
+
+-- Why the cluster holds an entry of shape D with the guards G of its tier (survey):
+-- {'capacity', res, units} or {'guard', res}; nil when it fits.
+local function capacity_blocker(D, G)
   local c = cap_check(D, nil, false)
   if c then return {'capacity', c[1], c[2]} end
   -- without guards the check would repeat the one above
@@ -589,6 +623,12 @@ local function blocker(tenant, D, G, st)
   c = cap_check(D, G, false)
   if c then return {'guard', c[1]} end
   return nil
+end
+
+-- Why a ready-or-not entry of shape D of `tenant` is not released now (lane-level
+-- reasons only), or nil when nothing but its turn holds it.
+local function blocker(tenant, D, G)
+  return quota_blocker(tenant, D, state_of(tenant)) or capacity_blocker(D, G)
 end
 
 -- Queue entries (a pod or a whole gang) of the tenant's class that come before
