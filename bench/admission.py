@@ -756,7 +756,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--connections", type=int, default=32,
                        help="connections at saturation (32)")
         p.add_argument("--only", action="append", default=[],
-                       choices=["baseline", "baseline-redis", "mutate-fast", "mutate-queue", "validate"],
+                       choices=["baseline", "baseline-redis", "mutate-fast", "mutate-queue",
+                                "validate"],
                        help="only this scenario (repeatable)")
         p.add_argument("--audit-off", action="store_true",
                        help="what-if: audit records in memory only (measures audit's cost)")

@@ -11,11 +11,12 @@ is queued (bounded by a timeout) before returning.
 A record waits at most ``linger`` seconds (default 10 ms) plus two appends before it is
 written: the writer, once woken, lets a batch gather for ``linger``, then appends the
 records queued by then with :meth:`audit.AuditLog.record_many` (one Redis call and one
-stdout write per :data:`APPEND_RECORDS` records); those queued during that append gather for the next batch (not
-appended at once as a small batch: a Redis call costs far more than a record). The
-queue is a lock-free ``deque``, and a request thread wakes the writer only when it is
-idle (waiting for a first record), so under load a decision costs the request thread one
-record build and one append, and the writer one wake-up per batch.
+stdout write per :data:`APPEND_RECORDS` records); those queued during that append
+gather for the next batch (not appended at once as a small batch: a Redis call costs
+far more than a record). The queue is a lock-free ``deque``, and a request thread wakes
+the writer only when it is idle (waiting for a first record), so under load a decision
+costs the request thread one record build and one append, and the writer one wake-up
+per batch.
 """
 
 from __future__ import annotations
