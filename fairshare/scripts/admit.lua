@@ -38,10 +38,17 @@ if not cfg.known then
   return redis.error_reply('unknown tenant: ' .. tenant .. ' (not configured)')
 end
 if gid ~= '' then
-  local gang_class = redis.call('HGET', P .. 'g:' .. gid, 'c')
+  local gang_class, gang_tenant = unpack(redis.call('HMGET', P .. 'g:' .. gid, 'c', 't'))
   if gang_class and gang_class ~= cls then
     return redis.error_reply('invalid: pod group ' .. gid .. ' mixes classes: every member of a '
       .. 'gang must have the same fairgate.io/class')
+  end
+  if gang_tenant and gang_tenant ~= tenant then
+    return redis.error_reply('invalid: pod group ' .. gid .. ' mixes tenants: its members '
+      .. 'were admitted under tenant ' .. gang_tenant .. ', this pod under tenant ' .. tenant
+      .. ' (was the namespace\'s fairgate.io/tenant label changed?); every member of a gang must '
+      .. 'be in the same tenant: delete the gang\'s pods and recreate the gang after '
+      .. 'relabelling')
   end
 end
 local st = state_of(tenant)

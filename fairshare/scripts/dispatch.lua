@@ -16,21 +16,37 @@ local function release(ticket)
                       rec[F_DEMAND], rec[F_SUBMITTED]}) do
     out[#out + 1] = v
   end
+  return rec[F_TENANT]
 end
 
-for _ = 1, limit do
+local released = 0
+while released < limit do
   local chosen = pick('i', now, starve) or pick('t', now, starve) or pick('b', now, starve)
   if not chosen then break end
   local entry = redis.call('LPOP', lane_key(chosen.tenant, chosen.shape))
-  if string.sub(entry, 1, 1) == '@' then
+  if not entry then
+    drop_stale(chosen.tenant, chosen.shape)
+  elseif string.sub(entry, 1, 1) == '@' then
     local key = P .. 'g:' .. string.sub(entry, 2)
     local members = gang_members(hash_table(key))
     redis.call('HSET', key, 'm', '')
     redis.call('HDEL', key, 'sh')
     redis.call('HINCRBY', key, 'r', #members)
-    for _, t in ipairs(members) do release(t) end
+    -- members hold usage in their own tenants (one, unless written before admit
+    -- refused gangs spanning tenants): each one's share and readiness changed
+    local others, seen = {}, {[chosen.tenant] = true}
+    for _, t in ipairs(members) do
+      local tenant = release(t)
+      if not seen[tenant] then
+        seen[tenant] = true
+        others[#others + 1] = tenant
+      end
+    end
+    for _, tenant in ipairs(others) do refresh(tenant) end
+    released = released + 1
   else
     release(entry)
+    released = released + 1
   end
   refresh(chosen.tenant)
 end

@@ -488,54 +488,71 @@ local function enqueue(ticket, rec, at_head, st)
   put_rec(ticket, rec)
   local key = P .. 'g:' .. gid
   gang_unlink(gid)
-  local m = redis.call('HGET', key, 'm')
-  redis.call('HSET', key, 't', rec[F_TENANT], 'c', rec[F_CLASS], 'n', rec[F_GSIZE],
+  -- the gang keeps the tenant it was created with (its lane is that tenant's)
+  local m, t = unpack(redis.call('HMGET', key, 'm', 't'))
+  redis.call('HSET', key, 't', t or rec[F_TENANT], 'c', rec[F_CLASS], 'n', rec[F_GSIZE],
              'm', (m and m ~= '') and (m .. ',' .. ticket) or ticket)
   redis.call('SADD', K_GANGS, gid)
   gang_link(gid, at_head)
 end
 
--- take a queued ticket (Q or G) out of the queue; its record stays
+-- take a queued ticket (Q or G) out of the queue; its record stays. Returns the
+-- tenant whose lane changed (a gang member's: the gang's tenant)
 local function dequeue(ticket, rec)
   count_queued(rec, -1)
   local gid = rec[F_GANG]
   if gid == '' then
     redis.call('LREM', lane_key(rec[F_TENANT], single_shape(rec)), 1, ticket)
     count_lane(rec, -1)
-    return
+    return rec[F_TENANT]
   end
   local key = P .. 'g:' .. gid
   gang_unlink(gid)
+  local g = hash_table(key)
   local kept = {}
-  for _, t in ipairs(gang_members(hash_table(key))) do
+  for _, t in ipairs(gang_members(g)) do
     if t ~= ticket then kept[#kept + 1] = t end
   end
   redis.call('HSET', key, 'm', table.concat(kept, ','))
   gang_link(gid, false)
+  return g.t or rec[F_TENANT]
 end
 
--- count a gang member that starts (+1) or stops (-1) running
+-- count a gang member that starts (+1) or stops (-1) running; returns the gang's
+-- tenant (its lane may have changed), nil without a gang
 local function gang_running(gid, sign)
-  if gid == '' or redis.call('EXISTS', P .. 'g:' .. gid) == 0 then return end
+  if gid == '' then return nil end
+  local t = redis.call('HGET', P .. 'g:' .. gid, 't')
+  if not t then return nil end
   gang_unlink(gid)
   redis.call('HINCRBY', P .. 'g:' .. gid, 'r', sign)
   gang_link(gid, false)
+  return t
+end
+
+-- refresh the tenant of a ticket and, when another, the tenant whose lane changed
+-- (a gang's members may belong to other tenants in a Redis written before admit
+-- refused that)
+local function refresh_both(tenant, other)
+  refresh(tenant)
+  if other and other ~= tenant then refresh(other) end
 end
 
 -- free whatever the ticket holds and forget it
 local function forget(ticket, rec)
   local state = rec[F_STATE]
+  local changed
   unindex_name(ticket, rec)
   if state == 'R' or state == 'A' then
     add_usage(rec[F_TENANT], rec[F_BAND], parse_counts(rec[F_DEMAND]), -1)
     redis.call('ZREM', K_RESV, ticket)
     redis.call('HDEL', K_TICKETS, ticket)
-    gang_running(rec[F_GANG], -1)
+    changed = gang_running(rec[F_GANG], -1)
   else
-    dequeue(ticket, rec)
+    changed = dequeue(ticket, rec)
     redis.call('HDEL', K_TICKETS, ticket)
   end
-  refresh(rec[F_TENANT])
+  refresh_both(rec[F_TENANT], changed)
 end
 
 -- ordering ---------------------------------------------------------------------------
@@ -546,30 +563,60 @@ local function tier_shapes(tier)
   return redis.call('SMEMBERS', P .. 'sh:' .. tier)
 end
 
+-- A tenant in a ready set whose lane is empty is stale (a Redis written before admit
+-- refused gangs spanning tenants could move a gang to another tenant's lane without
+-- refreshing the first): it is skipped, and dropped by writing scripts.
+local function drop_stale(tenant, shape)
+  redis.call('ZREM', P .. 'r:' .. shape, tenant)
+  redis.call('SREM', P .. 'tl:' .. tenant, shape)
+end
+
+-- seq and submitted time of the head of a survey top's lane (kept in the top); nil
+-- when the lane is empty (stale)
+local function head_info(top)
+  if top.seq == nil then
+    local entry = redis.call('LINDEX', lane_key(top.tenant, top.shape), 0)
+    if not entry then return nil end
+    top.seq, top.at = entry_info(entry)
+  end
+  return top.seq, top.at
+end
+
 -- For each ready shape of a tier: its best tenant (lowest share, then name) and
 -- whether it fits the cluster without guards. Guards: a blocked shape whose best head
 -- waited >= starve seconds reserves its demand for its band (if it could ever fit).
--- `tidy` (writing scripts only) forgets shapes whose ready set is empty.
+-- `tidy` (writing scripts only) forgets shapes whose ready set is empty and stale
+-- tenants found on the way (others are skipped).
 local function survey(tier, now, starve, tidy)
   local tops = {}
   local G = {i = {}, t = {}, b = {}}
   for _, shape in ipairs(tier_shapes(tier)) do
-    local r = redis.call('ZRANGE', P .. 'r:' .. shape, 0, 0, 'WITHSCORES')
-    if #r == 0 and tidy then
-      redis.call('SREM', P .. 'sh:' .. tier, shape)
-    elseif #r > 0 then
-      local D = parse_shape(shape)
-      local blocked = cap_check(D, nil, false)
+    local rank, D, blocked, guarded = 0, nil, nil, false
+    while true do
+      local r = redis.call('ZRANGE', P .. 'r:' .. shape, rank, rank, 'WITHSCORES')
+      if #r == 0 then
+        if rank == 0 and tidy then redis.call('SREM', P .. 'sh:' .. tier, shape) end
+        break
+      end
+      if not D then
+        D = parse_shape(shape)
+        blocked = cap_check(D, nil, false)
+        guarded = blocked ~= nil and cap_check(D, nil, true) == nil
+      end
       local top = {shape = shape, tenant = r[1], score = tonumber(r[2]), D = D,
                    blocked = blocked}
-      tops[#tops + 1] = top
-      if blocked and cap_check(D, nil, true) == nil then
-        local _, at = entry_info(redis.call('LINDEX', lane_key(top.tenant, shape), 0))
-        if now - at >= starve then
+      local at = nil
+      if guarded then _, at = head_info(top) end
+      if guarded and not at then
+        if tidy then drop_stale(top.tenant, shape) else rank = rank + 1 end
+      else
+        tops[#tops + 1] = top
+        if guarded and now - at >= starve then
           for _, band in ipairs(BAND_ORDER) do
             for k, v in pairs(D[band]) do G[band][k] = (G[band][k] or 0) + v end
           end
         end
+        break
       end
     end
   end
@@ -580,11 +627,9 @@ local function before(a_score, a_tenant, b_score, b_tenant)
   return a_score < b_score or (a_score == b_score and a_tenant < b_tenant)
 end
 
+-- a stale top (empty lane) comes after every entry of its tenant
 local function head_seq(top)
-  if not top.seq then
-    top.seq = entry_info(redis.call('LINDEX', lane_key(top.tenant, top.shape), 0))
-  end
-  return top.seq
+  return head_info(top) or math.huge
 end
 
 -- the next entry of a tier to release (a survey top), or nil; tidies (see survey)

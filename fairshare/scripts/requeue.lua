@@ -5,10 +5,10 @@ local rec = get_rec(ticket)
 if not rec or (rec[F_STATE] ~= 'R' and rec[F_STATE] ~= 'A') then return 0 end
 add_usage(rec[F_TENANT], rec[F_BAND], parse_counts(rec[F_DEMAND]), -1)
 redis.call('ZREM', K_RESV, ticket)
-gang_running(rec[F_GANG], -1)
+local changed = gang_running(rec[F_GANG], -1)
 rec[F_GANG] = ''
 rec[F_GSIZE] = '1'
 rec[F_AT] = ''
 enqueue(ticket, rec, true)
-refresh(rec[F_TENANT])
+refresh_both(rec[F_TENANT], changed)
 return 1
