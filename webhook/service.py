@@ -345,11 +345,10 @@ class AdmissionService:
                 group_size=plan.group.size if plan.group else 1,
                 submitted_at=self._clock(),
             )
-        except InvalidRequestError as exc:
+            admission = await self._admit(config, queued, request.dry_run)
+        except InvalidRequestError as exc:  # e.g. a gang mixing classes or tenants
             return self._deny(request, progress, _planned(DENY, "invalid-request", plan),
                               f"fairgate cannot queue this pod: {exc}")
-        try:
-            admission = await self._admit(config, queued, request.dry_run)
         except _UNAVAILABLE as exc:
             return self._redis_unavailable(request, progress, exc)
         except TicketConflictError as exc:

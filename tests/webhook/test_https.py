@@ -578,6 +578,24 @@ def test_a_gang_member_waits_for_its_gang_with_a_readable_warning(server: ServeP
     assert second["allowed"] is True
 
 
+def test_a_gang_member_of_another_class_is_refused_with_the_queue_s_reason(
+    server: ServeProcess,
+) -> None:
+    def member(i: int, pod_class: str) -> dict[str, Any]:
+        pod = gpu_pod("team-a-dev", f"mixed-{i}",
+                      labels={"fairgate.io/pod-group": "mixed", "fairgate.io/class": pod_class},
+                      annotations={"fairgate.io/pod-group-size": "2"})
+        return mutate(server, review(pod))
+
+    assert member(0, "training")["allowed"] is True
+    refused = member(1, "inference")
+    assert refused["allowed"] is False
+    assert refused["status"]["code"] == 403
+    assert refused["status"]["message"].startswith(
+        "fairgate cannot queue this pod: pod group team-a-dev/mixed mixes classes")
+    assert refused["auditAnnotations"]["reason"] == "invalid-request"
+
+
 def test_redis_out_of_memory_is_handled_as_unavailable(
     server: ServeProcess, redis_client: redis.Redis
 ) -> None:
