@@ -53,7 +53,9 @@ local function hold(ticket, rec)
   local gid = rec[F_GANG]
   if gid ~= '' then
     local key = P .. 'g:' .. gid
-    redis.call('HSET', key, 't', rec[F_TENANT], 'c', rec[F_CLASS], 'n', rec[F_GSIZE])
+    -- the gang keeps the tenant it was created with (see enqueue)
+    redis.call('HSETNX', key, 't', rec[F_TENANT])
+    redis.call('HSET', key, 'c', rec[F_CLASS], 'n', rec[F_GSIZE])
     redis.call('HINCRBY', key, 'r', 1)
     redis.call('SADD', K_GANGS, gid)
   end

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import redis
 
+from fairshare.calls import text
 from fairshare.model import GatedPod, InvalidRequestError, PodRequest
 from fairshare.queue import FairQueue
 from tests.fairshare.test_queue import queue_with
@@ -45,13 +46,13 @@ def plant_stale_ready(client: redis.Redis, tenant: str, shape: str, score: float
 def assert_no_stale_ready(client: redis.Redis, tenants: list[str]) -> None:
     """Every tenant in a ready set has a non-empty lane of that shape."""
     for key in client.scan_iter(f"{PREFIX}r:*"):
-        shape = key.decode()[len(PREFIX) + 2:]
+        shape = text(key)[len(PREFIX) + 2:]
         for tenant in client.zrange(key, 0, -1):
-            name = tenant.decode()
+            name = text(tenant)
             assert client.llen(f"{PREFIX}q:{name}:{shape}") > 0, (name, shape)
     for tenant in tenants:
-        for shape in client.smembers(f"{PREFIX}tl:{tenant}"):
-            assert client.llen(f"{PREFIX}q:{tenant}:{shape.decode()}") > 0, (tenant, shape)
+        for lane in client.smembers(f"{PREFIX}tl:{tenant}"):
+            assert client.llen(f"{PREFIX}q:{tenant}:{text(lane)}") > 0, (tenant, lane)
 
 
 def two_tenants(client: redis.Redis, gpus: int) -> FairQueue:
