@@ -43,7 +43,6 @@ from typing import TYPE_CHECKING
 import redis
 import redis.asyncio
 import uvicorn
-from kubernetes.client import ApiClient
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
