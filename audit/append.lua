@@ -84,17 +84,13 @@ if count < 1 or count % 1 ~= 0 then
   return redis.error_reply('audit append takes maxlen, expected seq and hash, then '
     .. 'triples of content digest, body and link')
 end
-if trusted then
-  for i = 6, #ARGV, 3 do
-    if not is_digest(ARGV[i]) then
-      return redis.error_reply('audit link hash must be 64 hex digits')
-    end
-  end
-else
-  for i = 4, #ARGV, 3 do
-    if not is_digest(ARGV[i]) then
-      return redis.error_reply('audit content digest must be 64 hex digits')
-    end
+-- the 64-hex arguments this call relies on: the links it stores when trusted, else the
+-- digests it links itself
+local first_checked, checked = 4, 'content digest'
+if trusted then first_checked, checked = 6, 'link hash' end
+for i = first_checked, #ARGV, 3 do
+  if not is_digest(ARGV[i]) then
+    return redis.error_reply('audit ' .. checked .. ' must be 64 hex digits')
   end
 end
 
