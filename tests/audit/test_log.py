@@ -8,7 +8,7 @@ import io
 import json
 import multiprocessing
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from importlib import resources
 from typing import cast
 
@@ -154,6 +154,20 @@ def test_garbage_entry_is_located(redis_client: redis.Redis) -> None:
     assert "lacks field(s) seq, prev, hash" in log.verify()[0].problem
 
 
+def _run_all(threads: Sequence[threading.Thread],
+             procs: Sequence[multiprocessing.process.BaseProcess]) -> None:
+    """Start every thread and process, wait for all; each process must exit with 0."""
+    for thread in threads:
+        thread.start()
+    for proc in procs:
+        proc.start()
+    for thread in threads:
+        thread.join()
+    for proc in procs:
+        proc.join(120)
+        assert proc.exitcode == 0
+
+
 def _threaded_writer(url: str, name: str, n: int) -> None:
     client = redis.Redis.from_url(url)
     _write(AuditLog(client, out=io.StringIO()), n, name)
@@ -173,15 +187,7 @@ def test_concurrent_threads_and_processes_keep_one_chain(
     spawn = multiprocessing.get_context("spawn")
     procs = [spawn.Process(target=_threaded_writer, args=(redis_url, f"p{i}", per_writer))
              for i in range(3)]
-    for thread in threads:
-        thread.start()
-    for proc in procs:
-        proc.start()
-    for thread in threads:
-        thread.join()
-    for proc in procs:
-        proc.join(120)
-        assert proc.exitcode == 0
+    _run_all(threads, procs)
     result, entries = shared.verify()
     assert result.ok, result.problem
     uids = sorted(e.record.uid for e in entries if e.record is not None)
@@ -413,15 +419,7 @@ def test_concurrent_batches_from_threads_and_processes_keep_one_chain(
     threads = [threading.Thread(target=thread_writer, args=(f"t{i}",)) for i in range(2)]
     procs = [spawn.Process(target=_batch_writer, args=(redis_url, f"p{i}", rounds))
              for i in range(3)]
-    for thread in threads:
-        thread.start()
-    for proc in procs:
-        proc.start()
-    for thread in threads:
-        thread.join()
-    for proc in procs:
-        proc.join(120)
-        assert proc.exitcode == 0
+    _run_all(threads, procs)
     assert not errors
     result, entries = AuditLog(redis_client, out=io.StringIO()).verify()
     assert result.ok, result.problem
