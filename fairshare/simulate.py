@@ -43,6 +43,7 @@ from rich.table import Table
 
 from fairshare.cluster import GpuPod
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
+from fairshare.entitlement import jain_index
 from fairshare.localredis import local_redis
 from fairshare.model import PodRequest
 from fairshare.queue import FairQueue
@@ -154,9 +155,7 @@ class _Meter:
             self.backlog_used[t] / self.backlog_time[t] / self.weights[t]
             for t in self.weights if self.backlog_time[t] > 0
         ]
-        if len(xs) < 2 or not any(xs):
-            return 1.0
-        return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs))
+        return jain_index(xs) if len(xs) >= 2 else 1.0
 
     def utilization(self) -> float:
         busy = self.capacity * self.busy_time

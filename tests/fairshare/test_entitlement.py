@@ -1,0 +1,63 @@
+"""Water-filling entitlements and Jain's index (fairshare.entitlement)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fairshare.entitlement import jain_index, water_fill
+
+
+def test_uncapped_tenants_share_by_weight() -> None:
+    assert water_fill(12, {"a": 1, "b": 2, "c": 3}, {}) == pytest.approx(
+        {"a": 2, "b": 4, "c": 6})
+
+
+def test_a_tenant_asking_less_than_its_share_gets_its_demand_and_the_rest_is_shared() -> None:
+    got = water_fill(16, {"a": 1, "b": 1, "c": 2}, {"a": 1, "b": None, "c": None})
+    assert got == pytest.approx({"a": 1, "b": 5, "c": 10})
+
+
+def test_everyone_capped_leaves_capacity_unallocated() -> None:
+    assert water_fill(16, {"a": 1, "b": 1}, {"a": 2, "b": 3}) == pytest.approx({"a": 2, "b": 3})
+
+
+def test_bad_inputs_are_refused_with_the_culprit_named() -> None:
+    with pytest.raises(ValueError, match="weight of b"):
+        water_fill(1, {"a": 1, "b": 0}, {})
+    with pytest.raises(ValueError, match="cap of a"):
+        water_fill(1, {"a": 1}, {"a": -1})
+
+
+@given(
+    capacity=st.integers(0, 1000),
+    tenants=st.dictionaries(
+        st.sampled_from("abcdef"),
+        st.tuples(st.integers(1, 5), st.none() | st.integers(0, 400)),
+        min_size=1,
+    ),
+)
+def test_water_fill_is_capped_complete_and_weight_proportional(
+    capacity: int, tenants: dict[str, tuple[int, int | None]]
+) -> None:
+    weights = {t: float(w) for t, (w, _) in tenants.items()}
+    caps = {t: c for t, (_, c) in tenants.items()}
+    got = water_fill(capacity, weights, caps)
+    total_cap = sum(c for c in caps.values() if c is not None) if None not in caps.values() \
+        else float("inf")
+    assert sum(got.values()) == pytest.approx(min(capacity, total_cap), abs=1e-6)
+    for t, share in got.items():
+        cap = caps[t]
+        assert cap is None or share <= cap + 1e-9
+    # an uncapped-by-demand tenant never gets less per weight than anyone else
+    level = {t: got[t] / weights[t] for t in got}
+    for t in got:
+        if caps[t] is None or got[t] < caps[t] - 1e-9:
+            assert all(level[t] >= level[u] - 1e-9 for u in got)
+
+
+def test_jain_index() -> None:
+    assert jain_index([1, 1, 1]) == pytest.approx(1.0)
+    assert jain_index([1, 0, 0, 0]) == pytest.approx(0.25)
+    assert jain_index([]) == 1.0
