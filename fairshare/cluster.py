@@ -74,6 +74,13 @@ class GpuPod:
         return self.phase in ("Succeeded", "Failed")
 
     @property
+    def ended(self) -> bool:
+        """Whether the pod will never hold a GPU again: it finished, or it is being
+        deleted without ever having been bound to a node (the scheduler never binds a
+        deleting pod, whatever finalizer keeps it)."""
+        return self.finished or (self.deleting and self.node is None)
+
+    @property
     def slices(self) -> int:
         """The pod's demand in compute slices."""
         return resources.total_slices(self.demand)

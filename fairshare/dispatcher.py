@@ -6,10 +6,13 @@ Contract:
   gates; a failed lift is requeued, a vanished pod forgotten) and does the timed chores:
   ``expire`` unconfirmed reservations, reconcile from the cluster, refresh metrics and
   post ``Queued`` Events. :meth:`Dispatcher.run` repeats it until stopped.
-- Pod changes: a pod first seen with a ticket is confirmed; a pod that ended
-  (``Succeeded``/``Failed``) or was deleted frees its usage (``release``); a gated pod
-  that was deleted leaves the queue (``remove``). A pod the queue does not know
-  (Redis lost data, or a reservation expired before the pod appeared), or a queue that
+- Pod changes: a pod first seen with a ticket is confirmed (the ticket is bound to its
+  uid); a pod that ended (``Succeeded``/``Failed``) or was deleted frees its usage
+  (``release``); a gated pod that was deleted leaves the queue (``remove``). A pod
+  presenting a ticket another pod owns (copied stamps) is a twin: never counted, freed
+  or released, and told so with a ``TicketConflict`` Warning Event (invariant 7). A pod
+  that is deleted before it ever ran frees what it held at once. A pod the queue does
+  not know (Redis lost data, or a reservation expired before the pod appeared), or a queue that
   holds less usage or fewer queued pods than the pods seen (checked every status pass),
   triggers a reconcile, so usage and queue always converge on the cluster's truth.
 - Capacity is the platform's ``capacity`` override if set, else the cluster's; config and
@@ -46,7 +49,7 @@ from fairshare.cluster import ChangeKind, Cluster, ClusterChange, GpuPod, LiftOu
 from fairshare.metrics import DispatcherMetrics
 from fairshare.model import Release, TenantStatus
 from fairshare.queue import FairQueue
-from fairshare.reconcile import reconcile
+from fairshare.reconcile import reconcile, ticket_owners
 from tenants.models import FairgateConfig, PodClass
 from tenants.resources import format_counts
 
@@ -127,6 +130,7 @@ class Dispatcher:
         self._last_reconcile = float("-inf")
         self._last_status = float("-inf")
         self._posted: dict[str, _Posted] = {}
+        self._twins: set[str] = set()  # uids of pods told that their ticket is another's
         self._unseen: dict[str, tuple[Release, float]] = {}  # released, pod not seen yet
         self._pool = (
             ThreadPoolExecutor(self.settings.lift_workers, thread_name_prefix="lift-gate")
@@ -210,7 +214,9 @@ class Dispatcher:
         listed_at = self.clock()  # before listing: what is reserved after it is kept
         pods = self.cluster.list_pods()
         summary = reconcile(self.queue, pods, listed_at=listed_at)
-        self.pods = {pod.ticket: pod for pod in pods if not pod.finished}
+        self.pods, twins = ticket_owners(pods)
+        for twin in twins:
+            self._twin(twin)
         self._unseen.clear()
         self._need_reconcile = False
         self._last_reconcile = self.clock()
@@ -235,30 +241,59 @@ class Dispatcher:
                     self._seen(change.pod)
 
     def _seen(self, pod: GpuPod) -> None:
-        if pod.finished:
-            self._free(pod, f"pod {pod.phase}")
-            return
         known = self.pods.get(pod.ticket)
+        if known is not None and known.uid != pod.uid:
+            self._twin(pod)
+            return
+        if pod.ended:
+            self._free(pod, f"pod {pod.phase}" if pod.finished else "pod deleted before it ran")
+            return
+        if known is None:
+            found = self.queue.confirm(pod.ticket, pod.uid, pod.ref.namespace, pod.ref.name)
+            if found == "conflict":
+                self._twin(pod)
+                return
+            if found == "unknown":
+                log.info("pod not in the queue: reconciling", extra={"fields": _fields(pod)})
+                self._need_reconcile = True
         self.pods[pod.ticket] = pod
-        if known is None and not self.queue.confirm(pod.ticket, self.clock()):
-            log.info("pod not in the queue: reconciling", extra={"fields": _fields(pod)})
-            self._need_reconcile = True
         unseen = self._unseen.pop(pod.ticket, None)
         if unseen is not None:
             release = unseen[0]
             self._lifted(release, pod, self._lift(release, pod), StepResult())
 
+    def _twin(self, pod: GpuPod) -> None:
+        """``pod`` presents a ticket another pod owns (copied ``fairgate.io/*`` stamps):
+        it is not accounted, never released, and told so once."""
+        if pod.uid in self._twins:
+            return
+        self._twins.add(pod.uid)
+        log.warning("pod presents a ticket another pod owns: ignored",
+                    extra={"fields": _fields(pod)})
+        self.cluster.post_event(
+            pod, "TicketConflict",
+            f"fairgate ticket {pod.ticket} belongs to another pod (its fairgate.io/* stamps "
+            f"were copied): this pod is not counted and will never be released; delete it "
+            f"and create it without fairgate.io/* labels and annotations",
+            "Warning",
+        )
+
     def _gone(self, pod: GpuPod) -> None:
-        if pod.gated and self.queue.remove(pod.ticket):
-            self.pods.pop(pod.ticket, None)
-            self._posted.pop(pod.ticket, None)
+        self._twins.discard(pod.uid)
+        if pod.gated and self.queue.remove(pod.ticket, pod.uid):
+            self._forget_pod(pod)
             return
         self._free(pod, "pod deleted")  # whatever it still held (a reservation, usage)
 
+    def _forget_pod(self, pod: GpuPod) -> None:
+        known = self.pods.get(pod.ticket)
+        if known is not None and known.uid == pod.uid:
+            del self.pods[pod.ticket]
+            self._posted.pop(pod.ticket, None)
+
     def _free(self, pod: GpuPod, why: str) -> None:
-        self.pods.pop(pod.ticket, None)
-        self._posted.pop(pod.ticket, None)
-        if self.queue.release(pod.ticket):
+        self._forget_pod(pod)
+        if self.queue.release(pod.ticket, pod.uid):
             log.info("released usage", extra={"fields": _fields(pod, reason=why)})
             if self.audit is not None:
                 self.audit.record(RELEASE, **self._audit_fields(pod), reason=why)

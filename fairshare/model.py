@@ -23,6 +23,9 @@ from tenants.models import CLASSES, PodClass, PriorityBand
 from tenants.resources import ResourceCounts
 
 Outcome = Literal["reserved", "queued"]
+# what `confirm` found: the ticket is (now) bound to this pod, is unknown, or belongs
+# to another pod (a twin carrying a copied ticket)
+Confirmation = Literal["confirmed", "unknown", "conflict"]
 TicketState = Literal["queued", "gang-waiting", "reserved", "running"]
 BANDS: tuple[PriorityBand, ...] = ("inference", "training", "borrowed")
 
@@ -46,6 +49,14 @@ def _check_ticket(ticket: str) -> None:
         raise InvalidRequestError(
             f"ticket {ticket!r} is not usable: use the admission request uid "
             f"(letters, digits, '.', '_', '-'; at most 128 characters)"
+        )
+
+
+def _check_uid(uid: str) -> None:
+    if not uid or not _TICKET.match(uid):
+        raise InvalidRequestError(
+            f"pod uid {uid!r} is not usable: use metadata.uid of the pod as listed "
+            f"(letters, digits, '.', '_', '-')"
         )
 
 
@@ -164,8 +175,9 @@ class Release:
 class RunningPod:
     """A pod holding GPUs in the cluster (bound, or created without a gate).
 
-    ``group``/``group_size`` as in :class:`PodRequest` (so a gang member that is
-    recreated later completes its gang with the members still running).
+    ``uid`` is the pod's ``metadata.uid``: the ticket is bound to it. ``group``/
+    ``group_size`` as in :class:`PodRequest` (so a gang member that is recreated later
+    completes its gang with the members still running).
     """
 
     ticket: str
@@ -175,11 +187,13 @@ class RunningPod:
     pod_class: PodClass
     band: PriorityBand
     demand: ResourceCounts
+    uid: str
     group: str | None = None
     group_size: int = 1
 
     def __post_init__(self) -> None:
         _check_ticket(self.ticket)
+        _check_uid(self.uid)
         for what, value in (("tenant", self.tenant), ("namespace", self.namespace),
                             ("name", self.name)):
             _check_text(what, value)
@@ -196,13 +210,16 @@ class RunningPod:
 
 @dataclass(frozen=True)
 class GatedPod:
-    """A pod still carrying the ``fairgate.io/queue`` gate, with the band it was given."""
+    """A pod still carrying the ``fairgate.io/queue`` gate, with the band it was given
+    and its ``metadata.uid`` (the ticket is bound to it)."""
 
     request: PodRequest
     band: PriorityBand
+    uid: str
 
     def __post_init__(self) -> None:
         _check_band(self.band)
+        _check_uid(self.uid)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,10 @@ Contract (rules in ``fairshare/README.md``; key layout there too):
   <= nominal, non-borrowed training slices <= nominal - inference reserve, borrowed
   slices <= borrow limit; cluster capacity per band (lower bands count as free).
 - :meth:`FairQueue.rebuild` replaces usage and queue with the cluster's truth.
+- Quota integrity (invariant 7): a ticket belongs to the first pod uid seen with it
+  (:meth:`FairQueue.confirm`, or a rebuild); only that pod frees it, and tenant, class,
+  band and demand are the ones recorded at admission. A ticket no pod is seen with
+  within ``reservation_ttl`` expires (reserved or queued).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from fairshare.calls import (
 )
 from fairshare.model import (
     Admission,
+    Confirmation,
     GatedPod,
     PodRequest,
     Release,
@@ -126,12 +131,18 @@ class FairQueue:
                                              self.wait_for_rebuild))
         return admission(raw, req)
 
-    def confirm(self, ticket: str, now: float) -> bool:
-        """The pod of ``ticket`` exists: its reservation no longer expires.
+    def confirm(self, ticket: str, uid: str, namespace: str, name: str) -> Confirmation:
+        """A pod presenting ``ticket`` exists: ``uid``, ``namespace``/``name``.
 
-        Returns False when the ticket is unknown (expired or never reserved).
+        The first pod seen with a ticket owns it (invariant 7): the ticket is bound to
+        its uid, a reservation no longer expires, a queued entry starts to count as
+        queued demand, and a ``<generateName>*`` name becomes the pod's own. Another
+        pod presenting a bound ticket, or a pod whose namespace or name does not match
+        the admitted one, is ``"conflict"`` and changes nothing. ``"unknown"``: the
+        ticket expired or was never admitted.
         """
-        return bool(self._run("confirm", ticket, num(now)))
+        found = int(self._run("confirm", ticket, uid, namespace, name))
+        return "confirmed" if found > 0 else "conflict" if found < 0 else "unknown"
 
     # -- the dispatcher ------------------------------------------------------------
 
@@ -160,22 +171,29 @@ class FairQueue:
             )
         return releases
 
-    def release(self, ticket: str) -> bool:
-        """The pod of ``ticket`` ended or was deleted: free its usage or queue place.
+    def release(self, ticket: str, uid: str) -> bool:
+        """The pod ``uid`` holding ``ticket`` ended or was deleted: free its usage or
+        queue place.
 
-        Idempotent; returns False when the ticket was unknown.
+        Only the pod the ticket is bound to (see :meth:`confirm`) frees it; a ticket
+        no pod was seen with yet is freed by any. Idempotent; returns False when the
+        ticket was unknown or belongs to another pod.
         """
-        return bool(self._run("forget", ticket, "any"))
+        return bool(self._run("forget", ticket, "any", uid))
 
-    def remove(self, ticket: str) -> bool:
-        """A queued pod was deleted: drop it from the queue (a gang becomes incomplete).
+    def remove(self, ticket: str, uid: str) -> bool:
+        """The queued pod ``uid`` was deleted: drop it from the queue (a gang becomes
+        incomplete).
 
-        Does nothing and returns False unless the ticket is queued.
+        Does nothing and returns False unless the ticket is queued (and bound to
+        ``uid``, or to no pod yet).
         """
-        return bool(self._run("forget", ticket, "queued"))
+        return bool(self._run("forget", ticket, "queued", uid))
 
     def expire(self, now: float) -> list[str]:
-        """Free fast-path reservations older than ``reservation_ttl`` never confirmed."""
+        """Forget tickets admitted ``reservation_ttl`` or longer ago whose pod was never
+        seen (:meth:`confirm`): fast-path reservations, and queue entries of pods that
+        never came to exist (a later admission step refused them)."""
         raw = self._run("expire", num(now - self.reservation_ttl))
         return [text(v) for v in raw]
 
@@ -216,14 +234,15 @@ class FairQueue:
             args += ["A", pod.ticket, pod.tenant, pod.namespace, pod.name,
                      CLASS_CODE[pod.pod_class], BAND_CODE[pod.band],
                      format_counts(pod.demand), pod.gang or "",
-                     pod.group_size if pod.gang else 1, num(0.0)]
+                     pod.group_size if pod.gang else 1, num(0.0), pod.uid]
         ordered = sorted(gated, key=lambda g: (g.request.submitted_at, g.request.ticket))
         for gated_pod in ordered:
             req = gated_pod.request
             args += ["Q", req.ticket, req.tenant, req.namespace, req.name,
                      CLASS_CODE[req.pod_class], BAND_CODE[gated_pod.band],
                      format_counts(req.demand), req.gang or "",
-                     req.group_size if req.gang else 1, num(req.submitted_at)]
+                     req.group_size if req.gang else 1, num(req.submitted_at),
+                     gated_pod.uid]
         self._run("rebuild", *args)
 
     # -- snapshots -----------------------------------------------------------------

@@ -7,7 +7,8 @@ records :meth:`FairQueue.rebuild` takes; :func:`reconcile` applies them in one a
 script. Queue order is the pods' creation time (then ticket), which is the
 ``submitted_at`` the webhook queued them with, so after a Redis flush the rebuilt queue
 and usage equal those before (invariant 6). Pods that cannot be represented (a malformed
-annotation someone forged) are skipped and counted. The caller must have synced the
+annotation someone forged) are skipped and counted, and so are twins: pods carrying a
+ticket an older pod owns (copied stamps, invariant 7). The caller must have synced the
 config into the queue first (``rebuild`` keeps config, a flushed Redis has none).
 """
 
@@ -42,14 +43,35 @@ class ReconcileSummary:
     skipped: int
 
 
+def ticket_owners(pods: Iterable[GpuPod]) -> tuple[dict[str, GpuPod], list[GpuPod]]:
+    """Which pod owns each ticket, and the twins that present a ticket they do not own.
+
+    Pods that have ended (:attr:`GpuPod.ended`) are left out. A ticket belongs to
+    one pod: when several carry it (copied stamps), the oldest (creation time, then
+    uid) owns it.
+    """
+    owners: dict[str, GpuPod] = {}
+    twins: list[GpuPod] = []
+    for pod in sorted(pods, key=lambda p: (p.created, p.uid)):
+        if pod.ended:
+            continue
+        if pod.ticket in owners:
+            twins.append(pod)
+        else:
+            owners[pod.ticket] = pod
+    return owners, twins
+
+
 def cluster_truth(pods: Iterable[GpuPod]) -> ClusterTruth:
-    """Usage and queue records for ``pods`` (finished and deleting-while-gated pods skipped)."""
+    """Usage and queue records for the owners of ``pods``' tickets (:func:`ticket_owners`);
+    twins are skipped and counted."""
     running: list[RunningPod] = []
     gated: list[GatedPod] = []
-    skipped = 0
-    for pod in pods:
-        if pod.finished or (pod.gated and pod.deleting):
-            continue
+    owners, twins = ticket_owners(pods)
+    skipped = len(twins)
+    for pod in twins:
+        log.warning("pod %s skipped by reconcile: its ticket belongs to an older pod", pod.ref)
+    for pod in owners.values():
         try:
             if pod.gated:
                 request = PodRequest(
@@ -58,12 +80,12 @@ def cluster_truth(pods: Iterable[GpuPod]) -> ClusterTruth:
                     group=pod.group, group_size=pod.group_size if pod.group else 1,
                     submitted_at=pod.created,
                 )
-                gated.append(GatedPod(request, pod.band))
+                gated.append(GatedPod(request, pod.band, pod.uid))
             else:
                 running.append(RunningPod(
                     ticket=pod.ticket, tenant=pod.tenant, namespace=pod.ref.namespace,
                     name=pod.ref.name, pod_class=pod.pod_class, band=pod.band,
-                    demand=dict(pod.demand),
+                    demand=dict(pod.demand), uid=pod.uid,
                 ))
         except InvalidRequestError as error:
             skipped += 1

@@ -3,9 +3,10 @@
 -- ('' if none), gang size, submitted_at, starvation seconds.
 -- Returns {duplicate, outcome, band, position, queue length, free slices,
 -- nominal slices, reason...}. ARGV[13] = 1: reserve nothing until rebuild has run.
--- A known ticket is the same admission again only when its pod has not been confirmed
--- (state R, Q or G) and namespace, name, tenant, class and demand are identical;
--- anything else is a copied ticket: {0, 'conflict', state, namespace, name}.
+-- A known ticket is the same admission again only when no pod was seen with it yet
+-- (state R, Q or G, not bound to a uid) and namespace, name, tenant, class and demand
+-- are identical; anything else is a copied ticket: {0, 'conflict', state, namespace,
+-- name}. A queued entry, like a reservation, expires unless its pod is seen.
 local now, dry = tonumber(ARGV[1]), ARGV[2] == '1'
 local ticket, tenant, ns, name, cls, demand = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local gid, gsize, submitted, starve = ARGV[9], ARGV[10], ARGV[11], tonumber(ARGV[12])
@@ -20,7 +21,7 @@ end
 local existing = get_rec(ticket)
 if existing then
   local t, c = existing[F_TENANT], existing[F_CLASS]
-  if existing[F_STATE] == 'A' or existing[F_NS] ~= ns or existing[F_NAME] ~= name
+  if existing[F_STATE] == 'A' or uid_of(existing) ~= '' or existing[F_NS] ~= ns or existing[F_NAME] ~= name
       or t ~= tenant or c ~= cls or existing[F_DEMAND] ~= format_counts(parse_counts(demand)) then
     return {0, 'conflict', existing[F_STATE], existing[F_NS], existing[F_NAME]}
   end
@@ -152,7 +153,7 @@ if reason == nil then
   if dry then return reply(0, 'reserved', band, 0, qc, free, cfg.ns, {}) end
   local seq = redis.call('INCR', K_SEQ)
   put_rec(ticket, {'R', tenant, cls, band, counts, ns, name, '', '1', submitted,
-                   seq, ARGV[1]})
+                   seq, ARGV[1], ''})
   add_usage(tenant, band, d, 1, st)
   index_name(ticket, {'R', tenant, cls, band, '', ns, name})
   redis.call('ZADD', K_RESV, now, ticket)
@@ -165,9 +166,10 @@ end
 if not dry then
   local seq = redis.call('INCR', K_SEQ)
   local rec = {'Q', tenant, cls, band, counts, ns, name, gid, gsize, submitted,
-               seq, ''}
+               seq, '', ''}
   enqueue(ticket, rec, false, st)
   index_name(ticket, rec)
+  redis.call('ZADD', K_RESV, now, ticket)
   -- queueing changes no usage: st holds what readiness and share depend on
   refresh(tenant, st)
 end

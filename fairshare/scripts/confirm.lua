@@ -1,11 +1,33 @@
--- confirm: the pod of ticket ARGV[1] exists; its reservation no longer expires.
--- Returns 1 when the ticket is known.
-local ticket = ARGV[1]
+-- confirm: the dispatcher (or a rebuild) sees the pod of ticket ARGV[1]: uid ARGV[2],
+-- namespace ARGV[3], name ARGV[4]. The first pod seen with a ticket owns it: the
+-- ticket is bound to its uid, a reservation no longer expires, a queued entry now
+-- counts as queued demand, and a name admitted as `<generateName>*` becomes the pod's
+-- own name. Returns 1 (confirmed), 0 (unknown ticket) or -1 (the ticket belongs to
+-- another pod: a different uid, namespace or name presents it; nothing changes).
+local ticket, uid, ns, name = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local rec = get_rec(ticket)
 if not rec then return 0 end
-redis.call('ZREM', K_RESV, ticket)
-if rec[F_STATE] == 'R' then
-  rec[F_STATE] = 'A'
-  put_rec(ticket, rec)
+local bound = uid_of(rec)
+if bound ~= '' then
+  return bound == uid and 1 or -1
 end
+local stored = rec[F_NAME]
+local pattern = string.sub(stored, -1) == '*'
+if rec[F_NS] ~= ns or (stored ~= name and not (pattern
+    and string.sub(name, 1, #stored - 1) == string.sub(stored, 1, -2)
+    and #name > #stored - 1)) then
+  return -1
+end
+redis.call('ZREM', K_RESV, ticket)
+if stored ~= name then
+  unindex_name(ticket, rec)
+  rec[F_NAME] = name
+  index_name(ticket, rec)
+end
+rec[F_UID] = uid
+if rec[F_STATE] == 'R' then rec[F_STATE] = 'A' end
+if rec[F_STATE] == 'Q' or rec[F_STATE] == 'G' then
+  bump_state(rec[F_TENANT], seen_demand_deltas(rec, 1, {}))
+end
+put_rec(ticket, rec)
 return 1

@@ -1,5 +1,6 @@
--- expire: free reservations made at or before ARGV[1] that no pod confirmed.
--- Returns the expired tickets.
+-- expire: forget tickets admitted at or before ARGV[1] whose pod was never seen: fast-path
+-- reservations, and queue entries of pods that never came to exist (a later admission
+-- step refused the pod). Returns the expired tickets.
 local out = {}
 for _, ticket in ipairs(redis.call('ZRANGEBYSCORE', K_RESV, '-inf', ARGV[1])) do
   local rec = get_rec(ticket)

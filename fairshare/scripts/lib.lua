@@ -12,9 +12,10 @@ local P = KEYS[1]
 local PRIO = {i = 3, t = 2, b = 1}
 local BAND_ORDER = {'i', 't', 'b'}
 local SEP = '|'
--- ticket record fields
+-- ticket record fields; F_UID is the uid of the pod the ticket is bound to ('' until
+-- the dispatcher or a rebuild has seen that pod: the entry is "unseen")
 local F_STATE, F_TENANT, F_CLASS, F_BAND, F_DEMAND, F_NS, F_NAME = 1, 2, 3, 4, 5, 6, 7
-local F_GANG, F_GSIZE, F_SUBMITTED, F_SEQ, F_AT = 8, 9, 10, 11, 12
+local F_GANG, F_GSIZE, F_SUBMITTED, F_SEQ, F_AT, F_UID = 8, 9, 10, 11, 12, 13
 
 local K_TICKETS = P .. 'tk'
 local K_RESV = P .. 'resv'
@@ -287,6 +288,12 @@ local function put_rec(ticket, rec)
   redis.call('HSET', K_TICKETS, ticket, table.concat(rec, SEP))
 end
 
+-- the uid of the pod a ticket record is bound to, '' while unseen (a record written
+-- before uids were recorded has 12 fields: unseen)
+local function uid_of(rec)
+  return rec[F_UID] or ''
+end
+
 -- name index (fairgate why <ns>/<pod>): NAME_BUCKETS small hashes nm:<b> (small
 -- enough for Redis' compact listpack encoding at 100k pods), field = 48 bits of
 -- sha1(namespace/name) as an integer, value = the ticket ('u' + 16 bytes for a
@@ -343,16 +350,25 @@ local function single_shape(rec)
   return rec[F_BAND] .. '/' .. rec[F_DEMAND]
 end
 
--- qc:<class> (queued tickets), qd:<band>:<res>, qs:<band> (queued demand):
--- every queued ticket, in a lane or in an incomplete gang (added to `deltas`)
-local function queued_deltas(rec, sign, deltas)
+-- qd:<band>:<res>, qs:<band> (queued demand, what admit counts as "queued ahead" when
+-- it picks a band): queued tickets whose pod was seen (bound to a uid), so that an
+-- entry whose pod never came to exist (a later admission step refused it) cannot push
+-- a legitimate pod into the borrowed band (added to `deltas`)
+local function seen_demand_deltas(rec, sign, deltas)
   local d = parse_counts(rec[F_DEMAND])
-  deltas['qc:' .. rec[F_CLASS]] = (deltas['qc:' .. rec[F_CLASS]] or 0) + sign
   for k, v in pairs(d) do
     local field = 'qd:' .. rec[F_BAND] .. ':' .. k
     deltas[field] = (deltas[field] or 0) + sign * v
   end
   deltas['qs:' .. rec[F_BAND]] = (deltas['qs:' .. rec[F_BAND]] or 0) + sign * slices(d)
+  return deltas
+end
+
+-- qc:<class> (queued tickets): every queued ticket, in a lane or in an incomplete
+-- gang; and its queued demand once seen (added to `deltas`)
+local function queued_deltas(rec, sign, deltas)
+  deltas['qc:' .. rec[F_CLASS]] = (deltas['qc:' .. rec[F_CLASS]] or 0) + sign
+  if uid_of(rec) ~= '' then seen_demand_deltas(rec, sign, deltas) end
   return deltas
 end
 
@@ -543,9 +559,9 @@ local function forget(ticket, rec)
   local state = rec[F_STATE]
   local changed
   unindex_name(ticket, rec)
+  redis.call('ZREM', K_RESV, ticket)
   if state == 'R' or state == 'A' then
     add_usage(rec[F_TENANT], rec[F_BAND], parse_counts(rec[F_DEMAND]), -1)
-    redis.call('ZREM', K_RESV, ticket)
     redis.call('HDEL', K_TICKETS, ticket)
     changed = gang_running(rec[F_GANG], -1)
   else

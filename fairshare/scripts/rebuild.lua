@@ -3,10 +3,11 @@
 -- a reservation/release time F_AT) later than the cutoff are in flight, made after
 -- the pods were listed or too recently for the list to show them; they are kept with
 -- their usage (and reservation expiry), before the list is applied.
--- ARGV[2..]: records of 11 fields: kind ('A' running | 'Q' gated, gated in queue
+-- ARGV[2..]: records of 12 fields: kind ('A' running | 'Q' gated, gated in queue
 -- order), ticket, tenant, namespace, name, class, band, demand, gang id, gang size,
--- submitted. A listed ticket that is kept stays as it is (a listed running pod
--- confirms a kept reservation).
+-- submitted, pod uid (the listed pods are seen: their tickets are bound to them). A
+-- listed ticket that is kept stays as it is (a listed running pod confirms a kept
+-- reservation, and binds it to its uid when it was unseen).
 local cutoff = tonumber(ARGV[1])
 local kept = {}
 if cutoff then
@@ -49,7 +50,7 @@ local function hold(ticket, rec)
   put_rec(ticket, rec)
   index_name(ticket, rec)
   add_usage(rec[F_TENANT], rec[F_BAND], parse_counts(rec[F_DEMAND]), 1)
-  if rec[F_STATE] == 'R' then redis.call('ZADD', K_RESV, rec[F_AT], ticket) end
+  if uid_of(rec) == '' then redis.call('ZADD', K_RESV, rec[F_AT], ticket) end
   local gid = rec[F_GANG]
   if gid ~= '' then
     local key = P .. 'g:' .. gid
@@ -67,13 +68,13 @@ for _, item in ipairs(kept) do
   item[2][F_SEQ] = seq
   hold(item[1], item[2])
 end
-for i = 2, #ARGV, 11 do
-  local kind, ticket, tenant, ns, name, cls, band, demand, gid, gsize, submitted =
-    unpack(ARGV, i, i + 10)
+for i = 2, #ARGV, 12 do
+  local kind, ticket, tenant, ns, name, cls, band, demand, gid, gsize, submitted, uid =
+    unpack(ARGV, i, i + 11)
   local rec = get_rec(ticket)
   if not rec then
     seq = seq + 1
-    rec = {kind, tenant, cls, band, demand, ns, name, gid, gsize, submitted, seq, ''}
+    rec = {kind, tenant, cls, band, demand, ns, name, gid, gsize, submitted, seq, '', uid}
     if kind == 'A' then
       hold(ticket, rec)
     else
@@ -81,10 +82,14 @@ for i = 2, #ARGV, 11 do
       enqueue(ticket, rec, false)
       index_name(ticket, rec)
     end
-  elseif kind == 'A' and rec[F_STATE] == 'R' then
+  elseif kind == 'A' and uid_of(rec) == '' then
     redis.call('ZREM', K_RESV, ticket)
+    unindex_name(ticket, rec)
     rec[F_STATE] = 'A'
+    rec[F_NAME] = name
+    rec[F_UID] = uid
     put_rec(ticket, rec)
+    index_name(ticket, rec)
   end
 end
 redis.call('SET', K_SEQ, seq)

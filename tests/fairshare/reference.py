@@ -73,6 +73,7 @@ class Rec:
     submitted: float
     seq: int
     at: float | None = None
+    uid: str = ""  # the pod the ticket is bound to ("" while unseen)
 
 
 @dataclass
@@ -287,8 +288,8 @@ class Reference:
 
     def forget(self, ticket: str) -> None:
         rec = self.recs[ticket]
+        self.resv.pop(ticket, None)
         if rec.state in ("R", "A"):
-            self.resv.pop(ticket, None)
             del self.recs[ticket]
             self.gang_running(rec.gang, -1)
         else:
@@ -367,10 +368,11 @@ class Reference:
         """The admission and the raw reason list (None reason -> [])."""
         existing = self.recs.get(req.ticket)
         if existing is not None:
-            if (existing.state == "A" or (existing.ns, existing.name, existing.tenant,
-                                          existing.cls, existing.demand)
-                    != (req.namespace, req.name, req.tenant, CLASS_CODE[req.pod_class],
-                        {k: v for k, v in req.demand.items() if v})):
+            stored = (existing.ns, existing.name, existing.tenant, existing.cls,
+                      existing.demand)
+            asked = (req.namespace, req.name, req.tenant, CLASS_CODE[req.pod_class],
+                     {k: v for k, v in req.demand.items() if v})
+            if existing.state == "A" or existing.uid or stored != asked:
                 raise TicketConflictError(req.ticket, STATE_NAME[existing.state],
                                           existing.ns, existing.name)
             t = existing.tenant
@@ -390,15 +392,16 @@ class Reference:
         d = {r: n for r, n in req.demand.items() if n}
         ds = total_slices(d)
         queued = self.queued(tenant)
+        seen = [r for r in queued if r.uid]  # what counts as queued ahead for the band
         band = "i"
         if cls == "t":
             room = cfg.ns - cfg.rs
-            qs_t = sum(total_slices(r.demand) for r in queued if r.band == "t")
-            qs_b = sum(total_slices(r.demand) for r in queued if r.band == "b")
+            qs_t = sum(total_slices(r.demand) for r in seen if r.band == "t")
+            qs_b = sum(total_slices(r.demand) for r in seen if r.band == "b")
             fits = u["ut"] + qs_t + ds <= room
             alone = ds <= room
             for r, n in d.items():
-                qd = sum(q.demand.get(r, 0) for q in queued if q.band == "t")
+                qd = sum(q.demand.get(r, 0) for q in seen if q.band == "t")
                 if u.get("u:" + r, 0) + qd + n > cfg.n.get(r, 0):
                     fits = False
                 if n > cfg.n.get(r, 0):
@@ -474,6 +477,7 @@ class Reference:
             self.enqueue(req.ticket, Rec("Q", tenant, cls, band, d, req.namespace, req.name,
                                          gid, req.group_size if gid else 1,
                                          req.submitted_at, self.seq), False)
+            self.resv[req.ticket] = now
         return Admission("queued", BAND_NAME[band], position or None, qc + 1, free, cfg.ns,
                          None), reason
 
@@ -495,26 +499,37 @@ class Reference:
             for t in tickets:
                 rec = self.recs[t]
                 rec.state, rec.at = "A", now
+                if not rec.uid:
+                    self.resv[t] = now
                 out.append(Release(t, rec.tenant, rec.ns, rec.name, BAND_NAME[rec.band],
                                    dict(rec.demand), max(0.0, now - rec.submitted)))
             self.drop_empty()
         return out
 
-    def release(self, ticket: str, queued_only: bool) -> bool:
+    def release(self, ticket: str, queued_only: bool, uid: str) -> bool:
         rec = self.recs.get(ticket)
         if rec is None or (queued_only and rec.state not in ("Q", "G")):
+            return False
+        if rec.uid and rec.uid != uid:
             return False
         self.forget(ticket)
         return True
 
-    def confirm(self, ticket: str) -> bool:
+    def confirm(self, ticket: str, uid: str, ns: str, name: str) -> str:
         rec = self.recs.get(ticket)
         if rec is None:
-            return False
+            return "unknown"
+        if rec.uid:
+            return "confirmed" if rec.uid == uid else "conflict"
+        generated = rec.name.endswith("*") and name.startswith(rec.name[:-1]) \
+            and len(name) > len(rec.name) - 1
+        if rec.ns != ns or (rec.name != name and not generated):
+            return "conflict"
         self.resv.pop(ticket, None)
+        rec.uid, rec.name = uid, name
         if rec.state == "R":
             rec.state = "A"
-        return True
+        return "confirmed"
 
     def expire(self, cutoff: float) -> list[str]:
         out = sorted((at, t) for t, at in self.resv.items() if at <= cutoff)
@@ -535,18 +550,20 @@ class Reference:
              and r.at > cutoff),
             key=lambda item: item[1].seq,
         )
-        old_resv = self.resv
         self.recs, self.lanes, self.gangs, self.resv = {}, {}, {}, {}
         self.seq = 0
         for ticket, rec in kept:
             self.seq += 1
             rec.seq = self.seq
             self.hold(ticket, rec)
-            if rec.state == "R":
-                self.resv[ticket] = old_resv[ticket]
+            if not rec.uid:
+                self.resv[ticket] = rec.at
         for ticket, rec in running:
             if ticket in self.recs:
-                self.confirm(ticket)
+                kept_rec = self.recs[ticket]
+                if not kept_rec.uid:
+                    self.resv.pop(ticket, None)
+                    kept_rec.state, kept_rec.uid, kept_rec.name = "A", rec.uid, rec.name
                 continue
             self.seq += 1
             rec.state, rec.seq, rec.at, rec.submitted = "A", self.seq, None, 0.0
@@ -570,7 +587,8 @@ class Reference:
         rec = self.recs.get(ticket)
         if rec is None or rec.state not in ("R", "A"):
             return False
-        self.resv.pop(ticket, None)
+        if rec.uid:
+            self.resv.pop(ticket, None)
         self.gang_running(rec.gang, -1)
         rec.gang, rec.gsize, rec.at = "", 1, None
         self.enqueue(ticket, rec, True)

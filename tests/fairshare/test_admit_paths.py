@@ -10,6 +10,7 @@ from fairshare.model import PodRequest
 from fairshare.queue import FairQueue
 from tenants.models import FairgateConfig, PlatformConfig, QuotaSpec
 from tenants.resources import ResourceCounts
+from tests.fairshare.tickets import pod_uid
 
 
 def request(ticket: str, tenant: str, demand: ResourceCounts, at: float) -> PodRequest:
@@ -39,9 +40,9 @@ def test_reservation_takes_a_waiting_lane_out_of_turn_when_it_uses_the_room(
     # a MIG pod shares no resource with the waiting lane and fits: reserved at once,
     # and now a's training slices leave no room for the 2-GPU pod
     assert q.admit(request("a2", "a", {"mig-1g.5gb": 1}, 3.0), 3.0).outcome == "reserved"
-    assert q.release("b1")
+    assert q.release("b1", pod_uid("b1"))
     assert q.dispatch(4.0, limit=10) == []  # capacity is free, a's quota is not
     why = q.ticket_status("a1", 4.0)
     assert why is not None and why.waiting_for == "0.14 GPU-eq of tenant quota"
-    assert q.release("a2")
+    assert q.release("a2", pod_uid("a2"))
     assert [r.ticket for r in q.dispatch(5.0, limit=10)] == ["a1"]

@@ -13,6 +13,7 @@ from fairshare.calls import text
 from fairshare.model import GatedPod, InvalidRequestError, PodRequest
 from fairshare.queue import FairQueue
 from tests.fairshare.test_queue import queue_with
+from tests.fairshare.tickets import pod_uid
 
 PREFIX = "fairgate:"
 
@@ -80,15 +81,15 @@ def test_gang_member_under_another_tenant_is_refused(redis_client: redis.Redis) 
     q.admit(member("t3", "a"), 0.0)
     assert sorted(r.ticket for r in q.dispatch(1.0, 10)) == ["t1", "t3"]
     # while members run, the gang keeps its tenant: a recreated member of b is refused
-    q.release("t3")
+    q.release("t3", pod_uid("t3"))
     with pytest.raises(InvalidRequestError, match="mixes tenants"):
         q.admit(member("t4", "b"), 2.0)
     again = q.admit(member("t5", "a"), 2.0)
     assert again.outcome == "queued"
     assert [r.ticket for r in q.dispatch(3.0, 10)] == ["t5"]
     # once the gang is gone, its id may be used by another tenant
-    q.release("t1")
-    q.release("t5")
+    q.release("t1", pod_uid("t1"))
+    q.release("t5", pod_uid("t5"))
     assert q.admit(member("t6", "b"), 4.0).outcome == "queued"
 
 
@@ -96,12 +97,12 @@ def test_gang_split_over_tenants_by_the_cluster_dispatches(redis_client: redis.R
     """A cluster listing a gang whose members carry two tenants (admitted before the
     check) is rebuilt; removing members and dispatching keep working."""
     q = two_tenants(redis_client, 8)
-    q.rebuild([], [GatedPod(member("t1", "a"), "training"),
-                   GatedPod(member("t2", "b"), "training"),
-                   GatedPod(single("t3", "c"), "training")])
+    q.rebuild([], [GatedPod(member("t1", "a"), "training", pod_uid("t1")),
+                   GatedPod(member("t2", "b"), "training", pod_uid("t2")),
+                   GatedPod(single("t3", "c"), "training", pod_uid("t3"))])
     assert_no_stale_ready(redis_client, ["a", "b", "c"])
     # the member of a is deleted: the gang is incomplete again
-    assert q.remove("t1")
+    assert q.remove("t1", pod_uid("t1"))
     assert_no_stale_ready(redis_client, ["a", "b", "c"])
     assert [r.ticket for r in q.dispatch(1.0, 10)] == ["t3"]
     # the gang keeps the tenant it was listed with first: b's new member is refused
@@ -115,23 +116,23 @@ def test_gang_split_over_tenants_by_the_cluster_dispatches(redis_client: redis.R
     assert used == {"a": 1, "b": 1, "c": 1}
     assert_no_stale_ready(redis_client, ["a", "b", "c"])
     for ticket in ("t2", "t5"):
-        assert q.release(ticket)
+        assert q.release(ticket, pod_uid(ticket))
     assert q.admit(member("t6", "b"), 4.0).outcome == "queued"
 
 
 def test_gang_split_over_tenants_requeues_and_releases(redis_client: redis.Redis) -> None:
     q = two_tenants(redis_client, 8)
-    q.rebuild([], [GatedPod(member("t1", "a", size=3), "training"),
-                   GatedPod(member("t2", "b", size=3), "training"),
-                   GatedPod(member("t3", "b", size=3), "training")])
+    q.rebuild([], [GatedPod(member("t1", "a", size=3), "training", pod_uid("t1")),
+                   GatedPod(member("t2", "b", size=3), "training", pod_uid("t2")),
+                   GatedPod(member("t3", "b", size=3), "training", pod_uid("t3"))])
     assert sorted(r.ticket for r in q.dispatch(1.0, 10)) == ["t1", "t2", "t3"]
     # a member that could not start is retried alone; another one ends
     assert q.requeue("t2")
-    assert q.release("t3")
+    assert q.release("t3", pod_uid("t3"))
     assert_no_stale_ready(redis_client, ["a", "b"])
     assert [r.ticket for r in q.dispatch(2.0, 10)] == ["t2"]
     for ticket in ("t1", "t2"):
-        assert q.release(ticket)
+        assert q.release(ticket, pod_uid(ticket))
     assert {s.tenant: s.used_slices for s in q.tenant_status()} == {"a": 0, "b": 0, "c": 0}
 
 
@@ -149,7 +150,7 @@ def test_dispatch_drops_a_ready_tenant_whose_lane_is_empty(redis_client: redis.R
     q.admit(single("t1", "c", gpus=2), 0.0)
     q.admit(single("t2", "c"), 0.0)  # both reserved: the cluster is full
     assert q.admit(single("t3", "b"), 0.0).outcome == "queued"
-    q.release("t2")  # one GPU free: t3 may run
+    q.release("t2", pod_uid("t2"))  # one GPU free: t3 may run
     plant_stale_ready(redis_client, "a", stale_shape, 0.0)
     plant_stale_ready(redis_client, "b", "t/gpu=3", 0.0)
     plant_stale_ready(redis_client, "b", "t/mig-1g.5gb=1", 0.0)
@@ -159,7 +160,7 @@ def test_dispatch_drops_a_ready_tenant_whose_lane_is_empty(redis_client: redis.R
     assert_no_stale_ready(redis_client, ["a", "b", "c"])
     assert redis_client.smembers(f"{PREFIX}tl:a") == set()
     # the queue works on: a pod of a's former shape is reserved once capacity is free
-    q.release("t1")
+    q.release("t1", pod_uid("t1"))
     assert q.admit(single("t4", "a", gpus=2), 2.0).outcome == "reserved"
 
 

@@ -14,6 +14,7 @@ from fairshare.model import Admission, GatedPod, InvalidRequestError, PodRequest
 from fairshare.queue import FairQueue
 from tenants.models import FairgateConfig, PlatformConfig, PodClass, QuotaSpec
 from tenants.resources import ResourceCounts
+from tests.fairshare.tickets import pod_uid, seen
 
 
 def config(**tenants: dict[str, Any]) -> FairgateConfig:
@@ -88,12 +89,46 @@ def test_bands_follow_nominal_then_borrow_then_wait(redis_client: redis.Redis,
     assert (extra.outcome, extra.band) == ("queued", "inference")
 
 
+def admit_seen(q: FairQueue, reqs: list[PodRequest], now: float = 0.0) -> list[Admission]:
+    """Admit each pod, and let the dispatcher see it before the next one arrives."""
+    answers = []
+    for req in reqs:
+        answers.append(q.admit(req, now))
+        assert seen(q, req) == "confirmed"
+    return answers
+
+
 def test_band_counts_training_queued_ahead(redis_client: redis.Redis, pods: Pods) -> None:
     q = queue_with(redis_client, {"gpu": 1}, a={"nominal": {"gpu": 4}, "borrow": 1})
-    got = admit_all(q, [pods("a") for _ in range(6)])
+    got = admit_seen(q, [pods("a") for _ in range(6)])
     # capacity 1: one runs, three queue as training (nominal 4 counts them), then borrowed
     assert [a.band for a in got] == ["training"] * 4 + ["borrowed", "training"]
     assert [a.outcome for a in got] == ["reserved"] + ["queued"] * 5
+
+
+def test_orphan_queue_entries_never_count_as_queued_ahead_and_expire(
+        redis_client: redis.Redis, pods: Pods) -> None:
+    """Issue 12 "orphans": pods fairgate queued but a later admission step refused
+    (ResourceQuota, PodSecurity) never come to exist. Until a pod is seen its entry does
+    not push others into the borrowed band, and it expires after the TTL."""
+    q = queue_with(redis_client, {"gpu": 1}, a={"nominal": {"gpu": 2}, "borrow": 2})
+    running = pods("a")
+    assert q.admit(running, 0.0).outcome == "reserved"
+    seen(q, running)
+    orphans = [pods("a") for _ in range(3)]  # refused after mutation: never seen
+    assert [a.band for a in admit_all(q, orphans)] == ["training"] * 3
+    legit = pods("a")
+    answer = q.admit(legit, 1.0)
+    assert (answer.outcome, answer.band) == ("queued", "training")  # not borrowed
+    seen(q, legit)
+    assert q.expire(0.0 + q.reservation_ttl - 1) == []
+    assert q.expire(0.0 + q.reservation_ttl) == [o.ticket for o in orphans]
+    assert q.expire(1.0 + q.reservation_ttl + 100) == []  # seen pods never expire
+    q.release(running.ticket, pod_uid(running.ticket))
+    assert released(q) == [legit.ticket]
+    counters = redis_client.hgetall("fairgate:ts:a")
+    assert {k: v for k, v in counters.items() if k.startswith((b"q", b"u")) and v != b"0"} \
+        == {b"ut": b"7", b"u:gpu": b"1"}  # only legit runs; nothing queued is left over
 
 
 def test_mig_pod_is_not_stuck_behind_whole_gpu_pods(redis_client: redis.Redis,
@@ -110,7 +145,7 @@ def test_mig_pod_is_not_stuck_behind_whole_gpu_pods(redis_client: redis.Redis,
 def test_fast_path_does_not_jump_own_queue(redis_client: redis.Redis, pods: Pods) -> None:
     q = queue_with(redis_client, {"gpu": 2}, a={"nominal": {"gpu": 4}})
     admit_all(q, [pods("a", demand={"gpu": 2}), pods("a", demand={"gpu": 2})])
-    assert q.release("t1")
+    assert q.release("t1", pod_uid("t1"))
     # capacity is free again, but t2 waits ahead of a new pod of the same class
     newcomer = q.admit(pods("a"), 0.0)
     assert (newcomer.outcome, newcomer.waiting_for) == ("queued", "1 training pod(s) ahead in a")
@@ -127,9 +162,9 @@ def test_inference_is_released_before_training(redis_client: redis.Redis,
     assert [r.band for r in q.dispatch(100.0, 10)] == []
     assert q.ticket_status("t4", 0.0) is not None
     assert q.ticket_status("t4", 0.0).state == "reserved"  # type: ignore[union-attr]
-    q.release("t1")
-    q.release("t4")
-    q.release("t5")
+    q.release("t1", pod_uid("t1"))
+    q.release("t4", pod_uid("t4"))
+    q.release("t5", pod_uid("t5"))
     assert released(q, limit=1) == ["t2"]
 
 
@@ -140,7 +175,7 @@ def test_training_waits_while_an_inference_pod_fits(redis_client: redis.Redis,
     admit_all(q, [pods("a", "inference", {"gpu": 2}), pods("a", "inference")])
     trainee = q.admit(pods("b"), 0.0)
     assert trainee.outcome == "queued"
-    q.release("t1")  # the queued inference pod t2 now fits
+    q.release("t1", pod_uid("t1"))  # the queued inference pod t2 now fits
     late = q.admit(pods("c"), 0.0)
     assert (late.outcome, late.waiting_for) == ("queued", "inference pods released first")
     assert released(q) == ["t2", "t3"]
@@ -153,7 +188,7 @@ def test_lowest_weighted_share_goes_first(redis_client: redis.Redis, pods: Pods)
     assert blockers[0].outcome == "reserved"
     reqs = [pods("a") for _ in range(6)] + [pods("b") for _ in range(6)]
     admit_all(q, reqs)
-    q.release("t1")
+    q.release("t1", pod_uid("t1"))
     order = [r.tenant for r in q.dispatch(100.0, 6)]
     # shares (slices / weight) stay balanced 1:2
     assert order == ["a", "b", "b", "a", "b", "b"]
@@ -178,10 +213,10 @@ def test_gang_waits_for_room_for_every_member(redis_client: redis.Redis, pods: P
     q.admit(pods("a", demand={"gpu": 2}), 0.0)
     admit_all(q, [pods("a", group="g", size=2), pods("a", group="g", size=2)])
     assert released(q) == []  # only one GPU free: no member may start alone
-    q.release("t1")
+    q.release("t1", pod_uid("t1"))
     assert sorted(released(q)) == ["t2", "t3"]
     # a member that ends and is recreated completes its gang with the one running
-    q.release("t2")
+    q.release("t2", pod_uid("t2"))
     again = q.admit(pods("a", group="g", size=2), 0.0)
     assert again.outcome == "queued"
     assert released(q) == ["t4"]
@@ -203,25 +238,26 @@ def test_starvation_guard_reserves_capacity_for_a_large_pod(redis_client: redis.
     assert large.waiting_for == "4 x gpu of cluster capacity"
     admit_all(q, [pods("small", at=1.0) for _ in range(4)])
     # before the guard: a freed GPU goes to a small pod (the big one cannot use it)
-    q.release("t1")
+    q.release("t1", pod_uid("t1"))
     assert released(q, now=30.0) == ["t6"]
     # after waiting 60 s the big pod's GPUs are held: small pods no longer jump it
     for ticket in ("t2", "t3"):
-        q.release(ticket)
+        q.release(ticket, pod_uid(ticket))
     assert released(q, now=61.0) == []
     status = q.ticket_status("t7", 61.0)
     assert status is not None and status.waiting_for == (
         "gpu capacity held for a pod waiting longer (starvation guard)")
-    q.release("t4")
-    q.release("t6")
+    q.release("t4", pod_uid("t4"))
+    q.release("t6", pod_uid("t6"))
     assert released(q, now=62.0, limit=1) == ["t5"]
 
 
 def test_expire_frees_unconfirmed_reservations(redis_client: redis.Redis, pods: Pods) -> None:
     q = queue_with(redis_client, {"gpu": 2}, a={"nominal": {"gpu": 2}})
-    admit_all(q, [pods("a"), pods("a")], now=10.0)
-    assert q.confirm("t1", 11.0)
-    assert not q.confirm("nope", 11.0)
+    first, second = pods("a"), pods("a")
+    admit_all(q, [first, second], now=10.0)
+    assert seen(q, first) == "confirmed"
+    assert q.confirm("nope", "uid-nope", "ns-a", "p9") == "unknown"
     assert q.expire(39.0) == []
     assert q.expire(40.0) == ["t2"]
     assert [t.used for t in q.tenant_status()] == [{"gpu": 1}]
@@ -232,7 +268,7 @@ def test_requeue_puts_a_ticket_back_at_the_head(redis_client: redis.Redis,
                                                 pods: Pods) -> None:
     q = queue_with(redis_client, {"gpu": 1}, a={"nominal": {"gpu": 4}})
     admit_all(q, [pods("a"), pods("a"), pods("a")])
-    q.release("t1")
+    q.release("t1", pod_uid("t1"))
     assert released(q, limit=1) == ["t2"]
     assert q.requeue("t2")
     assert not q.requeue("t3")  # queued, not released
@@ -244,9 +280,9 @@ def test_requeue_puts_a_ticket_back_at_the_head(redis_client: redis.Redis,
 def test_release_and_remove_are_idempotent(redis_client: redis.Redis, pods: Pods) -> None:
     q = queue_with(redis_client, {"gpu": 1}, a={"nominal": {"gpu": 4}})
     admit_all(q, [pods("a"), pods("a")])
-    assert not q.remove("t1")  # running: remove only drops queued pods
-    assert q.remove("t2") and not q.remove("t2")
-    assert q.release("t1") and not q.release("t1")
+    assert not q.remove("t1", pod_uid("t1"))  # running: remove only drops queued pods
+    assert q.remove("t2", pod_uid("t2")) and not q.remove("t2", pod_uid("t2"))
+    assert q.release("t1", pod_uid("t1")) and not q.release("t1", pod_uid("t1"))
     (status,) = q.tenant_status()
     assert (status.used_slices, status.queued) == (0, {"inference": 0, "training": 0})
 
@@ -299,7 +335,7 @@ def test_a_copied_ticket_is_refused_and_changes_nothing(redis_client: redis.Redi
     # reinvocations of the same CREATE (not confirmed yet): the same answer
     for req in (running, queued, generated):
         assert q.admit(req, 1.0).duplicate
-    assert q.confirm(running.ticket, 1.0)  # running's pod exists now
+    assert seen(q, running) == "confirmed"  # running's pod exists now
     before = dump_all(redis_client)
     copies = [
         (running, "running"),  # its YAML applied again (deleted, release not in yet)
@@ -332,14 +368,14 @@ def test_find_a_ticket_by_pod_name(redis_client: redis.Redis, pods: Pods) -> Non
     assert q.find("ns-a", reserved.name) == uid
     assert q.find("ns-a", queued.name) == queued.ticket
     assert q.find("ns-b", queued.name) is None and q.find("ns-a", "nope") is None
-    q.confirm(uid, 1.0)
-    q.release(uid)
+    seen(q, reserved)
+    q.release(uid, pod_uid(uid))
     assert q.find("ns-a", reserved.name) is None
     assert released(q) == [queued.ticket]
     assert q.find("ns-a", queued.name) == queued.ticket  # running now
     q.requeue(queued.ticket)
     assert q.find("ns-a", queued.name) == queued.ticket
-    assert q.remove(queued.ticket)
+    assert q.remove(queued.ticket, pod_uid(queued.ticket))
     assert q.find("ns-a", queued.name) is None
     assert q.admit(expiring, 5.0).outcome == "reserved"
     assert q.expire(5.0 + q.reservation_ttl) == [expiring.ticket]
@@ -349,15 +385,15 @@ def test_find_a_ticket_by_pod_name(redis_client: redis.Redis, pods: Pods) -> Non
     q.admit(generated, 50.0)
     assert q.find("ns-a", "train-*") == generated.ticket
     pod = RunningPod(generated.ticket, "a", "ns-a", "train-x7k2p", "training", "training",
-                     {"gpu": 1})
-    q.rebuild([pod], [GatedPod(queued, "training")], listed_at=100.0)
+                     {"gpu": 1}, pod_uid(generated.ticket))
+    q.rebuild([pod], [GatedPod(queued, "training", pod_uid(queued.ticket))], listed_at=100.0)
     assert q.find("ns-a", "train-*") is None
     assert q.find("ns-a", "train-x7k2p") == generated.ticket
     assert q.find("ns-a", queued.name) == queued.ticket
     # the same name for a new pod while the old ticket's release is not in yet
     again = dataclasses.replace(pods("a"), name=queued.name)
     q.admit(again, 60.0)
-    q.release(queued.ticket)
+    q.release(queued.ticket, pod_uid(queued.ticket))
     assert q.find("ns-a", queued.name) == again.ticket
 
 
@@ -383,7 +419,7 @@ def test_lowering_quota_evicts_nothing(redis_client: redis.Redis, pods: Pods) ->
     waiting = q.admit(pods("a"), 0.0)
     assert waiting.waiting_for == "4.00 GPU-eq of tenant quota"
     for ticket in ("t1", "t2", "t3", "t4"):
-        q.release(ticket)
+        q.release(ticket, pod_uid(ticket))
     assert released(q) == ["t5"]
 
 
@@ -419,7 +455,7 @@ def test_status_snapshots(redis_client: redis.Redis, pods: Pods) -> None:
     assert (why.state, why.band, why.position, why.queue_length, why.submitted_at) == (
         "queued", "borrowed", 1, 1, 3.0)
     assert why.waiting_for == "1 x gpu of cluster capacity"
-    q.release("t1")
+    q.release("t1", pod_uid("t1"))
     (rel,) = q.dispatch(12.0)
     assert (rel.ticket, rel.band, rel.waited_seconds, rel.namespace) == (
         "t3", "borrowed", 9.0, "ns-a")
@@ -440,10 +476,10 @@ def test_rebuild_restores_order_and_usage(redis_client: redis.Redis, pods: Pods)
         pods("a", demand={"mig-1g.5gb": 2}), pods("a", group="g", size=2), pods("a"),
         pods("b"), pods("a", "inference", {"mig-1g.5gb": 1}), pods("a", group="h", size=3),
     ]
-    answers = {r.ticket: q.admit(r, r.submitted_at) for r in reqs}
-    for ticket, answer in answers.items():
-        if answer.outcome == "reserved":
-            assert q.confirm(ticket, 20.0)  # the pods exist in the cluster
+    answers = {}
+    for r in reqs:  # each pod is created (and seen by the dispatcher) before the next
+        answers[r.ticket] = q.admit(r, r.submitted_at)
+        assert seen(q, r) == "confirmed"
     released(q, limit=1)
     by_ticket = {r.ticket: r for r in reqs}
 
@@ -460,15 +496,15 @@ def test_rebuild_restores_order_and_usage(redis_client: redis.Redis, pods: Pods)
         if status.state in ("running", "reserved"):
             running.append(RunningPod(ticket, req.tenant, req.namespace, req.name,
                                       req.pod_class, status.band, req.demand,
-                                      req.group, req.group_size))
+                                      pod_uid(ticket), req.group, req.group_size))
         else:
-            gated.append(GatedPod(req, answers[ticket].band))
+            gated.append(GatedPod(req, answers[ticket].band, pod_uid(ticket)))
 
     def carry_on(queue: FairQueue) -> list[str]:
         """Pods end one by one; what is released after each."""
         order: list[str] = []
         for pod in running:
-            queue.release(pod.ticket)
+            queue.release(pod.ticket, pod_uid(pod.ticket))
             order += ["|"] + [r.ticket for r in queue.dispatch(60.0, 100)]
         return order
 
@@ -508,7 +544,7 @@ def test_rebuild_confirms_a_kept_reservation_whose_pod_is_listed(redis_client: r
     req = pods("a")
     assert q.admit(req, 100.0).outcome == "reserved"
     pod = RunningPod(req.ticket, "a", req.namespace, req.name, "training", "training",
-                     {"gpu": 1})
+                     {"gpu": 1}, pod_uid(req.ticket))
     q.rebuild([pod], [], listed_at=100.0)  # the pod exists; its confirm is not in yet
     assert q.expire(100.0 + 2 * q.reservation_ttl) == []
     status = q.ticket_status(req.ticket, 200.0)
@@ -522,12 +558,12 @@ def test_rebuild_does_not_queue_again_a_pod_dispatched_after_the_listing(
     first, second = pods("a"), pods("a")
     assert q.admit(first, 0.0).outcome == "reserved"
     assert q.admit(second, 0.0).outcome == "queued"
-    q.confirm(first.ticket, 0.0)
+    seen(q, first)
     running = [RunningPod(first.ticket, "a", first.namespace, first.name, "training",
-                          "training", {"gpu": 1})]
+                          "training", {"gpu": 1}, pod_uid(first.ticket))]
     listed_at = 200.0  # second is gated in the list
-    gated = [GatedPod(second, "training")]
-    q.release(first.ticket)  # first ended after the listing
+    gated = [GatedPod(second, "training", pod_uid(second.ticket))]
+    q.release(first.ticket, pod_uid(first.ticket))  # first ended after the listing
     assert released(q, now=201.0) == [second.ticket]  # another dispatcher releases second
     q.rebuild(running, gated, listed_at=listed_at)
     status = q.ticket_status(second.ticket, 202.0)
@@ -553,7 +589,7 @@ def test_lower_bands_count_as_free_capacity(redis_client: redis.Redis, pods: Pod
     assert q.admit(pods("b"), 0.0).outcome == "reserved"
     assert q.admit(pods("b"), 0.0).waiting_for == "1 x gpu of cluster capacity"
     # a borrowed pod never counts a higher band as free
-    q.release("t2")
+    q.release("t2", pod_uid("t2"))
     assert q.admit(pods("a"), 0.0).waiting_for == "1 x gpu of cluster capacity"
 
 
@@ -566,7 +602,7 @@ def test_training_band_goes_before_borrowed_pods(redis_client: redis.Redis,
     borrower = q.admit(pods("a"), 0.0)
     assert (borrower.band, borrower.waiting_for) == ("borrowed", "1 x gpu of cluster capacity")
     q.admit(pods("b"), 0.0)
-    q.release("t2")
+    q.release("t2", pod_uid("t2"))
     # a's share is far lower, but its borrowed pod would be preempted at once by b's
     assert released(q) == ["t5"]
     status = q.ticket_status("t4", 1.0)
@@ -582,13 +618,15 @@ def test_wait_for_rebuild_reserves_nothing_until_usage_is_restored(
     first = q.admit(gated, 0.0)
     assert (first.outcome, first.waiting_for) == (
         "queued", "the dispatcher to restore usage from the cluster (Redis lost its data)")
-    running = [RunningPod("old1", "a", "ns-a", "o1", "training", "training", {"gpu": 1}),
-               RunningPod("old2", "a", "ns-a", "o2", "training", "training", {"gpu": 1})]
-    q.rebuild(running, [GatedPod(gated, first.band)])
+    running = [RunningPod("old1", "a", "ns-a", "o1", "training", "training", {"gpu": 1},
+                          pod_uid("old1")),
+               RunningPod("old2", "a", "ns-a", "o2", "training", "training", {"gpu": 1},
+                          pod_uid("old2"))]
+    q.rebuild(running, [GatedPod(gated, first.band, pod_uid(gated.ticket))])
     assert q.admit(pods("a"), 0.0).waiting_for == "1.00 GPU-eq of tenant quota"
-    q.release("old1")
+    q.release("old1", pod_uid("old1"))
     assert released(q) == ["t1"]
-    q.release("old2")
+    q.release("old2", pod_uid("old2"))
     assert released(q) == ["t2"]
-    q.release("t1")
+    q.release("t1", pod_uid("t1"))
     assert q.admit(pods("a"), 0.0).outcome == "reserved"  # usage is known again

@@ -15,6 +15,7 @@ import redis
 from fairshare.model import Admission, PodRequest
 from fairshare.queue import FairQueue
 from tests.fairshare.test_queue import config, dump_all
+from tests.fairshare.tickets import pod_uid
 
 THREADS = 32
 
@@ -94,7 +95,7 @@ def test_two_dispatchers_release_each_ticket_exactly_once(redis_url: str,
         answer = setup.admit(req, float(i))
         (queued if answer.outcome == "queued" else started).append(req.ticket)
     for ticket in started:  # the fast-path pods end
-        setup.release(ticket)
+        setup.release(ticket, pod_uid(ticket))
     assert len(queued) > 250
     seen: list[str] = []
     lock = threading.Lock()
@@ -109,7 +110,7 @@ def test_two_dispatchers_release_each_ticket_exactly_once(redis_url: str,
             with lock:
                 seen.extend(got)
             for ticket in got:  # the pods run and end
-                queue.release(ticket)
+                queue.release(ticket, pod_uid(ticket))
 
     threads = [threading.Thread(target=dispatcher, args=(seed,)) for seed in (1, 2)]
     for t in threads:
@@ -146,7 +147,7 @@ def test_backlogged_tenants_share_by_weight(redis_client: redis.Redis) -> None:
     totals = Counter[str]()
     for step in range(120):
         for ticket in rng.sample(active, 3):  # three pods finish
-            queue.release(ticket)
+            queue.release(ticket, pod_uid(ticket))
             active.remove(ticket)
         active += [r.ticket for r in queue.dispatch(2000.0 + step, 100)]
         for status in queue.tenant_status():

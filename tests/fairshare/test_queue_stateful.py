@@ -38,6 +38,7 @@ from tests.fairshare.reference import (
     waiting_for,
 )
 from tests.fairshare.test_queue import dump_all
+from tests.fairshare.tickets import pod_uid
 
 STARVE = 120.0
 TENANTS = ("a", "b", "c")
@@ -190,7 +191,8 @@ class QueueMachine(RuleBasedStateMachine):
         ["", "", "namespace", "name", "generated", "tenant", "class", "demand"]))
     def same_ticket_again(self, index: int, copy: str) -> None:
         """The same admission again changes nothing and answers the current state; the
-        ticket copied into another pod (or a running pod's) is refused, changing nothing."""
+        ticket copied into another pod (or one a pod was seen with) is refused, changing
+        nothing."""
         ticket = self.pick(index)
         rec = self.ref.recs.get(ticket) if ticket else None
         if rec is None or ticket is None:
@@ -211,7 +213,7 @@ class QueueMachine(RuleBasedStateMachine):
                                                        "gpu": rec.demand.get("gpu", 0) + 1}),
         }[copy]
         before = dump_all(self.client)
-        if copy or rec.state == "A":
+        if copy or rec.state == "A" or rec.uid:  # a pod was seen with it: not a retry
             with pytest.raises(TicketConflictError) as got:
                 self.queue.admit(req, self.now)
             with pytest.raises(TicketConflictError) as want:
@@ -248,20 +250,44 @@ class QueueMachine(RuleBasedStateMachine):
     def release(self, index: int, states: str) -> None:
         ticket = self.pick(index, states)
         if ticket is not None:
-            assert self.queue.release(ticket) == self.ref.release(ticket, queued_only=False)
-            assert not self.queue.release(ticket)
+            uid = pod_uid(ticket)
+            assert self.queue.release(ticket, uid) == self.ref.release(ticket, False, uid)
+            assert not self.queue.release(ticket, uid)
 
     @rule(index=st.integers(0, 10_000))
     def remove(self, index: int) -> None:
         ticket = self.pick(index, "QGA")
         if ticket is not None:
-            assert self.queue.remove(ticket) == self.ref.release(ticket, queued_only=True)
+            uid = pod_uid(ticket)
+            assert self.queue.remove(ticket, uid) == self.ref.release(ticket, True, uid)
 
     @rule(index=st.integers(0, 10_000))
     def confirm(self, index: int) -> None:
         ticket = self.pick(index)
         if ticket is not None:
-            assert self.queue.confirm(ticket, self.now) == self.ref.confirm(ticket)
+            rec = self.ref.recs.get(ticket)
+            ns, name = (rec.ns, rec.name) if rec else ("ns-a", "gone")
+            uid = pod_uid(ticket)
+            assert self.queue.confirm(ticket, uid, ns, name) == \
+                self.ref.confirm(ticket, uid, ns, name)
+
+    @rule(index=st.integers(0, 10_000), copy=st.sampled_from(["uid", "namespace", "name"]))
+    def twin_presents_ticket(self, index: int, copy: str) -> None:
+        """A second pod carrying a ticket (copied stamps) neither binds, frees nor removes
+        it once the owner was seen; nothing changes."""
+        ticket = self.pick(index)
+        rec = self.ref.recs.get(ticket) if ticket else None
+        if rec is None or ticket is None or not rec.uid:
+            return
+        twin = "twin-" + ticket
+        ns, name = {"uid": (rec.ns, rec.name), "namespace": ("ns-twin", rec.name),
+                    "name": (rec.ns, rec.name + "-twin")}[copy]
+        before = dump_all(self.client)
+        assert self.queue.confirm(ticket, twin, ns, name) == "conflict"
+        assert self.ref.confirm(ticket, twin, ns, name) == "conflict"
+        assert not self.queue.release(ticket, twin) and not self.queue.remove(ticket, twin)
+        assert not self.ref.release(ticket, False, twin)
+        assert dump_all(self.client) == before
 
     @rule(index=st.integers(0, 10_000))
     def requeue(self, index: int) -> None:
@@ -276,10 +302,11 @@ class QueueMachine(RuleBasedStateMachine):
         running: list[tuple[str, Rec]] = []
         gated: list[tuple[str, Rec]] = []
         for ticket, rec in self.ref.recs.items():
+            listed = dataclasses.replace(rec, uid=pod_uid(ticket))
             if rec.state == "A" or (rec.state == "R" and pods_of_reserved):
-                running.append((ticket, dataclasses.replace(rec)))
+                running.append((ticket, listed))
             elif rec.state in ("Q", "G"):
-                gated.append((ticket, dataclasses.replace(rec)))
+                gated.append((ticket, listed))
         gated.sort(key=lambda item: (item[1].submitted, item[0]))
         return Listing(self.now, running, gated)
 
@@ -305,9 +332,10 @@ class QueueMachine(RuleBasedStateMachine):
 
         self.queue.rebuild(
             [RunningPod(t, r.tenant, r.ns, r.name, pod_class(r), BAND_NAME[r.band],
-                        dict(r.demand), *group(r)) for t, r in running],
+                        dict(r.demand), r.uid, *group(r)) for t, r in running],
             [GatedPod(PodRequest(t, r.tenant, r.ns, r.name, pod_class(r), dict(r.demand),
-                                 *group(r), submitted_at=r.submitted), BAND_NAME[r.band])
+                                 *group(r), submitted_at=r.submitted), BAND_NAME[r.band],
+                      r.uid)
              for t, r in gated],
             listed_at=listed.at,
         )

@@ -15,6 +15,7 @@ from fairshare.model import PodRequest
 from fairshare.queue import FairQueue
 from fairshare.status import status_command, status_report, why_command, why_report
 from tests.fairshare.simkit import make_config
+from tests.fairshare.tickets import pod_uid
 
 NOW = 1_700_000_000.0
 CONFIG = make_config({
@@ -38,7 +39,7 @@ def queue(redis_client: redis.Redis) -> FairQueue:
     q.sync_config(CONFIG, {"gpu": 4, "mig-1g.5gb": 7})
     for i in range(3):
         assert q.admit(_request(f"a-run-{i}", f"run-{i}"), NOW).outcome == "reserved"
-        q.confirm(f"a-run-{i}", NOW)
+        q.confirm(f"a-run-{i}", pod_uid(f"a-run-{i}"), "team-a-dev", f"run-{i}")
     assert q.admit(_request("a-mig", "mig", pod_class="inference",
                             demand={"mig-1g.5gb": 1}), NOW).outcome == "reserved"
     assert q.admit(_request("b-run", "b-run", tenant="team-b"), NOW).outcome == "reserved"
@@ -140,7 +141,7 @@ def test_why_explains_a_denied_pod_an_ended_pod_and_an_unknown_pod(
     log.record(DENY, uid="x1", tenant="team-a", namespace="team-a-dev", name="greedy",
                reason="exceeds the tenant's ceiling")
     log.record(ADMIT, uid="a-run-2", tenant="team-a", namespace="team-a-dev", name="run-2")
-    assert queue.release("a-run-2")
+    assert queue.release("a-run-2", pod_uid("a-run-2"))
     log.record(RELEASE, uid="a-run-2", tenant="team-a", namespace="team-a-dev", name="run-2",
                reason="pod Succeeded")
     records = [e.record for e in log.entries() if e.record]

@@ -158,7 +158,9 @@ def test_redis_restarted_empty_is_rebuilt_exactly_by_the_reconciler(
     queue = FairQueue(client)
     for pod in pods:
         if not pod.gated:
-            assert queue.confirm(pod.ticket, time.time())  # the pod exists
+            # the pod exists
+            assert queue.confirm(pod.ticket, pod.uid, pod.ref.namespace,
+                                 pod.ref.name) == "confirmed"
 
     def snapshot() -> tuple[Any, ...]:
         status = {s.tenant: s for s in queue.tenant_status()}["team-a"]

@@ -37,6 +37,7 @@ from webhook_helpers import gpu_pod, review
 
 from fairshare.queue import FairQueue
 from tenants.resources import parse_counts
+from tests.fairshare.tickets import pod_uid
 
 pytestmark = pytest.mark.slow
 
@@ -90,8 +91,10 @@ def test_replica_killed_mid_request_reserves_once_and_strands_nothing(
     # The pods that were created (answered or retried) are confirmed by the dispatcher;
     # after the TTL every other reservation is freed.
     created = {a.uid for a in answered} | {a.uid for a in retried}
-    for uid in created:
-        assert queue.confirm(uid, time.time())
+    for answer in answered + retried:
+        meta = answer.pod["metadata"]
+        assert queue.confirm(answer.uid, pod_uid(answer.uid), meta["namespace"],
+                             meta["name"]) == "confirmed"
     expired = queue.expire(time.time() + queue.reservation_ttl + 1)
     assert set(expired) == {a.uid for a in stranded if a.uid in tickets}
     after = live_tickets(client)
@@ -187,7 +190,7 @@ def test_concurrency_storm_never_exceeds_any_quota(
         while not stop.is_set():
             held = [k for k, v in live_tickets(client).items() if v.holds_quota]
             for ticket in rng.sample(held, min(len(held), 3)):
-                queue.release(ticket)
+                queue.release(ticket, pod_uid(ticket))
             queue.dispatch(time.time(), limit=4)
             time.sleep(0.01)
         client.close()
