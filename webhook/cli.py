@@ -26,6 +26,7 @@ from fairshare.connection import (
     check_url,
     connect_redis,
 )
+from tenants.models import CONTROL_NAMESPACE
 from tenants.schema import ConfigError
 
 Handler = Callable[[argparse.Namespace], int]
@@ -159,6 +160,44 @@ def _add_certs(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     gen.add_argument("--san", action="append", default=[], metavar="NAME",
                      help="extra DNS name or IP address for the certificate (repeatable)")
     gen.set_defaults(handler=_certs_generate)
+
+
+def _redis_secret(args: argparse.Namespace) -> int:
+    from kubernetes.config import ConfigException
+    from urllib3.exceptions import HTTPError
+
+    from certs.bootstrap import BootstrapError
+    from certs.redis_secret import DEFAULT_REDIS_SECRET, ensure_redis_secret
+    from tenants.cluster import api_client_from_environment
+
+    name = args.name or DEFAULT_REDIS_SECRET
+    try:
+        outcome = ensure_redis_secret(api_client_from_environment(), args.namespace, name)
+    except (ConfigException, BootstrapError, HTTPError) as exc:
+        print(f"fairgate: error: cannot ensure Secret {args.namespace}/{name} "
+              f"({type(exc).__name__}: {exc}): run in the cluster or set KUBECONFIG",
+              file=sys.stderr)
+        return 1
+    print(f"Secret {args.namespace}/{name}: {outcome}")
+    return 0
+
+
+def _add_redis_secret(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    secret = _subparser(
+        subparsers, "redis-secret", "create the Redis password Secret if it is missing",
+        "Make sure the Secret holding Redis's password exists: create it with a random\n"
+        "password (key `password`) and the matching Redis ACL file (key `users.acl`,\n"
+        "the password only as its SHA-256) when absent; rewrite `users.acl` when it does\n"
+        "not match `password` (after you set your own). Never prints the password.\n"
+        "The webhook's init container runs this; see docs/install.md.",
+        "  fairgate redis-secret\n"
+        "  fairgate redis-secret --namespace platform --name my-redis-auth\n",
+    )
+    secret.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", CONTROL_NAMESPACE),
+                        help="namespace of the Secret (default: $POD_NAMESPACE or "
+                        f"{CONTROL_NAMESPACE})")
+    secret.add_argument("--name", help="name of the Secret (default: fairgate-redis-auth)")
+    secret.set_defaults(handler=_redis_secret)
 
 
 # -- serve -----------------------------------------------------------------------------
@@ -478,6 +517,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_demo(subparsers)
     _add_certs(subparsers)
+    _add_redis_secret(subparsers)
     _add_serve(subparsers)
     _add_dispatch(subparsers)
     _add_audit(subparsers)
