@@ -23,7 +23,7 @@ Each at a fixed rate (``--rate``, paced by the Lua script: Debian has no wrk2) a
 saturation (closed loop, ``--connections``). Redis is emptied before every run.
 
 The bench server is :func:`webhook.app.create_app` over the same
-:func:`webhook.server.connect_redis` client, :func:`certs.server_ssl_context` and uvicorn
+:func:`fairshare.connection.connect_redis` client, :func:`certs.server_ssl_context` and uvicorn
 options as ``fairgate serve``, plus the baseline route, served by ``--workers`` uvicorn
 processes on one socket (``fairgate serve`` has no ``--workers``). ``--check-serve``
 also measures the real ``fairgate serve`` process at saturation on ``/mutate``.
@@ -58,12 +58,12 @@ from fastapi.responses import Response
 
 from audit import AuditLog
 from certs import server_ssl_context, write_bundle
+from fairshare.connection import connect_redis, connect_redis_async
 from fairshare.localredis import free_port, local_redis
 from tenants.localdir import write_config_dir
 from tenants.source import LocalDirSource
 from webhook.app import create_app
 from webhook.process import ServeProcess, client_context
-from webhook.server import connect_redis, connect_redis_async
 from webhook.service import AdmissionService
 
 HOST = "127.0.0.1"

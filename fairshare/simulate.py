@@ -2,7 +2,7 @@
 
 Contract:
 - :func:`run_simulation` runs the real :class:`~fairshare.queue.FairQueue` (its Lua
-  scripts, in a real Redis: ``redis_url``, or a private ``redis-server`` started for the
+  scripts, in a real Redis: ``redis_target``, or a private ``redis-server`` started for the
   run) behind the real :class:`~fairshare.dispatcher.Dispatcher`, against a
   :class:`~fairshare.simcluster.SimulatedCluster` (pods run for their duration; the
   kube-scheduler's preemption is modelled). Time is virtual and event-driven: arrivals
@@ -42,6 +42,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from fairshare.cluster import GpuPod
+from fairshare.connection import RedisTarget, connect_redis
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
 from fairshare.entitlement import jain_index
 from fairshare.localredis import local_redis
@@ -263,12 +264,12 @@ def _report(
 
 
 @contextmanager
-def _redis(redis_url: str | None) -> Iterator[str]:
-    if redis_url:
-        yield redis_url
+def _redis(redis_target: RedisTarget | str | None) -> Iterator[RedisTarget]:
+    if redis_target:
+        yield RedisTarget.of(redis_target)
     else:
         with local_redis() as url:
-            yield url
+            yield RedisTarget(url)
 
 
 class Simulation:
@@ -350,11 +351,12 @@ def _spec(pod: TracePod) -> PodSpec:
 
 
 def run_simulation(
-    trace: Trace, redis_url: str | None = None, progress: ProgressHook | None = None
+    trace: Trace, redis_target: RedisTarget | str | None = None,
+    progress: ProgressHook | None = None,
 ) -> SimulationReport:
-    """Simulate ``trace`` (starting a private redis-server when ``redis_url`` is None)."""
-    with _redis(redis_url) as url:
-        client = redis.Redis.from_url(url)
+    """Simulate ``trace`` (starting a private redis-server when ``redis_target`` is None)."""
+    with _redis(redis_target) as target:
+        client = connect_redis(target, timeout=None)
         prefix = f"fairgate:sim:{uuid.uuid4().hex[:12]}:"
         try:
             return Simulation(trace, client, prefix).run(progress)
@@ -403,7 +405,8 @@ def render_report(report: SimulationReport, console: Console) -> None:
 
 
 def simulate_command(
-    path: Path, json_out: bool, redis_url: str | None, out: TextIO | None = None,
+    path: Path, json_out: bool, redis_target: RedisTarget | str | None,
+    out: TextIO | None = None,
     err: TextIO | None = None,
 ) -> int:
     """``fairgate simulate``: 0 on success, 2 for a bad trace, 1 when Redis fails."""
@@ -416,15 +419,17 @@ def simulate_command(
         return 2
     try:
         if json_out:
-            report = run_simulation(trace, redis_url)
+            report = run_simulation(trace, redis_target)
         else:
             with Progress(console=Console(file=stderr), transient=True) as bar:
                 task = bar.add_task("simulating", total=trace.horizon)
                 report = run_simulation(
-                    trace, redis_url, lambda now: bar.update(task, completed=now)
+                    trace, redis_target, lambda now: bar.update(task, completed=now)
                 )
     except (redis.RedisError, OSError) as error:
-        stderr.write(f"fairgate: error: Redis failed during the simulation: {error}\n")
+        message = str(error) if redis_target is None else RedisTarget.of(redis_target).scrub(
+            str(error))
+        stderr.write(f"fairgate: error: Redis failed during the simulation: {message}\n")
         return 1
     if json_out:
         stdout.write(json.dumps(report.to_json()) + "\n")

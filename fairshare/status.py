@@ -33,6 +33,7 @@ from rich.table import Table
 
 from audit import ADMIT, DENY, DISPATCH, QUEUE, RELEASE, AuditLog, AuditRecord
 from fairshare.cluster import PodRef
+from fairshare.connection import COMMAND_TIMEOUT, RedisTarget, connect_redis
 from fairshare.model import TenantStatus, TicketStatus
 from fairshare.queue import FairQueue
 from tenants.resources import SLICES_PER_GPU, format_counts, gpu_equivalents, total_slices
@@ -217,16 +218,22 @@ def _audit_records(client: redis.Redis) -> Iterable[AuditRecord]:
     return (e.record for e in AuditLog(client).entries() if e.record is not None)
 
 
+def _unreadable(target: RedisTarget, error: Exception) -> str:
+    return f"fairgate: error: cannot read the queue at {target}: {target.scrub(str(error))}\n"
+
+
 def status_command(
-    redis_url: str, json_out: bool, out: TextIO | None = None, err: TextIO | None = None
+    redis_target: RedisTarget | str, json_out: bool, out: TextIO | None = None,
+    err: TextIO | None = None,
 ) -> int:
     """``fairgate status``: 0, or 1 when Redis cannot be read."""
     stdout, stderr = out or sys.stdout, err or sys.stderr
-    client = redis.Redis.from_url(redis_url)
+    target = RedisTarget.of(redis_target)
+    client = connect_redis(target, COMMAND_TIMEOUT)
     try:
         report = status_report(FairQueue(client))
     except (redis.RedisError, OSError) as error:
-        stderr.write(f"fairgate: error: cannot read the queue at {redis_url}: {error}\n")
+        stderr.write(_unreadable(target, error))
         return 1
     finally:
         client.close()
@@ -238,7 +245,7 @@ def status_command(
 
 
 def why_command(
-    redis_url: str, ref: str, json_out: bool = False, out: TextIO | None = None,
+    redis_target: RedisTarget | str, ref: str, json_out: bool = False, out: TextIO | None = None,
     err: TextIO | None = None,
 ) -> int:
     """``fairgate why <ns>/<pod>``: 0, 2 for a malformed reference, 1 when Redis fails."""
@@ -248,11 +255,12 @@ def why_command(
     except ValueError as error:
         stderr.write(f"fairgate: error: {error}\n")
         return 2
-    client = redis.Redis.from_url(redis_url)
+    target = RedisTarget.of(redis_target)
+    client = connect_redis(target, COMMAND_TIMEOUT)
     try:
         report = why_report(pod, FairQueue(client), _audit_records(client), time.time())
     except (redis.RedisError, OSError) as error:
-        stderr.write(f"fairgate: error: cannot read the queue at {redis_url}: {error}\n")
+        stderr.write(_unreadable(target, error))
         return 1
     finally:
         client.close()

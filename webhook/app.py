@@ -23,7 +23,7 @@ hiredis parser, :class:`fairshare.fastpath.AsyncFairQueue`). A hop to a worker t
 per request cost more than the decision itself (the hop, then the GIL hand-offs
 between the loop and up to 64 threads); see ``BENCHMARKS.md``. Audit records are
 written by one background thread (:mod:`webhook.auditing`). Redis sockets time out
-quickly (see :func:`webhook.server.connect_redis_async`) and the deadline cancels a
+quickly (see :func:`fairshare.connection.connect_redis_async`) and the deadline cancels a
 decision still waiting for Redis.
 """
 

@@ -18,6 +18,15 @@ from pathlib import Path
 import redis
 
 from certs import CertError, write_bundle
+from fairshare.connection import (
+    COMMAND_TIMEOUT,
+    PASSWORD_ENV,
+    RedisSettingsError,
+    RedisTarget,
+    check_url,
+    connect_redis,
+)
+from tenants.models import CONTROL_NAMESPACE
 from tenants.schema import ConfigError
 
 Handler = Callable[[argparse.Namespace], int]
@@ -41,19 +50,22 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
     """Keeps the examples in epilogs as written."""
 
 
-_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
-
-
 def _redis_url(text: str) -> str:
-    if not text.startswith(_REDIS_SCHEMES):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a Redis URL: use redis://HOST:PORT/DB (rediss:// for TLS, "
-            "unix:///path/redis.sock)"
-        )
-    return text
+    try:
+        return check_url(text)
+    except RedisSettingsError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _redis_url_argument(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
+def _env_state(name: str) -> str:
+    return "set" if os.environ.get(name) else "not set"
+
+
+def _redis_url_argument(
+    parser: argparse.ArgumentParser, *, required: bool = True, purpose: str | None = None
+) -> None:
+    """``--redis-url`` with its password and TLS companions; :func:`main` resolves the
+    three into ``args.redis`` (a :class:`RedisTarget`, or None without a URL)."""
     default = os.environ.get("REDIS_URL")
     parser.add_argument(
         "--redis-url",
@@ -61,9 +73,39 @@ def _redis_url_argument(parser: argparse.ArgumentParser, *, required: bool = Tru
         default=default,
         required=required and default is None,
         metavar="URL",
-        help="Redis holding fairgate's queue and audit stream, e.g. "
-        "redis://127.0.0.1:6379/0 (default: $REDIS_URL, which is "
-        + ("set" if default else "not set") + ")",
+        help=(purpose or "Redis holding fairgate's queue and audit stream")
+        + ", e.g. redis://127.0.0.1:6379/0 or rediss://fairgate-redis:6379/0 for TLS; "
+        "redis://[USER]:PASSWORD@HOST:PORT/DB also works (default: $REDIS_URL, which is "
+        + _env_state("REDIS_URL") + ")",
+    )
+    parser.add_argument(
+        "--redis-password-file",
+        type=Path,
+        default=os.environ.get("REDIS_PASSWORD_FILE"),
+        metavar="PATH",
+        help="file holding the Redis password, e.g. a mounted Secret key (default: "
+        "$REDIS_PASSWORD_FILE, which is " + _env_state("REDIS_PASSWORD_FILE")
+        + "); without it and without a password in the URL, $" + PASSWORD_ENV
+        + " is used (" + _env_state(PASSWORD_ENV) + ")",
+    )
+    parser.add_argument(
+        "--redis-ca-file",
+        type=Path,
+        default=os.environ.get("REDIS_CA_FILE"),
+        metavar="PATH",
+        help="PEM CA that must have signed the certificate of a rediss:// server "
+        "(default: $REDIS_CA_FILE, which is " + _env_state("REDIS_CA_FILE")
+        + "; unset: the system's CAs)",
+    )
+
+
+def _resolve_redis(args: argparse.Namespace) -> None:
+    """Set ``args.redis`` from ``--redis-url`` and its companions (see
+    :meth:`RedisTarget.resolve`); raises :class:`RedisSettingsError`."""
+    if not hasattr(args, "redis_url"):
+        return
+    args.redis = None if args.redis_url is None else RedisTarget.resolve(
+        args.redis_url, password_file=args.redis_password_file, ca_file=args.redis_ca_file
     )
 
 
@@ -120,6 +162,44 @@ def _add_certs(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     gen.set_defaults(handler=_certs_generate)
 
 
+def _redis_secret(args: argparse.Namespace) -> int:
+    from kubernetes.config import ConfigException
+    from urllib3.exceptions import HTTPError
+
+    from certs.bootstrap import BootstrapError
+    from certs.redis_secret import DEFAULT_REDIS_SECRET, ensure_redis_secret
+    from tenants.cluster import api_client_from_environment
+
+    name = args.name or DEFAULT_REDIS_SECRET
+    try:
+        outcome = ensure_redis_secret(api_client_from_environment(), args.namespace, name)
+    except (ConfigException, BootstrapError, HTTPError) as exc:
+        print(f"fairgate: error: cannot ensure Secret {args.namespace}/{name} "
+              f"({type(exc).__name__}: {exc}): run in the cluster or set KUBECONFIG",
+              file=sys.stderr)
+        return 1
+    print(f"Secret {args.namespace}/{name}: {outcome}")
+    return 0
+
+
+def _add_redis_secret(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    secret = _subparser(
+        subparsers, "redis-secret", "create the Redis password Secret if it is missing",
+        "Make sure the Secret holding Redis's password exists: create it with a random\n"
+        "password (key `password`) and the matching Redis ACL file (key `users.acl`,\n"
+        "the password only as its SHA-256) when absent; rewrite `users.acl` when it does\n"
+        "not match `password` (after you set your own). Never prints the password.\n"
+        "The webhook's init container runs this; see docs/install.md.",
+        "  fairgate redis-secret\n"
+        "  fairgate redis-secret --namespace platform --name my-redis-auth\n",
+    )
+    secret.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", CONTROL_NAMESPACE),
+                        help="namespace of the Secret (default: $POD_NAMESPACE or "
+                        f"{CONTROL_NAMESPACE})")
+    secret.add_argument("--name", help="name of the Secret (default: fairgate-redis-auth)")
+    secret.set_defaults(handler=_redis_secret)
+
+
 # -- serve -----------------------------------------------------------------------------
 
 
@@ -131,7 +211,7 @@ def _serve(args: argparse.Namespace) -> int:
     options = ServeOptions(
         cert_dir=Path(args.cert_dir),
         port=args.port,
-        redis_url=args.redis_url,
+        redis=args.redis,
         config_dir=Path(args.config_dir) if args.config_dir else None,
         host=args.host,
         workers=args.workers,
@@ -204,7 +284,7 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def _demo(args: argparse.Namespace) -> int:
     from webhook.demo import run_demo
 
-    return run_demo(redis_url=args.redis_url, pods=args.pods)
+    return run_demo(redis_url=args.redis, pods=args.pods)
 
 
 def _add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -217,10 +297,9 @@ def _add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "what was admitted, queued and denied. Cleans up after itself.",
         "  fairgate demo\n  REDIS_URL=redis://127.0.0.1:6379/0 fairgate demo\n",
     )
-    demo.add_argument("--redis-url", type=_redis_url, default=os.environ.get("REDIS_URL"),
-                      metavar="URL",
-                      help="use this Redis (it must hold no fairgate keys) instead of starting "
-                      "one (default: $REDIS_URL)")
+    _redis_url_argument(demo, required=False,
+                        purpose="use this Redis (it must hold no fairgate keys) instead of "
+                        "starting one")
     demo.add_argument("--pods", type=_positive, default=120,
                       help="how many pod admissions to send (default: %(default)s)")
     demo.set_defaults(handler=_demo)
@@ -230,7 +309,7 @@ def _add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def _redis_client(args: argparse.Namespace) -> redis.Redis:
-    client: redis.Redis = redis.Redis.from_url(args.redis_url, socket_connect_timeout=5)
+    client = connect_redis(args.redis, COMMAND_TIMEOUT)
     client.ping()
     return client
 
@@ -315,7 +394,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     configure_logging(args.log_level)
     try:
-        return run_dispatch(args.redis_url, Path(args.config_dir) if args.config_dir else None,
+        return run_dispatch(args.redis, Path(args.config_dir) if args.config_dir else None,
                             args.metrics_port)
     except DispatchError as exc:
         print(f"fairgate: error: {exc}", file=sys.stderr)
@@ -351,7 +430,7 @@ def _add_dispatch(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
 def _status(args: argparse.Namespace) -> int:
     from fairshare.status import status_command
 
-    return status_command(args.redis_url, args.json)
+    return status_command(args.redis, args.json)
 
 
 def _add_status(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -370,7 +449,7 @@ def _add_status(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
 def _why(args: argparse.Namespace) -> int:
     from fairshare.status import why_command
 
-    return why_command(args.redis_url, args.pod, args.json)
+    return why_command(args.redis, args.pod, args.json)
 
 
 def _add_why(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -390,7 +469,7 @@ def _add_why(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _simulate(args: argparse.Namespace) -> int:
     from fairshare.simulate import simulate_command
 
-    return simulate_command(Path(args.trace), args.json, args.redis_url)
+    return simulate_command(Path(args.trace), args.json, args.redis)
 
 
 def _add_simulate(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -411,6 +490,21 @@ def _add_simulate(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
 
 
 
+def _redis_problem(target: RedisTarget | None, exc: redis.RedisError) -> str:
+    """What went wrong reaching Redis and what to check, without the password."""
+    text = str(exc) if target is None else target.scrub(str(exc))
+    where = "" if target is None else f" at {target}"
+    if isinstance(exc, redis.AuthenticationError):
+        hint = ("give the right password: --redis-password-file PATH, $" + PASSWORD_ENV
+                + " or redis://:PASSWORD@HOST in the URL")
+    elif "CERTIFICATE_VERIFY_FAILED" in text:
+        hint = ("the server's TLS certificate did not verify: give the CA that signed it "
+                "with --redis-ca-file / $REDIS_CA_FILE, and a host name it names")
+    else:
+        hint = "check --redis-url / $REDIS_URL"
+    return f"cannot reach Redis{where} ({text}): {hint}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``fairgate``."""
     parser = argparse.ArgumentParser(
@@ -423,6 +517,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_demo(subparsers)
     _add_certs(subparsers)
+    _add_redis_secret(subparsers)
     _add_serve(subparsers)
     _add_dispatch(subparsers)
     _add_audit(subparsers)
@@ -437,6 +532,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler: Handler = args.handler
     try:
+        _resolve_redis(args)
+    except RedisSettingsError as exc:
+        print(f"fairgate: error: {exc}", file=sys.stderr)
+        return 2
+    try:
         return handler(args)
     except KeyboardInterrupt:
         return 130
@@ -444,8 +544,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fairgate: error: {exc}", file=sys.stderr)
         return 2
     except (redis.ConnectionError, redis.TimeoutError) as exc:
-        print(f"fairgate: error: cannot reach Redis ({exc}): check --redis-url / $REDIS_URL",
-              file=sys.stderr)
+        problem = _redis_problem(getattr(args, "redis", None), exc)
+        print(f"fairgate: error: {problem}", file=sys.stderr)
         return 1
     except OSError as exc:
         print(f"fairgate: error: {exc}", file=sys.stderr)

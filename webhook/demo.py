@@ -1,8 +1,9 @@
 """``fairgate demo``: the webhook and the dispatcher at work on this machine, no cluster.
 
-Contract: :func:`run_demo` starts a ``redis-server`` (unless a URL is given: that Redis
-must hold no ``fairgate:`` keys, so a live deployment is never touched, and the demo's
-keys are deleted at the end), writes a CA and
+Contract: :func:`run_demo` starts a ``redis-server`` that requires a random password,
+so the demo takes the same authenticated path as a cluster install (unless a Redis is
+given: it must hold no ``fairgate:`` keys, so a live deployment is never touched, and
+the demo's keys are deleted at the end), writes a CA and
 serving certificate and an embedded three-tenant config into a temporary directory,
 runs ``fairgate serve`` as a child process over HTTPS on loopback, and replays a
 deterministic, realistic stream of pods on a simulated cluster
@@ -23,6 +24,7 @@ import io
 import json
 import math
 import random
+import secrets
 import statistics
 import tempfile
 import time
@@ -42,6 +44,7 @@ from rich.table import Table
 
 from audit import AuditLog
 from certs import write_bundle
+from fairshare.connection import RedisTarget, connect_redis
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
 from fairshare.localredis import local_redis
 from fairshare.queue import FairQueue
@@ -448,22 +451,25 @@ class DemoRefused(RuntimeError):
 
 
 @contextmanager
-def _redis(url: str | None) -> Iterator[str]:
-    """A Redis for the demo: a private one, or ``url`` if it holds no fairgate state."""
-    if not url:
-        with local_redis() as started:
-            yield started
+def _redis(given: RedisTarget | str | None) -> Iterator[RedisTarget]:
+    """A Redis for the demo: a private one with a random password, or ``given`` if it
+    holds no fairgate state."""
+    if not given:
+        password = secrets.token_urlsafe(24)
+        with local_redis(password=password) as started:
+            yield RedisTarget(started, password)
         return
-    client = redis.Redis.from_url(url, socket_connect_timeout=5)
+    target = RedisTarget.of(given)
+    client = connect_redis(target, timeout=5)
     if next(client.scan_iter(match=f"{KEY_PREFIX}*", count=1000), None) is not None:
         client.close()
         raise DemoRefused(
-            f"{url} already holds fairgate keys ({KEY_PREFIX}*): the demo would change "
+            f"{target} already holds fairgate keys ({KEY_PREFIX}*): the demo would change "
             "them; point REDIS_URL at an empty Redis or database (e.g. .../15), or unset "
             "it to let the demo start its own redis-server"
         )
     try:
-        yield url
+        yield target
     finally:  # remove what the demo wrote (the Redis held no fairgate keys before)
         keys = list(client.scan_iter(match=f"{KEY_PREFIX}*", count=1000))
         for start in range(0, len(keys), 500):
@@ -475,7 +481,8 @@ ARRIVAL_GAP = 5.0  # virtual seconds between pod creations
 HORIZON = 4 * 3600.0  # virtual seconds the demo runs at most
 
 
-def run_demo(redis_url: str | None = None, pods: int = 120, console: Console | None = None) -> int:
+def run_demo(redis_url: RedisTarget | str | None = None, pods: int = 120,
+             console: Console | None = None) -> int:
     """Run the demo (see the module contract); returns the exit code."""
     out = console or Console()
     if not out.is_terminal:
@@ -483,20 +490,22 @@ def run_demo(redis_url: str | None = None, pods: int = 120, console: Console | N
     with ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fairgate-demo-")))
         try:
-            url = stack.enter_context(_redis(redis_url))
+            target = stack.enter_context(_redis(redis_url))
         except DemoRefused as refused:
             out.print(f"[red]fairgate demo:[/red] {refused}")
             return 2
-        out.print(f"[bold]fairgate demo[/bold]: Redis at {url}, work dir {workdir}")
+        out.print(f"[bold]fairgate demo[/bold]: Redis at {target}"
+                  + (" (password required)" if target.apart()[1] else "")
+                  + f", work dir {workdir}")
         write_bundle(workdir / "certs", extra_sans=("127.0.0.1", "localhost"))
         config = write_demo_config(workdir / "config")
         out.print("certificates and a three-tenant config written; starting fairgate serve...")
         server = stack.enter_context(
-            ServeProcess(workdir / "certs", url, workdir / "config", workdir / "serve.log",
+            ServeProcess(workdir / "certs", target, workdir / "config", workdir / "serve.log",
                          wait_for_rebuild=True)
         )
         out.print(f"fairgate serve is up at {server.base_url} (TLS verified against ca.crt)")
-        client = redis.Redis.from_url(url)
+        client = connect_redis(target, timeout=None)
         stack.callback(client.close)
         http = stack.enter_context(server.client())
         demo = DemoCluster(WebhookClient(http, config), config, client, time.time())

@@ -2,7 +2,7 @@
 
 Contract: :func:`run_dispatch` watches pods and nodes (official ``kubernetes`` client;
 in-cluster credentials, else ``$KUBECONFIG`` / ``~/.kube/config``) and runs
-:class:`fairshare.dispatcher.Dispatcher` on the queue in ``redis_url`` until SIGTERM or
+:class:`fairshare.dispatcher.Dispatcher` on the queue in ``redis_target`` until SIGTERM or
 SIGINT, then returns 0. Config comes from ``config_dir`` (hot-reloaded) or from the
 cluster's ConfigMaps and Namespaces. Dispatch and release decisions are audited to the
 Redis Stream ``fairgate:audit`` and stdout. With ``metrics_port`` the dispatcher's
@@ -19,7 +19,6 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-import redis
 from kubernetes.client import ApiClient
 from kubernetes.config import ConfigException
 from prometheus_client import start_http_server
@@ -27,6 +26,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from audit import AuditLog
+from fairshare.connection import RedisTarget, connect_redis
 from fairshare.dispatcher import Dispatcher
 from fairshare.kube import KubeCluster, api_client
 from fairshare.metrics import DispatcherMetrics
@@ -79,7 +79,7 @@ def _current(source: ConfigSource) -> FairgateConfig | None:
         return None
 
 
-def run_dispatch(redis_url: str, config_dir: Path | None = None,
+def run_dispatch(redis_target: RedisTarget | str, config_dir: Path | None = None,
                  metrics_port: int | None = None) -> int:
     """Dispatch until SIGTERM/SIGINT (see the module contract); the exit code."""
     stop = threading.Event()
@@ -90,12 +90,9 @@ def run_dispatch(redis_url: str, config_dir: Path | None = None,
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     source = _source(config_dir)
-    client = redis.Redis.from_url(
-        redis_url,
-        socket_timeout=REDIS_TIMEOUT_SECONDS,
-        socket_connect_timeout=REDIS_TIMEOUT_SECONDS,
-        retry=Retry(ExponentialBackoff(cap=2.0), 3),
-    )
+    target = RedisTarget.of(redis_target)
+    client = connect_redis(target, REDIS_TIMEOUT_SECONDS,
+                           retry=Retry(ExponentialBackoff(cap=2.0), 3))
     config = _current(source)
     priority_classes = config.platform.priority_classes if config else PriorityClasses()
     cluster = KubeCluster(_api(api_client), priority_classes)
@@ -105,7 +102,7 @@ def run_dispatch(redis_url: str, config_dir: Path | None = None,
     dispatcher = Dispatcher(FairQueue(client), cluster, lambda: _current(source),
                             metrics=metrics, audit=AuditLog(client))
     cluster.start()
-    log.info("dispatching from %s", redis_url.split("@")[-1])
+    log.info("dispatching from %s", target)
     try:
         dispatcher.run(stop)
     finally:

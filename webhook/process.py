@@ -1,7 +1,9 @@
 """``fairgate serve`` as a child process on loopback, for the demo, tests and benchmarks.
 
 Contract: :class:`ServeProcess` starts ``python -m webhook.cli serve`` on 127.0.0.1 and
-a free port with the given cert dir, config dir and Redis URL, waits until ``/healthz``
+a free port with the given cert dir, config dir and Redis (a URL or a
+:class:`fairshare.connection.RedisTarget`: its password reaches the child in
+``$REDIS_PASSWORD``, never on the command line), waits until ``/healthz``
 answers over HTTPS verified against the cert dir's ``ca.crt`` (raising
 :class:`ServeStartError` with the child's log when it does not), and stops it with
 SIGTERM (then SIGKILL after ``stop_timeout``) when the context exits. The child's
@@ -10,6 +12,7 @@ stdout and stderr go to ``log_path``.
 
 from __future__ import annotations
 
+import os
 import signal
 import ssl
 import subprocess
@@ -20,6 +23,7 @@ from types import TracebackType
 
 import httpx
 
+from fairshare.connection import PASSWORD_ENV, RedisTarget
 from fairshare.localredis import free_port
 
 HOST = "127.0.0.1"
@@ -40,7 +44,7 @@ class ServeProcess:
     def __init__(
         self,
         cert_dir: Path,
-        redis_url: str,
+        redis_target: RedisTarget | str,
         config_dir: Path,
         log_path: Path,
         *,
@@ -53,7 +57,7 @@ class ServeProcess:
         """Prepare to serve on 127.0.0.1:``port`` (a free port by default) with
         ``workers`` processes (``wait_for_rebuild``: see ``fairgate serve --help``)."""
         self.cert_dir = cert_dir
-        self.redis_url = redis_url
+        self.redis = RedisTarget.of(redis_target)
         self.config_dir = config_dir
         self.log_path = log_path
         self.port = port if port is not None else free_port()
@@ -81,16 +85,23 @@ class ServeProcess:
 
     def start(self) -> None:
         """Start the child and wait until it answers ``/healthz``."""
+        url, password = self.redis.apart()
         command = [
             sys.executable, "-m", "webhook.cli", "serve",
             "--cert-dir", str(self.cert_dir), "--port", str(self.port), "--host", HOST,
-            "--redis-url", self.redis_url, "--config-dir", str(self.config_dir),
+            "--redis-url", url, "--config-dir", str(self.config_dir),
             "--workers", str(self.workers),
             "--wait-for-rebuild" if self.wait_for_rebuild else "--no-wait-for-rebuild",
         ]
+        if self.redis.ca_file is not None:
+            command += ["--redis-ca-file", str(self.redis.ca_file)]
+        env = {k: v for k, v in os.environ.items()
+               if k not in (PASSWORD_ENV, "REDIS_PASSWORD_FILE", "REDIS_CA_FILE")}
+        if password is not None:
+            env[PASSWORD_ENV] = password
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT
+                command, stdout=log, stderr=subprocess.STDOUT, env=env
             )
         deadline = time.monotonic() + self.startup_timeout
         with self.client(timeout=1.0) as client:

@@ -8,8 +8,9 @@ Contract:
   without it, from the cluster (in-cluster service account or kubeconfig), where the
   serving certificate is also bootstrapped into ``cert_dir`` (shared Secret, caBundle
   injection; see :mod:`certs.bootstrap`).
-- Redis is reached with short socket timeouts (``redis_timeout``) and one reconnect
-  attempt, so that every admission is answered within the app's deadline.
+- Redis (``redis``: URL, password, CA; see :mod:`fairshare.connection`) is reached with
+  short socket timeouts (``redis_timeout``) and one reconnect attempt, so that every
+  admission is answered within the app's deadline.
 - ``wait_for_rebuild`` (default: on when the config comes from the cluster, off with
   ``config_dir``): admit nothing on the fast path while Redis holds usage the reconciler
   has not rebuilt (a fresh or restarted-empty Redis); pods queue behind the gate
@@ -40,16 +41,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import redis
-import redis.asyncio
 import uvicorn
-from redis.asyncio.retry import Retry as AsyncRetry
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 from urllib3.exceptions import HTTPError
 
 from audit import AuditLog
 from certs import CertReloader, server_ssl_context
+from fairshare.connection import (
+    DEFAULT_REDIS_TIMEOUT,
+    RedisTarget,
+    connect_redis,
+    connect_redis_async,
+)
 from tenants.models import CONTROL_NAMESPACE
 from tenants.source import ConfigNotReadyError, ConfigSource, start_local_source
 from webhook.app import create_app
@@ -60,7 +62,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fairgate.webhook.server")
 
-DEFAULT_REDIS_TIMEOUT = 0.5
 WEBHOOK_CONFIGURATION = "fairgate"
 CONFIG_POLL_SECONDS = 1.0
 
@@ -75,7 +76,7 @@ class ServeOptions:
 
     cert_dir: Path
     port: int
-    redis_url: str
+    redis: RedisTarget
     config_dir: Path | None = None
     host: str = "0.0.0.0"
     redis_timeout: float = DEFAULT_REDIS_TIMEOUT
@@ -84,30 +85,6 @@ class ServeOptions:
     workers: int = 1
     log_level: str = "info"
     wait_for_rebuild: bool | None = None  # None: on in cluster mode, off with config_dir
-
-
-def connect_redis(url: str, timeout: float = DEFAULT_REDIS_TIMEOUT) -> redis.Redis:
-    """A Redis client whose every call fails within about ``timeout`` seconds.
-
-    Socket connect and read timeouts are ``timeout``; a dropped connection is retried
-    once at once (a restarted Redis), a timeout is not retried.
-    """
-    return redis.Redis.from_url(
-        url,
-        socket_timeout=timeout,
-        socket_connect_timeout=timeout,
-        retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
-    )
-
-
-def connect_redis_async(url: str, timeout: float = DEFAULT_REDIS_TIMEOUT) -> redis.asyncio.Redis:
-    """As :func:`connect_redis`, for the event loop (the webhook's decisions)."""
-    return redis.asyncio.Redis.from_url(
-        url,
-        socket_timeout=timeout,
-        socket_connect_timeout=timeout,
-        retry=AsyncRetry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
-    )
 
 
 def _local_source(config_dir: Path) -> ConfigSource:
@@ -195,8 +172,8 @@ def _listen(host: str, port: int) -> socket.socket:
 def _run_uvicorn(options: ServeOptions, sock: socket.socket | None) -> None:
     """Serve in this process until SIGTERM/SIGINT (on ``sock`` if given)."""
     source = _config_source(options)
-    client = connect_redis(options.redis_url, options.redis_timeout)
-    decisions_client = connect_redis_async(options.redis_url, options.redis_timeout)
+    client = connect_redis(options.redis, options.redis_timeout)
+    decisions_client = connect_redis_async(options.redis, options.redis_timeout)
     try:
         service = AdmissionService(
             source, decisions_client, AuditLog(client),

@@ -86,7 +86,8 @@ EXPECTED: dict[Subject, set[Grant]] = {
         for v in ("get", "patch")
     }
     | {(NS, "", "secrets", "create", None)}
-    | {(NS, "", "secrets", v, "fairgate-webhook-tls") for v in ("get", "update", "patch")},
+    | {(NS, "", "secrets", v, s) for v in ("get", "update", "patch")
+       for s in ("fairgate-webhook-tls", "fairgate-redis-auth")},
     DISPATCHER: COMMON | {(None, "", "pods", "patch", None)},
 }
 
@@ -149,6 +150,10 @@ def test_secrets(base: list[Obj]) -> None:
     assert not can(base, WEBHOOK, "list", "secrets", namespace=NS)
     assert not can(base, WEBHOOK, "get", "secrets", name=tls, namespace="team-a-dev")
     assert not can(base, DISPATCHER, "get", "secrets", name=tls, namespace=NS)
+    redis_auth = "fairgate-redis-auth"  # created by the webhook's init container
+    assert can(base, WEBHOOK, "get", "secrets", name=redis_auth, namespace=NS)
+    assert can(base, WEBHOOK, "patch", "secrets", name=redis_auth, namespace=NS)
+    assert not can(base, DISPATCHER, "get", "secrets", name=redis_auth, namespace=NS)
 
 
 def test_configmaps_read_only_in_fairgate_system(base: list[Obj]) -> None:

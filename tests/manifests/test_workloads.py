@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -12,6 +13,7 @@ from tenants.models import QUOTA_LABEL, PriorityClasses
 from tenants.schema import parse_platform, parse_quota
 
 REDIS_URL = "redis://fairgate-redis:6379/0"
+REDIS_SECRET = "fairgate-redis-auth"
 FAIRGATE_WORKLOADS = [("Deployment", "fairgate-webhook"), ("Deployment", "fairgate-dispatcher")]
 ALL_WORKLOADS = [*FAIRGATE_WORKLOADS, ("StatefulSet", "fairgate-redis")]
 
@@ -34,18 +36,21 @@ def _only_container(pod_spec: Obj) -> Obj:
 
 @pytest.mark.parametrize(("kind", "name"), ALL_WORKLOADS)
 def test_restricted_security_context(base: list[Obj], kind: str, name: str) -> None:
-    """Every pod meets the `restricted` Pod Security Standard, and more."""
+    """Every pod meets the `restricted` Pod Security Standard, and more (init
+    containers included)."""
     spec = _pod_spec(base, kind, name)
     pod_sc = spec["securityContext"]
     assert pod_sc["runAsNonRoot"] is True
     assert pod_sc["runAsUser"] > 0
     assert pod_sc["seccompProfile"] == {"type": "RuntimeDefault"}
-    sc = _only_container(spec)["securityContext"]
-    assert sc["allowPrivilegeEscalation"] is False
-    assert sc["readOnlyRootFilesystem"] is True
-    assert sc["capabilities"] == {"drop": ["ALL"]}
-    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
-    assert "privileged" not in sc
+    _only_container(spec)
+    for container in [*spec.get("initContainers", []), *spec["containers"]]:
+        sc = container["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+        assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert "privileged" not in sc
     assert not spec.get("hostNetwork") and not spec.get("hostPID")
 
 
@@ -146,6 +151,85 @@ def test_redis_statefulset_persists_with_aof(base: list[Obj]) -> None:
     assert mounts[claim["metadata"]["name"]] == data_dir
     assert claim["spec"]["resources"]["requests"]["storage"]
     assert sts["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+def _secret_env(container: Obj, name: str) -> Obj:
+    """The ``secretKeyRef`` of env var ``name`` (fails when it is missing or a literal)."""
+    (entry,) = [e for e in container.get("env", []) if e["name"] == name]
+    assert "value" not in entry, f"{name} must come from a Secret, not a literal"
+    ref: Obj = entry["valueFrom"]["secretKeyRef"]
+    return ref
+
+
+def _all_containers(base: list[Obj]) -> list[tuple[str, Obj]]:
+    return [(f"{kind}/{name}/{c['name']}", c)
+            for kind, name in ALL_WORKLOADS
+            for c in [*_pod_spec(base, kind, name).get("initContainers", []),
+                      *_pod_spec(base, kind, name)["containers"]]]
+
+
+def test_redis_does_not_start_without_the_password_secret(base: list[Obj]) -> None:
+    """Redis loads the ACL file of the Secret (no optional fallback): without it the
+    pod does not start, and with it no client gets in without the password."""
+    spec = _pod_spec(base, "StatefulSet", "fairgate-redis")
+    container = _only_container(spec)
+    args = container["command"]
+    assert args[args.index("--protected-mode") + 1] == "yes"
+    assert "--requirepass" not in args  # it would put the password on the command line
+    acl_path = args[args.index("--aclfile") + 1]
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    mount_dir, _, file_name = acl_path.rpartition("/")
+    assert mounts[mount_dir]["readOnly"] is True
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    secret = volumes[mounts[mount_dir]["name"]]["secret"]
+    assert secret["secretName"] == REDIS_SECRET
+    assert not secret.get("optional")
+    assert {"key": "users.acl", "path": file_name} in secret["items"]
+    assert secret["defaultMode"] & 0o007 == 0  # not world-readable
+    # The readiness probe authenticates (redis-cli reads REDISCLI_AUTH) and wants PONG:
+    # redis-cli exits 0 on a NOAUTH or LOADING reply.
+    ref = _secret_env(container, "REDISCLI_AUTH")
+    assert (ref["name"], ref["key"]) == (REDIS_SECRET, "password")
+    assert not ref.get("optional")
+    probe = " ".join(container["readinessProbe"]["exec"]["command"])
+    assert "redis-cli" in probe and "PONG" in probe
+
+
+@pytest.mark.parametrize(("kind", "name"), FAIRGATE_WORKLOADS)
+def test_every_redis_client_reads_the_password_from_the_secret(
+    base: list[Obj], kind: str, name: str
+) -> None:
+    container = _only_container(_pod_spec(base, kind, name))
+    ref = _secret_env(container, "REDIS_PASSWORD")
+    assert (ref["name"], ref["key"]) == (REDIS_SECRET, "password")
+    assert not ref.get("optional")
+    assert urlsplit(_env(container)["REDIS_URL"]).password is None
+    assert "--redis-password-file" not in container["command"]
+
+
+def test_no_password_is_written_into_the_manifests(base: list[Obj]) -> None:
+    """No Secret object with a fixed password ships in the base, and no container has a
+    literal value for anything that looks like a credential."""
+    assert of_kind(base, "Secret") == []
+    for where, container in _all_containers(base):
+        for entry in container.get("env", []):
+            if any(w in entry["name"] for w in ("PASSWORD", "AUTH", "TOKEN", "SECRET")):
+                assert "value" not in entry, f"{where}: {entry['name']} is a literal"
+        assert not any("requirepass" in str(arg) for arg in container.get("command", []))
+
+
+def test_the_webhook_creates_the_redis_secret_before_anything_reads_it(
+    base: list[Obj],
+) -> None:
+    spec = _pod_spec(base, "Deployment", "fairgate-webhook")
+    (init,) = spec["initContainers"]
+    assert init["command"] == ["fairgate", "redis-secret"]
+    assert init["image"] == _only_container(spec)["image"]
+    assert set(init["resources"]) == {"requests", "limits"}
+    namespace = [e for e in init["env"] if e["name"] == "POD_NAMESPACE"]
+    assert namespace[0]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    # Its ServiceAccount may create that Secret (pinned in test_rbac.py).
+    assert spec["serviceAccountName"] == "fairgate-webhook"
 
 
 def _policy(base: list[Obj], name: str) -> Obj:

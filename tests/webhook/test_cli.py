@@ -19,6 +19,7 @@ from webhook.process import ServeProcess
 SUBCOMMANDS = [
     ["demo"], ["certs"], ["certs", "generate"], ["serve"], ["dispatch"], ["status"], ["why"],
     ["audit"], ["audit", "tail"], ["audit", "query"], ["audit", "verify"], ["simulate"],
+    ["redis-secret"],
 ]
 REDIS_COMMANDS = [
     ["serve"], ["dispatch"], ["status"], ["why"], ["audit", "tail"], ["audit", "query"],
@@ -45,6 +46,21 @@ def test_every_redis_command_takes_redis_url(
     with pytest.raises(SystemExit):
         main([*words, "--help"])
     assert "--redis-url" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("words", [*REDIS_COMMANDS, ["demo"]], ids=" ".join)
+def test_help_offers_the_password_and_ca_but_never_shows_them(
+    words: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REDIS_URL", "redis://:url-secret-1@fairgate-redis:6379/0")
+    monkeypatch.setenv("REDIS_PASSWORD", "env-secret-2")
+    monkeypatch.setenv("REDIS_PASSWORD_FILE", "/run/secrets/env-secret-3")
+    with pytest.raises(SystemExit):
+        main([*words, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--redis-password-file" in text and "--redis-ca-file" in text
+    assert "$REDIS_PASSWORD" in text
+    assert "secret-" not in text
 
 
 def test_redis_url_defaults_to_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -260,3 +276,83 @@ def test_bad_arguments_are_usage_errors_that_say_what_is_wrong(
     err = capsys.readouterr().err
     assert "error: argument" in err
     assert "Traceback" not in err
+
+
+# -- Redis password and TLS on the command line ---------------------------------------------
+
+SECRET = "cli-" + "9f3e1c55d0b84a47"
+
+
+@pytest.fixture(scope="module")
+def locked_redis_url() -> Any:
+    from fairshare.localredis import local_redis
+
+    with local_redis(password=SECRET) as url:
+        yield url
+
+
+@pytest.mark.parametrize("how", ["file", "environment", "url"])
+def test_every_password_source_reaches_redis(
+    how: str, locked_redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.delenv("REDIS_PASSWORD", raising=False)
+    monkeypatch.delenv("REDIS_PASSWORD_FILE", raising=False)
+    url, extra = locked_redis_url, []
+    if how == "file":
+        (tmp_path / "password").write_text(SECRET + "\n")
+        extra = ["--redis-password-file", str(tmp_path / "password")]
+    elif how == "environment":
+        monkeypatch.setenv("REDIS_PASSWORD", SECRET)
+    else:
+        url = url.replace("redis://", f"redis://:{SECRET}@")
+    assert main(["status", "--json", "--redis-url", url, *extra]) == 0
+    assert main(["audit", "verify", "--redis-url", url, *extra]) == 0
+    assert SECRET not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", [["status"], ["why", "ns/pod"], ["audit", "verify"]],
+                         ids=" ".join)
+def test_a_wrong_password_is_a_clear_error_that_does_not_echo_it(
+    command: list[str], locked_redis_url: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    wrong = "cli-wrong-7d1a"
+    monkeypatch.setenv("REDIS_PASSWORD", wrong)
+    assert main([*command, "--redis-url", locked_redis_url]) == 1
+    err = capsys.readouterr().err
+    assert "fairgate: error:" in err and "Traceback" not in err
+    assert wrong not in err and SECRET not in err
+    if command == ["audit", "verify"]:
+        assert "--redis-password-file" in err  # says how to fix it
+    url = locked_redis_url.replace("redis://", f"redis://:{wrong}@")
+    assert main([*command, "--redis-url", url]) == 1
+    err = capsys.readouterr().err
+    assert wrong not in err and "***" in err
+
+
+def test_a_bad_url_is_refused_without_echoing_its_password(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["status", "--redis-url", "http://admin:cli-url-secret@redis:6379"])
+    err = capsys.readouterr().err
+    assert "is not a Redis URL" in err and "cli-url-secret" not in err
+
+
+def test_redis_over_tls_needs_the_ca_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from certs import write_bundle
+    from fairshare.localredis import local_redis
+
+    write_bundle(tmp_path, service="fairgate-redis", extra_sans=("127.0.0.1",))
+    monkeypatch.setenv("REDIS_PASSWORD", SECRET)
+    with local_redis(password=SECRET, tls_dir=tmp_path) as url:
+        assert url.startswith("rediss://")
+        assert main(["audit", "verify", "--redis-url", url,
+                     "--redis-ca-file", str(tmp_path / "ca.crt")]) == 0
+        capsys.readouterr()
+        assert main(["audit", "verify", "--redis-url", url]) == 1
+        err = capsys.readouterr().err
+        assert "--redis-ca-file" in err and SECRET not in err

@@ -13,8 +13,8 @@ import pytest
 from webhook_helpers import gpu_pod, review, write_config
 
 from audit import AuditLog
+from fairshare.connection import connect_redis, connect_redis_async
 from tenants.source import LocalDirSource
-from webhook.server import connect_redis, connect_redis_async
 from webhook.service import (
     OVERDUE_MESSAGE,
     REDIS_DOWN_MESSAGE,
