@@ -366,9 +366,12 @@ def _status(args: argparse.Namespace) -> int:
 
 def _add_status(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     status = _subparser(
-        subparsers, "status", "per-tenant usage, quota and queues",
-        "Per tenant: weight, nominal, borrowLimit, used, borrowed, queued by class and\n"
-        "weighted share (usage / weight), from the queue in Redis.",
+        subparsers, "status", "per-tenant usage against fair share, quota and queues",
+        "Per tenant: weight, nominal, borrowLimit, used, its entitlement (fair share of\n"
+        "the capacity: split by weight among tenants with demand, each capped at used +\n"
+        "queued and at nominal + borrowLimit) and used / entitlement, borrowed, queued by\n"
+        "class and weighted share (usage / weight); Jain's index of used / entitlement.\n"
+        "From the queue in Redis.",
         "  fairgate status --redis-url redis://127.0.0.1:6379/0\n"
         "  fairgate status --json | jq '.tenants'\n",
     )
