@@ -193,6 +193,13 @@ def tenant_statuses(raw: Sequence[Any]) -> list[TenantStatus]:
     return result
 
 
+def queued_demand(raw: Sequence[Any]) -> tuple[dict[str, int], dict[str, int]]:
+    """The reply of ``demand.lua``: (stored capacity in units, tenant -> queued slices)."""
+    capacity, *pairs = (text(v) for v in raw)
+    queued = {tenant: int(n) for tenant, n in zip(pairs[::2], pairs[1::2], strict=True)}
+    return parse_counts(capacity), queued
+
+
 def explain(reason: Sequence[str], tenant: str, pod_class: PodClass) -> str:
     """Words for a reason code returned by the scripts (see lib.lua ``reason``)."""
     code, *rest = reason

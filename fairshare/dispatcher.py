@@ -393,12 +393,12 @@ class Dispatcher:
         if now - self._last_status >= self.settings.status_every:
             self._last_status = now
             self.sync(force=True)  # heals a capacity another writer (or a flush) changed
-            statuses = self.queue.tenant_status()
-            self.metrics.observe_tenants(statuses)
-            self._check_drift(statuses)
+            snapshot = self.queue.snapshot()
+            self.metrics.observe_tenants(snapshot)
+            self._check_drift(snapshot.tenants)
             self._queued_events(now)
 
-    def _check_drift(self, statuses: list[TenantStatus]) -> None:
+    def _check_drift(self, statuses: Iterable[TenantStatus]) -> None:
         """Reconcile when Redis holds less than the pods seen: it lost data (a flush)."""
         used: dict[str, int] = {}
         queued: dict[tuple[str, PodClass], int] = {}

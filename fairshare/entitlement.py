@@ -11,11 +11,24 @@ Contract:
   integer slices elsewhere.
 - :func:`jain_index` is Jain's fairness index of the given values: 1.0 when all are
   equal, 1/n when one value takes everything; 1.0 for no values or all zero.
+- :func:`fairness` is the one computation behind the fairness gauges, ``fairgate
+  status`` and ``fairgate simulate --timeline``: from each tenant's :class:`TenantLoad`
+  (usage, queued demand, quota limit, weight) and the cluster capacity, per tenant its
+  entitlement (GPU-equivalents, water-filled over the capacity among tenants with
+  demand, each capped at what it uses plus what it has queued, and at nominal plus
+  borrow limit), its weighted share (GPU-equivalents used per unit of weight), and
+  Jain's index of allocation / entitlement over tenants entitled to something (1.0 when
+  every such tenant holds exactly its entitlement, whatever the weights or caps).
+  :func:`snapshot_fairness` applies it to a :class:`~fairshare.model.QueueSnapshot`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from fairshare.model import QueueSnapshot
+from tenants.resources import SLICES_PER_GPU, total_slices
 
 
 def water_fill(
@@ -64,3 +77,78 @@ def jain_index(values: Iterable[float]) -> float:
     if not xs or squares == 0:
         return 1.0
     return sum(xs) ** 2 / (len(xs) * squares)
+
+
+@dataclass(frozen=True)
+class TenantLoad:
+    """What one tenant holds and asks for, in slices.
+
+    ``limit_slices``: the most its quota lets it hold (nominal + borrow limit), None
+    for no limit.
+    """
+
+    weight: float
+    used_slices: int
+    queued_slices: int
+    limit_slices: int | None = None
+
+
+@dataclass(frozen=True)
+class TenantFairness:
+    """One tenant against its fair share; every amount in GPU-equivalents."""
+
+    weight: float
+    used: float
+    demand: float  # used + queued
+    entitlement: float
+    weighted_share: float  # used / weight
+
+    @property
+    def of_entitlement(self) -> float | None:
+        """``used / entitlement`` (None when entitled to nothing)."""
+        return self.used / self.entitlement if self.entitlement > 0 else None
+
+
+@dataclass(frozen=True)
+class Fairness:
+    """Per-tenant fair shares out of ``capacity`` (GPU-equivalents), and Jain's index of
+    allocation / entitlement over the tenants entitled to something."""
+
+    capacity: float
+    tenants: dict[str, TenantFairness]
+    jain_index: float
+
+
+def fairness(capacity_slices: int, loads: Mapping[str, TenantLoad]) -> Fairness:
+    """Entitlements, weighted shares and Jain's index (see the module docstring)."""
+    gpu = float(SLICES_PER_GPU)
+    demand = {name: (load.used_slices + load.queued_slices) / gpu
+              for name, load in loads.items()}
+    wanting = {name for name, d in demand.items() if d > 0}
+    caps: dict[str, float | None] = {
+        name: min(demand[name], load.limit_slices / gpu)
+        if load.limit_slices is not None else demand[name]
+        for name, load in loads.items() if name in wanting
+    }
+    entitled = water_fill(capacity_slices / gpu,
+                          {name: loads[name].weight for name in wanting}, caps)
+    tenants = {
+        name: TenantFairness(
+            weight=load.weight, used=load.used_slices / gpu, demand=demand[name],
+            entitlement=entitled.get(name, 0.0),
+            weighted_share=load.used_slices / gpu / load.weight,
+        )
+        for name, load in loads.items()
+    }
+    ratios = [r for t in tenants.values() if (r := t.of_entitlement) is not None]
+    return Fairness(capacity_slices / gpu, tenants, jain_index(ratios))
+
+
+def snapshot_fairness(snapshot: QueueSnapshot) -> Fairness:
+    """:func:`fairness` of a queue snapshot: limits are nominal + borrow limit."""
+    loads = {
+        s.tenant: TenantLoad(s.weight, s.used_slices, snapshot.queued_slices.get(s.tenant, 0),
+                             s.nominal_slices + s.borrow_limit_slices)
+        for s in snapshot.tenants
+    }
+    return fairness(total_slices(snapshot.capacity), loads)

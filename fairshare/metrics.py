@@ -13,7 +13,14 @@ Contract: every :class:`DispatcherMetrics` owns its own ``CollectorRegistry``.
   ``fairgate_tenant_nominal_quota{tenant, resource}`` (Kueue:
   ``kueue_cluster_queue_nominal_quota``); ``fairgate_tenant_borrowing_limit{tenant}`` and
   ``fairgate_tenant_borrowed{tenant}`` in GPU-equivalents (Kueue:
-  ``kueue_cluster_queue_borrowing_limit``); ``fairgate_tenant_weighted_share{tenant}``.
+  ``kueue_cluster_queue_borrowing_limit``).
+- Fairness (one computation, :func:`fairshare.entitlement.fairness`, shared with
+  ``fairgate status``): ``fairgate_tenant_weighted_share{tenant}``, GPU-equivalents used
+  per unit of weight (all bands); ``fairgate_tenant_fair_share{tenant}``, the tenant's
+  entitlement in GPU-equivalents (the capacity water-filled by weight among tenants with
+  demand, each capped at its usage + queued demand and at nominal + borrow limit; 0
+  without demand); ``fairgate_fairness_jain_index``, Jain's index of usage / entitlement
+  over the tenants entitled to something (1 = every one holds exactly its fair share).
 - ``fairgate_cluster_capacity{resource}``: GPU capacity the queue dispatches against.
 - ``fairgate_gate_lifts_total{outcome}``: gate lifts by :class:`~fairshare.cluster.LiftOutcome`.
 - ``fairgate_admission_attempt_duration_seconds``: one dispatch pass (Kueue:
@@ -23,11 +30,12 @@ Contract: every :class:`DispatcherMetrics` owns its own ``CollectorRegistry``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from fairshare.model import TenantStatus
+from fairshare.entitlement import snapshot_fairness
+from fairshare.model import QueueSnapshot
 from tenants.models import CLASSES
 from tenants.resources import SLICES_PER_GPU
 
@@ -67,8 +75,19 @@ class DispatcherMetrics:
                               "What a tenant borrows now, in GPU-equivalents.",
                               ["tenant"], registry=r)
         self.share = Gauge("fairgate_tenant_weighted_share",
-                           "Usage in slices divided by weight (the queue's fairness key).",
+                           "GPU-equivalents used (all bands) per unit of weight.",
                            ["tenant"], registry=r)
+        self.fair_share = Gauge(
+            "fairgate_tenant_fair_share",
+            "Entitlement in GPU-equivalents: the capacity water-filled by weight among "
+            "tenants with demand, each capped at usage + queued and at nominal + borrow "
+            "limit (0 without demand).",
+            ["tenant"], registry=r)
+        self.jain = Gauge(
+            "fairgate_fairness_jain_index",
+            "Jain's index of usage / entitlement over tenants entitled to something "
+            "(1 = each holds exactly its fair share; 1/n = one holds everything).",
+            registry=r)
         self.capacity = Gauge("fairgate_cluster_capacity",
                               "GPU capacity the queue dispatches against, per resource.",
                               ["resource"], registry=r)
@@ -85,16 +104,18 @@ class DispatcherMetrics:
                                "Reservations freed because no pod confirmed them in time.",
                                registry=r)
 
-    def observe_tenants(self, statuses: Iterable[TenantStatus]) -> None:
-        """Set the per-tenant gauges from a queue snapshot; series of tenants (or
-        resources) no longer listed are removed. A scrape never sees a gauge emptied."""
+    def observe_tenants(self, snapshot: QueueSnapshot) -> None:
+        """Set the per-tenant and fairness gauges from a queue snapshot; series of
+        tenants (or resources) no longer listed are removed. A scrape never sees a gauge
+        emptied."""
         seen: dict[Gauge, set[tuple[str, ...]]] = {}
+        fair = snapshot_fairness(snapshot)
 
         def put(gauge: Gauge, labels: tuple[str, ...], value: float) -> None:
             gauge.labels(*labels).set(value)
             seen.setdefault(gauge, set()).add(labels)
 
-        for status in statuses:
+        for status in snapshot.tenants:
             tenant = status.tenant
             for pod_class in CLASSES:
                 put(self.pending, (pod_class, tenant), status.queued.get(pod_class, 0))
@@ -103,9 +124,11 @@ class DispatcherMetrics:
                 put(self.usage, (tenant, resource), status.used.get(resource, 0))
             put(self.borrow_limit, (tenant,), status.borrow_limit_slices / SLICES_PER_GPU)
             put(self.borrowed, (tenant,), status.borrowed_slices / SLICES_PER_GPU)
-            put(self.share, (tenant,), status.weighted_share)
+            put(self.share, (tenant,), fair.tenants[tenant].weighted_share)
+            put(self.fair_share, (tenant,), fair.tenants[tenant].entitlement)
+        self.jain.set(fair.jain_index)
         for gauge in (self.pending, self.usage, self.nominal, self.borrow_limit, self.borrowed,
-                      self.share):
+                      self.share, self.fair_share):
             self._drop_others(gauge, seen.get(gauge, set()))
 
     def observe_capacity(self, capacity: Mapping[str, int]) -> None:

@@ -6,7 +6,8 @@ Contract:
 - :class:`Release` is a queued pod the dispatcher may now un-gate.
 - :class:`RunningPod` / :class:`GatedPod` are the cluster's truth given to ``rebuild``.
 - :class:`TenantStatus` / :class:`TicketStatus` are read-only snapshots for
-  ``fairgate status`` and ``fairgate why``.
+  ``fairgate status`` and ``fairgate why``; :class:`QueueSnapshot` adds what fair-share
+  entitlements need (queued slices per tenant, the stored capacity), read atomically.
 All quota numbers are integers (slices or resource units); only ``weight`` and the
 derived ``weighted_share`` are floats. Every type is immutable.
 """
@@ -239,6 +240,17 @@ class TenantStatus:
     inference_slices: int
     queued: Mapping[PodClass, int] = field(default_factory=dict)
     weighted_share: float = 0.0
+
+
+@dataclass(frozen=True)
+class QueueSnapshot:
+    """Every tenant's status, its queued slices (all bands, gang members waiting for
+    their gang included) and the capacity the queue dispatches against, read at one
+    instant."""
+
+    tenants: tuple[TenantStatus, ...]
+    queued_slices: Mapping[str, int]
+    capacity: ResourceCounts
 
 
 @dataclass(frozen=True)

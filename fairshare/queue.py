@@ -37,6 +37,7 @@ from fairshare.calls import (
     explain,
     num,
     queue_error,
+    queued_demand,
     script_source,
     sync_args,
     tenant_statuses,
@@ -47,6 +48,7 @@ from fairshare.model import (
     Confirmation,
     GatedPod,
     PodRequest,
+    QueueSnapshot,
     Release,
     RunningPod,
     TenantStatus,
@@ -56,7 +58,7 @@ from tenants.models import FairgateConfig
 from tenants.resources import format_counts, parse_counts
 
 _SCRIPTS = ("sync", "admit", "confirm", "dispatch", "forget", "expire", "requeue",
-            "rebuild", "status", "why", "find")
+            "rebuild", "status", "why", "find", "demand")
 DEFAULT_STARVATION_SECONDS = 300.0
 
 
@@ -250,6 +252,16 @@ class FairQueue:
     def tenant_status(self) -> list[TenantStatus]:
         """Every known tenant's quota, usage, backlog and weighted share, by name."""
         return tenant_statuses(self._run("status"))
+
+    def snapshot(self) -> QueueSnapshot:
+        """:meth:`tenant_status` plus each tenant's queued slices and the stored
+        capacity, all read in one transaction (what fair-share entitlements need)."""
+        with self._client.pipeline(transaction=True) as pipe:
+            self._scripts["status"](keys=self._keys, client=pipe)
+            self._scripts["demand"](keys=self._keys, client=pipe)
+            status_raw, demand_raw = pipe.execute()
+        capacity, queued = queued_demand(demand_raw)
+        return QueueSnapshot(tuple(tenant_statuses(status_raw)), queued, capacity)
 
     def find(self, namespace: str, name: str) -> str | None:
         """The ticket of the known (reserved, queued or running) pod ``namespace/name``.

@@ -153,6 +153,7 @@ class SimulatedCluster:
         self._used: Counter[str] = Counter()  # units of each resource held by running pods
         self._tenant_slices: Counter[str] = Counter()  # slices held by running pods
         self._waiting_tenants: Counter[str] = Counter()
+        self._waiting_slices: Counter[str] = Counter()  # slices asked by waiting pods
         self._waiting_resources: Counter[str] = Counter()
         self._ends: list[tuple[float, int, str]] = []  # heap of running pods' end times
         self._changes: list[ClusterChange] = []
@@ -283,6 +284,11 @@ class SimulatedCluster:
         return {name for name, n in self._waiting_tenants.items() if n}
 
     @_locked
+    def waiting_slices(self) -> dict[str, int]:
+        """Slices asked for by pods not running yet, per tenant."""
+        return {name: n for name, n in self._waiting_slices.items() if n}
+
+    @_locked
     def wanted_resources(self) -> set[str]:
         """Resources that waiting pods ask for."""
         return {name for name, n in self._waiting_resources.items() if n}
@@ -312,6 +318,7 @@ class SimulatedCluster:
             del self._waiting[sim.pod.uid]
             self._unscheduled.pop(sim.pod.uid, None)
         self._waiting_tenants[sim.pod.tenant] += sign
+        self._waiting_slices[sim.pod.tenant] += sign * sim.pod.slices
         for name in sim.pod.demand:
             self._waiting_resources[name] += sign
 

@@ -20,8 +20,14 @@ Contract:
   horizon). Extra attributes for tests and capacity planning: ``backlogged_utilization``
   (utilisation of the resources that waiting pods ask for, while they wait),
   ``gang_violations``, ``quota_violations`` (invariant 1, checked after every event, the
-  first ten), ``preemptions``.
-- :func:`simulate_command` is the CLI entry: trace path, ``--json``, ``--redis-url``.
+  first ten), ``preemptions``, and ``timeline`` when asked for (``timeline_every``).
+- The timeline samples every tenant at 0, N, 2N, ... virtual seconds and at the horizon,
+  after the events of that instant: ``allocated`` is what its running pods hold, and
+  ``entitlement`` its fair share at that instant (:func:`fairshare.entitlement.fairness`
+  over the capacity, among tenants with running or waiting pods, each capped at running
+  + waiting and at nominal + borrow limit). See :mod:`fairshare.timeline`.
+- :func:`simulate_command` is the CLI entry: trace path, ``--json``, ``--redis-url``,
+  ``--timeline out.csv``, ``--timeline-every N``, ``--plot out.png``.
 """
 
 from __future__ import annotations
@@ -44,11 +50,18 @@ from rich.table import Table
 from fairshare.cluster import GpuPod
 from fairshare.connection import RedisTarget, connect_redis
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
-from fairshare.entitlement import jain_index
+from fairshare.entitlement import TenantLoad, fairness, jain_index
 from fairshare.localredis import local_redis
 from fairshare.model import PodRequest
 from fairshare.queue import FairQueue
 from fairshare.simcluster import Placement, PodHistory, PodSpec, SimulatedCluster, VirtualClock
+from fairshare.timeline import (
+    PlotUnavailableError,
+    TimelineRow,
+    plot,
+    require_matplotlib,
+    write_csv,
+)
 from fairshare.trace import Trace, TracePod, load_trace
 from tenants import resources
 from tenants.models import CLASSES, FairgateConfig
@@ -96,6 +109,7 @@ class SimulationReport:
     quota_violations: list[str] = field(default_factory=list)
     preemptions: int = 0
     horizon: float = 0.0
+    timeline: list[TimelineRow] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` object: exactly the keys of DESIGN.md."""
@@ -223,7 +237,8 @@ def _gang_violations(history: dict[str, PodHistory]) -> list[str]:
 
 
 def _report(
-    trace: Trace, meter: _Meter, cluster: SimulatedCluster, violations: list[str]
+    trace: Trace, meter: _Meter, cluster: SimulatedCluster, violations: list[str],
+    timeline: list[TimelineRow],
 ) -> SimulationReport:
     end = trace.horizon
     waits: dict[str, list[float]] = {cls: [] for cls in CLASSES}
@@ -260,6 +275,7 @@ def _report(
         quota_violations=violations,
         preemptions=cluster.preemptions,
         horizon=end,
+        timeline=timeline,
     )
 
 
@@ -336,10 +352,37 @@ class Simulation:
         self.meter.interval(until - self.clock(), self.cluster)
         self.clock.advance_to(until)
 
-    def run(self, progress: ProgressHook | None = None) -> SimulationReport:
-        """Replay the rest of the trace up to the horizon and report."""
+    def sample(self) -> list[TimelineRow]:
+        """Every tenant's allocation and entitlement now (see the module docstring)."""
+        running, waiting = self.cluster.running_slices(), self.cluster.waiting_slices()
+        loads = {}
+        for name, spec in self.trace.tenants.items():
+            tenant = self.config.tenant(name)
+            limit = tenant.nominal_slices + tenant.borrow_slices if tenant else None
+            loads[name] = TenantLoad(spec.weight, running.get(name, 0), waiting.get(name, 0),
+                                     limit)
+        fair = fairness(self.meter.capacity, loads)
+        now = self.clock()
+        return [TimelineRow(now, name, t.used, t.entitlement) for name, t in fair.tenants.items()]
+
+    def run(
+        self, progress: ProgressHook | None = None, timeline_every: float | None = None
+    ) -> SimulationReport:
+        """Replay the rest of the trace up to the horizon and report; with
+        ``timeline_every`` (virtual seconds, > 0), sample the timeline on the way."""
+        timeline: list[TimelineRow] = []
+        if timeline_every is not None:
+            if timeline_every <= 0:
+                raise ValueError(f"timeline_every must be > 0 seconds, got {timeline_every}")
+            step = 0
+            while (at := step * timeline_every) < self.trace.horizon:
+                self.advance(at, progress)
+                timeline += self.sample()
+                step += 1
         self.advance(self.trace.horizon, progress)
-        return _report(self.trace, self.meter, self.cluster, self.quota_violations)
+        if timeline_every is not None:
+            timeline += self.sample()
+        return _report(self.trace, self.meter, self.cluster, self.quota_violations, timeline)
 
 
 def _spec(pod: TracePod) -> PodSpec:
@@ -352,14 +395,15 @@ def _spec(pod: TracePod) -> PodSpec:
 
 def run_simulation(
     trace: Trace, redis_target: RedisTarget | str | None = None,
-    progress: ProgressHook | None = None,
+    progress: ProgressHook | None = None, timeline_every: float | None = None,
 ) -> SimulationReport:
-    """Simulate ``trace`` (starting a private redis-server when ``redis_target`` is None)."""
+    """Simulate ``trace`` (starting a private redis-server when ``redis_target`` is None);
+    ``timeline_every``: see :meth:`Simulation.run`."""
     with _redis(redis_target) as target:
         client = connect_redis(target, timeout=None)
         prefix = f"fairgate:sim:{uuid.uuid4().hex[:12]}:"
         try:
-            return Simulation(trace, client, prefix).run(progress)
+            return Simulation(trace, client, prefix).run(progress, timeline_every)
         finally:
             for keys in _batches(client.scan_iter(match=f"{prefix}*", count=1000), 500):
                 client.delete(*keys)
@@ -404,14 +448,44 @@ def render_report(report: SimulationReport, console: Console) -> None:
     console.print(tenants)
 
 
+DEFAULT_TIMELINE_EVERY = 60.0
+
+
+def _output_problem(timeline: Path | None, timeline_every: float | None,
+                    plot_path: Path | None) -> str | None:
+    """What is wrong with the timeline options, before a long run (None: nothing)."""
+    if timeline_every is not None and timeline is None and plot_path is None:
+        return "--timeline-every needs --timeline out.csv or --plot out.png"
+    if timeline_every is not None and timeline_every <= 0:
+        return f"--timeline-every must be > 0 seconds, got {timeline_every:g}"
+    for option, target in (("--timeline", timeline), ("--plot", plot_path)):
+        if target is not None and not target.parent.is_dir():
+            return f"{option} {target}: directory {target.parent} does not exist: create it first"
+    if plot_path is not None:
+        try:
+            require_matplotlib()
+        except PlotUnavailableError as error:
+            return str(error)
+    return None
+
+
 def simulate_command(
     path: Path, json_out: bool, redis_target: RedisTarget | str | None,
-    out: TextIO | None = None,
-    err: TextIO | None = None,
+    out: TextIO | None = None, err: TextIO | None = None, timeline: Path | None = None,
+    timeline_every: float | None = None, plot_path: Path | None = None,
 ) -> int:
-    """``fairgate simulate``: 0 on success, 2 for a bad trace, 1 when Redis fails."""
+    """``fairgate simulate``: 0 on success, 2 for a bad trace or option (also ``--plot``
+    without matplotlib), 1 when Redis fails. With ``timeline`` / ``plot_path`` the run is
+    sampled every ``timeline_every`` (default 60) virtual seconds and written there."""
     stdout = out or sys.stdout
     stderr = err or sys.stderr
+    problem = _output_problem(timeline, timeline_every, plot_path)
+    if problem is not None:
+        stderr.write(f"fairgate: error: {problem}\n")
+        return 2
+    every = None
+    if timeline is not None or plot_path is not None:
+        every = timeline_every if timeline_every is not None else DEFAULT_TIMELINE_EVERY
     try:
         trace = load_trace(path)
     except ConfigError as error:
@@ -419,18 +493,23 @@ def simulate_command(
         return 2
     try:
         if json_out:
-            report = run_simulation(trace, redis_target)
+            report = run_simulation(trace, redis_target, timeline_every=every)
         else:
             with Progress(console=Console(file=stderr), transient=True) as bar:
                 task = bar.add_task("simulating", total=trace.horizon)
                 report = run_simulation(
-                    trace, redis_target, lambda now: bar.update(task, completed=now)
+                    trace, redis_target, lambda now: bar.update(task, completed=now), every
                 )
     except (redis.RedisError, OSError) as error:
         message = str(error) if redis_target is None else RedisTarget.of(redis_target).scrub(
             str(error))
         stderr.write(f"fairgate: error: Redis failed during the simulation: {message}\n")
         return 1
+    if timeline is not None:
+        write_csv(report.timeline, timeline)
+    if plot_path is not None:
+        plot(report.timeline, plot_path, f"{path.name}: allocation (solid) vs entitlement "
+             "(dashed)", resources.total_slices(trace.capacity) / resources.SLICES_PER_GPU)
     if json_out:
         stdout.write(json.dumps(report.to_json()) + "\n")
     else:

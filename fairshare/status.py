@@ -4,7 +4,11 @@ Contract:
 - :func:`status_report` reads every tenant's quota, usage and backlog from the queue and
   returns plain data (JSON-ready): per tenant ``weight``, ``nominal`` (per resource and in
   GPU-equivalents), ``borrowLimit``, ``used``, ``borrowed`` (GPU-equivalents),
-  ``queued`` by class and ``weightedShare`` (GPU-equivalents used per unit of weight).
+  ``queued`` by class, ``weightedShare`` (GPU-equivalents used per unit of weight),
+  ``entitlement`` (its fair share in GPU-equivalents) and ``ofEntitlement`` (used /
+  entitlement, null when entitled to nothing); and for the cluster ``capacity``
+  (GPU-equivalents) and ``jainIndex`` (of used / entitlement). Fair shares come from
+  :func:`fairshare.entitlement.snapshot_fairness`, the computation behind the metrics.
   :func:`render_status` prints it as a table. :func:`status_command` is the CLI entry.
 - :func:`why_report` explains one pod (``<namespace>/<name>``) from the audit stream
   (``fairgate:audit``: the webhook's admit/queue/deny records, the dispatcher's
@@ -34,6 +38,7 @@ from rich.table import Table
 from audit import ADMIT, DENY, DISPATCH, QUEUE, RELEASE, AuditLog, AuditRecord
 from fairshare.cluster import PodRef
 from fairshare.connection import COMMAND_TIMEOUT, RedisTarget, connect_redis
+from fairshare.entitlement import TenantFairness, snapshot_fairness
 from fairshare.model import TenantStatus, TicketStatus
 from fairshare.queue import FairQueue
 from tenants.resources import SLICES_PER_GPU, format_counts, gpu_equivalents, total_slices
@@ -45,8 +50,9 @@ def _gpu_eq(slices: int) -> float:
     return round(slices / SLICES_PER_GPU, 2)
 
 
-def tenant_row(status: TenantStatus) -> dict[str, Any]:
+def tenant_row(status: TenantStatus, fair: TenantFairness) -> dict[str, Any]:
     """One tenant's line of ``fairgate status`` as plain data."""
+    ratio = fair.of_entitlement
     return {
         "weight": status.weight,
         "nominal": dict(status.nominal),
@@ -57,29 +63,42 @@ def tenant_row(status: TenantStatus) -> dict[str, Any]:
         "borrowed": _gpu_eq(status.borrowed_slices),
         "queued": {"inference": status.queued.get("inference", 0),
                    "training": status.queued.get("training", 0)},
-        "weightedShare": round(status.used_slices / SLICES_PER_GPU / status.weight, 4),
+        "weightedShare": round(fair.weighted_share, 4),
+        "entitlement": round(fair.entitlement, 2),
+        "ofEntitlement": round(ratio, 4) if ratio is not None else None,
     }
 
 
 def status_report(queue: FairQueue) -> dict[str, Any]:
-    """``{"tenants": {name: row}}`` for every tenant the queue knows (see tenant_row)."""
-    return {"tenants": {s.tenant: tenant_row(s) for s in queue.tenant_status()}}
+    """``{"capacity", "jainIndex", "tenants": {name: row}}`` for every tenant the queue
+    knows (see tenant_row), from one snapshot of the queue."""
+    snapshot = queue.snapshot()
+    fair = snapshot_fairness(snapshot)
+    return {
+        "capacity": round(fair.capacity, 2),
+        "jainIndex": round(fair.jain_index, 4),
+        "tenants": {s.tenant: tenant_row(s, fair.tenants[s.tenant]) for s in snapshot.tenants},
+    }
 
 
 def render_status(report: dict[str, Any], console: Console) -> None:
     """The status report as a table (GPU-equivalents unless a unit is shown)."""
     table = Table(title="fairgate tenants (GPU-equivalents)")
-    columns = ("tenant", "weight", "nominal", "borrowLimit", "used", "borrowed",
-               "queued inference", "queued training", "weighted share")
+    columns = ("tenant", "weight", "nominal", "borrowLimit", "used", "entitlement",
+               "of entitlement", "borrowed", "queued inference", "queued training",
+               "weighted share")
     for column in columns:
         table.add_column(column, justify="left" if column == "tenant" else "right")
     for name, row in report["tenants"].items():
         nominal = f"{row['nominalGpuEquivalents']:.2f}"
         if row["nominal"]:
             nominal += f" ({format_counts(row['nominal'])})"
+        ratio = row["ofEntitlement"]
         table.add_row(
             name, f"{row['weight']:g}", nominal, f"{row['borrowLimit']:.2f}",
-            f"{row['used']:.2f}", f"{row['borrowed']:.2f}", str(row["queued"]["inference"]),
+            f"{row['used']:.2f}", f"{row['entitlement']:.2f}",
+            f"{ratio:.0%}" if ratio is not None else "-",
+            f"{row['borrowed']:.2f}", str(row["queued"]["inference"]),
             str(row["queued"]["training"]), f"{row['weightedShare']:.3f}",
         )
     if not report["tenants"]:
@@ -87,6 +106,12 @@ def render_status(report: dict[str, Any], console: Console) -> None:
                       "against this Redis (check --redis-url)?")
         return
     console.print(table)
+    console.print(
+        f"capacity {report['capacity']:g} GPU-eq; Jain's index of used / entitlement "
+        f"{report['jainIndex']:.3f}. entitlement: the tenant's fair share, the capacity "
+        "split by weight among tenants with demand, each capped at used + queued and at "
+        "nominal + borrowLimit.", highlight=False,
+    )
 
 
 @dataclass(frozen=True)
@@ -240,7 +265,7 @@ def status_command(
     if json_out:
         stdout.write(json.dumps(report) + "\n")
     else:
-        render_status(report, Console(file=stdout, width=140))
+        render_status(report, Console(file=stdout, width=170))
     return 0
 
 

@@ -232,6 +232,16 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a number of seconds > 0")
+    return value
+
+
 def _port(text: str) -> int:
     try:
         value = int(text)
@@ -435,9 +445,12 @@ def _status(args: argparse.Namespace) -> int:
 
 def _add_status(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     status = _subparser(
-        subparsers, "status", "per-tenant usage, quota and queues",
-        "Per tenant: weight, nominal, borrowLimit, used, borrowed, queued by class and\n"
-        "weighted share (usage / weight), from the queue in Redis.",
+        subparsers, "status", "per-tenant usage against fair share, quota and queues",
+        "Per tenant: weight, nominal, borrowLimit, used, its entitlement (fair share of\n"
+        "the capacity: split by weight among tenants with demand, each capped at used +\n"
+        "queued and at nominal + borrowLimit) and used / entitlement, borrowed, queued by\n"
+        "class and weighted share (usage / weight); Jain's index of used / entitlement.\n"
+        "From the queue in Redis.",
         "  fairgate status --redis-url redis://127.0.0.1:6379/0\n"
         "  fairgate status --json | jq '.tenants'\n",
     )
@@ -469,7 +482,12 @@ def _add_why(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _simulate(args: argparse.Namespace) -> int:
     from fairshare.simulate import simulate_command
 
-    return simulate_command(Path(args.trace), args.json, args.redis)
+    return simulate_command(
+        Path(args.trace), args.json, args.redis,
+        timeline=Path(args.timeline) if args.timeline else None,
+        timeline_every=args.timeline_every,
+        plot_path=Path(args.plot) if args.plot else None,
+    )
 
 
 def _add_simulate(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -479,12 +497,24 @@ def _add_simulate(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
         "trace (capacity, tenants with weights and quotas, pod arrivals) and report\n"
         "each tenant's share / weight, Jain's index, wait percentiles per class and\n"
         "utilisation. Starts its own redis-server unless --redis-url / $REDIS_URL is\n"
-        "given. Trace format: see DESIGN.md, 'Simulation trace', and examples/.",
+        "given. Trace format: see DESIGN.md, 'Simulation trace', and examples/.\n"
+        "--timeline writes each tenant's allocation and entitlement (its fair share:\n"
+        "the capacity split by weight among tenants with pods running or waiting) every\n"
+        "N virtual seconds as CSV; --plot draws them (needs pip install 'fairgate[plot]').",
         "  fairgate simulate examples/weights-1-2-3.yaml\n"
-        "  fairgate simulate trace.yaml --json | jq .jain_index\n",
+        "  fairgate simulate trace.yaml --json | jq .jain_index\n"
+        "  fairgate simulate trace.yaml --timeline out.csv --timeline-every 30 --plot out.png\n",
     )
     simulate.add_argument("trace", metavar="TRACE.yaml", help="the trace file")
     simulate.add_argument("--json", action="store_true", help="print one JSON object")
+    simulate.add_argument("--timeline", metavar="OUT.csv",
+                          help="write time,tenant,allocated_gpu_eq,entitlement_gpu_eq rows")
+    simulate.add_argument("--timeline-every", type=_positive_seconds, metavar="N",
+                          help="seconds of virtual time between timeline rows "
+                          "(default: 60; needs --timeline or --plot)")
+    simulate.add_argument("--plot", metavar="OUT.png",
+                          help="draw allocation (solid) and entitlement (dashed) per tenant "
+                          "over time (needs matplotlib: pip install 'fairgate[plot]')")
     _redis_url_argument(simulate, required=False)
     simulate.set_defaults(handler=_simulate)
 

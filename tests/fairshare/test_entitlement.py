@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fairshare.entitlement import jain_index, water_fill
+from fairshare.entitlement import TenantLoad, fairness, jain_index, water_fill
 
 
 def test_uncapped_tenants_share_by_weight() -> None:
@@ -61,3 +61,33 @@ def test_jain_index() -> None:
     assert jain_index([1, 1, 1]) == pytest.approx(1.0)
     assert jain_index([1, 0, 0, 0]) == pytest.approx(0.25)
     assert jain_index([]) == 1.0
+
+
+def test_fairness_caps_by_demand_and_quota_and_skips_tenants_without_demand() -> None:
+    gpu = 7
+    fair = fairness(12 * gpu, {
+        "small": TenantLoad(weight=1, used_slices=1 * gpu, queued_slices=0),  # wants 1
+        "capped": TenantLoad(weight=4, used_slices=2 * gpu, queued_slices=20 * gpu,
+                             limit_slices=3 * gpu),  # quota: at most 3
+        "big": TenantLoad(weight=1, used_slices=9 * gpu, queued_slices=50 * gpu),
+        "idle": TenantLoad(weight=5, used_slices=0, queued_slices=0),
+    })
+    assert fair.capacity == 12.0
+    entitled = {name: t.entitlement for name, t in fair.tenants.items()}
+    assert entitled == pytest.approx({"small": 1, "capped": 3, "big": 8, "idle": 0})
+    assert fair.tenants["capped"].weighted_share == pytest.approx(2 / 4)
+    assert fair.tenants["big"].demand == pytest.approx(59)
+    assert fair.tenants["idle"].of_entitlement is None
+    ratios = [1.0, 2 / 3, 9 / 8]  # used / entitlement; idle is entitled to nothing
+    assert fair.jain_index == pytest.approx(jain_index(ratios))
+
+
+def test_fairness_jain_is_one_when_everyone_holds_its_entitlement() -> None:
+    """Whatever the weights and caps: Jain's index is of used / entitlement."""
+    fair = fairness(10 * 7, {
+        "a": TenantLoad(weight=1, used_slices=2 * 7, queued_slices=7),
+        "b": TenantLoad(weight=3, used_slices=6 * 7, queued_slices=7),
+        "c": TenantLoad(weight=9, used_slices=2 * 7, queued_slices=0),  # capped at 2
+    })
+    assert [t.entitlement for t in fair.tenants.values()] == pytest.approx([2, 6, 2])
+    assert fair.jain_index == pytest.approx(1.0)

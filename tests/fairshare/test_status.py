@@ -18,11 +18,12 @@ from tests.fairshare.simkit import make_config
 from tests.fairshare.tickets import pod_uid
 
 NOW = 1_700_000_000.0
-CONFIG = make_config({
+RAW_CONFIG = {
     "team-a": {"weight": 2, "nominal": {"gpu": 4, "mig-1g.5gb": 7},
                "borrowLimit": {"gpuEquivalents": 2}, "inferenceReserve": {"gpuEquivalents": 1}},
     "team-b": {"weight": 1, "nominal": {"gpu": 2}},
-})
+}
+CONFIG = make_config(RAW_CONFIG)
 
 
 def _request(ticket: str, name: str, tenant: str = "team-a", pod_class: str = "training",
@@ -54,13 +55,44 @@ def queue(redis_client: redis.Redis) -> FairQueue:
 def test_status_reports_quota_usage_backlog_and_share(queue: FairQueue) -> None:
     report = status_report(queue)
     a, b = report["tenants"]["team-a"], report["tenants"]["team-b"]
+    # 5 GPU-eq of capacity, both tenants with demand above their share (a: 22 slices
+    # used + 14 queued, cap 5.14; b: 7 + 7, cap 2 = its nominal): split 2:1.
     assert a == {
         "weight": 2.0, "nominal": {"gpu": 4, "mig-1g.5gb": 7}, "nominalGpuEquivalents": 5.0,
         "borrowLimit": 2.0, "inferenceReserve": 1.0, "used": 3.14, "borrowed": 0.0,
         "queued": {"inference": 0, "training": 2}, "weightedShare": round(22 / 7 / 2, 4),
+        "entitlement": 3.33, "ofEntitlement": round(22 / 7 / (10 / 3), 4),
     }
     assert b["used"] == 1.0 and b["queued"] == {"inference": 0, "training": 1}
     assert b["weightedShare"] == 1.0
+    assert b["entitlement"] == 1.67 and b["ofEntitlement"] == 0.6
+    assert report["capacity"] == 5.0
+    ratios = (22 / 7 / (10 / 3), 0.6)
+    assert report["jainIndex"] == round(sum(ratios) ** 2 / (2 * sum(r * r for r in ratios)), 4)
+
+
+def test_status_entitlement_is_capped_by_demand_and_by_quota(queue: FairQueue) -> None:
+    """Entitlements are water-filled: a tenant asking less than its share gets what it
+    asks, one whose quota (nominal + borrow limit) is below its share gets its quota,
+    the rest goes to the others, and a tenant without demand is entitled to nothing."""
+    queue.sync_config(make_config({**RAW_CONFIG, "team-c": {"weight": 5, "nominal": {"gpu": 1}}}),
+                      None)
+    assert queue.remove("b-wait")  # team-b: 1 GPU used, nothing queued
+    report = status_report(queue)
+    shares = {name: row["entitlement"] for name, row in report["tenants"].items()}
+    assert shares == {"team-a": 4.0, "team-b": 1.0, "team-c": 0.0}
+    assert report["tenants"]["team-b"]["ofEntitlement"] == 1.0
+    assert report["tenants"]["team-c"]["ofEntitlement"] is None
+
+    queue.sync_config(make_config(RAW_CONFIG), {"gpu": 10, "mig-1g.5gb": 7})  # 11 GPU-eq
+    for i in range(2):  # team-b asks for 3 GPUs, its nominal is 2 (no borrowing)
+        at = NOW + 10 + i
+        queue.admit(_request(f"b-more-{i}", f"more-{i}", tenant="team-b", at=at), at)
+    report = status_report(queue)
+    assert report["tenants"]["team-b"]["used"] == 2.0
+    assert report["tenants"]["team-b"]["queued"]["training"] == 1
+    shares = {name: row["entitlement"] for name, row in report["tenants"].items()}
+    assert shares == {"team-a": 5.14, "team-b": 2.0, "team-c": 0.0}  # a: all it asks
 
 
 def test_status_command_prints_json_and_a_table(queue: FairQueue, redis_url: str) -> None:
@@ -71,6 +103,9 @@ def test_status_command_prints_json_and_a_table(queue: FairQueue, redis_url: str
     assert status_command(redis_url, False, out=table) == 0
     text = table.getvalue()
     assert "team-a" in text and "5.00 (gpu=4,mig-1g.5gb=7)" in text and "3.14" in text
+    row_a = next(line for line in text.splitlines() if "team-a" in line)
+    assert "3.33" in row_a and "94%" in row_a  # entitlement, used / entitlement
+    assert "Jain's index of used / entitlement 0.953" in text.replace("\n", " ")
 
 
 def test_status_command_reports_an_unreachable_redis() -> None:

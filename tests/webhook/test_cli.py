@@ -191,6 +191,55 @@ def test_simulate_reports_fairness_as_json() -> None:
     assert {"jain_index", "utilization", "wait_seconds", "tenants"} <= set(report)
 
 
+_SMALL_TRACE = (
+    "capacity: {gpu: 2}\ntenants:\n  team-a: {weight: 1, nominal: {gpu: 2}}\n"
+    "  team-b: {weight: 1, nominal: {gpu: 2}}\narrivals:\n"
+    "  - {at: 0, tenant: team-a, class: training, demand: {gpu: 1}, duration: 50, count: 8}\n"
+    "  - {at: 100, tenant: team-b, class: training, demand: {gpu: 1}, duration: 50, count: 8}\n"
+    "horizon: 300\n"
+)
+
+
+def test_simulate_writes_a_timeline_and_a_plot(tmp_path: Path) -> None:
+    trace = tmp_path / "small.yaml"
+    trace.write_text(_SMALL_TRACE)
+    csv_path, png = tmp_path / "t.csv", tmp_path / "t.png"
+    result = _fairgate("simulate", str(trace), "--json", "--timeline", str(csv_path),
+                       "--timeline-every", "25", "--plot", str(png))
+    assert result.returncode == 0, result.stderr
+    lines = csv_path.read_text().splitlines()
+    assert lines[0] == "time,tenant,allocated_gpu_eq,entitlement_gpu_eq"
+    assert len(lines) == 1 + 2 * 13  # t = 0, 25, ..., 300 for two tenants
+    assert "0,team-a,2.0000,2.0000" in lines and "0,team-b,0.0000,0.0000" in lines
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png.stat().st_size > 10_000  # a drawn figure, not an empty canvas
+
+
+def test_simulate_plot_without_matplotlib_says_what_to_install(tmp_path: Path) -> None:
+    trace = tmp_path / "small.yaml"
+    trace.write_text(_SMALL_TRACE)
+    hide = ("import sys; sys.modules['matplotlib'] = None; from webhook.cli import main; "
+            "sys.exit(main(sys.argv[1:]))")
+    result = subprocess.run(
+        [sys.executable, "-c", hide, "simulate", str(trace), "--plot", str(tmp_path / "t.png")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert result.returncode == 2
+    assert "--plot needs matplotlib, which is not installed: pip install 'fairgate[plot]'" \
+        in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "t.png").exists()
+
+
+def test_simulate_refuses_a_timeline_step_that_is_not_positive(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["simulate", "t.yaml", "--timeline", "t.csv", "--timeline-every", "0"])
+    assert exit_info.value.code == 2
+    assert "'0' must be a number of seconds > 0" in capsys.readouterr().err
+
+
 def test_unreachable_redis_is_a_clear_error() -> None:
     result = _fairgate("audit", "verify", "--redis-url", "redis://127.0.0.1:1/0")
     assert result.returncode == 1

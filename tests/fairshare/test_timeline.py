@@ -1,0 +1,84 @@
+"""``fairgate simulate --timeline/--plot``: allocation against entitlement over virtual
+time, from the real queue and dispatcher in a real Redis."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+import pytest
+
+from fairshare.simulate import run_simulation, simulate_command
+from fairshare.trace import load_trace
+
+# 4 GPUs; team-a (weight 1) alone until team-b (weight 3) arrives at t=200 with far more
+# work than fits; team-c (weight 2) never sends a pod. 1-GPU pods of 100 s.
+TRACE = (
+    "capacity: {gpu: 4}\n"
+    "tenants:\n"
+    "  team-a: {weight: 1, nominal: {gpu: 4}}\n"
+    "  team-b: {weight: 3, nominal: {gpu: 4}}\n"
+    "  team-c: {weight: 2, nominal: {gpu: 4}}\n"
+    "arrivals:\n"
+    "  - {at: 0, tenant: team-a, class: training, demand: {gpu: 1}, duration: 100, count: 40}\n"
+    "  - {at: 200, tenant: team-b, class: training, demand: {gpu: 1}, duration: 100, count: 40}\n"
+    "horizon: 620\n"
+)
+
+
+@pytest.fixture
+def trace_path(tmp_path: Path) -> Path:
+    path = tmp_path / "arrive.yaml"
+    path.write_text(TRACE)
+    return path
+
+
+def test_timeline_samples_allocation_and_entitlement(redis_url: str, trace_path: Path) -> None:
+    report = run_simulation(load_trace(trace_path), redis_url, timeline_every=50)
+    times = sorted({row.time for row in report.timeline})
+    assert times == [50.0 * k for k in range(13)] + [620.0]  # every 50 s, and the horizon
+    at = {(row.time, row.tenant): (row.allocated, row.entitlement) for row in report.timeline}
+    for t in (0.0, 50.0, 100.0, 150.0):  # team-a alone: all 4 GPUs, and entitled to them
+        assert at[(t, "team-a")] == (4.0, 4.0)
+        assert at[(t, "team-b")] == (0.0, 0.0)
+    for t in times:
+        assert at[(t, "team-c")] == (0.0, 0.0)  # no demand, no entitlement
+    for t in times[4:]:  # from t=200 both have demand: 4 GPUs split 1:3
+        assert at[(t, "team-a")][1] == pytest.approx(1.0)
+        assert at[(t, "team-b")][1] == pytest.approx(3.0)
+    for t in times[6:]:  # after one pod duration, the allocation follows
+        assert at[(t, "team-a")][0] == pytest.approx(1.0)
+        assert at[(t, "team-b")][0] == pytest.approx(3.0)
+    assert report.to_json().keys() == {"jain_index", "utilization", "wait_seconds", "tenants"}
+
+
+def test_timeline_command_writes_the_csv(redis_url: str, trace_path: Path,
+                                         tmp_path: Path) -> None:
+    out = tmp_path / "timeline.csv"
+    assert simulate_command(trace_path, True, redis_url, out=io.StringIO(), timeline=out,
+                            timeline_every=200) == 0
+    with out.open(newline="") as handle:
+        rows = list(csv.reader(handle))
+    assert rows[0] == ["time", "tenant", "allocated_gpu_eq", "entitlement_gpu_eq"]
+    assert [r[:2] for r in rows[1:]] == [
+        [t, tenant] for t in ("0", "200", "400", "600", "620")
+        for tenant in ("team-a", "team-b", "team-c")
+    ]
+    assert rows[1] == ["0", "team-a", "4.0000", "4.0000"]
+    assert rows[11][2:] == ["3.0000", "3.0000"]  # t=600, team-b
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"timeline_every": 30.0}, "--timeline-every needs --timeline out.csv or --plot out.png"),
+    ({"timeline": Path("/no/such/dir/t.csv")}, "directory /no/such/dir does not exist"),
+    ({"timeline": Path("t.csv"), "timeline_every": 0.0}, "must be > 0 seconds"),
+])
+def test_bad_timeline_options_are_refused_before_the_run(
+    trace_path: Path, options: dict[str, object], message: str
+) -> None:
+    err = io.StringIO()
+    # no Redis URL that works: the options are checked before anything runs
+    assert simulate_command(trace_path, True, "redis://127.0.0.1:1/0", out=io.StringIO(),
+                            err=err, **options) == 2  # type: ignore[arg-type]
+    assert message in err.getvalue()
