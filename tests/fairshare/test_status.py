@@ -49,6 +49,11 @@ def queue(redis_client: redis.Redis) -> FairQueue:
         assert admission.outcome == "queued"
     assert q.admit(_request("b-wait", "b-wait", tenant="team-b", at=NOW + 5),
                    NOW + 5).outcome == "queued"
+    # the dispatcher has seen the queued pods (their demand counts as queued from then on)
+    for ticket, ns, name in (("a-wait-0", "team-a-dev", "wait-0"),
+                             ("a-wait-1", "team-a-dev", "wait-1"),
+                             ("b-wait", "team-b-dev", "b-wait")):
+        assert q.confirm(ticket, pod_uid(ticket), ns, name) == "confirmed"
     return q
 
 
@@ -77,7 +82,7 @@ def test_status_entitlement_is_capped_by_demand_and_by_quota(queue: FairQueue) -
     the rest goes to the others, and a tenant without demand is entitled to nothing."""
     queue.sync_config(make_config({**RAW_CONFIG, "team-c": {"weight": 5, "nominal": {"gpu": 1}}}),
                       None)
-    assert queue.remove("b-wait")  # team-b: 1 GPU used, nothing queued
+    assert queue.remove("b-wait", pod_uid("b-wait"))  # team-b: 1 GPU used, nothing queued
     report = status_report(queue)
     shares = {name: row["entitlement"] for name, row in report["tenants"].items()}
     assert shares == {"team-a": 4.0, "team-b": 1.0, "team-c": 0.0}
@@ -88,6 +93,7 @@ def test_status_entitlement_is_capped_by_demand_and_by_quota(queue: FairQueue) -
     for i in range(2):  # team-b asks for 3 GPUs, its nominal is 2 (no borrowing)
         at = NOW + 10 + i
         queue.admit(_request(f"b-more-{i}", f"more-{i}", tenant="team-b", at=at), at)
+        queue.confirm(f"b-more-{i}", pod_uid(f"b-more-{i}"), "team-b-dev", f"more-{i}")
     report = status_report(queue)
     assert report["tenants"]["team-b"]["used"] == 2.0
     assert report["tenants"]["team-b"]["queued"]["training"] == 1
