@@ -115,12 +115,19 @@ def _band(
     return "inference" if pod_class == "inference" else "training"
 
 
+DemandOf = Callable[[Mapping[str, Any]], resources.ResourceCounts]
+
+
 def pod_from_manifest(
-    obj: Mapping[str, Any], priority_classes: PriorityClasses
+    obj: Mapping[str, Any], priority_classes: PriorityClasses,
+    demand_of: DemandOf | None = None,
 ) -> GpuPod | None:
     """The :class:`GpuPod` of a pod manifest, or None if fairgate did not stamp it.
 
     A pod without tenant label, ticket or a parsable demand annotation is not tracked.
+    With ``demand_of`` (the pod's effective GPU demand computed from its spec, which no
+    one can change after CREATE), the demand is the spec's: an annotation that disagrees
+    (edited after admission) is logged and ignored.
     """
     meta = obj.get("metadata") or {}
     labels: Mapping[str, str] = meta.get("labels") or {}
@@ -137,6 +144,19 @@ def pod_from_manifest(
         log.warning("pod %s/%s has a malformed fairgate annotation; ignored",
                     meta.get("namespace"), meta.get("name"))
         return None
+    if demand_of is not None:
+        try:
+            from_spec = demand_of(obj)
+        except ValueError as error:
+            log.warning("pod %s/%s: demand from its spec: %s; ignored",
+                        meta.get("namespace"), meta.get("name"), error)
+            return None
+        if from_spec != demand:
+            log.warning("pod %s/%s: fairgate.io/demand %r disagrees with its spec (%s); "
+                        "the spec counts", meta.get("namespace"), meta.get("name"),
+                        annotations.get(DEMAND_ANNOTATION, ""),
+                        resources.format_counts(from_spec))
+            demand = from_spec
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
     phase = status.get("phase") or "Pending"
@@ -198,10 +218,13 @@ class KubeCluster:
         *,
         backoff: Backoff | None = None,
         instance: str | None = None,
+        demand_of: DemandOf | None = None,
     ) -> None:
-        """Talk to the API server through ``api``; nothing happens until a call."""
+        """Talk to the API server through ``api``; nothing happens until a call.
+        ``demand_of``: see :func:`pod_from_manifest`."""
         self._core = client.CoreV1Api(api)
         self._priority_classes = priority_classes or PriorityClasses()
+        self._demand_of = demand_of
         self._backoff = backoff or Backoff()
         self._instance = instance or socket.gethostname()
         self._changes: queue.Queue[ClusterChange] = queue.Queue()
@@ -422,7 +445,7 @@ class KubeCluster:
 
     def _remember(self, obj: Mapping[str, Any], deleted: bool = False) -> GpuPod | None:
         """Parse a pod and remember where its gate is (for a one-request lift)."""
-        pod = pod_from_manifest(obj, self._priority_classes)
+        pod = pod_from_manifest(obj, self._priority_classes, self._demand_of)
         if pod is None:
             return None
         gates = (obj.get("spec") or {}).get("schedulingGates") or []

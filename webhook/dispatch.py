@@ -25,6 +25,7 @@ from prometheus_client import start_http_server
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from admission.demand import pod_demand
 from audit import AuditLog
 from fairshare.connection import RedisTarget, connect_redis
 from fairshare.dispatcher import Dispatcher
@@ -95,7 +96,7 @@ def run_dispatch(redis_target: RedisTarget | str, config_dir: Path | None = None
                            retry=Retry(ExponentialBackoff(cap=2.0), 3))
     config = _current(source)
     priority_classes = config.platform.priority_classes if config else PriorityClasses()
-    cluster = KubeCluster(_api(api_client), priority_classes)
+    cluster = KubeCluster(_api(api_client), priority_classes, demand_of=pod_demand)
     metrics = DispatcherMetrics()
     if metrics_port is not None:
         start_http_server(metrics_port, registry=metrics.registry)

@@ -10,6 +10,7 @@ from fairshare.metrics import DispatcherMetrics
 from fairshare.model import PodRequest, QueueSnapshot, TenantStatus
 from fairshare.queue import FairQueue
 from tests.fairshare.simkit import make_config
+from tests.fairshare.tickets import pod_uid
 
 
 def _status(tenant: str, queued: int, used: dict[str, int]) -> TenantStatus:
@@ -81,9 +82,12 @@ def test_fairness_gauges_from_a_real_queue(redis_client: redis.Redis) -> None:
         "team-c": {"weight": 4, "nominal": {"gpu": 8}},
     }), {"gpu": 8})
     def admit(ticket: str, tenant: str, at: float) -> str:
-        return queue.admit(PodRequest(ticket=ticket, tenant=tenant, namespace=f"{tenant}-ns",
-                                      name=ticket, pod_class="training", demand={"gpu": 1},
-                                      submitted_at=at), at).outcome
+        """Admit a pod, and let the dispatcher see it (its queued demand counts then)."""
+        outcome = queue.admit(PodRequest(ticket=ticket, tenant=tenant, namespace=f"{tenant}-ns",
+                                         name=ticket, pod_class="training", demand={"gpu": 1},
+                                         submitted_at=at), at).outcome
+        assert queue.confirm(ticket, pod_uid(ticket), f"{tenant}-ns", ticket) == "confirmed"
+        return outcome
     assert [admit(f"a{i}", "team-a", i) for i in range(6)] == ["reserved"] * 6
     assert [admit(f"b{i}", "team-b", 10 + i) for i in range(6)] == ["reserved"] * 2 + \
         ["queued"] * 4
@@ -101,7 +105,7 @@ def test_fairness_gauges_from_a_real_queue(redis_client: redis.Redis) -> None:
     assert _gauge(metrics, "fairgate_fairness_jain_index") == pytest.approx(jain)
 
     for i in range(4):  # a's pods end, b's queued ones run: b holds 6, a 2
-        assert queue.release(f"a{i}")
+        assert queue.release(f"a{i}", pod_uid(f"a{i}"))
     assert len(queue.dispatch(100.0, limit=10)) == 4
     metrics.observe_tenants(queue.snapshot())
     assert _gauge(metrics, "fairgate_tenant_fair_share", "team-a") == pytest.approx(2.0)

@@ -9,6 +9,7 @@ import copy
 import datetime
 from typing import Any
 
+from admission.demand import pod_demand
 from fairshare.kube import Backoff, node_capacity, pod_from_manifest
 from tenants.models import PriorityClasses
 
@@ -113,3 +114,18 @@ def test_backoff_grows_exponentially_and_stays_bounded() -> None:
         assert len(delays) == 5
         for delay, cap in zip(delays, (0.1, 0.2, 0.4, 0.5, 0.5), strict=True):
             assert 0 <= delay <= cap
+
+
+def test_demand_comes_from_the_spec_when_the_annotation_was_edited() -> None:
+    """Issue 12: the demand annotation is a copy; the pod's spec (immutable after CREATE
+    for extended resources) is what it can use. An edited annotation changes nothing."""
+    pod = copy.deepcopy(STAMPED)
+    pod["spec"]["containers"][0]["resources"] = {
+        "limits": {"nvidia.com/gpu": "2", "nvidia.com/mig-1g.5gb": "1"}}
+    pod["metadata"]["annotations"]["fairgate.io/demand"] = "gpu=0"  # edited after admission
+    read = pod_from_manifest(pod, PRIORITY, pod_demand)
+    assert read is not None and dict(read.demand) == {"gpu": 2, "mig-1g.5gb": 1}
+    without = pod_from_manifest(pod, PRIORITY)  # no spec reader: the annotation (legacy)
+    assert without is not None and without.slices == 0
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "half"}}
+    assert pod_from_manifest(pod, PRIORITY, pod_demand) is None  # unreadable: not tracked
