@@ -267,8 +267,8 @@ class FairQueue:
         """The ticket of the known (reserved, queued or running) pod ``namespace/name``.
 
         ``name`` is the name the pod was admitted or last rebuilt with: a pod created
-        with ``generateName`` is found as ``<generateName>*`` until a rebuild lists it
-        under its own name. None when no such pod is known.
+        with ``generateName`` is found as ``<generateName>*`` until the dispatcher sees it
+        (:meth:`confirm`) or a rebuild lists it under its own name. None when no such pod is known.
         """
         return text(self._run("find", namespace, name)) or None
 
