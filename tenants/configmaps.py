@@ -7,8 +7,9 @@ Contract:
 - CREATE/UPDATE must carry exactly one data key (``platform.yaml`` / ``quota.yaml``)
   holding a valid document: schema errors name the field and the fix, YAML syntax errors
   the line. A quota must carry the label ``fairgate.io/quota: <tenant>`` matching its
-  name, and its nominal must fit the tenant's ceiling. A platform edit may not lower a
-  ceiling below, or remove, a tenant whose quota exists (the message names the tenant).
+  name, and its nominal, and nominal + borrowLimit, must fit the tenant's ceiling. A
+  platform edit may not lower a ceiling below the nominal + borrowLimit of, or remove, a
+  tenant whose quota exists (the message names the tenant).
 - A quota below the tenant's current usage is allowed with a warning (nothing is
   evicted; new pods wait). Warnings are at most 120 characters.
 - An allowed change carries ``audit_diff``: field path -> ``{"before", "after"}`` over
@@ -173,6 +174,16 @@ def _ceiling_problems(platform: PlatformConfig, current: FairgateConfig) -> list
                 f"{spec.ceiling.gpu_equivalents} is below the nominal quota of tenant "
                 f"{tenant!r} ({nominal} GPU-eq in {QUOTA_CONFIGMAP_PREFIX}{tenant}): lower "
                 f"that quota first",
+            ))
+        elif quota.nominal_slices + quota.borrow_limit.slices > spec.ceiling.slices:
+            eq = resources.gpu_equivalents
+            borrow = quota.borrow_limit.slices
+            problems.append(Problem(
+                f"tenants.{tenant}.ceiling.gpuEquivalents",
+                f"{spec.ceiling.gpu_equivalents} is below nominal + borrowLimit of tenant "
+                f"{tenant!r} ({nominal} + {eq(borrow)} = {eq(quota.nominal_slices + borrow)} "
+                f"GPU-eq in {QUOTA_CONFIGMAP_PREFIX}{tenant}): lower that quota's borrowLimit "
+                f"first",
             ))
     return problems
 

@@ -151,7 +151,8 @@ def parse_quota(
 def quota_problems(
     quota: QuotaSpec, tenant: str, platform: PlatformConfig | None
 ) -> list[Problem]:
-    """Cross-field rules: reserve within nominal, nominal within the tenant's ceiling."""
+    """Cross-field rules: reserve within nominal; nominal, and nominal + borrowLimit, within
+    the tenant's ceiling (the most its quota may ever grant)."""
     problems: list[Problem] = []
     nominal = quota.nominal_slices
     if quota.inference_reserve.slices > nominal:
@@ -181,4 +182,19 @@ def quota_problems(
                     f"{tenant!r}: lower nominal or ask them to raise the ceiling",
                 )
             )
+        elif nominal + quota.borrow_limit.slices > spec.ceiling.slices:
+            problems.append(_borrow_problem(tenant, nominal, quota.borrow_limit.slices,
+                                            spec.ceiling.slices))
     return problems
+
+
+def _borrow_problem(tenant: str, nominal: int, borrow: int, ceiling: int) -> Problem:
+    """nominal + borrowLimit over the ceiling: the numbers, and the largest borrowLimit
+    (whole GPU-equivalents) that fits."""
+    room = (ceiling - nominal) // resources.SLICES_PER_GPU * resources.SLICES_PER_GPU
+    eq = resources.gpu_equivalents
+    return Problem(
+        "borrowLimit.gpuEquivalents",
+        f"nominal {eq(nominal)} + borrowLimit {eq(borrow)} GPU-eq = {eq(nominal + borrow)} "
+        f"exceeds {tenant}'s ceiling {eq(ceiling)}: lower borrowLimit to at most {eq(room)}",
+    )

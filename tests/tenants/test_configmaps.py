@@ -279,6 +279,31 @@ def test_platform_edit_lowering_a_ceiling_below_a_quota_is_denied_naming_the_ten
            "'team-a' (10.00 GPU-eq in quota-team-a)" in verdict.message
 
 
+def test_platform_edit_lowering_a_ceiling_below_nominal_plus_borrow_limit_is_denied(
+    current: FairgateConfig,
+) -> None:
+    lowered = PLATFORM_YAML.replace("gpuEquivalents: 24", "gpuEquivalents: 12")
+    body = admission_review("UPDATE", "fairgate-platform", PLATFORM_ADMIN,
+                            new={"platform.yaml": lowered}, old={"platform.yaml": PLATFORM_YAML})
+    verdict = review(current, body)
+    assert not verdict.allowed
+    assert "tenants.team-a.ceiling.gpuEquivalents: 12 is below nominal + borrowLimit of tenant " \
+           "'team-a' (10.00 + 4.00 = 14.00 GPU-eq in quota-team-a): lower that quota's " \
+           "borrowLimit first" in verdict.message
+    exact = PLATFORM_YAML.replace("gpuEquivalents: 24", "gpuEquivalents: 14")
+    assert review(current, admission_review(
+        "UPDATE", "fairgate-platform", PLATFORM_ADMIN, new={"platform.yaml": exact},
+        old={"platform.yaml": PLATFORM_YAML})).allowed
+
+
+def test_edit_raising_borrow_limit_above_the_ceiling_is_denied(current: FairgateConfig) -> None:
+    verdict = review(current, quota_update(
+        TENANT_A_ADMIN, "nominal: {gpu: 8, mig-1g.5gb: 14}\nborrowLimit: {gpuEquivalents: 15}\n"))
+    assert not verdict.allowed and verdict.audit_diff is None
+    assert "nominal 10.00 + borrowLimit 15.00 GPU-eq = 25.00 exceeds team-a's ceiling 24.00: " \
+           "lower borrowLimit to at most 14.00" in verdict.message
+
+
 def test_platform_edit_removing_a_tenant_with_a_quota_is_denied(current: FairgateConfig) -> None:
     without_b = PLATFORM_YAML[: PLATFORM_YAML.index("  team-b:")]
     body = admission_review("UPDATE", "fairgate-platform", PLATFORM_ADMIN,

@@ -50,6 +50,12 @@ def test_design_examples_parse() -> None:
         ("nominal: {gpu: '2'}", "nominal.gpu: must be a whole number"),
         ("nominal: {mig-9g.9gb: 1}", "unknown GPU resource 'mig-9g.9gb'"),
         ("nominal: {gpu: 30}", "exceeds the ceiling of 24 GPU-eq"),
+        ("nominal: {gpu: 8}\nborrowLimit: {gpuEquivalents: 20}",
+         "borrowLimit.gpuEquivalents: nominal 8.00 + borrowLimit 20.00 GPU-eq = 28.00 exceeds "
+         "team-a's ceiling 24.00: lower borrowLimit to at most 16.00"),
+        ("nominal: {gpu: 8, mig-1g.5gb: 3}\nborrowLimit: {gpuEquivalents: 16}",
+         "nominal 8.43 + borrowLimit 16.00 GPU-eq = 24.43 exceeds team-a's ceiling 24.00: "
+         "lower borrowLimit to at most 15.00"),
         ("nominal: {gpu: 1}\ninferenceReserve: {gpuEquivalents: 2}",
          "inferenceReserve.gpuEquivalents: 2 is more than the nominal quota"),
         ("defaultClass: batch", "defaultClass: must be one of"),
@@ -63,6 +69,12 @@ def test_quota_errors_are_precise(text: str, expected: str) -> None:
         parse_quota(text, "team-a", parse_platform(PLATFORM))
     assert expected in str(info.value)
     assert str(info.value).startswith("quota-team-a.yaml: ")
+
+
+def test_borrow_limit_up_to_the_ceiling_is_accepted() -> None:
+    quota = parse_quota("nominal: {gpu: 8}\nborrowLimit: {gpuEquivalents: 16}", "team-a",
+                        parse_platform(PLATFORM))
+    assert quota.nominal_slices + quota.borrow_limit.slices == 24 * 7
 
 
 def test_quota_for_unknown_tenant_is_refused() -> None:
