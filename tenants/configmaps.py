@@ -2,7 +2,12 @@
 
 Contract:
 - Only ``fairgate-platform`` and ``quota-<tenant>`` in ``fairgate-system`` are fairgate's;
-  every other ConfigMap is allowed untouched (``ours`` is False).
+  every other ConfigMap is allowed untouched (``ours`` is False), except two that would
+  only look like quotas and are refused for everyone: a CREATE in ``fairgate-system``
+  without a name (``generateName``) whose prefix starts with ``quota-`` or that carries
+  the label ``fairgate.io/quota`` (quota ConfigMaps must be created with their explicit
+  name ``quota-<tenant>``), and a CREATE/UPDATE there of any other ConfigMap carrying that
+  label (it is reserved for quota ConfigMaps).
 - Who may do what is :mod:`tenants.authz`, judged against the *current* config.
 - CREATE/UPDATE must carry exactly one data key (``platform.yaml`` / ``quota.yaml``)
   holding a valid document: schema errors name the field and the fix, YAML syntax errors
@@ -77,15 +82,17 @@ def review_configmap(
     labels: Mapping[str, str] | None,
     current: FairgateConfig,
     usage_slices_by_tenant: Mapping[str, int] | None = None,
+    generate_name: str = "",
 ) -> ConfigMapVerdict:
     """Decide a CREATE, UPDATE or DELETE of a ConfigMap (see the module doc).
 
     ``new_data``/``labels`` are the object's after the change (None on DELETE),
     ``old_data`` before it (None on CREATE); ``usage_slices_by_tenant`` is the current
-    usage in slices, if known.
+    usage in slices, if known; ``generate_name`` is ``metadata.generateName`` (a CREATE
+    without a name).
     """
     if not is_fairgate_configmap(name, namespace):
-        return ConfigMapVerdict(allowed=True, ours=False)
+        return _lookalike_verdict(operation, name, namespace, generate_name, labels or {})
     if operation not in (*WRITES, "DELETE"):
         return ConfigMapVerdict(allowed=True)
     who = authz.describe(username, groups)
@@ -95,6 +102,27 @@ def review_configmap(
     assert tenant is not None
     return _review_quota(operation, tenant, new_data, old_data, who, username, groups,
                          labels or {}, current, usage_slices_by_tenant)
+
+
+def _lookalike_verdict(operation: str, name: str, namespace: str, generate_name: str,
+                       labels: Mapping[str, str]) -> ConfigMapVerdict:
+    """A ConfigMap that is not fairgate's by name: refused when it would pass for a quota
+    (see the module doc), else not ours."""
+    label = labels.get(QUOTA_LABEL)
+    if namespace != CONTROL_NAMESPACE or operation not in WRITES:
+        return ConfigMapVerdict(allowed=True, ours=False)
+    example = f"{QUOTA_CONFIGMAP_PREFIX}{label or '<tenant>'}"
+    if not name and (generate_name.startswith(QUOTA_CONFIGMAP_PREFIX) or label is not None):
+        return _deny(
+            f"quota ConfigMaps must be created with an explicit name: set metadata.name to "
+            f"{example} instead of generateName {generate_name!r} (a generated name names "
+            f"no tenant, and fairgate would not check it)", label)
+    if label is not None:
+        return _deny(
+            f"the label {QUOTA_LABEL} is reserved for quota ConfigMaps named "
+            f"{QUOTA_CONFIGMAP_PREFIX}<tenant> in {CONTROL_NAMESPACE}: remove it from "
+            f"{name!r}, or name the ConfigMap {example}", label)
+    return ConfigMapVerdict(allowed=True, ours=False)
 
 
 def review_configmap_request(
@@ -118,6 +146,7 @@ def review_configmap_request(
         labels=((new or {}).get("metadata") or {}).get("labels") or {},
         current=current,
         usage_slices_by_tenant=usage_slices_by_tenant,
+        generate_name=str(meta.get("generateName") or ""),
     )
 
 

@@ -441,6 +441,7 @@ class AdmissionService:
             labels=_labels(new),
             current=config,
             usage_slices_by_tenant=await self._usage(),
+            generate_name=str(metadata.get("generateName") or ""),
         )
         if not verdict.ours:
             return allow(request.uid)
