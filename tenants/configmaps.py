@@ -38,7 +38,15 @@ from tenants.models import (
     FairgateConfig,
     PlatformConfig,
 )
-from tenants.schema import ConfigError, Problem, load_yaml_mapping, parse_platform, parse_quota
+from tenants.schema import (
+    MAX_DOCUMENT_BYTES,
+    MAX_QUOTA_BYTES,
+    ConfigError,
+    Problem,
+    load_yaml_mapping,
+    parse_platform,
+    parse_quota,
+)
 
 MAX_WARNING = 120
 WRITES = ("CREATE", "UPDATE")
@@ -157,7 +165,7 @@ def _review_platform(operation: str, new_data: Mapping[str, str] | None,
     if not authz.is_platform_admin(current.platform, user, groups):
         return _deny(f"{who} may not {_verb(operation)} {target}: only platform admins "
                      f"(platformAdmins in {PLATFORM_CONFIGMAP}) may")
-    before = _document_or_empty(old_data, PLATFORM_KEY)
+    before = _document_or_empty(old_data, PLATFORM_KEY, MAX_DOCUMENT_BYTES)
     if operation == "DELETE":
         return ConfigMapVerdict(
             allowed=True, audit_diff=field_diff(before, {}),
@@ -224,7 +232,7 @@ def _review_quota(operation: str, tenant: str, new_data: Mapping[str, str] | Non
     name = f"{QUOTA_CONFIGMAP_PREFIX}{tenant}"
     target = f"{CONTROL_NAMESPACE}/{name}"
     platform = current.platform
-    before = _document_or_empty(old_data, QUOTA_KEY)
+    before = _document_or_empty(old_data, QUOTA_KEY, MAX_QUOTA_BYTES)
     if operation == "DELETE":
         if not authz.is_platform_admin(platform, user, groups):
             return _deny(f"{who} may not delete {target}: only platform admins may; to "
@@ -261,7 +269,8 @@ def _review_quota(operation: str, tenant: str, new_data: Mapping[str, str] | Non
             f"new pods wait"
         ))
     return ConfigMapVerdict(allowed=True, tenant=tenant, warnings=tuple(warnings),
-                            audit_diff=field_diff(before, load_yaml_mapping(text or "", source)))
+                            audit_diff=field_diff(before, load_yaml_mapping(
+                                text or "", source, MAX_QUOTA_BYTES)))
 
 
 def _data_key_problems(data: Mapping[str, str] | None, key: str, name: str) -> list[Problem]:
@@ -274,10 +283,12 @@ def _data_key_problems(data: Mapping[str, str] | None, key: str, name: str) -> l
     return problems
 
 
-def _document_or_empty(data: Mapping[str, str] | None, key: str) -> dict[str, Any]:
-    """The YAML mapping under ``key``, or {} if absent or unreadable (a broken old version)."""
+def _document_or_empty(data: Mapping[str, str] | None, key: str,
+                       max_bytes: int) -> dict[str, Any]:
+    """The YAML mapping under ``key``, or {} if absent, over ``max_bytes`` or unreadable
+    (a broken old version)."""
     try:
-        return load_yaml_mapping((data or {}).get(key, ""), key)
+        return load_yaml_mapping((data or {}).get(key, ""), key, max_bytes)
     except ConfigError:
         return {}
 

@@ -117,3 +117,10 @@ def answer(client: httpx.Client, path: str, body: Mapping[str, Any]) -> dict[str
     response: dict[str, Any] = reply.json()["response"]
     assert response["uid"] == body["request"]["uid"]
     return response
+
+
+def hostile_quota(size: int) -> str:
+    """A quota of ``size`` bytes that is slow to parse: a flow list of tiny integers."""
+    head = "nominal: {gpu: 1}\nx: ["
+    count = (size - len(head) - 2) // 2
+    return head + ",".join(["1"] * count) + "]\n"

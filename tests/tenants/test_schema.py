@@ -133,3 +133,36 @@ def test_written_config_dir_loads_back(tmp_path: Path) -> None:
     tenant_a = config.tenant("team-a")
     assert tenant_a is not None and tenant_a.nominal == {"gpu": 8, "mig-1g.5gb": 14}
     assert config.tenant_of_namespace("team-a-dev") == "team-a"
+
+
+def test_quota_over_64_kib_is_refused_unparsed_naming_size_and_cap() -> None:
+    text = "nominal: {gpu: 1}\n" + "#" * (64 * 1024)  # valid YAML, only too long
+    with pytest.raises(ConfigError) as info:
+        parse_quota(text, "team-a", parse_platform(PLATFORM))
+    assert "document is 65,554 bytes, over the 65,536-byte (64 KiB) cap" in str(info.value)
+    broken = "x: [" * (1024 * 1024)  # would be a syntax error, if it were parsed
+    with pytest.raises(ConfigError, match="over the 65,536-byte"):
+        parse_quota(broken, "team-a", parse_platform(PLATFORM))
+    padded = "nominal: {gpu: 1}\n" + "#" * (64 * 1024 - 19) + "\n"
+    assert len(padded.encode()) == 64 * 1024
+    assert parse_quota(padded, "team-a", parse_platform(PLATFORM)).nominal == {"gpu": 1}
+
+
+def test_platform_documents_keep_the_larger_cap() -> None:
+    """platform.yaml (platform admins only) may list hundreds of tenants."""
+    tenants = "".join(f"  tenant-{i:04d}: {{weight: 1, ceiling: {{gpuEquivalents: 8}}, "
+                      f"admins: {{groups: [tenant-{i:04d}-admins]}}}}\n" for i in range(1000))
+    text = "tenants:\n" + tenants
+    assert len(text) > 64 * 1024
+    assert len(parse_platform(text).tenants) == 1000
+
+
+@pytest.mark.parametrize("text", [
+    "x: " + "[" * 60000 + "]" * 60000,          # libyaml's own composer crashes on this
+    "x: " + "{a: " * 20000 + "1" + "}" * 20000,
+    "a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+    "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n",
+])
+def test_nesting_and_alias_bombs_are_refused_while_composing(text: str) -> None:
+    with pytest.raises(ConfigError, match=r"nested deeper than 32 levels|aliases"):
+        parse_quota(text[:60000], "team-a", parse_platform(PLATFORM))
