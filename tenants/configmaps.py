@@ -41,6 +41,7 @@ from tenants.models import (
 from tenants.schema import (
     MAX_DOCUMENT_BYTES,
     MAX_QUOTA_BYTES,
+    MAX_QUOTA_NODES,
     ConfigError,
     Problem,
     load_yaml_mapping,
@@ -165,7 +166,7 @@ def _review_platform(operation: str, new_data: Mapping[str, str] | None,
     if not authz.is_platform_admin(current.platform, user, groups):
         return _deny(f"{who} may not {_verb(operation)} {target}: only platform admins "
                      f"(platformAdmins in {PLATFORM_CONFIGMAP}) may")
-    before = _document_or_empty(old_data, PLATFORM_KEY, MAX_DOCUMENT_BYTES)
+    before = _document_or_empty(old_data, PLATFORM_KEY, MAX_DOCUMENT_BYTES, None)
     if operation == "DELETE":
         return ConfigMapVerdict(
             allowed=True, audit_diff=field_diff(before, {}),
@@ -232,7 +233,7 @@ def _review_quota(operation: str, tenant: str, new_data: Mapping[str, str] | Non
     name = f"{QUOTA_CONFIGMAP_PREFIX}{tenant}"
     target = f"{CONTROL_NAMESPACE}/{name}"
     platform = current.platform
-    before = _document_or_empty(old_data, QUOTA_KEY, MAX_QUOTA_BYTES)
+    before = _document_or_empty(old_data, QUOTA_KEY, MAX_QUOTA_BYTES, MAX_QUOTA_NODES)
     if operation == "DELETE":
         if not authz.is_platform_admin(platform, user, groups):
             return _deny(f"{who} may not delete {target}: only platform admins may; to "
@@ -270,7 +271,7 @@ def _review_quota(operation: str, tenant: str, new_data: Mapping[str, str] | Non
         ))
     return ConfigMapVerdict(allowed=True, tenant=tenant, warnings=tuple(warnings),
                             audit_diff=field_diff(before, load_yaml_mapping(
-                                text or "", source, MAX_QUOTA_BYTES)))
+                                text or "", source, MAX_QUOTA_BYTES, MAX_QUOTA_NODES)))
 
 
 def _data_key_problems(data: Mapping[str, str] | None, key: str, name: str) -> list[Problem]:
@@ -283,12 +284,12 @@ def _data_key_problems(data: Mapping[str, str] | None, key: str, name: str) -> l
     return problems
 
 
-def _document_or_empty(data: Mapping[str, str] | None, key: str,
-                       max_bytes: int) -> dict[str, Any]:
-    """The YAML mapping under ``key``, or {} if absent, over ``max_bytes`` or unreadable
+def _document_or_empty(data: Mapping[str, str] | None, key: str, max_bytes: int,
+                       max_nodes: int | None) -> dict[str, Any]:
+    """The YAML mapping under ``key``, or {} if absent, over the limits or unreadable
     (a broken old version)."""
     try:
-        return load_yaml_mapping((data or {}).get(key, ""), key, max_bytes)
+        return load_yaml_mapping((data or {}).get(key, ""), key, max_bytes, max_nodes)
     except ConfigError:
         return {}
 

@@ -5,13 +5,14 @@ A :class:`ConfigError` names the source (file or ConfigMap), the field path, wha
 wrong and how to fix it; YAML syntax errors carry the 1-based line and column.
 Documents are bounded in size before any parsing (``quota.yaml``: :data:`MAX_QUOTA_BYTES`,
 64 KiB, since tenant admins write it; others :data:`MAX_DOCUMENT_BYTES`); YAML aliases
-(alias bombs) and nesting deeper than :data:`MAX_NESTING` are refused while composing,
-before the nodes beyond them are read. Parsing uses libyaml's C scanner and parser when
-PyYAML has it (about 5x faster than the pure-Python one, which is the fallback); the
-guarded composer and the constructor are PyYAML's Python code in both cases (libyaml's
-own composer recurses without a bound: a 64 KiB ``[[[[...`` crashes the process).
-Parsing still costs CPU (a hostile 64 KiB document: a few hundred ms): the webhook runs it
-in a worker process under a time budget (:mod:`webhook.checker`).
+(alias bombs), nesting deeper than :data:`MAX_NESTING` and, in ``quota.yaml``, more than
+:data:`MAX_QUOTA_NODES` values are refused while composing, before the rest is read.
+Parsing uses libyaml's C scanner and parser when PyYAML has it (about 5x faster than the
+pure-Python one, which is the fallback); the guarded composer and the constructor are
+PyYAML's Python code in both cases (libyaml's own composer recurses without a bound: a
+64 KiB ``[[[[...`` crashes the process). Parsing still costs CPU (tens of ms for a hostile
+quota, more for a large platform.yaml): the webhook runs it in a worker process under a
+time budget (:mod:`webhook.checker`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ except ImportError:  # PyYAML built without libyaml
 
 MAX_DOCUMENT_BYTES = 256 * 1024
 MAX_QUOTA_BYTES = 64 * 1024
+MAX_QUOTA_NODES = 1000
 MAX_NESTING = 32
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
@@ -65,9 +67,12 @@ class ConfigError(ValueError):
 
 
 class _GuardedComposer(Composer):
-    """PyYAML's composer, refusing aliases and nesting deeper than MAX_NESTING."""
+    """PyYAML's composer, refusing aliases, nesting deeper than MAX_NESTING and more
+    than ``max_nodes`` nodes."""
 
     _depth = 0
+    _nodes = 0
+    max_nodes: int | None = None
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         events: Any = self  # the parser part of the loader (Python or libyaml)
@@ -81,6 +86,13 @@ class _GuardedComposer(Composer):
             raise yaml.constructor.ConstructorError(
                 None, None,
                 f"nested deeper than {MAX_NESTING} levels; a fairgate config is a few levels deep",
+                event.start_mark,
+            )
+        self._nodes += 1
+        if self.max_nodes is not None and self._nodes > self.max_nodes:
+            raise yaml.constructor.ConstructorError(
+                None, None,
+                f"more than {self.max_nodes} YAML values; a fairgate config has a few dozen",
                 event.start_mark,
             )
         self._depth += 1
@@ -112,10 +124,10 @@ if HAVE_LIBYAML:
 
 
 def load_yaml_mapping(
-    text: str, source: str, max_bytes: int = MAX_DOCUMENT_BYTES
+    text: str, source: str, max_bytes: int = MAX_DOCUMENT_BYTES, max_nodes: int | None = None
 ) -> dict[str, Any]:
     """Parse ``text`` as one YAML mapping (empty text is ``{}``); refuse it unparsed when
-    it is over ``max_bytes`` (UTF-8)."""
+    it is over ``max_bytes`` (UTF-8), and stop at the first node past ``max_nodes``."""
     size = len(text.encode("utf-8", "replace"))
     if size > max_bytes:
         raise ConfigError(source, [Problem(
@@ -123,7 +135,12 @@ def load_yaml_mapping(
                 f"({max_bytes // 1024} KiB) cap: keep it to the keys fairgate reads",
         )])
     try:
-        data = yaml.load(text, Loader=_Loader)
+        loader = _Loader(text)
+        loader.max_nodes = max_nodes
+        try:
+            data = loader.get_single_data()
+        finally:
+            loader.dispose()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
@@ -188,7 +205,8 @@ def parse_quota(
     """Parse a tenant's ``quota.yaml`` (at most :data:`MAX_QUOTA_BYTES`) and check it
     against the platform's ceiling."""
     where = source or f"quota-{tenant}.yaml"
-    quota = parse_model(QuotaSpec, load_yaml_mapping(text, where, MAX_QUOTA_BYTES), where)
+    document = load_yaml_mapping(text, where, MAX_QUOTA_BYTES, MAX_QUOTA_NODES)
+    quota = parse_model(QuotaSpec, document, where)
     problems = quota_problems(quota, tenant, platform)
     if problems:
         raise ConfigError(where, problems)

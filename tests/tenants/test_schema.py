@@ -166,3 +166,12 @@ def test_platform_documents_keep_the_larger_cap() -> None:
 def test_nesting_and_alias_bombs_are_refused_while_composing(text: str) -> None:
     with pytest.raises(ConfigError, match=r"nested deeper than 32 levels|aliases"):
         parse_quota(text[:60000], "team-a", parse_platform(PLATFORM))
+
+
+def test_a_quota_of_more_than_1000_values_is_refused_at_the_first_one_past() -> None:
+    text = "nominal: {gpu: 1}\nx: [" + ",".join(["1"] * 30000) + "]\n"
+    with pytest.raises(ConfigError, match="line 2: YAML not accepted, column 1991: more than "
+                                          "1000 YAML values"):
+        parse_quota(text, "team-a", parse_platform(PLATFORM))
+    assert parse_quota("nominal: {gpu: 1}\n# " + "1," * 30000, "team-a",
+                       parse_platform(PLATFORM)).nominal == {"gpu": 1}

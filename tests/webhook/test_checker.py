@@ -22,7 +22,11 @@ PLATFORM = parse_platform(
 )
 CONFIG = FairgateConfig(platform=PLATFORM,
                         quotas={"team-a": parse_quota("nominal: {gpu: 8}", "team-a", PLATFORM)})
-SLOW = "x: [" + ",".join(["1"] * 30000) + "]\n"  # 60 KB, hundreds of ms to parse
+# A platform.yaml of 2,000 tenants (~250 KB): platform admins' documents have no node cap,
+# and this one takes well over 0.3 s to parse and validate.
+SLOW = "tenants:\n" + "".join(
+    f"  t{i}: {{weight: 1, ceiling: {{gpuEquivalents: 1}}, admins: {{groups: [g{i}]}}}}\n"
+    for i in range(2000))
 
 
 def _arguments(text: str) -> dict[str, Any]:
@@ -60,8 +64,11 @@ def test_a_check_over_budget_is_stopped_by_the_worker_which_stays_up(
 ) -> None:
     pid = _child_pid(checker)
     started = time.monotonic()
+    platform_edit = {**_arguments(""), "name": "fairgate-platform",
+                     "new_data": {"platform.yaml": SLOW}, "old_data": None,
+                     "groups": ("system:masters",)}
     with pytest.raises(CheckOverBudget, match=r"not checked within fairgate's 0\.3 s budget"):
-        asyncio.run(checker.review(**_arguments(SLOW)))
+        asyncio.run(checker.review(**platform_edit))
     assert time.monotonic() - started < 0.3 + 0.2
     assert _child_pid(checker) == pid, "the child stopped the check itself"
     assert asyncio.run(checker.review(**_arguments("nominal: {gpu: 2}"))).allowed
