@@ -2,13 +2,19 @@
 
 Contract:
 - Only ``fairgate-platform`` and ``quota-<tenant>`` in ``fairgate-system`` are fairgate's;
-  every other ConfigMap is allowed untouched (``ours`` is False).
+  every other ConfigMap is allowed untouched (``ours`` is False), except two that would
+  only look like quotas and are refused for everyone: a CREATE in ``fairgate-system``
+  without a name (``generateName``) whose prefix starts with ``quota-`` or that carries
+  the label ``fairgate.io/quota`` (quota ConfigMaps must be created with their explicit
+  name ``quota-<tenant>``), and a CREATE/UPDATE there of any other ConfigMap carrying that
+  label (it is reserved for quota ConfigMaps).
 - Who may do what is :mod:`tenants.authz`, judged against the *current* config.
 - CREATE/UPDATE must carry exactly one data key (``platform.yaml`` / ``quota.yaml``)
   holding a valid document: schema errors name the field and the fix, YAML syntax errors
   the line. A quota must carry the label ``fairgate.io/quota: <tenant>`` matching its
-  name, and its nominal must fit the tenant's ceiling. A platform edit may not lower a
-  ceiling below, or remove, a tenant whose quota exists (the message names the tenant).
+  name, and its nominal, and nominal + borrowLimit, must fit the tenant's ceiling. A
+  platform edit may not lower a ceiling below the nominal + borrowLimit of, or remove, a
+  tenant whose quota exists (the message names the tenant).
 - A quota below the tenant's current usage is allowed with a warning (nothing is
   evicted; new pods wait). Warnings are at most 120 characters.
 - An allowed change carries ``audit_diff``: field path -> ``{"before", "after"}`` over
@@ -32,7 +38,16 @@ from tenants.models import (
     FairgateConfig,
     PlatformConfig,
 )
-from tenants.schema import ConfigError, Problem, load_yaml_mapping, parse_platform, parse_quota
+from tenants.schema import (
+    MAX_DOCUMENT_BYTES,
+    MAX_QUOTA_BYTES,
+    MAX_QUOTA_NODES,
+    ConfigError,
+    Problem,
+    load_yaml_mapping,
+    parse_platform,
+    parse_quota,
+)
 
 MAX_WARNING = 120
 WRITES = ("CREATE", "UPDATE")
@@ -76,15 +91,17 @@ def review_configmap(
     labels: Mapping[str, str] | None,
     current: FairgateConfig,
     usage_slices_by_tenant: Mapping[str, int] | None = None,
+    generate_name: str = "",
 ) -> ConfigMapVerdict:
     """Decide a CREATE, UPDATE or DELETE of a ConfigMap (see the module doc).
 
     ``new_data``/``labels`` are the object's after the change (None on DELETE),
     ``old_data`` before it (None on CREATE); ``usage_slices_by_tenant`` is the current
-    usage in slices, if known.
+    usage in slices, if known; ``generate_name`` is ``metadata.generateName`` (a CREATE
+    without a name).
     """
     if not is_fairgate_configmap(name, namespace):
-        return ConfigMapVerdict(allowed=True, ours=False)
+        return _lookalike_verdict(operation, name, namespace, generate_name, labels or {})
     if operation not in (*WRITES, "DELETE"):
         return ConfigMapVerdict(allowed=True)
     who = authz.describe(username, groups)
@@ -94,6 +111,27 @@ def review_configmap(
     assert tenant is not None
     return _review_quota(operation, tenant, new_data, old_data, who, username, groups,
                          labels or {}, current, usage_slices_by_tenant)
+
+
+def _lookalike_verdict(operation: str, name: str, namespace: str, generate_name: str,
+                       labels: Mapping[str, str]) -> ConfigMapVerdict:
+    """A ConfigMap that is not fairgate's by name: refused when it would pass for a quota
+    (see the module doc), else not ours."""
+    label = labels.get(QUOTA_LABEL)
+    if namespace != CONTROL_NAMESPACE or operation not in WRITES:
+        return ConfigMapVerdict(allowed=True, ours=False)
+    example = f"{QUOTA_CONFIGMAP_PREFIX}{label or '<tenant>'}"
+    if not name and (generate_name.startswith(QUOTA_CONFIGMAP_PREFIX) or label is not None):
+        return _deny(
+            f"quota ConfigMaps must be created with an explicit name: set metadata.name to "
+            f"{example} instead of generateName {generate_name!r} (a generated name names "
+            f"no tenant, and fairgate would not check it)", label)
+    if label is not None:
+        return _deny(
+            f"the label {QUOTA_LABEL} is reserved for quota ConfigMaps named "
+            f"{QUOTA_CONFIGMAP_PREFIX}<tenant> in {CONTROL_NAMESPACE}: remove it from "
+            f"{name!r}, or name the ConfigMap {example}", label)
+    return ConfigMapVerdict(allowed=True, ours=False)
 
 
 def review_configmap_request(
@@ -117,6 +155,7 @@ def review_configmap_request(
         labels=((new or {}).get("metadata") or {}).get("labels") or {},
         current=current,
         usage_slices_by_tenant=usage_slices_by_tenant,
+        generate_name=str(meta.get("generateName") or ""),
     )
 
 
@@ -127,7 +166,7 @@ def _review_platform(operation: str, new_data: Mapping[str, str] | None,
     if not authz.is_platform_admin(current.platform, user, groups):
         return _deny(f"{who} may not {_verb(operation)} {target}: only platform admins "
                      f"(platformAdmins in {PLATFORM_CONFIGMAP}) may")
-    before = _document_or_empty(old_data, PLATFORM_KEY)
+    before = _document_or_empty(old_data, PLATFORM_KEY, MAX_DOCUMENT_BYTES, None)
     if operation == "DELETE":
         return ConfigMapVerdict(
             allowed=True, audit_diff=field_diff(before, {}),
@@ -174,6 +213,16 @@ def _ceiling_problems(platform: PlatformConfig, current: FairgateConfig) -> list
                 f"{tenant!r} ({nominal} GPU-eq in {QUOTA_CONFIGMAP_PREFIX}{tenant}): lower "
                 f"that quota first",
             ))
+        elif quota.nominal_slices + quota.borrow_limit.slices > spec.ceiling.slices:
+            eq = resources.gpu_equivalents
+            borrow = quota.borrow_limit.slices
+            problems.append(Problem(
+                f"tenants.{tenant}.ceiling.gpuEquivalents",
+                f"{spec.ceiling.gpu_equivalents} is below nominal + borrowLimit of tenant "
+                f"{tenant!r} ({nominal} + {eq(borrow)} = {eq(quota.nominal_slices + borrow)} "
+                f"GPU-eq in {QUOTA_CONFIGMAP_PREFIX}{tenant}): lower that quota's borrowLimit "
+                f"first",
+            ))
     return problems
 
 
@@ -184,7 +233,7 @@ def _review_quota(operation: str, tenant: str, new_data: Mapping[str, str] | Non
     name = f"{QUOTA_CONFIGMAP_PREFIX}{tenant}"
     target = f"{CONTROL_NAMESPACE}/{name}"
     platform = current.platform
-    before = _document_or_empty(old_data, QUOTA_KEY)
+    before = _document_or_empty(old_data, QUOTA_KEY, MAX_QUOTA_BYTES, MAX_QUOTA_NODES)
     if operation == "DELETE":
         if not authz.is_platform_admin(platform, user, groups):
             return _deny(f"{who} may not delete {target}: only platform admins may; to "
@@ -221,7 +270,8 @@ def _review_quota(operation: str, tenant: str, new_data: Mapping[str, str] | Non
             f"new pods wait"
         ))
     return ConfigMapVerdict(allowed=True, tenant=tenant, warnings=tuple(warnings),
-                            audit_diff=field_diff(before, load_yaml_mapping(text or "", source)))
+                            audit_diff=field_diff(before, load_yaml_mapping(
+                                text or "", source, MAX_QUOTA_BYTES, MAX_QUOTA_NODES)))
 
 
 def _data_key_problems(data: Mapping[str, str] | None, key: str, name: str) -> list[Problem]:
@@ -234,10 +284,12 @@ def _data_key_problems(data: Mapping[str, str] | None, key: str, name: str) -> l
     return problems
 
 
-def _document_or_empty(data: Mapping[str, str] | None, key: str) -> dict[str, Any]:
-    """The YAML mapping under ``key``, or {} if absent or unreadable (a broken old version)."""
+def _document_or_empty(data: Mapping[str, str] | None, key: str, max_bytes: int,
+                       max_nodes: int | None) -> dict[str, Any]:
+    """The YAML mapping under ``key``, or {} if absent, over the limits or unreadable
+    (a broken old version)."""
     try:
-        return load_yaml_mapping((data or {}).get(key, ""), key)
+        return load_yaml_mapping((data or {}).get(key, ""), key, max_bytes, max_nodes)
     except ConfigError:
         return {}
 

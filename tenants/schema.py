@@ -3,7 +3,16 @@
 Contract: every function here is pure (text in, model or :class:`ConfigError` out).
 A :class:`ConfigError` names the source (file or ConfigMap), the field path, what is
 wrong and how to fix it; YAML syntax errors carry the 1-based line and column.
-YAML aliases are refused (no alias bombs) and documents are bounded in size.
+Documents are bounded in size before any parsing (``quota.yaml``: :data:`MAX_QUOTA_BYTES`,
+64 KiB, since tenant admins write it; others :data:`MAX_DOCUMENT_BYTES`); YAML aliases
+(alias bombs), nesting deeper than :data:`MAX_NESTING` and, in ``quota.yaml``, more than
+:data:`MAX_QUOTA_NODES` values are refused while composing, before the rest is read.
+Parsing uses libyaml's C scanner and parser when PyYAML has it (about 5x faster than the
+pure-Python one, which is the fallback); the guarded composer and the constructor are
+PyYAML's Python code in both cases (libyaml's own composer recurses without a bound: a
+64 KiB ``[[[[...`` crashes the process). Parsing still costs CPU (tens of ms for a hostile
+quota, more for a large platform.yaml): the webhook runs it in a worker process under a
+time budget (:mod:`webhook.checker`).
 """
 
 from __future__ import annotations
@@ -13,11 +22,23 @@ from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from yaml.composer import Composer
+from yaml.constructor import SafeConstructor
+from yaml.resolver import Resolver
 
 from tenants import resources
 from tenants.models import PlatformConfig, QuotaSpec
 
+try:
+    from yaml._yaml import CParser
+
+    HAVE_LIBYAML = True
+except ImportError:  # PyYAML built without libyaml
+    HAVE_LIBYAML = False
+
 MAX_DOCUMENT_BYTES = 256 * 1024
+MAX_QUOTA_BYTES = 64 * 1024
+MAX_QUOTA_NODES = 1000
 MAX_NESTING = 32
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
@@ -45,14 +66,18 @@ class ConfigError(ValueError):
         super().__init__(f"{source}: " + "; ".join(str(p) for p in problems))
 
 
-class _NoAliasLoader(yaml.SafeLoader):
-    """A safe loader that refuses anchors/aliases and nesting deeper than MAX_NESTING."""
+class _GuardedComposer(Composer):
+    """PyYAML's composer, refusing aliases, nesting deeper than MAX_NESTING and more
+    than ``max_nodes`` nodes."""
 
     _depth = 0
+    _nodes = 0
+    max_nodes: int | None = None
 
     def compose_node(self, parent: Any, index: Any) -> Any:
-        event = self.peek_event()  # type: ignore[no-untyped-call]
-        if self.check_event(yaml.AliasEvent):
+        events: Any = self  # the parser part of the loader (Python or libyaml)
+        event = events.peek_event()
+        if events.check_event(yaml.AliasEvent):
             raise yaml.constructor.ConstructorError(
                 None, None, "YAML aliases (*name) are not allowed here; write the value out",
                 event.start_mark,
@@ -63,6 +88,13 @@ class _NoAliasLoader(yaml.SafeLoader):
                 f"nested deeper than {MAX_NESTING} levels; a fairgate config is a few levels deep",
                 event.start_mark,
             )
+        self._nodes += 1
+        if self.max_nodes is not None and self._nodes > self.max_nodes:
+            raise yaml.constructor.ConstructorError(
+                None, None,
+                f"more than {self.max_nodes} YAML values; a fairgate config has a few dozen",
+                event.start_mark,
+            )
         self._depth += 1
         try:
             return super().compose_node(parent, index)
@@ -70,14 +102,45 @@ class _NoAliasLoader(yaml.SafeLoader):
             self._depth -= 1
 
 
-def load_yaml_mapping(text: str, source: str) -> dict[str, Any]:
-    """Parse ``text`` as one YAML mapping (empty text is ``{}``)."""
-    if len(text.encode("utf-8", "replace")) > MAX_DOCUMENT_BYTES:
-        raise ConfigError(
-            source, [Problem("", f"document is larger than {MAX_DOCUMENT_BYTES} bytes")]
-        )
+class _PureLoader(_GuardedComposer, yaml.SafeLoader):
+    """A safe loader in pure Python, with the guarded composer."""
+
+
+_Loader: type[Any] = _PureLoader
+if HAVE_LIBYAML:
+
+    class _FastLoader(_GuardedComposer, CParser, SafeConstructor, Resolver):
+        """libyaml's scanner and parser (C) under the guarded composer and the safe
+        constructor: the composer's ``get_single_node`` comes first in the MRO, so
+        libyaml's unbounded C composer is never used."""
+
+        def __init__(self, stream: str) -> None:
+            CParser.__init__(self, stream)
+            SafeConstructor.__init__(self)
+            Resolver.__init__(self)
+            Composer.__init__(self)
+
+    _Loader = _FastLoader
+
+
+def load_yaml_mapping(
+    text: str, source: str, max_bytes: int = MAX_DOCUMENT_BYTES, max_nodes: int | None = None
+) -> dict[str, Any]:
+    """Parse ``text`` as one YAML mapping (empty text is ``{}``); refuse it unparsed when
+    it is over ``max_bytes`` (UTF-8), and stop at the first node past ``max_nodes``."""
+    size = len(text.encode("utf-8", "replace"))
+    if size > max_bytes:
+        raise ConfigError(source, [Problem(
+            "", f"document is {size:,} bytes, over the {max_bytes:,}-byte "
+                f"({max_bytes // 1024} KiB) cap: keep it to the keys fairgate reads",
+        )])
     try:
-        data = yaml.load(text, Loader=_NoAliasLoader)
+        loader = _Loader(text)
+        loader.max_nodes = max_nodes
+        try:
+            data = loader.get_single_data()
+        finally:
+            loader.dispose()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
@@ -139,9 +202,11 @@ def parse_platform(text: str, source: str = "platform.yaml") -> PlatformConfig:
 def parse_quota(
     text: str, tenant: str, platform: PlatformConfig | None = None, source: str | None = None
 ) -> QuotaSpec:
-    """Parse a tenant's ``quota.yaml`` and check it against the platform's ceiling."""
+    """Parse a tenant's ``quota.yaml`` (at most :data:`MAX_QUOTA_BYTES`) and check it
+    against the platform's ceiling."""
     where = source or f"quota-{tenant}.yaml"
-    quota = parse_model(QuotaSpec, load_yaml_mapping(text, where), where)
+    document = load_yaml_mapping(text, where, MAX_QUOTA_BYTES, MAX_QUOTA_NODES)
+    quota = parse_model(QuotaSpec, document, where)
     problems = quota_problems(quota, tenant, platform)
     if problems:
         raise ConfigError(where, problems)
@@ -151,7 +216,8 @@ def parse_quota(
 def quota_problems(
     quota: QuotaSpec, tenant: str, platform: PlatformConfig | None
 ) -> list[Problem]:
-    """Cross-field rules: reserve within nominal, nominal within the tenant's ceiling."""
+    """Cross-field rules: reserve within nominal; nominal, and nominal + borrowLimit, within
+    the tenant's ceiling (the most its quota may ever grant)."""
     problems: list[Problem] = []
     nominal = quota.nominal_slices
     if quota.inference_reserve.slices > nominal:
@@ -181,4 +247,19 @@ def quota_problems(
                     f"{tenant!r}: lower nominal or ask them to raise the ceiling",
                 )
             )
+        elif nominal + quota.borrow_limit.slices > spec.ceiling.slices:
+            problems.append(_borrow_problem(tenant, nominal, quota.borrow_limit.slices,
+                                            spec.ceiling.slices))
     return problems
+
+
+def _borrow_problem(tenant: str, nominal: int, borrow: int, ceiling: int) -> Problem:
+    """nominal + borrowLimit over the ceiling: the numbers, and the largest borrowLimit
+    (whole GPU-equivalents) that fits."""
+    room = (ceiling - nominal) // resources.SLICES_PER_GPU * resources.SLICES_PER_GPU
+    eq = resources.gpu_equivalents
+    return Problem(
+        "borrowLimit.gpuEquivalents",
+        f"nominal {eq(nominal)} + borrowLimit {eq(borrow)} GPU-eq = {eq(nominal + borrow)} "
+        f"exceeds {tenant}'s ceiling {eq(ceiling)}: lower borrowLimit to at most {eq(room)}",
+    )

@@ -11,7 +11,9 @@ Contract (asynchronous; :mod:`webhook.app` awaits it on the event loop under a d
     is allowed untouched (no patch). A queued pod gets the gate and a warning saying
     why it waits. Anything else sent to ``/mutate`` is allowed untouched.
   * ``validate``: pod CREATE/UPDATE rules and quota ConfigMap edits; anything else is
-    allowed.
+    allowed. The check of a fairgate ConfigMap (YAML a tenant admin wrote) runs in a
+    worker process under a time budget (:mod:`webhook.checker`): one over the budget is
+    refused with :data:`CHECK_BUDGET_MESSAGE`, and pod admissions never wait for it.
   * When Redis fails, ``onRedisUnavailable`` decides: ``deny`` (default) refuses GPU
     pods with :data:`REDIS_DOWN_MESSAGE`; ``allow`` admits them stamped but unreserved,
     with a warning, audited.
@@ -57,10 +59,11 @@ from fairshare.calls import TicketConflictError, UnknownTenantError
 from fairshare.fastpath import AsyncFairQueue
 from fairshare.model import Admission, InvalidRequestError, PodRequest
 from tenants import resources
-from tenants.configmaps import review_configmap
+from tenants.configmaps import is_fairgate_configmap, quota_tenant, review_configmap
 from tenants.models import FairgateConfig, PriorityBand
 from tenants.source import ConfigNotReadyError, ConfigSource
 from webhook.auditing import AuditWriter
+from webhook.checker import CheckOverBudget, ConfigMapChecker
 from webhook.metrics import WebhookMetrics
 
 log = logging.getLogger("fairgate.webhook")
@@ -83,6 +86,11 @@ INTERNAL_ERROR_MESSAGE = (
     "fairgate could not decide on this request because of an internal error (logged with "
     "uid {uid}): it is refused rather than admitted unchecked; retry, or ask the platform "
     "team"
+)
+CHECK_BUDGET_MESSAGE = (
+    "fairgate refuses this change to ConfigMap {name}: it was {reason} (documents this "
+    "costly to parse are refused); keep it to the few keys fairgate reads (see "
+    "docs/install.md), or retry if many ConfigMap edits are under way"
 )
 FAIL_OPEN_WARNING = (
     "fairgate queue (Redis) unavailable: admitted without a quota check "
@@ -191,9 +199,12 @@ class AdmissionService:
         metrics: WebhookMetrics | None = None,
         clock: Callable[[], float] = time.time,
         wait_for_rebuild: bool = False,
+        checker: ConfigMapChecker | None = None,
     ) -> None:
         """Decide with ``config`` and the queue in Redis ``client``.
 
+        fairgate's ConfigMaps are checked by ``checker`` (default: a
+        :class:`~webhook.checker.ConfigMapChecker` with its default budget).
         Audit records go to ``audit_log`` (written by a background thread);
         ``clock`` (epoch seconds) orders the queue. With
         ``wait_for_rebuild`` nothing is reserved at admission on a Redis whose usage the
@@ -205,17 +216,20 @@ class AdmissionService:
         self.queue = AsyncFairQueue(client, wait_for_rebuild=wait_for_rebuild)
         self.metrics = metrics if metrics is not None else WebhookMetrics()
         self.audit = AuditWriter(audit_log)
+        self.checker = checker if checker is not None else ConfigMapChecker()
         self._clock = clock
         self._synced: FairgateConfig | None = None
 
     # -- lifecycle -----------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the audit writer."""
+        """Start the audit writer and the ConfigMap checker's worker process."""
         self.audit.start()
+        self.checker.start()
 
     def stop(self) -> None:
-        """Write the audit records still queued."""
+        """Write the audit records still queued; stop the ConfigMap checker."""
+        self.checker.stop()
         self.audit.stop()
 
     def current_config(self) -> FairgateConfig | None:
@@ -430,18 +444,24 @@ class AdmissionService:
                               "fairgate has not loaded its config yet: retry in a minute")
         metadata = _metadata(new) or _metadata(old)
         user = request.user_info
-        verdict = review_configmap(
-            operation=request.operation,
-            name=request.name or str(metadata.get("name") or ""),
-            namespace=request.namespace or str(metadata.get("namespace") or ""),
-            new_data=_data(new),
-            old_data=_data(old),
-            username=user.username,
-            groups=tuple(user.groups),
-            labels=_labels(new),
-            current=config,
-            usage_slices_by_tenant=await self._usage(),
-        )
+        name = request.name or str(metadata.get("name") or "")
+        namespace = request.namespace or str(metadata.get("namespace") or "")
+        arguments: dict[str, Any] = {
+            "operation": request.operation, "name": name, "namespace": namespace,
+            "new_data": _data(new), "old_data": _data(old), "username": user.username,
+            "groups": tuple(user.groups), "labels": _labels(new), "current": config,
+            "generate_name": str(metadata.get("generateName") or ""),
+        }
+        if not is_fairgate_configmap(name, namespace):  # decided without reading any YAML
+            verdict = review_configmap(**arguments)
+        else:
+            try:
+                verdict = await self.checker.review(
+                    **arguments, usage_slices_by_tenant=await self._usage())
+            except CheckOverBudget as exc:
+                message = CHECK_BUDGET_MESSAGE.format(name=f"{namespace}/{name}", reason=exc)
+                decision = _Decision(DENY, "check over budget", tenant=quota_tenant(name) or "")
+                return self._deny(request, progress, decision, message)
         if not verdict.ours:
             return allow(request.uid)
         tenant = verdict.tenant or ""

@@ -366,7 +366,7 @@ def test_quota_configmap_edits_are_authorised_by_rbac_and_the_webhook(
         )
         assert "gpu: 3," in edited.data["quota.yaml"]
 
-        # Above the ceiling (8 GPU-equivalents): RBAC allows it, fairgate refuses it.
+        # Above the ceiling (9 GPU-equivalents): RBAC allows it, fairgate refuses it.
         status, message = refusal(
             lambda: alice.patch_namespaced_config_map(
                 "quota-team-a", SYSTEM_NAMESPACE, _quota_patch(9), _content_type=MERGE_PATCH

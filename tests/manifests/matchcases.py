@@ -83,13 +83,16 @@ def pod(
     return obj
 
 
-def configmap(name: str | None = None, generate_name: str | None = None) -> Obj:
+def configmap(name: str | None = None, generate_name: str | None = None,
+              labels: dict[str, str] | None = None) -> Obj:
     """A ConfigMap in fairgate-system, named or to be named from ``generate_name``."""
     meta: Obj = {"namespace": "fairgate-system"}
     if name is not None:
         meta["name"] = name
     if generate_name is not None:
         meta["generateName"] = generate_name
+    if labels is not None:
+        meta["labels"] = labels
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {"k": "v"}}
 
 
@@ -278,6 +281,14 @@ def _cases() -> list[Case]:
             c(f"cm-{op.lower()}-{name}", op, configmap(name), old, sent)
     c("cm-create-generate-name-quota", "CREATE", configmap(generate_name="quota-"), None, True)
     c("cm-create-generate-name-other", "CREATE", configmap(generate_name="cache-"), None, False)
+    quota_label = {"fairgate.io/quota": "team-a"}
+    c("cm-create-generate-name-labelled", "CREATE",
+      configmap(generate_name="cache-", labels=quota_label), None, True)
+    c("cm-create-other-labelled", "CREATE", configmap("notes", labels=quota_label), None, True)
+    c("cm-update-other-labelled", "UPDATE", configmap("notes", labels=quota_label),
+      configmap("notes"), True)
+    c("cm-update-other-unlabelled", "UPDATE", configmap("notes", labels={"app": "x"}),
+      configmap("notes", labels=quota_label), False)
     c("cm-delete-quota-team-b", "DELETE", None, configmap("quota-team-b"), True)
     c("cm-delete-platform", "DELETE", None, configmap("fairgate-platform"), True)
     c("cm-delete-other", "DELETE", None, configmap("other"), False)

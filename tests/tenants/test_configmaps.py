@@ -279,6 +279,31 @@ def test_platform_edit_lowering_a_ceiling_below_a_quota_is_denied_naming_the_ten
            "'team-a' (10.00 GPU-eq in quota-team-a)" in verdict.message
 
 
+def test_platform_edit_lowering_a_ceiling_below_nominal_plus_borrow_limit_is_denied(
+    current: FairgateConfig,
+) -> None:
+    lowered = PLATFORM_YAML.replace("gpuEquivalents: 24", "gpuEquivalents: 12")
+    body = admission_review("UPDATE", "fairgate-platform", PLATFORM_ADMIN,
+                            new={"platform.yaml": lowered}, old={"platform.yaml": PLATFORM_YAML})
+    verdict = review(current, body)
+    assert not verdict.allowed
+    assert "tenants.team-a.ceiling.gpuEquivalents: 12 is below nominal + borrowLimit of tenant " \
+           "'team-a' (10.00 + 4.00 = 14.00 GPU-eq in quota-team-a): lower that quota's " \
+           "borrowLimit first" in verdict.message
+    exact = PLATFORM_YAML.replace("gpuEquivalents: 24", "gpuEquivalents: 14")
+    assert review(current, admission_review(
+        "UPDATE", "fairgate-platform", PLATFORM_ADMIN, new={"platform.yaml": exact},
+        old={"platform.yaml": PLATFORM_YAML})).allowed
+
+
+def test_edit_raising_borrow_limit_above_the_ceiling_is_denied(current: FairgateConfig) -> None:
+    verdict = review(current, quota_update(
+        TENANT_A_ADMIN, "nominal: {gpu: 8, mig-1g.5gb: 14}\nborrowLimit: {gpuEquivalents: 15}\n"))
+    assert not verdict.allowed and verdict.audit_diff is None
+    assert "nominal 10.00 + borrowLimit 15.00 GPU-eq = 25.00 exceeds team-a's ceiling 24.00: " \
+           "lower borrowLimit to at most 14.00" in verdict.message
+
+
 def test_platform_edit_removing_a_tenant_with_a_quota_is_denied(current: FairgateConfig) -> None:
     without_b = PLATFORM_YAML[: PLATFORM_YAML.index("  team-b:")]
     body = admission_review("UPDATE", "fairgate-platform", PLATFORM_ADMIN,
@@ -359,3 +384,57 @@ def test_who_may_write_team_a_quota(user: str, groups: list[str], operation: str
     assert verdict.allowed == expected, verdict.message
     if not expected:
         assert f"user {user!r}" in verdict.message
+
+
+def _generate_name_create(prefix: str, who: tuple[str, list[str]],
+                          labels: dict[str, str] | None) -> dict[str, Any]:
+    """A CREATE with ``generateName``: no name in the request nor in the object."""
+    body = admission_review("CREATE", "", who, new={"quota.yaml": "nominal: {gpu: 24}\n"},
+                            labels=labels)
+    metadata = body["request"]["object"]["metadata"]
+    del metadata["name"]
+    metadata["generateName"] = prefix
+    return body
+
+
+@pytest.mark.parametrize(("prefix", "labels"), [
+    ("quota-", None),
+    ("quota-team-a-", {"fairgate.io/quota": "team-a"}),
+    ("cache-", {"fairgate.io/quota": "team-a"}),
+])
+@pytest.mark.parametrize("who", [TENANT_A_ADMIN, PLATFORM_ADMIN, STRANGER])
+def test_generate_name_quota_creates_are_refused_asking_for_an_explicit_name(
+    current: FairgateConfig, prefix: str, labels: dict[str, str] | None,
+    who: tuple[str, list[str]],
+) -> None:
+    verdict = review(current, _generate_name_create(prefix, who, labels))
+    assert verdict.ours and not verdict.allowed
+    tenant = (labels or {}).get("fairgate.io/quota")
+    assert verdict.tenant == tenant
+    assert ("quota ConfigMaps must be created with an explicit name: set metadata.name to "
+            f"quota-{tenant or '<tenant>'} instead of generateName {prefix!r}") in verdict.message
+
+
+def test_generate_name_of_other_configmaps_is_not_ours(current: FairgateConfig) -> None:
+    verdict = review(current, _generate_name_create("cache-", STRANGER, {"app": "x"}))
+    assert verdict.ours is False and verdict.allowed
+
+
+@pytest.mark.parametrize("operation", ["CREATE", "UPDATE"])
+def test_quota_label_on_another_configmap_is_refused(
+    current: FairgateConfig, operation: str,
+) -> None:
+    body = admission_review(operation, "team-a-notes", PLATFORM_ADMIN, new={"k": "v"},
+                            old={"k": "v"}, labels={"fairgate.io/quota": "team-a"})
+    verdict = review(current, body)
+    assert verdict.ours and not verdict.allowed and verdict.tenant == "team-a"
+    assert ("the label fairgate.io/quota is reserved for quota ConfigMaps named "
+            "quota-<tenant> in fairgate-system: remove it from 'team-a-notes', or name the "
+            "ConfigMap quota-team-a") in verdict.message
+    elsewhere = admission_review(operation, "team-a-notes", STRANGER, new={"k": "v"},
+                                 old={"k": "v"}, labels={"fairgate.io/quota": "team-a"},
+                                 namespace="team-a-dev")
+    assert review(current, elsewhere).ours is False
+    delete = admission_review("DELETE", "team-a-notes", STRANGER, old={"k": "v"},
+                              labels={"fairgate.io/quota": "team-a"})
+    assert review(current, delete).ours is False

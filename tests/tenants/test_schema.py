@@ -50,6 +50,12 @@ def test_design_examples_parse() -> None:
         ("nominal: {gpu: '2'}", "nominal.gpu: must be a whole number"),
         ("nominal: {mig-9g.9gb: 1}", "unknown GPU resource 'mig-9g.9gb'"),
         ("nominal: {gpu: 30}", "exceeds the ceiling of 24 GPU-eq"),
+        ("nominal: {gpu: 8}\nborrowLimit: {gpuEquivalents: 20}",
+         "borrowLimit.gpuEquivalents: nominal 8.00 + borrowLimit 20.00 GPU-eq = 28.00 exceeds "
+         "team-a's ceiling 24.00: lower borrowLimit to at most 16.00"),
+        ("nominal: {gpu: 8, mig-1g.5gb: 3}\nborrowLimit: {gpuEquivalents: 16}",
+         "nominal 8.43 + borrowLimit 16.00 GPU-eq = 24.43 exceeds team-a's ceiling 24.00: "
+         "lower borrowLimit to at most 15.00"),
         ("nominal: {gpu: 1}\ninferenceReserve: {gpuEquivalents: 2}",
          "inferenceReserve.gpuEquivalents: 2 is more than the nominal quota"),
         ("defaultClass: batch", "defaultClass: must be one of"),
@@ -63,6 +69,12 @@ def test_quota_errors_are_precise(text: str, expected: str) -> None:
         parse_quota(text, "team-a", parse_platform(PLATFORM))
     assert expected in str(info.value)
     assert str(info.value).startswith("quota-team-a.yaml: ")
+
+
+def test_borrow_limit_up_to_the_ceiling_is_accepted() -> None:
+    quota = parse_quota("nominal: {gpu: 8}\nborrowLimit: {gpuEquivalents: 16}", "team-a",
+                        parse_platform(PLATFORM))
+    assert quota.nominal_slices + quota.borrow_limit.slices == 24 * 7
 
 
 def test_quota_for_unknown_tenant_is_refused() -> None:
@@ -121,3 +133,45 @@ def test_written_config_dir_loads_back(tmp_path: Path) -> None:
     tenant_a = config.tenant("team-a")
     assert tenant_a is not None and tenant_a.nominal == {"gpu": 8, "mig-1g.5gb": 14}
     assert config.tenant_of_namespace("team-a-dev") == "team-a"
+
+
+def test_quota_over_64_kib_is_refused_unparsed_naming_size_and_cap() -> None:
+    text = "nominal: {gpu: 1}\n" + "#" * (64 * 1024)  # valid YAML, only too long
+    with pytest.raises(ConfigError) as info:
+        parse_quota(text, "team-a", parse_platform(PLATFORM))
+    assert "document is 65,554 bytes, over the 65,536-byte (64 KiB) cap" in str(info.value)
+    broken = "x: [" * (1024 * 1024)  # would be a syntax error, if it were parsed
+    with pytest.raises(ConfigError, match="over the 65,536-byte"):
+        parse_quota(broken, "team-a", parse_platform(PLATFORM))
+    padded = "nominal: {gpu: 1}\n" + "#" * (64 * 1024 - 19) + "\n"
+    assert len(padded.encode()) == 64 * 1024
+    assert parse_quota(padded, "team-a", parse_platform(PLATFORM)).nominal == {"gpu": 1}
+
+
+def test_platform_documents_keep_the_larger_cap() -> None:
+    """platform.yaml (platform admins only) may list hundreds of tenants."""
+    tenants = "".join(f"  tenant-{i:04d}: {{weight: 1, ceiling: {{gpuEquivalents: 8}}, "
+                      f"admins: {{groups: [tenant-{i:04d}-admins]}}}}\n" for i in range(1000))
+    text = "tenants:\n" + tenants
+    assert len(text) > 64 * 1024
+    assert len(parse_platform(text).tenants) == 1000
+
+
+@pytest.mark.parametrize("text", [
+    "x: " + "[" * 60000 + "]" * 60000,          # libyaml's own composer crashes on this
+    "x: " + "{a: " * 20000 + "1" + "}" * 20000,
+    "a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+    "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n",
+])
+def test_nesting_and_alias_bombs_are_refused_while_composing(text: str) -> None:
+    with pytest.raises(ConfigError, match=r"nested deeper than 32 levels|aliases"):
+        parse_quota(text[:60000], "team-a", parse_platform(PLATFORM))
+
+
+def test_a_quota_of_more_than_1000_values_is_refused_at_the_first_one_past() -> None:
+    text = "nominal: {gpu: 1}\nx: [" + ",".join(["1"] * 30000) + "]\n"
+    with pytest.raises(ConfigError, match="line 2: YAML not accepted, column 1991: more than "
+                                          "1000 YAML values"):
+        parse_quota(text, "team-a", parse_platform(PLATFORM))
+    assert parse_quota("nominal: {gpu: 1}\n# " + "1," * 30000, "team-a",
+                       parse_platform(PLATFORM)).nominal == {"gpu": 1}

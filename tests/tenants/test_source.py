@@ -185,6 +185,23 @@ def test_quota_with_wrong_label_or_key_is_not_used(state: ConfigAssembler) -> No
     assert _quota(state, "team-a") == {"gpu": 8}
 
 
+def test_stored_quota_borrowing_above_the_ceiling_is_not_used(
+    state: ConfigAssembler, tmp_path: Path,
+) -> None:
+    """A quota stored without the webhook (or before this rule) never grants more than
+    the ceiling: it is refused like any broken quota; the tenant keeps its last good one."""
+    greedy = {"quota.yaml": "nominal: {gpu: 8}\nborrowLimit: {gpuEquivalents: 1000}"}
+    failed = state.set_quota("quota-team-a", greedy, QUOTA_LABELS)
+    assert ("nominal 8.00 + borrowLimit 1000.00 GPU-eq = 1008.00 exceeds team-a's ceiling "
+            "24.00: lower borrowLimit to at most 16.00") in failed["fairgate-system/quota-team-a"]
+    team_a = state.snapshot().tenant("team-a")
+    assert team_a is not None and team_a.borrow_slices == 0 and dict(team_a.nominal) == {"gpu": 8}
+    (tmp_path / "platform.yaml").write_text(PLATFORM)
+    (tmp_path / "quota-team-a.yaml").write_text(greedy["quota.yaml"])
+    with pytest.raises(ConfigNotReadyError, match=r"exceeds team-a's ceiling 24\.00"):
+        start_local_source(tmp_path)
+
+
 def test_broken_platform_keeps_the_last_good(state: ConfigAssembler) -> None:
     failed = state.set_platform({"platform.yaml": "tenants: [oops"})
     assert "YAML syntax error" in failed["fairgate-system/fairgate-platform"]

@@ -44,7 +44,7 @@ capacity: {}
 tenants:
   team-a:
     weight: 2
-    ceiling: {gpuEquivalents: 8}
+    ceiling: {gpuEquivalents: 9}   # nominal 5 + borrowLimit 4
     admins: {groups: [team-a-admins], users: [alice@example.com]}
   team-b:
     weight: 1
