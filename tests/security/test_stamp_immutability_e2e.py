@@ -488,30 +488,39 @@ def test_fairgates_service_accounts_may_change_fairgate_metadata(
 def test_in_place_resize_of_nvidia_gpu_is_refused(
     controlplane: ControlPlane, tenant_pods: None
 ) -> None:
-    """No webhook sees pods/resize; the API server allows resizing only cpu and memory."""
-    ns = tenant_namespace("team-a")
-    core = pods_api(controlplane, "team-a")
-    running_pod(core, ns, "runner")
-    grant(controlplane, "team-a", "resize-pods", ["pods/resize"])
+    """No webhook sees pods/resize; the API server allows resizing only cpu and memory.
+
+    The pod is a queued one (1 GPU, held by fairgate's gate) that would like to grow before
+    it is released. (A pod with no running container is one the API server assumes can be
+    resized; for a running one it also wants the kubelet to report container resources,
+    which the fake kubelet does not, and that would be a second reason to refuse.)
+    """
+    ns = tenant_namespace("team-b")  # nominal 4 GPUs, no borrowing
+    core = pods_api(controlplane, "team-b")
+    running_pod(core, ns, "first", gpus=4)
+    held = core.create_namespaced_pod(ns, pod_manifest("held", {"nvidia.com/gpu": 1}))
+    assert [g.name for g in held.spec.scheduling_gates] == [GATE]
+    grant(controlplane, "team-b", "resize-pods", ["pods/resize"])
     try:
         status, message = refusal(
             lambda: core.patch_namespaced_pod_resize(
-                "runner",
+                "held",
                 ns,
                 {
                     "spec": {
                         "containers": [
-                            {"name": "main", "resources": {"limits": {"nvidia.com/gpu": "2"}}}
+                            {"name": "main", "resources": {"limits": {"nvidia.com/gpu": "4"}}}
                         ]
                     }
                 },
             )
         )
     finally:
-        revoke(controlplane, "team-a", "resize-pods")
+        revoke(controlplane, "team-b", "resize-pods")
     assert status == 422, (status, message)
-    assert "nvidia.com/gpu" in message or "only cpu and memory" in message, message
-    pod = core.read_namespaced_pod("runner", ns)
+    assert "only cpu and memory resources are mutable" in message, message
+    assert "without support for resize" not in message, message
+    pod = core.read_namespaced_pod("held", ns)
     assert pod.spec.containers[0].resources.limits["nvidia.com/gpu"] == "1"
 
 
@@ -549,8 +558,12 @@ def test_ephemeral_container_asking_for_a_gpu_is_refused(
 
 
 def test_gpu_request_without_a_limit_is_refused(
-    controlplane: ControlPlane, tenant_pods: None
+    controlplane: ControlPlane, fairgate: FairgateStack, tenant_pods: None
 ) -> None:
+    """Refused, not defaulted: an extended resource needs a limit (requests default to the
+    limit, never the other way round). The API server validates after admission, so
+    fairgate's mutating webhook has already reserved the demand: the unconfirmed
+    reservation expires (fairshare/README.md, reservation_ttl) and usage returns to zero."""
     ns = tenant_namespace("team-a")
     core = pods_api(controlplane, "team-a")
     pod = pod_manifest("requests-only")
@@ -558,3 +571,5 @@ def test_gpu_request_without_a_limit_is_refused(
     status, message = refusal(lambda: core.create_namespaced_pod(ns, pod))
     assert status == 422, (status, message)
     assert "Limit must be set for non overcommitable resources" in message, message
+    assert not core.list_namespaced_pod(ns).items
+    fairgate.wait_idle(timeout=90)
