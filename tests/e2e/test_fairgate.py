@@ -4,25 +4,24 @@ JSON Patch, runs the Priority plugin and RBAC; the real scheduler binds and pree
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
 import pytest
 import redis
+from harness.api import JSON_PATCH, MERGE_PATCH, message_of, refusal
 from harness.controlplane import ControlPlane
 from harness.fairgate import (
     GATE,
     QUOTA_YAML,
     SYSTEM_NAMESPACE,
     FairgateStack,
+    pods_api,
     tenant_namespace,
-    tenant_user,
 )
 from harness.kubelet import DEFAULT_GPU_NODES, FakeKubelet
-from harness.pods import is_gated, pod_manifest, required_affinity_admits
+from harness.pods import is_gated, pod_manifest, required_affinity_admits, running_node
 from harness.waiting import wait_for
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -31,19 +30,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 WHOLE_GPU_NODES = {n.name for n in DEFAULT_GPU_NODES if n.mig_strategy == "none"}
 CLUSTER_GPUS = sum(n.devices.get("nvidia.com/gpu", 0) for n in DEFAULT_GPU_NODES)
-JSON_PATCH = "application/json-patch+json"
-MERGE_PATCH = "application/merge-patch+json"
-
-
-def pods_api(controlplane: ControlPlane, tenant: str) -> Any:
-    """CoreV1Api as the tenant's (non-admin) user."""
-    user, groups = tenant_user(tenant)
-    return client.CoreV1Api(controlplane.client_for(user, groups))
-
-
-def running_node(core: Any, namespace: str, name: str) -> str | None:
-    pod = core.read_namespaced_pod(name, namespace)
-    return pod.spec.node_name if pod.status.phase == "Running" else None
 
 
 def event_message(core: Any, namespace: str, pod: str, reason: str) -> str | None:
@@ -57,23 +43,6 @@ def event_message(core: Any, namespace: str, pod: str, reason: str) -> str | Non
     return message
 
 
-def no_pods(core: Any, namespace: str) -> bool:
-    return not core.list_namespaced_pod(namespace).items
-
-
-def refusal(call: Any) -> tuple[int, str]:
-    """HTTP status and Status message of the ApiException `call()` raises (must raise)."""
-    with pytest.raises(ApiException) as refused:
-        call()
-    return refused.value.status, message_of(refused.value)
-
-
-def message_of(error: ApiException) -> str:
-    """The `message` of the API server's Status body."""
-    message: str = json.loads(error.body or "{}").get("message", "")
-    return message
-
-
 def redis_snapshot(url: str) -> dict[bytes, tuple[Any, Any]]:
     """Every key with its type and serialised value."""
     r = redis.Redis.from_url(url)
@@ -81,24 +50,6 @@ def redis_snapshot(url: str) -> dict[bytes, tuple[Any, Any]]:
         return {key: (r.type(key), r.dump(key)) for key in r.scan_iter(count=1000)}
     finally:
         r.close()
-
-
-@pytest.fixture
-def tenant_pods(controlplane: ControlPlane, fairgate: FairgateStack) -> Iterator[None]:
-    """Start with no pods in the tenant namespaces and fairgate settled; clean up after."""
-    admin: Any = client.CoreV1Api(controlplane.admin)
-
-    def clean() -> None:
-        for tenant in QUOTA_YAML:
-            namespace = tenant_namespace(tenant)
-            admin.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
-            wait_for(partial(no_pods, admin, namespace), 30, f"pods of {namespace} to go")
-        fairgate.wait_idle()
-
-    clean()
-    yield
-    fairgate.check_alive()
-    clean()
 
 
 # 1 -------------------------------------------------------------------------------------
@@ -312,7 +263,9 @@ def test_tenant_user_cannot_lift_the_gate_or_forge_fairgate_labels(
         )
     )
     assert status in (400, 403), message
-    assert 'admission webhook "pods.validate.fairgate.io" denied the request' in message
+    # fairgate's ValidatingAdmissionPolicy runs before its webhook and refuses first
+    # (tests/security/test_stamp_immutability_e2e.py has the policy's own tests).
+    assert "ValidatingAdmissionPolicy 'fairgate-stamps'" in message, message
     assert GATE in message
     assert is_gated(core.read_namespaced_pod("held", ns))
 

@@ -34,6 +34,7 @@ ADMISSION_PLUGINS = (
     "Priority",
     "DefaultTolerationSeconds",
     "MutatingAdmissionWebhook",
+    "ValidatingAdmissionPolicy",  # on by default; named because fairgate relies on it
     "ValidatingAdmissionWebhook",
     "ResourceQuota",
 )

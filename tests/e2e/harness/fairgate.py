@@ -36,6 +36,7 @@ from .waiting import wait_for
 SYSTEM_NAMESPACE = "fairgate-system"
 WEBHOOK_SERVICE = "fairgate-webhook"
 GATE = "fairgate.io/queue"
+POLICY = "fairgate-stamps"  # ValidatingAdmissionPolicy and binding in manifests/
 
 # The e2e tenants. Capacity of the default fake nodes: 8 GPUs, 7 x 1g.5gb, 2 x 3g.40gb.
 PLATFORM_YAML = """\
@@ -76,6 +77,12 @@ def tenant_namespace(tenant: str) -> str:
 def tenant_user(tenant: str) -> tuple[str, list[str]]:
     """A plain (non-admin) user of `tenant`: name and groups; may manage pods in its namespace."""
     return f"dev@{tenant}.example.com", [f"{tenant}-devs"]
+
+
+def pods_api(controlplane: ControlPlane, tenant: str) -> Any:
+    """CoreV1Api as the tenant's (non-admin) user."""
+    user, groups = tenant_user(tenant)
+    return client.CoreV1Api(controlplane.client_for(user, groups))
 
 
 def fairgate_command(*args: str) -> list[str]:
@@ -333,6 +340,20 @@ class FairgateStack:
         for kind in kinds:
             try:
                 delete[kind]("fairgate")
+            except ApiException as error:
+                if error.status != 404:  # never installed: install() failed early
+                    raise
+
+    def uninstall_policies(self) -> None:
+        """Delete fairgate's ValidatingAdmissionPolicy and its binding (as the webhooks:
+        tests elsewhere see a cluster without fairgate)."""
+        admission: Any = client.AdmissionregistrationV1Api(self.cp.admin)
+        for delete in (
+            admission.delete_validating_admission_policy_binding,
+            admission.delete_validating_admission_policy,
+        ):
+            try:
+                delete(POLICY)
             except ApiException as error:
                 if error.status != 404:  # never installed: install() failed early
                     raise

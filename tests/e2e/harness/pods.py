@@ -41,6 +41,17 @@ def pod_manifest(
     }
 
 
+def running_node(core: Any, namespace: str, name: str) -> str | None:
+    """The node the pod runs on, or None while it is not Running."""
+    pod = core.read_namespaced_pod(name, namespace)
+    return pod.spec.node_name if pod.status.phase == "Running" else None
+
+
+def no_pods(core: Any, namespace: str) -> bool:
+    """True once `namespace` has no pods."""
+    return not core.list_namespaced_pod(namespace).items
+
+
 def condition(pod: Any, kind: str) -> Any | None:
     """The pod's status condition of type `kind`, or None."""
     for cond in pod.status.conditions or []:

@@ -1,8 +1,9 @@
-// Command kubetool gives the manifest tests the real Kubernetes code for two
+// Command kubetool gives the manifest tests the real Kubernetes code for three
 // jobs, so that they do not depend on a kubectl binary being installed:
 //
 //	kubetool kustomize DIR      prints `kustomize build DIR` (sigs.k8s.io/kustomize/api)
 //	kubetool matchconditions    evaluates webhook matchConditions (JSON on stdin)
+//	kubetool policy             evaluates a ValidatingAdmissionPolicy (JSON on stdin)
 //
 // matchconditions uses the API server's own code (k8s.io/apiserver: the CEL
 // environment, compiler and matcher that kube-apiserver runs), so that tests
@@ -19,6 +20,19 @@
 // whether the webhook would be called ("matches"), the first condition that
 // was false, or the evaluation error (which failurePolicy Fail turns into a
 // refusal).
+//
+// policy compiles a ValidatingAdmissionPolicy as the API server does (the
+// strict compile of a new policy, then the validator its admission plugin
+// builds: variables, matchConditions, validations, messageExpressions) and
+// evaluates it on pod requests. Input on stdin (JSON):
+//
+//	{"policy": {...ValidatingAdmissionPolicy...},
+//	 "cases": [{"operation": "UPDATE", "subResource": ""|"status"|...,
+//	            "user": "...", "groups": ["..."], "object": {...}, "oldObject": {...}}]}
+//
+// Output on stdout (JSON): the strict compile's errors, and per case the
+// decisions (action admit|deny, evaluation admit|deny|error, message, reason);
+// no decisions when the matchConditions exclude the request.
 package main
 
 import (
@@ -33,7 +47,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apiserver/pkg/admission"
 	plugincel "k8s.io/apiserver/pkg/admission/plugin/cel"
+	"k8s.io/apiserver/pkg/admission/plugin/policy/validating"
 	"k8s.io/apiserver/pkg/admission/plugin/webhook/matchconditions"
+	celconfig "k8s.io/apiserver/pkg/apis/cel"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/authorization/authorizerfactory"
 	"k8s.io/apiserver/pkg/cel/environment"
@@ -184,7 +200,145 @@ func kustomize(dir string) error {
 	return err
 }
 
-const usage = "usage: kubetool kustomize DIR | kubetool matchconditions < input.json"
+type policyCase struct {
+	Operation   string          `json:"operation"`
+	SubResource string          `json:"subResource"`
+	User        string          `json:"user"`
+	Groups      []string        `json:"groups"`
+	Object      json.RawMessage `json:"object"`
+	OldObject   json.RawMessage `json:"oldObject"`
+}
+
+type decision struct {
+	Action     string `json:"action"`
+	Evaluation string `json:"evaluation"`
+	Message    string `json:"message"`
+	Reason     string `json:"reason"`
+}
+
+var policyOptions = plugincel.OptionalVariableDeclarations{HasParams: false, HasAuthorizer: true}
+
+// strictCompileErrors compiles every expression of spec the way the API server
+// validates a new policy (environment.NewExpressions) and returns the errors.
+func strictCompileErrors(spec admissionregistrationv1.ValidatingAdmissionPolicySpec) ([]string, error) {
+	compiler, err := plugincel.NewCompositedCompiler(environment.MustBaseEnvSet(environment.DefaultCompatibilityVersion()))
+	if err != nil {
+		return nil, err
+	}
+	errs := []string{}
+	check := func(what string, res plugincel.CompilationResult) {
+		if res.Error != nil {
+			errs = append(errs, fmt.Sprintf("%s: %v", what, res.Error))
+		}
+	}
+	for _, v := range spec.Variables {
+		check("variable "+v.Name, compiler.CompileAndStoreVariable(&validating.Variable{Name: v.Name, Expression: v.Expression}, policyOptions, environment.NewExpressions))
+	}
+	for i, mc := range spec.MatchConditions {
+		check("matchCondition "+mc.Name, compiler.CompileCELExpression((*matchconditions.MatchCondition)(&spec.MatchConditions[i]), policyOptions, environment.NewExpressions))
+	}
+	noAuthz := plugincel.OptionalVariableDeclarations{HasParams: false, HasAuthorizer: false}
+	for i, v := range spec.Validations {
+		check(fmt.Sprintf("validation %d", i), compiler.CompileCELExpression(&validating.ValidationCondition{Expression: v.Expression}, policyOptions, environment.NewExpressions))
+		if v.MessageExpression != "" {
+			check(fmt.Sprintf("messageExpression %d", i), compiler.CompileCELExpression(&validating.MessageExpressionCondition{MessageExpression: v.MessageExpression}, noAuthz, environment.NewExpressions))
+		}
+	}
+	return errs, nil
+}
+
+// compilePolicy is the validating admission plugin's compilePolicy
+// (k8s.io/apiserver/pkg/admission/plugin/policy/validating), which is unexported.
+func compilePolicy(policy *admissionregistrationv1.ValidatingAdmissionPolicy) (validating.Validator, error) {
+	compiler, err := plugincel.NewCompositedCompiler(environment.MustBaseEnvSet(environment.DefaultCompatibilityVersion()))
+	if err != nil {
+		return nil, err
+	}
+	spec := policy.Spec
+	variables := make([]plugincel.NamedExpressionAccessor, len(spec.Variables))
+	for i, v := range spec.Variables {
+		variables[i] = &validating.Variable{Name: v.Name, Expression: v.Expression}
+	}
+	compiler.CompileAndStoreVariables(variables, policyOptions, environment.StoredExpressions)
+	var matcher matchconditions.Matcher
+	if len(spec.MatchConditions) > 0 {
+		accessors := make([]plugincel.ExpressionAccessor, len(spec.MatchConditions))
+		for i := range spec.MatchConditions {
+			accessors[i] = (*matchconditions.MatchCondition)(&spec.MatchConditions[i])
+		}
+		matcher = matchconditions.NewMatcher(compiler.CompileCondition(accessors, policyOptions, environment.StoredExpressions), spec.FailurePolicy, "policy", "validate", policy.Name)
+	}
+	validations := make([]plugincel.ExpressionAccessor, len(spec.Validations))
+	messages := make([]plugincel.ExpressionAccessor, len(spec.Validations))
+	for i, v := range spec.Validations {
+		validations[i] = &validating.ValidationCondition{Expression: v.Expression, Message: v.Message, Reason: v.Reason}
+		if v.MessageExpression != "" {
+			messages[i] = &validating.MessageExpressionCondition{MessageExpression: v.MessageExpression}
+		}
+	}
+	noAuthz := plugincel.OptionalVariableDeclarations{HasParams: false, HasAuthorizer: false}
+	return validating.NewValidator(
+		compiler.CompileCondition(validations, policyOptions, environment.StoredExpressions),
+		matcher,
+		compiler.CompileCondition(nil, policyOptions, environment.StoredExpressions),
+		compiler.CompileCondition(messages, noAuthz, environment.StoredExpressions),
+		spec.FailurePolicy,
+		nil,
+	), nil
+}
+
+func policy() error {
+	var in struct {
+		Policy admissionregistrationv1.ValidatingAdmissionPolicy `json:"policy"`
+		Cases  []policyCase                                      `json:"cases"`
+	}
+	if err := json.NewDecoder(os.Stdin).Decode(&in); err != nil {
+		return fmt.Errorf("cannot parse input: %w", err)
+	}
+	compileErrors, err := strictCompileErrors(in.Policy.Spec)
+	if err != nil {
+		return err
+	}
+	validator, err := compilePolicy(&in.Policy)
+	if err != nil {
+		return err
+	}
+	gvk := gvkFor("pods")
+	gvr := schema.GroupVersionResource{Version: "v1", Resource: "pods"}
+	results := make([][]decision, 0, len(in.Cases))
+	for _, tc := range in.Cases {
+		obj, err := decode(tc.Object, "pods")
+		if err != nil {
+			return err
+		}
+		old, err := decode(tc.OldObject, "pods")
+		if err != nil {
+			return err
+		}
+		attr := admission.NewAttributesRecord(obj, old, gvk, "team-a-dev", "p", gvr, tc.SubResource,
+			admission.Operation(tc.Operation), nil, false, &user.DefaultInfo{Name: tc.User, Groups: tc.Groups})
+		versioned := &admission.VersionedAttributes{
+			Attributes: attr, VersionedKind: gvk, VersionedObject: obj, VersionedOldObject: old,
+		}
+		namespace := &corev1.Namespace{}
+		namespace.Name = "team-a-dev"
+		res := validator.Validate(context.Background(), gvr, versioned, nil, namespace,
+			celconfig.RuntimeCELCostBudget, authorizerfactory.NewAlwaysAllowAuthorizer())
+		decisions := make([]decision, 0, len(res.Decisions))
+		for _, d := range res.Decisions {
+			decisions = append(decisions, decision{
+				Action: string(d.Action), Evaluation: string(d.Evaluation),
+				Message: d.Message, Reason: string(d.Reason),
+			})
+		}
+		results = append(results, decisions)
+	}
+	return json.NewEncoder(os.Stdout).Encode(map[string]any{
+		"compileErrors": compileErrors, "results": results,
+	})
+}
+
+const usage = "usage: kubetool kustomize DIR | kubetool matchconditions < input.json | kubetool policy < input.json"
 
 func main() {
 	var err error
@@ -193,6 +347,8 @@ func main() {
 		err = kustomize(os.Args[2])
 	case len(os.Args) == 2 && os.Args[1] == "matchconditions":
 		err = matchConditions()
+	case len(os.Args) == 2 && os.Args[1] == "policy":
+		err = policy()
 	default:
 		fmt.Fprintln(os.Stderr, usage)
 		os.Exit(2)
