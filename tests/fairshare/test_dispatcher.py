@@ -9,7 +9,14 @@ from collections import Counter
 import redis
 
 from audit import DISPATCH, RELEASE, AuditLog
-from fairshare.cluster import ChangeKind, ClusterChange, EventType, GpuPod, LiftOutcome
+from fairshare.cluster import (
+    CapacityReport,
+    ChangeKind,
+    ClusterChange,
+    EventType,
+    GpuPod,
+    LiftOutcome,
+)
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
 from fairshare.model import PodRequest
 from fairshare.queue import FairQueue
@@ -218,6 +225,10 @@ class _View:
     def capacity(self) -> dict[str, int]:
         with self.shared.lock:
             return self.shared.sim.capacity()
+
+    def capacity_report(self) -> CapacityReport:
+        with self.shared.lock:
+            return self.shared.sim.capacity_report()
 
     def lift_gate(self, pod: GpuPod) -> LiftOutcome:
         with self.shared.lock:
