@@ -62,6 +62,20 @@ def test_a_finished_pod_frees_its_gpu_for_the_next_one(redis_url: str) -> None:
     assert "after 10.0s" in records[1].reason
 
 
+def test_the_dispatcher_stores_the_clusters_capacity_report_for_status(
+    redis_url: str
+) -> None:
+    rig = make_rig(redis_url, TEAM_A, {"gpu": 3})
+    rig.settle()
+    notes = rig.queue.capacity_notes()
+    assert notes is not None and notes["override"] is False
+    assert CapacityReport.from_json(notes) == CapacityReport({"gpu": 3})
+    rig.cluster.capacity_counts["gpu"] = 2  # a node went away: CAPACITY, fresh notes
+    rig.dispatcher.handle([ClusterChange(ChangeKind.CAPACITY)])
+    notes = rig.queue.capacity_notes()
+    assert notes is not None and notes["total"] == {"gpu": 2}
+
+
 def test_queued_events_tell_position_and_reason_and_are_rate_limited(redis_url: str) -> None:
     settings = DispatcherSettings(status_every=1.0, queued_event_interval=60.0)
     rig = make_rig(redis_url, TEAM_A, {"gpu": 1}, settings=settings)
