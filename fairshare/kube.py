@@ -575,7 +575,10 @@ class KubeCluster:
 
     def _capacity_clock(self) -> None:
         while not self._stop.wait(self._tick):
-            self._publish()
+            with self._lock:
+                waiting = any(not node.ready for node in self._nodes.values())
+            if waiting:  # only a not-Ready node's grace can end without an event
+                self._publish()
 
     def _watch_nodes(self) -> None:
         def on_list(items: list[Any]) -> None:
@@ -586,11 +589,14 @@ class KubeCluster:
 
         def on_event(kind: str, obj: dict[str, Any]) -> None:
             name = str((obj.get("metadata") or {}).get("name", ""))
+            node = None if kind == "DELETED" else node_gpus(obj)
             with self._lock:
-                if kind == "DELETED":
-                    self._nodes.pop(name, None)
+                if self._nodes.get(name) == node:
+                    return  # a heartbeat: nothing capacity depends on changed
+                if node is None:
+                    del self._nodes[name]
                 else:
-                    self._nodes[name] = node_gpus(obj)
+                    self._nodes[name] = node
             self._publish()
 
         self._watch(self._core.list_node, on_list, on_event)
@@ -609,9 +615,10 @@ class KubeCluster:
             uid = str((obj.get("metadata") or {}).get("uid", ""))
             pod = None if kind == "DELETED" else self._foreign_pod(obj)
             with self._lock:
+                if self._foreign.get(uid) == pod:
+                    return  # not holding GPUs before or after, or holding the same
                 if pod is None:
-                    if self._foreign.pop(uid, None) is None:
-                        return
+                    del self._foreign[uid]
                 else:
                     self._foreign[uid] = pod
             self._publish()
