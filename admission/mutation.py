@@ -37,6 +37,8 @@ from tenants.models import (
     BORROWED_ANNOTATION,
     CLASS_LABEL,
     DEMAND_ANNOTATION,
+    GPU_TAINT_KEY,
+    GPU_TOLERATION,
     NODE_POOL_LABEL,
     QUEUE_GATE,
     TENANT_LABEL,
@@ -45,14 +47,8 @@ from tenants.models import (
     PriorityClasses,
 )
 
-GPU_TAINT_KEY = "nvidia.com/gpu"
 MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
 MIG_STRATEGIES = ("single", "mixed")
-GPU_TOLERATION: Mapping[str, str] = {
-    "key": GPU_TAINT_KEY,
-    "operator": "Exists",
-    "effect": "NoSchedule",
-}
 JsonObject = dict[str, Any]
 AFFINITY_PATH = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution")
 """Where the required nodeSelectorTerms live under ``spec``."""

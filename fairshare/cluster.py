@@ -5,8 +5,9 @@ Contract:
   (label ``fairgate.io/tenant`` and annotation ``fairgate.io/ticket``): its ticket, tenant,
   class, priority band, demand, gang, phase, whether it still carries the
   ``fairgate.io/queue`` gate, node, creation time and whether it is being deleted.
-- A :class:`Cluster` lists and watches such pods, reports the GPU capacity of its Ready
-  nodes (short resource names), lifts the gate of one pod and posts Events on pods.
+- A :class:`Cluster` lists and watches such pods, reports the GPU capacity that fairgate's
+  pods can use (short resource names) and why the rest is not counted
+  (:class:`CapacityReport`), lifts the gate of one pod and posts Events on pods.
   ``kube.KubeCluster`` talks to a real API server; ``simcluster.SimulatedCluster`` is an
   in-memory cluster for the demo and the simulator. The dispatcher and the reconciler
   only ever see this interface.
@@ -19,11 +20,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from tenants import resources
 from tenants.models import PodClass, PriorityBand
 
+DEFAULT_NOT_READY_GRACE = 40.0
+"""Seconds a node may be not Ready and still count as capacity (``--not-ready-grace``)."""
 PodPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Unknown"]
 EventType = Literal["Normal", "Warning"]
 
@@ -91,12 +94,82 @@ class GpuPod:
         return not self.gated and not self.finished
 
 
+@dataclass(frozen=True)
+class NodeExclusion:
+    """A node whose GPUs are not capacity, and why (e.g. ``cordoned``)."""
+
+    node: str
+    reason: str
+    resources: Mapping[str, int]  # what it would offer otherwise
+
+
+@dataclass(frozen=True)
+class ForeignHold:
+    """GPUs of a counted node held by pods fairgate does not manage (subtracted)."""
+
+    node: str
+    resources: Mapping[str, int]
+    pods: tuple[str, ...]  # ``namespace/name`` of the pods holding them
+
+
+_NAMED_PODS = 3  # pods named per node in a note; the rest are counted
+
+
+@dataclass(frozen=True)
+class CapacityReport:
+    """The capacity fairgate's pods can use (``total``), the nodes left out and the GPUs
+    other pods hold. JSON-ready through :meth:`to_json` / :meth:`from_json`."""
+
+    total: Mapping[str, int]
+    excluded: tuple[NodeExclusion, ...] = ()
+    held: tuple[ForeignHold, ...] = ()
+
+    def notes(self) -> list[str]:
+        """One line per excluded node and per node with foreign-held GPUs, e.g.
+        ``node gpu-3 cordoned (gpu=4 not counted)``."""
+        lines = [f"node {e.node} {e.reason} ({resources.format_counts(e.resources)} not "
+                 f"counted)" for e in self.excluded]
+        for hold in self.held:
+            named = ", ".join(hold.pods[:_NAMED_PODS])
+            more = len(hold.pods) - _NAMED_PODS
+            who = f"{named} and {more} more" if more > 0 else named
+            count = len(hold.pods)
+            lines.append(f"node {hold.node}: {resources.format_counts(hold.resources)} held by "
+                         f"{count} pod{'s' if count != 1 else ''} fairgate does not manage "
+                         f"({who})")
+        return lines
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain data: ``total``, ``excluded`` and ``held`` (lists of objects)."""
+        return {
+            "total": dict(self.total),
+            "excluded": [{"node": e.node, "reason": e.reason, "resources": dict(e.resources)}
+                         for e in self.excluded],
+            "held": [{"node": h.node, "resources": dict(h.resources), "pods": list(h.pods)}
+                     for h in self.held],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CapacityReport:
+        """The report :meth:`to_json` wrote; raises KeyError/TypeError on other data."""
+        return cls(
+            total={str(k): int(v) for k, v in data["total"].items()},
+            excluded=tuple(NodeExclusion(str(e["node"]), str(e["reason"]),
+                                         {str(k): int(v) for k, v in e["resources"].items()})
+                           for e in data["excluded"]),
+            held=tuple(ForeignHold(str(h["node"]),
+                                   {str(k): int(v) for k, v in h["resources"].items()},
+                                   tuple(str(p) for p in h["pods"]))
+                       for h in data["held"]),
+        )
+
+
 class ChangeKind(enum.Enum):
     """What happened to a watched object."""
 
     POD = "pod"  # added or modified: the pod as it is now
     POD_GONE = "pod_gone"  # deleted from the API server
-    CAPACITY = "capacity"  # the GPU capacity of Ready nodes changed
+    CAPACITY = "capacity"  # the capacity fairgate's pods can use changed
     RESYNC = "resync"  # the watch restarted: the caller should reconcile from a full list
 
 
@@ -129,7 +202,11 @@ class Cluster(Protocol):
         ...
 
     def capacity(self) -> dict[str, int]:
-        """Allocatable GPU resources summed over Ready nodes, by short resource name."""
+        """The GPU resources fairgate's pods can use, by short resource name."""
+        ...
+
+    def capacity_report(self) -> CapacityReport:
+        """:meth:`capacity` (as ``total``) with what was left out and why."""
         ...
 
     def lift_gate(self, pod: GpuPod) -> LiftOutcome:

@@ -17,7 +17,10 @@ Contract:
   triggers a reconcile, so usage and queue always converge on the cluster's truth.
 - Capacity is the platform's ``capacity`` override if set, else the cluster's; config and
   capacity are pushed again on every status pass and reconcile (a flush, or another
-  writer, may have changed them).
+  writer, may have changed them). Whenever it reads the cluster's capacity it stores the
+  cluster's :class:`~fairshare.cluster.CapacityReport` (nodes left out and why, GPUs held
+  by pods fairgate does not manage) for ``fairgate status``
+  (:meth:`FairQueue.write_capacity_notes`).
 - Gates of one dispatch round are lifted by ``lift_workers`` threads (the cluster must be
   thread-safe then); everything else (Redis, metrics, audit) happens in the caller.
 - Several dispatchers may run on one queue: ``dispatch`` hands each queue unit to exactly
@@ -145,14 +148,19 @@ class Dispatcher:
         config = self.config()
         if config is None:
             return False
+        report = None
         if force or self._capacity is None:
-            self._capacity = self.cluster.capacity()
+            report = self.cluster.capacity_report()
+            self._capacity = dict(report.total)
         capacity = dict(config.platform.capacity) or self._capacity
         if force or self._synced is None or self._synced[0] is not config \
                 or self._synced[1] != capacity:
             self.queue.sync_config(config, capacity)
             self._synced = (config, capacity)
             self.metrics.observe_capacity(capacity)
+        if report is not None:
+            self.queue.write_capacity_notes({**report.to_json(), "at": self.clock(),
+                                             "override": bool(config.platform.capacity)})
         return True
 
     # -- one step ---------------------------------------------------------------------

@@ -3,11 +3,20 @@
 Contract:
 - Uses the official ``kubernetes`` client and reads raw JSON (no model round trips).
 - Pods: those labelled ``fairgate.io/tenant`` with a ``fairgate.io/ticket`` annotation
-  (:func:`pod_from_manifest` turns one into a :class:`GpuPod`). Nodes: capacity is the
-  sum of ``nvidia.com/*`` allocatable over Ready nodes (:func:`node_capacity`).
-- :meth:`KubeCluster.start` runs two daemon threads (pods, nodes) that list-and-watch
-  and feed :meth:`KubeCluster.changes`; an expired watch (410) or a reconnect after an
-  error yields a ``RESYNC`` change so the caller can rebuild from a full list.
+  (:func:`pod_from_manifest` turns one into a :class:`GpuPod`).
+- Capacity (:func:`capacity_report`, pure) is the sum of ``nvidia.com/*`` allocatable
+  over the nodes fairgate's pods can use: not cordoned, Ready (or not Ready for at most
+  ``not_ready_grace`` seconds, judged by the Ready condition's ``lastTransitionTime``) and
+  with no ``NoSchedule``/``NoExecute`` taint that fairgate's toleration
+  (``nvidia.com/gpu:NoSchedule``, :data:`tenants.models.GPU_TOLERATION`) misses; less, per
+  node, the GPUs held by pods fairgate does not manage that are bound there and not
+  finished (:func:`foreign_pod`). The report says which nodes were left out and why.
+- :meth:`KubeCluster.start` runs daemon threads that list-and-watch fairgate's pods
+  (label ``fairgate.io/tenant``), nodes and, with ``demand_of``, bound unfinished pods
+  (field selector :data:`BOUND_UNFINISHED`), plus a clock that re-checks the capacity
+  every ``tick``; they feed :meth:`KubeCluster.changes`: a ``CAPACITY`` change whenever
+  the capacity differs from the last one published; an expired pod watch (410) or a
+  reconnect after an error yields a ``RESYNC`` change so the caller can rebuild.
 - :meth:`KubeCluster.lift_gate` removes the ``fairgate.io/queue`` gate with a JSON Patch
   whose ``test`` ops pin the pod's uid and the gate's index, so two dispatchers (or a
   gate that moved) can never remove the wrong gate; conflicts, 429 and 5xx answers are
@@ -25,7 +34,7 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -35,11 +44,15 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
 from fairshare.cluster import (
+    DEFAULT_NOT_READY_GRACE,
+    CapacityReport,
     ChangeKind,
     ClusterChange,
     EventType,
+    ForeignHold,
     GpuPod,
     LiftOutcome,
+    NodeExclusion,
     PodPhase,
     PodRef,
 )
@@ -48,6 +61,7 @@ from tenants.models import (
     BORROWED_ANNOTATION,
     CLASS_LABEL,
     DEMAND_ANNOTATION,
+    GPU_TOLERATION,
     POD_GROUP_LABEL,
     POD_GROUP_SIZE_ANNOTATION,
     QUEUE_GATE,
@@ -64,6 +78,8 @@ EVENT_COMPONENT = "fairgate-dispatcher"
 _PHASES: frozenset[str] = frozenset({"Pending", "Running", "Succeeded", "Failed", "Unknown"})
 _RETRIABLE = frozenset({409, 422, 429, 500, 502, 503, 504})
 _WATCH_SECONDS = 240
+BOUND_UNFINISHED = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+"""Field selector of the pods that may hold GPUs on a node."""
 _iter_lines: Callable[[Any], Iterator[str]] = iter_resp_lines
 
 
@@ -179,28 +195,172 @@ def pod_from_manifest(
     )
 
 
-def node_capacity(node: Mapping[str, Any]) -> dict[str, int]:
-    """GPU resources a node offers: its ``nvidia.com/*`` allocatable if Ready, else none."""
+NODE_LIFECYCLE_TAINTS = frozenset({"node.kubernetes.io/not-ready",
+                                   "node.kubernetes.io/unreachable"})
+"""Taints the node lifecycle controller sets from the Ready condition: judged by the
+Ready rule (with its grace), not as taints."""
+_BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+FAIRGATE_TOLERATIONS: tuple[Mapping[str, str], ...] = (GPU_TOLERATION,)
+
+
+def tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
+    """Whether ``toleration`` tolerates ``taint``: Kubernetes' rule (an empty effect or
+    key matches any; ``Exists`` ignores the value, ``Equal`` (the default) needs it)."""
+    effect = toleration.get("effect") or ""
+    if effect and effect != taint.get("effect"):
+        return False
+    key = toleration.get("key") or ""
+    if key and key != taint.get("key"):
+        return False
+    operator = toleration.get("operator") or "Equal"
+    if operator == "Exists":
+        return True
+    return operator == "Equal" and (toleration.get("value") or "") == (taint.get("value") or "")
+
+
+def _taint_text(taint: Mapping[str, Any]) -> str:
+    value = taint.get("value")
+    return f"{taint.get('key')}{'=' + str(value) if value else ''}:{taint.get('effect')}"
+
+
+def _iso(seconds: float) -> str:
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class NodeGpus:
+    """What one node offers fairgate's pods, as read from its manifest (:func:`node_gpus`)."""
+
+    name: str
+    gpus: Mapping[str, int]  # nvidia.com/* allocatable by short name
+    cordoned: bool  # spec.unschedulable
+    ready: bool  # the Ready condition is True
+    ready_changed: float | None  # its lastTransitionTime (None: no Ready condition)
+    untolerated: tuple[str, ...]  # NoSchedule/NoExecute taints the tolerations miss
+
+    def excluded(self, now: float, grace: float) -> str | None:
+        """Why the node is not capacity at ``now`` (None: it is): cordoned, not Ready for
+        more than ``grace`` seconds, or tainted with a taint fairgate does not tolerate."""
+        if self.cordoned:
+            return "cordoned"
+        if not self.ready:
+            if self.ready_changed is None:
+                return "has no Ready condition"
+            if now - self.ready_changed > grace:
+                return f"NotReady since {_iso(self.ready_changed)} (more than {grace:g}s)"
+        if self.untolerated:
+            return f"tainted {', '.join(self.untolerated)} (not tolerated by fairgate's pods)"
+        return None
+
+
+def node_gpus(
+    node: Mapping[str, Any], tolerations: Sequence[Mapping[str, Any]] = FAIRGATE_TOLERATIONS,
+) -> NodeGpus:
+    """Read a Node manifest: its ``nvidia.com/*`` allocatable (known resources, positive
+    counts), cordon, Ready condition and the ``NoSchedule``/``NoExecute`` taints that none
+    of ``tolerations`` tolerates (lifecycle taints, see :data:`NODE_LIFECYCLE_TAINTS`,
+    left to the Ready rule)."""
+    spec = node.get("spec") or {}
     status = node.get("status") or {}
-    ready = any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in status.get("conditions") or []
-    )
-    if not ready or (node.get("spec") or {}).get("unschedulable"):
-        return {}
+    ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
     counts: dict[str, int] = {}
     for name, quantity in (status.get("allocatable") or {}).items():
         short = resources.short_name(name)
         if short is None or not resources.is_known(short):
             continue
         try:
-            counts[short] = int(str(quantity))
+            count = int(str(quantity))
         except ValueError:
             continue
-    return counts
+        if count > 0:
+            counts[short] = count
+    untolerated = tuple(
+        _taint_text(taint) for taint in spec.get("taints") or []
+        if taint.get("effect") in _BLOCKING_EFFECTS
+        and taint.get("key") not in NODE_LIFECYCLE_TAINTS
+        and not any(tolerates(t, taint) for t in tolerations)
+    )
+    return NodeGpus(
+        name=str((node.get("metadata") or {}).get("name", "")),
+        gpus=counts,
+        cordoned=bool(spec.get("unschedulable")),
+        ready=ready is not None and ready.get("status") == "True",
+        ready_changed=None if ready is None else _timestamp(ready.get("lastTransitionTime")),
+        untolerated=untolerated,
+    )
 
 
-def _sum_counts(parts: Iterator[Mapping[str, int]] | list[dict[str, int]]) -> dict[str, int]:
+def node_capacity(
+    node: Mapping[str, Any], now: float | None = None, grace: float = DEFAULT_NOT_READY_GRACE,
+) -> dict[str, int]:
+    """GPU resources a node offers fairgate's pods at ``now`` (default: the time now):
+    its ``nvidia.com/*`` allocatable, or nothing when :meth:`NodeGpus.excluded`."""
+    gpus = node_gpus(node)
+    when = time.time() if now is None else now
+    return {} if gpus.excluded(when, grace) is not None else dict(gpus.gpus)
+
+
+@dataclass(frozen=True)
+class ForeignPod:
+    """A pod fairgate does not manage, bound to a node and not finished, holding GPUs."""
+
+    ref: str  # namespace/name
+    node: str
+    gpus: Mapping[str, int]
+
+
+def foreign_pod(
+    obj: Mapping[str, Any], demand_of: DemandOf, priority_classes: PriorityClasses,
+) -> ForeignPod | None:
+    """The GPUs ``obj`` holds if fairgate does not manage it (:func:`pod_from_manifest`
+    would not track it), it is bound to a node and has not finished; else None."""
+    spec = obj.get("spec") or {}
+    node = spec.get("nodeName")
+    phase = (obj.get("status") or {}).get("phase")
+    if not node or phase in ("Succeeded", "Failed"):
+        return None
+    if pod_from_manifest(obj, priority_classes, demand_of) is not None:
+        return None
+    meta = obj.get("metadata") or {}
+    ref = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+    try:
+        gpus = demand_of(obj)
+    except ValueError as error:
+        log.warning("pod %s on node %s: its GPU demand is unreadable (%s); not subtracted "
+                    "from capacity", ref, node, error)
+        return None
+    return ForeignPod(ref, str(node), dict(gpus)) if gpus else None
+
+
+def capacity_report(
+    nodes: Iterable[NodeGpus], foreign: Iterable[ForeignPod], now: float, grace: float,
+) -> CapacityReport:
+    """What fairgate's pods can use at ``now``: every node's GPUs unless
+    :meth:`NodeGpus.excluded`, less what foreign pods bound to it hold (never below 0)."""
+    on_node: dict[str, list[ForeignPod]] = {}
+    for pod in foreign:
+        on_node.setdefault(pod.node, []).append(pod)
+    counted: list[dict[str, int]] = []
+    excluded: list[NodeExclusion] = []
+    held: list[ForeignHold] = []
+    for node in sorted(nodes, key=lambda n: n.name):
+        if not node.gpus:
+            continue
+        reason = node.excluded(now, grace)
+        if reason is not None:
+            excluded.append(NodeExclusion(node.name, reason, dict(node.gpus)))
+            continue
+        pods = sorted(on_node.get(node.name, []), key=lambda p: p.ref)
+        holding = _sum_counts(p.gpus for p in pods)
+        taken = {name: min(n, holding[name]) for name, n in node.gpus.items() if name in holding}
+        if taken:
+            held.append(ForeignHold(node.name, taken,
+                                    tuple(p.ref for p in pods if set(p.gpus) & set(taken))))
+        counted.append({name: n - taken.get(name, 0) for name, n in node.gpus.items()})
+    return CapacityReport(_sum_counts(counted), tuple(excluded), tuple(held))
+
+
+def _sum_counts(parts: Iterable[Mapping[str, int]]) -> dict[str, int]:
     total: dict[str, int] = {}
     for part in parts:
         for name, n in part.items():
@@ -219,16 +379,32 @@ class KubeCluster:
         backoff: Backoff | None = None,
         instance: str | None = None,
         demand_of: DemandOf | None = None,
+        not_ready_grace: float = DEFAULT_NOT_READY_GRACE,
+        clock: Callable[[], float] = time.time,
+        tick: float = 1.0,
     ) -> None:
         """Talk to the API server through ``api``; nothing happens until a call.
-        ``demand_of``: see :func:`pod_from_manifest`."""
+
+        ``demand_of``: see :func:`pod_from_manifest`; without it, GPUs held by pods
+        fairgate does not manage are not subtracted (their demand cannot be read).
+        ``not_ready_grace``: seconds a node may be not Ready and still count;
+        ``tick``: how often the watch re-checks the capacity for expired graces.
+        """
+        if not_ready_grace < 0 or tick <= 0:
+            raise ValueError("not_ready_grace must be >= 0 and tick > 0 (seconds)")
         self._core = client.CoreV1Api(api)
         self._priority_classes = priority_classes or PriorityClasses()
         self._demand_of = demand_of
         self._backoff = backoff or Backoff()
         self._instance = instance or socket.gethostname()
+        self._grace = not_ready_grace
+        self._clock = clock
+        self._tick = tick
         self._changes: queue.Queue[ClusterChange] = queue.Queue()
-        self._nodes: dict[str, dict[str, int]] = {}
+        self._nodes: dict[str, NodeGpus] = {}
+        self._foreign: dict[str, ForeignPod] = {}  # pod uid -> the GPUs it holds
+        self._listed: set[str] = set()  # watches ("nodes", "foreign") that listed once
+        self._published: Mapping[str, int] = {}
         self._gate_index: dict[str, int] = {}  # pod uid -> index of our gate, as last seen
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -255,12 +431,35 @@ class KubeCluster:
         return [pod for pod in found if pod is not None]
 
     def capacity(self) -> dict[str, int]:
-        """GPU allocatable of Ready nodes (listed now unless the node watch is running)."""
+        """The GPU resources fairgate's pods can use (see :meth:`capacity_report`)."""
+        return dict(self.capacity_report().total)
+
+    def capacity_report(self) -> CapacityReport:
+        """:func:`capacity_report` of the nodes and foreign pods: as the watches see
+        them once they have listed, else listed now."""
         with self._lock:
-            if self._threads:
-                return _sum_counts(list(self._nodes.values()))
-        items, _ = self._list(self._core.list_node)
-        return _sum_counts([node_capacity(item) for item in items])
+            if self._threads and self._listed >= self._watched():
+                return self._report()
+        nodes, _ = self._list(self._core.list_node)
+        foreign: list[ForeignPod] = []
+        if self._demand_of is not None:
+            pods, _ = self._list(self._core.list_pod_for_all_namespaces,
+                                 field_selector=BOUND_UNFINISHED)
+            foreign = [p for p in (self._foreign_pod(obj) for obj in pods) if p is not None]
+        return capacity_report((node_gpus(n) for n in nodes), foreign, self._clock(),
+                               self._grace)
+
+    def _watched(self) -> set[str]:
+        return {"nodes", "foreign"} if self._demand_of is not None else {"nodes"}
+
+    def _report(self) -> CapacityReport:
+        """The report from the watches' state (caller holds the lock)."""
+        return capacity_report(self._nodes.values(), self._foreign.values(), self._clock(),
+                               self._grace)
+
+    def _foreign_pod(self, obj: Mapping[str, Any]) -> ForeignPod | None:
+        assert self._demand_of is not None
+        return foreign_pod(obj, self._demand_of, self._priority_classes)
 
     def changes(self, timeout: float) -> list[ClusterChange]:
         """Changes queued by the watch threads; waits up to ``timeout`` for the first."""
@@ -277,15 +476,23 @@ class KubeCluster:
     # -- watches -------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the pod and node watch threads (idempotent)."""
+        """Start the watch threads (idempotent): fairgate's pods, nodes, with ``demand_of``
+        the bound pods of others, and a clock that re-checks the capacity every ``tick``
+        (a not-Ready node's grace ends without any event)."""
         with self._lock:
             if self._threads:
                 return
             self._stop.clear()
+            self._listed = set()
             self._threads = [
                 threading.Thread(target=self._watch_pods, name="watch-pods", daemon=True),
                 threading.Thread(target=self._watch_nodes, name="watch-nodes", daemon=True),
+                threading.Thread(target=self._capacity_clock, name="capacity-clock",
+                                 daemon=True),
             ]
+            if self._demand_of is not None:
+                self._threads.append(threading.Thread(
+                    target=self._watch_foreign, name="watch-foreign-pods", daemon=True))
             threads = list(self._threads)
         for thread in threads:
             thread.start()
@@ -354,33 +561,70 @@ class KubeCluster:
         self._watch(self._core.list_pod_for_all_namespaces, on_list, on_event,
                     label_selector=TENANT_LABEL)
 
-    def _watch_nodes(self) -> None:
-        def publish(update: Callable[[], None]) -> None:
-            with self._lock:
-                before = _sum_counts(list(self._nodes.values()))
-                update()
-                after = _sum_counts(list(self._nodes.values()))
-            if before != after:
-                self._changes.put(ClusterChange(ChangeKind.CAPACITY))
+    def _publish(self) -> None:
+        """Queue a CAPACITY change when the capacity differs from the last one published
+        (only once every watch has listed: a half-known cluster is not reported)."""
+        with self._lock:
+            if not self._listed >= self._watched():
+                return
+            total = self._report().total
+            if total == self._published:
+                return
+            self._published = total
+        self._changes.put(ClusterChange(ChangeKind.CAPACITY))
 
+    def _capacity_clock(self) -> None:
+        while not self._stop.wait(self._tick):
+            with self._lock:
+                waiting = any(not node.ready for node in self._nodes.values())
+            if waiting:  # only a not-Ready node's grace can end without an event
+                self._publish()
+
+    def _watch_nodes(self) -> None:
         def on_list(items: list[Any]) -> None:
-            def replace() -> None:
-                self._nodes = {
-                    str(item["metadata"]["name"]): node_capacity(item) for item in items
-                }
-            publish(replace)
+            with self._lock:
+                self._nodes = {str(item["metadata"]["name"]): node_gpus(item) for item in items}
+                self._listed.add("nodes")
+            self._publish()
 
         def on_event(kind: str, obj: dict[str, Any]) -> None:
             name = str((obj.get("metadata") or {}).get("name", ""))
-
-            def update() -> None:
-                if kind == "DELETED":
-                    self._nodes.pop(name, None)
+            node = None if kind == "DELETED" else node_gpus(obj)
+            with self._lock:
+                if self._nodes.get(name) == node:
+                    return  # a heartbeat: nothing capacity depends on changed
+                if node is None:
+                    del self._nodes[name]
                 else:
-                    self._nodes[name] = node_capacity(obj)
-            publish(update)
+                    self._nodes[name] = node
+            self._publish()
 
         self._watch(self._core.list_node, on_list, on_event)
+
+    def _watch_foreign(self) -> None:
+        """Bound, unfinished pods (server-side field selector); fairgate's own are
+        skipped here (its pod watch accounts for them), the rest hold GPUs or not."""
+        def on_list(items: list[Any]) -> None:
+            found = {str(item["metadata"]["uid"]): self._foreign_pod(item) for item in items}
+            with self._lock:
+                self._foreign = {uid: pod for uid, pod in found.items() if pod is not None}
+                self._listed.add("foreign")
+            self._publish()
+
+        def on_event(kind: str, obj: dict[str, Any]) -> None:
+            uid = str((obj.get("metadata") or {}).get("uid", ""))
+            pod = None if kind == "DELETED" else self._foreign_pod(obj)
+            with self._lock:
+                if self._foreign.get(uid) == pod:
+                    return  # not holding GPUs before or after, or holding the same
+                if pod is None:
+                    del self._foreign[uid]
+                else:
+                    self._foreign[uid] = pod
+            self._publish()
+
+        self._watch(self._core.list_pod_for_all_namespaces, on_list, on_event,
+                    field_selector=BOUND_UNFINISHED)
 
     # -- writes --------------------------------------------------------------------------
 

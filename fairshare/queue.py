@@ -21,6 +21,7 @@ Contract (rules in ``fairshare/README.md``; key layout there too):
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -298,3 +299,20 @@ class FairQueue:
             group=gang or None,
         )
 
+    # -- capacity notes ------------------------------------------------------------
+
+    def write_capacity_notes(self, notes: Mapping[str, Any]) -> None:
+        """Store the dispatcher's capacity report (JSON, key ``capacity-notes``) for
+        ``fairgate status``. Informational: no script reads it, nothing is decided on it."""
+        self._client.set(self._keys[0] + "capacity-notes", json.dumps(notes))
+
+    def capacity_notes(self) -> dict[str, Any] | None:
+        """What :meth:`write_capacity_notes` stored last; None if nothing (or not JSON)."""
+        raw = self._client.get(self._keys[0] + "capacity-notes")
+        if raw is None:
+            return None
+        try:
+            notes = json.loads(raw)
+        except ValueError:
+            return None
+        return notes if isinstance(notes, dict) else None

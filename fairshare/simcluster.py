@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
 
 from fairshare.cluster import (
+    CapacityReport,
     ChangeKind,
     ClusterChange,
     EventType,
@@ -181,6 +182,10 @@ class SimulatedCluster:
     def capacity(self) -> dict[str, int]:
         """The pool's capacity."""
         return dict(self.capacity_counts)
+
+    def capacity_report(self) -> CapacityReport:
+        """The pool's capacity; a simulated pool has no nodes to leave out."""
+        return CapacityReport(self.capacity())
 
     @_locked
     def lift_gate(self, pod: GpuPod) -> LiftOutcome:

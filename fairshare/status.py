@@ -7,8 +7,11 @@ Contract:
   ``queued`` by class, ``weightedShare`` (GPU-equivalents used per unit of weight),
   ``entitlement`` (its fair share in GPU-equivalents) and ``ofEntitlement`` (used /
   entitlement, null when entitled to nothing); and for the cluster ``capacity``
-  (GPU-equivalents) and ``jainIndex`` (of used / entitlement). Fair shares come from
-  :func:`fairshare.entitlement.snapshot_fairness`, the computation behind the metrics.
+  (GPU-equivalents), ``capacityNotes`` (the dispatcher's last
+  :class:`~fairshare.cluster.CapacityReport` as JSON plus ``at`` and ``override``, or
+  null; :func:`capacity_lines` prints it) and ``jainIndex`` (of used / entitlement).
+  Fair shares come from :func:`fairshare.entitlement.snapshot_fairness`, the
+  computation behind the metrics.
   :func:`render_status` prints it as a table. :func:`status_command` is the CLI entry.
 - :func:`why_report` explains one pod (``<namespace>/<name>``) from the audit stream
   (``fairgate:audit``: the webhook's admit/queue/deny records, the dispatcher's
@@ -27,7 +30,7 @@ import datetime
 import json
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TextIO
 
@@ -36,7 +39,7 @@ from rich.console import Console
 from rich.table import Table
 
 from audit import ADMIT, DENY, DISPATCH, QUEUE, RELEASE, AuditLog, AuditRecord
-from fairshare.cluster import PodRef
+from fairshare.cluster import CapacityReport, PodRef
 from fairshare.connection import COMMAND_TIMEOUT, RedisTarget, connect_redis
 from fairshare.entitlement import TenantFairness, snapshot_fairness
 from fairshare.model import TenantStatus, TicketStatus
@@ -76,9 +79,29 @@ def status_report(queue: FairQueue) -> dict[str, Any]:
     fair = snapshot_fairness(snapshot)
     return {
         "capacity": round(fair.capacity, 2),
+        "capacityNotes": queue.capacity_notes(),
         "jainIndex": round(fair.jain_index, 4),
         "tenants": {s.tenant: tenant_row(s, fair.tenants[s.tenant]) for s in snapshot.tenants},
     }
+
+
+def capacity_lines(notes: Mapping[str, Any] | None) -> list[str]:
+    """The dispatcher's capacity notes as text: where the capacity comes from, then one
+    line per node left out (and why) and per node whose GPUs other pods hold."""
+    if notes is None:
+        return ["capacity notes: none yet (written by `fairgate dispatch` when it reads the "
+                "nodes)"]
+    try:
+        report = CapacityReport.from_json(notes)
+        at = _when(float(notes["at"]))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return ["capacity notes: unreadable (written by another fairgate version?)"]
+    offered = format_counts(report.total) or "nothing"
+    if notes.get("override"):
+        head = f"capacity set by platform.capacity; the nodes offer {offered} (at {at})"
+    else:
+        head = f"capacity from the nodes: {offered} (at {at})"
+    return [head] + [f"  {line}" for line in report.notes()]
 
 
 def render_status(report: dict[str, Any], console: Console) -> None:
@@ -112,6 +135,8 @@ def render_status(report: dict[str, Any], console: Console) -> None:
         "split by weight among tenants with demand, each capped at used + queued and at "
         "nominal + borrowLimit.", highlight=False,
     )
+    for line in capacity_lines(report.get("capacityNotes")):
+        console.print(line, highlight=False, markup=False)
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,11 @@ PLATFORM_KEY = "platform.yaml"
 QUOTA_CONFIGMAP_PREFIX = "quota-"
 QUOTA_KEY = "quota.yaml"
 DISPATCHER_USER = "system:serviceaccount:fairgate-system:fairgate-dispatcher"
+GPU_TAINT_KEY = "nvidia.com/gpu"
+GPU_TOLERATION: Mapping[str, str] = {"key": GPU_TAINT_KEY, "operator": "Exists",
+                                     "effect": "NoSchedule"}
+"""The toleration the webhook adds to every GPU pod (and the only one the dispatcher
+assumes when it decides which nodes count as capacity)."""
 
 NonNegativeInt = Annotated[StrictInt, Field(ge=0)]
 

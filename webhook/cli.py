@@ -18,6 +18,7 @@ from pathlib import Path
 import redis
 
 from certs import CertError, write_bundle
+from fairshare.cluster import DEFAULT_NOT_READY_GRACE
 from fairshare.connection import (
     COMMAND_TIMEOUT,
     PASSWORD_ENV,
@@ -405,7 +406,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     try:
         return run_dispatch(args.redis, Path(args.config_dir) if args.config_dir else None,
-                            args.metrics_port)
+                            args.metrics_port, not_ready_grace=args.not_ready_grace)
     except DispatchError as exc:
         print(f"fairgate: error: {exc}", file=sys.stderr)
         return 2
@@ -428,6 +429,10 @@ def _add_dispatch(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
                           help="local config directory (default: the cluster's ConfigMaps)")
     dispatch.add_argument("--metrics-port", type=_port, metavar="N",
                           help="serve Prometheus metrics over HTTP on this port (default: off)")
+    dispatch.add_argument("--not-ready-grace", type=_positive_seconds, metavar="SECONDS",
+                          default=DEFAULT_NOT_READY_GRACE,
+                          help="a node not Ready for longer than this is not capacity; a "
+                               "shorter blip keeps it (default: %(default)gs)")
     dispatch.add_argument("--log-level", default="info",
                           choices=["debug", "info", "warning", "error"],
                           help="log level (default: %(default)s)")
@@ -450,6 +455,10 @@ def _add_status(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         "the capacity: split by weight among tenants with demand, each capped at used +\n"
         "queued and at nominal + borrowLimit) and used / entitlement, borrowed, queued by\n"
         "class and weighted share (usage / weight); Jain's index of used / entitlement.\n"
+        "Then the capacity as the dispatcher last read it from the nodes: the nodes left\n"
+        "out and why (cordoned, NotReady longer than --not-ready-grace, a NoSchedule or\n"
+        "NoExecute taint fairgate's pods do not tolerate) and GPUs held by pods fairgate\n"
+        "does not manage (subtracted), e.g. \"node gpu-3 cordoned (gpu=4 not counted)\".\n"
         "From the queue in Redis.",
         "  fairgate status --redis-url redis://127.0.0.1:6379/0\n"
         "  fairgate status --json | jq '.tenants'\n",

@@ -6,7 +6,8 @@ in-cluster credentials, else ``$KUBECONFIG`` / ``~/.kube/config``) and runs
 SIGINT, then returns 0. Config comes from ``config_dir`` (hot-reloaded) or from the
 cluster's ConfigMaps and Namespaces. Dispatch and release decisions are audited to the
 Redis Stream ``fairgate:audit`` and stdout. With ``metrics_port`` the dispatcher's
-Prometheus metrics are served over plain HTTP on that port (``/metrics``).
+Prometheus metrics are served over plain HTTP on that port (``/metrics``). A node not
+Ready for more than ``not_ready_grace`` seconds is not capacity.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from redis.retry import Retry
 
 from admission.demand import pod_demand
 from audit import AuditLog
+from fairshare.cluster import DEFAULT_NOT_READY_GRACE
 from fairshare.connection import RedisTarget, connect_redis
 from fairshare.dispatcher import Dispatcher
 from fairshare.kube import KubeCluster, api_client
@@ -81,7 +83,8 @@ def _current(source: ConfigSource) -> FairgateConfig | None:
 
 
 def run_dispatch(redis_target: RedisTarget | str, config_dir: Path | None = None,
-                 metrics_port: int | None = None) -> int:
+                 metrics_port: int | None = None,
+                 not_ready_grace: float = DEFAULT_NOT_READY_GRACE) -> int:
     """Dispatch until SIGTERM/SIGINT (see the module contract); the exit code."""
     stop = threading.Event()
 
@@ -96,7 +99,8 @@ def run_dispatch(redis_target: RedisTarget | str, config_dir: Path | None = None
                            retry=Retry(ExponentialBackoff(cap=2.0), 3))
     config = _current(source)
     priority_classes = config.platform.priority_classes if config else PriorityClasses()
-    cluster = KubeCluster(_api(api_client), priority_classes, demand_of=pod_demand)
+    cluster = KubeCluster(_api(api_client), priority_classes, demand_of=pod_demand,
+                          not_ready_grace=not_ready_grace)
     metrics = DispatcherMetrics()
     if metrics_port is not None:
         start_http_server(metrics_port, registry=metrics.registry)

@@ -9,7 +9,14 @@ from collections import Counter
 import redis
 
 from audit import DISPATCH, RELEASE, AuditLog
-from fairshare.cluster import ChangeKind, ClusterChange, EventType, GpuPod, LiftOutcome
+from fairshare.cluster import (
+    CapacityReport,
+    ChangeKind,
+    ClusterChange,
+    EventType,
+    GpuPod,
+    LiftOutcome,
+)
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
 from fairshare.model import PodRequest
 from fairshare.queue import FairQueue
@@ -53,6 +60,20 @@ def test_a_finished_pod_frees_its_gpu_for_the_next_one(redis_url: str) -> None:
     ]
     assert records[1].uid == second.ticket and records[1].tenant == "team-a"
     assert "after 10.0s" in records[1].reason
+
+
+def test_the_dispatcher_stores_the_clusters_capacity_report_for_status(
+    redis_url: str
+) -> None:
+    rig = make_rig(redis_url, TEAM_A, {"gpu": 3})
+    rig.settle()
+    notes = rig.queue.capacity_notes()
+    assert notes is not None and notes["override"] is False
+    assert CapacityReport.from_json(notes) == CapacityReport({"gpu": 3})
+    rig.cluster.capacity_counts["gpu"] = 2  # a node went away: CAPACITY, fresh notes
+    rig.dispatcher.handle([ClusterChange(ChangeKind.CAPACITY)])
+    notes = rig.queue.capacity_notes()
+    assert notes is not None and notes["total"] == {"gpu": 2}
 
 
 def test_queued_events_tell_position_and_reason_and_are_rate_limited(redis_url: str) -> None:
@@ -218,6 +239,10 @@ class _View:
     def capacity(self) -> dict[str, int]:
         with self.shared.lock:
             return self.shared.sim.capacity()
+
+    def capacity_report(self) -> CapacityReport:
+        with self.shared.lock:
+            return self.shared.sim.capacity_report()
 
     def lift_gate(self, pod: GpuPod) -> LiftOutcome:
         with self.shared.lock:

@@ -1,4 +1,5 @@
-"""Reading pods and nodes as the API server returns them (JSON), and the backoff policy.
+"""Reading pods and nodes as the API server returns them (JSON), capacity from node
+lifecycle and foreign pods, and the backoff policy.
 
 The API calls themselves are tested against a real kube-apiserver in test_kube_e2e.py.
 """
@@ -7,10 +8,21 @@ from __future__ import annotations
 
 import copy
 import datetime
+import json
 from typing import Any
 
 from admission.demand import pod_demand
-from fairshare.kube import Backoff, node_capacity, pod_from_manifest
+from fairshare.cluster import CapacityReport
+from fairshare.kube import (
+    Backoff,
+    ForeignPod,
+    capacity_report,
+    foreign_pod,
+    node_capacity,
+    node_gpus,
+    pod_from_manifest,
+    tolerates,
+)
 from tenants.models import PriorityClasses
 
 PRIORITY = PriorityClasses()
@@ -129,3 +141,199 @@ def test_demand_comes_from_the_spec_when_the_annotation_was_edited() -> None:
     assert without is not None and without.slices == 0
     pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "half"}}
     assert pod_from_manifest(pod, PRIORITY, pod_demand) is None  # unreadable: not tracked
+
+
+# -- node lifecycle and foreign pods (issue 13) -------------------------------------------
+
+NOW = datetime.datetime(2026, 12, 1, 9, 0, 0, tzinfo=datetime.UTC).timestamp()
+
+
+def _iso(seconds_ago: float) -> str:
+    moment = datetime.datetime.fromtimestamp(NOW - seconds_ago, datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def gpu_node(name: str, gpus: int = 4, *, ready: str = "True", changed_ago: float = 3600,
+             taints: list[dict[str, str]] | None = None, unschedulable: bool = False,
+             mig: dict[str, str] | None = None) -> dict[str, Any]:
+    """A Node as `kubectl get node -o json` shows a GPU node (GFD labels, device plugin
+    resources, the kubelet's conditions; the GPU taint the operator sets)."""
+    allocatable = {"cpu": "95500m", "ephemeral-storage": "1729517568Ki",
+                   "hugepages-1Gi": "0", "memory": "1056196360Ki", "pods": "110",
+                   "nvidia.com/gpu": str(gpus), **(mig or {})}
+    spec: dict[str, Any] = {"podCIDR": "10.244.3.0/24", "providerID": f"aws:///{name}",
+                            "taints": [{"key": "nvidia.com/gpu", "value": "present",
+                                        "effect": "NoSchedule"}, *(taints or [])]}
+    if unschedulable:
+        spec["unschedulable"] = True
+    pressure = [{"type": kind, "status": "False", "reason": f"KubeletHas{reason}",
+                 "message": "ok", "lastHeartbeatTime": _iso(5),
+                 "lastTransitionTime": _iso(86400)}
+                for kind, reason in (("MemoryPressure", "SufficientMemory"),
+                                     ("DiskPressure", "NoDiskPressure"),
+                                     ("PIDPressure", "SufficientPID"))]
+    ready_reason = {"True": "KubeletReady", "False": "KubeletNotReady",
+                    "Unknown": "NodeStatusUnknown"}[ready]
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "uid": f"{name}-uid", "resourceVersion": "81234",
+                     "creationTimestamp": _iso(86400 * 3),
+                     "labels": {"kubernetes.io/hostname": name,
+                                "nvidia.com/gpu.present": "true",
+                                "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+                                "nvidia.com/mig.strategy": "mixed" if mig else "none"},
+                     "annotations": {"node.alpha.kubernetes.io/ttl": "0"}},
+        "spec": spec,
+        "status": {
+            "capacity": dict(allocatable), "allocatable": allocatable,
+            "conditions": [*pressure, {
+                "type": "Ready", "status": ready, "reason": ready_reason, "message": "",
+                "lastHeartbeatTime": _iso(5), "lastTransitionTime": _iso(changed_ago)}],
+            "nodeInfo": {"kubeletVersion": "v1.31.2", "operatingSystem": "linux"},
+        },
+    }
+
+
+def other_pod(name: str, node: str | None, gpus: int, *, namespace: str = "research",
+              phase: str = "Running", init_gpus: int = 0) -> dict[str, Any]:
+    """A pod fairgate does not manage (no fairgate.io stamps), as the API server returns it."""
+    spec: dict[str, Any] = {
+        "containers": [{"name": "burn", "image": "nvcr.io/nvidia/cuda:12.4.1-base",
+                        "resources": {"limits": {"nvidia.com/gpu": str(gpus)},
+                                      "requests": {"nvidia.com/gpu": str(gpus),
+                                                   "cpu": "2"}}}],
+        "restartPolicy": "Never", "schedulerName": "default-scheduler",
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists",
+                         "effect": "NoSchedule"}],
+    }
+    if init_gpus:
+        spec["initContainers"] = [{"name": "warm", "image": "busybox", "resources": {
+            "limits": {"nvidia.com/gpu": str(init_gpus)}}}]
+    if node is not None:
+        spec["nodeName"] = node
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "uid": f"{name}-uid",
+                         "creationTimestamp": _iso(600)},
+            "spec": spec, "status": {"phase": phase}}
+
+
+def test_tolerates_follows_the_kubernetes_rule() -> None:
+    taint = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    assert tolerates({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                     taint)
+    assert tolerates({"key": "nvidia.com/gpu", "operator": "Exists"}, taint)  # any effect
+    assert tolerates({"operator": "Exists"}, taint)  # empty key + Exists: every taint
+    assert tolerates({"key": "nvidia.com/gpu", "value": "present"}, taint)  # Equal default
+    assert not tolerates({"key": "nvidia.com/gpu", "value": "absent"}, taint)
+    assert not tolerates({"key": "nvidia.com/gpu", "operator": "Exists",
+                          "effect": "NoExecute"}, taint)
+    assert not tolerates({"key": "dedicated", "operator": "Exists"}, taint)
+    assert not tolerates({"key": "nvidia.com/gpu", "operator": "Lt", "value": "1"}, taint)
+
+
+def test_a_ready_gpu_node_with_only_the_gpu_taint_is_capacity() -> None:
+    node = node_gpus(gpu_node("gpu-0", mig={"nvidia.com/mig-1g.5gb": "7"}))
+    assert node.gpus == {"gpu": 4, "mig-1g.5gb": 7} and node.untolerated == ()
+    assert node.excluded(NOW, 40) is None
+    assert node_capacity(gpu_node("gpu-0"), NOW) == {"gpu": 4}
+
+
+def test_a_cordoned_node_is_not_capacity() -> None:
+    cordoned = gpu_node("gpu-3", unschedulable=True, taints=[
+        {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule",
+         "timeAdded": _iso(30)}])
+    assert node_gpus(cordoned).excluded(NOW, 40) == "cordoned"
+    assert node_capacity(cordoned, NOW) == {}
+
+
+def test_not_ready_counts_until_the_grace_is_over() -> None:
+    """A blip shorter than the grace keeps the node, with the lifecycle taints the node
+    controller adds at once; past the grace the node is out, NotReady or Unknown."""
+    lifecycle = [{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule",
+                  "timeAdded": _iso(10)},
+                 {"key": "node.kubernetes.io/not-ready", "effect": "NoExecute",
+                  "timeAdded": _iso(10)}]
+    blip = gpu_node("gpu-2", ready="False", changed_ago=10, taints=lifecycle)
+    assert node_capacity(blip, NOW, grace=40) == {"gpu": 4}
+    assert node_capacity(blip, NOW + 30, grace=40) == {"gpu": 4}
+    assert node_capacity(blip, NOW + 31, grace=40) == {}
+    reason = node_gpus(blip).excluded(NOW + 31, 40)
+    assert reason == f"NotReady since {_iso(10)} (more than 40s)"
+    unreachable = gpu_node("gpu-2", ready="Unknown", changed_ago=120, taints=[
+        {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}])
+    assert node_capacity(unreachable, NOW, grace=40) == {}
+    assert node_capacity(unreachable, NOW, grace=300) == {"gpu": 4}
+    no_condition = gpu_node("gpu-2")
+    no_condition["status"]["conditions"] = no_condition["status"]["conditions"][:3]
+    assert node_gpus(no_condition).excluded(NOW, 40) == "has no Ready condition"
+    back = gpu_node("gpu-2", ready="True", changed_ago=1)  # Ready again: counts at once
+    assert node_capacity(back, NOW, grace=40) == {"gpu": 4}
+
+
+def test_taints_fairgate_does_not_tolerate_leave_the_node_out() -> None:
+    cases = {
+        ("dedicated", "team-x", "NoSchedule"): "tainted dedicated=team-x:NoSchedule",
+        ("nvidia.com/gpu", "present", "NoExecute"): "tainted nvidia.com/gpu=present:NoExecute",
+        ("node.kubernetes.io/memory-pressure", "", "NoSchedule"):
+            "tainted node.kubernetes.io/memory-pressure:NoSchedule",
+    }
+    for (key, value, effect), reason in cases.items():
+        taint = {"key": key, "effect": effect, **({"value": value} if value else {})}
+        node = node_gpus(gpu_node("gpu-1", taints=[taint]))
+        assert node.excluded(NOW, 40) == f"{reason} (not tolerated by fairgate's pods)"
+    soft = gpu_node("gpu-1", taints=[{"key": "dedicated", "value": "x",
+                                      "effect": "PreferNoSchedule"}])
+    assert node_capacity(soft, NOW) == {"gpu": 4}  # a preference does not keep pods off
+    other_value = gpu_node("gpu-1")
+    other_value["spec"]["taints"][0]["value"] = "anything"  # fairgate tolerates any value
+    assert node_capacity(other_value, NOW) == {"gpu": 4}
+
+
+def test_foreign_pods_are_bound_unfinished_pods_fairgate_does_not_manage() -> None:
+    held = foreign_pod(other_pod("burn", "gpu-0", 2), pod_demand, PRIORITY)
+    assert held == ForeignPod("research/burn", "gpu-0", {"gpu": 2})
+    peak = foreign_pod(other_pod("warm", "gpu-0", 1, init_gpus=3), pod_demand, PRIORITY)
+    assert peak is not None and dict(peak.gpus) == {"gpu": 3}  # the init container's peak
+    assert foreign_pod(other_pod("p", None, 2, phase="Pending"), pod_demand, PRIORITY) is None
+    for phase in ("Succeeded", "Failed"):
+        assert foreign_pod(other_pod("p", "gpu-0", 2, phase=phase), pod_demand, PRIORITY) is None
+    assert foreign_pod(other_pod("cpu", "gpu-0", 0), pod_demand, PRIORITY) is None
+    ours = copy.deepcopy(STAMPED)
+    ours["spec"]["nodeName"] = "gpu-0"
+    ours["spec"]["containers"][0]["resources"] = {
+        "limits": {"nvidia.com/gpu": "2", "nvidia.com/mig-1g.5gb": "1"}}
+    assert foreign_pod(ours, pod_demand, PRIORITY) is None  # fairgate accounts for it
+    unstamped = copy.deepcopy(ours)  # a tenant label alone does not make it fairgate's
+    del unstamped["metadata"]["annotations"]["fairgate.io/ticket"]
+    sneaky = foreign_pod(unstamped, pod_demand, PRIORITY)
+    assert sneaky is not None and dict(sneaky.gpus) == {"gpu": 2, "mig-1g.5gb": 1}
+    pending_bound = other_pod("starting", "gpu-0", 1, phase="Pending")
+    assert foreign_pod(pending_bound, pod_demand, PRIORITY) is not None  # bound: held
+
+
+def test_capacity_report_leaves_out_nodes_and_subtracts_foreign_pods() -> None:
+    nodes = [node_gpus(n) for n in (
+        gpu_node("gpu-0"), gpu_node("gpu-1"), gpu_node("gpu-3", unschedulable=True),
+        gpu_node("gpu-mig", gpus=0, mig={"nvidia.com/mig-1g.5gb": "7"}),
+        {"metadata": {"name": "cpu-0"}, "spec": {}, "status": {
+            "allocatable": {"cpu": "8"}, "conditions": [{"type": "Ready", "status": "True"}]}},
+    )]
+    foreign = [ForeignPod("research/a", "gpu-0", {"gpu": 1}),
+               ForeignPod("kube-system/b", "gpu-0", {"gpu": 2}),
+               ForeignPod("research/c", "gpu-1", {"gpu": 9}),  # more than the node has
+               ForeignPod("research/d", "gpu-3", {"gpu": 1}),  # on a node left out
+               ForeignPod("research/e", "gpu-mig", {"mig-1g.5gb": 2})]
+    report = capacity_report(nodes, foreign, NOW, 40)
+    assert dict(report.total) == {"gpu": 1, "mig-1g.5gb": 5}
+    assert report.notes() == [
+        "node gpu-3 cordoned (gpu=4 not counted)",
+        "node gpu-0: gpu=3 held by 2 pods fairgate does not manage "
+        "(kube-system/b, research/a)",
+        "node gpu-1: gpu=4 held by 1 pod fairgate does not manage (research/c)",
+        "node gpu-mig: mig-1g.5gb=2 held by 1 pod fairgate does not manage (research/e)",
+    ]
+    assert CapacityReport.from_json(json.loads(json.dumps(report.to_json()))) == report
+    crowd = [ForeignPod(f"ns/p{i}", "gpu-1", {"gpu": 1}) for i in range(5)]
+    assert capacity_report(nodes[1:2], crowd, NOW, 40).notes() == [
+        "node gpu-1: gpu=4 held by 5 pods fairgate does not manage (ns/p0, ns/p1, ns/p2 "
+        "and 2 more)"]

@@ -10,10 +10,16 @@ import pytest
 import redis
 
 from audit import ADMIT, DENY, DISPATCH, QUEUE, RELEASE, AuditLog
-from fairshare.cluster import PodRef
+from fairshare.cluster import CapacityReport, ForeignHold, NodeExclusion, PodRef
 from fairshare.model import PodRequest
 from fairshare.queue import FairQueue
-from fairshare.status import status_command, status_report, why_command, why_report
+from fairshare.status import (
+    capacity_lines,
+    status_command,
+    status_report,
+    why_command,
+    why_report,
+)
 from tests.fairshare.simkit import make_config
 from tests.fairshare.tickets import pod_uid
 
@@ -112,6 +118,41 @@ def test_status_command_prints_json_and_a_table(queue: FairQueue, redis_url: str
     row_a = next(line for line in text.splitlines() if "team-a" in line)
     assert "3.33" in row_a and "94%" in row_a  # entitlement, used / entitlement
     assert "Jain's index of used / entitlement 0.953" in text.replace("\n", " ")
+
+
+def test_status_shows_what_the_dispatcher_left_out_of_capacity(
+    queue: FairQueue, redis_url: str
+) -> None:
+    table = io.StringIO()
+    assert status_command(redis_url, False, out=table) == 0
+    assert "capacity notes: none yet" in table.getvalue()
+    report = CapacityReport(
+        {"gpu": 4, "mig-1g.5gb": 7},
+        excluded=(NodeExclusion("gpu-3", "cordoned", {"gpu": 8}),
+                  NodeExclusion("gpu-5", "NotReady since 2023-11-14T22:10:00Z (more than "
+                                "40s)", {"gpu": 4})),
+        held=(ForeignHold("gpu-0", {"gpu": 2}, ("kube-system/burn-in",)),),
+    )
+    queue.write_capacity_notes({**report.to_json(), "at": NOW, "override": False})
+    out = io.StringIO()
+    assert status_command(redis_url, True, out=out) == 0
+    notes = json.loads(out.getvalue())["capacityNotes"]
+    assert CapacityReport.from_json(notes) == report and notes["at"] == NOW
+    table = io.StringIO()
+    assert status_command(redis_url, False, out=table) == 0
+    lines = table.getvalue().splitlines()
+    start = lines.index("capacity from the nodes: gpu=4,mig-1g.5gb=7 (at 2023-11-14T22:13:20Z)")
+    assert lines[start + 1:start + 4] == [
+        "  node gpu-3 cordoned (gpu=8 not counted)",
+        "  node gpu-5 NotReady since 2023-11-14T22:10:00Z (more than 40s) (gpu=4 not counted)",
+        "  node gpu-0: gpu=2 held by 1 pod fairgate does not manage (kube-system/burn-in)",
+    ]
+    queue.write_capacity_notes({**report.to_json(), "at": NOW, "override": True})
+    assert capacity_lines(queue.capacity_notes())[0] == (
+        "capacity set by platform.capacity; the nodes offer gpu=4,mig-1g.5gb=7 "
+        "(at 2023-11-14T22:13:20Z)")
+    assert capacity_lines({"total": "gpu=4"}) == [
+        "capacity notes: unreadable (written by another fairgate version?)"]
 
 
 def test_status_command_reports_an_unreachable_redis() -> None:

@@ -7,7 +7,8 @@ on its own (defence in depth; the policy that refuses the edits is tested in
 test_stamp_immutability_e2e.py). Each attack uses the cluster admin's client to play the
 tenant, so that the API server accepts the edit.
 
-Pods are stamped the way the mutating webhook stamps them: the queue decides (`admit`),
+The control plane and fake kubelet are the session's (tests/security/conftest.py). Pods
+are stamped the way the mutating webhook stamps them: the queue decides (`admit`),
 then the pod is created with the tenant/class labels, ticket/demand annotations and, when
 queued, the `fairgate.io/queue` gate.
 """
@@ -30,7 +31,7 @@ from fairshare.kube import KubeCluster
 from fairshare.model import Admission, PodRequest
 from fairshare.queue import FairQueue
 from tenants.models import FairgateConfig
-from tests.e2e.harness.controlplane import ControlPlane, build_controlplane
+from tests.e2e.harness.controlplane import ControlPlane
 from tests.e2e.harness.kubelet import FakeKubelet
 from tests.e2e.harness.pods import pod_manifest
 from tests.fairshare.simkit import make_config
@@ -43,27 +44,6 @@ CONFIG: FairgateConfig = make_config({
     "team-a": {"nominal": {"gpu": 4}},
     "team-b": {"nominal": {"gpu": 4}},
 })
-
-
-@pytest.fixture(scope="module")
-def controlplane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    cp = ControlPlane(build_controlplane(), tmp_path_factory.mktemp("ticket-attacks"))
-    cp.start()
-    kubelet = FakeKubelet(cp)
-    kubelet.register_nodes()
-    kubelet.start()
-    cp.kubelet = kubelet  # type: ignore[attr-defined]
-    try:
-        yield cp
-    finally:
-        kubelet.stop()
-        cp.stop()
-
-
-@pytest.fixture
-def kubelet(controlplane: ControlPlane) -> FakeKubelet:
-    fake: FakeKubelet = controlplane.kubelet  # type: ignore[attr-defined]
-    return fake
 
 
 @pytest.fixture

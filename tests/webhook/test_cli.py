@@ -69,6 +69,24 @@ def test_redis_url_defaults_to_environment(monkeypatch: pytest.MonkeyPatch) -> N
     assert args.redis_url == "redis://127.0.0.1:1/0"
 
 
+def test_dispatch_takes_a_not_ready_grace_and_status_explains_capacity(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    dispatch = ["dispatch", "--redis-url", "redis://fairgate-redis:6379/0"]
+    assert build_parser().parse_args(dispatch).not_ready_grace == 40.0
+    assert build_parser().parse_args([*dispatch, "--not-ready-grace", "90"]
+                                     ).not_ready_grace == 90.0
+    for bad in ("0", "soon"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([*dispatch, "--not-ready-grace", bad])
+        assert "number of seconds" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["status", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "nodes left out and why (cordoned, NotReady longer than --not-ready-grace" in text
+    assert "held by pods fairgate does not manage" in text
+
+
 def test_no_subcommand_is_left_unwired() -> None:
     source = (Path(__file__).parents[2] / "webhook" / "cli.py").read_text()
     assert "not available in this build" not in source
