@@ -112,8 +112,7 @@ def measure(client: redis.Redis, tenants: int, queued: int, decisions: int) -> P
     clear(client)
     rng = random.Random(tenants * 1_000_003 + queued)
     config, capacity, names = make_config(tenants)
-    # starvation guard out of the way: the whole run happens within its first second
-    queue = FairQueue(client, prefix=PREFIX, starvation_seconds=3600.0)
+    queue = FairQueue(client, prefix=PREFIX)
     queue.sync_config(config, capacity)
     running: list[str] = []
     stream = pods(names, 10**9, rng)

@@ -249,7 +249,7 @@ class Dispatcher:
             self._lifted(release, pod, self._lift(release, pod), StepResult())
 
     def _gone(self, pod: GpuPod) -> None:
-        if pod.gated and self.queue.remove(pod.ticket):
+        if pod.gated and self.queue.remove(pod.ticket, self.clock()):
             self.pods.pop(pod.ticket, None)
             self._posted.pop(pod.ticket, None)
             return
@@ -258,7 +258,7 @@ class Dispatcher:
     def _free(self, pod: GpuPod, why: str) -> None:
         self.pods.pop(pod.ticket, None)
         self._posted.pop(pod.ticket, None)
-        if self.queue.release(pod.ticket):
+        if self.queue.release(pod.ticket, self.clock()):
             log.info("released usage", extra={"fields": _fields(pod, reason=why)})
             if self.audit is not None:
                 self.audit.record(RELEASE, **self._audit_fields(pod), reason=why)
@@ -312,7 +312,7 @@ class Dispatcher:
         """Book one lift's outcome; False if the pod had to go back into the queue."""
         self.metrics.lifts.labels(outcome.value).inc()
         if outcome is LiftOutcome.FAILED:
-            self.queue.requeue(release.ticket)
+            self.queue.requeue(release.ticket, self.clock())
             return False
         if outcome is LiftOutcome.GONE:
             self._free(pod, "pod gone before its gate was lifted")

@@ -1,5 +1,6 @@
 -- expire: free reservations made at or before ARGV[1] that no pod confirmed.
--- Returns the expired tickets.
+-- ARGV[2] (optional): now, for decayed usage. Returns the expired tickets.
+NOW = tonumber(ARGV[2] or '')
 local out = {}
 for _, ticket in ipairs(redis.call('ZRANGEBYSCORE', K_RESV, '-inf', ARGV[1])) do
   local rec = get_rec(ticket)
