@@ -782,15 +782,16 @@ end
 
 -- Why the cluster holds an entry of shape D, given the holds G of its tier and the
 -- held tops (plan): {'held', res, units held, units} when capacity is held for this
--- very entry (`me`: {tenant, shape} of a lane head), {'capacity', res, units missing},
+-- very entry (`me`: {tenant, shape} of a lane head) and some is free, else
+-- {'capacity', res, units missing},
 -- {'guard', res, tenant it is held for}; nil when it fits.
 local function capacity_blocker(D, G, held, me)
   local c = cap_check(D, nil, false)
   if c then
     for _, top in ipairs(held) do
-      if me and top.tenant == me.tenant and top.shape == me.shape then
-        local need = (D.i[c[1]] or 0) + (D.t[c[1]] or 0) + (D.b[c[1]] or 0)
-        return {'held', c[1], math.max(0, need - c[2]), need}
+      local need = (D.i[c[1]] or 0) + (D.t[c[1]] or 0) + (D.b[c[1]] or 0)
+      if me and top.tenant == me.tenant and top.shape == me.shape and need > c[2] then
+        return {'held', c[1], need - c[2], need}
       end
     end
     return {'capacity', c[1], c[2]}
