@@ -112,8 +112,7 @@ def measure(client: redis.Redis, tenants: int, queued: int, decisions: int) -> P
     clear(client)
     rng = random.Random(tenants * 1_000_003 + queued)
     config, capacity, names = make_config(tenants)
-    # starvation guard out of the way: the whole run happens within its first second
-    queue = FairQueue(client, prefix=PREFIX, starvation_seconds=3600.0)
+    queue = FairQueue(client, prefix=PREFIX)
     queue.sync_config(config, capacity)
     running: list[str] = []
     stream = pods(names, 10**9, rng)
@@ -125,7 +124,7 @@ def measure(client: redis.Redis, tenants: int, queued: int, decisions: int) -> P
             running.append(req.ticket)
             in_a_row = 0
         else:
-            queue.remove(req.ticket)
+            queue.remove(req.ticket, "")
             in_a_row += 1
             if in_a_row == 200:
                 break
@@ -138,7 +137,7 @@ def measure(client: redis.Redis, tenants: int, queued: int, decisions: int) -> P
         answer = queue.admit(req, 1.0)
         admit_times.append(time.perf_counter() - start)
         if answer.outcome == "reserved":
-            queue.release(req.ticket)  # rare once the cluster is full: keep it as it is
+            queue.release(req.ticket, "")  # rare once the cluster is full: keep it as it is
             continue
         queued_count += 1
         if queued_count == queued:
@@ -148,7 +147,7 @@ def measure(client: redis.Redis, tenants: int, queued: int, decisions: int) -> P
     released = 0
     for step in range(decisions):
         ticket = running.pop(rng.randrange(len(running)))
-        queue.release(ticket)
+        queue.release(ticket, "")
         start = time.perf_counter()
         got = queue.dispatch(2.0 + step * 1e-3, 1)
         times.append(time.perf_counter() - start)

@@ -142,7 +142,7 @@ def measure(client: redis.Redis, case: Case, count: int, batch: int) -> Result:
     """``count`` admissions of ``case`` on an emptied Redis (keys under ``bench:``)."""
     clear(client)
     config, capacity, names = make_config(case.tenants)
-    queue = FairQueue(client, prefix=PREFIX, starvation_seconds=3600.0)
+    queue = FairQueue(client, prefix=PREFIX)
     queue.sync_config(config, capacity)
     stream = prepare(queue, case, names)
     expected = "reserved" if case.backlog is None and case.gang_size == 1 else "queued"
@@ -169,9 +169,9 @@ def measure(client: redis.Redis, case: Case, count: int, batch: int) -> Result:
         outcomes.update(a.outcome for a in answers)
         for req in reqs:  # undo the batch, unmeasured
             if expected == "reserved":
-                queue.release(req.ticket)
+                queue.release(req.ticket, "")
             else:
-                queue.remove(req.ticket)
+                queue.remove(req.ticket, "")
         done += len(reqs)
     if set(outcomes) != {expected}:
         raise RuntimeError(f"{case.name}: expected every admission {expected}, got {outcomes}")

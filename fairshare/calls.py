@@ -105,8 +105,10 @@ def queue_error(error: Exception) -> Exception | None:
 
 
 def sync_args(config: FairgateConfig, capacity: Mapping[str, int] | None) -> Args:
-    """ARGV of ``sync.lua``: every tenant's weight and quota; capacity (None keeps)."""
+    """ARGV of ``sync.lua``: capacity (None keeps), the usage half-life, every tenant's
+    weight and quota."""
     args: Args = ["0", ""] if capacity is None else ["1", format_counts(capacity)]
+    args.append(num(config.platform.fair_share.usage_half_life))
     for tenant in config.tenants():
         args += [
             tenant.name,
@@ -122,8 +124,7 @@ def sync_args(config: FairgateConfig, capacity: Mapping[str, int] | None) -> Arg
 
 
 def admit_args(
-    req: PodRequest, now: float, dry_run: bool, starvation_seconds: float,
-    wait_for_rebuild: bool,
+    req: PodRequest, now: float, dry_run: bool, wait_for_rebuild: bool,
 ) -> Args:
     """ARGV of ``admit.lua``."""
     return [
@@ -138,7 +139,6 @@ def admit_args(
         req.gang or "",
         req.group_size if req.gang else 1,
         num(req.submitted_at),
-        num(starvation_seconds),
         1 if wait_for_rebuild else 0,
     ]
 
@@ -213,8 +213,11 @@ def explain(reason: Sequence[str], tenant: str, pod_class: PodClass) -> str:
         return f"{gpu_equivalents(int(rest[0]))} GPU-eq of borrow limit"
     if code == "capacity":
         return f"{rest[1]} x {rest[0]} of cluster capacity"
+    if code == "held":
+        unit = "GPUs" if rest[0] == "gpu" else rest[0]
+        return f"capacity held for you: {rest[1]} of {rest[2]} {unit}"
     if code == "guard":
-        return f"{rest[0]} capacity held for a pod waiting longer (starvation guard)"
+        return f"{rest[0]} capacity held for {rest[1]} (first in fair-share order)"
     if code == "ahead":
         return f"{rest[0]} {pod_class} pod(s) ahead in {tenant}"
     if code == "inference":
@@ -224,5 +227,5 @@ def explain(reason: Sequence[str], tenant: str, pod_class: PodClass) -> str:
     if code == "rebuild":
         return "the dispatcher to restore usage from the cluster (Redis lost its data)"
     if code == "turn":
-        return "its turn: tenants with a lower weighted share go first"
+        return "its turn: tenants with a lower weighted share (or an older pod) go first"
     return code

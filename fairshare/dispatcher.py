@@ -288,7 +288,7 @@ class Dispatcher:
 
     def _gone(self, pod: GpuPod) -> None:
         self._twins.discard(pod.uid)
-        if pod.gated and self.queue.remove(pod.ticket, pod.uid):
+        if pod.gated and self.queue.remove(pod.ticket, pod.uid, self.clock()):
             self._forget_pod(pod)
             return
         self._free(pod, "pod deleted")  # whatever it still held (a reservation, usage)
@@ -301,7 +301,7 @@ class Dispatcher:
 
     def _free(self, pod: GpuPod, why: str) -> None:
         self._forget_pod(pod)
-        if self.queue.release(pod.ticket, pod.uid):
+        if self.queue.release(pod.ticket, pod.uid, self.clock()):
             log.info("released usage", extra={"fields": _fields(pod, reason=why)})
             if self.audit is not None:
                 self.audit.record(RELEASE, **self._audit_fields(pod), reason=why)
@@ -355,7 +355,7 @@ class Dispatcher:
         """Book one lift's outcome; False if the pod had to go back into the queue."""
         self.metrics.lifts.labels(outcome.value).inc()
         if outcome is LiftOutcome.FAILED:
-            self.queue.requeue(release.ticket)
+            self.queue.requeue(release.ticket, self.clock())
             return False
         if outcome is LiftOutcome.GONE:
             self._free(pod, "pod gone before its gate was lifted")

@@ -25,7 +25,6 @@ from fairshare.calls import (
     tenant_statuses,
 )
 from fairshare.model import Admission, PodRequest, TenantStatus
-from fairshare.queue import DEFAULT_STARVATION_SECONDS
 from tenants.models import FairgateConfig
 
 
@@ -36,11 +35,9 @@ class AsyncFairQueue:
         self,
         client: redis.asyncio.Redis,
         prefix: str = "fairgate:",
-        starvation_seconds: float = DEFAULT_STARVATION_SECONDS,
         wait_for_rebuild: bool = False,
     ) -> None:
         self._keys = [prefix]
-        self.starvation_seconds = starvation_seconds
         self.wait_for_rebuild = wait_for_rebuild
         self._scripts = {
             name: client.register_script(script_source(name))
@@ -62,8 +59,7 @@ class AsyncFairQueue:
     async def admit(self, req: PodRequest, now: float, dry_run: bool = False) -> Admission:
         """As :meth:`fairshare.queue.FairQueue.admit`."""
         raw = await self._run(
-            "admit", *admit_args(req, now, dry_run, self.starvation_seconds,
-                                 self.wait_for_rebuild)
+            "admit", *admit_args(req, now, dry_run, self.wait_for_rebuild)
         )
         return admission(raw, req)
 

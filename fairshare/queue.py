@@ -7,8 +7,11 @@ Contract (rules in ``fairshare/README.md``; key layout there too):
   priority band; it is idempotent per ticket, and ``dry_run`` writes nothing.
 - :meth:`FairQueue.dispatch` releases queued pods in queue order: class first
   (inference, then training; within training, the training band before borrowed
-  pods), then the tenant with the lowest weighted share (slices used / weight; ties
-  by tenant name), then FIFO; gangs all at once.
+  pods), then the tenant with the lowest weighted share (slices used / weight, or
+  decayed usage / weight with ``fairShare.usageHalfLife``; ties to the tenant whose
+  head pod was created first), then FIFO; gangs all at once. The entry first in that
+  order that does not fit yet is owed the capacity it lacks: it is held for it while
+  its tenant is below its weighted share (``fairshare/README.md``, "Holding").
 - Quota safety holds at every instant: per tenant, non-borrowed usage per resource
   <= nominal, non-borrowed training slices <= nominal - inference reserve, borrowed
   slices <= borrow limit; cluster capacity per band (lower bands count as free).
@@ -60,17 +63,13 @@ from tenants.resources import format_counts, parse_counts
 
 _SCRIPTS = ("sync", "admit", "confirm", "dispatch", "forget", "expire", "requeue",
             "rebuild", "status", "why", "find", "demand")
-DEFAULT_STARVATION_SECONDS = 300.0
 
 
 class FairQueue:
     """Weighted-fair queue and quota ledger for GPU pods in one Redis.
 
     ``prefix`` namespaces every key; ``reservation_ttl`` is how long a fast-path
-    reservation lives without :meth:`confirm`; ``starvation_seconds`` is the starvation
-    guard: a ready pod blocked only by cluster capacity, which has waited that long,
-    gets the capacity it needs reserved (no other pod of its band using one of its
-    resources is released before it). With ``wait_for_rebuild``, :meth:`admit`
+    reservation lives without :meth:`confirm`. With ``wait_for_rebuild``, :meth:`admit`
     reserves nothing on a Redis where :meth:`rebuild` never ran (a fresh or restarted
     Redis knows no usage yet): pods queue until the reconciler has rebuilt usage.
     """
@@ -80,17 +79,13 @@ class FairQueue:
         client: redis.Redis,
         prefix: str = "fairgate:",
         reservation_ttl: float = 30.0,
-        starvation_seconds: float = DEFAULT_STARVATION_SECONDS,
         wait_for_rebuild: bool = False,
     ) -> None:
-        if reservation_ttl <= 0 or starvation_seconds < 0:
-            raise ValueError(
-                "reservation_ttl must be > 0 and starvation_seconds >= 0 (seconds)"
-            )
+        if reservation_ttl <= 0:
+            raise ValueError(f"reservation_ttl must be > 0 seconds, got {reservation_ttl}")
         self._client = client
         self._keys = [prefix]
         self.reservation_ttl = reservation_ttl
-        self.starvation_seconds = starvation_seconds
         self.wait_for_rebuild = wait_for_rebuild
         self._scripts = {name: client.register_script(script_source(name)) for name in _SCRIPTS}
 
@@ -105,7 +100,8 @@ class FairQueue:
     def sync_config(
         self, config: FairgateConfig, capacity: Mapping[str, int] | None
     ) -> None:
-        """Store every tenant's weight and quota (in slices) and the cluster capacity.
+        """Store every tenant's weight and quota (in slices), the cluster capacity and
+        ``fairShare.usageHalfLife`` (a new half-life restarts the decayed counters).
 
         ``capacity=None`` keeps the capacity already stored (a caller that does not see
         the nodes, like the webhook, must not wipe what the dispatcher stored). Safe to
@@ -130,8 +126,7 @@ class FairQueue:
         same decision and writes nothing. Raises :class:`UnknownTenantError` for an
         unconfigured tenant.
         """
-        raw = self._run("admit", *admit_args(req, now, dry_run, self.starvation_seconds,
-                                             self.wait_for_rebuild))
+        raw = self._run("admit", *admit_args(req, now, dry_run, self.wait_for_rebuild))
         return admission(raw, req)
 
     def confirm(self, ticket: str, uid: str, namespace: str, name: str) -> Confirmation:
@@ -157,7 +152,7 @@ class FairQueue:
         """
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit}")
-        raw = self._run("dispatch", num(now), limit, num(self.starvation_seconds))
+        raw = self._run("dispatch", num(now), limit)
         releases: list[Release] = []
         for i in range(0, len(raw), 7):
             ticket, tenant, ns, name, band, demand, submitted = (text(v) for v in raw[i : i + 7])
@@ -174,39 +169,42 @@ class FairQueue:
             )
         return releases
 
-    def release(self, ticket: str, uid: str) -> bool:
+    def release(self, ticket: str, uid: str, now: float | None = None) -> bool:
         """The pod ``uid`` holding ``ticket`` ended or was deleted: free its usage or
         queue place.
 
         Only the pod the ticket is bound to (see :meth:`confirm`) frees it; a ticket
-        no pod was seen with yet is freed by any. Idempotent; returns False when the
-        ticket was unknown or belongs to another pod.
+        no pod was seen with yet is freed by any. ``now``: when (the clock of
+        :meth:`dispatch`); with a usage half-life the tenant's decayed usage is counted
+        up to it (without it, up to the tenant's last change). Idempotent; returns False
+        when the ticket was unknown or belongs to another pod.
         """
-        return bool(self._run("forget", ticket, "any", uid))
+        return bool(self._run("forget", ticket, "any", uid, *_clock(now)))
 
-    def remove(self, ticket: str, uid: str) -> bool:
+    def remove(self, ticket: str, uid: str, now: float | None = None) -> bool:
         """The queued pod ``uid`` was deleted: drop it from the queue (a gang becomes
-        incomplete).
+        incomplete); ``now`` as in :meth:`release`.
 
         Does nothing and returns False unless the ticket is queued (and bound to
         ``uid``, or to no pod yet).
         """
-        return bool(self._run("forget", ticket, "queued", uid))
+        return bool(self._run("forget", ticket, "queued", uid, *_clock(now)))
 
     def expire(self, now: float) -> list[str]:
         """Forget tickets admitted ``reservation_ttl`` or longer ago whose pod was never
         seen (:meth:`confirm`): fast-path reservations, and queue entries of pods that
         never came to exist (a later admission step refused them)."""
-        raw = self._run("expire", num(now - self.reservation_ttl))
+        raw = self._run("expire", num(now - self.reservation_ttl), num(now))
         return [text(v) for v in raw]
 
-    def requeue(self, ticket: str) -> bool:
+    def requeue(self, ticket: str, now: float | None = None) -> bool:
         """A released pod's gate could not be lifted: free its usage and queue it again
-        at the head of its queue (a gang member is retried alone).
+        at the head of its queue (a gang member is retried alone). ``now``: as for
+        :meth:`release`.
 
         Returns False unless the ticket was reserved or running.
         """
-        return bool(self._run("requeue", ticket))
+        return bool(self._run("requeue", ticket, *_clock(now)))
 
     # -- the reconciler ------------------------------------------------------------
 
@@ -275,7 +273,7 @@ class FairQueue:
 
     def ticket_status(self, ticket: str, now: float) -> TicketStatus | None:
         """Where ``ticket`` stands and, when queued, what it waits for; None if unknown."""
-        raw = self._run("why", ticket, num(now), num(self.starvation_seconds))
+        raw = self._run("why", ticket, num(now))
         if not raw:
             return None
         (state, tenant, cls, band, demand, ns, name, gang, _size, submitted, _seq, at,
@@ -316,3 +314,8 @@ class FairQueue:
         except ValueError:
             return None
         return notes if isinstance(notes, dict) else None
+
+
+def _clock(now: float | None) -> list[str]:
+    """The optional ``now`` argument of a script."""
+    return [] if now is None else [num(now)]

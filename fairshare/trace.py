@@ -8,7 +8,8 @@ Contract (format in DESIGN.md, "Simulation trace"):
   ``n`` pods (or gangs) at ``at, at+s, ...``. With ``group``/``groupSize`` each item of the
   stream is a gang of ``groupSize`` pods that must be released together.
 - :meth:`Trace.config` is the :class:`~tenants.models.FairgateConfig` the queue runs with
-  (each tenant's ceiling is its nominal quota, rounded up to whole GPU-equivalents).
+  (each tenant's ceiling is its nominal quota, rounded up to whole GPU-equivalents;
+  the optional ``fairShare`` is platform.yaml's, e.g. ``{usageHalfLife: 30m}``).
 - :meth:`Trace.pods` expands arrivals into :class:`TracePod` items sorted by arrival time.
 """
 
@@ -24,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator,
 from tenants import resources
 from tenants.models import (
     FairgateConfig,
+    FairShareSpec,
     GpuEquivalents,
     NonNegativeInt,
     PlatformConfig,
@@ -122,6 +124,7 @@ class Trace(_Strict):
     tenants: dict[str, TraceTenant]
     arrivals: list[Arrival]
     horizon: float = Field(gt=0)
+    fair_share: FairShareSpec = Field(FairShareSpec(), alias="fairShare")
 
     _known_capacity = field_validator("capacity")(_counts)
 
@@ -135,7 +138,8 @@ class Trace(_Strict):
                         "ceiling": {"gpuEquivalents": -(-t.quota().nominal_slices // 7)},
                     }
                     for name, t in self.tenants.items()
-                }
+                },
+                "fairShare": {"usageHalfLife": self.fair_share.usage_half_life},
             }
         )
         quotas = {name: t.quota() for name, t in self.tenants.items()}

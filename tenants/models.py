@@ -11,6 +11,7 @@ keys are errors. Models are immutable.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -118,14 +119,48 @@ class TenantSpec(_Strict):
     node_pool: str | None = Field(None, alias="nodePool")
 
 
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)?$")
+_DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(value: object) -> float:
+    """Seconds of a duration: a number of seconds (``90``) or a string with one unit
+    ``s``, ``m``, ``h`` or ``d`` (``"30m"``, ``"1h"``, ``"1.5h"``); raises ValueError
+    saying what to write."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"must be a duration such as 1h, 30m or 90s, got {value!r}")
+    match = _DURATION.match(str(value).strip())
+    if match is None:
+        raise ValueError(f"must be a duration such as 1h, 30m, 90s or 0 (off), got {value!r}")
+    return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+
+
+class FairShareSpec(_Strict):
+    """``fairShare`` of ``platform.yaml``: how the queue measures a tenant's share.
+
+    ``usageHalfLife`` (seconds once parsed; written ``1h``, ``30m``, ``90s``): order
+    tenants by usage history decayed with this half-life instead of current usage;
+    0 (the default) is current usage only.
+    """
+
+    usage_half_life: float = Field(0.0, alias="usageHalfLife")
+
+    @field_validator("usage_half_life", mode="before")
+    @classmethod
+    def _duration(cls, value: object) -> float:
+        return parse_duration(value)
+
+
 class PlatformConfig(_Strict):
-    """``platform.yaml``: platform admins, capacity override, tenants, failure mode."""
+    """``platform.yaml``: platform admins, capacity override, tenants, failure mode,
+    priority classes, fair-share measure."""
 
     platform_admins: Principals = Field(Principals(), alias="platformAdmins")
     capacity: dict[str, NonNegativeInt] = {}
     tenants: dict[str, TenantSpec] = {}
     on_redis_unavailable: Literal["deny", "allow"] = Field("deny", alias="onRedisUnavailable")
     priority_classes: PriorityClasses = Field(PriorityClasses(), alias="priorityClasses")
+    fair_share: FairShareSpec = Field(FairShareSpec(), alias="fairShare")
 
     @field_validator("capacity")
     @classmethod

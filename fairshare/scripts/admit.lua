@@ -1,16 +1,17 @@
 -- admit: reserve a pod now (fast path) or queue it; decide its band. ARGV: now,
 -- dry (1 = write nothing), ticket, tenant, namespace, name, class, demand, gang id
--- ('' if none), gang size, submitted_at, starvation seconds.
+-- ('' if none), gang size, submitted_at.
 -- Returns {duplicate, outcome, band, position, queue length, free slices,
--- nominal slices, reason...}. ARGV[13] = 1: reserve nothing until rebuild has run.
+-- nominal slices, reason...}. ARGV[12] = 1: reserve nothing until rebuild has run.
 -- A known ticket is the same admission again only when no pod was seen with it yet
 -- (state R, Q or G, not bound to a uid) and namespace, name, tenant, class and demand
 -- are identical; anything else is a copied ticket: {0, 'conflict', state, namespace,
 -- name}. A queued entry, like a reservation, expires unless its pod is seen.
 local now, dry = tonumber(ARGV[1]), ARGV[2] == '1'
 local ticket, tenant, ns, name, cls, demand = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
-local gid, gsize, submitted, starve = ARGV[9], ARGV[10], ARGV[11], tonumber(ARGV[12])
-local wait_for_rebuild = ARGV[13] == '1'
+local gid, gsize, submitted = ARGV[9], ARGV[10], ARGV[11]
+local wait_for_rebuild = ARGV[12] == '1'
+NOW = now
 
 local function reply(dup, outcome, band, position, length, free, nominal, reason)
   local out = {dup, outcome, band, position, length, free, nominal}
@@ -29,7 +30,7 @@ if existing then
     return reply(1, 'reserved', existing[F_BAND], 0, num(state_of(t), 'qc:' .. c),
                  free_slices(t), cfg_of(t).ns, {})
   end
-  local d = describe_queued(ticket, existing, now, starve)
+  local d = describe_queued(ticket, existing, now)
   return reply(1, 'queued', existing[F_BAND], d[1], d[2], free_slices(t), cfg_of(t).ns,
                {unpack(d, 3)})
 end
@@ -102,17 +103,22 @@ if gid ~= '' then
     local gang_shape = parse_shape(format_shape(G))
     reason = quota_blocker(tenant, gang_shape, st)
     if reason == nil then
-      local _, guards = survey(gang_shape.tier, now, starve)
-      reason = capacity_blocker(gang_shape, guards) or {'turn'}
+      -- the holds of the entries ahead of the gang's (it joins its tier's order now)
+      local me = {score = share_of(tenant, st, now), at = tonumber(submitted), seq = math.huge}
+      local G, _, held = plan(survey(gang_shape.tier, now), gang_shape.tier, me, EMPTY)
+      reason = capacity_blocker(gang_shape, G, held) or {'turn'}
     end
   end
 else
   reason = quota_blocker(tenant, D, st)
-  -- the cluster and the queue order are looked at only when the quota allows the pod
-  local tops, guards = {}, nil
+  -- the cluster and the queue order are looked at only when the quota allows the pod:
+  -- it would join its tier's order as {its tenant's score, submitted, last admitted}
+  local ahead = nil
   if reason == nil then
-    tops, guards = survey(band, now, starve)
-    reason = capacity_blocker(D, guards)
+    local me = {score = share_of(tenant, st, now), at = tonumber(submitted), seq = math.huge}
+    local G, held
+    G, ahead, held = plan(survey(band, now), band, me, d)
+    reason = capacity_blocker(D, G, held)
   end
   if reason == nil then
     for k, _ in pairs(d) do
@@ -120,28 +126,14 @@ else
     end
   end
   -- nobody earlier in queue order that shares a resource and could be released now:
-  -- a higher tier (inference; training for borrowed), or a lower share in this tier
+  -- a higher tier (inference; training for borrowed), or an entry ahead in this tier
   for _, tier in ipairs(TIERS) do
     if reason == nil and PRIO[tier] > PRIO[band] then
-      local higher, higher_guards = survey(tier, now, starve)
-      for _, top in ipairs(higher) do
-        if reason == nil and not top.blocked and shares_resource(top.D, d)
-            and cap_check(top.D, higher_guards, false) == nil then
-          reason = {tier == 'i' and 'inference' or 'priority'}
-        end
-      end
+      local _, higher = plan(survey(tier, now), tier, nil, d)
+      if higher then reason = {tier == 'i' and 'inference' or 'priority'} end
     end
   end
-  if reason == nil then
-    local share = share_of(tenant, st)
-    for _, top in ipairs(tops) do
-      if reason == nil and not top.blocked and shares_resource(top.D, d)
-          and before(top.score, top.tenant, share, tenant)
-          and cap_check(top.D, guards, false) == nil then
-        reason = {'turn'}
-      end
-    end
-  end
+  if reason == nil and ahead then reason = {'turn'} end
 end
 
 if reason == nil and wait_for_rebuild and redis.call('EXISTS', K_REBUILT) == 0 then

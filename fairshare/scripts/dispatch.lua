@@ -1,7 +1,10 @@
 -- dispatch: release up to `limit` queue entries (a pod or a whole gang) in queue
--- order: tiers inference, training, borrowed; then weighted share; then FIFO. ARGV: now, limit, starvation seconds. Returns a flat list of 7 fields per
+-- order (lib.lua plan): tiers inference, training, borrowed; then fair-share score; then
+-- the oldest head; capacity held for the entry owed it. ARGV: now, limit. Returns a
+-- flat list of 7 fields per
 -- released ticket: ticket, tenant, namespace, name, band, demand, submitted_at.
-local now, limit, starve = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local now, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
+NOW = now
 local out = {}
 
 local function release(ticket)
@@ -23,7 +26,7 @@ end
 
 local released = 0
 while released < limit do
-  local chosen = pick('i', now, starve) or pick('t', now, starve) or pick('b', now, starve)
+  local chosen = pick('i', now) or pick('t', now) or pick('b', now)
   if not chosen then break end
   local entry = redis.call('LPOP', lane_key(chosen.tenant, chosen.shape))
   if not entry then

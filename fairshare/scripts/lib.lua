@@ -11,6 +11,7 @@
 local P = KEYS[1]
 local PRIO = {i = 3, t = 2, b = 1}
 local BAND_ORDER = {'i', 't', 'b'}
+local TIERS = BAND_ORDER  -- dispatch serves tiers (the lowest band of a shape) in this order
 local SEP = '|'
 -- ticket record fields; F_UID is the uid of the pod the ticket is bound to ('' until
 -- the dispatcher or a rebuild has seen that pod: the entry is "unseen")
@@ -182,8 +183,59 @@ local function bump_state(tenant, deltas, st)
   redis.call('HSET', key, unpack(args))
 end
 
-local function share_of(tenant, st)
-  return (num(st, 'ui') + num(st, 'ut') + num(st, 'ub')) / cfg_of(tenant).w
+-- decayed usage (fairShare.usageHalfLife) ---------------------------------------------
+-- NOW: the caller's clock when the script knows it (scripts set it from ARGV), else nil.
+-- du:<tenant> hash {v = decayed slice-seconds as of t, t}: folded lazily, whenever the
+-- tenant's usage changes (add_usage) with NOW known: D(now) = v * f + u * (1 - f) / L,
+-- f = exp(-L * (now - t)), L = ln 2 / half-life, u = slices in use since t.
+local NOW = nil
+local HL = nil  -- {life = seconds (0: current usage only), rate = L}
+
+local function halflife()
+  if not HL then
+    local life = tonumber(redis.call('GET', P .. 'hl') or '0')
+    HL = {life = life, rate = life > 0 and math.log(2) / life or 0}
+  end
+  return HL
+end
+
+local function usage_slices(st)
+  return num(st, 'ui') + num(st, 'ut') + num(st, 'ub')
+end
+
+-- the tenant's decayed usage at `now` (nil: as of its last fold), with usage st
+local function decayed(tenant, st, now)
+  local v, t = unpack(redis.call('HMGET', P .. 'du:' .. tenant, 'v', 't'))
+  v, t = tonumber(v or '0'), tonumber(t or now or '0')
+  if not now or now <= t then return v end
+  local f = math.exp(-halflife().rate * (now - t))
+  return v * f + usage_slices(st) * (1 - f) / halflife().rate
+end
+
+-- before the tenant's usage changes: fold its decayed usage up to NOW
+local function fold_decay(tenant, st)
+  if halflife().life <= 0 or not NOW then return end
+  st = st or state_of(tenant)
+  redis.call('HSET', P .. 'du:' .. tenant, 'v', decayed(tenant, st, NOW), 't', NOW)
+end
+
+-- A score below every real one (no decayed usage yet); see share_of.
+local NO_USAGE = -1e18
+
+-- The tenant's fair-share score (queue order: lowest first). Current usage only:
+-- slices used in all bands / weight. With a half-life: ln(D(now) / weight) + L * now,
+-- which orders tenants as D(now) / weight does, and which a tenant without running pods
+-- keeps unchanged as time passes (decay is uniform), while running pods only raise it:
+-- a score written earlier is a lower bound of the current one (survey relies on it).
+-- `now` nil: NOW, else as of the tenant's last fold.
+local function share_of(tenant, st, now)
+  local hl = halflife()
+  if hl.life <= 0 then return usage_slices(st) / cfg_of(tenant).w end
+  now = now or NOW
+  local d = decayed(tenant, st, now)
+  if d <= 0 then return NO_USAGE end
+  local t = now or tonumber(redis.call('HGET', P .. 'du:' .. tenant, 't') or '0')
+  return math.log(d / cfg_of(tenant).w) + hl.rate * t
 end
 
 -- nil when the tenant's quota admits shape D (parse_shape) on top of state st, else
@@ -260,6 +312,7 @@ end
 
 -- `st`: see bump_state
 local function add_usage(tenant, band, d, sign, st)
+  fold_decay(tenant, st)
   local deltas = {['u' .. band] = sign * slices(d)}
   for k, v in pairs(d) do
     if band ~= 'b' then deltas['u:' .. k] = sign * v end
@@ -392,14 +445,33 @@ end
 
 -- lanes and readiness ------------------------------------------------------------
 
--- Put each of the tenant's lanes into the ready set of its shape (score = weighted
--- share) when its head fits the tenant's quota, else take it out; drop empty lanes.
+-- bw: tier -> summed weight of the tenants with a ready lane of that tier; bm:
+-- '<tier>:<tenant>' -> '1' for those tenants (the weighted-share test of survey).
+-- sync and rebuild delete both and refresh every tenant, which sets them again.
+local function mark_backlogged(tenant, w, tiers)
+  local fields = {}
+  for i, tier in ipairs(TIERS) do fields[i] = tier .. ':' .. tenant end
+  local was = redis.call('HMGET', P .. 'bm', unpack(fields))
+  for i, tier in ipairs(TIERS) do
+    if tiers[tier] and not was[i] then
+      redis.call('HSET', P .. 'bm', fields[i], '1')
+      redis.call('HINCRBYFLOAT', P .. 'bw', tier, w)
+    elseif was[i] and not tiers[tier] then
+      redis.call('HDEL', P .. 'bm', fields[i])
+      redis.call('HINCRBYFLOAT', P .. 'bw', tier, -w)
+    end
+  end
+end
+
+-- Put each of the tenant's lanes into the ready set of its shape (score = share_of)
+-- when its head fits the tenant's quota, else take it out; drop empty lanes.
 -- `st`: the tenant's state if the caller holds it with current usage (else read).
 local function refresh(tenant, st)
   local cfg = cfg_of(tenant)
   st = st or state_of(tenant)
   local share = share_of(tenant, st)
   local lanes_key = P .. 'tl:' .. tenant
+  local tiers = {}
   for _, shape in ipairs(redis.call('SMEMBERS', lanes_key)) do
     local ready = P .. 'r:' .. shape
     if redis.call('LLEN', lane_key(tenant, shape)) == 0 then
@@ -408,6 +480,7 @@ local function refresh(tenant, st)
     else
       local D = parse_shape(shape)
       if quota_check(cfg, st, D) == nil then
+        tiers[D.tier] = true
         if redis.call('ZADD', ready, share, tenant) == 1 then
           redis.call('SADD', P .. 'sh:' .. D.tier, shape)
         end
@@ -416,6 +489,7 @@ local function refresh(tenant, st)
       end
     end
   end
+  mark_backlogged(tenant, cfg.w, tiers)
 end
 
 local function push_lane(tenant, shape, entry, at_head)
@@ -573,7 +647,6 @@ end
 
 -- ordering ---------------------------------------------------------------------------
 
-local TIERS = {'i', 't', 'b'}
 
 local function tier_shapes(tier)
   return redis.call('SMEMBERS', P .. 'sh:' .. tier)
@@ -598,69 +671,118 @@ local function head_info(top)
   return top.seq, top.at
 end
 
--- For each ready shape of a tier: its best tenant (lowest share, then name) and
--- whether it fits the cluster without guards. Guards: a blocked shape whose best head
--- waited >= starve seconds reserves its demand for its band (if it could ever fit).
--- `tidy` (writing scripts only) forgets shapes whose ready set is empty and stale
--- tenants found on the way (others are skipped).
-local function survey(tier, now, starve, tidy)
-  local tops = {}
-  local G = {i = {}, t = {}, b = {}}
-  for _, shape in ipairs(tier_shapes(tier)) do
-    local rank, D, blocked, guarded = 0, nil, nil, false
-    while true do
-      local r = redis.call('ZRANGE', P .. 'r:' .. shape, rank, rank, 'WITHSCORES')
-      if #r == 0 then
-        if rank == 0 and tidy then redis.call('SREM', P .. 'sh:' .. tier, shape) end
-        break
-      end
-      if not D then
-        D = parse_shape(shape)
-        blocked = cap_check(D, nil, false)
-        guarded = blocked ~= nil and cap_check(D, nil, true) == nil
-      end
-      local top = {shape = shape, tenant = r[1], score = tonumber(r[2]), D = D,
-                   blocked = blocked}
-      local at = nil
-      if guarded then _, at = head_info(top) end
-      if guarded and not at then
-        if tidy then drop_stale(top.tenant, shape) else rank = rank + 1 end
-      else
-        tops[#tops + 1] = top
-        if guarded and now - at >= starve then
-          for _, band in ipairs(BAND_ORDER) do
-            for k, v in pairs(D[band]) do G[band][k] = (G[band][k] or 0) + v end
-          end
+-- Queue order of two entries {score, at, seq}: the lower fair-share score, then the
+-- head pod created first (submitted_at), then admitted first (seq). Never the name.
+local function before(a, b)
+  if a.score ~= b.score then return a.score < b.score end
+  if a.at ~= b.at then return a.at < b.at end
+  return a.seq < b.seq
+end
+
+-- The first tenant in queue order in the ready set of `shape` (a survey top), or nil.
+-- Scores in the set are exact without a half-life; with one they are lower bounds
+-- (share_of), so the walk goes on while a stored score could still beat the best
+-- current one. Ties of the score read each tied tenant's lane head.
+local function best_of(shape, D, now, tidy)
+  local key = P .. 'r:' .. shape
+  local decay = halflife().life > 0
+  local best, rank = nil, 0
+  while true do
+    local r = redis.call('ZRANGE', key, rank, rank + 1, 'WITHSCORES')
+    if #r == 0 then return best end
+    for j = 1, #r, 2 do
+      local stored = tonumber(r[j + 1])
+      if best and stored > best.score then return best end
+      local top = {shape = shape, tenant = r[j], D = D, score = stored}
+      if decay then top.score = share_of(top.tenant, state_of(top.tenant), now) end
+      if best == nil or top.score <= best.score then
+        if not head_info(top) then
+          if tidy then drop_stale(top.tenant, shape) else rank = rank + 1 end
+        else
+          rank = rank + 1
+          if best == nil or before(top, best) then best = top end
         end
-        break
+      else
+        rank = rank + 1
       end
     end
   end
-  return tops, G
 end
 
-local function before(a_score, a_tenant, b_score, b_tenant)
-  return a_score < b_score or (a_score == b_score and a_tenant < b_tenant)
+-- The ready entries of a tier, one per shape (its first tenant in queue order), sorted
+-- in queue order; each top: shape, tenant, score, at, seq, D (parse_shape), blocked
+-- (cap_check without holds). `tidy` (writing scripts only) forgets shapes whose ready
+-- set is empty and stale tenants found on the way (others are skipped).
+local function survey(tier, now, tidy)
+  local tops = {}
+  for _, shape in ipairs(tier_shapes(tier)) do
+    local D = parse_shape(shape)
+    local top = best_of(shape, D, now, tidy)
+    if top then
+      top.blocked = cap_check(D, nil, false)
+      tops[#tops + 1] = top
+    elseif tidy and redis.call('EXISTS', P .. 'r:' .. shape) == 0 then
+      redis.call('SREM', P .. 'sh:' .. tier, shape)
+    end
+  end
+  table.sort(tops, before)
+  return tops
 end
 
--- a stale top (empty lane) comes after every entry of its tenant
-local function head_seq(top)
-  return head_info(top) or math.huge
+-- Whether the tenant of a top is below its weighted share of the cluster: slices in
+-- use / weight < capacity slices / (summed weight of the tenants with a ready entry of
+-- the tier). That share is at most the tenant's water-filled entitlement, so a tenant
+-- at or above its entitlement is never below it.
+local CAP_SLICES = nil
+local function below_share(top, tier)
+  if not CAP_SLICES then
+    CAP_SLICES = 0
+    local flat = redis.call('HGETALL', K_CAP)
+    for i = 1, #flat, 2 do CAP_SLICES = CAP_SLICES + slices_of(flat[i]) * tonumber(flat[i + 1]) end
+  end
+  local w = tonumber(redis.call('HGET', P .. 'bw', tier) or '0')
+  local used = usage_slices(state_of(top.tenant))
+  return w > 0 and used * w < CAP_SLICES * cfg_of(top.tenant).w
+end
+
+local function holds_any(G, D)
+  for _, band in ipairs(BAND_ORDER) do
+    for _, res in ipairs(D.keys[band]) do
+      if (G.i[res] or 0) + (G.t[res] or 0) + (G.b[res] or 0) > 0 then return true end
+    end
+  end
+  return false
+end
+
+-- Walk the tops of a tier in queue order, up to (not including) entry `stop` (all
+-- with nil). A top blocked by capacity is owed the capacity it needs, and it is held
+-- for it (G[band][res] += its demand: no later entry of the band may use it), when its
+-- tenant is below its weighted share, the cluster could ever hold it and none of its
+-- resources is held already (the first owed entry of a resource keeps it). Returns G,
+-- the first top that fits with the holds of the tops before it (nil if none; with
+-- `counts`, only a top sharing one of those resources counts, and the walk goes on
+-- past the others), and the held tops.
+local function plan(tops, tier, stop, counts)
+  local G = {i = {}, t = {}, b = {}}
+  local held = {}
+  for _, top in ipairs(tops) do
+    if stop and not before(top, stop) then break end
+    if cap_check(top.D, G, false) == nil then
+      if not counts or shares_resource(top.D, counts) then return G, top, held end
+    elseif top.blocked and not holds_any(G, top.D) and cap_check(top.D, nil, true) == nil
+        and below_share(top, tier) then
+      for _, band in ipairs(BAND_ORDER) do
+        for k, v in pairs(top.D[band]) do G[band][k] = (G[band][k] or 0) + v end
+      end
+      held[#held + 1] = top
+    end
+  end
+  return G, nil, held
 end
 
 -- the next entry of a tier to release (a survey top), or nil; tidies (see survey)
-local function pick(tier, now, starve)
-  local tops, G = survey(tier, now, starve, true)
-  local best = nil
-  for _, top in ipairs(tops) do
-    if not top.blocked and cap_check(top.D, G, false) == nil then
-      if best == nil or before(top.score, top.tenant, best.score, best.tenant)
-          or (top.score == best.score and top.tenant == best.tenant
-              and head_seq(top) < head_seq(best)) then
-        best = top
-      end
-    end
-  end
+local function pick(tier, now)
+  local _, best = plan(survey(tier, now, true), tier)
   return best
 end
 
@@ -674,22 +796,29 @@ local function quota_blocker(tenant, D, st)
   return quota_check(cfg, st, D)
 end
 
--- Why the cluster holds an entry of shape D with the guards G of its tier (survey):
--- {'capacity', res, units} or {'guard', res}; nil when it fits.
-local function capacity_blocker(D, G)
+-- Why the cluster holds an entry of shape D, given the holds G of its tier and the
+-- held tops (plan): {'held', res, units held, units} when capacity is held for this
+-- very entry (`me`: {tenant, shape} of a lane head) and some is free, else
+-- {'capacity', res, units missing},
+-- {'guard', res, tenant it is held for}; nil when it fits.
+local function capacity_blocker(D, G, held, me)
   local c = cap_check(D, nil, false)
-  if c then return {'capacity', c[1], c[2]} end
-  -- without guards the check would repeat the one above
-  if next(G.i) == nil and next(G.t) == nil and next(G.b) == nil then return nil end
+  if c then
+    for _, top in ipairs(held) do
+      local need = (D.i[c[1]] or 0) + (D.t[c[1]] or 0) + (D.b[c[1]] or 0)
+      if me and top.tenant == me.tenant and top.shape == me.shape and need > c[2] then
+        return {'held', c[1], need - c[2], need}
+      end
+    end
+    return {'capacity', c[1], c[2]}
+  end
+  if #held == 0 then return nil end
   c = cap_check(D, G, false)
-  if c then return {'guard', c[1]} end
-  return nil
-end
-
--- Why a ready-or-not entry of shape D of `tenant` is not released now (lane-level
--- reasons only), or nil when nothing but its turn holds it.
-local function blocker(tenant, D, G)
-  return quota_blocker(tenant, D, state_of(tenant)) or capacity_blocker(D, G)
+  if not c then return nil end
+  for _, top in ipairs(held) do
+    if (top.D.i[c[1]] or top.D.t[c[1]] or top.D.b[c[1]]) then return {'guard', c[1], top.tenant} end
+  end
+  return {'guard', c[1], ''}
 end
 
 -- Queue entries (a pod or a whole gang) of the tenant's class that come before
@@ -731,7 +860,7 @@ local function lane_of(rec)
 end
 
 -- {position, queue length, reason...} of a known queued ticket
-local function describe_queued(ticket, rec, now, starve)
+local function describe_queued(ticket, rec, now)
   local tenant, cls = rec[F_TENANT], rec[F_CLASS]
   local length = num(state_of(tenant), 'qc:' .. cls)
   local shape = lane_of(rec)
@@ -740,11 +869,20 @@ local function describe_queued(ticket, rec, now, starve)
     return {0, length, 'gang', rec[F_GANG], num(g, 'r') + #gang_members(g), g.n}
   end
   local entry = rec[F_GANG] == '' and ticket or ('@' .. rec[F_GANG])
-  local position = entries_before(tenant, cls, (entry_info(entry))) + 1
-  local _, G = survey(parse_shape(shape).tier, now, starve)
-  local why = blocker(tenant, parse_shape(shape), G)
+  local seq, at = entry_info(entry)
+  local position = entries_before(tenant, cls, seq) + 1
+  local D = parse_shape(shape)
+  local st = state_of(tenant)
+  local why = quota_blocker(tenant, D, st)
+  local head = redis.call('LINDEX', lane_key(tenant, shape), 0) == entry
   if why == nil then
-    if redis.call('LINDEX', lane_key(tenant, shape), 0) ~= entry then
+    -- the holds of the entries up to this one (its own, when it is held for)
+    local me = {score = share_of(tenant, st, now), at = at, seq = seq + 0.5}
+    local G, _, held = plan(survey(D.tier, now), D.tier, me, EMPTY)
+    why = capacity_blocker(D, G, held, head and {tenant = tenant, shape = shape} or nil)
+  end
+  if why == nil then
+    if not head then
       why = {'ahead', position - 1}
     else
       why = {'turn'}

@@ -1,13 +1,22 @@
 -- sync: ARGV[1] '1' replaces the capacity with ARGV[2] (counts), '0' keeps the stored
--- one; then, per tenant, 5 fields: name, weight, borrow slices, reserve slices, nominal
--- counts. Tenants not named lose their quota but keep their usage and queue.
--- Readiness and shares are refreshed.
+-- one; ARGV[3]: fairShare.usageHalfLife in seconds (0: current usage only); then, per
+-- tenant, 5 fields: name, weight, borrow slices, reserve slices, nominal counts.
+-- Tenants not named lose their quota but keep their usage and queue. Readiness,
+-- shares and the backlogged weights (bw, bm) are computed again.
 if ARGV[1] == '1' then
   redis.call('DEL', K_CAP)
   for k, v in pairs(parse_counts(ARGV[2])) do redis.call('HSET', K_CAP, k, v) end
 end
+if redis.call('GET', P .. 'hl') ~= ARGV[3] then
+  -- another half-life: the decayed counters start again from current usage
+  local keys = {}
+  for _, tenant in ipairs(redis.call('SMEMBERS', K_TENANTS)) do keys[#keys + 1] = P .. 'du:' .. tenant end
+  if #keys > 0 then redis.call('DEL', unpack(keys)) end
+  redis.call('SET', P .. 'hl', ARGV[3])
+end
+redis.call('DEL', P .. 'bw', P .. 'bm')
 local configured = {}
-for i = 3, #ARGV, 5 do
+for i = 4, #ARGV, 5 do
   local tenant, nominal = ARGV[i], ARGV[i + 4]
   local key = P .. 'tc:' .. tenant
   configured[tenant] = true

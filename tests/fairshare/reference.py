@@ -1,9 +1,10 @@
 """A small, slow, pure-Python model of the fair queue's rules (fairshare/README.md).
 
 It keeps plain lists and dicts and recomputes everything (usage, readiness, shares,
-guards) from the ticket records on every call, so it shares no bookkeeping with the
+holds) from the ticket records on every call, so it shares no bookkeeping with the
 Lua scripts: the stateful test drives both with the same operations and compares
-every answer.
+every answer. Shares are current usage / weight (no usage half-life: the decayed
+counters are tested on their own, in test_fair_order.py).
 """
 
 from __future__ import annotations
@@ -86,11 +87,26 @@ class Gang:
     linked: str | None = None  # lane shape key while in a lane
 
 
+@dataclass
+class Top:
+    """The first tenant in queue order of one ready shape."""
+
+    key: str
+    tenant: str
+    score: float
+    at: float
+    seq: float
+    blocked: bool
+
+    @property
+    def order(self) -> tuple[float, float, float]:
+        return self.score, self.at, self.seq
+
+
 class Reference:
     """The rules, naively."""
 
-    def __init__(self, starvation_seconds: float) -> None:
-        self.starve = starvation_seconds
+    def __init__(self) -> None:
         self.cfg: dict[str, Cfg] = {}
         self.cap: ResourceCounts = {}
         self.tenants: set[str] = set()
@@ -186,34 +202,51 @@ class Reference:
             v.sort()
         return out
 
-    def survey(self, tier: str, now: float
-               ) -> tuple[list[tuple[str, str, float, bool]], Shape]:
-        tops: list[tuple[str, str, float, bool]] = []
-        guards = empty_shape()
+    def survey(self, tier: str) -> list[Top]:
+        """Per ready shape of the tier its first tenant (share, oldest head), in order."""
+        tops: list[Top] = []
         for key, tenants in self.ready(tier).items():
-            score, tenant = tenants[0]
+            heads = [(score, *self.entry_info(self.lanes[(t, key)][0])[::-1], t)
+                     for score, t in tenants]
+            score, at, seq, tenant = min(heads)
             shape = self.lane_shapes[key]
-            blocked = self.cap_check(shape, None) is not None
-            tops.append((key, tenant, score, blocked))
-            if blocked and self.cap_check(shape, None, idle=True) is None:
-                _, at = self.entry_info(self.lanes[(tenant, key)][0])
-                if now - at >= self.starve:
-                    for b in BANDS:
-                        for r, n in shape[b].items():
-                            guards[b][r] = guards[b].get(r, 0) + n
-        return tops, guards
+            tops.append(Top(key, tenant, score, at, seq,
+                            self.cap_check(shape, None) is not None))
+        return sorted(tops, key=lambda top: top.order)
 
-    def pick(self, tier: str, now: float) -> tuple[str, str] | None:
-        tops, guards = self.survey(tier, now)
-        best: tuple[float, str, int, str] | None = None
-        for key, tenant, score, blocked in tops:
-            if blocked or self.cap_check(self.lane_shapes[key], guards) is not None:
-                continue
-            seq, _ = self.entry_info(self.lanes[(tenant, key)][0])
-            cand = (score, tenant, seq, key)
-            if best is None or cand < best:
-                best = cand
-        return None if best is None else (best[1], best[3])
+    def below_share(self, tenant: str, tier: str) -> bool:
+        """slices used / weight < capacity slices / weight of the tier's ready tenants."""
+        ready = {t for tenants in self.ready(tier).values() for _, t in tenants}
+        w = sum(self.cfg_of(t).w for t in ready)
+        u = self.usage(tenant)
+        used = u["ui"] + u["ut"] + u["ub"]
+        return w > 0 and used * w < total_slices(self.cap) * self.cfg_of(tenant).w
+
+    def plan(self, tops: list[Top], tier: str, stop: tuple[float, float, float] | None = None,
+             counts: ResourceCounts | None = None) -> tuple[Shape, Top | None, list[Top]]:
+        """Holds G, the first top that fits (sharing a resource with ``counts`` if
+        given), and the held tops, walking the tops before ``stop``."""
+        guards = empty_shape()
+        held: list[Top] = []
+        for top in tops:
+            if stop is not None and top.order >= stop:
+                break
+            shape = self.lane_shapes[top.key]
+            if self.cap_check(shape, guards) is None:
+                if counts is None or shape_resources(shape) & {r for r, n in counts.items() if n}:
+                    return guards, top, held
+            elif (top.blocked and not shape_resources(shape) & shape_resources(guards)
+                  and self.cap_check(shape, None, idle=True) is None
+                  and self.below_share(top.tenant, tier)):
+                for b in BANDS:
+                    for r, n in shape[b].items():
+                        guards[b][r] = guards[b].get(r, 0) + n
+                held.append(top)
+        return guards, None, held
+
+    def pick(self, tier: str) -> tuple[str, str] | None:
+        _, best, _ = self.plan(self.survey(tier), tier)
+        return None if best is None else (best.tenant, best.key)
 
     # -- lanes and gangs ----------------------------------------------------------
 
@@ -328,19 +361,23 @@ class Reference:
         u = self.usage(tenant)
         return max(0, self.cfg_of(tenant).ns - u["ui"] - u["ut"])
 
-    def blocker(self, tenant: str, shape: Shape, guards: Shape) -> list[object] | None:
-        if self.quota_check(tenant, shape, idle=True) is not None:
-            return ["never"]
-        q = self.quota_check(tenant, shape)
-        if q is not None:
-            return q
+    def capacity_blocker(self, shape: Shape, guards: Shape, held: list[Top],
+                         me: tuple[str, str] | None = None) -> list[object] | None:
         c = self.cap_check(shape, None)
         if c is not None:
+            for top in held:
+                need = sum(shape[b].get(c[0], 0) for b in BANDS)
+                if me == (top.tenant, top.key) and need > c[1]:
+                    return ["held", c[0], need - c[1], need]
             return ["capacity", c[0], c[1]]
+        if not held:
+            return None
         c = self.cap_check(shape, guards)
-        if c is not None:
-            return ["guard", c[0]]
-        return None
+        if c is None:
+            return None
+        holder = next((top.tenant for top in held
+                       if c[0] in shape_resources(self.lane_shapes[top.key])), "")
+        return ["guard", c[0], holder]
 
     def describe(self, ticket: str, rec: Rec, now: float) -> tuple[int, int, list[object]]:
         length = len([r for r in self.queued(rec.tenant) if r.cls == rec.cls])
@@ -356,13 +393,24 @@ class Reference:
             shape[rec.band] = dict(rec.demand)
             key, entry = shape_key(shape), ticket
         shape = self.lane_shapes[key]
-        position = self.entries_before(rec.tenant, rec.cls, self.entry_info(entry)[0]) + 1
-        _, guards = self.survey(shape_tier(shape), now)
-        why = self.blocker(rec.tenant, shape, guards)
+        seq, at = self.entry_info(entry)
+        position = self.entries_before(rec.tenant, rec.cls, seq) + 1
+        head = self.lanes[(rec.tenant, key)][0] == entry
+        why = self.quota_blocker(rec.tenant, shape)
         if why is None:
-            head = self.lanes[(rec.tenant, key)][0]
-            why = ["ahead", position - 1] if head != entry else ["turn"]
+            tier = shape_tier(shape)
+            guards, _, held = self.plan(self.survey(tier), tier,
+                                        (self.share(rec.tenant), at, seq + 0.5), {})
+            why = self.capacity_blocker(shape, guards, held,
+                                        (rec.tenant, key) if head else None)
+        if why is None:
+            why = ["ahead", position - 1] if not head else ["turn"]
         return position, length, why
+
+    def quota_blocker(self, tenant: str, shape: Shape) -> list[object] | None:
+        if self.quota_check(tenant, shape, idle=True) is not None:
+            return ["never"]
+        return self.quota_check(tenant, shape)
 
     def admit(self, req: PodRequest, now: float, dry: bool) -> tuple[Admission, list[object]]:
         """The admission and the raw reason list (None reason -> [])."""
@@ -435,33 +483,30 @@ class Reference:
                         gshape[m.band][r] = gshape[m.band].get(r, 0) + n
                 for r, n in d.items():
                     gshape[band][r] = gshape[band].get(r, 0) + n
-                _, guards = self.survey(shape_tier(gshape), now)
-                reason = self.blocker(tenant, gshape, guards) or ["turn"]
+                reason = self.quota_blocker(tenant, gshape)
+                if reason is None:
+                    tier = shape_tier(gshape)
+                    me = (self.share(tenant), req.submitted_at, float("inf"))
+                    guards, _, held = self.plan(self.survey(tier), tier, me, {})
+                    reason = self.capacity_blocker(gshape, guards, held) or ["turn"]
         else:
-            tops, guards = self.survey(band, now)
-            reason = self.blocker(tenant, shape, guards)
+            reason = self.quota_blocker(tenant, shape)
+            ahead = None
+            if reason is None:
+                me = (self.share(tenant), req.submitted_at, float("inf"))
+                guards, ahead, held = self.plan(self.survey(band), band, me, d)
+                reason = self.capacity_blocker(shape, guards, held)
             if reason is None and any(
                 r.cls == cls and r.state == "Q" and set(r.demand) & set(d) for r in queued
             ):
                 reason = ["ahead", qc]
             for tier in BANDS:
                 if reason is None and PRIO[tier] > PRIO[band]:
-                    higher, higher_guards = self.survey(tier, now)
-                    for key, _t, _s, blocked in higher:
-                        s = self.lane_shapes[key]
-                        if (not blocked and shape_resources(s) & set(d)
-                                and self.cap_check(s, higher_guards) is None):
-                            reason = ["inference" if tier == "i" else "priority"]
-                            break
-            if reason is None:
-                share = self.share(tenant)
-                for key, t, score, blocked in tops:
-                    s = self.lane_shapes[key]
-                    if (not blocked and shape_resources(s) & set(d)
-                            and (score, t) < (share, tenant)
-                            and self.cap_check(s, guards) is None):
-                        reason = ["turn"]
-                        break
+                    _, higher, _ = self.plan(self.survey(tier), tier, None, d)
+                    if higher is not None:
+                        reason = ["inference" if tier == "i" else "priority"]
+            if reason is None and ahead is not None:
+                reason = ["turn"]
         if reason is None:
             if band != "b":
                 free = max(0, free - ds)
@@ -484,7 +529,7 @@ class Reference:
     def dispatch(self, now: float, limit: int) -> list[Release]:
         out: list[Release] = []
         for _ in range(limit):
-            chosen = self.pick("i", now) or self.pick("t", now) or self.pick("b", now)
+            chosen = self.pick("i") or self.pick("t") or self.pick("b")
             if chosen is None:
                 break
             tenant, key = chosen

@@ -143,7 +143,7 @@ def test_dispatch_drops_a_ready_tenant_whose_lane_is_empty(redis_client: redis.R
     """A Redis written before the tenant check may hold a tenant in a ready set whose
     lane is empty (its gang moved to another tenant's lane): dispatch skips and drops
     it instead of failing, whether it would be picked (fits), its head read for the
-    starvation guard (blocked by capacity) or compared with its tenant's other lane."""
+    hold test (blocked by capacity) or compared with its tenant's other lane."""
     q = queue_with(redis_client, {"gpu": 3, "mig-1g.5gb": 7},
                    a={"nominal": {"gpu": 8}}, b={"nominal": {"gpu": 8}},
                    c={"nominal": {"gpu": 8}})
@@ -166,14 +166,14 @@ def test_dispatch_drops_a_ready_tenant_whose_lane_is_empty(redis_client: redis.R
 
 def test_admission_and_why_survive_a_ready_tenant_whose_lane_is_empty(
         redis_client: redis.Redis) -> None:
-    q = queue_with(redis_client, {"gpu": 3}, starvation=10.0,
+    q = queue_with(redis_client, {"gpu": 3},
                    a={"nominal": {"gpu": 8}}, b={"nominal": {"gpu": 8}})
     q.admit(single("t1", "b", gpus=2), 0.0)  # reserved
     plant_stale_ready(redis_client, "a", "t/gpu=2", 0.0)
     queued = q.admit(single("t2", "b", gpus=2), 100.0)  # blocked by capacity
     assert (queued.outcome, queued.waiting_for) == ("queued", "1 x gpu of cluster capacity")
-    status = q.ticket_status("t2", 100.0)
-    assert status is not None and status.waiting_for == "1 x gpu of cluster capacity"
+    status = q.ticket_status("t2", 100.0)  # b, alone in the queue, is owed the free GPU
+    assert status is not None and status.waiting_for == "capacity held for you: 1 of 2 GPUs"
     assert q.admit(single("t3", "a", gpus=2), 100.0, dry_run=True).outcome == "queued"
     assert q.dispatch(100.0, 10) == []
     assert_no_stale_ready(redis_client, ["a", "b"])

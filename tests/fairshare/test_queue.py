@@ -1,5 +1,6 @@
 """Behaviour of the fair queue against a real redis-server: bands, fast path, order,
-gangs, starvation guard, expiry, requeue, idempotency, dry run, rebuild, snapshots."""
+gangs, capacity held for the tenant first in order, expiry, requeue, idempotency, dry
+run, rebuild, snapshots."""
 
 from __future__ import annotations
 
@@ -56,9 +57,9 @@ def pods() -> Pods:
     return Pods()
 
 
-def queue_with(client: redis.Redis, capacity: ResourceCounts, starvation: float = 300.0,
+def queue_with(client: redis.Redis, capacity: ResourceCounts,
                **tenants: dict[str, Any]) -> FairQueue:
-    q = FairQueue(client, starvation_seconds=starvation)
+    q = FairQueue(client)
     q.sync_config(config(**tenants), capacity)
     return q
 
@@ -229,27 +230,58 @@ def test_mixed_class_gang_is_refused(redis_client: redis.Redis, pods: Pods) -> N
         q.admit(pods("a", "inference", group="g", size=2), 0.0)
 
 
-def test_starvation_guard_reserves_capacity_for_a_large_pod(redis_client: redis.Redis,
-                                                            pods: Pods) -> None:
-    q = queue_with(redis_client, {"gpu": 4}, starvation=60.0,
-                   big={"nominal": {"gpu": 4}}, small={"nominal": {"gpu": 4}, "weight": 100})
-    admit_all(q, [pods("small", at=0.0) for _ in range(4)])
-    large = q.admit(pods("big", demand={"gpu": 4}, at=0.0), 0.0)
+def test_capacity_is_held_for_the_tenant_first_in_order(redis_client: redis.Redis,
+                                                        pods: Pods) -> None:
+    q = queue_with(redis_client, {"gpu": 4},
+                   big={"nominal": {"gpu": 4}}, small={"nominal": {"gpu": 4}})
+    admit_all(q, [pods("small", at=0.0) for _ in range(4)])  # t1-t4 run
+    large = q.admit(pods("big", demand={"gpu": 4}, at=1.0), 1.0)  # t5
     assert large.waiting_for == "4 x gpu of cluster capacity"
-    admit_all(q, [pods("small", at=1.0) for _ in range(4)])
-    # before the guard: a freed GPU goes to a small pod (the big one cannot use it)
+    admit_all(q, [pods("small", at=2.0) for _ in range(4)])  # t6-t9 queue
+    # big (share 0, below its 2 GPUs of weighted share) is first in order: the freed
+    # GPUs are held for it, small pods no longer take them
     q.release("t1", pod_uid("t1"))
-    assert released(q, now=30.0) == ["t6"]
-    # after waiting 60 s the big pod's GPUs are held: small pods no longer jump it
-    for ticket in ("t2", "t3"):
-        q.release(ticket, pod_uid(ticket))
-    assert released(q, now=61.0) == []
-    status = q.ticket_status("t7", 61.0)
+    assert released(q, now=3.0) == []
+    status = q.ticket_status("t5", 3.0)
+    assert status is not None and status.waiting_for == "capacity held for you: 1 of 4 GPUs"
+    status = q.ticket_status("t6", 3.0)
     assert status is not None and status.waiting_for == (
-        "gpu capacity held for a pod waiting longer (starvation guard)")
+        "gpu capacity held for big (first in fair-share order)")
+    q.release("t2", pod_uid("t2"))
+    q.release("t3", pod_uid("t3"))
+    status = q.ticket_status("t5", 4.0)
+    assert status is not None and status.waiting_for == "capacity held for you: 3 of 4 GPUs"
     q.release("t4", pod_uid("t4"))
-    q.release("t6", pod_uid("t6"))
-    assert released(q, now=62.0, limit=1) == ["t5"]
+    assert released(q, now=5.0, limit=1) == ["t5"]
+
+
+def test_no_capacity_is_held_for_a_tenant_at_its_weighted_share(redis_client: redis.Redis,
+                                                                pods: Pods) -> None:
+    q = queue_with(redis_client, {"gpu": 4},
+                   a={"nominal": {"gpu": 8}}, b={"nominal": {"gpu": 8}})
+    admit_all(q, [pods("a", demand={"gpu": 2}, at=0.0)])  # t1: a holds its half
+    admit_all(q, [pods("b", at=0.0) for _ in range(2)])  # t2, t3
+    q.admit(pods("a", demand={"gpu": 4}, at=1.0), 1.0)  # t4 queues
+    admit_all(q, [pods("b", at=2.0) for _ in range(2)])  # t5, t6 queue
+    # a's share equals b's (2 GPUs each), and a's head is older: a is first in order,
+    # but at its weighted share (4 GPUs / 2 tenants): nothing is held for it
+    q.release("t2", pod_uid("t2"))
+    assert released(q, now=3.0) == ["t5"]
+    status = q.ticket_status("t4", 3.0)
+    assert status is not None and status.waiting_for == "4 x gpu of cluster capacity"
+
+
+def test_ties_go_to_the_older_head_not_the_name(redis_client: redis.Redis,
+                                                pods: Pods) -> None:
+    q = queue_with(redis_client, {"gpu": 8},
+                   a={"nominal": {"gpu": 8}}, b={"nominal": {"gpu": 8}})
+    q.admit(pods("a", demand={"gpu": 8}, at=0.0), 0.0)  # t1 runs
+    q.admit(pods("b", demand={"gpu": 8}, at=1.0), 1.0)  # t2: b's head, older
+    q.admit(pods("a", demand={"gpu": 8}, at=2.0), 2.0)  # t3
+    q.release("t1", pod_uid("t1"))  # both at share 0: b's head was created first
+    assert released(q, now=3.0) == ["t2"]
+    q.release("t2", pod_uid("t2"))
+    assert released(q, now=4.0) == ["t3"]
 
 
 def test_expire_frees_unconfirmed_reservations(redis_client: redis.Redis, pods: Pods) -> None:

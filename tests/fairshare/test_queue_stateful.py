@@ -40,7 +40,6 @@ from tests.fairshare.reference import (
 from tests.fairshare.test_queue import dump_all
 from tests.fairshare.tickets import pod_uid
 
-STARVE = 120.0
 TENANTS = ("a", "b", "c")
 RESOURCES = ("gpu", "mig-1g.5gb", "mig-3g.40gb")
 DEMANDS: tuple[ResourceCounts, ...] = (
@@ -92,8 +91,8 @@ class QueueMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.client.flushall()
-        self.queue = FairQueue(self.client, starvation_seconds=STARVE)
-        self.ref = Reference(STARVE)
+        self.queue = FairQueue(self.client)
+        self.ref = Reference()
         self.now = 1000.0
         self.count = 0
         self.tickets: list[str] = []
@@ -372,7 +371,7 @@ class QueueMachine(RuleBasedStateMachine):
     def check_nothing_fits(self) -> None:
         """Invariants 2 and 4: after a full dispatch no queued pod could be released."""
         for tier in BANDS:
-            _, guards = self.ref.survey(tier, self.now)
+            guards, _, _ = self.ref.plan(self.ref.survey(tier), tier)
             for rec in self.ref.recs.values():
                 if rec.state != "Q" or rec.gang or rec.band != tier:
                     continue
