@@ -48,6 +48,16 @@ def assert_refused_by_policy(call: Any, *words: str) -> str:
     return message
 
 
+def assert_patch_refused(core: Any, namespace: str, name: str, patch: dict[str, Any],
+                         *words: str) -> str:
+    """A merge patch of pod `namespace/name` is refused by fairgate's policy (see
+    `assert_refused_by_policy`)."""
+    return assert_refused_by_policy(
+        lambda: core.patch_namespaced_pod(name, namespace, patch, _content_type=MERGE_PATCH),
+        *words,
+    )
+
+
 def gone(core: Any, namespace: str, name: str) -> bool:
     try:
         core.read_namespaced_pod(name, namespace)
@@ -163,13 +173,9 @@ def test_relabel_a_finished_pods_tenant(
     before = finished_pod(core, kubelet, ns, "done")
     assert before.metadata.labels["fairgate.io/tenant"] == "team-b"
 
-    assert_refused_by_policy(
-        lambda: core.patch_namespaced_pod(
-            "done",
-            ns,
-            {"metadata": {"labels": {"fairgate.io/tenant": "team-a"}}},
-            _content_type=MERGE_PATCH,
-        ),
+    assert_patch_refused(
+        core, ns, "done",
+        {"metadata": {"labels": {"fairgate.io/tenant": "team-a"}}},
         "label fairgate.io/tenant",
         "dev@team-b.example.com",
         "create a new pod",
@@ -189,27 +195,19 @@ def test_copy_another_pods_ticket_onto_a_finished_pod(
     before = finished_pod(core, kubelet, ns, "done")
     assert before.metadata.annotations["fairgate.io/ticket"] != ticket
 
-    assert_refused_by_policy(
-        lambda: core.patch_namespaced_pod(
-            "done",
-            ns,
-            {"metadata": {"annotations": {"fairgate.io/ticket": ticket}}},
-            _content_type=MERGE_PATCH,
-        ),
+    assert_patch_refused(
+        core, ns, "done",
+        {"metadata": {"annotations": {"fairgate.io/ticket": ticket}}},
         "annotation fairgate.io/ticket",
     )
-    assert_refused_by_policy(
-        lambda: core.patch_namespaced_pod(
-            "done",
-            ns,
-            {
-                "metadata": {
-                    "labels": {"fairgate.io/tenant": "team-a"},
-                    "annotations": {"fairgate.io/ticket": ticket},
-                }
-            },
-            _content_type=MERGE_PATCH,
-        ),
+    assert_patch_refused(
+        core, ns, "done",
+        {
+            "metadata": {
+                "labels": {"fairgate.io/tenant": "team-a"},
+                "annotations": {"fairgate.io/ticket": ticket},
+            }
+        },
         "fairgate.io/ticket",
     )
     assert fairgate_metadata(core.read_namespaced_pod("done", ns)) == fairgate_metadata(before)
@@ -268,13 +266,9 @@ def test_change_the_demand_annotation(controlplane: ControlPlane, tenant_pods: N
     core = pods_api(controlplane, "team-a")
     before = running_pod(core, ns, "runner", gpus=2)
     assert before.metadata.annotations["fairgate.io/demand"] == "gpu=2"
-    assert_refused_by_policy(
-        lambda: core.patch_namespaced_pod(
-            "runner",
-            ns,
-            {"metadata": {"annotations": {"fairgate.io/demand": "gpu=1"}}},
-            _content_type=MERGE_PATCH,
-        ),
+    assert_patch_refused(
+        core, ns, "runner",
+        {"metadata": {"annotations": {"fairgate.io/demand": "gpu=1"}}},
         "annotation fairgate.io/demand",
     )
     assert fairgate_metadata(core.read_namespaced_pod("runner", ns)) == fairgate_metadata(before)
@@ -291,22 +285,14 @@ def test_add_or_remove_the_borrowed_annotation(
     assert "fairgate.io/borrowed" not in nominal.metadata.annotations
     assert borrowing.metadata.annotations["fairgate.io/borrowed"] == "true"
 
-    assert_refused_by_policy(
-        lambda: core.patch_namespaced_pod(
-            "borrowing",
-            ns,
-            {"metadata": {"annotations": {"fairgate.io/borrowed": None}}},
-            _content_type=MERGE_PATCH,
-        ),
+    assert_patch_refused(
+        core, ns, "borrowing",
+        {"metadata": {"annotations": {"fairgate.io/borrowed": None}}},
         "annotation fairgate.io/borrowed",
     )
-    assert_refused_by_policy(
-        lambda: core.patch_namespaced_pod(
-            "nominal",
-            ns,
-            {"metadata": {"annotations": {"fairgate.io/borrowed": "true"}}},
-            _content_type=MERGE_PATCH,
-        ),
+    assert_patch_refused(
+        core, ns, "nominal",
+        {"metadata": {"annotations": {"fairgate.io/borrowed": "true"}}},
         "annotation fairgate.io/borrowed",
     )
     for pod in (nominal, borrowing):
@@ -343,13 +329,9 @@ def test_adding_a_fairgate_label_to_any_pod_is_refused(
     ns = tenant_namespace("team-a")
     core = pods_api(controlplane, "team-a")
     core.create_namespaced_pod(ns, pod_manifest("cpu-only", tolerate_gpu=False))
-    assert_refused_by_policy(
-        lambda: core.patch_namespaced_pod(
-            "cpu-only",
-            ns,
-            {"metadata": {"labels": {"fairgate.io/tenant": "team-a"}}},
-            _content_type=MERGE_PATCH,
-        ),
+    assert_patch_refused(
+        core, ns, "cpu-only",
+        {"metadata": {"labels": {"fairgate.io/tenant": "team-a"}}},
         "label fairgate.io/tenant",
     )
 
@@ -359,13 +341,9 @@ def test_cluster_admins_are_bound_too(controlplane: ControlPlane, tenant_pods: N
     ns = tenant_namespace("team-a")
     admin: Any = client.CoreV1Api(controlplane.admin)
     running_pod(pods_api(controlplane, "team-a"), ns, "runner")
-    assert_refused_by_policy(
-        lambda: admin.patch_namespaced_pod(
-            "runner",
-            ns,
-            {"metadata": {"labels": {"fairgate.io/tenant": "team-b"}}},
-            _content_type=MERGE_PATCH,
-        ),
+    assert_patch_refused(
+        admin, ns, "runner",
+        {"metadata": {"labels": {"fairgate.io/tenant": "team-b"}}},
         "label fairgate.io/tenant",
         "e2e-admin",
     )
@@ -388,13 +366,9 @@ def test_finalizer_removal_on_a_terminating_fairgate_pod_still_works(
     assert terminating.metadata.deletion_timestamp is not None
 
     # ... but its stamps stay fixed while it terminates.
-    assert_refused_by_policy(
-        lambda: core.patch_namespaced_pod(
-            "held-open",
-            ns,
-            {"metadata": {"labels": {"fairgate.io/tenant": "team-b"}}},
-            _content_type=MERGE_PATCH,
-        ),
+    assert_patch_refused(
+        core, ns, "held-open",
+        {"metadata": {"labels": {"fairgate.io/tenant": "team-b"}}},
         "label fairgate.io/tenant",
     )
     core.patch_namespaced_pod(
@@ -413,22 +387,14 @@ def test_with_the_webhook_down_the_policy_still_holds(
     fairgate.stop_webhook()
     try:
         # The policy is evaluated before the validating webhooks are called.
-        assert_refused_by_policy(
-            lambda: core.patch_namespaced_pod(
-                "runner",
-                ns,
-                {"metadata": {"annotations": {"fairgate.io/demand": "gpu=0"}}},
-                _content_type=MERGE_PATCH,
-            ),
+        assert_patch_refused(
+            core, ns, "runner",
+            {"metadata": {"annotations": {"fairgate.io/demand": "gpu=0"}}},
             "annotation fairgate.io/demand",
         )
-        assert_refused_by_policy(
-            lambda: core.patch_namespaced_pod(
-                "done",
-                ns,
-                {"metadata": {"labels": {"fairgate.io/tenant": "team-b"}}},
-                _content_type=MERGE_PATCH,
-            ),
+        assert_patch_refused(
+            core, ns, "done",
+            {"metadata": {"labels": {"fairgate.io/tenant": "team-b"}}},
             "label fairgate.io/tenant",
         )
         # A finished pod's other labels stay the user's: neither fairgate's policy nor
