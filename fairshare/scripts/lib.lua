@@ -830,6 +830,24 @@ local function plan(tops, tier, stop, counts)
   return G, nil, held
 end
 
+-- What is held for a held top now, per resource of its demand: units of free capacity
+-- (at most its demand; bands of lower priority count as free, as in cap_check)
+local function held_units(D)
+  local held = {}
+  for _, band in ipairs(BAND_ORDER) do
+    for _, res in ipairs(D.keys[band]) do
+      local want = (D.i[res] or 0) + (D.t[res] or 0) + (D.b[res] or 0)
+      local used = 0
+      for _, b2 in ipairs(BAND_ORDER) do
+        if PRIO[b2] >= PRIO[band] then used = used + used_of(b2, res) end
+      end
+      local free = math.max(0, math.min(want, cap_of(res) - used))
+      if held[res] == nil or free < held[res] then held[res] = free end
+    end
+  end
+  return held
+end
+
 -- the next entry of a tier to release (a survey top), or nil; tidies (see survey)
 local function pick(tier, now)
   local _, best = plan(survey(tier, now, true), tier)
