@@ -446,9 +446,17 @@ end
 -- lanes and readiness ------------------------------------------------------------
 
 -- bw: tier -> summed weight of the tenants with a ready lane of that tier; bm:
--- '<tier>:<tenant>' -> '1' for those tenants (the weighted-share test of survey).
--- sync and rebuild delete both and refresh every tenant, which sets them again.
-local function mark_backlogged(tenant, w, tiers)
+-- '<tier>:<tenant>' -> '1' for those tenants (the weighted-share test of survey); the
+-- tenant's state keeps the same tiers as `bt` (e.g. 'tb'), so an unchanged set costs
+-- no read of bm. sync deletes bw, bm and every `bt`, rebuild bw, bm and the states;
+-- both refresh every tenant, which sets them again. `st`: the tenant's state, kept
+-- current.
+local function mark_backlogged(tenant, w, tiers, st)
+  local now = ''
+  for _, tier in ipairs(TIERS) do
+    if tiers[tier] then now = now .. tier end
+  end
+  if (st.bt or '') == now then return end
   local fields = {}
   for i, tier in ipairs(TIERS) do fields[i] = tier .. ':' .. tenant end
   local was = redis.call('HMGET', P .. 'bm', unpack(fields))
@@ -460,6 +468,13 @@ local function mark_backlogged(tenant, w, tiers)
       redis.call('HDEL', P .. 'bm', fields[i])
       redis.call('HINCRBYFLOAT', P .. 'bw', tier, -w)
     end
+  end
+  if now == '' then
+    redis.call('HDEL', P .. 'ts:' .. tenant, 'bt')
+    st.bt = nil
+  else
+    redis.call('HSET', P .. 'ts:' .. tenant, 'bt', now)
+    st.bt = now
   end
 end
 
@@ -567,7 +582,7 @@ local function refresh(tenant, st)
       st[field] = new
     end
   end
-  mark_backlogged(tenant, cfg.w, tiers)
+  mark_backlogged(tenant, cfg.w, tiers, st)
 end
 
 local function push_lane(tenant, shape, entry, at_head)
