@@ -457,8 +457,8 @@ def _add_status(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         "class and weighted share (usage / weight); Jain's index of used / entitlement.\n"
         "Then the capacity held for the pod first in fair-share order that does not fit\n"
         "yet, and for whom, e.g. \"team-b: 2 of 4 gpu held for team-b-dev/big (training)\"\n"
-        "(JSON: held). Then the capacity as the dispatcher last read it from the nodes: the nodes left\n"
-        "out and why (cordoned, NotReady longer than --not-ready-grace, a NoSchedule or\n"
+        "(JSON: held). Then the capacity as the dispatcher last read it from the nodes:\n"
+        "the nodes left out and why (cordoned, NotReady longer than --not-ready-grace, a NoSchedule or\n"
         "NoExecute taint fairgate's pods do not tolerate) and GPUs held by pods fairgate\n"
         "does not manage (subtracted), e.g. \"node gpu-3 cordoned (gpu=4 not counted)\".\n"
         "From the queue in Redis.",
