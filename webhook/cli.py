@@ -458,8 +458,9 @@ def _add_status(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         "Then the capacity held for the pod first in fair-share order that does not fit\n"
         "yet, and for whom, e.g. \"team-b: 2 of 4 gpu held for team-b-dev/big (training)\"\n"
         "(JSON: held). Then the capacity as the dispatcher last read it from the nodes:\n"
-        "the nodes left out and why (cordoned, NotReady longer than --not-ready-grace, a NoSchedule or\n"
-        "NoExecute taint fairgate's pods do not tolerate) and GPUs held by pods fairgate\n"
+        "the nodes left out and why (cordoned, NotReady longer than --not-ready-grace,\n"
+        "a NoSchedule or NoExecute taint fairgate's pods do not tolerate) and GPUs held\n"
+        "by pods fairgate\n"
         "does not manage (subtracted), e.g. \"node gpu-3 cordoned (gpu=4 not counted)\".\n"
         "From the queue in Redis.",
         "  fairgate status --redis-url redis://127.0.0.1:6379/0\n"
