@@ -77,6 +77,11 @@ def make_config(tenants: int) -> tuple[FairgateConfig, ResourceCounts, list[str]
     return config, capacity, names
 
 
+def pod_uid(ticket: str) -> str:
+    """The uid the benchmarks give the pod of ``ticket`` (it binds the ticket)."""
+    return f"uid-{ticket}"
+
+
 def pods(names: list[str], count: int, rng: random.Random) -> Iterator[PodRequest]:
     weights = [share for share, _, _ in MIX]
     for i in range(count):
@@ -120,11 +125,11 @@ def measure(client: redis.Redis, tenants: int, queued: int, decisions: int) -> P
     in_a_row = 0
     for req in stream:
         if queue.admit(req, 1.0).outcome == "reserved":
-            queue.confirm(req.ticket, 1.0)
+            queue.confirm(req.ticket, pod_uid(req.ticket), req.namespace, req.name)
             running.append(req.ticket)
             in_a_row = 0
         else:
-            queue.remove(req.ticket, "")
+            queue.remove(req.ticket, pod_uid(req.ticket))
             in_a_row += 1
             if in_a_row == 200:
                 break
@@ -137,7 +142,8 @@ def measure(client: redis.Redis, tenants: int, queued: int, decisions: int) -> P
         answer = queue.admit(req, 1.0)
         admit_times.append(time.perf_counter() - start)
         if answer.outcome == "reserved":
-            queue.release(req.ticket, "")  # rare once the cluster is full: keep it as it is
+            # rare once the cluster is full: keep it as it is
+            queue.release(req.ticket, pod_uid(req.ticket))
             continue
         queued_count += 1
         if queued_count == queued:
@@ -147,7 +153,7 @@ def measure(client: redis.Redis, tenants: int, queued: int, decisions: int) -> P
     released = 0
     for step in range(decisions):
         ticket = running.pop(rng.randrange(len(running)))
-        queue.release(ticket, "")
+        queue.release(ticket, pod_uid(ticket))
         start = time.perf_counter()
         got = queue.dispatch(2.0 + step * 1e-3, 1)
         times.append(time.perf_counter() - start)

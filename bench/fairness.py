@@ -10,12 +10,24 @@ resource per trace, whole GPUs (16-32) or ``mig-1g.5gb`` slices (28-56); 2-6 tra
 tenants, weights 1-5, each with one pod size from {1, 2, 4, 8} units and pods of
 durations 60-900 s (five streams per tenant, each with its own duration); every tenant's
 pods arrive at twice the rate its entitlement could serve, so every tenant stays
-backlogged for the whole horizon, 20x the trace's mean duration. Nominal quotas cover
-the cluster (quota never binds: only the weights decide). The queue runs with
-``fairShare.usageHalfLife`` = 4x the trace's longest pod duration (GPU-time fairness for
-pods of different sizes needs usage history: with current usage only, a tenant's share
-can only change by whole pods). One extra tenant, ``serve``, sends a 1-unit inference
-pod every 600 s (300 s long).
+backlogged for the whole horizon. Nominal quotas cover the cluster (quota never binds:
+only the weights decide). One extra tenant, ``serve``, sends a 1-unit inference pod
+every 600 s (300 s long).
+
+Two conditions make the share target reachable at all (fairshare/README.md, "What
+fairness can be measured"), and the generator states them:
+- the horizon is at least 20x the trace's mean duration *and* long enough for every
+  tenant's entitlement to cover :data:`PODS_PER_ENTITLEMENT` of its pods (entitled
+  GPU-time >= that many times its mean pod GPU-time): a tenant's GPU-time moves by
+  whole pods, so with fewer pods one pod more or less is more than 5% of its share
+  (weight 1 of 20 with 8-GPU pods on 32 GPUs is entitled to 1.6 GPUs: 4 pods in 20
+  durations);
+- ``fairShare.usageHalfLife`` is 4x the horizon: the queue equalises decayed usage
+  per weight, so the GPU-time share over the horizon is what it equalises only when
+  its history spans the horizon (usage at the start still counts 84% at the end).
+  With a shorter half-life the share over any window of about a half-life is fair,
+  but the excess a tenant took while the others' first pods arrived is forgotten
+  before it is paid back.
 
 The ``--json`` object has one entry per trace and the worst values over all of them;
 the Markdown summary is what BENCHMARKS.md records.
@@ -45,6 +57,7 @@ from fairshare.trace import Trace, parse_trace
 
 SIZES = (1, 2, 4, 8)
 INFERENCE_TENANT = "serve"
+PODS_PER_ENTITLEMENT = 20  # each tenant's entitled GPU-time covers this many of its pods
 
 
 @dataclass(frozen=True)
@@ -81,11 +94,17 @@ def random_trace(seed: int) -> dict[str, Any]:
     durations = {name: [rng.randint(60, 900) for _ in range(5)] for name in names}
     mean = sum(sum(d) for d in durations.values()) / (5 * len(names))
     longest = max(max(d) for d in durations.values())
-    horizon = math.ceil(20 * mean)
     total_weight = sum(weights.values())
+    # entitled units per tenant; the horizon covers PODS_PER_ENTITLEMENT pods of each
+    entitled_units = {n: capacity * weights[n] / total_weight for n in names}
+    horizon = math.ceil(max(
+        20 * mean,
+        *(PODS_PER_ENTITLEMENT * sizes[n] * sum(durations[n]) / 5 / entitled_units[n]
+          for n in names),
+    ))
     arrivals: list[dict[str, Any]] = []
     for name in names:
-        entitled = capacity * weights[name] / total_weight  # units
+        entitled = entitled_units[name]
         for duration in durations[name]:
             # each of the 5 streams brings 2/5 of what the entitlement could serve
             rate = 2 * entitled / sizes[name] / duration / 5  # pods per second
@@ -109,7 +128,7 @@ def random_trace(seed: int) -> dict[str, Any]:
         "tenants": tenants,
         "arrivals": arrivals,
         "horizon": horizon,
-        "fairShare": {"usageHalfLife": f"{4 * longest}s"},
+        "fairShare": {"usageHalfLife": f"{4 * horizon}s"},
         "_meta": {"seed": seed, "resource": resource, "longest": longest,
                   "one_unit": set(sizes.values()) == {1}},
     }

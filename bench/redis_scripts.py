@@ -44,7 +44,7 @@ from pathlib import Path
 
 import redis
 
-from bench.dispatch import PREFIX, clear, make_config, server
+from bench.dispatch import PREFIX, clear, make_config, pod_uid, server
 from fairshare.model import Admission, PodRequest
 from fairshare.queue import FairQueue
 from tenants.models import PodClass
@@ -123,7 +123,7 @@ def prepare(queue: FairQueue, case: Case, tenants: Sequence[str]) -> Iterator[Po
             if queue.admit(req, NOW).outcome != "reserved":
                 raise RuntimeError(f"{case.name}: pod {n} of the known pods was not reserved")
             if n % 2:
-                queue.confirm(req.ticket, NOW)
+                queue.confirm(req.ticket, pod_uid(req.ticket), req.namespace, req.name)
         return requests(case, tenants)
     stream = requests(case, tenants[:1])
     queued = 0
@@ -132,7 +132,7 @@ def prepare(queue: FairQueue, case: Case, tenants: Sequence[str]) -> Iterator[Po
         if queue.admit(req, NOW).outcome == "reserved":
             if queued:
                 raise RuntimeError(f"{case.name}: a pod was reserved behind the backlog")
-            queue.confirm(req.ticket, NOW)
+            queue.confirm(req.ticket, pod_uid(req.ticket), req.namespace, req.name)
         else:
             queued += 1
     return stream
@@ -169,9 +169,9 @@ def measure(client: redis.Redis, case: Case, count: int, batch: int) -> Result:
         outcomes.update(a.outcome for a in answers)
         for req in reqs:  # undo the batch, unmeasured
             if expected == "reserved":
-                queue.release(req.ticket, "")
+                queue.release(req.ticket, pod_uid(req.ticket))
             else:
-                queue.remove(req.ticket, "")
+                queue.remove(req.ticket, pod_uid(req.ticket))
         done += len(reqs)
     if set(outcomes) != {expected}:
         raise RuntimeError(f"{case.name}: expected every admission {expected}, got {outcomes}")

@@ -23,6 +23,7 @@ from typing import Any
 
 from fairshare.model import (
     Admission,
+    Hold,
     InvalidRequestError,
     PodRequest,
     TenantStatus,
@@ -198,6 +199,22 @@ def queued_demand(raw: Sequence[Any]) -> tuple[dict[str, int], dict[str, int]]:
     capacity, *pairs = (text(v) for v in raw)
     queued = {tenant: int(n) for tenant, n in zip(pairs[::2], pairs[1::2], strict=True)}
     return parse_counts(capacity), queued
+
+
+def holds(raw: Sequence[Any]) -> list[Hold]:
+    """The reply of ``holds.lua``: the capacity held now, per tier in queue order."""
+    result: list[Hold] = []
+    for entry in raw:
+        tier, tenant, shape, held, head, ns, name = (text(v) for v in entry)
+        demand: dict[str, int] = {}
+        for part in shape.split("+"):  # "<band>/<counts>" per band of the entry
+            for res, units in parse_counts(part.partition("/")[2]).items():
+                demand[res] = demand.get(res, 0) + units
+        result.append(Hold(
+            tenant=tenant, band=BAND_NAME[tier], demand=demand, held=parse_counts(held),
+            namespace=ns, name=name, group=head[1:] if head.startswith("@") else None,
+        ))
+    return result
 
 
 def explain(reason: Sequence[str], tenant: str, pod_class: PodClass) -> str:

@@ -254,6 +254,22 @@ class QueueSnapshot:
 
 
 @dataclass(frozen=True)
+class Hold:
+    """Capacity held now for a queue entry owed it (the first of its resources in queue
+    order that does not fit yet, its tenant below its weighted share): ``held`` is the
+    free capacity drained to it so far (units per resource of ``demand``, at most
+    ``demand``); no later entry of ``band`` may use it."""
+
+    tenant: str
+    band: PriorityBand  # the tier the entry waits in (its lowest band)
+    demand: ResourceCounts  # the whole entry (a gang: all its members)
+    held: ResourceCounts
+    namespace: str  # of the entry's head pod (a gang: its first queued member)
+    name: str
+    group: str | None = None  # the gang id (namespace/group) of a gang entry
+
+
+@dataclass(frozen=True)
 class TicketStatus:
     """Where one ticket stands (``fairgate why``)."""
 

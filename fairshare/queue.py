@@ -39,6 +39,7 @@ from fairshare.calls import (
     admission,
     admit_args,
     explain,
+    holds,
     num,
     queue_error,
     queued_demand,
@@ -51,6 +52,7 @@ from fairshare.model import (
     Admission,
     Confirmation,
     GatedPod,
+    Hold,
     PodRequest,
     QueueSnapshot,
     Release,
@@ -62,7 +64,7 @@ from tenants.models import FairgateConfig
 from tenants.resources import format_counts, parse_counts
 
 _SCRIPTS = ("sync", "admit", "confirm", "dispatch", "forget", "expire", "requeue",
-            "rebuild", "status", "why", "find", "demand")
+            "rebuild", "status", "why", "find", "demand", "holds")
 
 
 class FairQueue:
@@ -261,6 +263,11 @@ class FairQueue:
             status_raw, demand_raw = pipe.execute()
         capacity, queued = queued_demand(demand_raw)
         return QueueSnapshot(tuple(tenant_statuses(status_raw)), queued, capacity)
+
+    def holds(self, now: float) -> list[Hold]:
+        """The capacity held at ``now`` and for whom (``fairgate status``): the entries
+        :meth:`dispatch` would hold for, per tier in queue order. Read-only."""
+        return holds(self._run("holds", num(now)))
 
     def find(self, namespace: str, name: str) -> str | None:
         """The ticket of the known (reserved, queued or running) pod ``namespace/name``.

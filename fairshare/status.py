@@ -9,7 +9,12 @@ Contract:
   entitlement, null when entitled to nothing); and for the cluster ``capacity``
   (GPU-equivalents), ``capacityNotes`` (the dispatcher's last
   :class:`~fairshare.cluster.CapacityReport` as JSON plus ``at`` and ``override``, or
-  null; :func:`capacity_lines` prints it) and ``jainIndex`` (of used / entitlement).
+  null; :func:`capacity_lines` prints it), ``jainIndex`` (of used / entitlement) and
+  ``held``: the capacity held at ``now`` for entries owed it (:meth:`FairQueue.holds`),
+  per tier in queue order: ``tenant``, ``band``, ``pod`` (``namespace/name`` of the head
+  pod, a gang's first queued member), ``group`` (a gang's id, else null), ``demand`` and
+  ``held`` (units per resource), ``heldGpuEquivalents`` and ``demandGpuEquivalents``;
+  :func:`held_lines` prints it.
   Fair shares come from :func:`fairshare.entitlement.snapshot_fairness`, the
   computation behind the metrics.
   :func:`render_status` prints it as a table. :func:`status_command` is the CLI entry.
@@ -42,7 +47,7 @@ from audit import ADMIT, DENY, DISPATCH, QUEUE, RELEASE, AuditLog, AuditRecord
 from fairshare.cluster import CapacityReport, PodRef
 from fairshare.connection import COMMAND_TIMEOUT, RedisTarget, connect_redis
 from fairshare.entitlement import TenantFairness, snapshot_fairness
-from fairshare.model import TenantStatus, TicketStatus
+from fairshare.model import Hold, TenantStatus, TicketStatus
 from fairshare.queue import FairQueue
 from tenants.resources import SLICES_PER_GPU, format_counts, gpu_equivalents, total_slices
 
@@ -72,17 +77,50 @@ def tenant_row(status: TenantStatus, fair: TenantFairness) -> dict[str, Any]:
     }
 
 
-def status_report(queue: FairQueue) -> dict[str, Any]:
-    """``{"capacity", "jainIndex", "tenants": {name: row}}`` for every tenant the queue
-    knows (see tenant_row), from one snapshot of the queue."""
+def hold_row(hold: Hold) -> dict[str, Any]:
+    """One entry of ``held`` in ``fairgate status`` as plain data."""
+    return {
+        "tenant": hold.tenant,
+        "band": hold.band,
+        "pod": f"{hold.namespace}/{hold.name}",
+        "group": hold.group,
+        "demand": dict(hold.demand),
+        "held": {res: hold.held.get(res, 0) for res in hold.demand},
+        "heldGpuEquivalents": _gpu_eq(total_slices(hold.held)),
+        "demandGpuEquivalents": _gpu_eq(total_slices(hold.demand)),
+    }
+
+
+def status_report(queue: FairQueue, now: float | None = None) -> dict[str, Any]:
+    """``{"capacity", "capacityNotes", "jainIndex", "held", "tenants": {name: row}}``
+    for every tenant the queue knows (see tenant_row), from one snapshot of the queue;
+    ``held`` as the queue holds it at ``now`` (default: the current time)."""
     snapshot = queue.snapshot()
     fair = snapshot_fairness(snapshot)
+    holds = queue.holds(time.time() if now is None else now)
     return {
         "capacity": round(fair.capacity, 2),
         "capacityNotes": queue.capacity_notes(),
         "jainIndex": round(fair.jain_index, 4),
+        "held": [hold_row(h) for h in holds],
         "tenants": {s.tenant: tenant_row(s, fair.tenants[s.tenant]) for s in snapshot.tenants},
     }
+
+
+def held_lines(held: list[dict[str, Any]]) -> list[str]:
+    """The ``held`` part of the status report as text: one line per entry capacity is
+    held for, e.g. ``team-b: 5 of 8 gpu held for team-b-ml/train-0 (training)``."""
+    if not held:
+        return ["capacity held: none (nothing first in fair-share order is waiting for "
+                "capacity while below its weighted share)"]
+    lines = ["capacity held for the entry first in fair-share order (no later pod of its "
+             "band may use it; more drains to it as pods end):"]
+    for row in held:
+        amounts = ", ".join(f"{row['held'][res]} of {units} {res}"
+                            for res, units in sorted(row["demand"].items()))
+        entry = f"gang {row['group']} ({row['pod']} first)" if row["group"] else row["pod"]
+        lines.append(f"  {row['tenant']}: {amounts} held for {entry} ({row['band']})")
+    return lines
 
 
 def capacity_lines(notes: Mapping[str, Any] | None) -> list[str]:
@@ -135,7 +173,7 @@ def render_status(report: dict[str, Any], console: Console) -> None:
         "split by weight among tenants with demand, each capped at used + queued and at "
         "nominal + borrowLimit.", highlight=False,
     )
-    for line in capacity_lines(report.get("capacityNotes")):
+    for line in held_lines(report["held"]) + capacity_lines(report.get("capacityNotes")):
         console.print(line, highlight=False, markup=False)
 
 

@@ -104,7 +104,8 @@ if gid ~= '' then
     reason = quota_blocker(tenant, gang_shape, st)
     if reason == nil then
       -- the holds of the entries ahead of the gang's (it joins its tier's order now)
-      local me = {score = share_of(tenant, st, now), at = tonumber(submitted), seq = math.huge}
+      local me = {score = share_of(tenant, st, now),
+                  key = head_key(tonumber(submitted), math.huge)}
       local G, _, held = plan(survey(gang_shape.tier, now), gang_shape.tier, me, EMPTY)
       reason = capacity_blocker(gang_shape, G, held) or {'turn'}
     end
@@ -115,7 +116,8 @@ else
   -- it would join its tier's order as {its tenant's score, submitted, last admitted}
   local ahead = nil
   if reason == nil then
-    local me = {score = share_of(tenant, st, now), at = tonumber(submitted), seq = math.huge}
+    local me = {score = share_of(tenant, st, now),
+                key = head_key(tonumber(submitted), math.huge)}
     local G, held
     G, ahead, held = plan(survey(band, now), band, me, d)
     reason = capacity_blocker(D, G, held)

@@ -30,7 +30,7 @@ while released < limit do
   if not chosen then break end
   local entry = redis.call('LPOP', lane_key(chosen.tenant, chosen.shape))
   if not entry then
-    drop_stale(chosen.tenant, chosen.shape)
+    drop_stale(chosen.tenant, chosen.shape, chosen.member)
   elseif string.sub(entry, 1, 1) == '@' then
     local key = P .. 'g:' .. string.sub(entry, 2)
     local members = gang_members(hash_table(key))

@@ -446,9 +446,17 @@ end
 -- lanes and readiness ------------------------------------------------------------
 
 -- bw: tier -> summed weight of the tenants with a ready lane of that tier; bm:
--- '<tier>:<tenant>' -> '1' for those tenants (the weighted-share test of survey).
--- sync and rebuild delete both and refresh every tenant, which sets them again.
-local function mark_backlogged(tenant, w, tiers)
+-- '<tier>:<tenant>' -> '1' for those tenants (the weighted-share test of survey); the
+-- tenant's state keeps the same tiers as `bt` (e.g. 'tb'), so an unchanged set costs
+-- no read of bm. sync deletes bw, bm and every `bt`, rebuild bw, bm and the states;
+-- both refresh every tenant, which sets them again. `st`: the tenant's state, kept
+-- current.
+local function mark_backlogged(tenant, w, tiers, st)
+  local now = ''
+  for _, tier in ipairs(TIERS) do
+    if tiers[tier] then now = now .. tier end
+  end
+  if (st.bt or '') == now then return end
   local fields = {}
   for i, tier in ipairs(TIERS) do fields[i] = tier .. ':' .. tenant end
   local was = redis.call('HMGET', P .. 'bm', unpack(fields))
@@ -461,11 +469,76 @@ local function mark_backlogged(tenant, w, tiers)
       redis.call('HINCRBYFLOAT', P .. 'bw', tier, -w)
     end
   end
+  if now == '' then
+    redis.call('HDEL', P .. 'ts:' .. tenant, 'bt')
+    st.bt = nil
+  else
+    redis.call('HSET', P .. 'ts:' .. tenant, 'bt', now)
+    st.bt = now
+  end
 end
 
--- Put each of the tenant's lanes into the ready set of its shape (score = share_of)
--- when its head fits the tenant's quota, else take it out; drop empty lanes.
--- `st`: the tenant's state if the caller holds it with current usage (else read).
+-- a gang's queued members (g: its g:<gid> hash), in arrival order
+local function gang_members(g)
+  if (g.m or '') == '' then return {} end
+  return split(g.m, ',')
+end
+
+-- seq and submitted time of a lane entry (a gang: its newest member)
+local function entry_info(entry)
+  if string.sub(entry, 1, 1) ~= '@' then
+    local rec = get_rec(entry)
+    return tonumber(rec[F_SEQ]), tonumber(rec[F_SUBMITTED])
+  end
+  local seq, at = 0, 0
+  for _, ticket in ipairs(gang_members(hash_table(P .. 'g:' .. string.sub(entry, 2)))) do
+    local rec = get_rec(ticket)
+    seq = math.max(seq, tonumber(rec[F_SEQ]))
+    at = math.max(at, tonumber(rec[F_SUBMITTED]))
+  end
+  return seq, at
+end
+
+-- Ready-set members order ties of the score themselves: a member is head_key(at, seq)
+-- of the lane's head entry, a space and the tenant name, so the first member of equal
+-- scores is the head created first (then admitted first). head_key: 32 hex digits,
+-- two doubles encoded so that string order is numeric order (sign bit flipped for
+-- x >= 0, every bit for x < 0).
+local HEAD_KEY_LEN = 32
+local function sortable(x)
+  if x == 0 then x = 0 end  -- -0 sorts as 0
+  local b = {string.byte(struct.pack('>d', x), 1, 8)}
+  if x < 0 then
+    for i = 1, 8 do b[i] = 255 - b[i] end
+  else
+    b[1] = b[1] + 128
+  end
+  return string.format('%02x%02x%02x%02x%02x%02x%02x%02x', unpack(b))
+end
+
+local function head_key(at, seq)
+  return sortable(at) .. sortable(seq)
+end
+
+-- the ready-set member of a tenant's lane: its head key, a space (no tenant name, a
+-- label value, has one), the tenant
+local function ready_member(rk, tenant)
+  return string.sub(rk, 1, HEAD_KEY_LEN) .. ' ' .. tenant
+end
+
+-- head key and tenant of a ready-set member; a member written before members carried
+-- the head key is the bare tenant name (key '': first among equal scores)
+local function member_parts(member)
+  if string.sub(member, HEAD_KEY_LEN + 1, HEAD_KEY_LEN + 1) ~= ' ' then return '', member end
+  return string.sub(member, 1, HEAD_KEY_LEN), string.sub(member, HEAD_KEY_LEN + 2)
+end
+
+-- Put each of the tenant's lanes into the ready set of its shape (score = share_of,
+-- member = ready_member) when its head fits the tenant's quota, else take it out;
+-- drop empty lanes. The member in the set is remembered in
+-- the tenant's state (`rk:<shape>`: head_key .. head entry; the head key of a single
+-- pod entry never changes, so an unchanged head is not read again).
+-- `st`: the tenant's state if the caller holds it current (else read); kept current.
 local function refresh(tenant, st)
   local cfg = cfg_of(tenant)
   st = st or state_of(tenant)
@@ -474,22 +547,42 @@ local function refresh(tenant, st)
   local tiers = {}
   for _, shape in ipairs(redis.call('SMEMBERS', lanes_key)) do
     local ready = P .. 'r:' .. shape
-    if redis.call('LLEN', lane_key(tenant, shape)) == 0 then
+    local field = 'rk:' .. shape
+    local old = st[field]
+    local head = redis.call('LINDEX', lane_key(tenant, shape), 0)
+    local new = nil
+    if not head then
       redis.call('SREM', lanes_key, shape)
-      redis.call('ZREM', ready, tenant)
     else
       local D = parse_shape(shape)
       if quota_check(cfg, st, D) == nil then
         tiers[D.tier] = true
-        if redis.call('ZADD', ready, share, tenant) == 1 then
-          redis.call('SADD', P .. 'sh:' .. D.tier, shape)
+        if old and string.sub(head, 1, 1) ~= '@' and string.sub(old, HEAD_KEY_LEN + 1) == head then
+          new = old
+        else
+          local seq, at = entry_info(head)
+          new = head_key(at, seq) .. head
         end
-      else
-        redis.call('ZREM', ready, tenant)
       end
     end
+    -- without a remembered member, a set written before members carried the head key
+    -- may hold the bare tenant name
+    local old_member = old and ready_member(old, tenant) or tenant
+    local new_member = new and ready_member(new, tenant)
+    if old_member ~= new_member then redis.call('ZREM', ready, old_member) end
+    if new and redis.call('ZADD', ready, share, new_member) == 1 then
+      redis.call('SADD', P .. 'sh:' .. parse_shape(shape).tier, shape)
+    end
+    if old ~= new then
+      if new then
+        redis.call('HSET', P .. 'ts:' .. tenant, field, new)
+      else
+        redis.call('HDEL', P .. 'ts:' .. tenant, field)
+      end
+      st[field] = new
+    end
   end
-  mark_backlogged(tenant, cfg.w, tiers)
+  mark_backlogged(tenant, cfg.w, tiers, st)
 end
 
 local function push_lane(tenant, shape, entry, at_head)
@@ -499,12 +592,8 @@ end
 
 -- gangs ----------------------------------------------------------------------------
 -- g:<gid> hash: t tenant, c class, n size, m queued members (comma list, arrival
--- order), r members running, sh shape of its lane entry while linked.
-
-local function gang_members(g)
-  if (g.m or '') == '' then return {} end
-  return split(g.m, ',')
-end
+-- order), r members running, sh shape of its lane entry while linked; gang_members
+-- and entry_info are above (ready sets read them).
 
 -- take a linked gang out of its lane: members back to G
 local function gang_unlink(gid)
@@ -547,20 +636,6 @@ local function gang_link(gid, at_head)
   push_lane(g.t, shape, '@' .. gid, at_head)
 end
 
--- seq and submitted time of a lane entry (a gang: its newest member)
-local function entry_info(entry)
-  if string.sub(entry, 1, 1) ~= '@' then
-    local rec = get_rec(entry)
-    return tonumber(rec[F_SEQ]), tonumber(rec[F_SUBMITTED])
-  end
-  local seq, at = 0, 0
-  for _, ticket in ipairs(gang_members(hash_table(P .. 'g:' .. string.sub(entry, 2)))) do
-    local rec = get_rec(ticket)
-    seq = math.max(seq, tonumber(rec[F_SEQ]))
-    at = math.max(at, tonumber(rec[F_SUBMITTED]))
-  end
-  return seq, at
-end
 
 -- queue a new ticket record (state Q or G is decided here); rec[F_SEQ] must be set.
 -- `st`: see bump_state (a gang member's counters are written without it)
@@ -654,72 +729,62 @@ end
 
 -- A tenant in a ready set whose lane is empty is stale (a Redis written before admit
 -- refused gangs spanning tenants could move a gang to another tenant's lane without
--- refreshing the first): it is skipped, and dropped by writing scripts.
-local function drop_stale(tenant, shape)
-  redis.call('ZREM', P .. 'r:' .. shape, tenant)
+-- refreshing the first): it is skipped, and dropped by writing scripts. `member`: its
+-- member in the ready set.
+local function drop_stale(tenant, shape, member)
+  redis.call('ZREM', P .. 'r:' .. shape, member)
   redis.call('SREM', P .. 'tl:' .. tenant, shape)
+  redis.call('HDEL', P .. 'ts:' .. tenant, 'rk:' .. shape)
 end
 
--- seq and submitted time of the head of a survey top's lane (kept in the top); nil
--- when the lane is empty (stale)
-local function head_info(top)
-  if top.seq == nil then
-    local entry = redis.call('LINDEX', lane_key(top.tenant, top.shape), 0)
-    if not entry then return nil end
-    top.seq, top.at = entry_info(entry)
-  end
-  return top.seq, top.at
-end
-
--- Queue order of two entries {score, at, seq}: the lower fair-share score, then the
--- head pod created first (submitted_at), then admitted first (seq). Never the name.
+-- Queue order of two entries {score, key = head_key(submitted_at, seq)}: the lower
+-- fair-share score, then the head pod created first (submitted_at), then admitted
+-- first (seq). Never the name.
 local function before(a, b)
   if a.score ~= b.score then return a.score < b.score end
-  if a.at ~= b.at then return a.at < b.at end
-  return a.seq < b.seq
+  return a.key < b.key
 end
 
 -- The first tenant in queue order in the ready set of `shape` (a survey top), or nil.
--- Scores in the set are exact without a half-life; with one they are lower bounds
--- (share_of), so the walk goes on while a stored score could still beat the best
--- current one. Ties of the score read each tied tenant's lane head.
-local function best_of(shape, D, now, tidy)
+-- The set orders (stored score, head key). Without a half-life stored scores are
+-- exact: the first member is the answer. With one they are lower bounds (share_of), so
+-- the walk goes on while a stored (score, key) could still beat the best current one.
+-- `check` (the shape is blocked, so a top may be held for): members whose lane is
+-- empty are stale, skipped (dropped when `tidy`).
+local function best_of(shape, D, now, tidy, check)
   local key = P .. 'r:' .. shape
   local decay = halflife().life > 0
   local best, rank = nil, 0
   while true do
-    local r = redis.call('ZRANGE', key, rank, rank + 1, 'WITHSCORES')
+    local r = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
     if #r == 0 then return best end
-    for j = 1, #r, 2 do
-      local stored = tonumber(r[j + 1])
-      if best and stored > best.score then return best end
-      local top = {shape = shape, tenant = r[j], D = D, score = stored}
+    local member = r[1]
+    local top = {shape = shape, D = D, score = tonumber(r[2]), member = member}
+    top.key, top.tenant = member_parts(member)
+    if best and not before(top, best) then return best end
+    if check and redis.call('EXISTS', lane_key(top.tenant, shape)) == 0 then
+      if tidy then drop_stale(top.tenant, shape, member) else rank = rank + 1 end
+    else
+      rank = rank + 1
       if decay then top.score = share_of(top.tenant, state_of(top.tenant), now) end
-      if best == nil or top.score <= best.score then
-        if not head_info(top) then
-          if tidy then drop_stale(top.tenant, shape) else rank = rank + 1 end
-        else
-          rank = rank + 1
-          if best == nil or before(top, best) then best = top end
-        end
-      else
-        rank = rank + 1
-      end
+      if best == nil or before(top, best) then best = top end
+      if not decay then return best end
     end
   end
 end
 
 -- The ready entries of a tier, one per shape (its first tenant in queue order), sorted
--- in queue order; each top: shape, tenant, score, at, seq, D (parse_shape), blocked
+-- in queue order; each top: shape, tenant, score, key, D (parse_shape), blocked
 -- (cap_check without holds). `tidy` (writing scripts only) forgets shapes whose ready
 -- set is empty and stale tenants found on the way (others are skipped).
 local function survey(tier, now, tidy)
   local tops = {}
   for _, shape in ipairs(tier_shapes(tier)) do
     local D = parse_shape(shape)
-    local top = best_of(shape, D, now, tidy)
+    local blocked = cap_check(D, nil, false)
+    local top = best_of(shape, D, now, tidy, blocked ~= nil)
     if top then
-      top.blocked = cap_check(D, nil, false)
+      top.blocked = blocked
       tops[#tops + 1] = top
     elseif tidy and redis.call('EXISTS', P .. 'r:' .. shape) == 0 then
       redis.call('SREM', P .. 'sh:' .. tier, shape)
@@ -778,6 +843,24 @@ local function plan(tops, tier, stop, counts)
     end
   end
   return G, nil, held
+end
+
+-- What is held for a held top now, per resource of its demand: units of free capacity
+-- (at most its demand; bands of lower priority count as free, as in cap_check)
+local function held_units(D)
+  local held = {}
+  for _, band in ipairs(BAND_ORDER) do
+    for _, res in ipairs(D.keys[band]) do
+      local want = (D.i[res] or 0) + (D.t[res] or 0) + (D.b[res] or 0)
+      local used = 0
+      for _, b2 in ipairs(BAND_ORDER) do
+        if PRIO[b2] >= PRIO[band] then used = used + used_of(b2, res) end
+      end
+      local free = math.max(0, math.min(want, cap_of(res) - used))
+      if held[res] == nil or free < held[res] then held[res] = free end
+    end
+  end
+  return held
 end
 
 -- the next entry of a tier to release (a survey top), or nil; tidies (see survey)
@@ -877,7 +960,7 @@ local function describe_queued(ticket, rec, now)
   local head = redis.call('LINDEX', lane_key(tenant, shape), 0) == entry
   if why == nil then
     -- the holds of the entries up to this one (its own, when it is held for)
-    local me = {score = share_of(tenant, st, now), at = at, seq = seq + 0.5}
+    local me = {score = share_of(tenant, st, now), key = head_key(at, seq + 0.5)}
     local G, _, held = plan(survey(D.tier, now), D.tier, me, EMPTY)
     why = capacity_blocker(D, G, held, head and {tenant = tenant, shape = shape} or nil)
   end

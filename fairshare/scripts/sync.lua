@@ -27,6 +27,7 @@ for i = 4, #ARGV, 5 do
 end
 for _, tenant in ipairs(redis.call('SMEMBERS', K_TENANTS)) do
   if not configured[tenant] then redis.call('DEL', P .. 'tc:' .. tenant) end
+  redis.call('HDEL', P .. 'ts:' .. tenant, 'bt')  -- bw and bm are counted again
   refresh(tenant)
 end
 return 1

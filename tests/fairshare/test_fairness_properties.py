@@ -1,6 +1,9 @@
 """Invariant 3 on random contention traces (bench/fairness.py's generator and checks),
 through the real Lua queue in a real Redis: a small sample for CI; the 1,000-trace run
-is ``python bench/fairness.py`` (results in BENCHMARKS.md)."""
+is ``python bench/fairness.py`` (results in BENCHMARKS.md). The traces meet the two
+conditions under which the share target is reachable (bench/fairness.py, "Two
+conditions"): every tenant's entitlement covers 20 of its pods over the horizon, and
+the usage history spans the horizon."""
 
 from __future__ import annotations
 
@@ -22,4 +25,5 @@ def test_backlogged_tenants_share_by_weight_and_nobody_starves(
     assert o.inference_max_wait == 0  # inference strictly first
     assert o.max_gap <= o.gap_bound  # no backlogged tenant goes unserved
     assert o.utilization >= (0.95 if o.one_unit else 0.85)
-    assert o.jain >= 0.98
+    assert o.share_error <= 0.05  # relative, against the water-filled entitlement
+    assert o.jain >= 0.99

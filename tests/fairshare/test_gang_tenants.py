@@ -45,11 +45,12 @@ def plant_stale_ready(client: redis.Redis, tenant: str, shape: str, score: float
 
 
 def assert_no_stale_ready(client: redis.Redis, tenants: list[str]) -> None:
-    """Every tenant in a ready set has a non-empty lane of that shape."""
+    """Every tenant in a ready set has a non-empty lane of that shape (a member is the
+    lane head's key, a space and the tenant; a planted stale one the bare tenant)."""
     for key in client.scan_iter(f"{PREFIX}r:*"):
         shape = text(key)[len(PREFIX) + 2:]
-        for tenant in client.zrange(key, 0, -1):
-            name = text(tenant)
+        for member in client.zrange(key, 0, -1):
+            name = text(member).rpartition(" ")[2]
             assert client.llen(f"{PREFIX}q:{name}:{shape}") > 0, (name, shape)
     for tenant in tenants:
         for lane in client.smembers(f"{PREFIX}tl:{tenant}"):

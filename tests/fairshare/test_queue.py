@@ -662,3 +662,30 @@ def test_wait_for_rebuild_reserves_nothing_until_usage_is_restored(
     assert released(q) == ["t2"]
     q.release("t1", pod_uid("t1"))
     assert q.admit(pods("a"), 0.0).outcome == "reserved"  # usage is known again
+
+
+def test_tied_tenants_go_in_order_of_their_heads_creation(redis_client: redis.Redis,
+                                                          pods: Pods) -> None:
+    """Tenants tied on the score are ordered by their lane heads' submitted_at (then
+    admission order) as the ready sets store them: negative, fractional, microsecond
+    apart and far-future times all sort numerically, whatever the names or the order of
+    admission; a requeued pod keeps its place by its own creation time."""
+    q = queue_with(redis_client, {"gpu": 1},
+                   **{name: {"nominal": {"gpu": 1}} for name in ("a", "b", "c", "d", "e", "f")})
+    admit_all(q, [pods("f", at=-100.0)])  # t1 runs: the cluster is full
+    submitted = {"a": 1e9, "b": 1.000001, "c": -3.5, "d": 1.0, "e": 0.0}
+    admitted = admit_all(q, [pods(tenant, at=at) for tenant, at in submitted.items()])
+    assert all(a.outcome == "queued" for a in admitted)  # t2-t6
+    ticket = {tenant: f"t{i}" for i, tenant in enumerate(submitted, start=2)}
+    order = []
+    running = "t1"
+    for step in range(5):
+        q.release(running, pod_uid(running))
+        got = released(q, now=10.0 + step, limit=1)
+        assert len(got) == 1
+        order.append(got[0])
+        running = got[0]
+        if step == 0:  # the first one cannot start after all: back to its lane's head
+            assert q.requeue(running, now=10.0)
+            assert released(q, now=10.5, limit=1) == [running]
+    assert order == [ticket[t] for t in sorted(submitted, key=submitted.__getitem__)]

@@ -248,3 +248,43 @@ def test_why_refuses_a_malformed_reference(redis_url: str) -> None:
     err = io.StringIO()
     assert why_command(redis_url, "just-a-name", out=io.StringIO(), err=err) == 2
     assert "expected <namespace>/<pod>" in err.getvalue()
+
+
+def test_status_shows_capacity_held_and_for_whom(redis_client: redis.Redis,
+                                                 redis_url: str) -> None:
+    """A 4-GPU pod of team-b (share 0, below its weighted share) is first in order while
+    team-a's 1-GPU pods fill the cluster: the GPUs freed are held for it, and status
+    names the pod, its tenant and how much is held so far (JSON and table)."""
+    q = FairQueue(redis_client)
+    q.sync_config(make_config({"team-a": {"weight": 1, "nominal": {"gpu": 4}},
+                               "team-b": {"weight": 1, "nominal": {"gpu": 4}}}), {"gpu": 4})
+    for i in range(4):
+        assert q.admit(_request(f"a{i}", f"a{i}", at=NOW), NOW).outcome == "reserved"
+        q.confirm(f"a{i}", pod_uid(f"a{i}"), "team-a-dev", f"a{i}")
+    big = _request("b-big", "big", tenant="team-b", demand={"gpu": 4}, at=NOW + 1)
+    assert q.admit(big, NOW + 1).outcome == "queued"
+    assert q.admit(_request("a-more", "more", at=NOW + 2), NOW + 2).outcome == "queued"
+    # owed the next capacity, none free yet
+    assert [(h["tenant"], h["held"]) for h in status_report(q, NOW + 2)["held"]] == [
+        ("team-b", {"gpu": 0})]
+    assert q.release("a0", pod_uid("a0"), NOW + 3)
+    assert q.release("a1", pod_uid("a1"), NOW + 3)
+    assert q.dispatch(NOW + 3) == []  # team-a's pod may not take the held GPUs
+    report = status_report(q, NOW + 3)
+    assert report["held"] == [{
+        "tenant": "team-b", "band": "training", "pod": "team-b-dev/big", "group": None,
+        "demand": {"gpu": 4}, "held": {"gpu": 2}, "heldGpuEquivalents": 2.0,
+        "demandGpuEquivalents": 4.0,
+    }]
+    out = io.StringIO()
+    assert status_command(redis_url, True, out=out) == 0
+    assert json.loads(out.getvalue())["held"] == report["held"]
+    table = io.StringIO()
+    assert status_command(redis_url, False, out=table) == 0
+    assert "team-b: 2 of 4 gpu held for team-b-dev/big (training)" in table.getvalue()
+    # once team-b runs, team-a (nothing running, below its share) is owed the next GPU
+    assert q.release("a2", pod_uid("a2"), NOW + 4)
+    assert q.release("a3", pod_uid("a3"), NOW + 4)
+    assert [r.ticket for r in q.dispatch(NOW + 4)] == ["b-big"]
+    assert [(h["pod"], h["held"]) for h in status_report(q, NOW + 4)["held"]] == [
+        ("team-a-dev/more", {"gpu": 0})]
