@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build the e2e control plane (kube-apiserver, kube-scheduler, etcd) from Go modules.
+# Build the e2e control plane (kube-apiserver, kube-scheduler, kube-controller-manager,
+# etcd) from Go modules.
 #
 # Usage: bash tests/e2e/controlplane/build.sh [--force]
 #
@@ -12,7 +13,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cache=${FAIRGATE_CP_CACHE:-$HOME/.cache/fairgate-controlplane}
 bin="$cache/bin"
-binaries=(kube-apiserver kube-scheduler etcd)
+binaries=(kube-apiserver kube-scheduler kube-controller-manager etcd)
 force=0
 [[ ${1:-} == --force ]] && force=1
 
@@ -73,6 +74,7 @@ build() {  # name, package
 build etcd ./cmd/etcd
 build kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler
 build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
+build kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager
 
 mkdir -p "$bin"
 for b in "${binaries[@]}"; do mv -f "$out/$b" "$bin/$b"; done

@@ -21,7 +21,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from .api import MERGE_PATCH
+from .api import MERGE_PATCH, create_namespace
 from .controlplane import ControlPlane, ControlPlaneError, build_controlplane
 from .fairgate import QUOTA_YAML, FairgateStack, tenant_namespace
 from .kubelet import FakeKubelet
@@ -127,18 +127,15 @@ NamespaceFactory = Callable[..., str]
 
 @pytest.fixture
 def make_namespace(controlplane: ControlPlane) -> Iterator[NamespaceFactory]:
-    """Create namespaces (with their `default` ServiceAccount); clean their pods up after.
-
-    There is no controller-manager, so this does what its controllers would: it creates
-    the `default` ServiceAccount and, at teardown, deletes the pods before the namespace.
-    """
+    """Create namespaces (returned once their `default` ServiceAccount exists); clean
+    their pods up after (deleted at once, so their GPUs are free for the next test),
+    then delete the namespaces."""
     core: Any = client.CoreV1Api(controlplane.admin)
     created: list[str] = []
 
     def make(prefix: str = "e2e", labels: Mapping[str, str] | None = None) -> str:
         name = f"{prefix}-{uuid.uuid4().hex[:6]}"
-        core.create_namespace({"metadata": {"name": name, "labels": dict(labels or {})}})
-        core.create_namespaced_service_account(name, {"metadata": {"name": "default"}})
+        create_namespace(core, name, labels)
         created.append(name)
         return name
 
