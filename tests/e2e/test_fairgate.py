@@ -575,6 +575,16 @@ def _why(fairgate: FairgateStack, namespace: str, name: str) -> dict[str, Any]:
     return report
 
 
+def _running_once_created(core: Any, namespace: str, name: str) -> str | None:
+    """`running_node`, None while the controller has not created the pod yet."""
+    try:
+        return running_node(core, namespace, name)
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+
+
 def _delete_and_wait(delete: Any, read: Any, name: str, namespace: str) -> None:
     """Delete a workload in the foreground (the garbage collector deletes its pods first)
     and wait until it is gone."""
@@ -685,3 +695,39 @@ def test_a_job_gang_is_released_whole_and_its_completions_free_usage(
         assert _why(fairgate, ns, members[0])["verdict"] == "ended"
     finally:
         _delete_and_wait(batch.delete_namespaced_job, batch.read_namespaced_job, "sweep", ns)
+
+
+def test_a_statefulsets_inference_pods_each_get_inference_priority_and_mig_placement(
+    controlplane: ControlPlane,
+    kubelet: FakeKubelet,
+    fairgate: FairgateStack,
+    tenant_pods: None,
+) -> None:
+    ns = tenant_namespace("team-b")  # nominal includes 2 x mig-3g.40gb
+    core = pods_api(controlplane, "team-b")
+    apps: Any = client.AppsV1Api(controlplane.admin)
+    labels = {"app": "infer", "fairgate.io/class": "inference"}
+    apps.create_namespaced_stateful_set(ns, {
+        "metadata": {"name": "infer"},
+        "spec": {"replicas": 2, "serviceName": "infer",
+                 "selector": {"matchLabels": {"app": "infer"}},
+                 "template": _template({"nvidia.com/mig-3g.40gb": 1}, labels)},
+    })
+    try:
+        for name in ("infer-0", "infer-1"):  # created one after the other, once Running
+            node = wait_for(partial(_running_once_created, core, ns, name), 60,
+                            f"{name} to be created and run")
+            pod = core.read_namespaced_pod(name, ns)
+            assert pod.spec.priority_class_name == "fairgate-inference"
+            assert pod.metadata.labels["fairgate.io/class"] == "inference"
+            assert pod.metadata.annotations["fairgate.io/demand"] == "mig-3g.40gb=1"
+            admitted = {n.name for n in DEFAULT_GPU_NODES
+                        if required_affinity_admits(pod, n.labels())}
+            assert admitted == {n.name for n in DEFAULT_GPU_NODES if n.mig_strategy == "mixed"}
+            assert node in admitted
+            report = _why(fairgate, ns, name)
+            assert report["verdict"] == "running" and report["class"] == "inference", report
+        assert fairgate.tenant_state("team-b")["queued"] == {"inference": 0, "training": 0}
+    finally:
+        _delete_and_wait(apps.delete_namespaced_stateful_set, apps.read_namespaced_stateful_set,
+                         "infer", ns)
