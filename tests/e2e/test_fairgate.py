@@ -731,3 +731,44 @@ def test_a_statefulsets_inference_pods_each_get_inference_priority_and_mig_place
     finally:
         _delete_and_wait(apps.delete_namespaced_stateful_set, apps.read_namespaced_stateful_set,
                          "infer", ns)
+
+
+def test_deleting_a_namespace_with_running_and_waiting_pods_leaves_nothing_behind(
+    controlplane: ControlPlane,
+    kubelet: FakeKubelet,
+    fairgate: FairgateStack,
+    tenant_pods: None,
+    make_namespace: Any,
+) -> None:
+    ns = make_namespace("team-b-tmp", {"fairgate.io/tenant": "team-b"})
+    admin: Any = client.CoreV1Api(controlplane.admin)
+    apps: Any = client.AppsV1Api(controlplane.admin)
+    admin.create_namespaced_pod(ns, pod_manifest("run", {"nvidia.com/gpu": 4}))
+    wait_for(partial(running_node, admin, ns, "run"), 30, "run to run")
+    labels = {"app": "extra"}
+    apps.create_namespaced_deployment(ns, {
+        "metadata": {"name": "extra"},
+        "spec": {"replicas": 2, "selector": {"matchLabels": labels},
+                 "template": _template({"nvidia.com/gpu": 1}, labels)},
+    })
+    waiting = wait_for(lambda: (lambda r, g: g if len(g) == 2 else None)(
+        *_split(admin, ns, "app=extra")), 60, "the Deployment's 2 pods to wait gated")
+    wait_for(lambda: _why(fairgate, ns, waiting[0])["verdict"] == "queued", 30,
+             "the dispatcher to see the waiting pods")
+    state = fairgate.tenant_state("team-b")
+    assert state["used"] == 4.0 and state["queued"]["training"] == 2
+
+    admin.delete_namespace(ns)  # the namespace controller deletes the Deployment and pods
+
+    def gone() -> bool:
+        try:
+            admin.read_namespace(ns)
+        except ApiException as error:
+            return error.status == 404
+        return False
+
+    wait_for(gone, 90, f"namespace {ns} to be deleted")
+    fairgate.wait_idle()  # no usage and no queue entry for team-b
+    for name in ("run", *waiting):
+        report = _why(fairgate, ns, name)
+        assert report["verdict"] == "ended", report  # no ticket left in the queue
