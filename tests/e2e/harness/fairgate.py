@@ -322,6 +322,11 @@ class FairgateStack:
             if process is not None:
                 process.check_alive()
 
+    @property
+    def webhook_configurations(self) -> list[Manifest]:
+        """fairgate's Mutating- and ValidatingWebhookConfiguration, as installed."""
+        return list(self._webhooks)
+
     def install_webhooks(self, kinds: Sequence[str] = WEBHOOK_KINDS) -> None:
         """(Re)apply the webhook configurations `fairgate` of `kinds`, in that order."""
         for kind in kinds:
