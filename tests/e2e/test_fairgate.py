@@ -772,3 +772,41 @@ def test_deleting_a_namespace_with_running_and_waiting_pods_leaves_nothing_behin
     for name in ("run", *waiting):
         report = _why(fairgate, ns, name)
         assert report["verdict"] == "ended", report  # no ticket left in the queue
+
+
+def test_a_job_pod_that_fails_and_is_retried_is_accounted_once(
+    controlplane: ControlPlane,
+    kubelet: FakeKubelet,
+    fairgate: FairgateStack,
+    tenant_pods: None,
+) -> None:
+    ns = tenant_namespace("team-b")  # nominal 4 GPUs, no borrowing
+    core = pods_api(controlplane, "team-b")
+    batch: Any = client.BatchV1Api(controlplane.admin)
+    template = _template({"nvidia.com/gpu": 3}, {})
+    template["spec"]["restartPolicy"] = "Never"
+    batch.create_namespaced_job(ns, {
+        "metadata": {"name": "retry"},
+        "spec": {"parallelism": 1, "completions": 1, "backoffLimit": 2,
+                 "template": template},
+    })
+    selector = "job-name=retry"
+    try:
+        first = wait_for(lambda: (lambda r, g: r[0] if r else None)(
+            *_split(core, ns, selector)), 60, "the Job's first pod to run")
+        assert fairgate.tenant_state("team-b")["used"] == 3.0
+        kubelet.finish(ns, first, "Failed")
+        # The Job controller creates a replacement (after its backoff); the failed pod's 3
+        # GPUs are freed, so the replacement fits the 4-GPU quota and runs: 3, never 6.
+        second = wait_for(lambda: (lambda r, g: next((n for n in r if n != first), None))(
+            *_split(core, ns, selector)), 90, "the Job to retry with a new pod that runs")
+        assert _why(fairgate, ns, first)["verdict"] == "ended"
+        assert _why(fairgate, ns, second)["verdict"] == "running"
+        state = fairgate.tenant_state("team-b")
+        assert state["used"] == 3.0 and not any(state["queued"].values()), state
+        kubelet.finish(ns, second)
+        wait_for(lambda: (batch.read_namespaced_job_status("retry", ns).status.succeeded
+                          or 0) == 1, 60, "the Job to succeed")
+        fairgate.wait_idle()
+    finally:
+        _delete_and_wait(batch.delete_namespaced_job, batch.read_namespaced_job, "retry", ns)
