@@ -44,6 +44,8 @@ if (( up_to_date && !force )); then
   exit 0
 fi
 
+say "cold build of ${binaries[*]} into $bin: about 5 min on 2 cores with Go's build cache" \
+  "empty, up to 20 min on a busy machine; cached afterwards (stamp ${stamp:0:12})"
 cd "$here"
 k8s_version=$(go list -m -f '{{.Version}}' k8s.io/kubernetes) ||
   fail "cannot resolve k8s.io/kubernetes from go.mod (is the module proxy reachable?)"

@@ -16,7 +16,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -60,18 +60,30 @@ class ControlPlaneError(RuntimeError):
     """The control plane could not be built or started; the message says which part and why."""
 
 
-def build_controlplane() -> Path:
-    """Build (or reuse the cached) control plane binaries and return their directory."""
+def build_controlplane(progress: Callable[[str], None] | None = None) -> Path:
+    """Build (or reuse the cached) control plane binaries and return their directory.
+
+    `progress` gets each line build.sh prints as it prints it (what it builds, how long
+    a cold build takes, each binary done), so a caller can show a long build's progress.
+    """
     cache = Path(
         os.environ.get("FAIRGATE_CP_CACHE", Path.home() / ".cache" / "fairgate-controlplane")
     )
-    result = subprocess.run(
-        ["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, check=False
-    )
-    if result.returncode != 0:
+    lines: list[str] = []
+    with subprocess.Popen(
+        ["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True,
+    ) as build:
+        assert build.stdout is not None
+        for line in build.stdout:
+            lines.append(line.rstrip("\n"))
+            if progress is not None:
+                progress(lines[-1])
+    if build.returncode != 0:
+        output = "\n".join(lines)[-8000:]
         raise ControlPlaneError(
-            f"{BUILD_SCRIPT} failed (exit {result.returncode}); it needs Go 1.26+ and the Go "
-            f"module proxy.\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+            f"{BUILD_SCRIPT} failed (exit {build.returncode}); it needs Go 1.26+ and the Go "
+            f"module proxy.\n{output}"
         )
     return cache / "bin"
 

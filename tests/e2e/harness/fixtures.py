@@ -36,11 +36,14 @@ def _is_e2e(item: pytest.Item) -> bool:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Build the control plane before the first e2e test, outside any test timeout."""
+    """Build the control plane before the first e2e test, outside any test timeout,
+    showing build.sh's progress (a cold build takes minutes) on the terminal."""
     global _bin_dir
     if any(_is_e2e(item) for item in session.items):
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        progress = reporter.write_line if reporter is not None else None
         try:
-            _bin_dir = build_controlplane()
+            _bin_dir = build_controlplane(progress)
         except ControlPlaneError as error:
             raise pytest.UsageError(str(error)) from error
 
