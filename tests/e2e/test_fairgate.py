@@ -810,3 +810,46 @@ def test_a_job_pod_that_fails_and_is_retried_is_accounted_once(
         fairgate.wait_idle()
     finally:
         _delete_and_wait(batch.delete_namespaced_job, batch.read_namespaced_job, "retry", ns)
+
+
+def test_a_rolling_update_at_the_quota_edge_completes_and_never_runs_above_quota(
+    controlplane: ControlPlane,
+    kubelet: FakeKubelet,
+    fairgate: FairgateStack,
+    tenant_pods: None,
+) -> None:
+    ns = tenant_namespace("team-b")  # nominal 4 GPUs, no borrowing
+    core = pods_api(controlplane, "team-b")
+    apps: Any = client.AppsV1Api(controlplane.admin)
+    labels = {"app": "roll"}
+    apps.create_namespaced_deployment(ns, {
+        "metadata": {"name": "roll"},
+        "spec": {"replicas": 4, "selector": {"matchLabels": labels},
+                 "strategy": {"type": "RollingUpdate",
+                              "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 1}},
+                 "template": _template({"nvidia.com/gpu": 1}, labels)},
+    })
+    try:
+        old = wait_for(lambda: (lambda r, g: r if len(r) == 4 else None)(
+            *_split(core, ns, "app=roll")), 60, "4 replicas running")
+        # A new revision: the surge pod meets a full quota and waits; each old pod the
+        # Deployment takes down frees the GPU the next new pod is released onto.
+        apps.patch_namespaced_deployment("roll", ns, {"spec": {"template": {"metadata": {
+            "annotations": {"revision": "2"}}}}})
+        most = 0
+
+        def rolled() -> bool:
+            nonlocal most
+            running, _ = _split(core, ns, "app=roll")
+            most = max(most, len(running))
+            status = apps.read_namespaced_deployment_status("roll", ns).status
+            return (len(running) == 4 and not set(running) & set(old)
+                    and status.updated_replicas == 4 and status.available_replicas == 4)
+
+        wait_for(rolled, 120, "the rollout to complete", interval=0.1)
+        assert most <= 4, f"{most} replicas ran at once with a 4-GPU quota"
+        state = fairgate.tenant_state("team-b")
+        assert state["used"] == 4.0 and not any(state["queued"].values()), state
+    finally:
+        _delete_and_wait(apps.delete_namespaced_deployment, apps.read_namespaced_deployment,
+                         "roll", ns)
