@@ -5,7 +5,9 @@ Contract:
   (:class:`VirtualClock`, moved by the caller) or real (``time.time``).
 - :meth:`SimulatedCluster.create_pod` plays the API server plus the webhook: it calls the
   ``admit`` hook it was given (which asks the real queue) and creates the pod gated or
-  not. A released pod is scheduled when its demand fits; it runs for its duration and
+  not. A spec named ``<generateName>*`` is admitted under that name and the pod is named
+  ``<generateName>`` plus a suffix afterwards, as the API server names a controller's pod
+  after admission. A released pod is scheduled when its demand fits; it runs for its duration and
   then ``Succeeded`` (on :meth:`advance`).
 - The kube-scheduler's preemption is modelled: a pending released pod whose
   PriorityClass may preempt (``fairgate-inference``, ``fairgate-training``; never
@@ -216,7 +218,8 @@ class SimulatedCluster:
         placement = self.admit(spec, uid)
         now = self.clock()
         pod = GpuPod(
-            ref=PodRef(spec.namespace, spec.name), uid=uid, ticket=placement.ticket,
+            ref=PodRef(spec.namespace, _pod_name(spec.name, seq)), uid=uid,
+            ticket=placement.ticket,
             tenant=spec.tenant, pod_class=spec.pod_class, band=placement.band,
             demand=dict(spec.demand), group=spec.group, group_size=spec.group_size,
             phase="Pending", gated=placement.gated, node=None, created=now,
@@ -455,7 +458,15 @@ def _fits(demand: Mapping[str, int], free: Mapping[str, int]) -> bool:
     return all(free.get(name, 0) >= n for name, n in demand.items())
 
 
+def _pod_name(name: str, seq: int) -> str:
+    """The name of the pod created from a spec named ``name`` (``<generateName>*``: the
+    prefix plus a suffix unique per pod, as the API server generates one)."""
+    return f"{name[:-1]}{seq:05x}" if name.endswith("*") else name
+
+
 def _next_name(name: str) -> str:
+    if name.endswith("*"):  # a controller's pod: the re-created one gets a fresh name
+        return name
     base, sep, attempt = name.rpartition("-r")
     if sep and attempt.isdigit():
         return f"{base}-r{int(attempt) + 1}"

@@ -20,8 +20,10 @@ Contract:
   :func:`render_status` prints it as a table. :func:`status_command` is the CLI entry.
 - :func:`why_report` explains one pod (``<namespace>/<name>``) from the audit stream
   (``fairgate:audit``: the webhook's admit/queue/deny records, the dispatcher's
-  dispatch/release records) and the queue's ticket state; a pod without audit records is
-  looked up by name in the queue. The verdict is one of ``unknown`` (no record and not in
+  dispatch/release records) and the queue's ticket state; the pod is also looked up by
+  name in the queue, and records sharing its ticket are joined, so a pod created with
+  ``generateName`` (admitted as ``<generateName>*``) is explained by its own name once the
+  dispatcher has seen it. The verdict is one of ``unknown`` (no record and not in
   the queue: not fairgate's business, or older than the audit retention),
   ``denied`` (with the reason), ``queued`` (position, queue length and what it waits
   for: tenant quota, inference reserve, cluster capacity, gang members), ``reserved`` /
@@ -208,10 +210,15 @@ def _when(seconds: float) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _records_of(ref: PodRef, records: Iterable[AuditRecord]) -> list[AuditRecord]:
-    """Records about ``ref``: by namespace/name, plus every record sharing their tickets."""
+def _records_of(ref: PodRef, records: Iterable[AuditRecord],
+                known: str | None) -> list[AuditRecord]:
+    """Records about ``ref``: by namespace/name, plus every record sharing their tickets
+    or the ticket ``known`` the queue holds for it (the webhook's records of a pod
+    created with ``generateName`` carry ``<generateName>*``, not the pod's name)."""
     everything = [r for r in records if r.namespace == ref.namespace]
     tickets = {r.uid for r in everything if r.name == ref.name and r.uid}
+    if known is not None:
+        tickets.add(known)
     return [r for r in everything if r.name == ref.name or r.uid in tickets]
 
 
@@ -223,11 +230,17 @@ def _history(records: list[AuditRecord]) -> list[str]:
 def why_report(
     ref: PodRef, queue: FairQueue, records: Iterable[AuditRecord], now: float
 ) -> WhyReport:
-    """Explain ``ref`` from its audit ``records`` and the queue's state at ``now``."""
-    mine = _records_of(ref, records)
+    """Explain ``ref`` from its audit ``records`` and the queue's state at ``now``.
+
+    The queue is asked for the ticket of ``ref`` by name too, so a pod created with
+    ``generateName`` is explained by the name ``kubectl`` shows once the dispatcher has
+    seen it (:meth:`FairQueue.confirm` gives its ticket the pod's own name), with the
+    webhook's records about ``<generateName>*`` joined through that ticket.
+    """
+    known = queue.find(ref.namespace, ref.name)
+    mine = _records_of(ref, records, known)
     history = _history(mine)
-    if not mine:
-        known = queue.find(ref.namespace, ref.name)  # audit trimmed or not written
+    if not mine:  # audit trimmed or not written
         status = queue.ticket_status(known, now) if known is not None else None
         if known is not None and status is not None:
             return _from_status(status, {"pod": str(ref), "ticket": known, "history": []})

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import redis
+import yaml
 from harness.api import JSON_PATCH, MERGE_PATCH, message_of, refusal
 from harness.controlplane import ControlPlane
 from harness.fairgate import (
@@ -541,3 +542,314 @@ def test_pods_a_later_admission_step_refused_neither_push_others_into_borrowing_
         90, "the orphans' queue entries to expire",
     )
     assert fairgate.tenant_state("team-a")["used"] == 2.0
+
+
+# 11 ------------------------------------------------------------------------------------
+# Workloads: pods the kube-controller-manager's controllers create with `generateName`.
+
+
+def _template(resources: dict[str, int], labels: dict[str, str],
+              annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    """A pod template asking for `resources`, as a Deployment or Job carries it."""
+    pod = pod_manifest("template", resources, labels=labels, annotations=annotations)
+    del pod["metadata"]["name"]
+    return {"metadata": pod["metadata"], "spec": pod["spec"]}
+
+
+def _pods(core: Any, namespace: str, selector: str) -> list[Any]:
+    return list(core.list_namespaced_pod(namespace, label_selector=selector).items)
+
+
+def _split(core: Any, namespace: str, selector: str) -> tuple[list[str], list[str]]:
+    """Names of the pods matching `selector`: (Running, gated), each sorted."""
+    pods = _pods(core, namespace, selector)
+    running = sorted(p.metadata.name for p in pods if p.status.phase == "Running")
+    gated = sorted(p.metadata.name for p in pods if is_gated(p))
+    return running, gated
+
+
+def _why(fairgate: FairgateStack, namespace: str, name: str) -> dict[str, Any]:
+    result = fairgate.run_cli("why", f"{namespace}/{name}", "--json",
+                              "--redis-url", fairgate.redis_url)
+    report: dict[str, Any] = yaml.safe_load(result.stdout)
+    return report
+
+
+def _running_once_created(core: Any, namespace: str, name: str) -> str | None:
+    """`running_node`, None while the controller has not created the pod yet."""
+    try:
+        return running_node(core, namespace, name)
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+
+
+def _delete_and_wait(delete: Any, read: Any, name: str, namespace: str) -> None:
+    """Delete a workload in the foreground (the garbage collector deletes its pods first)
+    and wait until it is gone."""
+    delete(name, namespace, propagation_policy="Foreground")
+
+    def gone() -> bool:
+        try:
+            read(name, namespace)
+        except ApiException as error:
+            return error.status == 404
+        return False
+
+    wait_for(gone, 60, f"{namespace}/{name} and its pods to be deleted")
+
+
+def test_a_deployment_past_quota_queues_its_extra_replicas_and_scaling_down_frees_quota(
+    controlplane: ControlPlane,
+    kubelet: FakeKubelet,
+    fairgate: FairgateStack,
+    tenant_pods: None,
+) -> None:
+    ns = tenant_namespace("team-b")  # nominal 4 GPUs, no borrowing
+    core = pods_api(controlplane, "team-b")
+    apps: Any = client.AppsV1Api(controlplane.admin)
+    labels = {"app": "serve"}
+    apps.create_namespaced_deployment(ns, {
+        "metadata": {"name": "serve"},
+        "spec": {"replicas": 6, "selector": {"matchLabels": labels},
+                 "template": _template({"nvidia.com/gpu": 1}, labels)},
+    })
+    try:
+        # The ReplicaSet controller creates 6 pods named serve-<hash>-<suffix>: 4 run, 2 wait.
+        running, gated = wait_for(
+            lambda: (lambda r, g: (r, g) if len(r) == 4 and len(g) == 2 else None)(
+                *_split(core, ns, "app=serve")),
+            60, "4 replicas running and 2 gated",
+        )
+        for name in gated:
+            assert name.startswith("serve-") and "*" not in name
+            queued = wait_for(partial(event_message, core, ns, name, "Queued"), 30,
+                              f"a Queued event on {name}")
+            assert "waiting for" in queued, queued
+            # `fairgate why` answers for the name `kubectl get pods` shows
+            report = _why(fairgate, ns, name)
+            assert report["verdict"] == "queued", report
+            assert report["pod"] == f"{ns}/{name}" and report["tenant"] == "team-b"
+        report = _why(fairgate, ns, running[0])
+        assert report["verdict"] == "running", report
+        assert fairgate.tenant_state("team-b")["used"] == 4.0
+
+        # Scale down to 3: the ReplicaSet deletes the waiting pods first, then one running
+        # pod; its GPU is free again and nothing stays queued.
+        apps.patch_namespaced_deployment_scale("serve", ns, {"spec": {"replicas": 3}})
+        wait_for(lambda: (lambda r, g: len(r) == 3 and not g and len(
+            _pods(core, ns, "app=serve")) == 3)(*_split(core, ns, "app=serve")),
+            60, "3 replicas running and none waiting")
+        wait_for(lambda: (lambda s: s.get("used") == 3.0 and not any(
+            s.get("queued", {}).values()))(fairgate.tenant_state("team-b")),
+            30, "fairgate to account 3 GPUs and no queue for team-b")
+        for name in gated:
+            assert _why(fairgate, ns, name)["verdict"] in ("ended", "unknown")
+    finally:
+        _delete_and_wait(apps.delete_namespaced_deployment, apps.read_namespaced_deployment,
+                         "serve", ns)
+
+
+def test_a_job_gang_is_released_whole_and_its_completions_free_usage(
+    controlplane: ControlPlane,
+    kubelet: FakeKubelet,
+    fairgate: FairgateStack,
+    tenant_pods: None,
+) -> None:
+    ns = tenant_namespace("team-b")  # nominal 4 GPUs, no borrowing
+    core = pods_api(controlplane, "team-b")
+    batch: Any = client.BatchV1Api(controlplane.admin)
+    core.create_namespaced_pod(ns, pod_manifest("first", {"nvidia.com/gpu": 2}))
+    wait_for(partial(running_node, core, ns, "first"), 30, "first to run")
+    labels = {"fairgate.io/pod-group": "sweep"}
+    template = _template({"nvidia.com/gpu": 1}, labels, {"fairgate.io/pod-group-size": "4"})
+    template["spec"]["restartPolicy"] = "Never"
+    batch.create_namespaced_job(ns, {
+        "metadata": {"name": "sweep"},
+        "spec": {"parallelism": 4, "completions": 4, "backoffLimit": 0,
+                 "template": template},
+    })
+    selector = "job-name=sweep"
+    try:
+        # 4 x 1 GPU next to first's 2: the gang does not fit whole, so all 4 wait.
+        gated = wait_for(lambda: (lambda r, g: g if len(g) == 4 and not r else None)(
+            *_split(core, ns, selector)), 60, "the Job's 4 pods to be created and gated")
+        wait_for(partial(event_message, core, ns, gated[-1], "Queued"), 30, "a Queued event")
+        report = _why(fairgate, ns, gated[0])
+        assert report["verdict"] == "queued", report
+        # the whole gang's 4 GPUs are asked for at once: 2 more than team-b has free
+        assert report["summary"].endswith("waiting for 2.00 GPU-eq of tenant quota"), report
+
+        kubelet.finish(ns, "first")
+        members = wait_for(lambda: (lambda r, g: r if len(r) == 4 else None)(
+            *_split(core, ns, selector)), 60, "the whole gang to run")
+        assert members == gated  # the same pods, released together
+        assert fairgate.tenant_state("team-b")["used"] == 4.0
+
+        for name in members:
+            kubelet.finish(ns, name)
+        wait_for(lambda: (batch.read_namespaced_job_status("sweep", ns).status.succeeded
+                          or 0) == 4, 60, "the Job to count 4 completions")
+        fairgate.wait_idle()  # the completions freed the gang's usage
+        assert _why(fairgate, ns, members[0])["verdict"] == "ended"
+    finally:
+        _delete_and_wait(batch.delete_namespaced_job, batch.read_namespaced_job, "sweep", ns)
+
+
+def test_a_statefulsets_inference_pods_each_get_inference_priority_and_mig_placement(
+    controlplane: ControlPlane,
+    kubelet: FakeKubelet,
+    fairgate: FairgateStack,
+    tenant_pods: None,
+) -> None:
+    ns = tenant_namespace("team-b")  # nominal includes 2 x mig-3g.40gb
+    core = pods_api(controlplane, "team-b")
+    apps: Any = client.AppsV1Api(controlplane.admin)
+    labels = {"app": "infer", "fairgate.io/class": "inference"}
+    apps.create_namespaced_stateful_set(ns, {
+        "metadata": {"name": "infer"},
+        "spec": {"replicas": 2, "serviceName": "infer",
+                 "selector": {"matchLabels": {"app": "infer"}},
+                 "template": _template({"nvidia.com/mig-3g.40gb": 1}, labels)},
+    })
+    try:
+        for name in ("infer-0", "infer-1"):  # created one after the other, once Running
+            node = wait_for(partial(_running_once_created, core, ns, name), 60,
+                            f"{name} to be created and run")
+            pod = core.read_namespaced_pod(name, ns)
+            assert pod.spec.priority_class_name == "fairgate-inference"
+            assert pod.metadata.labels["fairgate.io/class"] == "inference"
+            assert pod.metadata.annotations["fairgate.io/demand"] == "mig-3g.40gb=1"
+            admitted = {n.name for n in DEFAULT_GPU_NODES
+                        if required_affinity_admits(pod, n.labels())}
+            assert admitted == {n.name for n in DEFAULT_GPU_NODES if n.mig_strategy == "mixed"}
+            assert node in admitted
+            report = _why(fairgate, ns, name)
+            assert report["verdict"] == "running" and report["class"] == "inference", report
+        assert fairgate.tenant_state("team-b")["queued"] == {"inference": 0, "training": 0}
+    finally:
+        _delete_and_wait(apps.delete_namespaced_stateful_set, apps.read_namespaced_stateful_set,
+                         "infer", ns)
+
+
+def test_deleting_a_namespace_with_running_and_waiting_pods_leaves_nothing_behind(
+    controlplane: ControlPlane,
+    kubelet: FakeKubelet,
+    fairgate: FairgateStack,
+    tenant_pods: None,
+    make_namespace: Any,
+) -> None:
+    ns = make_namespace("team-b-tmp", {"fairgate.io/tenant": "team-b"})
+    admin: Any = client.CoreV1Api(controlplane.admin)
+    apps: Any = client.AppsV1Api(controlplane.admin)
+    admin.create_namespaced_pod(ns, pod_manifest("run", {"nvidia.com/gpu": 4}))
+    wait_for(partial(running_node, admin, ns, "run"), 30, "run to run")
+    labels = {"app": "extra"}
+    apps.create_namespaced_deployment(ns, {
+        "metadata": {"name": "extra"},
+        "spec": {"replicas": 2, "selector": {"matchLabels": labels},
+                 "template": _template({"nvidia.com/gpu": 1}, labels)},
+    })
+    waiting = wait_for(lambda: (lambda r, g: g if len(g) == 2 else None)(
+        *_split(admin, ns, "app=extra")), 60, "the Deployment's 2 pods to wait gated")
+    wait_for(lambda: _why(fairgate, ns, waiting[0])["verdict"] == "queued", 30,
+             "the dispatcher to see the waiting pods")
+    state = fairgate.tenant_state("team-b")
+    assert state["used"] == 4.0 and state["queued"]["training"] == 2
+
+    admin.delete_namespace(ns)  # the namespace controller deletes the Deployment and pods
+
+    def gone() -> bool:
+        try:
+            admin.read_namespace(ns)
+        except ApiException as error:
+            return error.status == 404
+        return False
+
+    wait_for(gone, 90, f"namespace {ns} to be deleted")
+    fairgate.wait_idle()  # no usage and no queue entry for team-b
+    for name in ("run", *waiting):
+        report = _why(fairgate, ns, name)
+        assert report["verdict"] == "ended", report  # no ticket left in the queue
+
+
+def test_a_job_pod_that_fails_and_is_retried_is_accounted_once(
+    controlplane: ControlPlane,
+    kubelet: FakeKubelet,
+    fairgate: FairgateStack,
+    tenant_pods: None,
+) -> None:
+    ns = tenant_namespace("team-b")  # nominal 4 GPUs, no borrowing
+    core = pods_api(controlplane, "team-b")
+    batch: Any = client.BatchV1Api(controlplane.admin)
+    template = _template({"nvidia.com/gpu": 3}, {})
+    template["spec"]["restartPolicy"] = "Never"
+    batch.create_namespaced_job(ns, {
+        "metadata": {"name": "retry"},
+        "spec": {"parallelism": 1, "completions": 1, "backoffLimit": 2,
+                 "template": template},
+    })
+    selector = "job-name=retry"
+    try:
+        first = wait_for(lambda: (lambda r, g: r[0] if r else None)(
+            *_split(core, ns, selector)), 60, "the Job's first pod to run")
+        assert fairgate.tenant_state("team-b")["used"] == 3.0
+        kubelet.finish(ns, first, "Failed")
+        # The Job controller creates a replacement (after its backoff); the failed pod's 3
+        # GPUs are freed, so the replacement fits the 4-GPU quota and runs: 3, never 6.
+        second = wait_for(lambda: (lambda r, g: next((n for n in r if n != first), None))(
+            *_split(core, ns, selector)), 90, "the Job to retry with a new pod that runs")
+        assert _why(fairgate, ns, first)["verdict"] == "ended"
+        assert _why(fairgate, ns, second)["verdict"] == "running"
+        state = fairgate.tenant_state("team-b")
+        assert state["used"] == 3.0 and not any(state["queued"].values()), state
+        kubelet.finish(ns, second)
+        wait_for(lambda: (batch.read_namespaced_job_status("retry", ns).status.succeeded
+                          or 0) == 1, 60, "the Job to succeed")
+        fairgate.wait_idle()
+    finally:
+        _delete_and_wait(batch.delete_namespaced_job, batch.read_namespaced_job, "retry", ns)
+
+
+def test_a_rolling_update_at_the_quota_edge_completes_and_never_runs_above_quota(
+    controlplane: ControlPlane,
+    kubelet: FakeKubelet,
+    fairgate: FairgateStack,
+    tenant_pods: None,
+) -> None:
+    ns = tenant_namespace("team-b")  # nominal 4 GPUs, no borrowing
+    core = pods_api(controlplane, "team-b")
+    apps: Any = client.AppsV1Api(controlplane.admin)
+    labels = {"app": "roll"}
+    apps.create_namespaced_deployment(ns, {
+        "metadata": {"name": "roll"},
+        "spec": {"replicas": 4, "selector": {"matchLabels": labels},
+                 "strategy": {"type": "RollingUpdate",
+                              "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 1}},
+                 "template": _template({"nvidia.com/gpu": 1}, labels)},
+    })
+    try:
+        old = wait_for(lambda: (lambda r, g: r if len(r) == 4 else None)(
+            *_split(core, ns, "app=roll")), 60, "4 replicas running")
+        # A new revision: the surge pod meets a full quota and waits; each old pod the
+        # Deployment takes down frees the GPU the next new pod is released onto.
+        apps.patch_namespaced_deployment("roll", ns, {"spec": {"template": {"metadata": {
+            "annotations": {"revision": "2"}}}}})
+        most = 0
+
+        def rolled() -> bool:
+            nonlocal most
+            running, _ = _split(core, ns, "app=roll")
+            most = max(most, len(running))
+            status = apps.read_namespaced_deployment_status("roll", ns).status
+            return (len(running) == 4 and not set(running) & set(old)
+                    and status.updated_replicas == 4 and status.available_replicas == 4)
+
+        wait_for(rolled, 120, "the rollout to complete", interval=0.1)
+        assert most <= 4, f"{most} replicas ran at once with a 4-GPU quota"
+        state = fairgate.tenant_state("team-b")
+        assert state["used"] == 4.0 and not any(state["queued"].values()), state
+    finally:
+        _delete_and_wait(apps.delete_namespaced_deployment, apps.read_namespaced_deployment,
+                         "roll", ns)

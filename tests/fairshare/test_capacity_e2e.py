@@ -26,7 +26,13 @@ from fairshare.kube import KubeCluster
 from fairshare.queue import FairQueue
 from fairshare.status import capacity_lines, status_report
 from tenants.resources import SLICES_PER_GPU, total_slices
-from tests.e2e.harness.controlplane import ControlPlane, build_controlplane
+from tests.e2e.harness.api import create_namespace
+from tests.e2e.harness.controlplane import (
+    CONTROLLERS,
+    NODE_LIFECYCLE,
+    ControlPlane,
+    build_controlplane,
+)
 from tests.e2e.harness.kubelet import GPU_TAINT, MERGE, STRATEGIC, FakeKubelet, GpuNode
 from tests.e2e.harness.pods import pod_manifest
 from tests.fairshare.simkit import make_config
@@ -42,7 +48,11 @@ WITHOUT_SPARE = {**ALL, "gpu": 8}
 
 @pytest.fixture(scope="module")
 def cluster_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, FakeKubelet]]:
-    cp = ControlPlane(build_controlplane(), tmp_path_factory.mktemp("capacity-e2e"))
+    # The tests play the node lifecycle controller themselves (its taints, on their
+    # schedule), and gpu-spare has no kubelet to renew a Lease: the controller is left out.
+    controllers = [c for c in CONTROLLERS if c != NODE_LIFECYCLE]
+    cp = ControlPlane(build_controlplane(), tmp_path_factory.mktemp("capacity-e2e"),
+                      controllers)
     cp.start()
     kubelet = FakeKubelet(cp)
     kubelet.register_nodes()
@@ -173,8 +183,7 @@ def test_gpus_of_pods_fairgate_does_not_manage_are_subtracted_until_they_end(
 ) -> None:
     kubelet = cluster_env[1]
     namespace = f"research-{uuid.uuid4().hex[:6]}"  # outside any fairgate selector
-    core.create_namespace({"metadata": {"name": namespace}})
-    core.create_namespaced_service_account(namespace, {"metadata": {"name": "default"}})
+    create_namespace(core, namespace)
     burn = pod_manifest("burn", {"nvidia.com/gpu": 3})
     burn["spec"]["nodeName"] = "gpu-a100-0"
     core.create_namespaced_pod(namespace, burn)

@@ -16,6 +16,7 @@ from kubernetes.client.exceptions import ApiException
 
 from fairshare.cluster import ChangeKind, ClusterChange, GpuPod, LiftOutcome
 from fairshare.kube import JSON_PATCH, KubeCluster
+from tests.e2e.harness.api import create_namespace
 from tests.e2e.harness.controlplane import ControlPlane, build_controlplane
 from tests.e2e.harness.kubelet import DEFAULT_GPU_NODES, FakeKubelet
 from tests.e2e.harness.pods import pod_manifest
@@ -48,8 +49,7 @@ def core(controlplane: ControlPlane) -> Any:
 @pytest.fixture
 def namespace(core: Any) -> Iterator[str]:
     name = f"kube-{uuid.uuid4().hex[:6]}"
-    core.create_namespace({"metadata": {"name": name}})
-    core.create_namespaced_service_account(name, {"metadata": {"name": "default"}})
+    create_namespace(core, name)
     yield name
     core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
 

@@ -20,7 +20,7 @@ from fairshare.status import (
     why_command,
     why_report,
 )
-from tests.fairshare.simkit import make_config
+from tests.fairshare.simkit import make_config, make_rig
 from tests.fairshare.tickets import pod_uid
 
 NOW = 1_700_000_000.0
@@ -288,3 +288,46 @@ def test_status_shows_capacity_held_and_for_whom(redis_client: redis.Redis,
     assert [r.ticket for r in q.dispatch(NOW + 4)] == ["b-big"]
     assert [(h["pod"], h["held"]) for h in status_report(q, NOW + 4)["held"]] == [
         ("team-a-dev/more", {"gpu": 0})]
+
+
+def test_why_explains_a_controllers_gated_pod_by_the_name_kubectl_shows(
+    redis_url: str
+) -> None:
+    """A ReplicaSet's pod is admitted as ``serve-7d9f-*`` (the API server names it after
+    admission) and queued. Once the dispatcher has seen the pod, ``fairgate why`` answers
+    for its real name with the webhook's record joined, and still does after release."""
+    audit = AuditLog(redis.Redis.from_url(redis_url), out=io.StringIO())
+    rig = make_rig(redis_url, {"team-b": {"weight": 1, "nominal": {"gpu": 1}}}, {"gpu": 1},
+                   audit=audit)
+    first = rig.pod("first", tenant="team-b", duration=10)
+    gated = rig.pod("serve-7d9f-*", tenant="team-b", duration=10)
+    assert not first.gated and gated.gated
+    name = gated.ref.name
+    assert name.startswith("serve-7d9f-") and name != "serve-7d9f-*"
+    # the webhook's record names the pod as it was admitted
+    audit.record(QUEUE, uid=gated.ticket, tenant="team-b", namespace="team-b-ns",
+                 name="serve-7d9f-*", pod_class="training", demand="gpu=1",
+                 reason="waiting for 1 x gpu of cluster capacity")
+    ref = f"team-b-ns/{name}"
+    out = io.StringIO()
+    assert why_command(redis_url, ref, json_out=True, out=out) == 0
+    assert json.loads(out.getvalue())["verdict"] == "unknown"  # the dispatcher has not seen it
+
+    rig.settle()  # the dispatcher sees the pod: its ticket takes the pod's name
+    out = io.StringIO()
+    assert why_command(redis_url, ref, json_out=True, out=out) == 0
+    report = json.loads(out.getvalue())
+    assert report["pod"] == ref and report["verdict"] == "queued"
+    assert report["ticket"] == gated.ticket and report["tenant"] == "team-b"
+    assert report["summary"].startswith("queued: position 1 of 1 for team-b/training")
+    assert [line.split(" ", 1)[1] for line in report["history"]] == [
+        "queue: waiting for 1 x gpu of cluster capacity"]  # the webhook's record, joined
+
+    rig.at(1_010.0)  # first ends: the controller's pod is released under its own name
+    admitted = [e for e in rig.cluster.events if e.reason == "Admitted"]
+    assert [e.pod for e in admitted] == [gated.ref]
+    out = io.StringIO()
+    assert why_command(redis_url, ref, out=out) == 0
+    text = out.getvalue()
+    assert text.startswith(f"{ref}: released as training at ")
+    assert "queue: waiting for 1 x gpu" in text and "dispatch: released as training" in text

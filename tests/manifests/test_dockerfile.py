@@ -12,6 +12,7 @@ import fnmatch
 import os
 import re
 import shutil
+import site
 import subprocess
 import sys
 import tomllib
@@ -218,12 +219,38 @@ def test_wheel_holds_every_package_and_script(wheel: Path) -> None:
     assert not [d for d in data if d not in names]
 
 
+def running_site_dirs() -> list[str]:
+    """The site-packages directories the running interpreter imports from, where the
+    wheel's dependencies are: a virtualenv's (plus the base's when it includes them),
+    the system's, and the user's (``pip install --user``) when user site is enabled."""
+    dirs = [*site.getsitepackages()]
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    return [d for d in dirs if Path(d).is_dir()]
+
+
+def venv_seeing_running_packages(env_dir: Path) -> Path:
+    """A fresh virtualenv at ``env_dir`` whose interpreter also imports the running
+    interpreter's installed packages (:func:`running_site_dirs`, listed after its own
+    site-packages by a ``.pth`` file, so what is installed in the venv wins); its
+    python. ``system_site_packages`` would not do: it names the *base* interpreter's,
+    which lack the dependencies when the tests run in a virtualenv."""
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    python = env_dir / "bin" / "python"
+    own = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()
+    (Path(own) / "running-interpreter.pth").write_text("\n".join(running_site_dirs()) + "\n")
+    return python
+
+
 @pytest.mark.slow
 def test_installed_wheel_runs_the_console_script(wheel: Path, tmp_path: Path) -> None:
-    """What the final stage does: install the wheel alone and run `fairgate`."""
+    """What the final stage does: install the wheel alone (its dependencies are the
+    running interpreter's) and run `fairgate`."""
     env_dir = tmp_path / "venv"
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
-    python = env_dir / "bin" / "python"
+    python = venv_seeing_running_packages(env_dir)
     subprocess.run(
         [
             sys.executable,

@@ -15,7 +15,7 @@ from functools import partial
 from typing import Any
 
 import pytest
-from harness.api import JSON_PATCH, MERGE_PATCH, refusal
+from harness.api import JSON_PATCH, MERGE_PATCH, create_namespace, refusal
 from harness.controlplane import ControlPlane
 from harness.fairgate import (
     GATE,
@@ -132,8 +132,7 @@ def stamps(controlplane: ControlPlane, fairgate: FairgateStack) -> Iterator[None
     bindings asynchronously: a dry-run probe shows when it refuses)."""
     admin: Any = client.CoreV1Api(controlplane.admin)
     namespace = "stamps-probe"
-    admin.create_namespace({"metadata": {"name": namespace}})
-    admin.create_namespaced_service_account(namespace, {"metadata": {"name": "default"}})
+    create_namespace(admin, namespace)
     admin.create_namespaced_pod(
         namespace,
         pod_manifest("probe", labels={"fairgate.io/class": "probe"}, tolerate_gpu=False),

@@ -31,6 +31,7 @@ from fairshare.kube import KubeCluster
 from fairshare.model import Admission, PodRequest
 from fairshare.queue import FairQueue
 from tenants.models import FairgateConfig
+from tests.e2e.harness.api import create_namespace
 from tests.e2e.harness.controlplane import ControlPlane
 from tests.e2e.harness.kubelet import FakeKubelet
 from tests.e2e.harness.pods import pod_manifest
@@ -74,9 +75,7 @@ class Rig:
 
     def namespace(self, tenant: str) -> str:
         name = f"{tenant}-{uuid.uuid4().hex[:6]}"
-        self.core.create_namespace({"metadata": {"name": name,
-                                                 "labels": {"fairgate.io/tenant": tenant}}})
-        self.core.create_namespaced_service_account(name, {"metadata": {"name": "default"}})
+        create_namespace(self.core, name, {"fairgate.io/tenant": tenant})
         self.namespaces.append(name)
         return name
 

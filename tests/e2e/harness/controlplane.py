@@ -1,4 +1,5 @@
-"""A real Kubernetes control plane (etcd, kube-apiserver, kube-scheduler) on loopback.
+"""A real Kubernetes control plane (etcd, kube-apiserver, kube-scheduler,
+kube-controller-manager with the CONTROLLERS workloads need) on loopback.
 
 The binaries come from `tests/e2e/controlplane/build.sh` (built from Go modules). Every
 process listens on a free 127.0.0.1 port; all state lives in one work directory.
@@ -15,7 +16,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -39,24 +40,50 @@ ADMISSION_PLUGINS = (
     "ResourceQuota",
 )
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+# The kube-controller-manager controllers the e2e cluster runs: what Deployments,
+# StatefulSets and Jobs need, plus namespace deletion, `default` ServiceAccounts, garbage
+# collection of owned objects and node lifecycle (the not-ready taint).
+NODE_LIFECYCLE = "node-lifecycle-controller"
+CONTROLLERS = (
+    "replicaset-controller",
+    "deployment-controller",
+    "statefulset-controller",
+    "job-controller",
+    "garbage-collector-controller",
+    "namespace-controller",
+    "serviceaccount-controller",
+    NODE_LIFECYCLE,
+)
 
 
 class ControlPlaneError(RuntimeError):
     """The control plane could not be built or started; the message says which part and why."""
 
 
-def build_controlplane() -> Path:
-    """Build (or reuse the cached) control plane binaries and return their directory."""
+def build_controlplane(progress: Callable[[str], None] | None = None) -> Path:
+    """Build (or reuse the cached) control plane binaries and return their directory.
+
+    `progress` gets each line build.sh prints as it prints it (what it builds, how long
+    a cold build takes, each binary done), so a caller can show a long build's progress.
+    """
     cache = Path(
         os.environ.get("FAIRGATE_CP_CACHE", Path.home() / ".cache" / "fairgate-controlplane")
     )
-    result = subprocess.run(
-        ["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, check=False
-    )
-    if result.returncode != 0:
+    lines: list[str] = []
+    with subprocess.Popen(
+        ["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True,
+    ) as build:
+        assert build.stdout is not None
+        for line in build.stdout:
+            lines.append(line.rstrip("\n"))
+            if progress is not None:
+                progress(lines[-1])
+    if build.returncode != 0:
+        output = "\n".join(lines)[-8000:]
         raise ControlPlaneError(
-            f"{BUILD_SCRIPT} failed (exit {result.returncode}); it needs Go 1.26+ and the Go "
-            f"module proxy.\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+            f"{BUILD_SCRIPT} failed (exit {build.returncode}); it needs Go 1.26+ and the Go "
+            f"module proxy.\n{output}"
         )
     return cache / "bin"
 
@@ -137,10 +164,16 @@ def wait_until_ok(
 
 
 class ControlPlane:
-    """etcd + kube-apiserver + kube-scheduler, started by `start()` and stopped by `stop()`."""
+    """etcd + kube-apiserver + kube-scheduler + kube-controller-manager, started by
+    `start()` and stopped by `stop()`."""
 
-    def __init__(self, bin_dir: Path, work_dir: Path) -> None:
+    def __init__(
+        self, bin_dir: Path, work_dir: Path, controllers: Sequence[str] = CONTROLLERS
+    ) -> None:
+        """`controllers`: the kube-controller-manager controllers to run (a test that
+        plays one of them itself, e.g. the node lifecycle, leaves it out)."""
         self.bin_dir = bin_dir
+        self.controllers = tuple(controllers)
         self.work_dir = work_dir
         self.pki_dir = work_dir / "pki"
         self.log_dir = work_dir / "logs"
@@ -157,12 +190,13 @@ class ControlPlane:
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self, timeout: float = 180.0) -> None:
-        """Start all three processes and return once the API server and scheduler are ready."""
+        """Start every process and return once each is ready (healthy)."""
         self.services.start()
         try:
             etcd_url = self._start_etcd(timeout)
             self._start_apiserver(etcd_url, timeout)
             self._start_scheduler(timeout)
+            self._start_controller_manager(timeout)
         except BaseException:
             self.stop()
             raise
@@ -244,16 +278,21 @@ class ControlPlane:
         )
         wait_until_ok(f"{self.url}/readyz", self._tls_context(), [apiserver], timeout)
 
-    def _start_scheduler(self, timeout: float) -> None:
+    def _start_component(
+        self, name: str, args: Sequence[str], ready_path: str, timeout: float
+    ) -> None:
+        """Start `name` (kube-scheduler, kube-controller-manager) as the user
+        `system:<name>` that RBAC's bootstrap roles know, serving TLS on a free port,
+        and wait until `ready_path` answers 200."""
         port = free_port()
         serving = self.ca.issue(
-            "scheduler-serving", "kube-scheduler", server=True, ip_addresses=["127.0.0.1"]
+            f"{name}-serving", name, server=True, ip_addresses=["127.0.0.1"]
         )
-        kubeconfig = self.kubeconfig_for("system:kube-scheduler")
-        scheduler = self._spawn(
-            "kube-scheduler",
+        kubeconfig = self.kubeconfig_for(f"system:{name}")
+        process = self._spawn(
+            name,
             [
-                str(self.bin_dir / "kube-scheduler"),
+                str(self.bin_dir / name),
                 f"--kubeconfig={kubeconfig}",
                 f"--authentication-kubeconfig={kubeconfig}",
                 f"--authorization-kubeconfig={kubeconfig}",
@@ -262,13 +301,31 @@ class ControlPlane:
                 f"--secure-port={port}",
                 f"--tls-cert-file={serving.cert}",
                 f"--tls-private-key-file={serving.key}",
+                *args,
                 "--v=1",
             ],
         )
         wait_until_ok(
-            f"https://127.0.0.1:{port}/readyz",
+            f"https://127.0.0.1:{port}{ready_path}",
             self._tls_context(),
-            [scheduler, *self.processes],
+            [process, *self.processes],
+            timeout,
+        )
+
+    def _start_scheduler(self, timeout: float) -> None:
+        self._start_component("kube-scheduler", [], "/readyz", timeout)
+
+    def _start_controller_manager(self, timeout: float) -> None:
+        """The controllers asked for (default CONTROLLERS), each with its own ServiceAccount
+        credentials as in a kubeadm cluster, so pods they create are admitted as
+        `system:serviceaccount:kube-system:<controller>`."""
+        self._start_component(
+            "kube-controller-manager",
+            [
+                f"--controllers={','.join(self.controllers)}",
+                "--use-service-account-credentials=true",
+            ],
+            "/healthz",
             timeout,
         )
 

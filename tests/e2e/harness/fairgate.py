@@ -28,6 +28,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from .api import create_namespace
 from .controlplane import REPO, ControlPlane, Process, free_port, wait_until_ok
 from .manifests import WEBHOOK_KINDS, Manifest, apply, load_kustomization, with_ca_bundle
 from .pods import pod_manifest
@@ -181,10 +182,7 @@ class FairgateStack:
     def _create_tenant_namespace(self, tenant: str) -> None:
         namespace = tenant_namespace(tenant)
         core: Any = client.CoreV1Api(self.cp.admin)
-        core.create_namespace(
-            {"metadata": {"name": namespace, "labels": {"fairgate.io/tenant": tenant}}}
-        )
-        core.create_namespaced_service_account(namespace, {"metadata": {"name": "default"}})
+        create_namespace(core, namespace, {"fairgate.io/tenant": tenant})
         _, groups = tenant_user(tenant)
         rbac: Any = client.RbacAuthorizationV1Api(self.cp.admin)
         rbac.create_namespaced_role(
@@ -323,6 +321,11 @@ class FairgateStack:
         for process in (self.webhook, self.dispatcher):
             if process is not None:
                 process.check_alive()
+
+    @property
+    def webhook_configurations(self) -> list[Manifest]:
+        """fairgate's Mutating- and ValidatingWebhookConfiguration, as installed."""
+        return list(self._webhooks)
 
     def install_webhooks(self, kinds: Sequence[str] = WEBHOOK_KINDS) -> None:
         """(Re)apply the webhook configurations `fairgate` of `kinds`, in that order."""

@@ -21,7 +21,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from .api import MERGE_PATCH
+from .api import MERGE_PATCH, create_namespace
 from .controlplane import ControlPlane, ControlPlaneError, build_controlplane
 from .fairgate import QUOTA_YAML, FairgateStack, tenant_namespace
 from .kubelet import FakeKubelet
@@ -36,11 +36,14 @@ def _is_e2e(item: pytest.Item) -> bool:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Build the control plane before the first e2e test, outside any test timeout."""
+    """Build the control plane before the first e2e test, outside any test timeout,
+    showing build.sh's progress (a cold build takes minutes) on the terminal."""
     global _bin_dir
     if any(_is_e2e(item) for item in session.items):
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        progress = reporter.write_line if reporter is not None else None
         try:
-            _bin_dir = build_controlplane()
+            _bin_dir = build_controlplane(progress)
         except ControlPlaneError as error:
             raise pytest.UsageError(str(error)) from error
 
@@ -127,18 +130,15 @@ NamespaceFactory = Callable[..., str]
 
 @pytest.fixture
 def make_namespace(controlplane: ControlPlane) -> Iterator[NamespaceFactory]:
-    """Create namespaces (with their `default` ServiceAccount); clean their pods up after.
-
-    There is no controller-manager, so this does what its controllers would: it creates
-    the `default` ServiceAccount and, at teardown, deletes the pods before the namespace.
-    """
+    """Create namespaces (returned once their `default` ServiceAccount exists); clean
+    their pods up after (deleted at once, so their GPUs are free for the next test),
+    then delete the namespaces."""
     core: Any = client.CoreV1Api(controlplane.admin)
     created: list[str] = []
 
     def make(prefix: str = "e2e", labels: Mapping[str, str] | None = None) -> str:
         name = f"{prefix}-{uuid.uuid4().hex[:6]}"
-        core.create_namespace({"metadata": {"name": name, "labels": dict(labels or {})}})
-        core.create_namespaced_service_account(name, {"metadata": {"name": "default"}})
+        create_namespace(core, name, labels)
         created.append(name)
         return name
 

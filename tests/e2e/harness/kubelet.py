@@ -22,8 +22,10 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from .controlplane import ControlPlane
+from .controlplane import NODE_LIFECYCLE, ControlPlane
+from .waiting import wait_for
 
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 STRATEGIC = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"
@@ -163,6 +165,7 @@ class FakeKubelet:
             n.name: client.CoordinationV1Api(controlplane.client_for(n.user, ["system:nodes"]))
             for n in self.nodes
         }
+        self._lifecycle = NODE_LIFECYCLE in controlplane.controllers
         self._interval = interval
         self._heartbeat_seconds = heartbeat_seconds
         self._requests: queue.Queue[_Finish] = queue.Queue()
@@ -176,15 +179,17 @@ class FakeKubelet:
     def register_nodes(self) -> None:
         """Create the Node objects (as the admin, like a provisioner) and their Leases.
 
-        The API server taints new nodes `node.kubernetes.io/not-ready`; with no
-        controller-manager running, this lifts that taint as its node lifecycle
-        controller would for a Ready node.
+        The API server taints new nodes `node.kubernetes.io/not-ready`; the node
+        lifecycle controller lifts it from a Ready node, and this returns once it has.
+        When the control plane runs without that controller, this lifts the taint
+        itself, as the controller would.
         """
         for node in self.nodes:
             self._admin.create_node(node.manifest())
-            self._admin.patch_node(
-                node.name, {"spec": {"taints": [GPU_TAINT]}}, _content_type=MERGE
-            )
+            if not self._lifecycle:
+                self._admin.patch_node(
+                    node.name, {"spec": {"taints": [GPU_TAINT]}}, _content_type=MERGE
+                )
             self._leases[node.name].create_namespaced_lease(
                 "kube-node-lease",
                 {
@@ -195,6 +200,15 @@ class FakeKubelet:
                         "renewTime": _now_micro(),
                     },
                 },
+            )
+        for node in self.nodes:
+            wait_for(
+                lambda name=node.name: not [
+                    t for t in self._admin.read_node(name).spec.taints or []
+                    if t.key == NOT_READY_TAINT
+                ],
+                60,
+                f"the node lifecycle controller to lift the not-ready taint of {node.name}",
             )
 
     def start(self) -> None:

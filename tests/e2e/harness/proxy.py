@@ -6,6 +6,9 @@ with `HTTPS_PROXY` pointing at this HTTP CONNECT proxy, which tunnels each regis
 `<host>:<port>` to a process on a loopback port. TLS stays end to end between the API
 server and the webhook; the proxy only copies bytes. Unknown names get `403`, a
 registered name whose process is down gets `502`, so the API server's error says so.
+Both legs of a tunnel set `TCP_NODELAY`, as kube-proxy's packet forwarding adds no
+Nagle delay: otherwise a response written as two TLS records waits for the peer's
+delayed ACK (about 40 ms) and the latency measured is the proxy's.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ class _Handler(socketserver.StreamRequestHandler):
             self.wfile.write(b"HTTP/1.1 502 Bad Gateway\r\n\r\n")
             return
         upstream.settimeout(None)
+        for leg in (upstream, self.connection):
+            leg.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.wfile.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         self.wfile.flush()
         with upstream:
