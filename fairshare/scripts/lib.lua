@@ -798,16 +798,21 @@ end
 -- use / weight < capacity slices / (summed weight of the tenants with a ready entry of
 -- the tier). That share is at most the tenant's water-filled entitlement, so a tenant
 -- at or above its entitlement is never below it.
+-- `bw`: {tier = summed weight} read once per plan (nothing writes bw during one).
 local CAP_SLICES = nil
-local function below_share(top, tier)
+local function below_share(top, tier, bw)
   if not CAP_SLICES then
     CAP_SLICES = 0
     local flat = redis.call('HGETALL', K_CAP)
     for i = 1, #flat, 2 do CAP_SLICES = CAP_SLICES + slices_of(flat[i]) * tonumber(flat[i + 1]) end
   end
-  local w = tonumber(redis.call('HGET', P .. 'bw', tier) or '0')
-  local used = usage_slices(state_of(top.tenant))
-  return w > 0 and used * w < CAP_SLICES * cfg_of(top.tenant).w
+  if bw[tier] == nil then bw[tier] = tonumber(redis.call('HGET', P .. 'bw', tier) or '0') end
+  local w = bw[tier]
+  if w <= 0 then return false end
+  -- only the usage fields: the whole state (lane heads, queue counters) is not needed
+  local u = redis.call('HMGET', P .. 'ts:' .. top.tenant, 'ui', 'ut', 'ub')
+  local used = usage_slices({ui = u[1], ut = u[2], ub = u[3]})
+  return used * w < CAP_SLICES * cfg_of(top.tenant).w
 end
 
 local function holds_any(G, D)
@@ -829,13 +834,13 @@ end
 -- past the others), and the held tops.
 local function plan(tops, tier, stop, counts)
   local G = {i = {}, t = {}, b = {}}
-  local held = {}
+  local held, bw = {}, {}
   for _, top in ipairs(tops) do
     if stop and not before(top, stop) then break end
     if cap_check(top.D, G, false) == nil then
       if not counts or shares_resource(top.D, counts) then return G, top, held end
     elseif top.blocked and not holds_any(G, top.D) and cap_check(top.D, nil, true) == nil
-        and below_share(top, tier) then
+        and below_share(top, tier, bw) then
       for _, band in ipairs(BAND_ORDER) do
         for k, v in pairs(top.D[band]) do G[band][k] = (G[band][k] or 0) + v end
       end
