@@ -89,7 +89,7 @@ class ConfigMapChecker:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="fairgate-configmap-check")
         self._lock = threading.Lock()
         self._child: subprocess.Popen[bytes] | None = None
-        self._checking_since: float | None = None
+        self._checking_deadline: float | None = None
 
     def start(self) -> None:
         """Start the child and wait until it is ready (about a second: its imports).
@@ -136,7 +136,7 @@ class ConfigMapChecker:
         if remaining <= 0:  # queued behind other checks, or waited for a new child
             return ("over", None)
         assert child.stdin is not None and child.stdout is not None
-        self._checking_since = time.monotonic()
+        self._checking_deadline = deadline
         try:
             write_frame(child.stdin, pickle.dumps((remaining, payload)))
             reply: tuple[str, Any] = pickle.loads(read_frame(child.stdout))
@@ -145,7 +145,7 @@ class ConfigMapChecker:
             self._kill(child)
             raise CheckerError(f"the ConfigMap worker process failed: {exc}") from exc
         finally:
-            self._checking_since = None
+            self._checking_deadline = None
 
     def _ready_child(self) -> subprocess.Popen[bytes]:
         """The running child, started (and waited for) if there is none."""
@@ -170,10 +170,11 @@ class ConfigMapChecker:
     # -- from any thread -------------------------------------------------------------
 
     def _kill_if_stuck(self) -> None:
-        """Kill the child when the check it runs is past its budget and margin."""
-        since, child = self._checking_since, self._child
-        overdue = self.budget_seconds + self.margin_seconds
-        if since is not None and child is not None and time.monotonic() - since >= overdue:
+        """Kill the child when the check it runs is past its deadline and margin (the
+        check's deadline counts from its review's call, not from when the child got it)."""
+        deadline, child = self._checking_deadline, self._child
+        if (deadline is not None and child is not None
+                and time.monotonic() >= deadline + self.margin_seconds):
             self._kill(child)
 
     def _kill(self, child: subprocess.Popen[bytes] | None = None) -> None:

@@ -22,11 +22,13 @@ PLATFORM = parse_platform(
 )
 CONFIG = FairgateConfig(platform=PLATFORM,
                         quotas={"team-a": parse_quota("nominal: {gpu: 8}", "team-a", PLATFORM)})
-# A platform.yaml of 2,000 tenants (~250 KB): platform admins' documents have no node cap,
-# and this one takes well over 0.3 s to parse and validate.
-SLOW = "tenants:\n" + "".join(
-    f"  t{i}: {{weight: 1, ceiling: {{gpuEquivalents: 1}}, admins: {{groups: [g{i}]}}}}\n"
-    for i in range(2000))
+
+
+def _platform_of(tenants: int) -> str:
+    """A platform.yaml of ``tenants`` tenants: platform admins' documents have no node cap."""
+    return "tenants:\n" + "".join(
+        f"  t{i}: {{weight: 1, ceiling: {{gpuEquivalents: 1}}, admins: {{groups: [g{i}]}}}}\n"
+        for i in range(tenants))
 
 
 def _arguments(text: str) -> dict[str, Any]:
@@ -59,19 +61,29 @@ def test_the_worker_gives_the_in_process_verdict(checker: ConfigMapChecker) -> N
         assert verdict == review_configmap(**_arguments(text))
 
 
-def test_a_check_over_budget_is_stopped_by_the_worker_which_stays_up(
-    checker: ConfigMapChecker,
-) -> None:
-    pid = _child_pid(checker)
-    started = time.monotonic()
+def test_a_check_over_budget_is_stopped_by_the_worker_which_stays_up() -> None:
+    """The budget is a quarter of what the largest platform.yaml under the size cap costs
+    this machine in process (CI machines differ several-fold in speed)."""
     platform_edit = {**_arguments(""), "name": "fairgate-platform",
-                     "new_data": {"platform.yaml": SLOW}, "old_data": None,
+                     "new_data": {"platform.yaml": _platform_of(3300)}, "old_data": None,
                      "groups": ("system:masters",)}
-    with pytest.raises(CheckOverBudget, match=r"not checked within fairgate's 0\.3 s budget"):
-        asyncio.run(checker.review(**platform_edit))
-    assert time.monotonic() - started < 0.3 + 0.2
-    assert _child_pid(checker) == pid, "the child stopped the check itself"
-    assert asyncio.run(checker.review(**_arguments("nominal: {gpu: 2}"))).allowed
+    started = time.monotonic()
+    in_process = review_configmap(**platform_edit)
+    budget = round(max(0.02, (time.monotonic() - started) / 4), 3)
+    assert "cap" not in in_process.message, "the document must be under the size cap"
+    checker = ConfigMapChecker(budget_seconds=budget, margin_seconds=0.2)
+    checker.start()
+    try:
+        pid = _child_pid(checker)
+        started = time.monotonic()
+        with pytest.raises(CheckOverBudget,
+                           match=rf"not checked within fairgate's {budget:g} s budget"):
+            asyncio.run(checker.review(**platform_edit))
+        assert time.monotonic() - started < budget + 0.2
+        assert _child_pid(checker) == pid, "the child stopped the check itself"
+        assert asyncio.run(checker.review(**_arguments("nominal: {gpu: 2}"))).allowed
+    finally:
+        checker.stop()
 
 
 def test_a_silent_worker_is_killed_at_budget_plus_margin_and_replaced(
@@ -92,11 +104,15 @@ def test_a_silent_worker_is_killed_at_budget_plus_margin_and_replaced(
 def test_a_dead_worker_is_replaced_by_the_next_check(checker: ConfigMapChecker) -> None:
     """The check that meets the dead child fails (CheckerError), or, when the death was
     already seen, waits for a new child (about a second of imports) and is refused over
-    budget; a later check is checked by the new child."""
+    budget, or (on a fast machine) is checked by the new child within the budget; a later
+    check is checked by the new child."""
     pid = _child_pid(checker)
     os.kill(pid, signal.SIGKILL)
-    with pytest.raises((CheckerError, CheckOverBudget)):
-        asyncio.run(checker.review(**_arguments("nominal: {gpu: 2}")))
+    try:
+        assert asyncio.run(checker.review(**_arguments("nominal: {gpu: 2}"))).allowed
+        assert _child_pid(checker) != pid
+    except (CheckerError, CheckOverBudget):
+        pass
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
