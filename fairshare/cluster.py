@@ -4,7 +4,9 @@ Contract:
 - A :class:`GpuPod` is what fairgate needs to know about a pod the webhook stamped
   (label ``fairgate.io/tenant`` and annotation ``fairgate.io/ticket``): its ticket, tenant,
   class, priority band, demand, gang, phase, whether it still carries the
-  ``fairgate.io/queue`` gate, node, creation time and whether it is being deleted.
+  ``fairgate.io/queue`` gate, node, creation time, whether it is being deleted and
+  whether the scheduler reports it unschedulable (``PodScheduled=False``, reason
+  ``Unschedulable``, and no node nominated for it by preemption).
 - A :class:`Cluster` lists and watches such pods, reports the GPU capacity that fairgate's
   pods can use (short resource names) and why the rest is not counted
   (:class:`CapacityReport`), lifts the gate of one pod and posts Events on pods.
@@ -27,6 +29,10 @@ from tenants.models import PodClass, PriorityBand
 
 DEFAULT_NOT_READY_GRACE = 40.0
 """Seconds a node may be not Ready and still count as capacity (``--not-ready-grace``)."""
+DEFAULT_UNSCHEDULABLE_GRACE = 60.0
+"""Seconds a released pod may be reported ``Unschedulable`` before the dispatcher catches it
+(``--unschedulable-grace``): longer than the default ``--not-ready-grace`` and than the
+scheduler takes to retry a pod after a cluster change."""
 PodPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Unknown"]
 EventType = Literal["Normal", "Warning"]
 
@@ -70,6 +76,10 @@ class GpuPod:
     node: str | None
     created: float
     deleting: bool = False
+    unschedulable: str | None = None
+    """The scheduler's message while it reports the pod ``PodScheduled=False`` with reason
+    ``Unschedulable`` and has nominated no node for it (a nominated node means preemption
+    victims are on their way out: the capacity is there); None otherwise."""
 
     @property
     def finished(self) -> bool:

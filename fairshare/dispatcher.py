@@ -21,6 +21,18 @@ Contract:
   cluster's :class:`~fairshare.cluster.CapacityReport` (nodes left out and why, GPUs held
   by pods fairgate does not manage) for ``fairgate status``
   (:meth:`FairQueue.write_capacity_notes`).
+- Unschedulable releases (issue 13): a released pod that is not bound and that the
+  scheduler reports ``Unschedulable`` (:attr:`GpuPod.unschedulable`) for longer than
+  ``unschedulable_grace`` seconds (timed from when this dispatcher first saw it so) is
+  *caught*: it gets a ``Unschedulable`` Warning Event saying why and what fairgate does,
+  ``fairgate_unschedulable_releases_total`` counts it, and its demand is withheld from the
+  capacity pushed into the queue (never below 0) until it is bound, ends or is deleted,
+  so no other pod is released into capacity that is evidently not there and the stuck
+  pod gets the next capacity that frees. It stays counted against its tenant's quota
+  (a pod that may be bound at any moment must be: invariant 1). Gates cannot be put back
+  on an existing pod and fairgate never deletes a pod; the Event tells its owner to fix or
+  delete it. The capacity notes (``fairgate status``, ``fairgate why``) list the caught pods
+  (``unschedulable``) and what is withheld (``withheld``).
 - Gates of one dispatch round are lifted by ``lift_workers`` threads (the cluster must be
   thread-safe then); everything else (Redis, metrics, audit) happens in the caller.
 - Several dispatchers may run on one queue: ``dispatch`` hands each queue unit to exactly
@@ -48,7 +60,15 @@ import redis
 
 from audit import DISPATCH, RELEASE, AuditLog
 from fairshare.calls import UnknownTenantError
-from fairshare.cluster import ChangeKind, Cluster, ClusterChange, GpuPod, LiftOutcome
+from fairshare.cluster import (
+    DEFAULT_UNSCHEDULABLE_GRACE,
+    CapacityReport,
+    ChangeKind,
+    Cluster,
+    ClusterChange,
+    GpuPod,
+    LiftOutcome,
+)
 from fairshare.metrics import DispatcherMetrics
 from fairshare.model import Release, TenantStatus
 from fairshare.queue import FairQueue
@@ -77,6 +97,7 @@ class DispatcherSettings:
     idle_wait: float = 1.0  # how long run() waits for cluster changes
     unseen_grace: float = 30.0  # a released ticket whose pod never shows up: reconcile
     lift_workers: int = 8  # gates lifted in parallel (1: in order, in the caller's thread)
+    unschedulable_grace: float = DEFAULT_UNSCHEDULABLE_GRACE  # released, Unschedulable: caught
 
 
 @dataclass
@@ -86,6 +107,21 @@ class StepResult:
     released: list[Release] = field(default_factory=list)
     requeued: list[str] = field(default_factory=list)
     reconciled: bool = False
+
+
+@dataclass
+class _Stuck:
+    """A released, unbound pod the scheduler reports Unschedulable, seen so since ``since``;
+    ``caught`` once it was so for longer than the grace."""
+
+    pod: GpuPod
+    since: float
+    caught: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pod": str(self.pod.ref), "ticket": self.pod.ticket,
+                "tenant": self.pod.tenant, "demand": dict(self.pod.demand),
+                "since": self.since, "message": self.pod.unschedulable or ""}
 
 
 @dataclass
@@ -135,6 +171,9 @@ class Dispatcher:
         self._posted: dict[str, _Posted] = {}
         self._twins: set[str] = set()  # uids of pods told that their ticket is another's
         self._unseen: dict[str, tuple[Release, float]] = {}  # released, pod not seen yet
+        self._stuck: dict[str, _Stuck] = {}  # ticket -> released pod reported Unschedulable
+        self._report: CapacityReport | None = None  # the cluster's, as last read
+        self._noted: list[dict[str, Any]] | None = None  # caught pods as last written
         self._pool = (
             ThreadPoolExecutor(self.settings.lift_workers, thread_name_prefix="lift-gate")
             if self.settings.lift_workers > 1 else None
@@ -148,20 +187,36 @@ class Dispatcher:
         config = self.config()
         if config is None:
             return False
-        report = None
-        if force or self._capacity is None:
-            report = self.cluster.capacity_report()
-            self._capacity = dict(report.total)
-        capacity = dict(config.platform.capacity) or self._capacity
+        read = force or self._capacity is None
+        if read:
+            self._report = self.cluster.capacity_report()
+            self._capacity = dict(self._report.total)
+        assert self._capacity is not None
+        withheld = self.withheld()
+        capacity = _less(dict(config.platform.capacity) or self._capacity, withheld)
         if force or self._synced is None or self._synced[0] is not config \
                 or self._synced[1] != capacity:
             self.queue.sync_config(config, capacity)
             self._synced = (config, capacity)
             self.metrics.observe_capacity(capacity)
-        if report is not None:
-            self.queue.write_capacity_notes({**report.to_json(), "at": self.clock(),
-                                             "override": bool(config.platform.capacity)})
+        caught = [s.to_json() for s in self._stuck.values() if s.caught]
+        if self._report is not None and (read or caught != self._noted):
+            self.queue.write_capacity_notes({
+                **self._report.to_json(), "at": self.clock(),
+                "override": bool(config.platform.capacity),
+                "withheld": withheld, "unschedulable": caught,
+            })
+            self._noted = caught
         return True
+
+    def withheld(self) -> dict[str, int]:
+        """The capacity withheld for caught unschedulable releases: their demand, summed."""
+        total: dict[str, int] = {}
+        for stuck in self._stuck.values():
+            if stuck.caught:
+                for name, n in stuck.pod.demand.items():
+                    total[name] = total.get(name, 0) + n
+        return total
 
     # -- one step ---------------------------------------------------------------------
 
@@ -225,6 +280,12 @@ class Dispatcher:
         self.pods, twins = ticket_owners(pods)
         for twin in twins:
             self._twin(twin)
+        for ticket, stuck in list(self._stuck.items()):
+            known = self.pods.get(ticket)
+            if known is None or known.uid != stuck.pod.uid:
+                self._unstick(ticket, "gone")
+        for pod in self.pods.values():
+            self._track(pod)
         self._unseen.clear()
         self._need_reconcile = False
         self._last_reconcile = self.clock()
@@ -265,6 +326,7 @@ class Dispatcher:
                 log.info("pod not in the queue: reconciling", extra={"fields": _fields(pod)})
                 self._need_reconcile = True
         self.pods[pod.ticket] = pod
+        self._track(pod)
         unseen = self._unseen.pop(pod.ticket, None)
         if unseen is not None:
             release = unseen[0]
@@ -298,6 +360,54 @@ class Dispatcher:
         if known is not None and known.uid == pod.uid:
             del self.pods[pod.ticket]
             self._posted.pop(pod.ticket, None)
+        stuck = self._stuck.get(pod.ticket)
+        if stuck is not None and stuck.pod.uid == pod.uid:
+            self._unstick(pod.ticket, "gone")
+
+    # -- unschedulable releases -------------------------------------------------------------
+
+    def _track(self, pod: GpuPod) -> None:
+        """Start, keep or stop the unschedulable clock of ``pod`` as it is now."""
+        stuck = self._stuck.get(pod.ticket)
+        if pod.unschedulable is not None and not pod.gated and pod.node is None \
+                and not pod.ended:
+            if stuck is None or stuck.pod.uid != pod.uid:
+                self._stuck[pod.ticket] = _Stuck(pod, self.clock())
+            else:
+                stuck.pod = pod
+        elif stuck is not None and stuck.pod.uid == pod.uid:
+            self._unstick(pod.ticket, f"bound to {pod.node}" if pod.node else "schedulable")
+
+    def _unstick(self, ticket: str, why: str) -> None:
+        stuck = self._stuck.pop(ticket)
+        if stuck.caught:
+            log.info("unschedulable release no longer stuck: its capacity is no longer "
+                     "withheld", extra={"fields": _fields(
+                         stuck.pod, reason=why,
+                         stuck_seconds=round(self.clock() - stuck.since, 1))})
+            self._observe_stuck()
+            self.sync()
+
+    def _catch_unschedulable(self, now: float) -> None:
+        """Catch the releases reported Unschedulable for longer than the grace."""
+        grace = self.settings.unschedulable_grace
+        caught = [s for s in self._stuck.values() if not s.caught and now - s.since > grace]
+        for stuck in caught:
+            stuck.caught = True
+            pod = stuck.pod
+            self.metrics.unschedulable.labels(pod.pod_class, pod.tenant).inc()
+            log.warning("released pod unschedulable past the grace: its capacity is withheld",
+                        extra={"fields": _fields(pod, message=pod.unschedulable,
+                                                 stuck_seconds=round(now - stuck.since, 1))})
+            self.cluster.post_event(pod, "Unschedulable", _caught_message(stuck, now),
+                                    "Warning")
+        if caught:
+            self._observe_stuck()
+            self.sync()
+
+    def _observe_stuck(self) -> None:
+        self.metrics.observe_unschedulable(
+            sum(1 for s in self._stuck.values() if s.caught), self.withheld())
 
     def _free(self, pod: GpuPod, why: str) -> None:
         self._forget_pod(pod)
@@ -387,6 +497,7 @@ class Dispatcher:
     # -- timed chores ---------------------------------------------------------------------
 
     def _chores(self, now: float) -> None:
+        self._catch_unschedulable(now)
         if any(now - since > self.settings.unseen_grace for _, since in self._unseen.values()):
             log.warning("released tickets whose pods never appeared: reconciling",
                         extra={"fields": {"tickets": sorted(self._unseen)}})
@@ -460,3 +571,23 @@ class Dispatcher:
                 f"Queued{where} for {pod.tenant}/{pod.pod_class}, waiting for {reason}",
                 "Normal",
             )
+
+
+def _less(capacity: dict[str, int], withheld: dict[str, int]) -> dict[str, int]:
+    """``capacity`` less ``withheld``, never below 0 (a resource keeps its key)."""
+    if not withheld:
+        return capacity
+    return {name: max(0, n - withheld.get(name, 0)) for name, n in capacity.items()}
+
+
+def _caught_message(stuck: _Stuck, now: float) -> str:
+    pod = stuck.pod
+    demand = format_counts(pod.demand)
+    return (
+        f"released by fairgate but the scheduler has reported it Unschedulable for "
+        f"{now - stuck.since:.0f}s ({pod.unschedulable}). fairgate keeps its {demand} "
+        f"counted against {pod.tenant}'s quota (it may still be bound at any moment) and "
+        f"releases no other pod into that much capacity until this pod is bound or gone. "
+        f"Fix what keeps it off the nodes (see the scheduler's message), or delete it to "
+        f"return the quota: a controller's replacement queues again"
+    )

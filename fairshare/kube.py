@@ -192,7 +192,22 @@ def pod_from_manifest(
         node=spec.get("nodeName") or None,
         created=_timestamp(meta.get("creationTimestamp")),
         deleting=meta.get("deletionTimestamp") is not None,
+        unschedulable=unschedulable(status),
     )
+
+
+def unschedulable(status: Mapping[str, Any]) -> str | None:
+    """The scheduler's message if a pod ``status`` says ``PodScheduled=False`` with reason
+    ``Unschedulable`` and names no ``nominatedNodeName`` (a pod waiting for preemption
+    victims to leave is not stuck); else None. An empty message reads ``Unschedulable``."""
+    if status.get("nominatedNodeName"):
+        return None
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled":
+            if condition.get("status") == "False" and condition.get("reason") == "Unschedulable":
+                return str(condition.get("message") or "Unschedulable")
+            return None
+    return None
 
 
 NODE_LIFECYCLE_TAINTS = frozenset({"node.kubernetes.io/not-ready",

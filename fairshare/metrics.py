@@ -26,6 +26,10 @@ Contract: every :class:`DispatcherMetrics` owns its own ``CollectorRegistry``.
 - ``fairgate_admission_attempt_duration_seconds``: one dispatch pass (Kueue:
   ``kueue_admission_attempt_duration_seconds``).
 - ``fairgate_reconcile_total{result}``, ``fairgate_expired_reservations_total``.
+- Unschedulable releases: ``fairgate_unschedulable_releases_total{class, tenant}``,
+  counter of released pods caught Unschedulable past ``--unschedulable-grace``;
+  ``fairgate_unschedulable_pods``, gauge of those caught now (not bound, not gone yet);
+  ``fairgate_unschedulable_withheld_capacity{resource}``, the capacity withheld for them.
 """
 
 from __future__ import annotations
@@ -103,6 +107,17 @@ class DispatcherMetrics:
         self.expired = Counter("fairgate_expired_reservations_total",
                                "Reservations freed because no pod confirmed them in time.",
                                registry=r)
+        self.unschedulable = Counter(
+            "fairgate_unschedulable_releases_total",
+            "Released pods the scheduler reported Unschedulable for longer than the grace.",
+            ["class", "tenant"], registry=r)
+        self.unschedulable_pods = Gauge(
+            "fairgate_unschedulable_pods",
+            "Released pods caught Unschedulable that are not bound or gone yet.", registry=r)
+        self.withheld = Gauge(
+            "fairgate_unschedulable_withheld_capacity",
+            "Capacity withheld from the queue for caught unschedulable releases.",
+            ["resource"], registry=r)
 
     def observe_tenants(self, snapshot: QueueSnapshot) -> None:
         """Set the per-tenant and fairness gauges from a queue snapshot; series of
@@ -136,6 +151,13 @@ class DispatcherMetrics:
         for resource, n in capacity.items():
             self.capacity.labels(resource).set(n)
         self._drop_others(self.capacity, {(resource,) for resource in capacity})
+
+    def observe_unschedulable(self, pods: int, withheld: Mapping[str, int]) -> None:
+        """Set the caught-unschedulable gauges (resources no longer withheld are removed)."""
+        self.unschedulable_pods.set(pods)
+        for resource, n in withheld.items():
+            self.withheld.labels(resource).set(n)
+        self._drop_others(self.withheld, {(resource,) for resource in withheld})
 
     def _drop_others(self, gauge: Gauge, keep: set[tuple[str, ...]]) -> None:
         """Remove the series of ``gauge`` this object set before and not now."""

@@ -8,8 +8,11 @@ Contract:
   ``entitlement`` (its fair share in GPU-equivalents) and ``ofEntitlement`` (used /
   entitlement, null when entitled to nothing); and for the cluster ``capacity``
   (GPU-equivalents), ``capacityNotes`` (the dispatcher's last
-  :class:`~fairshare.cluster.CapacityReport` as JSON plus ``at`` and ``override``, or
-  null; :func:`capacity_lines` prints it), ``jainIndex`` (of used / entitlement) and
+  :class:`~fairshare.cluster.CapacityReport` as JSON plus ``at``, ``override``,
+  ``withheld`` (capacity withheld for released pods the scheduler cannot place) and
+  ``unschedulable`` (those pods: ``pod``, ``ticket``, ``tenant``, ``demand``, ``since``,
+  ``message``), or null; :func:`capacity_lines` prints it), ``jainIndex`` (of used /
+  entitlement) and
   ``held``: the capacity held at ``now`` for entries owed it (:meth:`FairQueue.holds`),
   per tier in queue order: ``tenant``, ``band``, ``pod`` (``namespace/name`` of the head
   pod, a gang's first queued member), ``group`` (a gang's id, else null), ``demand`` and
@@ -27,7 +30,9 @@ Contract:
   the queue: not fairgate's business, or older than the audit retention),
   ``denied`` (with the reason), ``queued`` (position, queue length and what it waits
   for: tenant quota, inference reserve, cluster capacity, gang members), ``reserved`` /
-  ``running`` (released: when, after how long) or ``ended`` (its usage was freed).
+  ``running`` (released: when, after how long; ``unschedulable`` carries the scheduler's
+  message when the dispatcher caught it Unschedulable past its grace) or ``ended`` (its
+  usage was freed).
   :func:`why_command` is the CLI entry. Times are the queue's clock (Unix seconds).
 """
 
@@ -38,7 +43,7 @@ import json
 import sys
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, TextIO
 
 import redis
@@ -141,7 +146,23 @@ def capacity_lines(notes: Mapping[str, Any] | None) -> list[str]:
         head = f"capacity set by platform.capacity; the nodes offer {offered} (at {at})"
     else:
         head = f"capacity from the nodes: {offered} (at {at})"
-    return [head] + [f"  {line}" for line in report.notes()]
+    lines = [head] + [f"  {line}" for line in report.notes()]
+    return lines + unschedulable_lines(notes)
+
+
+def unschedulable_lines(notes: Mapping[str, Any]) -> list[str]:
+    """The capacity withheld for caught unschedulable releases, then one line per pod."""
+    caught = notes.get("unschedulable") or []
+    if not caught:
+        return []
+    withheld = format_counts(notes.get("withheld") or {})
+    count = len(caught)
+    lines = [f"  withheld {withheld} for {count} released pod{'s' if count != 1 else ''} "
+             f"the scheduler cannot place (counted against quota until bound or gone):"]
+    for pod in caught:
+        lines.append(f"    {pod['pod']} ({format_counts(pod['demand'])}) Unschedulable since "
+                     f"{_when(float(pod['since']))}: {pod['message']}")
+    return lines
 
 
 def render_status(report: dict[str, Any], console: Console) -> None:
@@ -195,6 +216,7 @@ class WhyReport:
     waiting_for: str | None = None
     released_at: float | None = None
     waited_seconds: float | None = None
+    unschedulable: str | None = None
     history: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -243,7 +265,8 @@ def why_report(
     if not mine:  # audit trimmed or not written
         status = queue.ticket_status(known, now) if known is not None else None
         if known is not None and status is not None:
-            return _from_status(status, {"pod": str(ref), "ticket": known, "history": []})
+            return _unschedulable(
+                _from_status(status, {"pod": str(ref), "ticket": known, "history": []}), queue)
         return WhyReport(
             str(ref), "unknown",
             f"fairgate has no record of {ref}: either it is not fairgate's business (it asks "
@@ -271,7 +294,23 @@ def why_report(
                     "deleted, or its reservation expired before the pod was created",
             **common,
         )
-    return _from_status(status, common)
+    return _unschedulable(_from_status(status, common), queue)
+
+
+def _unschedulable(report: WhyReport, queue: FairQueue) -> WhyReport:
+    """``report`` with the dispatcher's note if it caught the pod Unschedulable."""
+    if report.verdict not in ("running", "reserved") or report.ticket is None:
+        return report
+    caught = (queue.capacity_notes() or {}).get("unschedulable") or []
+    note = next((c for c in caught if isinstance(c, dict) and c.get("ticket") == report.ticket),
+                None)
+    if note is None:
+        return report
+    message = str(note.get("message", ""))
+    summary = (f"{report.summary}; but the scheduler cannot place it (Unschedulable since "
+               f"{_when(float(note.get('since', 0)))}: {message}): it stays counted against "
+               f"quota and fairgate withholds its capacity until it is bound or gone")
+    return replace(report, summary=summary, unschedulable=message)
 
 
 def _from_status(status: TicketStatus, common: dict[str, Any]) -> WhyReport:

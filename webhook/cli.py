@@ -18,7 +18,7 @@ from pathlib import Path
 import redis
 
 from certs import CertError, write_bundle
-from fairshare.cluster import DEFAULT_NOT_READY_GRACE
+from fairshare.cluster import DEFAULT_NOT_READY_GRACE, DEFAULT_UNSCHEDULABLE_GRACE
 from fairshare.connection import (
     COMMAND_TIMEOUT,
     PASSWORD_ENV,
@@ -406,7 +406,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     try:
         return run_dispatch(args.redis, Path(args.config_dir) if args.config_dir else None,
-                            args.metrics_port, not_ready_grace=args.not_ready_grace)
+                            args.metrics_port, not_ready_grace=args.not_ready_grace,
+                            unschedulable_grace=args.unschedulable_grace)
     except DispatchError as exc:
         print(f"fairgate: error: {exc}", file=sys.stderr)
         return 2
@@ -433,6 +434,13 @@ def _add_dispatch(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
                           default=DEFAULT_NOT_READY_GRACE,
                           help="a node not Ready for longer than this is not capacity; a "
                                "shorter blip keeps it (default: %(default)gs)")
+    dispatch.add_argument("--unschedulable-grace", type=_positive_seconds, metavar="SECONDS",
+                          default=DEFAULT_UNSCHEDULABLE_GRACE,
+                          help="a released pod the scheduler reports Unschedulable for "
+                               "longer than this is caught: a Warning Event, the metric "
+                               "fairgate_unschedulable_releases_total, and its demand "
+                               "withheld from capacity until it is bound or gone; it stays "
+                               "counted against quota (default: %(default)gs)")
     dispatch.add_argument("--log-level", default="info",
                           choices=["debug", "info", "warning", "error"],
                           help="log level (default: %(default)s)")

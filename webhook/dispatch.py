@@ -7,7 +7,9 @@ SIGINT, then returns 0. Config comes from ``config_dir`` (hot-reloaded) or from 
 cluster's ConfigMaps and Namespaces. Dispatch and release decisions are audited to the
 Redis Stream ``fairgate:audit`` and stdout. With ``metrics_port`` the dispatcher's
 Prometheus metrics are served over plain HTTP on that port (``/metrics``). A node not
-Ready for more than ``not_ready_grace`` seconds is not capacity.
+Ready for more than ``not_ready_grace`` seconds is not capacity. A released pod the
+scheduler reports Unschedulable for more than ``unschedulable_grace`` seconds is caught
+(Warning Event, metric, its capacity withheld; see :mod:`fairshare.dispatcher`).
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ from redis.retry import Retry
 
 from admission.demand import pod_demand
 from audit import AuditLog
-from fairshare.cluster import DEFAULT_NOT_READY_GRACE
+from fairshare.cluster import DEFAULT_NOT_READY_GRACE, DEFAULT_UNSCHEDULABLE_GRACE
 from fairshare.connection import RedisTarget, connect_redis
-from fairshare.dispatcher import Dispatcher
+from fairshare.dispatcher import Dispatcher, DispatcherSettings
 from fairshare.kube import KubeCluster, api_client
 from fairshare.metrics import DispatcherMetrics
 from fairshare.queue import FairQueue
@@ -84,7 +86,8 @@ def _current(source: ConfigSource) -> FairgateConfig | None:
 
 def run_dispatch(redis_target: RedisTarget | str, config_dir: Path | None = None,
                  metrics_port: int | None = None,
-                 not_ready_grace: float = DEFAULT_NOT_READY_GRACE) -> int:
+                 not_ready_grace: float = DEFAULT_NOT_READY_GRACE,
+                 unschedulable_grace: float = DEFAULT_UNSCHEDULABLE_GRACE) -> int:
     """Dispatch until SIGTERM/SIGINT (see the module contract); the exit code."""
     stop = threading.Event()
 
@@ -105,7 +108,8 @@ def run_dispatch(redis_target: RedisTarget | str, config_dir: Path | None = None
     if metrics_port is not None:
         start_http_server(metrics_port, registry=metrics.registry)
     dispatcher = Dispatcher(FairQueue(client), cluster, lambda: _current(source),
-                            metrics=metrics, audit=AuditLog(client))
+                            metrics=metrics, audit=AuditLog(client),
+                            settings=DispatcherSettings(unschedulable_grace=unschedulable_grace))
     cluster.start()
     log.info("dispatching from %s", target)
     try:
