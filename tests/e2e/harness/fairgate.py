@@ -281,8 +281,9 @@ class FairgateStack:
             self.webhook.stop()
             self.webhook = None
 
-    def start_dispatcher(self, timeout: float = 60.0) -> None:
-        """Start `fairgate dispatch`; return once a fitting pod would be admitted at once.
+    def start_dispatcher(self, *args: str, timeout: float = 60.0) -> None:
+        """Start `fairgate dispatch` (with more `args`, e.g. `--unschedulable-grace 5`);
+        return once a fitting pod would be admitted at once.
 
         Until the dispatcher has published the cluster's capacity, the webhook queues
         every pod; a dry-run probe that comes back without the gate shows it has.
@@ -293,6 +294,7 @@ class FairgateStack:
                 "dispatch",
                 "--redis-url",
                 self.redis_url,
+                *args,
             ),
             self.cp.log_dir,
             env=self._env["dispatcher"],

@@ -7,6 +7,14 @@ tainted `nvidia.com/gpu:NoSchedule`. The fake kubelet acts as each node's own id
 apply): it marks pods bound to its nodes Running, finishes them on request, keeps the
 node Lease and Ready condition fresh and completes graceful deletions, which is what the
 scheduler's preemption waits for.
+
+Node kinds (issue 13), made by :func:`whole_gpu_node` (optionally in a node pool, label
+`fairgate.io/node-pool`, or cordoned from the start) and :func:`single_mig_node` (MIG
+`single` strategy: `nvidia.com/gpu` counts MIG devices, `nvidia.com/gpu.product` names
+the profile). :meth:`FakeKubelet.add_node` registers one more node on a running kubelet;
+:meth:`FakeKubelet.set_ready` makes a node's kubelet report Ready=False (or True again)
+and :meth:`FakeKubelet.silence` makes it stop heartbeating altogether (the node lifecycle
+controller then marks it Unknown after its grace); :func:`cordon` cordons or uncordons.
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ class GpuNode:
     gpu_count: int
     gpu_memory_mib: int
     extra_labels: Mapping[str, str] = field(default_factory=dict)
+    cordoned: bool = False  # spec.unschedulable from the start
 
     @property
     def user(self) -> str:
@@ -78,7 +87,7 @@ class GpuNode:
             "apiVersion": "v1",
             "kind": "Node",
             "metadata": {"name": self.name, "labels": self.labels()},
-            "spec": {"taints": [GPU_TAINT]},
+            "spec": {"taints": [GPU_TAINT], "unschedulable": self.cordoned},
             "status": {
                 "capacity": resources,
                 "allocatable": resources,
@@ -100,15 +109,50 @@ class GpuNode:
         }
 
 
-def _ready_condition(heartbeat: str, transition: str) -> dict[str, str]:
+def _ready_condition(heartbeat: str, transition: str, ready: bool = True) -> dict[str, str]:
     return {
         "type": "Ready",
-        "status": "True",
-        "reason": "KubeletReady",
-        "message": "fake kubelet is posting ready status",
+        "status": "True" if ready else "False",
+        "reason": "KubeletReady" if ready else "KubeletNotReady",
+        "message": "fake kubelet is posting ready status" if ready
+        else "container runtime is down (fake kubelet)",
         "lastHeartbeatTime": heartbeat,
         "lastTransitionTime": transition,
     }
+
+
+NODE_POOL_LABEL = "fairgate.io/node-pool"
+WHOLE_GPU_PRODUCT = "NVIDIA-A100-SXM4-80GB"
+SINGLE_MIG_PRODUCT = "A100-SXM4-40GB-MIG-1g.5gb"
+
+
+def whole_gpu_node(
+    name: str, gpus: int = 4, *, pool: str | None = None, cordoned: bool = False,
+    product: str = WHOLE_GPU_PRODUCT,
+) -> GpuNode:
+    """A node of `gpus` whole GPUs (MIG off), in node pool `pool` if given."""
+    labels = {NODE_POOL_LABEL: pool} if pool else {}
+    return GpuNode(name, product, "none", {"nvidia.com/gpu": gpus}, gpus, 81920,
+                   extra_labels=labels, cordoned=cordoned)
+
+
+def single_mig_node(
+    name: str, devices: int = 56, *, product: str = SINGLE_MIG_PRODUCT,
+    pool: str | None = None,
+) -> GpuNode:
+    """A node under the MIG `single` strategy, as the NVIDIA device plugin and GFD show
+    it: `devices` MIG devices (8 x A100-40GB as 7 x 1g.5gb each by default) advertised
+    as `nvidia.com/gpu`, `nvidia.com/gpu.product` naming the profile, and the slice
+    labels of a 1g.5gb device."""
+    labels = {"nvidia.com/gpu.slices.gi": "1", "nvidia.com/gpu.slices.ci": "1",
+              **({NODE_POOL_LABEL: pool} if pool else {})}
+    return GpuNode(name, product, "single", {"nvidia.com/gpu": devices}, devices, 4864,
+                   extra_labels=labels)
+
+
+def cordon(core: Any, name: str, cordoned: bool = True) -> None:
+    """Cordon (or uncordon) node `name`, as `kubectl cordon` does."""
+    core.patch_node(name, {"spec": {"unschedulable": cordoned}})
 
 
 # Two whole-GPU nodes (4 x A100-80GB each, MIG off) and two MIG `mixed` nodes: one
@@ -155,16 +199,17 @@ class FakeKubelet:
         interval: float = 0.2,
         heartbeat_seconds: float = 10.0,
     ) -> None:
-        self.nodes = tuple(nodes)
+        self.nodes: tuple[GpuNode, ...] = ()
+        self._cp = controlplane
         self._admin: Any = client.CoreV1Api(controlplane.admin)
-        self._core: dict[str, Any] = {
-            n.name: client.CoreV1Api(controlplane.client_for(n.user, ["system:nodes"]))
-            for n in self.nodes
-        }
-        self._leases: dict[str, Any] = {
-            n.name: client.CoordinationV1Api(controlplane.client_for(n.user, ["system:nodes"]))
-            for n in self.nodes
-        }
+        self._core: dict[str, Any] = {}
+        self._leases: dict[str, Any] = {}
+        self._not_ready: dict[str, str] = {}  # node -> when its kubelet began to say so
+        self._ready_again: dict[str, str] = {}  # node -> when it became Ready again
+        self._silent: set[str] = set()  # nodes whose kubelet posts nothing any more
+        self._nodes_lock = threading.Lock()
+        for node in nodes:
+            self._add_clients(node)
         self._lifecycle = NODE_LIFECYCLE in controlplane.controllers
         self._interval = interval
         self._heartbeat_seconds = heartbeat_seconds
@@ -185,31 +230,71 @@ class FakeKubelet:
         itself, as the controller would.
         """
         for node in self.nodes:
-            self._admin.create_node(node.manifest())
-            if not self._lifecycle:
-                self._admin.patch_node(
-                    node.name, {"spec": {"taints": [GPU_TAINT]}}, _content_type=MERGE
-                )
-            self._leases[node.name].create_namespaced_lease(
-                "kube-node-lease",
-                {
-                    "metadata": {"name": node.name},
-                    "spec": {
-                        "holderIdentity": node.name,
-                        "leaseDurationSeconds": 40,
-                        "renewTime": _now_micro(),
-                    },
-                },
-            )
+            self._create(node)
         for node in self.nodes:
-            wait_for(
-                lambda name=node.name: not [
-                    t for t in self._admin.read_node(name).spec.taints or []
-                    if t.key == NOT_READY_TAINT
-                ],
-                60,
-                f"the node lifecycle controller to lift the not-ready taint of {node.name}",
+            self._wait_registered(node)
+
+    def add_node(self, node: GpuNode) -> None:
+        """Register one more node (as :meth:`register_nodes` does) and serve it from
+        now on; returns once the not-ready taint is off it."""
+        with self._nodes_lock:
+            self._add_clients(node)
+        self._create(node)
+        self._wait_registered(node)
+
+    def set_ready(self, name: str, ready: bool) -> None:
+        """Make node `name`'s kubelet report Ready=`ready` (at once, then on every
+        heartbeat); the node lifecycle controller taints a not-Ready node at once."""
+        with self._nodes_lock:
+            if ready:
+                if self._not_ready.pop(name, None) is not None:
+                    self._ready_again[name] = _now()
+            else:
+                self._not_ready.setdefault(name, _now())
+            node = next(n for n in self.nodes if n.name == name)
+        self._heartbeat(node)
+
+    def silence(self, name: str, silent: bool = True) -> None:
+        """Stop (or resume) every heartbeat of node `name`: no Lease renewal, no status."""
+        with self._nodes_lock:
+            if silent:
+                self._silent.add(name)
+            else:
+                self._silent.discard(name)
+
+    def _add_clients(self, node: GpuNode) -> None:
+        credentials = self._cp.client_for(node.user, ["system:nodes"])
+        self._core[node.name] = client.CoreV1Api(credentials)
+        self._leases[node.name] = client.CoordinationV1Api(credentials)
+        self.nodes = (*self.nodes, node)
+
+    def _create(self, node: GpuNode) -> None:
+        self._admin.create_node(node.manifest())
+        if not self._lifecycle:
+            self._admin.patch_node(
+                node.name, {"spec": {"taints": [GPU_TAINT]}}, _content_type=MERGE
             )
+        self._leases[node.name].create_namespaced_lease(
+            "kube-node-lease",
+            {
+                "metadata": {"name": node.name},
+                "spec": {
+                    "holderIdentity": node.name,
+                    "leaseDurationSeconds": 40,
+                    "renewTime": _now_micro(),
+                },
+            },
+        )
+
+    def _wait_registered(self, node: GpuNode) -> None:
+        wait_for(
+            lambda: not [
+                t for t in self._admin.read_node(node.name).spec.taints or []
+                if t.key == NOT_READY_TAINT
+            ],
+            60,
+            f"the node lifecycle controller to lift the not-ready taint of {node.name}",
+        )
 
     def start(self) -> None:
         self._thread.start()
@@ -238,10 +323,12 @@ class FakeKubelet:
         while not self._stop.wait(self._interval):
             try:
                 self._serve_finish_requests()
-                for node in self.nodes:
+                with self._nodes_lock:
+                    nodes = [n for n in self.nodes if n.name not in self._silent]
+                for node in nodes:
                     self._sync_node(node)
                 if time.monotonic() - last_heartbeat >= self._heartbeat_seconds:
-                    for node in self.nodes:
+                    for node in nodes:
                         self._heartbeat(node)
                     last_heartbeat = time.monotonic()
             except Exception as error:  # keep the kubelet alive; the fixture reports errors
@@ -357,13 +444,20 @@ class FakeKubelet:
         )
 
     def _heartbeat(self, node: GpuNode) -> None:
+        with self._nodes_lock:
+            if node.name in self._silent:
+                return
+            down_since = self._not_ready.get(node.name)
+            up_since = self._ready_again.get(node.name, self._ready_since)
         self._leases[node.name].patch_namespaced_lease(
             node.name, "kube-node-lease", {"spec": {"renewTime": _now_micro()}}, _content_type=MERGE
         )
+        ready = down_since is None
+        transition = up_since if down_since is None else down_since
         self._core[node.name].patch_node_status(
             node.name,
             {
-                "status": {"conditions": [_ready_condition(_now(), self._ready_since)]},
+                "status": {"conditions": [_ready_condition(_now(), transition, ready)]},
             },
             _content_type=STRATEGIC,
         )
