@@ -254,3 +254,34 @@ def test_watch_reports_pods_and_capacity(
     finally:
         cluster.stop()
 
+
+
+def test_the_pod_watch_carries_the_schedulers_unschedulable_verdict(
+    controlplane: ControlPlane, core: Any, namespace: str
+) -> None:
+    """A released pod no node can take gets ``PodScheduled=False, Unschedulable`` from the
+    real scheduler: the watch hands the dispatcher its message; a gated pod has none."""
+    huge = pod_manifest(
+        "huge", {"nvidia.com/gpu": 64},
+        labels={"fairgate.io/tenant": "team-a", "fairgate.io/class": "training"},
+        annotations={"fairgate.io/ticket": f"t-{uuid.uuid4().hex}",
+                     "fairgate.io/demand": "gpu=64"},
+    )
+    core.create_namespaced_pod(namespace, huge)
+    core.create_namespaced_pod(namespace, _stamped("waiting", [QUEUE_GATE]))
+    cluster = KubeCluster(controlplane.admin)
+    cluster.start()
+    try:
+        seen: list[ClusterChange] = []
+
+        def verdict() -> bool:
+            seen.extend(cluster.changes(0.2))
+            return any(c.pod is not None and c.pod.ref.name == "huge"
+                       and c.pod.unschedulable is not None for c in seen)
+
+        _wait(verdict, "the scheduler's verdict on huge to be watched")
+        message = _pod(cluster, namespace, "huge").unschedulable
+        assert message is not None and "Insufficient nvidia.com/gpu" in message, message
+        assert _pod(cluster, namespace, "waiting").unschedulable is None  # gated, not judged
+    finally:
+        cluster.stop()
