@@ -469,7 +469,9 @@ def _add_status(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         "the nodes left out and why (cordoned, NotReady longer than --not-ready-grace,\n"
         "a NoSchedule or NoExecute taint fairgate's pods do not tolerate) and GPUs held\n"
         "by pods fairgate\n"
-        "does not manage (subtracted), e.g. \"node gpu-3 cordoned (gpu=4 not counted)\".\n"
+        "does not manage (subtracted), e.g. \"node gpu-3 cordoned (gpu=4 not counted)\",\n"
+        "and the capacity withheld for released pods the scheduler reports Unschedulable\n"
+        "past --unschedulable-grace (JSON: capacityNotes.withheld, .unschedulable).\n"
         "From the queue in Redis.",
         "  fairgate status --redis-url redis://127.0.0.1:6379/0\n"
         "  fairgate status --json | jq '.tenants'\n",

@@ -114,6 +114,19 @@ def _unschedulable_since(pod: Any) -> float | None:
     return _when(scheduled.last_transition_time)
 
 
+def _states(core: Any) -> dict[str, Any]:
+    """name -> (phase, node, PodScheduled condition, nominated node), for failures."""
+    found: dict[str, Any] = {}
+    for tenant in CEILING:
+        for pod in _pods(core, tenant):
+            scheduled = condition(pod, "PodScheduled")
+            found[pod.metadata.name] = (
+                pod.status.phase, pod.spec.node_name,
+                scheduled and (scheduled.status, scheduled.reason, scheduled.message),
+                pod.status.nominated_node_name)
+    return found
+
+
 def _pods(core: Any, tenant: str) -> list[Any]:
     return list(core.list_namespaced_pod(tenant_namespace(tenant)).items)
 
@@ -162,8 +175,10 @@ def _caught_then_freed(env: Env, core: Any) -> None:
     wait_for(lambda: any(t.key == NOT_READY_TAINT
                          for t in core.read_node(FLAKY.name).spec.taints or []),
              30, "the node lifecycle controller to taint the NotReady node")
-    # fairgate still counts the node for its grace: 12 one-GPU pods fit its view.
-    created = {"team-a": [f"a{i}" for i in range(8)], "team-b": [f"b{i}" for i in range(4)]}
+    # fairgate still counts the node for its grace: 12 one-GPU pods fit its view. Those
+    # within nominal quota first (training priority), team-a's 4 borrowed ones last: at
+    # the lowest priority they preempt nobody, so they are the ones left unplaced.
+    created = {"team-b": [f"b{i}" for i in range(4)], "team-a": [f"a{i}" for i in range(8)]}
     for tenant, names in created.items():
         api = pods_api(env.cp, tenant)
         for name in names:
@@ -182,7 +197,10 @@ def _caught_then_freed(env: Env, core: Any) -> None:
                 running += pod.status.phase == "Running"
         return found if running == 8 and len(found) == 4 else None
 
-    stuck = wait_for(stuck_now, 60, "8 pods running and 4 reported Unschedulable")
+    try:
+        stuck = wait_for(stuck_now, 60, "8 pods running and 4 reported Unschedulable")
+    except AssertionError as error:
+        raise AssertionError(f"{error}; pods: {_states(core)}") from None
     _check_placement(core, {CORDONED.name, FLAKY.name})
 
     def caught() -> dict[str, Any] | None:

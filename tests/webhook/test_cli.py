@@ -87,6 +87,27 @@ def test_dispatch_takes_a_not_ready_grace_and_status_explains_capacity(
     assert "held by pods fairgate does not manage" in text
 
 
+def test_dispatch_takes_an_unschedulable_grace_and_status_explains_what_is_withheld(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    dispatch = ["dispatch", "--redis-url", "redis://fairgate-redis:6379/0"]
+    assert build_parser().parse_args(dispatch).unschedulable_grace == 60.0
+    assert build_parser().parse_args([*dispatch, "--unschedulable-grace", "300"]
+                                     ).unschedulable_grace == 300.0
+    for bad in ("0", "-5", "inf", "later"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([*dispatch, "--unschedulable-grace", bad])
+        assert "--unschedulable-grace" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["dispatch", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "a released pod the scheduler reports Unschedulable for longer than this" in text
+    with pytest.raises(SystemExit):
+        main(["status", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "capacity withheld for released pods the scheduler reports Unschedulable" in text
+
+
 def test_no_subcommand_is_left_unwired() -> None:
     source = (Path(__file__).parents[2] / "webhook" / "cli.py").read_text()
     assert "not available in this build" not in source
