@@ -267,12 +267,14 @@ def test_the_pod_watch_carries_the_schedulers_unschedulable_verdict(
         annotations={"fairgate.io/ticket": f"t-{uuid.uuid4().hex}",
                      "fairgate.io/demand": "gpu=64"},
     )
-    core.create_namespaced_pod(namespace, huge)
-    core.create_namespaced_pod(namespace, _stamped("waiting", [QUEUE_GATE]))
     cluster = KubeCluster(controlplane.admin)
     cluster.start()
     try:
         seen: list[ClusterChange] = []
+        _wait(lambda: any(c.kind is ChangeKind.RESYNC for c in seen + cluster.changes(0.2)),
+              "the first list")
+        core.create_namespaced_pod(namespace, huge)
+        core.create_namespaced_pod(namespace, _stamped("waiting", [QUEUE_GATE]))
 
         def verdict() -> bool:
             seen.extend(cluster.changes(0.2))
