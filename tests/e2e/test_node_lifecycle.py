@@ -8,7 +8,8 @@ cannot place: each is caught after the unschedulable grace, never before (Warnin
 metric, status and why), stays counted against quota, and frees its quota exactly once
 when deleted. Once past its grace the node is no capacity: a fitting pod stays gated and
 `why` says what it waits for; Ready again, the pod is released. No pod ever runs on the
-cordoned or the NotReady node, and every pod runs where its affinity says.
+cordoned or the NotReady node, and every pod runs where its affinity says. Cordoning
+nodes at run time takes their GPUs out at once: a fitting pod waits gated until uncordon.
 """
 
 from __future__ import annotations
@@ -24,7 +25,13 @@ import pytest
 import yaml
 from harness.controlplane import ControlPlane, build_controlplane, free_port
 from harness.fairgate import GATE, FairgateStack, pods_api, tenant_namespace
-from harness.kubelet import DEFAULT_GPU_NODES, NOT_READY_TAINT, FakeKubelet, whole_gpu_node
+from harness.kubelet import (
+    DEFAULT_GPU_NODES,
+    NOT_READY_TAINT,
+    FakeKubelet,
+    cordon,
+    whole_gpu_node,
+)
 from harness.pods import condition, pod_manifest, required_affinity_admits, running_node
 from harness.waiting import wait_for
 from kubernetes import client
@@ -260,3 +267,45 @@ def _caught_then_freed(env: Env, core: Any) -> None:
     node = wait_for(partial(running_node, core, namespace, "late"), 60, "late to run")
     assert node != CORDONED.name
     _check_placement(core, {CORDONED.name})
+
+
+def test_pods_stay_gated_while_their_capacity_is_cordoned_and_run_once_uncordoned(
+    env: Env,
+) -> None:
+    core = env.admin
+    env.fairgate.wait_idle(60)
+    spare = "gpu-a100-1"
+    cordon(core, FLAKY.name)
+    cordon(core, spare)
+    try:
+        wait_for(lambda: {e["node"] for e in env.status()["capacityNotes"]["excluded"]}
+                 == {CORDONED.name, FLAKY.name, spare}, 30, "the cordons to leave capacity")
+        assert env.status()["capacityNotes"]["total"]["gpu"] == 4
+        team_b = pods_api(env.cp, "team-b")
+        for i in range(4):
+            team_b.create_namespaced_pod(tenant_namespace("team-b"),
+                                         pod_manifest(f"c{i}", {"nvidia.com/gpu": 1}))
+        for i in range(4):
+            node = wait_for(partial(running_node, core, tenant_namespace("team-b"), f"c{i}"),
+                            60, f"c{i} to run")
+            assert node == "gpu-a100-0"
+        namespace = tenant_namespace("team-a")
+        pods_api(env.cp, "team-a").create_namespaced_pod(
+            namespace, pod_manifest("waits", {"nvidia.com/gpu": 1}))
+        waiting = core.read_namespaced_pod("waits", namespace)
+        assert [g.name for g in waiting.spec.scheduling_gates or []] == [GATE]
+        why = env.why(namespace, "waits")
+        assert why["verdict"] == "queued" and "cluster capacity" in why["waiting_for"], why
+        text = env.fairgate.run_cli("status", "--redis-url", env.fairgate.redis_url).stdout
+        assert f"node {spare} cordoned (gpu=4 not counted)" in text
+
+        cordon(core, spare, False)  # its GPUs count again: the gated pod is released
+        node = wait_for(partial(running_node, core, namespace, "waits"), 60, "waits to run")
+        assert node == spare
+        _check_placement(core, {CORDONED.name, FLAKY.name})
+    finally:
+        cordon(core, FLAKY.name, False)
+        cordon(core, spare, False)
+        for tenant in CEILING:
+            core.delete_collection_namespaced_pod(tenant_namespace(tenant),
+                                                  grace_period_seconds=0)
