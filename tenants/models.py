@@ -118,7 +118,19 @@ class TenantSpec(_Strict):
     classes: tuple[PodClass, ...] = CLASSES
     node_pool: str | None = Field(None, alias="nodePool")
 
+    @field_validator("node_pool")
+    @classmethod
+    def _pool_is_label_value(cls, value: str | None) -> str | None:
+        if value is not None and not _POOL.match(value):
+            raise ValueError(
+                f"nodePool {value!r} is not a Kubernetes label value: use 1-63 letters, "
+                "digits, '-', '_' or '.', starting and ending with a letter or digit (the "
+                f"value of the pool's nodes' {NODE_POOL_LABEL} label)"
+            )
+        return value
 
+
+_POOL = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)?$")
 _DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
