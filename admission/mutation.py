@@ -18,7 +18,6 @@ It also appends the toleration ``nvidia.com/gpu:NoSchedule`` (``operator: Exists
 an existing toleration already tolerates that taint, and adds the placement requirements
 (:func:`tenants.placement.requirements` of the plan's placement) to every non-empty
 required nodeSelectorTerm, creating
-required nodeSelectorTerm, creating
 ``affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution`` when absent.
 Empty terms match no node in Kubernetes and are left alone; the user's matchExpressions
 and matchFields are never dropped. A band that does not suit the plan's class (inference
