@@ -158,8 +158,8 @@ def pod_demand(pod: object) -> ResourceCounts:
     raw = _device_demand(pod)
     try:
         profile = pods.labels_of(pod).get(placement.MIG_PROFILE_LABEL)
-    except pods.PodError as exc:
-        raise DemandError(f"malformed pod: {exc}") from exc
+    except pods.PodError:
+        profile = None  # malformed labels are refused where labels are read (admission.plan)
     if profile is None:
         return raw
     try:
