@@ -109,6 +109,20 @@ class PriorityClasses(_Strict):
         return None
 
 
+_POOL = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+def check_node_pool(value: str | None) -> str | None:
+    """A tenant's ``nodePool``: None or a Kubernetes label value (raises ValueError)."""
+    if value is not None and not _POOL.match(value):
+        raise ValueError(
+            f"nodePool {value!r} is not a Kubernetes label value: use 1-63 letters, "
+            "digits, '-', '_' or '.', starting and ending with a letter or digit (the "
+            f"value of the pool's nodes' {NODE_POOL_LABEL} label)"
+        )
+    return value
+
+
 class TenantSpec(_Strict):
     """A tenant as the platform team defines it in ``platform.yaml``."""
 
@@ -118,19 +132,9 @@ class TenantSpec(_Strict):
     classes: tuple[PodClass, ...] = CLASSES
     node_pool: str | None = Field(None, alias="nodePool")
 
-    @field_validator("node_pool")
-    @classmethod
-    def _pool_is_label_value(cls, value: str | None) -> str | None:
-        if value is not None and not _POOL.match(value):
-            raise ValueError(
-                f"nodePool {value!r} is not a Kubernetes label value: use 1-63 letters, "
-                "digits, '-', '_' or '.', starting and ending with a letter or digit (the "
-                f"value of the pool's nodes' {NODE_POOL_LABEL} label)"
-            )
-        return value
+    _pool = field_validator("node_pool")(check_node_pool)
 
 
-_POOL = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)?$")
 _DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from tenants import resources
-from tenants.models import NODE_POOL_LABEL
+from tenants.models import NODE_POOL_LABEL, check_node_pool
 
 MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -201,6 +201,28 @@ def pod_placement(
     if any(name.startswith(resources.MIG_PREFIX) for name in demand):
         return Placement("mixed", None, pool)
     return Placement("none", None, pool)
+
+
+def key_problem(key: str) -> str | None:
+    """What is wrong with a capacity key written by hand (a trace's or the platform's
+    ``capacity``), with how to fix it; None when it is one :meth:`Placement.key` makes."""
+    resource, where = placement_of_key(key)
+    hint = ("write <resource>[#single|#mixed][@<pool>], e.g. gpu, gpu@pool-a, "
+            "mig-1g.5gb#single, gpu#mixed")
+    if not resources.is_known(resource) or resources.normalise(resource) != resource:
+        return f"{key!r}: unknown resource {resource!r}: use gpu or a MIG profile (mig-1g.5gb)"
+    if where.pool is not None:
+        try:
+            check_node_pool(where.pool)
+        except ValueError as exc:
+            return f"{key!r}: {exc}"
+    if where.strategy == "none" and resource != resources.GPU:
+        return f"{key!r}: nodes without MIG offer only gpu: {hint}"
+    if where.strategy == "single" and resource == resources.GPU:
+        return f"{key!r}: single-strategy nodes offer MIG devices (mig-<profile>#single): {hint}"
+    if where.key(resource) != key:
+        return f"{key!r} is not a capacity key: {hint}"
+    return None
 
 
 def placement_of_key(key: str) -> tuple[str, Placement]:
