@@ -886,15 +886,19 @@ def test_a_whole_gpu_backlog_is_released_only_onto_whole_gpus_and_single_mig_pod
                  "the dispatcher to count the single-strategy node as its own class")
         assert _class_capacity(fairgate)["gpu"] == CLUSTER_GPUS
         names: list[tuple[str, str]] = []
-        for tenant, count in (("team-a", 8), ("team-b", 4)):  # 12 GPUs > 8, quota allows
-            ns, core = tenant_namespace(tenant), pods_api(controlplane, tenant)
-            for i in range(count):
-                core.create_namespaced_pod(ns, pod_manifest(f"w{i}", {"nvidia.com/gpu": 1}))
-                names.append((ns, f"w{i}"))
 
         def running_whole() -> int:
             return sum(1 for ns, name in names if running_node(admin, ns, name))
 
+        # team-b's 4 GPUs first, then team-a's 8 (4 nominal + 4 borrowed): 12 GPUs that
+        # quota allows, 8 that the whole-GPU nodes have (borrowed pods never preempt)
+        for tenant, count in (("team-b", 4), ("team-a", 8)):
+            ns, core = tenant_namespace(tenant), pods_api(controlplane, tenant)
+            for i in range(count):
+                core.create_namespaced_pod(ns, pod_manifest(f"w{i}", {"nvidia.com/gpu": 1}))
+                names.append((ns, f"w{i}"))
+            if tenant == "team-b":
+                wait_for(lambda: running_whole() == 4, 60, "team-b's 4 pods to run")
         wait_for(lambda: running_whole() == CLUSTER_GPUS, 60, "8 whole-GPU pods to run")
         time.sleep(3)  # several dispatcher rounds: nothing more may be released
         pods = [admin.read_namespaced_pod(name, ns) for ns, name in names]

@@ -346,3 +346,34 @@ def test_capacity_report_leaves_out_nodes_and_subtracts_foreign_pods() -> None:
     assert capacity_report(nodes[1:2], crowd, NOW, 40).notes() == [
         "node gpu-1: gpu=4 held by 5 pods fairgate does not manage (ns/p0, ns/p1, ns/p2 "
         "and 2 more)"]
+
+
+def _labelled(node: dict[str, Any], **labels: str) -> dict[str, Any]:
+    node["metadata"]["labels"].update({k.replace("__", "/").replace("_", "."): v
+                                       for k, v in labels.items()})
+    return node
+
+
+def test_capacity_is_per_placement_class_in_a_mixed_cluster() -> None:
+    """Plain, mixed, single-strategy and pool nodes side by side: each node's GPUs count
+    in its own class only; foreign pods are subtracted in the node's devices."""
+    single = _labelled(gpu_node("mig-single", gpus=56),
+                       nvidia_com__mig_strategy="single",
+                       nvidia_com__gpu_product="NVIDIA-A100-SXM4-40GB-MIG-1g.5gb")
+    pool = gpu_node("pool-0")
+    pool["metadata"]["labels"]["fairgate.io/node-pool"] = "a100"
+    unknown = _labelled(gpu_node("mig-odd", gpus=7), nvidia_com__mig_strategy="single",
+                        nvidia_com__gpu_product="Mystery-MIG-1g.5gb")
+    nodes = [node_gpus(n) for n in (
+        gpu_node("gpu-0"), gpu_node("gpu-1"), single, pool, unknown,
+        gpu_node("gpu-mig", gpus=1, mig={"nvidia.com/mig-1g.5gb": "7"}),
+    )]
+    single_pod = other_pod("slice", "mig-single", 2)
+    single_pod["metadata"]["labels"] = {"fairgate.io/mig-profile": "1g.5gb"}
+    held = foreign_pod(single_pod, pod_demand, PRIORITY)
+    assert held == ForeignPod("research/slice", "mig-single", {"gpu": 2})
+    report = capacity_report(nodes, [held], NOW, 40)
+    assert dict(report.total) == {"gpu": 8, "mig-1g.5gb#single": 54, "gpu@a100": 4,
+                                  "gpu#mixed": 1, "mig-1g.5gb": 7}
+    assert [e.node for e in report.excluded] == ["mig-odd"]
+    assert "Mystery-MIG-1g.5gb" in report.excluded[0].reason
