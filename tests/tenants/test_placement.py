@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tenants import resources
+from tenants.models import NODE_POOL_LABEL
 from tenants.placement import (
     GPU_PRODUCT_LABEL,
     MIG_STRATEGY_LABEL,
@@ -29,7 +30,6 @@ from tenants.placement import (
     profile_demand,
     requirements,
 )
-from tenants.models import NODE_POOL_LABEL
 
 PROFILES = sorted(resources.MIG_PROFILES)
 POOLS = ["a", "b", "gpu-pool.1"]
@@ -177,7 +177,7 @@ def test_single_node_of_an_unknown_product_is_nobodys() -> None:
 )
 def test_profile_label_misuse_is_refused(raw: dict[str, int], profile: str,
                                          fragment: str) -> None:
-    with pytest.raises(PlacementError, match="fairgate.io/mig-profile") as info:
+    with pytest.raises(PlacementError, match=r"fairgate\.io/mig-profile") as info:
         profile_demand(raw, profile)
     assert fragment in str(info.value)
 
