@@ -67,7 +67,7 @@ def test_whole_gpu_backlog_is_released_only_against_whole_gpu_capacity(
         redis_client: redis.Redis) -> None:
     """The headline bug: 8 plain GPUs + 56 single-strategy MIG devices is not 64 GPUs."""
     q = queue(redis_client, {"gpu": 8, "mig-1g.5gb#single": 56},
-              {"t": tenant(64)}, {"t": {"nominal": {"gpu": 64, "mig-1g.5gb": 56}}})
+              {"t": tenant(80)}, {"t": {"nominal": {"gpu": 64, "mig-1g.5gb": 70}}})
     outcomes = [q.admit(pod(f"g{i}", "t", {"gpu": 1}, at=i), float(i)).outcome
                 for i in range(12)]
     assert outcomes.count("reserved") == 8
@@ -76,7 +76,9 @@ def test_whole_gpu_backlog_is_released_only_against_whole_gpu_capacity(
     for i in range(56):
         assert q.admit(pod(f"m{i}", "t", {"mig-1g.5gb": 1}, SINGLE, at=30 + i),
                        30.0 + i).outcome == "reserved"
-    assert q.admit(pod("m56", "t", {"mig-1g.5gb": 1}, SINGLE, at=90), 90.0).outcome == "queued"
+    waiting = q.admit(pod("m56", "t", {"mig-1g.5gb": 1}, SINGLE, at=90), 90.0)
+    assert waiting.outcome == "queued"
+    assert waiting.waiting_for == "1 x mig-1g.5gb (MIG single 1g.5gb) of cluster capacity"
     assert used(redis_client) == {"gpu": 8, "mig-1g.5gb#single": 56}
     # a whole GPU frees: one whole-GPU pod goes, nothing of the other class
     assert q.release("g0", pod_uid("g0"), 100.0)
