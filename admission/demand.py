@@ -13,6 +13,11 @@ Contract:
       listed before it in ``initContainers`` (and, for each sidecar, the sum of the
       sidecars up to and including it).
   This is the computation of Kubernetes' ``PodRequests`` for extended resources.
+- A pod labelled ``fairgate.io/mig-profile: <profile>`` runs on ``single``-strategy MIG
+  nodes of that profile (:mod:`tenants.placement`), where each ``nvidia.com/gpu`` is one
+  MIG device: its ``gpu`` demand is accounted as ``mig-<profile>``. The label on a pod
+  asking for MIG resources or no ``nvidia.com/gpu``, or naming an unknown profile, is a
+  :class:`DemandError`.
 - Zero amounts are no demand: the result holds only positive counts, keyed by short name
   (``gpu``, ``mig-1g.5gb``). An empty result means the pod asks for no GPU.
 - Any problem (unknown NVIDIA resource or MIG profile, fractional, negative or absurd
@@ -28,7 +33,7 @@ from typing import Any
 
 from admission import pods
 from admission.quantity import QuantityError, parse_quantity
-from tenants import resources
+from tenants import placement, resources
 from tenants.resources import ResourceCounts
 
 SIDECAR_RESTART_POLICY = "Always"
@@ -149,7 +154,23 @@ def _effective_demand(
 
 
 def pod_demand(pod: object) -> ResourceCounts:
-    """The pod's effective GPU demand by short resource name (positive counts only)."""
+    """The pod's accounted GPU demand by short resource name (positive counts only)."""
+    raw = _device_demand(pod)
+    try:
+        profile = pods.labels_of(pod).get(placement.MIG_PROFILE_LABEL)
+    except pods.PodError:
+        profile = None  # malformed labels are refused where labels are read (admission.plan)
+    if profile is None:
+        return raw
+    try:
+        return placement.profile_demand(raw, profile)
+    except placement.PlacementError as exc:
+        raise DemandError(str(exc)) from exc
+
+
+def _device_demand(pod: object) -> ResourceCounts:
+    """The pod's effective ``nvidia.com/*`` demand by short resource name (positive
+    counts only), as the scheduler counts it on a node (no label applied)."""
     try:
         app = [
             _container_demand(c, _label(c, "containers", i))

@@ -7,14 +7,17 @@ produce :func:`mutate_pod`'s result. The operations apply cleanly to any pod of 
 shape (missing or ``null`` parents are created first; ``/`` in keys is escaped as ``~1``)
 and only add to what the user wrote, except for the fields fairgate owns:
 - labels ``fairgate.io/tenant`` and ``fairgate.io/class``;
-- annotations ``fairgate.io/ticket``, ``fairgate.io/demand`` and, exactly when the band is
-  ``borrowed``, ``fairgate.io/borrowed: "true"``;
+- annotations ``fairgate.io/ticket``, ``fairgate.io/demand``, exactly when the band is
+  ``borrowed`` ``fairgate.io/borrowed: "true"``, and exactly when the tenant has a node
+  pool ``fairgate.io/node-pool: <pool>`` (what the dispatcher reads the pod's placement
+  class from);
 - ``spec.priorityClassName``, ``spec.priority`` and ``spec.preemptionPolicy`` of the band;
 - the scheduling gate ``fairgate.io/queue``, present exactly when ``gated`` (other gates
   are kept, in order).
 It also appends the toleration ``nvidia.com/gpu:NoSchedule`` (``operator: Exists``) unless
 an existing toleration already tolerates that taint, and adds the placement requirements
-(:func:`placement_requirements`) to every non-empty required nodeSelectorTerm, creating
+(:func:`tenants.placement.requirements` of the plan's placement) to every non-empty
+required nodeSelectorTerm, creating
 ``affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution`` when absent.
 Empty terms match no node in Kubernetes and are left alone; the user's matchExpressions
 and matchFields are never dropped. A band that does not suit the plan's class (inference
@@ -39,36 +42,17 @@ from tenants.models import (
     DEMAND_ANNOTATION,
     GPU_TAINT_KEY,
     GPU_TOLERATION,
-    NODE_POOL_LABEL,
     QUEUE_GATE,
     TENANT_LABEL,
     TICKET_ANNOTATION,
     PriorityBand,
     PriorityClasses,
 )
+from tenants.placement import NODE_POOL_ANNOTATION, requirements
 
-MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
-MIG_STRATEGIES = ("single", "mixed")
 JsonObject = dict[str, Any]
 AFFINITY_PATH = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution")
 """Where the required nodeSelectorTerms live under ``spec``."""
-
-
-def placement_requirements(demand: Mapping[str, int], node_pool: str | None) -> list[JsonObject]:
-    """Node selector requirements for a demand: MIG (mixed) demand needs a node whose
-    ``nvidia.com/mig.strategy`` is ``mixed``; whole-GPU demand avoids MIG-partitioned
-    nodes (strategy ``single`` or ``mixed``); a tenant node pool adds
-    ``fairgate.io/node-pool In [<pool>]``."""
-    requirements: list[JsonObject] = []
-    if any(name.startswith(resources.MIG_PREFIX) for name in demand):
-        requirements.append({"key": MIG_STRATEGY_LABEL, "operator": "In", "values": ["mixed"]})
-    elif resources.GPU in demand:
-        requirements.append(
-            {"key": MIG_STRATEGY_LABEL, "operator": "NotIn", "values": list(MIG_STRATEGIES)}
-        )
-    if node_pool:
-        requirements.append({"key": NODE_POOL_LABEL, "operator": "In", "values": [node_pool]})
-    return requirements
 
 
 def tolerates_gpu_taint(toleration: Mapping[str, Any]) -> bool:
@@ -128,11 +112,14 @@ def _annotations(plan: PodPlan, band: PriorityBand) -> dict[str, str]:
     }
     if band == "borrowed":
         wanted[BORROWED_ANNOTATION] = "true"
+    if plan.placement.pool is not None:
+        wanted[NODE_POOL_ANNOTATION] = plan.placement.pool
     return wanted
 
 
-def _stale_annotations(band: PriorityBand) -> tuple[str, ...]:
-    return () if band == "borrowed" else (BORROWED_ANNOTATION,)
+def _stale_annotations(plan: PodPlan, band: PriorityBand) -> tuple[str, ...]:
+    stale = () if band == "borrowed" else (BORROWED_ANNOTATION,)
+    return stale if plan.placement.pool is not None else (*stale, NODE_POOL_ANNOTATION)
 
 
 def _priority_fields(band: PriorityBand, priority_classes: PriorityClasses) -> dict[str, Any]:
@@ -212,14 +199,14 @@ def mutate_pod(
     _child(metadata, "labels").update(_labels(plan))
     annotations = _child(metadata, "annotations")
     annotations.update(_annotations(plan, band))
-    for key in _stale_annotations(band):
+    for key in _stale_annotations(plan, band):
         annotations.pop(key, None)
     spec = _child(mutated, "spec")
     spec.update(_priority_fields(band, priority_classes))
     tolerations = _children(spec, "tolerations")
     if _lacks_gpu_toleration(tolerations):
         tolerations.append(dict(GPU_TOLERATION))
-    _merge_affinity(spec, placement_requirements(plan.demand, plan.tenant.node_pool))
+    _merge_affinity(spec, requirements(plan.placement))
     _set_gate(spec, gated)
     return mutated
 
@@ -344,10 +331,10 @@ def build_patch(
     metadata = patch.object(pod, "", "metadata")
     patch.string_map(metadata, "/metadata", "labels", _labels(plan))
     patch.string_map(metadata, "/metadata", "annotations", _annotations(plan, band),
-                     _stale_annotations(band))
+                     _stale_annotations(plan, band))
     spec = patch.object(pod, "", "spec")
     patch.fields(spec, "/spec", _priority_fields(band, priority_classes))
     patch.tolerations(spec)
-    patch.affinity(spec, placement_requirements(plan.demand, plan.tenant.node_pool))
+    patch.affinity(spec, requirements(plan.placement))
     patch.gates(spec, gated)
     return patch.ops

@@ -60,13 +60,20 @@ from tenants.models import (
     PriorityClasses,
     Tenant,
 )
+from tenants.placement import (
+    MIG_PROFILE_LABEL,
+    NODE_POOL_ANNOTATION,
+    Placement,
+    pod_placement,
+)
 
 MAX_MESSAGE_CHARS = 250
 MAX_GROUP_SIZE = 10_000
 TICKET_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
-USER_LABELS = frozenset({TENANT_LABEL, CLASS_LABEL, POD_GROUP_LABEL})
+USER_LABELS = frozenset({TENANT_LABEL, CLASS_LABEL, POD_GROUP_LABEL, MIG_PROFILE_LABEL})
 USER_ANNOTATIONS = frozenset({POD_GROUP_SIZE_ANNOTATION})
-FAIRGATE_ANNOTATIONS = frozenset({TICKET_ANNOTATION, DEMAND_ANNOTATION, BORROWED_ANNOTATION})
+FAIRGATE_ANNOTATIONS = frozenset({TICKET_ANNOTATION, DEMAND_ANNOTATION, BORROWED_ANNOTATION,
+                                  NODE_POOL_ANNOTATION})
 BANDS_OF_CLASS: Mapping[PodClass, frozenset[PriorityBand]] = {
     "inference": frozenset({"inference"}),
     "training": frozenset({"training", "borrowed"}),
@@ -103,7 +110,8 @@ class PodPlan:
     ``demand`` holds positive counts by short resource name and ``demand_slices`` their
     compute slices; ``class_reason`` says how the class was chosen; ``ticket`` is the
     request uid, or the pod's own ticket when ``reused_ticket`` (reinvocation rule);
-    ``warnings`` are for the user (each short, see ``admission.reviews``).
+    ``warnings`` are for the user (each short, see ``admission.reviews``);
+    ``placement`` is the placement class (:mod:`tenants.placement`) of the pod's nodes.
     """
 
     tenant: Tenant
@@ -115,6 +123,7 @@ class PodPlan:
     reused_ticket: bool
     group: PodGroup | None
     warnings: tuple[str, ...] = field(default=())
+    placement: Placement = field(default=Placement())
 
 
 PlanResult = NotOurs | Denied | PodPlan
@@ -183,6 +192,7 @@ def _plan(
         reused_ticket=ticket is not None,
         group=_group(labels, annotations),
         warnings=tuple(warnings),
+        placement=pod_placement(demand, labels.get(MIG_PROFILE_LABEL), tenant.node_pool),
     )
 
 
@@ -225,7 +235,7 @@ def _check_user_keys(
                 raise _Refusal(
                     "fairgate-field",
                     f"{kind} {quoted(key)} is not a fairgate.io key users may set: remove it "
-                    f"(users may set {CLASS_LABEL}, {POD_GROUP_LABEL}, "
+                    f"(users may set {CLASS_LABEL}, {POD_GROUP_LABEL}, {MIG_PROFILE_LABEL}, "
                     f"{POD_GROUP_SIZE_ANNOTATION})",
                 )
 
@@ -320,6 +330,12 @@ def _ticket(
     if labels.get(TENANT_LABEL) != tenant.name:
         raise _Refusal(
             "fairgate-field", f"annotation {TICKET_ANNOTATION} without label {TENANT_LABEL}: {fix}"
+        )
+    if annotations.get(NODE_POOL_ANNOTATION) != tenant.node_pool:
+        raise _Refusal(
+            "fairgate-field",
+            f"annotation {NODE_POOL_ANNOTATION} does not match tenant {tenant.name}'s node "
+            f"pool: {fix}",
         )
     borrowed = annotations.get(BORROWED_ANNOTATION)
     borrowed_class = priority_classes.borrowed.name

@@ -30,6 +30,7 @@ from fairshare.model import (
     TicketState,
 )
 from tenants.models import FairgateConfig, PodClass, PriorityBand
+from tenants.placement import placement_of_key
 from tenants.resources import format_counts, gpu_equivalents, parse_counts
 
 BAND_CODE: dict[PriorityBand, str] = {"inference": "i", "training": "t", "borrowed": "b"}
@@ -217,6 +218,13 @@ def holds(raw: Sequence[Any]) -> list[Hold]:
     return result
 
 
+def in_words(key: str) -> str:
+    """A capacity key for people: the resource, with its placement class unless it is
+    the default one (``mig-1g.5gb (MIG single 1g.5gb in pool a)``)."""
+    resource, where = placement_of_key(key)
+    return resource if key == resource else f"{resource} ({where.describe()})"
+
+
 def explain(reason: Sequence[str], tenant: str, pod_class: PodClass) -> str:
     """Words for a reason code returned by the scripts (see lib.lua ``reason``)."""
     code, *rest = reason
@@ -229,12 +237,12 @@ def explain(reason: Sequence[str], tenant: str, pod_class: PodClass) -> str:
     if code == "borrow":
         return f"{gpu_equivalents(int(rest[0]))} GPU-eq of borrow limit"
     if code == "capacity":
-        return f"{rest[1]} x {rest[0]} of cluster capacity"
+        return f"{rest[1]} x {in_words(rest[0])} of cluster capacity"
     if code == "held":
-        unit = "GPUs" if rest[0] == "gpu" else rest[0]
+        unit = "GPUs" if rest[0] == "gpu" else in_words(rest[0])
         return f"capacity held for you: {rest[1]} of {rest[2]} {unit}"
     if code == "guard":
-        return f"{rest[0]} capacity held for {rest[1]} (first in fair-share order)"
+        return f"{in_words(rest[0])} capacity held for {rest[1]} (first in fair-share order)"
     if code == "ahead":
         return f"{rest[0]} {pod_class} pod(s) ahead in {tenant}"
     if code == "inference":

@@ -3,9 +3,13 @@
 Contract:
 - Uses the official ``kubernetes`` client and reads raw JSON (no model round trips).
 - Pods: those labelled ``fairgate.io/tenant`` with a ``fairgate.io/ticket`` annotation
-  (:func:`pod_from_manifest` turns one into a :class:`GpuPod`).
-- Capacity (:func:`capacity_report`, pure) is the sum of ``nvidia.com/*`` allocatable
-  over the nodes fairgate's pods can use: not cordoned, Ready (or not Ready for at most
+  (:func:`pod_from_manifest` turns one into a :class:`GpuPod`, its demand by capacity
+  key of its placement class).
+- Capacity (:func:`capacity_report`, pure) is, per capacity key (a resource in one
+  placement class, :mod:`tenants.placement`: the class of a node is read from its labels
+  by the rule the webhook's affinity follows), the sum of ``nvidia.com/*`` allocatable
+  over the nodes fairgate's pods can use: of a placement class some pod can have (not a
+  ``single``-strategy node of an unknown product), not cordoned, Ready (or not Ready for at most
   ``not_ready_grace`` seconds, judged by the Ready condition's ``lastTransitionTime``) and
   with no ``NoSchedule``/``NoExecute`` taint that fairgate's toleration
   (``nvidia.com/gpu:NoSchedule``, :data:`tenants.models.GPU_TOLERATION`) misses; less, per
@@ -56,7 +60,7 @@ from fairshare.cluster import (
     PodPhase,
     PodRef,
 )
-from tenants import resources
+from tenants import placement, resources
 from tenants.models import (
     BORROWED_ANNOTATION,
     CLASS_LABEL,
@@ -143,7 +147,10 @@ def pod_from_manifest(
     A pod without tenant label, ticket or a parsable demand annotation is not tracked.
     With ``demand_of`` (the pod's effective GPU demand computed from its spec, which no
     one can change after CREATE), the demand is the spec's: an annotation that disagrees
-    (edited after admission) is logged and ignored.
+    (edited after admission) is logged and ignored. The demand is keyed by the pod's
+    placement class (:func:`tenants.placement.pod_placement` of it, its
+    ``fairgate.io/mig-profile`` label and the pool in its ``fairgate.io/node-pool``
+    annotation, all immutable after CREATE).
     """
     meta = obj.get("metadata") or {}
     labels: Mapping[str, str] = meta.get("labels") or {}
@@ -173,6 +180,9 @@ def pod_from_manifest(
                         annotations.get(DEMAND_ANNOTATION, ""),
                         resources.format_counts(from_spec))
             demand = from_spec
+    where = placement.pod_placement(demand, labels.get(placement.MIG_PROFILE_LABEL),
+                                    annotations.get(placement.NODE_POOL_ANNOTATION))
+    demand = where.keyed(demand)
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
     phase = status.get("phase") or "Pending"
@@ -248,6 +258,7 @@ class NodeGpus:
 
     name: str
     gpus: Mapping[str, int]  # nvidia.com/* allocatable by short name
+    placement: placement.Placement | str  # its placement class (str: why it has none)
     cordoned: bool  # spec.unschedulable
     ready: bool  # the Ready condition is True
     ready_changed: float | None  # its lastTransitionTime (None: no Ready condition)
@@ -255,7 +266,10 @@ class NodeGpus:
 
     def excluded(self, now: float, grace: float) -> str | None:
         """Why the node is not capacity at ``now`` (None: it is): cordoned, not Ready for
-        more than ``grace`` seconds, or tainted with a taint fairgate does not tolerate."""
+        more than ``grace`` seconds, tainted with a taint fairgate does not tolerate, or
+        of no placement class a pod can have."""
+        if isinstance(self.placement, str):
+            return self.placement
         if self.cordoned:
             return "cordoned"
         if not self.ready:
@@ -272,9 +286,9 @@ def node_gpus(
     node: Mapping[str, Any], tolerations: Sequence[Mapping[str, Any]] = FAIRGATE_TOLERATIONS,
 ) -> NodeGpus:
     """Read a Node manifest: its ``nvidia.com/*`` allocatable (known resources, positive
-    counts), cordon, Ready condition and the ``NoSchedule``/``NoExecute`` taints that none
-    of ``tolerations`` tolerates (lifecycle taints, see :data:`NODE_LIFECYCLE_TAINTS`,
-    left to the Ready rule)."""
+    counts), placement class (from its labels), cordon, Ready condition and the
+    ``NoSchedule``/``NoExecute`` taints that none of ``tolerations`` tolerates
+    (lifecycle taints, see :data:`NODE_LIFECYCLE_TAINTS`, left to the Ready rule)."""
     spec = node.get("spec") or {}
     status = node.get("status") or {}
     ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
@@ -295,9 +309,11 @@ def node_gpus(
         and taint.get("key") not in NODE_LIFECYCLE_TAINTS
         and not any(tolerates(t, taint) for t in tolerations)
     )
+    meta = node.get("metadata") or {}
     return NodeGpus(
-        name=str((node.get("metadata") or {}).get("name", "")),
+        name=str(meta.get("name", "")),
         gpus=counts,
+        placement=placement.node_placement(meta.get("labels") or {}),
         cordoned=bool(spec.get("unschedulable")),
         ready=ready is not None and ready.get("status") == "True",
         ready_changed=None if ready is None else _timestamp(ready.get("lastTransitionTime")),
@@ -308,11 +324,14 @@ def node_gpus(
 def node_capacity(
     node: Mapping[str, Any], now: float | None = None, grace: float = DEFAULT_NOT_READY_GRACE,
 ) -> dict[str, int]:
-    """GPU resources a node offers fairgate's pods at ``now`` (default: the time now):
-    its ``nvidia.com/*`` allocatable, or nothing when :meth:`NodeGpus.excluded`."""
+    """GPU capacity a node offers fairgate's pods at ``now`` (default: the time now), by
+    capacity key: its ``nvidia.com/*`` allocatable in its placement class
+    (:func:`tenants.placement.node_capacity`), or nothing when :meth:`NodeGpus.excluded`."""
     gpus = node_gpus(node)
     when = time.time() if now is None else now
-    return {} if gpus.excluded(when, grace) is not None else dict(gpus.gpus)
+    if gpus.excluded(when, grace) is not None or isinstance(gpus.placement, str):
+        return {}
+    return placement.node_capacity(gpus.placement, gpus.gpus)
 
 
 @dataclass(frozen=True)
@@ -321,7 +340,7 @@ class ForeignPod:
 
     ref: str  # namespace/name
     node: str
-    gpus: Mapping[str, int]
+    gpus: Mapping[str, int]  # nvidia.com/* devices by short name
 
 
 def foreign_pod(
@@ -339,19 +358,23 @@ def foreign_pod(
     meta = obj.get("metadata") or {}
     ref = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
     try:
-        gpus = demand_of(obj)
+        demand = demand_of(obj)
     except ValueError as error:
         log.warning("pod %s on node %s: its GPU demand is unreadable (%s); not subtracted "
                     "from capacity", ref, node, error)
         return None
-    return ForeignPod(ref, str(node), dict(gpus)) if gpus else None
+    labels = meta.get("labels") or {}
+    where = placement.pod_placement(demand, labels.get(placement.MIG_PROFILE_LABEL), None)
+    gpus = placement.device_counts(where, demand)
+    return ForeignPod(ref, str(node), gpus) if gpus else None
 
 
 def capacity_report(
     nodes: Iterable[NodeGpus], foreign: Iterable[ForeignPod], now: float, grace: float,
 ) -> CapacityReport:
-    """What fairgate's pods can use at ``now``: every node's GPUs unless
-    :meth:`NodeGpus.excluded`, less what foreign pods bound to it hold (never below 0)."""
+    """What fairgate's pods can use at ``now``, by capacity key: every node's GPUs in its
+    placement class unless :meth:`NodeGpus.excluded`, less what foreign pods bound to it
+    hold (never below 0)."""
     on_node: dict[str, list[ForeignPod]] = {}
     for pod in foreign:
         on_node.setdefault(pod.node, []).append(pod)
@@ -371,7 +394,9 @@ def capacity_report(
         if taken:
             held.append(ForeignHold(node.name, taken,
                                     tuple(p.ref for p in pods if set(p.gpus) & set(taken))))
-        counted.append({name: n - taken.get(name, 0) for name, n in node.gpus.items()})
+        assert not isinstance(node.placement, str)  # excluded above
+        left = {name: n - taken.get(name, 0) for name, n in node.gpus.items()}
+        counted.append(placement.node_capacity(node.placement, left))
     return CapacityReport(_sum_counts(counted), tuple(excluded), tuple(held))
 
 

@@ -72,10 +72,11 @@ def _check_demand(demand: Mapping[str, int]) -> None:
             "demand is empty: a pod without GPU demand is not queued by fairgate"
         )
     for name, count in demand.items():
-        if not resources.is_known(name) or resources.normalise(name) != name:
+        if not resources.is_known(resources.base_of(name)) or resources.normalise(name) != name:
             raise InvalidRequestError(
                 f"unknown resource {name!r} in demand: use a short name such as 'gpu' "
-                f"or 'mig-1g.5gb'"
+                f"or 'mig-1g.5gb', or a capacity key such as 'gpu@pool-a' or "
+                f"'mig-1g.5gb#single'"
             )
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise InvalidRequestError(

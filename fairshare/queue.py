@@ -311,6 +311,15 @@ class FairQueue:
         ``fairgate status``. Informational: no script reads it, nothing is decided on it."""
         self._client.set(self._keys[0] + "capacity-notes", json.dumps(notes))
 
+    def class_usage(self) -> dict[str, int]:
+        """Cluster usage (all bands) per capacity key, as the queue holds it now
+        (``fairgate status``; read-only)."""
+        used: dict[str, int] = {}
+        for field, value in self._client.hgetall(self._keys[0] + "used").items():
+            key = text(field).partition(":")[2]
+            used[key] = used.get(key, 0) + int(value)
+        return {key: n for key, n in used.items() if n}
+
     def capacity_notes(self) -> dict[str, Any] | None:
         """What :meth:`write_capacity_notes` stored last; None if nothing (or not JSON)."""
         raw = self._client.get(self._keys[0] + "capacity-notes")

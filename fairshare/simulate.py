@@ -197,7 +197,8 @@ def quota_violations(config: FairgateConfig, pods: Iterable[GpuPod]) -> list[str
         per_resource: dict[str, int] = {}
         for pod in mine:
             if pod.band != "borrowed":
-                for resource, n in pod.demand.items():
+                for key, n in pod.demand.items():  # quota counts resources, not classes
+                    resource = resources.base_of(key)
                     per_resource[resource] = per_resource.get(resource, 0) + n
         for resource, n in sorted(per_resource.items()):
             if n > tenant.nominal.get(resource, 0):

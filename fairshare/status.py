@@ -7,12 +7,14 @@ Contract:
   ``queued`` by class, ``weightedShare`` (GPU-equivalents used per unit of weight),
   ``entitlement`` (its fair share in GPU-equivalents) and ``ofEntitlement`` (used /
   entitlement, null when entitled to nothing); and for the cluster ``capacity``
-  (GPU-equivalents), ``capacityNotes`` (the dispatcher's last
-  :class:`~fairshare.cluster.CapacityReport` as JSON plus ``at``, ``override``,
-  ``withheld`` (capacity withheld for released pods the scheduler cannot place) and
-  ``unschedulable`` (those pods: ``pod``, ``ticket``, ``tenant``, ``demand``, ``since``,
-  ``message``), or null; :func:`capacity_lines` prints it), ``jainIndex`` (of used /
-  entitlement) and
+  (GPU-equivalents), ``capacityByClass`` (per capacity key, :mod:`tenants.placement`:
+  ``key``, ``class`` in words, ``resource``, ``capacity`` and ``used`` in units of the
+  resource, all bands; :func:`class_lines` prints it), ``capacityNotes`` (the
+  dispatcher's last :class:`~fairshare.cluster.CapacityReport` as JSON plus ``at``,
+  ``override``, ``withheld`` (capacity withheld for released pods the scheduler cannot
+  place, by capacity key) and ``unschedulable`` (those pods: ``pod``, ``ticket``,
+  ``tenant``, ``demand``, ``since``, ``message``), or null; :func:`capacity_lines` prints
+  it), ``jainIndex`` (of used / entitlement) and
   ``held``: the capacity held at ``now`` for entries owed it (:meth:`FairQueue.holds`),
   per tier in queue order: ``tenant``, ``band``, ``pod`` (``namespace/name`` of the head
   pod, a gang's first queued member), ``group`` (a gang's id, else null), ``demand`` and
@@ -56,6 +58,7 @@ from fairshare.connection import COMMAND_TIMEOUT, RedisTarget, connect_redis
 from fairshare.entitlement import TenantFairness, snapshot_fairness
 from fairshare.model import Hold, TenantStatus, TicketStatus
 from fairshare.queue import FairQueue
+from tenants.placement import placement_of_key
 from tenants.resources import SLICES_PER_GPU, format_counts, gpu_equivalents, total_slices
 
 Verdict = Literal["unknown", "denied", "queued", "reserved", "running", "ended"]
@@ -107,11 +110,33 @@ def status_report(queue: FairQueue, now: float | None = None) -> dict[str, Any]:
     holds = queue.holds(time.time() if now is None else now)
     return {
         "capacity": round(fair.capacity, 2),
+        "capacityByClass": class_rows(snapshot.capacity, queue.class_usage()),
         "capacityNotes": queue.capacity_notes(),
         "jainIndex": round(fair.jain_index, 4),
         "held": [hold_row(h) for h in holds],
         "tenants": {s.tenant: tenant_row(s, fair.tenants[s.tenant]) for s in snapshot.tenants},
     }
+
+
+def class_rows(capacity: Mapping[str, int], used: Mapping[str, int]) -> list[dict[str, Any]]:
+    """One row per capacity key with capacity or usage, sorted by key."""
+    rows: list[dict[str, Any]] = []
+    for key in sorted(set(capacity) | set(used)):
+        resource, where = placement_of_key(key)
+        rows.append({"key": key, "class": where.describe(), "resource": resource,
+                     "capacity": capacity.get(key, 0), "used": used.get(key, 0)})
+    return rows
+
+
+def class_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """``capacityByClass`` as text: one line per class and resource."""
+    if not rows:
+        return ["capacity per placement class: none stored yet"]
+    lines = ["capacity per placement class (a pod is released only against its own):"]
+    for row in rows:
+        lines.append(f"  {row['class']}: {row['resource']} {row['used']} used of "
+                     f"{row['capacity']} ({row['key']})")
+    return lines
 
 
 def held_lines(held: list[dict[str, Any]]) -> list[str]:
@@ -196,7 +221,8 @@ def render_status(report: dict[str, Any], console: Console) -> None:
         "split by weight among tenants with demand, each capped at used + queued and at "
         "nominal + borrowLimit.", highlight=False,
     )
-    for line in held_lines(report["held"]) + capacity_lines(report.get("capacityNotes")):
+    for line in (class_lines(report["capacityByClass"]) + held_lines(report["held"])
+                 + capacity_lines(report.get("capacityNotes"))):
         console.print(line, highlight=False, markup=False)
 
 

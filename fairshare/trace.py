@@ -10,7 +10,12 @@ Contract (format in DESIGN.md, "Simulation trace"):
 - :meth:`Trace.config` is the :class:`~tenants.models.FairgateConfig` the queue runs with
   (each tenant's ceiling is its nominal quota, rounded up to whole GPU-equivalents;
   the optional ``fairShare`` is platform.yaml's, e.g. ``{usageHalfLife: 30m}``).
-- :meth:`Trace.pods` expands arrivals into :class:`TracePod` items sorted by arrival time.
+- :meth:`Trace.pods` expands arrivals into :class:`TracePod` items sorted by arrival time,
+  each with its demand by capacity key of its placement class (:mod:`tenants.placement`:
+  the arrival's ``migProfile``, as the pod label ``fairgate.io/mig-profile``, and its
+  tenant's ``nodePool``).
+- ``capacity`` is per capacity key: ``{gpu: 16}`` is the default class (whole GPUs on
+  nodes without MIG and in no pool); ``gpu@pool-a``, ``mig-1g.5gb#single`` name others.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
-from tenants import resources
+from tenants import placement, resources
 from tenants.models import (
     FairgateConfig,
     FairShareSpec,
@@ -31,6 +36,7 @@ from tenants.models import (
     PlatformConfig,
     PodClass,
     QuotaSpec,
+    check_node_pool,
 )
 from tenants.schema import ConfigError, Problem, load_yaml_mapping, parse_model, quota_problems
 
@@ -53,10 +59,21 @@ def _counts(value: dict[str, int]) -> dict[str, int]:
     return {resources.normalise(name): n for name, n in value.items()}
 
 
+def _capacity_keys(value: dict[str, int]) -> dict[str, int]:
+    for key in value:
+        problem = placement.key_problem(key)
+        if problem is not None:
+            raise ValueError(problem)
+    return value
+
+
 class TraceTenant(_Strict):
-    """A tenant of the trace: weight plus the fields of its quota ConfigMap."""
+    """A tenant of the trace: weight, node pool, plus the fields of its quota ConfigMap."""
 
     weight: float = Field(gt=0)
+    node_pool: str | None = Field(None, alias="nodePool")
+
+    _pool = field_validator("node_pool")(check_node_pool)
     nominal: dict[str, NonNegativeInt] = {}
     borrow_limit: GpuEquivalents = Field(GpuEquivalents(), alias="borrowLimit")
     inference_reserve: GpuEquivalents = Field(GpuEquivalents(), alias="inferenceReserve")
@@ -86,6 +103,7 @@ class Arrival(_Strict):
     every: float = Field(0.0, ge=0)
     group: str | None = None
     group_size: PositiveInt | None = Field(None, alias="groupSize")
+    mig_profile: str | None = Field(None, alias="migProfile")
 
     _known_demand = field_validator("demand")(_counts)
 
@@ -126,7 +144,7 @@ class Trace(_Strict):
     horizon: float = Field(gt=0)
     fair_share: FairShareSpec = Field(FairShareSpec(), alias="fairShare")
 
-    _known_capacity = field_validator("capacity")(_counts)
+    _known_capacity = field_validator("capacity")(_capacity_keys)
 
     def config(self) -> FairgateConfig:
         """The platform and quota configuration the simulated queue runs with."""
@@ -136,6 +154,7 @@ class Trace(_Strict):
                     name: {
                         "weight": t.weight,
                         "ceiling": {"gpuEquivalents": -(-t.quota().nominal_slices // 7)},
+                        "nodePool": t.node_pool,
                     }
                     for name, t in self.tenants.items()
                 },
@@ -145,10 +164,21 @@ class Trace(_Strict):
         quotas = {name: t.quota() for name, t in self.tenants.items()}
         return FairgateConfig(platform=platform, quotas=quotas)
 
+    def demand_of(self, arrival: Arrival) -> dict[str, int]:
+        """An arrival's demand by capacity key (raises PlacementError for a bad
+        ``migProfile``)."""
+        demand = dict(arrival.demand)
+        if arrival.mig_profile is not None:
+            demand = placement.profile_demand(demand, arrival.mig_profile)
+        tenant = self.tenants.get(arrival.tenant)
+        pool = tenant.node_pool if tenant is not None else None
+        return placement.pod_placement(demand, arrival.mig_profile, pool).keyed(demand)
+
     def pods(self) -> list[TracePod]:
         """Every pod the trace creates, ordered by arrival time (stable)."""
         pods: list[TracePod] = []
         for index, arrival in enumerate(self.arrivals):
+            demand = self.demand_of(arrival)
             for step in range(arrival.count):
                 at = arrival.at + step * arrival.every
                 group = arrival.group
@@ -161,7 +191,7 @@ class Trace(_Strict):
                             at=at,
                             tenant=arrival.tenant,
                             pod_class=arrival.pod_class,
-                            demand=dict(arrival.demand),
+                            demand=dict(demand),
                             duration=arrival.duration,
                             group=group,
                             group_size=arrival.pods_per_item,
@@ -194,13 +224,20 @@ def _cross_problems(trace: Trace) -> list[Problem]:
                     f"(known: {', '.join(sorted(trace.tenants)) or 'none'})",
                 )
             )
-        missing = sorted(r for r in arrival.demand if trace.capacity.get(r, 0) == 0)
+        try:
+            demand = trace.demand_of(arrival)
+        except placement.PlacementError as exc:
+            problems.append(Problem(f"{where}.migProfile", str(exc)))
+            demand = {}
+        missing = sorted(r for r in demand if trace.capacity.get(r, 0) == 0)
         if missing:
             problems.append(
                 Problem(
                     f"{where}.demand",
                     f"asks for {', '.join(missing)} which 'capacity' does not have: "
-                    "add it to capacity or change the demand",
+                    "add it to capacity or change the demand (capacity is per placement "
+                    "class: gpu@<pool> for a tenant's nodePool, mig-<profile>#single for "
+                    "migProfile)",
                 )
             )
         if arrival.group is not None:

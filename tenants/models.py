@@ -109,6 +109,20 @@ class PriorityClasses(_Strict):
         return None
 
 
+_POOL = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+def check_node_pool(value: str | None) -> str | None:
+    """A tenant's ``nodePool``: None or a Kubernetes label value (raises ValueError)."""
+    if value is not None and not _POOL.match(value):
+        raise ValueError(
+            f"nodePool {value!r} is not a Kubernetes label value: use 1-63 letters, "
+            "digits, '-', '_' or '.', starting and ending with a letter or digit (the "
+            f"value of the pool's nodes' {NODE_POOL_LABEL} label)"
+        )
+    return value
+
+
 class TenantSpec(_Strict):
     """A tenant as the platform team defines it in ``platform.yaml``."""
 
@@ -117,6 +131,8 @@ class TenantSpec(_Strict):
     admins: Principals = Principals()
     classes: tuple[PodClass, ...] = CLASSES
     node_pool: str | None = Field(None, alias="nodePool")
+
+    _pool = field_validator("node_pool")(check_node_pool)
 
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)?$")

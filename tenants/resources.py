@@ -9,6 +9,11 @@ Contract:
 - Accounting is in integer compute *slices*: a whole GPU is 7 slices, a MIG profile
   ``Ng.*`` is N slices. GPU-equivalents = slices / 7, shown with two decimals.
 - A ``ResourceCounts`` maps resource names to non-negative integer counts.
+- A *capacity key* names a resource in one placement class (:mod:`tenants.placement`):
+  the resource, then ``#<MIG strategy>`` unless the resource's usual one (``gpu`` on
+  nodes without MIG, ``mig-*`` on ``mixed`` nodes), then ``@<node pool>`` for pool nodes:
+  ``gpu``, ``gpu@a``, ``gpu#mixed``, ``mig-1g.5gb#single@a``. :func:`base_of` gives the
+  resource; slices count by it (:func:`slices_of` accepts capacity keys).
 """
 
 from __future__ import annotations
@@ -40,7 +45,17 @@ MIG_PROFILES: frozenset[str] = frozenset(
 )
 KNOWN_RESOURCES: frozenset[str] = frozenset({GPU} | {MIG_PREFIX + p for p in MIG_PROFILES})
 
+
+
+def mig_profiles_of(gpu: str) -> tuple[str, ...]:
+    """The MIG profiles of a GPU family fairgate knows (``A100-40GB``, ``H100-80GB``...)."""
+    return _MIG_PROFILES_BY_GPU[gpu]
+
+
 _PROFILE_SLICES = re.compile(r"^(\d+)g\.")
+STRATEGY_SEP = "#"
+POOL_SEP = "@"
+_BASE = re.compile(r"^[^#@]*")
 
 
 class UnknownResourceError(ValueError):
@@ -65,9 +80,18 @@ def is_known(name: str) -> bool:
     return normalise(name) in KNOWN_RESOURCES
 
 
+def base_of(key: str) -> str:
+    """The resource of a capacity key (``mig-1g.5gb#single@a`` -> ``mig-1g.5gb``); a
+    plain resource name is its own base."""
+    match = _BASE.match(key)
+    assert match is not None  # the pattern matches every string
+    return match.group(0)
+
+
 def slices_of(name: str) -> int:
-    """Compute slices held by one unit of resource ``name``; raises UnknownResourceError."""
-    canonical = normalise(name)
+    """Compute slices held by one unit of resource (or capacity key) ``name``; raises
+    UnknownResourceError."""
+    canonical = normalise(base_of(name))
     if canonical not in KNOWN_RESOURCES:
         raise UnknownResourceError(name)
     if canonical == GPU:

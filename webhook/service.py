@@ -354,7 +354,7 @@ class AdmissionService:
                 namespace=request.namespace,
                 name=request.name or _generate_name(pod),
                 pod_class=plan.pod_class,
-                demand=dict(plan.demand),
+                demand=plan.placement.keyed(plan.demand),
                 group=plan.group.name if plan.group else None,
                 group_size=plan.group.size if plan.group else 1,
                 submitted_at=self._clock(),

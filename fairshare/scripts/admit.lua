@@ -65,7 +65,7 @@ if cls == 't' then
   local training_room = cfg.ns - cfg.rs
   local fits = num(st, 'ut') + num(st, 'qs:t') + ds <= training_room
   local alone = ds <= training_room
-  for k, v in pairs(d) do
+  for k, v in pairs(by_resource(d)) do
     if num(st, 'u:' .. k) + num(st, 'qd:t:' .. k) + v > (cfg.n[k] or 0) then fits = false end
     if v > (cfg.n[k] or 0) then alone = false end
   end

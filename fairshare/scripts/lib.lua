@@ -41,7 +41,16 @@ local function split(s, sep)
   end
 end
 
-local function slices_of(res)
+-- A demand, usage or capacity key is a capacity key: the resource, '#<MIG strategy>'
+-- unless its usual one, '@<node pool>' for pool nodes (tenants/placement.py), so
+-- capacity and cluster usage are per placement class; quota and a tenant's usage
+-- (u:<res>, qd:) count the resource (base_of).
+local function base_of(key)
+  return string.match(key, '^[^#@]*')
+end
+
+local function slices_of(key)
+  local res = base_of(key)
   if res == 'gpu' then return 7 end
   return tonumber(string.match(res, '^mig%-(%d+)g%.'))
 end
@@ -69,6 +78,16 @@ local function format_counts(d)
     parts[#parts + 1] = k .. '=' .. string.format('%d', d[k])
   end
   return table.concat(parts, ',')
+end
+
+-- counts by capacity key summed per resource (base_of): what quota counts
+local function by_resource(d)
+  local out = {}
+  for k, v in pairs(d) do
+    local res = base_of(k)
+    out[res] = (out[res] or 0) + v
+  end
+  return out
 end
 
 local function slices(d)
@@ -104,9 +123,9 @@ end
 
 local NONE = {}  -- the sorted resource names of a band without demand (never written)
 
--- {i=counts, t=counts, b=counts, all=sorted resource names, cls='i'|'t',
--- keys={i=, t=, b=: sorted resource names of the band}, nb=non-borrowed (i + t)
--- counts, nb_keys=its sorted names, t_slices, b_slices}; read only
+-- {i=counts, t=counts, b=counts, all=sorted capacity keys, cls='i'|'t',
+-- keys={i=, t=, b=: sorted capacity keys of the band}, nb=non-borrowed (i + t)
+-- counts by resource (quota), nb_keys=its sorted names, t_slices, b_slices}; read only
 local function parse_shape(shape)
   local D = SHAPES[shape]
   if D then return D end
@@ -115,9 +134,9 @@ local function parse_shape(shape)
     D[band] = parse_counts(counts)
     D.keys[band] = sorted_keys(D[band])
   end
-  D.nb = sum_counts(D.i, D.t)
+  D.nb = by_resource(sum_counts(D.i, D.t))
   D.nb_keys = sorted_keys(D.nb)
-  D.all = sorted_keys(sum_counts(D.nb, D.b))
+  D.all = sorted_keys(sum_counts(sum_counts(D.i, D.t), D.b))
   D.t_slices, D.b_slices = slices(D.t), slices(D.b)
   -- tier: the lowest band in the shape; dispatch serves tiers i, t, b in order
   D.tier = (next(D.i) ~= nil) and 'i' or ((next(D.b) ~= nil) and 'b' or 't')
@@ -315,7 +334,10 @@ local function add_usage(tenant, band, d, sign, st)
   fold_decay(tenant, st)
   local deltas = {['u' .. band] = sign * slices(d)}
   for k, v in pairs(d) do
-    if band ~= 'b' then deltas['u:' .. k] = sign * v end
+    if band ~= 'b' then
+      local field = 'u:' .. base_of(k)
+      deltas[field] = (deltas[field] or 0) + sign * v
+    end
     local now_used = redis.call('HINCRBY', K_USED, band .. ':' .. k, sign * v)
     if USED[k] then USED[k][band] = now_used end
   end
@@ -410,7 +432,7 @@ end
 local function seen_demand_deltas(rec, sign, deltas)
   local d = parse_counts(rec[F_DEMAND])
   for k, v in pairs(d) do
-    local field = 'qd:' .. rec[F_BAND] .. ':' .. k
+    local field = 'qd:' .. rec[F_BAND] .. ':' .. base_of(k)
     deltas[field] = (deltas[field] or 0) + sign * v
   end
   deltas['qs:' .. rec[F_BAND]] = (deltas['qs:' .. rec[F_BAND]] or 0) + sign * slices(d)

@@ -235,3 +235,26 @@ def test_arbitrary_json_gives_counts_or_demand_error(value: Any) -> None:
     except DemandError:
         return
     assert all(isinstance(n, int) and n > 0 for n in result.values())
+
+
+PROFILE = "fairgate.io/mig-profile"
+
+
+def test_mig_profile_label_accounts_gpus_as_that_profiles_devices() -> None:
+    assert pod_demand(gpu_pod(3, labels={PROFILE: "1g.5gb"})) == {"mig-1g.5gb": 3}
+    assert pod_demand(gpu_pod(3)) == {"gpu": 3}
+
+
+@pytest.mark.parametrize(
+    ("pod", "fragment"),
+    [
+        (gpu_pod(1, labels={PROFILE: "1g.5gb"}, resource="nvidia.com/mig-1g.5gb"),
+         "request nvidia.com/gpu only"),
+        (gpu_pod(0, labels={PROFILE: "1g.5gb"}), "asks for no nvidia.com/gpu"),
+        (gpu_pod(1, labels={PROFILE: "5g.1gb"}), "not a MIG profile fairgate knows"),
+    ],
+)
+def test_mig_profile_label_misuse_is_a_demand_error(pod: Any, fragment: str) -> None:
+    with pytest.raises(DemandError, match=PROFILE) as info:
+        pod_demand(pod)
+    assert fragment in str(info.value)

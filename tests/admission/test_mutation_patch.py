@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from pod_strategies import pods
 
 from admission import pods as pods_module
-from admission.mutation import GPU_TOLERATION, build_patch, mutate_pod, placement_requirements
+from admission.mutation import GPU_TOLERATION, build_patch, mutate_pod
 from admission.plan import PodPlan, plan_create
 from admission.reviews import parse_review
 from tenants.models import (
@@ -28,11 +28,26 @@ from tenants.models import (
     PodClass,
     PriorityBand,
 )
+from tenants.placement import (
+    NODE_POOL_ANNOTATION,
+    SINGLE_PRODUCTS,
+    pod_placement,
+    requirements,
+)
 
 CLASSES = CONFIG.platform.priority_classes
 K8S_VERSION = "1.33.0"
 NOT_MIG = {"key": "nvidia.com/mig.strategy", "operator": "NotIn", "values": ["single", "mixed"]}
 ONLY_MIXED = {"key": "nvidia.com/mig.strategy", "operator": "In", "values": ["mixed"]}
+ONLY_SINGLE = {"key": "nvidia.com/mig.strategy", "operator": "In", "values": ["single"]}
+NO_POOL = {"key": "fairgate.io/node-pool", "operator": "DoesNotExist"}
+
+
+def placement_requirements(
+    demand: dict[str, int], pool: str | None, profile: str | None = None
+) -> list[dict[str, Any]]:
+    """What the webhook must write for a pod of ``demand`` (label ``profile``) in ``pool``."""
+    return requirements(pod_placement(demand, profile, pool))
 
 
 def make_plan(
@@ -40,6 +55,7 @@ def make_plan(
     tenant: str = "team-a",
     pod_class: PodClass = "training",
     node_pool: str | None = None,
+    profile: str | None = None,
 ) -> PodPlan:
     import dataclasses
 
@@ -57,6 +73,7 @@ def make_plan(
         ticket="ticket-1",
         reused_ticket=False,
         group=None,
+        placement=pod_placement(counts, profile, found.node_pool),
     )
 
 
@@ -104,7 +121,7 @@ def test_bare_pod_gets_every_parent_created() -> None:
         DEMAND_ANNOTATION: "gpu=1",
     }
     assert result["spec"]["tolerations"] == [dict(GPU_TOLERATION)]
-    assert required_terms(result) == [{"matchExpressions": [NOT_MIG]}]
+    assert required_terms(result) == [{"matchExpressions": [NOT_MIG, NO_POOL]}]
     assert result["spec"]["schedulingGates"] == [{"name": QUEUE_GATE}]
     assert (
         result["spec"]["priorityClassName"],
@@ -124,9 +141,9 @@ def test_keys_with_slashes_are_escaped() -> None:
 @pytest.mark.parametrize(
     ("demand", "pool", "expected"),
     [
-        ({"gpu": 2}, None, [NOT_MIG]),
-        ({"mig-1g.5gb": 1}, None, [ONLY_MIXED]),
-        ({"mig-1g.5gb": 1, "gpu": 1}, None, [ONLY_MIXED]),
+        ({"gpu": 2}, None, [NOT_MIG, NO_POOL]),
+        ({"mig-1g.5gb": 1}, None, [ONLY_MIXED, NO_POOL]),
+        ({"mig-1g.5gb": 1, "gpu": 1}, None, [ONLY_MIXED, NO_POOL]),
         (
             {"gpu": 1},
             "a100-pool",
@@ -137,7 +154,25 @@ def test_keys_with_slashes_are_escaped() -> None:
 def test_placement_requirements(
     demand: dict[str, int], pool: str | None, expected: list[dict[str, Any]]
 ) -> None:
-    assert placement_requirements(demand, pool) == expected
+    _, result = patched(gpu_pod(), make_plan(demand, node_pool=pool))
+    assert required_terms(result) == [{"matchExpressions": expected}]
+
+
+def test_single_mig_pod_goes_to_single_nodes_of_its_profile_and_pool_is_annotated() -> None:
+    plan = make_plan({"mig-1g.5gb": 2}, node_pool="pool-a", profile="1g.5gb")
+    _, result = patched(gpu_pod(), plan)
+    product = {"key": "nvidia.com/gpu.product", "operator": "In",
+               "values": list(SINGLE_PRODUCTS["1g.5gb"])}
+    assert "A100-SXM4-40GB-MIG-1g.5gb" in product["values"]
+    pool = {"key": "fairgate.io/node-pool", "operator": "In", "values": ["pool-a"]}
+    assert required_terms(result) == [{"matchExpressions": [ONLY_SINGLE, product, pool]}]
+    assert result["metadata"]["annotations"][NODE_POOL_ANNOTATION] == "pool-a"
+
+
+def test_pool_annotation_is_removed_for_a_tenant_without_pool() -> None:
+    pod = gpu_pod(annotations={NODE_POOL_ANNOTATION: "forged"})
+    _, result = patched(pod, make_plan())
+    assert NODE_POOL_ANNOTATION not in result["metadata"]["annotations"]
 
 
 def test_affinity_fixture_merges_into_every_term_and_keeps_the_rest() -> None:
@@ -206,7 +241,8 @@ def test_non_equivalent_toleration_gets_ours_appended(toleration: dict[str, str]
 
 
 def test_existing_requirement_is_not_duplicated_and_empty_terms_are_left_alone() -> None:
-    terms = [{"matchExpressions": [NOT_MIG]}, {}, {"matchExpressions": [], "matchFields": []}]
+    terms = [{"matchExpressions": [NOT_MIG, NO_POOL]}, {},
+             {"matchExpressions": [], "matchFields": []}]
     pod = gpu_pod(
         affinity={
             "nodeAffinity": {
@@ -234,7 +270,7 @@ def test_existing_requirement_is_not_duplicated_and_empty_terms_are_left_alone()
 )
 def test_partial_affinity_structures_are_completed(affinity: dict[str, Any]) -> None:
     _, result = patched(gpu_pod(affinity=affinity), make_plan({"mig-1g.5gb": 1}))
-    assert required_terms(result) == [{"matchExpressions": [ONLY_MIXED]}]
+    assert required_terms(result) == [{"matchExpressions": [ONLY_MIXED, NO_POOL]}]
 
 
 def test_null_metadata_maps_are_replaced() -> None:

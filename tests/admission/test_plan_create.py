@@ -404,3 +404,39 @@ def test_reinvocation_with_changed_demand_is_refused() -> None:
         annotations={TICKET_ANNOTATION: "first-uid", DEMAND_ANNOTATION: "gpu=2"},
     )
     assert "does not match the pod's GPU demand gpu=3" in denied(pod).message
+
+
+def test_mig_profile_pod_is_planned_for_single_nodes_of_its_profile() -> None:
+    result = plan(gpu_pod(2, labels={"fairgate.io/mig-profile": "1g.5gb"}))
+    assert isinstance(result, PodPlan)
+    assert result.demand == {"mig-1g.5gb": 2}
+    assert result.demand_slices == 2
+    assert (result.placement.strategy, result.placement.profile) == ("single", "1g.5gb")
+
+
+def test_pool_tenant_plan_has_its_pool_and_others_none() -> None:
+    pooled = plan(gpu_pod(1, namespace="team-b-dev"), "team-b-dev")
+    assert isinstance(pooled, PodPlan)
+    assert pooled.placement.pool == "a100-pool"
+    plain = plan(gpu_pod(1))
+    assert isinstance(plain, PodPlan)
+    assert plain.placement.pool is None
+
+
+def test_mig_profile_on_a_mixed_pod_is_denied_with_a_fix() -> None:
+    result = denied(gpu_pod(1, labels={"fairgate.io/mig-profile": "1g.5gb"},
+                            resource="nvidia.com/mig-1g.5gb"))
+    assert result.code == "invalid-demand"
+    assert "request nvidia.com/gpu only, or drop the label" in result.message
+
+
+def test_mig_profile_label_without_gpu_is_denied() -> None:
+    pod = gpu_pod(0, labels={"fairgate.io/mig-profile": "1g.5gb"})
+    result = denied(pod)
+    assert result.code == "invalid-demand"
+    assert "asks for no nvidia.com/gpu" in result.message
+
+
+def test_forged_pool_annotation_is_refused() -> None:
+    result = denied(gpu_pod(1, annotations={"fairgate.io/node-pool": "a100-pool"}))
+    assert result.code == "fairgate-field"

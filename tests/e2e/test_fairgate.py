@@ -21,7 +21,7 @@ from harness.fairgate import (
     pods_api,
     tenant_namespace,
 )
-from harness.kubelet import DEFAULT_GPU_NODES, FakeKubelet
+from harness.kubelet import DEFAULT_GPU_NODES, FakeKubelet, GpuNode
 from harness.pods import is_gated, pod_manifest, required_affinity_admits, running_node
 from harness.waiting import wait_for
 from kubernetes import client
@@ -853,3 +853,82 @@ def test_a_rolling_update_at_the_quota_edge_completes_and_never_runs_above_quota
     finally:
         _delete_and_wait(apps.delete_namespaced_deployment, apps.read_namespaced_deployment,
                          "roll", ns)
+
+
+# placement classes (issue 13) ----------------------------------------------------------
+
+SINGLE_MIG_NODE = GpuNode(
+    "gpu-mig-single", "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb", "single", {"nvidia.com/gpu": 56},
+    56, 4864,
+)
+
+
+def _class_capacity(fairgate: FairgateStack) -> dict[str, int]:
+    return {row["key"]: row["capacity"] for row in fairgate.status()["capacityByClass"]}
+
+
+def test_a_whole_gpu_backlog_is_released_only_onto_whole_gpus_and_single_mig_pods_run(
+    controlplane: ControlPlane,
+    kubelet: FakeKubelet,
+    fairgate: FairgateStack,
+    tenant_pods: None,
+) -> None:
+    """The headline of issue 13: 8 whole GPUs plus a node with 56 MIG devices under the
+    `single` strategy (also `nvidia.com/gpu`) is not 64 GPUs. Whole-GPU pods are
+    released only up to the 8 GPUs their affinity can reach (none is left Pending
+    without a gate); pods labelled `fairgate.io/mig-profile: 1g.5gb` run on the MIG node."""
+    admin: Any = client.CoreV1Api(controlplane.admin)
+    extra = FakeKubelet(controlplane, nodes=[SINGLE_MIG_NODE])
+    extra.register_nodes()
+    extra.start()
+    try:
+        wait_for(lambda: _class_capacity(fairgate).get("mig-1g.5gb#single") == 56, 30,
+                 "the dispatcher to count the single-strategy node as its own class")
+        assert _class_capacity(fairgate)["gpu"] == CLUSTER_GPUS
+        names: list[tuple[str, str]] = []
+
+        def running_whole() -> int:
+            return sum(1 for ns, name in names if running_node(admin, ns, name))
+
+        # team-b's 4 GPUs first, then team-a's 8 (4 nominal + 4 borrowed): 12 GPUs that
+        # quota allows, 8 that the whole-GPU nodes have (borrowed pods never preempt)
+        for tenant, count in (("team-b", 4), ("team-a", 8)):
+            ns, core = tenant_namespace(tenant), pods_api(controlplane, tenant)
+            for i in range(count):
+                core.create_namespaced_pod(ns, pod_manifest(f"w{i}", {"nvidia.com/gpu": 1}))
+                names.append((ns, f"w{i}"))
+            if tenant == "team-b":
+                wait_for(lambda: running_whole() == 4, 60, "team-b's 4 pods to run")
+        wait_for(lambda: running_whole() == CLUSTER_GPUS, 60, "8 whole-GPU pods to run")
+        time.sleep(3)  # several dispatcher rounds: nothing more may be released
+        pods = [admin.read_namespaced_pod(name, ns) for ns, name in names]
+        released = [p for p in pods if not is_gated(p)]
+        assert len(released) == CLUSTER_GPUS, [p.metadata.name for p in released]
+        assert all(p.spec.node_name in WHOLE_GPU_NODES for p in released)
+
+        ns, core = tenant_namespace("team-a"), pods_api(controlplane, "team-a")
+        for i in range(3):
+            pod = core.create_namespaced_pod(ns, pod_manifest(
+                f"mig-single-{i}", {"nvidia.com/gpu": 1},
+                labels={"fairgate.io/mig-profile": "1g.5gb"}))
+            assert pod.metadata.annotations["fairgate.io/demand"] == "mig-1g.5gb=1"
+            assert required_affinity_admits(pod, SINGLE_MIG_NODE.labels())
+            assert not any(required_affinity_admits(pod, n.labels()) for n in DEFAULT_GPU_NODES)
+        for i in range(3):
+            node = wait_for(partial(running_node, core, ns, f"mig-single-{i}"), 30,
+                            f"single-MIG pod {i} to run")
+            assert node == SINGLE_MIG_NODE.name
+        used = {row["key"]: row["used"] for row in fairgate.status()["capacityByClass"]}
+        assert used["mig-1g.5gb#single"] == 3 and used["gpu"] == CLUSTER_GPUS
+        refused, message = refusal(lambda: core.create_namespaced_pod(ns, pod_manifest(
+            "mig-wrong", {"nvidia.com/mig-1g.5gb": 1},
+            labels={"fairgate.io/mig-profile": "1g.5gb"})))
+        assert refused in (400, 403) and "request nvidia.com/gpu only" in message, message
+    finally:
+        for tenant in ("team-a", "team-b"):
+            admin.delete_collection_namespaced_pod(tenant_namespace(tenant),
+                                                   grace_period_seconds=0)
+        extra.stop()
+        admin.delete_node(SINGLE_MIG_NODE.name)
+        client.CoordinationV1Api(controlplane.admin).delete_namespaced_lease(
+            SINGLE_MIG_NODE.name, "kube-node-lease")

@@ -53,7 +53,7 @@ def test_a_stamped_pod_is_read_completely() -> None:
     assert str(pod.ref) == "team-a-dev/trainer-0" and pod.uid == "5f1d-uid"
     assert (pod.ticket, pod.tenant, pod.pod_class, pod.band) == (
         "b7e4-ticket", "team-a", "training", "borrowed")
-    assert dict(pod.demand) == {"gpu": 2, "mig-1g.5gb": 1} and pod.slices == 15
+    assert dict(pod.demand) == {"gpu#mixed": 2, "mig-1g.5gb": 1} and pod.slices == 15
     assert (pod.group, pod.group_size) == ("llm", 4)
     assert pod.gated and pod.phase == "Pending" and not pod.finished and not pod.deleting
     created = datetime.datetime(2026, 11, 30, 0, 40, 12, tzinfo=datetime.UTC)
@@ -100,9 +100,10 @@ def test_pods_fairgate_did_not_stamp_are_not_tracked() -> None:
     assert pod_from_manifest(odd_class, PRIORITY) is None
 
 
-def _node(ready: str, allocatable: dict[str, str], unschedulable: bool = False) -> Any:
+def _node(ready: str, allocatable: dict[str, str], unschedulable: bool = False,
+          labels: dict[str, str] | None = None) -> Any:
     return {
-        "metadata": {"name": "n"},
+        "metadata": {"name": "n", "labels": labels or {}},
         "spec": {"unschedulable": unschedulable},
         "status": {"allocatable": {"cpu": "64", "memory": "512Gi", **allocatable},
                    "conditions": [{"type": "MemoryPressure", "status": "False"},
@@ -113,7 +114,15 @@ def _node(ready: str, allocatable: dict[str, str], unschedulable: bool = False) 
 def test_node_capacity_counts_gpu_resources_of_ready_schedulable_nodes() -> None:
     mixed = {"nvidia.com/gpu": "2", "nvidia.com/mig-1g.5gb": "7",
              "nvidia.com/mig-9g.1gb": "1", "example.com/fpga": "3"}
-    assert node_capacity(_node("True", mixed)) == {"gpu": 2, "mig-1g.5gb": 7}
+    # MIG resources are capacity on mixed-strategy nodes (where MIG pods' affinity goes),
+    # with the mixed node's whole GPUs kept apart from those of nodes without MIG
+    on_mixed = _node("True", mixed, labels={"nvidia.com/mig.strategy": "mixed"})
+    assert node_capacity(on_mixed) == {"gpu#mixed": 2, "mig-1g.5gb": 7}
+    assert node_capacity(_node("True", mixed)) == {"gpu": 2}
+    single = _node("True", {"nvidia.com/gpu": "56"}, labels={
+        "nvidia.com/mig.strategy": "single", "fairgate.io/node-pool": "p",
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"})
+    assert node_capacity(single) == {"mig-1g.5gb#single@p": 56}
     assert node_capacity(_node("False", mixed)) == {}
     assert node_capacity(_node("Unknown", mixed)) == {}
     assert node_capacity(_node("True", mixed, unschedulable=True)) == {}
@@ -136,7 +145,7 @@ def test_demand_comes_from_the_spec_when_the_annotation_was_edited() -> None:
         "limits": {"nvidia.com/gpu": "2", "nvidia.com/mig-1g.5gb": "1"}}
     pod["metadata"]["annotations"]["fairgate.io/demand"] = "gpu=0"  # edited after admission
     read = pod_from_manifest(pod, PRIORITY, pod_demand)
-    assert read is not None and dict(read.demand) == {"gpu": 2, "mig-1g.5gb": 1}
+    assert read is not None and dict(read.demand) == {"gpu#mixed": 2, "mig-1g.5gb": 1}
     without = pod_from_manifest(pod, PRIORITY)  # no spec reader: the annotation (legacy)
     assert without is not None and without.slices == 0
     pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "half"}}
@@ -337,3 +346,34 @@ def test_capacity_report_leaves_out_nodes_and_subtracts_foreign_pods() -> None:
     assert capacity_report(nodes[1:2], crowd, NOW, 40).notes() == [
         "node gpu-1: gpu=4 held by 5 pods fairgate does not manage (ns/p0, ns/p1, ns/p2 "
         "and 2 more)"]
+
+
+def _labelled(node: dict[str, Any], **labels: str) -> dict[str, Any]:
+    node["metadata"]["labels"].update({k.replace("__", "/").replace("_", "."): v
+                                       for k, v in labels.items()})
+    return node
+
+
+def test_capacity_is_per_placement_class_in_a_mixed_cluster() -> None:
+    """Plain, mixed, single-strategy and pool nodes side by side: each node's GPUs count
+    in its own class only; foreign pods are subtracted in the node's devices."""
+    single = _labelled(gpu_node("mig-single", gpus=56),
+                       nvidia_com__mig_strategy="single",
+                       nvidia_com__gpu_product="NVIDIA-A100-SXM4-40GB-MIG-1g.5gb")
+    pool = gpu_node("pool-0")
+    pool["metadata"]["labels"]["fairgate.io/node-pool"] = "a100"
+    unknown = _labelled(gpu_node("mig-odd", gpus=7), nvidia_com__mig_strategy="single",
+                        nvidia_com__gpu_product="Mystery-MIG-1g.5gb")
+    nodes = [node_gpus(n) for n in (
+        gpu_node("gpu-0"), gpu_node("gpu-1"), single, pool, unknown,
+        gpu_node("gpu-mig", gpus=1, mig={"nvidia.com/mig-1g.5gb": "7"}),
+    )]
+    single_pod = other_pod("slice", "mig-single", 2)
+    single_pod["metadata"]["labels"] = {"fairgate.io/mig-profile": "1g.5gb"}
+    held = foreign_pod(single_pod, pod_demand, PRIORITY)
+    assert held == ForeignPod("research/slice", "mig-single", {"gpu": 2})
+    report = capacity_report(nodes, [held], NOW, 40)
+    assert dict(report.total) == {"gpu": 8, "mig-1g.5gb#single": 54, "gpu@a100": 4,
+                                  "gpu#mixed": 1, "mig-1g.5gb": 7}
+    assert [e.node for e in report.excluded] == ["mig-odd"]
+    assert "Mystery-MIG-1g.5gb" in report.excluded[0].reason

@@ -20,8 +20,9 @@ from tests.fairshare.test_queue import config as make_config
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def _snapshot(sim: Simulation) -> dict[str, Any]:
-    """Usage per tenant and, per tenant and class, the gated tickets in queue order."""
+def _snapshot(sim: Simulation, client: redis.Redis | None = None) -> dict[str, Any]:
+    """Usage per tenant and, per tenant and class, the gated tickets in queue order;
+    with ``client``, the cluster usage per band and capacity key (placement class)."""
     now = sim.clock()
     tenants = {
         s.tenant: (s.used, s.used_slices, s.borrowed_slices, s.training_slices,
@@ -37,13 +38,16 @@ def _snapshot(sim: Simulation) -> dict[str, Any]:
         order.setdefault((pod.tenant, pod.pod_class), []).append(
             (status.position, status.state, pod.ticket)
         )
-    return {"tenants": tenants, "order": {k: sorted(v, key=str) for k, v in order.items()}}
+    used = ({} if client is None else
+            {k: v for k, v in client.hgetall("fairgate:used").items() if int(v)})
+    return {"tenants": tenants, "order": {k: sorted(v, key=str) for k, v in order.items()},
+            "used": used}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("example", "when"), [
     ("weights-1-2-3.yaml", 777.0), ("inference-burst.yaml", 333.0), ("gangs.yaml", 421.0),
-    ("mig-and-gpus.yaml", 1_234.0),
+    ("mig-and-gpus.yaml", 1_234.0), ("placement.yaml", 600.0),
 ])
 def test_flush_then_rebuild_restores_queue_order_and_usage(
     redis_url: str, example: str, when: float
@@ -52,7 +56,7 @@ def test_flush_then_rebuild_restores_queue_order_and_usage(
     client = redis.Redis.from_url(redis_url)
     sim = Simulation(trace, client, "fairgate:")
     sim.advance(when)
-    before = _snapshot(sim)
+    before = _snapshot(sim, client)
     assert any(before["order"].values()), "the trace should have pods queued at this point"
     assert any(t[1] for t in before["tenants"].values()), "and pods running"
 
@@ -60,7 +64,7 @@ def test_flush_then_rebuild_restores_queue_order_and_usage(
     assert sim.queue.tenant_status() == []
     sim.dispatcher.reconcile()
 
-    assert _snapshot(sim) == before
+    assert _snapshot(sim, client) == before
 
 
 @pytest.mark.slow

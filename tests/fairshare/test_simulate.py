@@ -216,3 +216,58 @@ def test_the_quota_check_sees_a_tenant_above_its_quota() -> None:
     assert quota_violations(config, [pod("i", "inference", 3)]) == [
         "team-a: gpu=3 above nominal 2"
     ]
+
+
+def test_placement_example_keeps_every_class_within_its_own_capacity(redis_url: str) -> None:
+    """examples/placement.yaml: whole GPUs never exceed the 8 plain GPUs (the 56
+    single-strategy MIG devices are not whole GPUs), the pool tenant never holds more
+    than its pool's 4 GPUs (borrowing included), and the single-MIG pods run."""
+    trace = load_trace(EXAMPLES / "placement.yaml")
+    sim = Simulation(trace, redis.Redis.from_url(redis_url), "fairgate:placement:")
+    peak: dict[str, int] = {}
+    mig_ran = 0
+    for step in range(1, int(trace.horizon // 10) + 1):
+        sim.advance(step * 10.0)
+        running: dict[str, int] = {}
+        for pod in sim.cluster.list_pods():
+            if pod.holds_capacity:
+                for key, n in pod.demand.items():
+                    running[key] = running.get(key, 0) + n
+                    assert pod.tenant != "team-pool" or key == "gpu@a100-pool"
+                if "mig-1g.5gb#single" in pod.demand:
+                    mig_ran += 1
+        for key, n in running.items():
+            assert n <= trace.capacity[key], (step, key, n)
+            peak[key] = max(peak.get(key, 0), n)
+    assert peak == {"gpu": 8, "gpu@a100-pool": 4, "mig-1g.5gb#single": peak["mig-1g.5gb#single"]}
+    assert mig_ran > 0
+    report = sim.run()
+    assert report.quota_violations == []
+    assert report.tenants["team-b"].waiting == 0
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        ({"capacity": {"gpu#single": 4}}, "single-strategy nodes offer MIG devices"),
+        ({"capacity": {"gpu@bad pool": 4}}, "not a Kubernetes label value"),
+        ({"arrivals": [{"at": 0, "tenant": "t", "class": "training", "demand": {"gpu": 1},
+                        "migProfile": "1g.5gb", "duration": 1}]},
+         "mig-1g.5gb#single which 'capacity' does not have"),
+        ({"arrivals": [{"at": 0, "tenant": "t", "class": "training",
+                        "demand": {"mig-1g.5gb": 1}, "migProfile": "1g.5gb", "duration": 1}]},
+         "request nvidia.com/gpu only"),
+    ],
+)
+def test_trace_placement_errors_say_what_to_fix(change: dict[str, object], fragment: str) -> None:
+    data: dict[str, object] = {
+        "capacity": {"gpu": 4, "mig-1g.5gb": 7},
+        "tenants": {"t": {"weight": 1, "nominal": {"gpu": 4, "mig-1g.5gb": 7}}},
+        "arrivals": [{"at": 0, "tenant": "t", "class": "training", "demand": {"gpu": 1},
+                      "duration": 1}],
+        "horizon": 10,
+    }
+    data.update(change)
+    with pytest.raises(ConfigError) as info:
+        parse_trace(data)
+    assert fragment in str(info.value)

@@ -331,3 +331,24 @@ def test_why_explains_a_controllers_gated_pod_by_the_name_kubectl_shows(
     text = out.getvalue()
     assert text.startswith(f"{ref}: released as training at ")
     assert "queue: waiting for 1 x gpu" in text and "dispatch: released as training" in text
+
+
+def test_status_shows_capacity_and_usage_per_placement_class(
+        redis_client: redis.Redis, redis_url: str) -> None:
+    """Capacity per class as the dispatcher stores it, usage per class as released."""
+    q = FairQueue(redis_client)
+    q.sync_config(CONFIG, {"gpu": 8, "mig-1g.5gb#single": 56, "mig-1g.5gb": 7})
+    assert q.admit(_request("g", "g", demand={"gpu": 2}), NOW).outcome == "reserved"
+    assert q.admit(_request("s", "s", pod_class="inference",
+                            demand={"mig-1g.5gb#single": 3}), NOW).outcome == "reserved"
+    rows = status_report(q, NOW)["capacityByClass"]
+    assert rows == [
+        {"key": "gpu", "class": "whole GPUs", "resource": "gpu", "capacity": 8, "used": 2},
+        {"key": "mig-1g.5gb", "class": "MIG mixed", "resource": "mig-1g.5gb",
+         "capacity": 7, "used": 0},
+        {"key": "mig-1g.5gb#single", "class": "MIG single 1g.5gb",
+         "resource": "mig-1g.5gb", "capacity": 56, "used": 3},
+    ]
+    out = io.StringIO()
+    assert status_command(redis_url, False, out=out) == 0
+    assert "MIG single 1g.5gb: mig-1g.5gb 3 used of 56" in out.getvalue()

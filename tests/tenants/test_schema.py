@@ -175,3 +175,13 @@ def test_a_quota_of_more_than_1000_values_is_refused_at_the_first_one_past() -> 
         parse_quota(text, "team-a", parse_platform(PLATFORM))
     assert parse_quota("nominal: {gpu: 1}\n# " + "1," * 30000, "team-a",
                        parse_platform(PLATFORM)).nominal == {"gpu": 1}
+
+
+@pytest.mark.parametrize("pool", ["a100 pool", "-a100", "a" * 64, "pool/a", ""])
+def test_node_pool_must_be_a_label_value(pool: str) -> None:
+    text = f"tenants:\n  t: {{weight: 1, ceiling: {{gpuEquivalents: 1}}, nodePool: '{pool}'}}\n"
+    with pytest.raises(ConfigError, match="is not a Kubernetes label value"):
+        parse_platform(text)
+    ok = parse_platform("tenants:\n  t: {weight: 1, ceiling: {gpuEquivalents: 1}, "
+                        "nodePool: a100-pool.1}\n")
+    assert ok.tenants["t"].node_pool == "a100-pool.1"
