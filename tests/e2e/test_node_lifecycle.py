@@ -15,27 +15,21 @@ nodes at run time takes their GPUs out at once: a fitting pod waits gated until 
 from __future__ import annotations
 
 import datetime
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import pytest
-import yaml
-from harness.controlplane import ControlPlane, build_controlplane, free_port
-from harness.fairgate import GATE, FairgateStack, pods_api, tenant_namespace
+from harness.fairgate import GATE, pods_api, tenant_namespace
 from harness.kubelet import (
     DEFAULT_GPU_NODES,
     NOT_READY_TAINT,
-    FakeKubelet,
     cordon,
     whole_gpu_node,
 )
 from harness.pods import condition, pod_manifest, required_affinity_admits, running_node
+from harness.private import PrivateCluster, private_cluster
 from harness.waiting import wait_for
-from kubernetes import client
-from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -50,56 +44,12 @@ GPUS = sum(n.devices.get("nvidia.com/gpu", 0) for n in NODES if not n.cordoned) 
 CEILING = {"team-a": 8.0, "team-b": 4.0}
 
 
-@dataclass
-class Env:
-    cp: ControlPlane
-    kubelet: FakeKubelet
-    fairgate: FairgateStack
-    metrics_port: int
-
-    @property
-    def admin(self) -> Any:
-        return client.CoreV1Api(self.cp.admin)
-
-    def status(self) -> Any:
-        return self.fairgate.status()
-
-    def why(self, namespace: str, name: str) -> dict[str, Any]:
-        result = self.fairgate.run_cli("why", f"{namespace}/{name}", "--json",
-                                       "--redis-url", self.fairgate.redis_url)
-        report: dict[str, Any] = yaml.safe_load(result.stdout)
-        return report
-
-    def metric(self, name: str) -> float:
-        """The sum of every sample of metric `name` the dispatcher serves now."""
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as response:
-            text = response.read().decode()
-        return sum(s.value for family in text_string_to_metric_families(text)
-                   for s in family.samples if s.name == name)
-
-
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    cp = ControlPlane(build_controlplane(), tmp_path_factory.mktemp("lifecycle-cp"))
-    cp.start()
-    kubelet = FakeKubelet(cp, NODES)
-    stack = FairgateStack(cp, tmp_path_factory.mktemp("lifecycle-fairgate"))
-    port = free_port()
-    try:
-        kubelet.register_nodes()
-        kubelet.start()
-        stack.install()
-        stack.start_webhook()
-        stack.start_dispatcher("--unschedulable-grace", f"{UNSCHEDULABLE_GRACE:g}",
-                               "--not-ready-grace", f"{NOT_READY_GRACE:g}",
-                               "--metrics-port", str(port))
-        yield Env(cp, kubelet, stack, port)
-    finally:
-        stack.stop()
-        kubelet.stop()
-        cp.stop()
-    assert not kubelet.errors, f"fake kubelet errors: {kubelet.errors}"
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateCluster]:
+    with private_cluster(tmp_path_factory.mktemp("lifecycle"), NODES,
+                         "--unschedulable-grace", f"{UNSCHEDULABLE_GRACE:g}",
+                         "--not-ready-grace", f"{NOT_READY_GRACE:g}") as cluster:
+        yield cluster
 
 
 def _when(text: Any) -> float:
@@ -154,18 +104,18 @@ def _used(status: Any) -> dict[str, float]:
     return {t: float(status["tenants"].get(t, {}).get("used", 0)) for t in CEILING}
 
 
-def test_a_cordoned_node_is_not_capacity_and_status_says_why(env: Env) -> None:
+def test_a_cordoned_node_is_not_capacity_and_status_says_why(env: PrivateCluster) -> None:
     status = env.status()
     notes = status["capacityNotes"]
     assert notes["total"]["gpu"] == GPUS
     assert [(e["node"], e["reason"]) for e in notes["excluded"]] == [(CORDONED.name,
                                                                       "cordoned")]
-    text = env.fairgate.run_cli("status", "--redis-url", env.fairgate.redis_url).stdout
+    text = env.status_text()
     assert f"node {CORDONED.name} cordoned (gpu=4 not counted)" in text
 
 
 def test_releases_onto_a_node_gone_not_ready_are_caught_after_the_grace_and_freed_once(
-    env: Env,
+    env: PrivateCluster,
 ) -> None:
     core = env.admin
     env.kubelet.set_ready(FLAKY.name, False)
@@ -178,7 +128,7 @@ def test_releases_onto_a_node_gone_not_ready_are_caught_after_the_grace_and_free
                                                   grace_period_seconds=0)
 
 
-def _caught_then_freed(env: Env, core: Any) -> None:
+def _caught_then_freed(env: PrivateCluster, core: Any) -> None:
     wait_for(lambda: any(t.key == NOT_READY_TAINT
                          for t in core.read_node(FLAKY.name).spec.taints or []),
              30, "the node lifecycle controller to taint the NotReady node")
@@ -270,7 +220,7 @@ def _caught_then_freed(env: Env, core: Any) -> None:
 
 
 def test_pods_stay_gated_while_their_capacity_is_cordoned_and_run_once_uncordoned(
-    env: Env,
+    env: PrivateCluster,
 ) -> None:
     core = env.admin
     env.fairgate.wait_idle(60)
@@ -296,7 +246,7 @@ def test_pods_stay_gated_while_their_capacity_is_cordoned_and_run_once_uncordone
         assert [g.name for g in waiting.spec.scheduling_gates or []] == [GATE]
         why = env.why(namespace, "waits")
         assert why["verdict"] == "queued" and "cluster capacity" in why["waiting_for"], why
-        text = env.fairgate.run_cli("status", "--redis-url", env.fairgate.redis_url).stdout
+        text = env.status_text()
         assert f"node {spare} cordoned (gpu=4 not counted)" in text
 
         cordon(core, spare, False)  # its GPUs count again: the gated pod is released

@@ -91,15 +91,16 @@ def fairgate_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "webhook.cli", *args]
 
 
-def _with_e2e_config(objects: Sequence[Manifest]) -> list[Manifest]:
-    """The base's objects with the example tenant config replaced by the e2e tenants'."""
+def _with_e2e_config(objects: Sequence[Manifest], platform_yaml: str) -> list[Manifest]:
+    """The base's objects with the example tenant config replaced by the e2e tenants'
+    (`platform_yaml`, and QUOTA_YAML)."""
     result: list[Manifest] = []
     for obj in objects:
         name = obj["metadata"]["name"]
         if obj["kind"] == "ConfigMap" and name.startswith("quota-"):
             continue
         if obj["kind"] == "ConfigMap" and name == "fairgate-platform":
-            obj = {**obj, "data": {"platform.yaml": PLATFORM_YAML}}
+            obj = {**obj, "data": {"platform.yaml": platform_yaml}}
         result.append(obj)
     for tenant, quota in QUOTA_YAML.items():
         result.append(
@@ -126,8 +127,13 @@ def _tenant_admin_objects(tenant: str) -> list[Manifest]:
 class FairgateStack:
     """fairgate in the cluster; see the module docstring."""
 
-    def __init__(self, controlplane: ControlPlane, work_dir: Path) -> None:
+    def __init__(
+        self, controlplane: ControlPlane, work_dir: Path, platform_yaml: str = PLATFORM_YAML
+    ) -> None:
+        """`platform_yaml`: the platform config to install (the e2e tenants of QUOTA_YAML,
+        e.g. PLATFORM_YAML with a `nodePool` for one of them)."""
         self.cp = controlplane
+        self.platform_yaml = platform_yaml
         self.work_dir = work_dir
         self.redis = RedisServer(work_dir / "redis", controlplane.log_dir)
         self.redis_url = self.redis.url
@@ -146,7 +152,8 @@ class FairgateStack:
         self.run_cli("certs", "generate", "--out", str(self.cert_dir))
         ca_bundle = base64.b64encode((self.cert_dir / "ca.crt").read_bytes()).decode()
         objects = with_ca_bundle(
-            _with_e2e_config(load_kustomization(REPO / "manifests")), ca_bundle
+            _with_e2e_config(load_kustomization(REPO / "manifests"), self.platform_yaml),
+            ca_bundle,
         )
         self._webhooks = [o for o in objects if o["kind"] in WEBHOOK_KINDS]
         apply(self.cp.admin, [o for o in objects if o not in self._webhooks])
