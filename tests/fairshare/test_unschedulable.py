@@ -22,7 +22,7 @@ from fairshare.kube import pod_from_manifest, unschedulable
 from fairshare.queue import FairQueue
 from fairshare.simcluster import SimulatedCluster, VirtualClock
 from fairshare.status import capacity_lines, status_report, why_report
-from tenants.models import PriorityClasses
+from tenants.models import FairgateConfig, PlatformConfig, PriorityClasses, QuotaSpec
 from tests.fairshare.simkit import Rig, admit_hook, make_config
 
 GRACE = 30.0
@@ -49,13 +49,17 @@ class PhantomCluster(SimulatedCluster):
                 self._set(sim, replace(sim.pod, unschedulable=MESSAGE))
 
 
-def _rig(redis_url: str, pool: int, phantom: int, audit: AuditLog | None = None) -> Rig:
+def _rig(redis_url: str, pool: int, phantom: int, audit: AuditLog | None = None,
+         config: FairgateConfig | None = None, key: str = "gpu",
+         more: dict[str, int] | None = None) -> Rig:
+    """``pool`` real units of capacity key ``key`` reported as ``pool + phantom``, and
+    ``more`` capacity elsewhere."""
     client = redis.Redis.from_url(redis_url)
     queue = FairQueue(client)
     clock = VirtualClock(1_000.0)
-    config = make_config(TEAM_A)
-    cluster = PhantomCluster({"gpu": pool}, admit_hook(queue, clock, config), clock,
-                             phantom={"gpu": phantom})
+    config = config or make_config(TEAM_A)
+    cluster = PhantomCluster({key: pool, **(more or {})}, admit_hook(queue, clock, config),
+                             clock, phantom={key: phantom})
     settings = DispatcherSettings(unschedulable_grace=GRACE, status_every=5.0)
     dispatcher = Dispatcher(queue, cluster, lambda: config, clock=clock, audit=audit,
                             settings=settings)
@@ -239,3 +243,20 @@ def test_only_a_scheduler_verdict_without_a_nominated_node_reads_as_unschedulabl
                             PriorityClasses())
     assert pod is not None and pod.unschedulable == MESSAGE
     assert pod.ref == PodRef("ns", "p")
+
+
+def test_only_the_stuck_pods_placement_class_is_withheld(redis_url: str) -> None:
+    """A pool tenant's pods stuck in its pool shrink the pool's capacity key, nothing
+    else: the shared nodes' capacity is untouched."""
+    platform = PlatformConfig.model_validate({"tenants": {"team-a": {
+        "weight": 1, "ceiling": {"gpuEquivalents": 100}, "nodePool": "a"}}})
+    config = FairgateConfig(platform=platform, quotas={
+        "team-a": QuotaSpec.model_validate({"nominal": {"gpu": 8}})})
+    rig = _rig(redis_url, pool=2, phantom=2, config=config, key="gpu@a", more={"gpu": 4})
+    pods = [rig.pod(f"p{i}", demand={"gpu@a": 1}) for i in range(4)]
+    rig.settle()
+    assert {p.uid for p in rig.cluster.pending_released()} == {p.uid for p in pods[2:]}
+    rig.at(1_000.0 + GRACE + 1)
+    assert set(_warnings(rig)) == {p.ref.name for p in pods[2:]}
+    assert rig.dispatcher.withheld() == {"gpu@a": 2}
+    assert rig.queue.snapshot().capacity == {"gpu@a": 2, "gpu": 4}
