@@ -1,7 +1,8 @@
 """Placement classes against the real scheduler, with the harness's node kinds (issue 13):
 a node pool node (`fairgate.io/node-pool=pool-a`, team-b's `nodePool`) and a `single`
 strategy MIG node (56 x 1g.5gb as `nvidia.com/gpu`) beside the default nodes; fairgate
-installed from manifests/ (`fairgate dispatch --not-ready-grace 10`).
+installed from manifests/ (`fairgate dispatch --not-ready-grace 10`); the MIG node joins
+the running cluster (`FakeKubelet.add_node`).
 
 `fairgate status` shows per class what the scheduler can place; a pool tenant counts
 only its pool (a fitting pod waits gated while the pool is full or cordoned, whatever
@@ -28,8 +29,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 POOL = "pool-a"
 POOL_NODE = whole_gpu_node("gpu-pool-a", gpus=2, pool=POOL)
 SINGLE = single_mig_node("gpu-mig-single")
-NODES = (*DEFAULT_GPU_NODES, POOL_NODE, SINGLE)
-LABELS = {n.name: n.labels() for n in NODES}
+NODES = (*DEFAULT_GPU_NODES, POOL_NODE)  # SINGLE joins later (fixture `single`)
+LABELS = {n.name: n.labels() for n in (*NODES, SINGLE)}
 SHARED_GPU_NODES = {n.name for n in DEFAULT_GPU_NODES if n.mig_strategy == "none"}
 NOT_READY_GRACE = 10.0
 TEAM_B_IN_POOL = PLATFORM_YAML.replace("  team-b:\n    weight: 1\n",
@@ -44,6 +45,16 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateCluster]:
                          "--not-ready-grace", f"{NOT_READY_GRACE:g}",
                          platform_yaml=TEAM_B_IN_POOL) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="module")
+def single(env: PrivateCluster) -> str:
+    """The single-strategy node, joining the running cluster; its class counts within
+    seconds."""
+    env.kubelet.add_node(SINGLE)
+    wait_for(lambda: env.class_capacity().get("mig-1g.5gb#single") == 56, 30,
+             "the joining single-strategy node to count as its own class")
+    return SINGLE.name
 
 
 @pytest.fixture
@@ -69,7 +80,7 @@ def _gates(core: Any, namespace: str, name: str) -> list[str]:
             or []]
 
 
-def test_status_shows_the_capacity_of_every_class(env: PrivateCluster) -> None:
+def test_status_shows_the_capacity_of_every_class(env: PrivateCluster, single: str) -> None:
     capacity = env.class_capacity()
     assert capacity["gpu"] == 8  # the shared whole-GPU nodes only
     assert capacity[f"gpu@{POOL}"] == 2
@@ -113,7 +124,7 @@ def test_a_pool_tenant_counts_only_its_pool_and_others_never_run_there(
 
 
 def test_single_mig_pods_run_on_the_single_node_and_wait_while_it_is_not_ready(
-    env: PrivateCluster, clean: None
+    env: PrivateCluster, single: str, clean: None
 ) -> None:
     core = env.admin
     ns, team_a = tenant_namespace("team-a"), pods_api(env.cp, "team-a")

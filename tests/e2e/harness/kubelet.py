@@ -12,9 +12,8 @@ Node kinds (issue 13), made by :func:`whole_gpu_node` (optionally in a node pool
 `fairgate.io/node-pool`, or cordoned from the start) and :func:`single_mig_node` (MIG
 `single` strategy: `nvidia.com/gpu` counts MIG devices, `nvidia.com/gpu.product` names
 the profile). :meth:`FakeKubelet.add_node` registers one more node on a running kubelet;
-:meth:`FakeKubelet.set_ready` makes a node's kubelet report Ready=False (or True again)
-and :meth:`FakeKubelet.silence` makes it stop heartbeating altogether (the node lifecycle
-controller then marks it Unknown after its grace); :func:`cordon` cordons or uncordons.
+:meth:`FakeKubelet.set_ready` makes a node's kubelet report Ready=False (or True again),
+as a kubelet whose container runtime is down does; :func:`cordon` cordons or uncordons.
 """
 
 from __future__ import annotations
@@ -206,7 +205,6 @@ class FakeKubelet:
         self._leases: dict[str, Any] = {}
         self._not_ready: dict[str, str] = {}  # node -> when its kubelet began to say so
         self._ready_again: dict[str, str] = {}  # node -> when it became Ready again
-        self._silent: set[str] = set()  # nodes whose kubelet posts nothing any more
         self._nodes_lock = threading.Lock()
         for node in nodes:
             self._add_clients(node)
@@ -253,14 +251,6 @@ class FakeKubelet:
                 self._not_ready.setdefault(name, _now())
             node = next(n for n in self.nodes if n.name == name)
         self._heartbeat(node)
-
-    def silence(self, name: str, silent: bool = True) -> None:
-        """Stop (or resume) every heartbeat of node `name`: no Lease renewal, no status."""
-        with self._nodes_lock:
-            if silent:
-                self._silent.add(name)
-            else:
-                self._silent.discard(name)
 
     def _add_clients(self, node: GpuNode) -> None:
         credentials = self._cp.client_for(node.user, ["system:nodes"])
@@ -324,7 +314,7 @@ class FakeKubelet:
             try:
                 self._serve_finish_requests()
                 with self._nodes_lock:
-                    nodes = [n for n in self.nodes if n.name not in self._silent]
+                    nodes = list(self.nodes)
                 for node in nodes:
                     self._sync_node(node)
                 if time.monotonic() - last_heartbeat >= self._heartbeat_seconds:
@@ -445,8 +435,6 @@ class FakeKubelet:
 
     def _heartbeat(self, node: GpuNode) -> None:
         with self._nodes_lock:
-            if node.name in self._silent:
-                return
             down_since = self._not_ready.get(node.name)
             up_since = self._ready_again.get(node.name, self._ready_since)
         self._leases[node.name].patch_namespaced_lease(
