@@ -36,8 +36,8 @@ from tenants.models import (
     PlatformConfig,
     PodClass,
     QuotaSpec,
-    check_node_pool,
 )
+from tenants.placement import check_node_pool
 from tenants.schema import ConfigError, Problem, load_yaml_mapping, parse_model, quota_problems
 
 # A trace is a planning input: keep it small enough to simulate in minutes.

@@ -20,6 +20,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from tenants import resources
+from tenants.placement import check_node_pool, key_problem
 
 PodClass = Literal["inference", "training"]
 CLASSES: tuple[PodClass, ...] = ("inference", "training")
@@ -33,7 +34,6 @@ TICKET_ANNOTATION = "fairgate.io/ticket"
 DEMAND_ANNOTATION = "fairgate.io/demand"
 BORROWED_ANNOTATION = "fairgate.io/borrowed"
 QUEUE_GATE = "fairgate.io/queue"
-NODE_POOL_LABEL = "fairgate.io/node-pool"
 QUOTA_LABEL = "fairgate.io/quota"
 FAIRGATE_PREFIX = "fairgate.io/"
 CONTROL_NAMESPACE = "fairgate-system"
@@ -109,18 +109,6 @@ class PriorityClasses(_Strict):
         return None
 
 
-_POOL = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
-
-
-def check_node_pool(value: str | None) -> str | None:
-    """A tenant's ``nodePool``: None or a Kubernetes label value (raises ValueError)."""
-    if value is not None and not _POOL.match(value):
-        raise ValueError(
-            f"nodePool {value!r} is not a Kubernetes label value: use 1-63 letters, "
-            "digits, '-', '_' or '.', starting and ending with a letter or digit (the "
-            f"value of the pool's nodes' {NODE_POOL_LABEL} label)"
-        )
-    return value
 
 
 class TenantSpec(_Strict):
@@ -181,7 +169,12 @@ class PlatformConfig(_Strict):
     @field_validator("capacity")
     @classmethod
     def _known_capacity(cls, value: dict[str, int]) -> dict[str, int]:
-        return _known_counts(value)
+        """Capacity keys (tenants.placement): ``gpu`` is whole GPUs on shared nodes."""
+        for key in value:
+            problem = key_problem(resources.normalise(key))
+            if problem is not None:
+                raise ValueError(problem)
+        return {resources.normalise(key): n for key, n in value.items()}
 
 
 class QuotaSpec(_Strict):

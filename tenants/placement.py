@@ -25,13 +25,15 @@ Contract:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from tenants import resources
-from tenants.models import NODE_POOL_LABEL, check_node_pool
 
+NODE_POOL_LABEL = "fairgate.io/node-pool"
+"""Node label: the node belongs to this pool (only tenants with that ``nodePool`` use it)."""
 MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 MIG_PROFILE_LABEL = "fairgate.io/mig-profile"
@@ -66,6 +68,20 @@ SINGLE_PRODUCTS: Mapping[str, tuple[str, ...]] = {
 _PROFILE_OF_PRODUCT: Mapping[str, str] = {
     product: profile for profile, products in SINGLE_PRODUCTS.items() for product in products
 }
+
+_POOL = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+def check_node_pool(value: str | None) -> str | None:
+    """A tenant's ``nodePool``: None or a Kubernetes label value (raises ValueError)."""
+    if value is not None and not _POOL.match(value):
+        raise ValueError(
+            f"nodePool {value!r} is not a Kubernetes label value: use 1-63 letters, "
+            "digits, '-', '_' or '.', starting and ending with a letter or digit (the "
+            f"value of the pool's nodes' {NODE_POOL_LABEL} label)"
+        )
+    return value
+
 
 Requirement = dict[str, Any]
 

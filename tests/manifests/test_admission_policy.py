@@ -34,6 +34,7 @@ from tenants.models import (
     TICKET_ANNOTATION,
     FairgateConfig,
 )
+from tenants.placement import MIG_PROFILE_LABEL, NODE_POOL_ANNOTATION
 from tenants.schema import parse_platform
 
 POLICY = "fairgate-stamps"
@@ -92,6 +93,19 @@ def _without(obj: Obj, where: str, key: str) -> Obj:
 
 
 UPDATES = [
+    Update(
+        "change-mig-profile-label",
+        stamped(labels={MIG_PROFILE_LABEL: "1g.5gb"}),
+        stamped(labels={MIG_PROFILE_LABEL: "3g.20gb"}),
+        f"label {MIG_PROFILE_LABEL} may not be added, changed or removed by {ALICE}",
+    ),
+    Update(
+        "remove-node-pool-annotation",
+        stamped(annotations={NODE_POOL_ANNOTATION: "a100"}),
+        _without(stamped(annotations={NODE_POOL_ANNOTATION: "a100"}), "annotations",
+                 NODE_POOL_ANNOTATION),
+        f"annotation {NODE_POOL_ANNOTATION} may not",
+    ),
     Update(
         "relabel-finished-pods-tenant",
         stamped(phase="Succeeded"),

@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tenants import resources
-from tenants.models import NODE_POOL_LABEL
 from tenants.placement import (
     GPU_PRODUCT_LABEL,
     MIG_STRATEGY_LABEL,
+    NODE_POOL_LABEL,
     SINGLE_PRODUCTS,
     Placement,
     PlacementError,

@@ -185,3 +185,12 @@ def test_node_pool_must_be_a_label_value(pool: str) -> None:
     ok = parse_platform("tenants:\n  t: {weight: 1, ceiling: {gpuEquivalents: 1}, "
                         "nodePool: a100-pool.1}\n")
     assert ok.tenants["t"].node_pool == "a100-pool.1"
+
+
+def test_platform_capacity_override_is_per_capacity_key() -> None:
+    ok = parse_platform("capacity: {gpu: 8, gpu@a100: 4, mig-1g.5gb#single: 56}\n")
+    assert ok.capacity == {"gpu": 8, "gpu@a100": 4, "mig-1g.5gb#single": 56}
+    with pytest.raises(ConfigError, match="single-strategy nodes offer MIG devices"):
+        parse_platform("capacity: {gpu#single: 8}\n")
+    with pytest.raises(ConfigError, match="unknown resource"):
+        parse_platform("capacity: {tpu: 8}\n")
