@@ -816,6 +816,12 @@ local function below_share(top, tier, bw)
   if bw[tier] == nil then bw[tier] = tonumber(redis.call('HGET', P .. 'bw', tier) or '0') end
   local w = bw[tier]
   if w <= 0 then return false end
+  if halflife().life <= 0 then
+    -- without a half-life the top's score is slices in use / weight (refresh writes it
+    -- at every change of either): it decides, unless the product's rounding could
+    local margin = top.score * w - CAP_SLICES
+    if math.abs(margin) > 1e-9 * CAP_SLICES then return margin < 0 end
+  end
   -- only the usage fields: the whole state (lane heads, queue counters) is not needed
   local u = redis.call('HMGET', P .. 'ts:' .. top.tenant, 'ui', 'ut', 'ub')
   local used = usage_slices({ui = u[1], ut = u[2], ub = u[3]})
