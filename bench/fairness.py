@@ -97,8 +97,9 @@ def bound(durations_max: float, tenants: int) -> float:
     return 2 * durations_max * tenants
 
 
-def random_trace(seed: int) -> dict[str, Any]:
-    """A random contention trace (see the module docstring)."""
+def random_trace(seed: int, pods_per_entitlement: int = PODS_PER_ENTITLEMENT) -> dict[str, Any]:
+    """A random contention trace (see the module docstring); a larger
+    ``pods_per_entitlement`` makes the same trace run longer."""
     rng = random.Random(seed)
     resource = rng.choice(["gpu", "mig-1g.5gb"])
     capacity = rng.choice([16, 24, 32]) if resource == "gpu" else rng.choice([28, 42, 56])
@@ -109,11 +110,11 @@ def random_trace(seed: int) -> dict[str, Any]:
     mean = sum(sum(d) for d in durations.values()) / (5 * len(names))
     longest = max(max(d) for d in durations.values())
     total_weight = sum(weights.values())
-    # entitled units per tenant; the horizon covers PODS_PER_ENTITLEMENT pods of each
+    # entitled units per tenant; the horizon covers pods_per_entitlement pods of each
     entitled_units = {n: capacity * weights[n] / total_weight for n in names}
     horizon = math.ceil(max(
         20 * mean,
-        *(PODS_PER_ENTITLEMENT * sizes[n] * sum(durations[n]) / 5 / entitled_units[n]
+        *(pods_per_entitlement * sizes[n] * sum(durations[n]) / 5 / entitled_units[n]
           for n in names),
     ))
     arrivals: list[dict[str, Any]] = []
@@ -280,38 +281,44 @@ def progress_line(o: Outcome) -> str:
 
 
 def read_outcomes(path: Path) -> list[Outcome]:
-    """The outcomes in a JSON Lines results file; a last line cut short by an
-    interrupted run is ignored (its trace runs again)."""
+    """The outcomes in a JSON Lines results file. A last line cut short by an
+    interrupted run (no newline at its end) is removed from the file: its trace runs
+    again, and new lines are appended after the complete ones."""
+    if not path.exists():
+        return []
+    text = path.read_text()
+    if text and not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]
+        path.write_text(text)
     outcomes = []
-    lines = path.read_text().splitlines() if path.exists() else []
-    for number, line in enumerate(lines, 1):
+    for number, line in enumerate(text.splitlines(), 1):
         try:
             outcomes.append(Outcome(**json.loads(line)))
         except (json.JSONDecodeError, TypeError) as error:
-            if number == len(lines):
-                break
             raise SystemExit(f"{path}:{number}: not an outcome line ({error}); "
                              "remove the line or start a new --out file") from error
     return outcomes
 
 
 def _worker(seeds: multiprocessing.Queue[int | None],
-            results: multiprocessing.Queue[dict[str, Any]]) -> None:
+            results: multiprocessing.Queue[dict[str, Any]], pods_per_entitlement: int) -> None:
     """Run traces from ``seeds`` on a private redis-server until a None arrives."""
     with local_redis() as url:
         client = redis.Redis.from_url(url)
         while (seed := seeds.get()) is not None:
-            results.put(asdict(check(random_trace(seed), client)))
+            results.put(asdict(check(random_trace(seed, pods_per_entitlement), client)))
 
 
-def run_parallel(seeds: list[int], jobs: int) -> Iterable[Outcome]:
+def run_parallel(seeds: list[int], jobs: int,
+                 pods_per_entitlement: int = PODS_PER_ENTITLEMENT) -> Iterable[Outcome]:
     """Run the traces of ``seeds`` on ``jobs`` worker processes; yields each outcome
     as it finishes (not in seed order)."""
     seed_queue: multiprocessing.Queue[int | None] = multiprocessing.Queue()
     results: multiprocessing.Queue[dict[str, Any]] = multiprocessing.Queue()
     for seed in seeds:
         seed_queue.put(seed)
-    workers = [multiprocessing.Process(target=_worker, args=(seed_queue, results), daemon=True)
+    workers = [multiprocessing.Process(target=_worker, daemon=True,
+                                       args=(seed_queue, results, pods_per_entitlement))
                for _ in range(jobs)]
     for worker in workers:
         seed_queue.put(None)
@@ -340,9 +347,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true",
                         help="skip the seeds already in --out and summarise them too")
     parser.add_argument("--json", type=Path, help="also write the summary and every outcome")
+    parser.add_argument("--pods-per-entitlement", type=int, default=PODS_PER_ENTITLEMENT,
+                        help="stretch the horizons (does a miss shrink with a longer run?); "
+                        "use a new --out file for another value")
     args = parser.parse_args(argv)
-    if args.jobs < 1 or args.traces < 1:
-        parser.error("--jobs and --traces must be at least 1")
+    if args.jobs < 1 or args.traces < 1 or args.pods_per_entitlement < 1:
+        parser.error("--jobs, --traces and --pods-per-entitlement must be at least 1")
     if args.resume and args.out is None:
         parser.error("--resume needs --out (the results file to resume)")
     if args.out is not None and args.out.exists() and args.out.stat().st_size and not args.resume:
@@ -358,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         sink = stack.enter_context(open(args.out, "a")) if args.out else None
-        for count, o in enumerate(run_parallel(todo, args.jobs), 1):
+        for count, o in enumerate(run_parallel(todo, args.jobs, args.pods_per_entitlement), 1):
             if sink is not None:
                 sink.write(json.dumps(asdict(o)) + "\n")
                 sink.flush()
