@@ -1,7 +1,7 @@
 """Benchmark: weighted fairness under sustained contention, over random traces.
 
-    python bench/fairness.py --traces 1000 --json fairness.json   # the 1,000-trace run
-    python bench/fairness.py --traces 20 --seed 7                  # a quick look
+    python bench/fairness.py --traces 1000 --out fairness.jsonl --resume  # the 1,000-trace run
+    python bench/fairness.py --traces 20 --seed 7 --jobs 2                 # a quick look
 
 Each trace runs through ``fairgate simulate``'s engine (the real Lua queue in a real
 redis-server, the real dispatcher, the simulated cluster) and is checked against
@@ -29,20 +29,30 @@ fairness can be measured"), and the generator states them:
   but the excess a tenant took while the others' first pods arrived is forgotten
   before it is paid back.
 
-The ``--json`` object has one entry per trace and the worst values over all of them;
-the Markdown summary is what BENCHMARKS.md records.
+Running it: ``--jobs N`` runs N traces at a time, each worker with its own
+redis-server (traces take 1-140 s each on a 2-core machine). With ``--out`` every
+finished trace is appended to a JSON Lines file at once (one :class:`Outcome` per
+line), so an interrupted run loses at most the traces in flight; ``--resume`` skips
+the seeds already in that file and summarises old and new lines together. A progress
+line is printed per trace; the summary (worst share error, worst Jain, lowest
+utilisation, worst gap / bound, and how many traces meet each target) is printed as a
+table and as JSON, and ``--json`` also writes it with every trace's outcome.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import math
+import multiprocessing
+import queue
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +85,10 @@ class Outcome:
     gap_bound: float  # the bound of max_gap (see bound())
     inference_max_wait: float
     seconds: float  # wall time of the run
+    # per training tenant: weight, pod size (units), pods started, share, entitlement,
+    # and off_pods = (share - entitlement) x training GPU-time / its mean pod GPU-time:
+    # how many of its own pods it is ahead (+) or behind (-) of its entitlement
+    per_tenant: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def bound(durations_max: float, tenants: int) -> float:
@@ -83,8 +97,9 @@ def bound(durations_max: float, tenants: int) -> float:
     return 2 * durations_max * tenants
 
 
-def random_trace(seed: int) -> dict[str, Any]:
-    """A random contention trace (see the module docstring)."""
+def random_trace(seed: int, pods_per_entitlement: int = PODS_PER_ENTITLEMENT) -> dict[str, Any]:
+    """A random contention trace (see the module docstring); a larger
+    ``pods_per_entitlement`` makes the same trace run longer."""
     rng = random.Random(seed)
     resource = rng.choice(["gpu", "mig-1g.5gb"])
     capacity = rng.choice([16, 24, 32]) if resource == "gpu" else rng.choice([28, 42, 56])
@@ -95,11 +110,11 @@ def random_trace(seed: int) -> dict[str, Any]:
     mean = sum(sum(d) for d in durations.values()) / (5 * len(names))
     longest = max(max(d) for d in durations.values())
     total_weight = sum(weights.values())
-    # entitled units per tenant; the horizon covers PODS_PER_ENTITLEMENT pods of each
+    # entitled units per tenant; the horizon covers pods_per_entitlement pods of each
     entitled_units = {n: capacity * weights[n] / total_weight for n in names}
     horizon = math.ceil(max(
         20 * mean,
-        *(PODS_PER_ENTITLEMENT * sizes[n] * sum(durations[n]) / 5 / entitled_units[n]
+        *(pods_per_entitlement * sizes[n] * sum(durations[n]) / 5 / entitled_units[n]
           for n in names),
     ))
     arrivals: list[dict[str, Any]] = []
@@ -130,7 +145,8 @@ def random_trace(seed: int) -> dict[str, Any]:
         "horizon": horizon,
         "fairShare": {"usageHalfLife": f"{4 * horizon}s"},
         "_meta": {"seed": seed, "resource": resource, "longest": longest,
-                  "one_unit": set(sizes.values()) == {1}},
+                  "one_unit": set(sizes.values()) == {1}, "sizes": sizes,
+                  "mean_durations": {n: sum(durations[n]) / 5 for n in names}},
     }
 
 
@@ -157,6 +173,7 @@ def check(data: dict[str, Any], client: redis.Redis) -> Outcome:
     xs = [shares[n] / weights[n] for n in training]
     jain = sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs))
     starts: dict[str, list[float]] = {n: [0.0] for n in training}
+    pod_seconds: dict[str, list[float]] = {n: [] for n in training}
     inference_wait = 0.0
     for record in sim.cluster.history.values():
         if record.spec.tenant == INFERENCE_TENANT:
@@ -166,17 +183,38 @@ def check(data: dict[str, Any], client: redis.Redis) -> Outcome:
                 inference_wait = max(inference_wait, trace.horizon - record.created)
         elif record.started is not None:
             starts[record.spec.tenant].append(record.started)
+            pod_seconds[record.spec.tenant].append(record.spec.duration)
     gap = 0.0
     for name in training:
         times = [*sorted(starts[name]), trace.horizon]
         gap = max(gap, max(b - a for a, b in itertools.pairwise(times)))
+    per_tenant = {
+        n: {
+            "weight": weights[n], "size": meta["sizes"][n], "pods": len(pod_seconds[n]),
+            "share": shares[n], "entitled": entitled[n],
+            "off_pods": (shares[n] - entitled[n]) * total
+            / (meta["sizes"][n] * meta["mean_durations"][n]),
+        }
+        for n in training
+    }
     return Outcome(
         seed=meta["seed"], resource=meta["resource"], tenants=len(training),
         one_unit=meta["one_unit"], share_error=error, jain=jain,
         utilization=sim.meter.utilization(), max_gap=gap,
         gap_bound=bound(meta["longest"], len(training)),
-        inference_max_wait=inference_wait, seconds=seconds,
+        inference_max_wait=inference_wait, seconds=seconds, per_tenant=per_tenant,
     )
+
+
+# (name, target as written in the summary, test): the targets of invariant 3
+TARGETS: tuple[tuple[str, str, Callable[[Outcome], bool]], ...] = (
+    ("share error vs water-filled entitlement", "<= 5%", lambda o: o.share_error <= 0.05),
+    ("Jain's index of share / weight", ">= 0.99", lambda o: o.jain >= 0.99),
+    ("utilisation (1-unit pods / larger)", ">= 0.95 / 0.85",
+     lambda o: o.utilization >= (0.95 if o.one_unit else 0.85)),
+    ("longest gap without a start / bound", "<= 1", lambda o: o.max_gap <= o.gap_bound),
+    ("inference wait", "0 s", lambda o: o.inference_max_wait == 0),
+)
 
 
 def failures(o: Outcome) -> list[str]:
@@ -196,26 +234,12 @@ def failures(o: Outcome) -> list[str]:
     return problems
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--traces", type=int, default=1000)
-    parser.add_argument("--seed", type=int, default=0, help="seed of the first trace")
-    parser.add_argument("--json", type=Path, help="also write the results here")
-    args = parser.parse_args(argv)
-    outcomes: list[Outcome] = []
-    with local_redis() as url:
-        client = redis.Redis.from_url(url)
-        for seed in range(args.seed, args.seed + args.traces):
-            o = check(random_trace(seed), client)
-            outcomes.append(o)
-            bad = failures(o)
-            print(f"seed {seed}: {o.tenants} tenants {o.resource} err {o.share_error:.4f} "
-                  f"jain {o.jain:.4f} util {o.utilization:.3f} gap {o.max_gap:.0f}/"
-                  f"{o.gap_bound:.0f} inf {o.inference_max_wait:.0f} {o.seconds:.1f}s"
-                  + (f"  FAIL: {'; '.join(bad)}" if bad else ""), flush=True)
+def summarize(outcomes: list[Outcome]) -> dict[str, Any]:
+    """The worst value of each measure and how many traces meet each target.
+    ``outcomes`` must not be empty."""
     single = [o for o in outcomes if o.one_unit]
     mixed = [o for o in outcomes if not o.one_unit]
-    summary = {
+    return {
         "traces": len(outcomes),
         "failed": sum(1 for o in outcomes if failures(o)),
         "worst_share_error": max(o.share_error for o in outcomes),
@@ -224,7 +248,138 @@ def main(argv: list[str] | None = None) -> int:
         "lowest_utilization_larger_pods": min((o.utilization for o in mixed), default=None),
         "worst_gap_over_bound": max(o.max_gap / o.gap_bound for o in outcomes),
         "inference_max_wait": max(o.inference_max_wait for o in outcomes),
+        "meeting": {name: sum(1 for o in outcomes if ok(o)) for name, _, ok in TARGETS},
+        "failed_seeds": sorted(o.seed for o in outcomes if failures(o)),
     }
+
+
+def summary_table(summary: dict[str, Any]) -> str:
+    """The summary as the Markdown table BENCHMARKS.md records."""
+    n = summary["traces"]
+    one, larger = (summary["lowest_utilization_one_unit_pods"],
+                   summary["lowest_utilization_larger_pods"])
+    worst = [
+        f"{summary['worst_share_error']:.1%}",
+        f"{summary['worst_jain']:.4f}",
+        f"{'-' if one is None else f'{one:.3f}'} / {'-' if larger is None else f'{larger:.3f}'}",
+        f"{summary['worst_gap_over_bound']:.2f}",
+        f"{summary['inference_max_wait']:.0f} s",
+    ]
+    lines = [f"| measure | target | worst of {n} | traces meeting it |", "|---|---|---|---|"]
+    for (name, target, _), value in zip(TARGETS, worst, strict=True):
+        lines.append(f"| {name} | {target} | {value} | {summary['meeting'][name]} / {n} |")
+    return "\n".join(lines)
+
+
+def progress_line(o: Outcome) -> str:
+    """One trace's result, as printed while the run goes."""
+    bad = failures(o)
+    return (f"seed {o.seed}: {o.tenants} tenants {o.resource} err {o.share_error:.4f} "
+            f"jain {o.jain:.4f} util {o.utilization:.3f} gap {o.max_gap:.0f}/"
+            f"{o.gap_bound:.0f} inf {o.inference_max_wait:.0f} {o.seconds:.1f}s"
+            + (f"  FAIL: {'; '.join(bad)}" if bad else ""))
+
+
+def read_outcomes(path: Path) -> list[Outcome]:
+    """The outcomes in a JSON Lines results file. A last line cut short by an
+    interrupted run (no newline at its end) is removed from the file: its trace runs
+    again, and new lines are appended after the complete ones."""
+    if not path.exists():
+        return []
+    text = path.read_text()
+    if text and not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]
+        path.write_text(text)
+    outcomes = []
+    for number, line in enumerate(text.splitlines(), 1):
+        try:
+            outcomes.append(Outcome(**json.loads(line)))
+        except (json.JSONDecodeError, TypeError) as error:
+            raise SystemExit(f"{path}:{number}: not an outcome line ({error}); "
+                             "remove the line or start a new --out file") from error
+    return outcomes
+
+
+def _worker(seeds: multiprocessing.Queue[int | None],
+            results: multiprocessing.Queue[dict[str, Any]], pods_per_entitlement: int) -> None:
+    """Run traces from ``seeds`` on a private redis-server until a None arrives."""
+    with local_redis() as url:
+        client = redis.Redis.from_url(url)
+        while (seed := seeds.get()) is not None:
+            results.put(asdict(check(random_trace(seed, pods_per_entitlement), client)))
+
+
+def run_parallel(seeds: list[int], jobs: int,
+                 pods_per_entitlement: int = PODS_PER_ENTITLEMENT) -> Iterable[Outcome]:
+    """Run the traces of ``seeds`` on ``jobs`` worker processes; yields each outcome
+    as it finishes (not in seed order)."""
+    seed_queue: multiprocessing.Queue[int | None] = multiprocessing.Queue()
+    results: multiprocessing.Queue[dict[str, Any]] = multiprocessing.Queue()
+    for seed in seeds:
+        seed_queue.put(seed)
+    workers = [multiprocessing.Process(target=_worker, daemon=True,
+                                       args=(seed_queue, results, pods_per_entitlement))
+               for _ in range(jobs)]
+    for worker in workers:
+        seed_queue.put(None)
+        worker.start()
+    for _ in seeds:
+        while True:
+            try:
+                yield Outcome(**results.get(timeout=5))
+                break
+            except queue.Empty:
+                if not any(worker.is_alive() for worker in workers):
+                    raise SystemExit("every worker exited before the run finished "
+                                     "(see the errors above)") from None
+    for worker in workers:
+        worker.join()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--traces", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the first trace")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="traces run at a time, each on its own redis-server")
+    parser.add_argument("--out", type=Path,
+                        help="append each trace's outcome here as it finishes (JSON Lines)")
+    parser.add_argument("--resume", action="store_true",
+                        help="skip the seeds already in --out and summarise them too")
+    parser.add_argument("--json", type=Path, help="also write the summary and every outcome")
+    parser.add_argument("--pods-per-entitlement", type=int, default=PODS_PER_ENTITLEMENT,
+                        help="stretch the horizons (does a miss shrink with a longer run?); "
+                        "use a new --out file for another value")
+    args = parser.parse_args(argv)
+    if args.jobs < 1 or args.traces < 1 or args.pods_per_entitlement < 1:
+        parser.error("--jobs, --traces and --pods-per-entitlement must be at least 1")
+    if args.resume and args.out is None:
+        parser.error("--resume needs --out (the results file to resume)")
+    if args.out is not None and args.out.exists() and args.out.stat().st_size and not args.resume:
+        parser.error(f"{args.out} already has results: pass --resume to continue that run, "
+                     "or choose another --out file")
+    wanted = range(args.seed, args.seed + args.traces)
+    outcomes = [o for o in read_outcomes(args.out) if o.seed in wanted] if args.resume else []
+    done = {o.seed for o in outcomes}
+    todo = [seed for seed in wanted if seed not in done]
+    print(f"{len(done)} of {args.traces} traces already in {args.out}; running {len(todo)} "
+          f"on {args.jobs} worker(s)" if args.resume else
+          f"running {len(todo)} traces on {args.jobs} worker(s)", flush=True)
+    started = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        sink = stack.enter_context(open(args.out, "a")) if args.out else None
+        for count, o in enumerate(run_parallel(todo, args.jobs, args.pods_per_entitlement), 1):
+            if sink is not None:
+                sink.write(json.dumps(asdict(o)) + "\n")
+                sink.flush()
+            outcomes.append(o)
+            elapsed = time.monotonic() - started
+            print(f"[{len(outcomes)}/{args.traces}, {elapsed:.0f} s, about "
+                  f"{elapsed / count * (len(todo) - count):.0f} s left] {progress_line(o)}",
+                  flush=True)
+    outcomes.sort(key=lambda o: o.seed)
+    summary = summarize(outcomes)
+    print(summary_table(summary))
     print(json.dumps(summary))
     if args.json:
         args.json.write_text(json.dumps(

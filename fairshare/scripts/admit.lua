@@ -153,7 +153,7 @@ if reason == nil then
   redis.call('ZADD', K_RESV, now, ticket)
   redis.call('SADD', K_TENANTS, tenant)
   -- usage changed: lanes (none were added) are re-evaluated on the new state (st)
-  if #lanes > 0 then refresh(tenant, st) end
+  if #lanes > 0 then refresh(tenant, st, NO_LANE) end
   return reply(0, 'reserved', band, 0, qc, free, cfg.ns, {})
 end
 
@@ -164,7 +164,8 @@ if not dry then
   enqueue(ticket, rec, false, st)
   index_name(ticket, rec)
   redis.call('ZADD', K_RESV, now, ticket)
-  -- queueing changes no usage: st holds what readiness and share depend on
-  refresh(tenant, st)
+  -- queueing changes no usage: st holds what readiness and share depend on; of the
+  -- lanes, only a single pod's own changed (a gang's completion may move others)
+  refresh(tenant, st, gid == '' and {[single_shape(rec)] = true} or nil)
 end
 return reply(0, 'queued', band, position, qc + 1, free, cfg.ns, reason)

@@ -47,13 +47,14 @@ while released < limit do
         others[#others + 1] = tenant
       end
     end
-    for _, tenant in ipairs(others) do refresh(tenant) end
+    -- their lanes did not change (the gang waited in the chosen tenant's lane)
+    for _, tenant in ipairs(others) do refresh(tenant, nil, NO_LANE) end
     released = released + 1
   else
     release(entry)
     released = released + 1
   end
-  refresh(chosen.tenant)
+  refresh(chosen.tenant, nil, {[chosen.shape] = true})
 end
 
 return out

@@ -561,7 +561,12 @@ end
 -- the tenant's state (`rk:<shape>`: head_key .. head entry; the head key of a single
 -- pod entry never changes, so an unchanged head is not read again).
 -- `st`: the tenant's state if the caller holds it current (else read); kept current.
-local function refresh(tenant, st)
+-- `moved`: nil when any of the tenant's lanes may have changed since its last refresh;
+-- else the set {shape = true} of the lanes that may have (pushed, popped, removed
+-- from): the head of any other lane with a remembered member is that member's entry,
+-- and is not read. NO_LANE: none did.
+local NO_LANE = {}
+local function refresh(tenant, st, moved)
   local cfg = cfg_of(tenant)
   st = st or state_of(tenant)
   local share = share_of(tenant, st)
@@ -571,7 +576,8 @@ local function refresh(tenant, st)
     local ready = P .. 'r:' .. shape
     local field = 'rk:' .. shape
     local old = st[field]
-    local head = redis.call('LINDEX', lane_key(tenant, shape), 0)
+    local known = old and moved and not moved[shape]
+    local head = known or redis.call('LINDEX', lane_key(tenant, shape), 0)
     local new = nil
     if not head then
       redis.call('SREM', lanes_key, shape)
@@ -579,7 +585,8 @@ local function refresh(tenant, st)
       local D = parse_shape(shape)
       if quota_check(cfg, st, D) == nil then
         tiers[D.tier] = true
-        if old and string.sub(head, 1, 1) ~= '@' and string.sub(old, HEAD_KEY_LEN + 1) == head then
+        if known or (old and string.sub(head, 1, 1) ~= '@'
+                     and string.sub(old, HEAD_KEY_LEN + 1) == head) then
           new = old
         else
           local seq, at = entry_info(head)
@@ -831,6 +838,12 @@ local function below_share(top, tier, bw)
   if bw[tier] == nil then bw[tier] = tonumber(redis.call('HGET', P .. 'bw', tier) or '0') end
   local w = bw[tier]
   if w <= 0 then return false end
+  if halflife().life <= 0 then
+    -- without a half-life the top's score is slices in use / weight (refresh writes it
+    -- at every change of either): it decides, unless the product's rounding could
+    local margin = top.score * w - CAP_SLICES
+    if math.abs(margin) > 1e-9 * CAP_SLICES then return margin < 0 end
+  end
   -- only the usage fields: the whole state (lane heads, queue counters) is not needed
   local u = redis.call('HMGET', P .. 'ts:' .. top.tenant, 'ui', 'ut', 'ub')
   local used = usage_slices({ui = u[1], ut = u[2], ub = u[3]})
@@ -859,7 +872,8 @@ local function plan(tops, tier, stop, counts)
   local held, bw = {}, {}
   for _, top in ipairs(tops) do
     if stop and not before(top, stop) then break end
-    if cap_check(top.D, G, false) == nil then
+    -- nothing held yet: the survey's check without holds is the answer
+    if (#held == 0 and not top.blocked) or (#held > 0 and cap_check(top.D, G, false) == nil) then
       if not counts or shares_resource(top.D, counts) then return G, top, held end
     elseif top.blocked and not holds_any(G, top.D) and cap_check(top.D, nil, true) == nil
         and below_share(top, tier, bw) then

@@ -271,6 +271,26 @@ def test_no_capacity_is_held_for_a_tenant_at_its_weighted_share(redis_client: re
     assert status is not None and status.waiting_for == "4 x gpu of cluster capacity"
 
 
+# Without a half-life lib.lua's below_share decides from the tenant's ready-set score
+# (slices in use / weight) times the summed weight; with weight 3.1 that product rounds
+# to just below the capacity (14 / 3.1 * 6.2 < 28), so a tenant exactly at its share
+# would read as below it without the rounding guard.
+@pytest.mark.parametrize("weight", [1.0, 3.1])
+def test_nothing_is_held_for_a_tenant_exactly_at_its_weighted_share(
+        redis_client: redis.Redis, pods: Pods, weight: float) -> None:
+    q = queue_with(redis_client, {"gpu": 4}, a={"nominal": {"gpu": 8}, "weight": weight},
+                   b={"nominal": {"gpu": 8}, "weight": weight})
+    admit_all(q, [pods("a", demand={"gpu": 2}, at=0.0),  # t1
+                  pods("b", demand={"gpu": 2}, at=0.0)])  # t2
+    q.admit(pods("a", demand={"gpu": 4}, at=1.0), 1.0)  # t3: the older head, first in order
+    q.admit(pods("b", demand={"gpu": 4}, at=2.0), 2.0)  # t4
+    # a holds exactly its weighted share (2 of 4 GPUs, equal weights): nothing is held
+    assert q.holds(3.0) == []
+    # below it (nothing running), the capacity its head needs is held for it
+    q.release("t1", pod_uid("t1"))
+    assert [(h.tenant, h.demand, h.held) for h in q.holds(4.0)] == [("a", {"gpu": 4}, {"gpu": 2})]
+
+
 def test_ties_go_to_the_older_head_not_the_name(redis_client: redis.Redis,
                                                 pods: Pods) -> None:
     q = queue_with(redis_client, {"gpu": 8},
