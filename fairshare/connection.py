@@ -150,8 +150,17 @@ def _replace_password(url: str, replacement: str | None) -> str:
 
 
 def redact_url(url: str) -> str:
-    """``url`` with the password of its user info and secret query values as ``***``."""
-    parts = urlsplit(_replace_password(url, REDACTED))
+    """``url`` with the password of its user info and secret query values as ``***``
+    (a URL too broken to split, e.g. an unclosed ``[``, loses all its user info and
+    query instead)."""
+    try:
+        parts = urlsplit(_replace_password(url, REDACTED))
+    except ValueError:
+        scheme, _, rest = url.partition("://")
+        netloc, slash, path = rest.partition("/")
+        host = netloc.rpartition("@")[2]
+        return f"{scheme}://{REDACTED + '@' if '@' in netloc else ''}{host}{slash}" + \
+            path.partition("?")[0]
     netloc = parts.netloc
     query = parts.query
     if query:
@@ -171,6 +180,12 @@ def check_url(url: str) -> str:
         )
     if url.startswith(SENTINEL_SCHEMES):
         SentinelAddress.parse(url)
+        return url
+    try:
+        urlsplit(url)
+    except ValueError as exc:
+        raise RedisSettingsError(f"{redact_url(url)!r} is not a usable Redis URL ({exc}): "
+                                 "use redis://HOST:PORT/DB, [IPv6] in brackets") from None
     return url
 
 
@@ -232,7 +247,7 @@ class RedisTarget:
             if parts.scheme not in ("rediss", "rediss+sentinel"):
                 raise RedisSettingsError(
                     f"--redis-ca-file {ca_file} is for TLS, but {redact_url(url)} is not a "
-                    "rediss:// (or rediss+sentinel://) URL: use rediss://HOST:PORT/DB, or "
+                    "rediss:// URL (nor rediss+sentinel://): use rediss://HOST:PORT/DB, or "
                     "drop --redis-ca-file"
                 )
             if any(k == "ssl_ca_certs" for k, _ in parse_qsl(parts.query)):

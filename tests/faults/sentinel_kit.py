@@ -144,8 +144,7 @@ class SentinelCluster:
         for sentinel in self.sentinels:
             client = sentinel.client(0.5)
             try:
-                _host, port = client.sentinel_get_master_addr_by_name(MASTER)
-                return int(port)
+                return _named_port(client)
             except (redis.RedisError, TypeError):
                 continue
             finally:
@@ -171,7 +170,7 @@ class SentinelCluster:
             for sentinel in self.sentinels:
                 client = sentinel.client(0.3)
                 try:
-                    ports.add(int(client.sentinel_get_master_addr_by_name(MASTER)[1]))
+                    ports.add(_named_port(client))
                 except (redis.RedisError, TypeError):
                     ports.add(old_port)
                 finally:
@@ -223,7 +222,15 @@ class SentinelCluster:
             client.close()
         live = sum(1 for r in replicas if not r["is_sdown"] and
                    r.get("master-link-status") == "ok")
+        assert isinstance(master, dict)
         return int(master["port"]), live, int(master["num-other-sentinels"])
+
+
+def _named_port(sentinel: redis.Redis) -> int:
+    """The primary's port as ``sentinel`` names it (TypeError when it names none)."""
+    _host, port = sentinel.execute_command(  # type: ignore[no-untyped-call]
+        "SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER)
+    return int(port)
 
 
 @pytest.fixture
