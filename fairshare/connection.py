@@ -21,16 +21,22 @@ Contract:
   :func:`connect_redis` / :func:`connect_redis_async` (redis-py builds a new pool on every
   ``master_for()``, redis-py #3433). Every new connection asks the sentinels for the
   current primary; a connection that meets a demoted primary (READONLY) is dropped, so
-  the one retry goes to the new primary. The password (and user) is the same for the
-  sentinels and the Redis servers. :attr:`RedisTarget.replicated` is true for such a
-  target: its writes are acknowledged only once a replica has them (``WAIT``).
+  the one retry goes to the new primary. The asyncio client (the webhook's) also asks
+  the sentinels at most every :data:`PRIMARY_RECHECK_SECONDS` before taking a pooled
+  connection, and drops pooled connections to a primary they no longer name: a pool
+  full of connections to a frozen old primary would otherwise time out one by one. The
+  password (and user) is the same for the sentinels and the Redis servers.
+  :attr:`RedisTarget.replicated` is true for such a target: its writes are acknowledged
+  only once a replica has them (``WAIT``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import ssl
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +58,7 @@ REDACTED = "***"
 SENTINEL_SCHEMES = ("redis+sentinel://", "rediss+sentinel://")
 SCHEMES = ("redis://", "rediss://", "unix://", *SENTINEL_SCHEMES)
 SENTINEL_PORT = 26379  # a sentinel's port when the URL names none
+PRIMARY_RECHECK_SECONDS = 0.5  # the asyncio client asks the sentinels this often at most
 SENTINEL_FORM = "redis+sentinel://[USER:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]/MASTER[/DB]"
 _MASTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # URL query parameters redis-py turns into connection arguments that are secrets.
@@ -373,6 +380,29 @@ def _sentinel_kwargs(options: Mapping[str, Any], timeout: float | None) -> dict[
     return {"socket_timeout": timeout, "socket_connect_timeout": timeout, **options}
 
 
+class _RecheckedPrimaryPool(redis.asyncio.sentinel.SentinelConnectionPool):
+    """A Sentinel pool that asks the sentinels which server is the primary at most every
+    :data:`PRIMARY_RECHECK_SECONDS` when a connection is taken, and drops idle connections
+    to a server they no longer name (redis-py only asks when it opens a connection)."""
+
+    _next_check = 0.0
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        """A pooled connection to the primary the sentinels named last."""
+        now = time.monotonic()
+        if now >= self._next_check:
+            self._next_check = now + PRIMARY_RECHECK_SECONDS
+            # Drops idle connections to an old primary; when no sentinel answers, the
+            # primary named before stays in use.
+            with contextlib.suppress(redis.ConnectionError):
+                await self.get_master_address()  # type: ignore[no-untyped-call]
+        connection = await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
+        if self.master_address is not None and \
+                (connection.host, connection.port) != self.master_address:
+            await connection.disconnect()  # it reconnects to the primary named now
+        return connection
+
+
 def connect_redis_async(
     target: RedisTarget | str, timeout: float | None = DEFAULT_REDIS_TIMEOUT
 ) -> redis.asyncio.Redis:
@@ -386,7 +416,8 @@ def connect_redis_async(
             address.sentinels, sentinel_kwargs=_sentinel_kwargs(options, timeout),
             socket_timeout=timeout, socket_connect_timeout=timeout, **options)
         client: redis.asyncio.Redis = sentinel.master_for(
-            address.master, db=address.db, retry=retry)
+            address.master, connection_pool_class=_RecheckedPrimaryPool, db=address.db,
+            retry=retry)
         return client
     return redis.asyncio.Redis.from_url(
         resolved.url,
