@@ -399,7 +399,11 @@ class _RecheckedPrimaryPool(redis.asyncio.sentinel.SentinelConnectionPool):
         connection = await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
         if self.master_address is not None and \
                 (connection.host, connection.port) != self.master_address:
-            await connection.disconnect()  # it reconnects to the primary named now
+            try:
+                await connection.disconnect()  # it reconnects to the primary named now
+            except BaseException:
+                await self.release(connection)
+                raise
         return connection
 
 

@@ -34,6 +34,10 @@ from fairshare.calls import (
 from fairshare.model import Admission, PodRequest, TenantStatus
 from tenants.models import FairgateConfig
 
+# How long WAIT may block by default: under the webhook's 0.5 s Redis socket timeout, with
+# room for the script; a replica on the same network acknowledges in well under 1 ms.
+REPLICA_ACK_TIMEOUT = 0.4
+
 
 class NotReplicatedError(redis.RedisError):
     """An admission's write did not reach enough replicas in time (or the primary refused
@@ -50,7 +54,7 @@ class AsyncFairQueue:
         wait_for_rebuild: bool = False,
         *,
         replicas: int = 0,
-        replica_timeout: float = 0.25,
+        replica_timeout: float = REPLICA_ACK_TIMEOUT,
     ) -> None:
         """``replicas``: how many replicas must hold an admission before it is answered
         (0: none, for a standalone Redis); ``replica_timeout``: how long ``WAIT`` may

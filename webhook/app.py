@@ -12,8 +12,8 @@ Contract (AdmissionReview v1, as the API server requires):
   a 500.
 - Every answer is given within ``deadline_seconds`` (default 1 s, well under the API
   server's ``timeoutSeconds``): when the decision (Redis included) is not done by then,
-  the ``onRedisUnavailable`` policy answers instead, at once: the decision is cancelled
-  and left to clean up (close its Redis connection) on its own.
+  the ``onRedisUnavailable`` policy answers instead, at once; the late decision runs
+  to its end (bounded by the Redis socket timeouts) and records nothing.
 - ``GET /healthz``: 200 while the process serves. ``GET /readyz``: 200 when Redis
   answers and a config is loaded, else 503; the JSON body says which part is missing.
 - ``GET /metrics``: Prometheus text (see :mod:`webhook.metrics`).
@@ -103,7 +103,7 @@ def create_app(
     if max_body_bytes <= 0 or deadline_seconds <= 0:
         raise ValueError("max_body_bytes and deadline_seconds must be positive")
     webhook_metrics = service.metrics
-    lingering: set[asyncio.Future[AdmissionReviewResponse]] = set()  # cancelled, cleaning up
+    lingering: set[asyncio.Future[AdmissionReviewResponse]] = set()  # overdue, still running
 
     def _forget(decision: asyncio.Future[AdmissionReviewResponse]) -> None:
         lingering.discard(decision)
@@ -138,9 +138,10 @@ def create_app(
             decision = asyncio.ensure_future(service.review(webhook, body, progress))
             done, _ = await asyncio.wait((decision,), timeout=deadline_seconds)
             if not done:
-                # Answer now; the decision is cancelled without waiting for its cleanup
-                # (closing a socket to a frozen Redis can take longer than the deadline).
-                decision.cancel()
+                # Answer now; the decision finishes on its own, unrecorded (every Redis
+                # call has a socket timeout). Not cancelled: cancelling redis-py midway
+                # can leak a pooled connection, and cleaning up after a frozen Redis
+                # can itself take longer than the deadline.
                 lingering.add(decision)
                 decision.add_done_callback(_forget)
                 answer = service.overdue(webhook, body, progress, deadline_seconds)

@@ -27,6 +27,7 @@ from fairshare.connection import (
     check_url,
     connect_redis,
 )
+from fairshare.fastpath import REPLICA_ACK_TIMEOUT
 from tenants.models import CONTROL_NAMESPACE
 from tenants.schema import ConfigError
 
@@ -296,7 +297,8 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                        "(WAIT); if they do not within --replica-ack-timeout, "
                        "onRedisUnavailable decides (default: 1 with a redis+sentinel:// "
                        "URL, 0 otherwise)")
-    serve.add_argument("--replica-ack-timeout", type=_positive_seconds, default=0.25,
+    serve.add_argument("--replica-ack-timeout", type=_positive_seconds,
+                       default=REPLICA_ACK_TIMEOUT,
                        metavar="SECONDS",
                        help="how long to wait for the replicas (default: %(default)s; "
                        "below the 0.5 s Redis timeout)")

@@ -52,6 +52,7 @@ from fairshare.connection import (
     connect_redis,
     connect_redis_async,
 )
+from fairshare.fastpath import REPLICA_ACK_TIMEOUT
 from tenants.models import CONTROL_NAMESPACE
 from tenants.source import ConfigNotReadyError, ConfigSource, start_local_source
 from webhook.app import create_app
@@ -86,7 +87,7 @@ class ServeOptions:
     log_level: str = "info"
     wait_for_rebuild: bool | None = None  # None: on in cluster mode, off with config_dir
     replica_acks: int | None = None  # None: 1 for a Sentinel target, else 0
-    replica_ack_timeout: float = 0.25  # seconds WAIT may block; below redis_timeout
+    replica_ack_timeout: float = REPLICA_ACK_TIMEOUT  # seconds WAIT may block (< redis_timeout)
 
 
 def _local_source(config_dir: Path) -> ConfigSource:

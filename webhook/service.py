@@ -58,7 +58,7 @@ from admission.reviews import (
 from admission.validation import validate_create, validate_update
 from audit import ADMIT, DENY, QUEUE, QUOTA_CHANGE, AuditLog
 from fairshare.calls import TicketConflictError, UnknownTenantError
-from fairshare.fastpath import AsyncFairQueue, NotReplicatedError
+from fairshare.fastpath import REPLICA_ACK_TIMEOUT, AsyncFairQueue, NotReplicatedError
 from fairshare.model import Admission, InvalidRequestError, PodRequest
 from tenants import resources
 from tenants.configmaps import is_fairgate_configmap, quota_tenant, review_configmap
@@ -205,7 +205,7 @@ class AdmissionService:
         wait_for_rebuild: bool = False,
         checker: ConfigMapChecker | None = None,
         replicas: int = 0,
-        replica_timeout: float = 0.25,
+        replica_timeout: float = REPLICA_ACK_TIMEOUT,
     ) -> None:
         """Decide with ``config`` and the queue in Redis ``client``.
 
