@@ -6,6 +6,9 @@ survive the promotion (the script cache is not replicated: redis-py reloads on N
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -88,3 +91,25 @@ def test_wrong_password_is_refused_by_sentinels_and_servers(
             client.ping()
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("command", [["status"], ["audit", "verify"]])
+def test_commands_take_a_sentinel_url(
+    sentinel_cluster: SentinelCluster, command: list[str]
+) -> None:
+    env = {**os.environ, "REDIS_PASSWORD": PASSWORD}
+    done = subprocess.run(
+        [sys.executable, "-m", "webhook.cli", *command, "--redis-url", sentinel_cluster.url],
+        capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    assert PASSWORD not in done.stdout + done.stderr
+
+
+def test_a_malformed_sentinel_url_is_refused_with_the_form_to_use() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "webhook.cli", "status", "--redis-url",
+         "redis+sentinel://:hunter2@s1:26379"],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "the master name" in done.stderr and "redis+sentinel://" in done.stderr
+    assert "hunter2" not in done.stderr
