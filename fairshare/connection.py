@@ -58,6 +58,7 @@ REDACTED = "***"
 SENTINEL_SCHEMES = ("redis+sentinel://", "rediss+sentinel://")
 SCHEMES = ("redis://", "rediss://", "unix://", *SENTINEL_SCHEMES)
 SENTINEL_PORT = 26379  # a sentinel's port when the URL names none
+ASYNC_MAX_CONNECTIONS = 1000  # the asyncio pool's bound (redis-py's default is 100)
 PRIMARY_RECHECK_SECONDS = 0.5  # the asyncio client asks the sentinels this often at most
 SENTINEL_FORM = "redis+sentinel://[USER:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]/MASTER[/DB]"
 _MASTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -410,7 +411,10 @@ class _RecheckedPrimaryPool(redis.asyncio.sentinel.SentinelConnectionPool):
 def connect_redis_async(
     target: RedisTarget | str, timeout: float | None = DEFAULT_REDIS_TIMEOUT
 ) -> redis.asyncio.Redis:
-    """As :func:`connect_redis`, for the event loop (the webhook's decisions)."""
+    """As :func:`connect_redis`, for the event loop (the webhook's decisions), with a
+    pool of up to :data:`ASYNC_MAX_CONNECTIONS` connections: a decision answered at the
+    deadline keeps its connection until its Redis calls end or time out, so a slow or
+    failing-over Redis needs more connections than there are requests in flight."""
     resolved = RedisTarget.of(target)
     retry = AsyncRetry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
     address = resolved.sentinel
@@ -418,7 +422,8 @@ def connect_redis_async(
         options = resolved.sentinel_options(address)
         sentinel = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
             address.sentinels, sentinel_kwargs=_sentinel_kwargs(options, timeout),
-            socket_timeout=timeout, socket_connect_timeout=timeout, **options)
+            socket_timeout=timeout, socket_connect_timeout=timeout,
+            max_connections=ASYNC_MAX_CONNECTIONS, **options)
         client: redis.asyncio.Redis = sentinel.master_for(
             address.master, connection_pool_class=_RecheckedPrimaryPool, db=address.db,
             retry=retry)
@@ -427,6 +432,7 @@ def connect_redis_async(
         resolved.url,
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
+        max_connections=ASYNC_MAX_CONNECTIONS,
         retry=retry,
         **resolved.client_options(),
     )

@@ -162,8 +162,10 @@ class SentinelCluster:
         return [s for s in self.servers if s.port != port]
 
     def wait_failover(self, old_port: int, timeout: float = 20.0) -> float:
-        """Until every live sentinel names a primary other than ``old_port`` that
-        answers as a primary; the ``time.monotonic()`` when that was first seen."""
+        """Until every live sentinel names a primary other than ``old_port`` that answers
+        as a primary with a linked replica (before that it refuses writes:
+        ``min-replicas-to-write 1``); the ``time.monotonic()`` when that was first seen:
+        the end of the failover."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             ports = set()
@@ -179,7 +181,10 @@ class SentinelCluster:
                 new = next(s for s in self.servers if s.port in ports)
                 client = new.client(0.3)
                 try:
-                    if client.info("replication")["role"] == "master":
+                    info = client.info("replication")
+                    if info["role"] == "master" and any(
+                            isinstance(v, dict) and v.get("state") == "online"
+                            for k, v in info.items() if k.startswith("slave")):
                         return time.monotonic()
                 except redis.RedisError:
                     pass

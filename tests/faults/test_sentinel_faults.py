@@ -120,7 +120,7 @@ class Run:
 
     answers: list[Answer]
     faulted: float  # time.monotonic() of the fault
-    promoted: float | None  # when the sentinels named a new primary (None: no failover)
+    promoted: float | None  # failover done: a new primary with a replica (None: none)
     after: dict[str, Ticket]  # Redis' live tickets once the failover was done
     causes: dict[str, str]  # uid -> why the webhook found Redis unavailable (its log)
     watch: Watch
@@ -221,7 +221,7 @@ def _check(run: Run, sentinel_cluster: SentinelCluster, tmp_path: Path) -> None:
     def at(moment: float | None) -> str:
         return "-" if moment is None else f"{moment - faulted:.3f} s"
 
-    print(f"\ntimeline: fault at 0 s; promotion seen {at(promoted)}; Redis denials "
+    print(f"\ntimeline: fault at 0 s; failover done {at(promoted)}; Redis denials "
           f"{len(denied)} of {len(answers)} answers, the last ending {at(last_denied)}; "
           f"admissions again from {at(first_after)}; overdue (CPU-starved) answers "
           f"{overdue}; slowest answer seen by a client {slowest:.3f} s; steps checked: "
