@@ -421,7 +421,9 @@ def connect_redis_async(
     if address is not None:
         options = resolved.sentinel_options(address)
         sentinel = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
-            address.sentinels, sentinel_kwargs=_sentinel_kwargs(options, timeout),
+            address.sentinels,
+            sentinel_kwargs={**_sentinel_kwargs(options, timeout),
+                             "max_connections": ASYNC_MAX_CONNECTIONS},
             socket_timeout=timeout, socket_connect_timeout=timeout,
             max_connections=ASYNC_MAX_CONNECTIONS, **options)
         client: redis.asyncio.Redis = sentinel.master_for(
