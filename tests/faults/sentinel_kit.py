@@ -2,7 +2,7 @@
 primary, two replicas) and 3 sentinels (``redis-server --sentinel``), real processes the
 tests kill, freeze (SIGSTOP) and resume.
 
-Settings are those of ``manifests/overlays/ha`` with the failover made fast: a node is
+Settings are those of ``overlays/ha`` with the failover made fast: a node is
 down after :data:`DOWN_AFTER_MS` without an answer, quorum 2, every server refuses writes
 without one replica within :data:`MAX_LAG_S` (``min-replicas-to-write 1``). No
 persistence: a killed node comes back empty and resyncs as a replica.

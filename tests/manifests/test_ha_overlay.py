@@ -1,4 +1,6 @@
-"""The HA overlay ``manifests/overlays/ha/``: built by kustomize on the base, valid
+"""The HA overlay ``overlays/ha/`` (kustomize forbids an overlay inside its base
+directory, so it sits beside ``manifests/``, like the production overlay of
+docs/install.md): built by kustomize on the base, valid
 Kubernetes (strict schema), 3 Redis servers and 3 sentinels spread over nodes, PDBs,
 the password only from the Secret, network policy that lets replication and the
 sentinels through, and fairgate pointed at the sentinels with a URL fairgate parses."""
@@ -11,13 +13,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from manifest_objects import MANIFESTS, Obj, find, kustomize_build, of_kind, selects
+from manifest_objects import REPO, Obj, find, kustomize_build, of_kind, selects
 from test_manifest_schema import SCHEMA_VERSIONS, _validate
 from test_workloads import REDIS_SECRET, _secret_env
 
 from fairshare.connection import RedisTarget
 
-HA = MANIFESTS / "overlays" / "ha"
+HA = REPO / "overlays" / "ha"
 SERVERS = ("StatefulSet", "fairgate-redis")
 SENTINELS = ("StatefulSet", "fairgate-sentinel")
 CLIENTS = [("Deployment", "fairgate-webhook"), ("Deployment", "fairgate-dispatcher")]
