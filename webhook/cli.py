@@ -77,7 +77,8 @@ def _redis_url_argument(
         metavar="URL",
         help=(purpose or "Redis holding fairgate's queue and audit stream")
         + ", e.g. redis://127.0.0.1:6379/0 or rediss://fairgate-redis:6379/0 for TLS; "
-        "redis://[USER]:PASSWORD@HOST:PORT/DB also works (default: $REDIS_URL, which is "
+        "redis://[USER]:PASSWORD@HOST:PORT/DB also works; through Redis Sentinel: "
+        "redis+sentinel://HOST:PORT,HOST:PORT/MASTER[/DB] (default: $REDIS_URL, which is "
         + _env_state("REDIS_URL") + ")",
     )
     parser.add_argument(
