@@ -396,8 +396,9 @@ def test_a_failed_lift_goes_back_to_the_queue_and_is_retried(redis_url: str) -> 
 
 def _lose_last_write(rig: Any, promote: bool) -> str:
     """Admit a pod and let the dispatcher see it, then put Redis back as it was before
-    (as a failover to a replica that missed the writes would); with ``promote``, also the way a promotion does it
-    (REPLICAOF somewhere unreachable, then NO ONE: a new replication id). The pod's
+    (as a failover to a replica that missed the writes would); with ``promote``, also
+    the way a promotion does it (REPLICAOF somewhere unreachable, then NO ONE: a new
+    replication id). The pod's
     ticket."""
     keys = rig.client.keys("fairgate:*")
     saved = {key: rig.client.dump(key) for key in keys}
