@@ -15,6 +15,11 @@ Contract:
   not know (Redis lost data, or a reservation expired before the pod appeared), or a queue that
   holds less usage or fewer queued pods than the pods seen (checked every status pass),
   triggers a reconcile, so usage and queue always converge on the cluster's truth.
+- Fencing epoch: every step first asks who the Redis primary is
+  (:meth:`FairQueue.primary_epoch`); a new one (a Sentinel failover, a restart) is
+  reconciled from the cluster in that same step, before anything is dispatched, since a
+  failover may have lost the old primary's last writes. Reconcile replaces usage and
+  queue by ticket, so a pod is counted once whatever the old primary held.
 - Capacity is the platform's ``capacity`` override if set, else the cluster's; config and
   capacity are pushed again on every status pass and reconcile (a flush, or another
   writer, may have changed them). Whenever it reads the cluster's capacity it stores the
@@ -165,6 +170,7 @@ class Dispatcher:
         self._synced: tuple[FairgateConfig, dict[str, int]] | None = None
         self._capacity: dict[str, int] | None = None
         self._need_reconcile = True
+        self._epoch: str | None = None  # the Redis primary last reconciled against
         self._last_expire = float("-inf")
         self._last_reconcile = float("-inf")
         self._last_status = float("-inf")
@@ -228,6 +234,7 @@ class Dispatcher:
             self._need_reconcile = True  # no config yet: decide nothing, rebuild later
             return result
         try:
+            self._check_epoch()
             self.handle(changes)
             self._reconcile_if_due(result)
             self._dispatch(result)
@@ -264,6 +271,17 @@ class Dispatcher:
         self._capacity = None
         self._need_reconcile = True
         stop.wait(self.settings.idle_wait)
+
+    def _check_epoch(self) -> None:
+        """Reconcile now if another Redis primary answers than at the last step."""
+        epoch = self.queue.primary_epoch()
+        if epoch != self._epoch:
+            if self._epoch is not None:
+                log.warning("a new Redis primary answers (%s, was %s): reconciling from "
+                            "the cluster", epoch, self._epoch)
+                self.metrics.primary_changes.inc()
+            self._epoch = epoch
+            self._need_reconcile = True
 
     def _reconcile_if_due(self, result: StepResult) -> None:
         if self._need_reconcile or not self.queue.is_rebuilt() or \

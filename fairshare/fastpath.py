@@ -6,6 +6,13 @@ the same methods of :class:`fairshare.queue.FairQueue` (see there), awaited on t
 event loop instead of blocking a thread. Any number of them and of ``FairQueue``s may
 share one Redis. Cancelling a call (a deadline) may leave its script applied; an
 unconfirmed reservation expires like any other.
+
+Acknowledged means replicated: with ``replicas=n`` (a Sentinel target), :meth:`admit`
+runs the script and then ``WAIT n <timeout>`` on the same connection (WAIT counts the
+writes of its own connection); fewer than ``n`` replicas holding the write within
+``replica_timeout`` raises :class:`NotReplicatedError`, as does a primary that refuses
+writes for lack of replicas (``NOREPLICAS``, ``min-replicas-to-write``). The write may
+then still be on the primary: unconfirmed, it expires like any other reservation.
 """
 
 from __future__ import annotations
@@ -27,6 +34,15 @@ from fairshare.calls import (
 from fairshare.model import Admission, PodRequest, TenantStatus
 from tenants.models import FairgateConfig
 
+# How long WAIT may block by default: under the webhook's 0.5 s Redis socket timeout, with
+# room for the script; a replica on the same network acknowledges in well under 1 ms.
+REPLICA_ACK_TIMEOUT = 0.4
+
+
+class NotReplicatedError(redis.RedisError):
+    """An admission's write did not reach enough replicas in time (or the primary refused
+    it for lack of replicas): it may be lost in a failover, so it is not acknowledged."""
+
 
 class AsyncFairQueue:
     """Admission's calls to the fair queue in Redis ``client`` (keys under ``prefix``)."""
@@ -36,19 +52,45 @@ class AsyncFairQueue:
         client: redis.asyncio.Redis,
         prefix: str = "fairgate:",
         wait_for_rebuild: bool = False,
+        *,
+        replicas: int = 0,
+        replica_timeout: float = REPLICA_ACK_TIMEOUT,
     ) -> None:
+        """``replicas``: how many replicas must hold an admission before it is answered
+        (0: none, for a standalone Redis); ``replica_timeout``: how long ``WAIT`` may
+        block for them, in seconds."""
+        if replicas < 0 or replica_timeout <= 0:
+            raise ValueError(f"replicas must be >= 0 and replica_timeout > 0, got "
+                             f"{replicas} and {replica_timeout}")
+        self._client = client
         self._keys = [prefix]
         self.wait_for_rebuild = wait_for_rebuild
+        self.replicas = replicas
+        self._wait_ms = max(1, round(replica_timeout * 1000))
         self._scripts = {
             name: client.register_script(script_source(name))
             for name in ("sync", "admit", "status")
         }
 
-    async def _run(self, name: str, *args: str | int | float) -> Any:
+    async def _run(self, name: str, *args: str | int | float,
+                   client: redis.asyncio.Redis | None = None) -> Any:
         try:
-            return await self._scripts[name](keys=self._keys, args=list(args))
+            return await self._scripts[name](keys=self._keys, args=list(args), client=client)
         except redis.ResponseError as exc:
+            if str(exc).startswith("NOREPLICAS"):
+                raise NotReplicatedError(f"the primary refuses writes: {exc}") from exc
             raise (queue_error(exc) or exc) from exc
+
+    async def _replicated(self, name: str, *args: str | int | float) -> Any:
+        """Run script ``name``, then ``WAIT`` for :attr:`replicas` on its connection."""
+        async with self._client.client() as connection:  # one connection for both
+            raw = await self._run(name, *args, client=connection)
+            acknowledged = int(await connection.wait(self.replicas, self._wait_ms))
+        if acknowledged < self.replicas:
+            raise NotReplicatedError(
+                f"{acknowledged} of {self.replicas} replicas acknowledged within "
+                f"{self._wait_ms} ms")
+        return raw
 
     async def sync_config(
         self, config: FairgateConfig, capacity: Mapping[str, int] | None
@@ -57,10 +99,13 @@ class AsyncFairQueue:
         await self._run("sync", *sync_args(config, capacity))
 
     async def admit(self, req: PodRequest, now: float, dry_run: bool = False) -> Admission:
-        """As :meth:`fairshare.queue.FairQueue.admit`."""
-        raw = await self._run(
-            "admit", *admit_args(req, now, dry_run, self.wait_for_rebuild)
-        )
+        """As :meth:`fairshare.queue.FairQueue.admit`; with :attr:`replicas`, answered
+        only once that many replicas hold the write (see the module contract)."""
+        args = admit_args(req, now, dry_run, self.wait_for_rebuild)
+        if self.replicas and not dry_run:
+            raw = await self._replicated("admit", *args)
+        else:
+            raw = await self._run("admit", *args)
         return admission(raw, req)
 
     async def tenant_status(self) -> list[TenantStatus]:

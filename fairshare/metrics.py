@@ -105,6 +105,10 @@ class DispatcherMetrics:
         self.reconciles = Counter("fairgate_reconcile_total",
                                   "Rebuilds of queue and usage from the cluster, by result.",
                                   ["result"], registry=r)
+        self.primary_changes = Counter(
+            "fairgate_redis_primary_changes_total",
+            "Times another Redis primary answered than at the step before (a failover or "
+            "a restart); each is followed by a reconcile.", registry=r)
         self.expired = Counter("fairgate_expired_reservations_total",
                                "Reservations freed because no pod confirmed them in time.",
                                registry=r)

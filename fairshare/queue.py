@@ -210,6 +210,15 @@ class FairQueue:
 
     # -- the reconciler ------------------------------------------------------------
 
+    def primary_epoch(self) -> str:
+        """Who is answering: the Redis process' run id and its replication id. It changes
+        when another server is promoted (a Sentinel failover), when a replica is
+        promoted in place, and when Redis restarts: what the queue holds may then lack
+        writes of the old primary's last moments (replication is asynchronous)."""
+        info = self._client.execute_command(  # type: ignore[no-untyped-call]
+            "INFO", "server", "replication")
+        return f"{info['run_id']}/{info['master_replid']}"
+
     def is_rebuilt(self) -> bool:
         """Whether :meth:`rebuild` has run on this Redis since it was last emptied."""
         return bool(self._client.exists(self._keys[0] + "rebuilt"))

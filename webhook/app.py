@@ -12,7 +12,8 @@ Contract (AdmissionReview v1, as the API server requires):
   a 500.
 - Every answer is given within ``deadline_seconds`` (default 1 s, well under the API
   server's ``timeoutSeconds``): when the decision (Redis included) is not done by then,
-  the ``onRedisUnavailable`` policy answers instead.
+  the ``onRedisUnavailable`` policy answers instead, at once; the late decision runs
+  to its end (bounded by the Redis socket timeouts) and records nothing.
 - ``GET /healthz``: 200 while the process serves. ``GET /readyz``: 200 when Redis
   answers and a config is loaded, else 503; the JSON body says which part is missing.
 - ``GET /metrics``: Prometheus text (see :mod:`webhook.metrics`).
@@ -102,6 +103,12 @@ def create_app(
     if max_body_bytes <= 0 or deadline_seconds <= 0:
         raise ValueError("max_body_bytes and deadline_seconds must be positive")
     webhook_metrics = service.metrics
+    lingering: set[asyncio.Future[AdmissionReviewResponse]] = set()  # overdue, still running
+
+    def _forget(decision: asyncio.Future[AdmissionReviewResponse]) -> None:
+        lingering.discard(decision)
+        if not decision.cancelled():
+            decision.exception()  # retrieved: its fallback answer was already given
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -128,15 +135,23 @@ def create_app(
         try:
             body = await _read_body(request, max_body_bytes)
             progress = Progress(started=started)
-            try:
-                async with asyncio.timeout(deadline_seconds):
-                    answer = await service.review(webhook, body, progress)
-            except TimeoutError:
+            decision = asyncio.ensure_future(service.review(webhook, body, progress))
+            done, _ = await asyncio.wait((decision,), timeout=deadline_seconds)
+            if not done:
+                # Answer now; the decision finishes on its own, unrecorded (every Redis
+                # call has a socket timeout). Not cancelled: cancelling redis-py midway
+                # can leak a pooled connection, and cleaning up after a frozen Redis
+                # can itself take longer than the deadline.
+                lingering.add(decision)
+                decision.add_done_callback(_forget)
                 answer = service.overdue(webhook, body, progress, deadline_seconds)
-            except InvalidReview:
-                raise
-            except Exception as exc:
-                answer = service.failed(webhook, body, progress, exc)
+            else:
+                try:
+                    answer = decision.result()
+                except InvalidReview:
+                    raise
+                except Exception as exc:
+                    answer = service.failed(webhook, body, progress, exc)
             if progress.review is not None:
                 operation = progress.review.request.operation
             return _review_response(answer)

@@ -27,6 +27,7 @@ from fairshare.connection import (
     check_url,
     connect_redis,
 )
+from fairshare.fastpath import REPLICA_ACK_TIMEOUT
 from tenants.models import CONTROL_NAMESPACE
 from tenants.schema import ConfigError
 
@@ -76,7 +77,8 @@ def _redis_url_argument(
         metavar="URL",
         help=(purpose or "Redis holding fairgate's queue and audit stream")
         + ", e.g. redis://127.0.0.1:6379/0 or rediss://fairgate-redis:6379/0 for TLS; "
-        "redis://[USER]:PASSWORD@HOST:PORT/DB also works (default: $REDIS_URL, which is "
+        "redis://[USER]:PASSWORD@HOST:PORT/DB also works; through Redis Sentinel: "
+        "redis+sentinel://HOST:PORT,HOST:PORT/MASTER[/DB] (default: $REDIS_URL, which is "
         + _env_state("REDIS_URL") + ")",
     )
     parser.add_argument(
@@ -218,6 +220,8 @@ def _serve(args: argparse.Namespace) -> int:
         workers=args.workers,
         log_level=args.log_level,
         wait_for_rebuild=args.wait_for_rebuild,
+        replica_acks=args.replica_acks,
+        replica_ack_timeout=args.replica_ack_timeout,
     )
     try:
         serve(options)
@@ -230,6 +234,12 @@ def _serve(args: argparse.Namespace) -> int:
 def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return int(text)
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
     return int(text)
 
 
@@ -283,6 +293,16 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                        "the cluster after Redis started empty (quota stays safe across a "
                        "Redis loss): GPU pods queue meanwhile (default: on when the config "
                        "comes from the cluster, off with --config-dir)")
+    serve.add_argument("--replica-acks", type=_count, default=None, metavar="N",
+                       help="answer a reservation only once N Redis replicas hold it "
+                       "(WAIT); if they do not within --replica-ack-timeout, "
+                       "onRedisUnavailable decides (default: 1 with a redis+sentinel:// "
+                       "URL, 0 otherwise)")
+    serve.add_argument("--replica-ack-timeout", type=_positive_seconds,
+                       default=REPLICA_ACK_TIMEOUT,
+                       metavar="SECONDS",
+                       help="how long to wait for the replicas (default: %(default)s; "
+                       "below the 0.5 s Redis timeout)")
     serve.add_argument("--log-level", default="info",
                        choices=["debug", "info", "warning", "error"],
                        help="log level (default: %(default)s)")

@@ -52,6 +52,7 @@ from fairshare.connection import (
     connect_redis,
     connect_redis_async,
 )
+from fairshare.fastpath import REPLICA_ACK_TIMEOUT
 from tenants.models import CONTROL_NAMESPACE
 from tenants.source import ConfigNotReadyError, ConfigSource, start_local_source
 from webhook.app import create_app
@@ -85,6 +86,8 @@ class ServeOptions:
     workers: int = 1
     log_level: str = "info"
     wait_for_rebuild: bool | None = None  # None: on in cluster mode, off with config_dir
+    replica_acks: int | None = None  # None: 1 for a Sentinel target, else 0
+    replica_ack_timeout: float = REPLICA_ACK_TIMEOUT  # seconds WAIT may block (< redis_timeout)
 
 
 def _local_source(config_dir: Path) -> ConfigSource:
@@ -179,6 +182,9 @@ def _run_uvicorn(options: ServeOptions, sock: socket.socket | None) -> None:
             source, decisions_client, AuditLog(client),
             wait_for_rebuild=(options.wait_for_rebuild if options.wait_for_rebuild is not None
                               else options.config_dir is None),
+            replicas=(options.replica_acks if options.replica_acks is not None
+                      else int(options.redis.replicated)),
+            replica_timeout=options.replica_ack_timeout,
         )
         app = create_app(service, deadline_seconds=options.deadline_seconds)
         context = server_ssl_context(options.cert_dir)
@@ -262,6 +268,10 @@ def serve(options: ServeOptions) -> None:
     """Run the webhook until SIGTERM/SIGINT (see the module contract)."""
     if options.workers < 1:
         raise ServeError(f"--workers must be 1 or more, got {options.workers}")
+    if not 0 < options.replica_ack_timeout < options.redis_timeout:
+        raise ServeError(
+            f"--replica-ack-timeout must be above 0 and below the Redis timeout "
+            f"({options.redis_timeout:g} s), got {options.replica_ack_timeout:g}")
     stop = threading.Event()
     try:
         if options.config_dir is None:

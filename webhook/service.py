@@ -16,7 +16,9 @@ Contract (asynchronous; :mod:`webhook.app` awaits it on the event loop under a d
     refused with :data:`CHECK_BUDGET_MESSAGE`, and pod admissions never wait for it.
   * When Redis fails, ``onRedisUnavailable`` decides: ``deny`` (default) refuses GPU
     pods with :data:`REDIS_DOWN_MESSAGE`; ``allow`` admits them stamped but unreserved,
-    with a warning, audited.
+    with a warning, audited. With ``replicas`` (a Sentinel target) a reservation that
+    no replica acknowledged in time counts as a Redis failure too
+    (:class:`~fairshare.fastpath.NotReplicatedError`).
 
 - :meth:`overdue` answers a request whose decision missed the deadline (a pod CREATE at
   /mutate as a Redis failure; otherwise :data:`OVERDUE_MESSAGE`, "overloaded") and
@@ -56,7 +58,7 @@ from admission.reviews import (
 from admission.validation import validate_create, validate_update
 from audit import ADMIT, DENY, QUEUE, QUOTA_CHANGE, AuditLog
 from fairshare.calls import TicketConflictError, UnknownTenantError
-from fairshare.fastpath import AsyncFairQueue
+from fairshare.fastpath import REPLICA_ACK_TIMEOUT, AsyncFairQueue, NotReplicatedError
 from fairshare.model import Admission, InvalidRequestError, PodRequest
 from tenants import resources
 from tenants.configmaps import is_fairgate_configmap, quota_tenant, review_configmap
@@ -97,9 +99,11 @@ FAIL_OPEN_WARNING = (
     "(onRedisUnavailable: allow)"
 )
 
-# Redis did not answer, or cannot store anything (out of memory, a read-only replica).
-# Any other ResponseError is an answer: a bug, handled as an internal error.
+# Redis did not answer, or cannot store anything (out of memory, a read-only replica), or
+# no replica acknowledged the write in time. Any other ResponseError is an answer: a bug,
+# handled as an internal error.
 _UNAVAILABLE = (
+    NotReplicatedError,
     redis.ConnectionError,
     redis.TimeoutError,
     redis.exceptions.OutOfMemoryError,
@@ -200,6 +204,8 @@ class AdmissionService:
         clock: Callable[[], float] = time.time,
         wait_for_rebuild: bool = False,
         checker: ConfigMapChecker | None = None,
+        replicas: int = 0,
+        replica_timeout: float = REPLICA_ACK_TIMEOUT,
     ) -> None:
         """Decide with ``config`` and the queue in Redis ``client``.
 
@@ -210,10 +216,13 @@ class AdmissionService:
         ``wait_for_rebuild`` nothing is reserved at admission on a Redis whose usage the
         reconciler has not rebuilt (fresh, or restarted empty): GPU pods are queued
         behind the gate until it has (see :class:`fairshare.queue.FairQueue`).
+        A reservation is answered only once ``replicas`` replicas hold it, waiting at
+        most ``replica_timeout`` seconds (see :class:`fairshare.fastpath.AsyncFairQueue`).
         """
         self.config = config
         self.client = client
-        self.queue = AsyncFairQueue(client, wait_for_rebuild=wait_for_rebuild)
+        self.queue = AsyncFairQueue(client, wait_for_rebuild=wait_for_rebuild,
+                                    replicas=replicas, replica_timeout=replica_timeout)
         self.metrics = metrics if metrics is not None else WebhookMetrics()
         self.audit = AuditWriter(audit_log)
         self.checker = checker if checker is not None else ConfigMapChecker()

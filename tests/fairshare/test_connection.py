@@ -13,8 +13,10 @@ import redis
 
 from certs import write_bundle
 from fairshare.connection import (
+    SENTINEL_PORT,
     RedisSettingsError,
     RedisTarget,
+    SentinelAddress,
     connect_redis,
     connect_redis_async,
     redact_url,
@@ -79,6 +81,7 @@ def test_acl_user_in_the_url_keeps_its_name_and_takes_the_file_password(tmp_path
 
 @pytest.mark.parametrize(("url", "password_file", "ca_file", "says"), [
     ("http://u:hunter2@h/0", None, None, "is not a Redis URL"),
+    ("redis://:hunter2@[::1/0", None, None, "is not a usable Redis URL"),
     ("redis://:hunter2@h/0", "password", None, "given twice"),
     ("redis://h/0", "missing", None, "cannot read the Redis password file"),
     ("redis://h/0", "empty", None, "is empty"),
@@ -101,6 +104,71 @@ def test_unusable_settings_say_what_to_fix_without_the_password(
         )
     assert says in str(error.value)
     assert "hunter2" not in str(error.value)
+
+
+# -- Sentinel URLs -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("url", "address"), [
+    ("redis+sentinel://s1:26379,s2:26380,s3/fairgate",
+     SentinelAddress((("s1", 26379), ("s2", 26380), ("s3", SENTINEL_PORT)), "fairgate")),
+    ("redis+sentinel://s1/fairgate/3", SentinelAddress((("s1", SENTINEL_PORT),), "fairgate", 3)),
+    ("rediss+sentinel://fairgate:hunter2@s1:1,[::1]:2/my-master.0/0",
+     SentinelAddress((("s1", 1), ("::1", 2)), "my-master.0", 0, True, "fairgate")),
+    ("redis+sentinel://:hunter2@[fd00::1]/m",
+     SentinelAddress((("fd00::1", SENTINEL_PORT),), "m")),
+])
+def test_sentinel_urls_parse(url: str, address: SentinelAddress) -> None:
+    target = RedisTarget.resolve(url, environ={})
+    assert target.sentinel == address and target.replicated
+    assert not RedisTarget.resolve("redis://h:6379/0", environ={}).replicated
+
+
+@pytest.mark.parametrize(("url", "says"), [
+    ("redis+sentinel:///fairgate", "no sentinel host is given"),
+    ("redis+sentinel://:hunter2@/fairgate", "no sentinel host is given"),
+    ("redis+sentinel://s1:26379", "the master name"),
+    ("redis+sentinel://s1:26379/", "the master name"),
+    ("redis+sentinel://s1,,s2/fairgate", "a sentinel host is empty"),
+    ("redis+sentinel://s1:http/fairgate", "no port number between 1 and 65535"),
+    ("redis+sentinel://s1:0/fairgate", "no port number between 1 and 65535"),
+    ("redis+sentinel://s1:65536/fairgate", "no port number between 1 and 65535"),
+    ("redis+sentinel://[::1/fairgate", "is not [IPv6]:PORT"),
+    ("redis+sentinel://s1,s1:26379/fairgate", "listed twice"),
+    ("redis+sentinel://s1/fair gate", "may hold only letters"),
+    ("redis+sentinel://s1/fairgate/x", "is not a database number"),
+    ("redis+sentinel://s1/fairgate/0/1", "is not a database number"),
+    ("redis+sentinel://s1/fairgate?ssl_ca_certs=/x.pem", "takes no query"),
+    ("redis-sentinel://:hunter2@s1/fairgate", "is not a Redis URL"),
+])
+def test_malformed_sentinel_urls_say_what_to_fix_without_the_password(
+    url: str, says: str
+) -> None:
+    with pytest.raises(RedisSettingsError) as error:
+        RedisTarget.resolve(url.replace("://", "://:hunter2@", 1)
+                            if "@" not in url and "+" in url else url, environ={})
+    assert says in str(error.value)
+    assert "hunter2" not in str(error.value)
+    assert "redis+sentinel://" in str(error.value)  # shows the form to use
+
+
+def test_sentinel_url_takes_the_ca_file_only_over_tls(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.crt"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    tls = RedisTarget.resolve("rediss+sentinel://s1/fairgate", ca_file=ca, environ={})
+    assert tls.ca_file == ca and tls.sentinel is not None and tls.sentinel.tls
+    with pytest.raises(RedisSettingsError, match="not a rediss://"):
+        RedisTarget.resolve("redis+sentinel://s1/fairgate", ca_file=ca, environ={})
+
+
+def test_sentinel_target_hides_its_password_and_hands_it_apart() -> None:
+    url = f"redis+sentinel://fairgate:{ENCODED}@s1:26379,s2:26379/fairgate/0"
+    target = RedisTarget.resolve(url, environ={})
+    for shown in (str(target), repr(target), target.scrub(f"boom {url} {PASSWORD}")):
+        assert PASSWORD not in shown and ENCODED not in shown
+        assert "s1:26379,s2:26379/fairgate/0" in shown
+    assert target.apart() == ("redis+sentinel://fairgate@s1:26379,s2:26379/fairgate/0",
+                              PASSWORD)
 
 
 # -- the password never shows --------------------------------------------------------------

@@ -5,7 +5,9 @@ from __future__ import annotations
 import io
 import threading
 from collections import Counter
+from typing import Any
 
+import pytest
 import redis
 
 from audit import DISPATCH, RELEASE, AuditLog
@@ -387,3 +389,47 @@ def test_a_failed_lift_goes_back_to_the_queue_and_is_retried(redis_url: str) -> 
     assert [r.ticket for r in result.released] == [second.ticket]
     assert cluster.history[second.uid].started == 1_100.0
     assert first.ticket not in dispatcher.pods
+
+
+# -- fencing epoch: a new Redis primary is reconciled at once ---------------------------
+
+
+def _lose_last_write(rig: Any, promote: bool) -> str:
+    """Admit a pod and let the dispatcher see it, then put Redis back as it was before
+    (as a failover to a replica that missed the writes would); with ``promote``, also
+    the way a promotion does it (REPLICAOF somewhere unreachable, then NO ONE: a new
+    replication id). The pod's
+    ticket."""
+    keys = rig.client.keys("fairgate:*")
+    saved = {key: rig.client.dump(key) for key in keys}
+    pod = rig.pod("late", duration=100)
+    assert not pod.gated
+    rig.dispatcher.step()  # the dispatcher has seen the pod: no change about it is left
+    rig.client.delete(*rig.client.keys("fairgate:*"))
+    for key, value in saved.items():
+        rig.client.restore(key, 0, value)
+    if promote:
+        rig.client.replicaof("127.0.0.1", 1)
+        rig.client.replicaof("NO", "ONE")
+    ticket: str = pod.ticket
+    return ticket
+
+
+@pytest.mark.parametrize("promote", [True, False])
+def test_a_new_redis_primary_is_reconciled_in_the_same_step(
+    redis_url: str, promote: bool
+) -> None:
+    rig = make_rig(redis_url, TEAM_A, {"gpu": 4})
+    rig.pod("early", duration=100)
+    rig.settle()
+    rig.dispatcher.step()
+    assert _used(rig.queue) == 7
+    ticket = _lose_last_write(rig, promote)
+    assert _used(rig.queue) == 7  # the running "late" pod's reservation is gone
+    result = rig.dispatcher.step()
+    # A new primary: reconciled before anything else, the lost pod counted once. The
+    # same primary (no failover): nothing tells the dispatcher yet.
+    assert result.reconciled is promote
+    assert _used(rig.queue) == (14 if promote else 7)
+    assert (rig.queue.ticket_status(ticket, rig.clock()) is not None) is promote
+    assert rig.dispatcher.metrics.primary_changes._value.get() == int(promote)

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import signal
+import time
+from collections.abc import Iterator
 
 import pytest
 import redis
@@ -12,7 +16,8 @@ import redis.asyncio
 from test_queue import Pods, config
 
 from fairshare.calls import TicketConflictError, UnknownTenantError
-from fairshare.fastpath import AsyncFairQueue
+from fairshare.fastpath import AsyncFairQueue, NotReplicatedError
+from fairshare.localredis import local_redis
 from fairshare.model import Admission, InvalidRequestError, PodRequest
 from fairshare.queue import FairQueue
 
@@ -85,3 +90,72 @@ def test_raises_the_queue_errors(redis_url: str, pods: Pods) -> None:
         await client.aclose()
 
     asyncio.run(run())
+
+
+# -- acknowledged means replicated (WAIT) ------------------------------------------------
+
+
+@pytest.fixture
+def primary_and_replica() -> Iterator[tuple[str, redis.Redis]]:
+    """A fresh primary's URL and a client on its one linked replica."""
+    with local_redis() as primary, local_redis() as replica_url:
+        replica = redis.Redis.from_url(replica_url, socket_timeout=5)
+        port = int(primary.rsplit(":", 1)[1].split("/")[0])
+        replica.replicaof("127.0.0.1", port)
+        deadline = time.monotonic() + 10
+        while replica.info("replication").get("master_link_status") != "up":
+            assert time.monotonic() < deadline, "the replica did not link"
+            time.sleep(0.05)
+        yield primary, replica
+        os.kill(int(replica.info("server")["process_id"]), signal.SIGCONT)
+        replica.close()
+
+
+def _admit(url: str, request: PodRequest, replicas: int, dry_run: bool = False) -> Admission:
+    async def run() -> Admission:
+        client = redis.asyncio.Redis.from_url(url)
+        try:
+            queue = AsyncFairQueue(client, replicas=replicas, replica_timeout=0.2)
+            await queue.sync_config(TENANTS, CAPACITY)
+            return await queue.admit(request, 10.0, dry_run=dry_run)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(run())
+
+
+def test_an_admission_is_answered_once_a_replica_holds_it(
+    primary_and_replica: tuple[str, redis.Redis], pods: Pods
+) -> None:
+    primary, replica = primary_and_replica
+    request = pods("a")
+    assert _admit(primary, request, replicas=1).outcome == "reserved"
+    # WAIT returned on the admitting connection: the replica has the ticket already.
+    assert replica.hexists("fairgate:tk", request.ticket)
+
+
+def test_a_replica_that_does_not_acknowledge_makes_the_admission_unacknowledged(
+    primary_and_replica: tuple[str, redis.Redis], pods: Pods
+) -> None:
+    primary, replica = primary_and_replica
+    pid = int(replica.info("server")["process_id"])
+    os.kill(pid, signal.SIGSTOP)  # linked, but acknowledges nothing
+    try:
+        with pytest.raises(NotReplicatedError, match="0 of 1 replicas"):
+            _admit(primary, pods("a"), replicas=1)
+        # A dry run writes nothing, so it waits for nothing; without replicas asked, no WAIT.
+        assert _admit(primary, pods("a"), replicas=1, dry_run=True).outcome == "reserved"
+        assert _admit(primary, pods("a"), replicas=0).outcome == "reserved"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def test_a_primary_refusing_writes_for_lack_of_replicas_is_not_replicated(
+    redis_url: str, redis_client: redis.Redis, pods: Pods
+) -> None:
+    redis_client.config_set("min-replicas-to-write", 1)
+    try:
+        with pytest.raises(NotReplicatedError, match="NOREPLICAS"):
+            _admit(redis_url, pods("a"), replicas=1)
+    finally:
+        redis_client.config_set("min-replicas-to-write", 0)
