@@ -48,7 +48,11 @@ DENY = "deny"
 DISPATCH = "dispatch"
 RELEASE = "release"
 QUOTA_CHANGE = "quota-change"
-DECISIONS: tuple[str, ...] = (ADMIT, QUEUE, DENY, DISPATCH, RELEASE, QUOTA_CHANGE)
+START = "start"
+PREEMPT = "preempt"
+CAPACITY = "capacity"
+DECISIONS: tuple[str, ...] = (ADMIT, QUEUE, DENY, DISPATCH, RELEASE, QUOTA_CHANGE, START,
+                              PREEMPT, CAPACITY)
 """The decisions fairgate records; others are allowed if they are lower-case words."""
 
 _DECISION = re.compile(r"^[a-z][a-z-]*$")

@@ -151,9 +151,44 @@ class FairShareSpec(_Strict):
         return parse_duration(value)
 
 
+class PricingSpec(_Strict):
+    """``pricing`` of ``platform.yaml``: what a whole-GPU hour costs.
+
+    ``gpuHour`` is either one number (every GPU) or a mapping from the node label
+    ``nvidia.com/gpu.product`` (e.g. ``NVIDIA-A100-SXM4-80GB``) to the price, with
+    ``default`` for products not listed. A MIG slice costs slices/7 of its parent GPU.
+    Prices are non-negative numbers in ``currency`` (a 3-letter code, default USD).
+    """
+
+    currency: str = Field("USD", pattern=r"^[A-Z]{3}$")
+    gpu_hour: float | dict[str, float] = Field(0.0, alias="gpuHour")
+
+    @field_validator("gpu_hour", mode="before")
+    @classmethod
+    def _prices(cls, value: object) -> float | dict[str, float]:
+        prices = value if isinstance(value, dict) else {"default": value}
+        for product, price in prices.items():
+            if isinstance(price, bool) or not isinstance(price, (int, float)) or price < 0:
+                raise ValueError(
+                    f"price of {product!r} is {price!r}: write a number of 0 or more, e.g. "
+                    f"gpuHour: {{default: 2.50, NVIDIA-A100-SXM4-80GB: 3.10}}")
+        if isinstance(value, dict):
+            return {str(product): float(price) for product, price in value.items()}
+        return float(prices["default"])
+
+    def price(self, product: str | None) -> float:
+        """Price of one whole-GPU hour of ``product`` (None: unknown product): its own
+        price, else ``default``, else 0."""
+        if not isinstance(self.gpu_hour, dict):
+            return self.gpu_hour
+        if product is not None and product in self.gpu_hour:
+            return self.gpu_hour[product]
+        return self.gpu_hour.get("default", 0.0)
+
+
 class PlatformConfig(_Strict):
     """``platform.yaml``: platform admins, capacity override, tenants, failure mode,
-    priority classes, fair-share measure."""
+    priority classes, fair-share measure, pricing (optional)."""
 
     platform_admins: Principals = Field(Principals(), alias="platformAdmins")
     capacity: dict[str, NonNegativeInt] = {}
@@ -161,6 +196,7 @@ class PlatformConfig(_Strict):
     on_redis_unavailable: Literal["deny", "allow"] = Field("deny", alias="onRedisUnavailable")
     priority_classes: PriorityClasses = Field(PriorityClasses(), alias="priorityClasses")
     fair_share: FairShareSpec = Field(FairShareSpec(), alias="fairShare")
+    pricing: PricingSpec | None = None
 
     @field_validator("capacity")
     @classmethod
