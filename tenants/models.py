@@ -166,15 +166,15 @@ class PricingSpec(_Strict):
     @field_validator("gpu_hour", mode="before")
     @classmethod
     def _prices(cls, value: object) -> float | dict[str, float]:
-        prices = value if isinstance(value, dict) else {"default": value}
-        for product, price in prices.items():
+        given = value if isinstance(value, dict) else {"default": value}
+        prices: dict[str, float] = {}
+        for product, price in given.items():
             if isinstance(price, bool) or not isinstance(price, (int, float)) or price < 0:
                 raise ValueError(
                     f"price of {product!r} is {price!r}: write a number of 0 or more, e.g. "
                     f"gpuHour: {{default: 2.50, NVIDIA-A100-SXM4-80GB: 3.10}}")
-        if isinstance(value, dict):
-            return {str(product): float(price) for product, price in value.items()}
-        return float(prices["default"])
+            prices[str(product)] = float(price)
+        return prices if isinstance(value, dict) else prices["default"]
 
     def price(self, product: str | None) -> float:
         """Price of one whole-GPU hour of ``product`` (None: unknown product): its own
