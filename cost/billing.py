@@ -52,6 +52,7 @@ from audit.chain import (
     START,
     AuditRecord,
 )
+from audit.usage import read_ran_seconds, read_start
 from tenants import resources
 from tenants.models import CONTROL_NAMESPACE, PLATFORM_CONFIGMAP, PricingSpec
 
@@ -61,26 +62,6 @@ NEVER_RAN = ("pod deleted before it ran", "pod gone before its gate was lifted")
 """Release reasons (the dispatcher's) of pods that never held a GPU."""
 PRICE_PREFIX = "pricing.gpuHour"
 UNKNOWN_PRODUCT = "unknown"
-
-
-def start_detail(band: str, node: str | None, product: str | None) -> dict[str, dict[str, Any]]:
-    """The ``diff`` of a ``start`` record: ``{"pod": {band, node, gpuProduct}}``."""
-    return {"pod": {"band": band, "node": node, "gpuProduct": product}}
-
-
-def preempt_detail(band: str, ran_seconds: float,
-                   preemptor: str | None) -> dict[str, dict[str, Any]]:
-    """The ``diff`` of a ``preempt`` record."""
-    return {"preemption": {"band": band, "ranSeconds": round(ran_seconds, 3),
-                           "preemptor": preemptor}}
-
-
-def capacity_detail(before: Mapping[str, int] | None,
-                    after: Mapping[str, int]) -> dict[str, dict[str, Any]]:
-    """The ``diff`` of a ``capacity`` record: per resource ``{before, after}``."""
-    old = before or {}
-    return {name: {"before": old.get(name), "after": after.get(name, 0)}
-            for name in sorted(set(old) | set(after))}
 
 
 @dataclass
@@ -282,11 +263,9 @@ def bill(records: Iterable[AuditRecord], since: datetime, until: datetime,
             if pod is None:
                 pod = pods[record.uid] = _Pod(record.tenant, record.pod_class, record.demand)
             if pod.start is None:
-                detail = (record.diff or {}).get("pod") or {}
+                band, pod.product = read_start(record.diff)
                 pod.start = _record_ms(record.time)
-                pod.band = str(detail.get("band") or pod.band)
-                product = detail.get("gpuProduct")
-                pod.product = product if isinstance(product, str) and product else None
+                pod.band = band or pod.band
         elif decision == RELEASE:
             pod = pods.get(record.uid)
             if pod is not None and pod.end is None:
@@ -305,12 +284,8 @@ def bill(records: Iterable[AuditRecord], since: datetime, until: datetime,
         elif decision == PREEMPT:
             at = _record_ms(record.time)
             if lo <= at < hi:
-                detail = (record.diff or {}).get("preemption") or {}
-                ran = detail.get("ranSeconds")
-                seconds = float(ran) if isinstance(ran, (int, float)) else 0.0
-                slices = _slices(record.demand)
-                preemptions.append((record.tenant, record.pod_class,
-                                    round(seconds * 1000) * slices))
+                lost = round(read_ran_seconds(record.diff) * 1000) * _slices(record.demand)
+                preemptions.append((record.tenant, record.pod_class, lost))
         elif decision == CAPACITY and record.diff:
             for name, change in record.diff.items():
                 after = change.get("after") if isinstance(change, Mapping) else None

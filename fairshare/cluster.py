@@ -4,7 +4,9 @@ Contract:
 - A :class:`GpuPod` is what fairgate needs to know about a pod the webhook stamped
   (label ``fairgate.io/tenant`` and annotation ``fairgate.io/ticket``): its ticket, tenant,
   class, priority band, demand, gang, phase, whether it still carries the
-  ``fairgate.io/queue`` gate, node, creation time and whether it is being deleted.
+  ``fairgate.io/queue`` gate, node, creation time, whether it is being deleted, its
+  node's GPU product (label ``nvidia.com/gpu.product``) and whether the scheduler
+  preempted it (and for whom, when the cluster can tell).
 - A :class:`Cluster` lists and watches such pods, reports the GPU capacity that fairgate's
   pods can use (short resource names) and why the rest is not counted
   (:class:`CapacityReport`), lifts the gate of one pod and posts Events on pods.
@@ -70,6 +72,9 @@ class GpuPod:
     node: str | None
     created: float
     deleting: bool = False
+    gpu_product: str | None = None  # its node's nvidia.com/gpu.product, when known
+    preempted: bool = False  # DisruptionTarget condition, reason PreemptionByScheduler
+    preemptor: str | None = None  # ``namespace/name`` of the pod it made room for, if known
 
     @property
     def finished(self) -> bool:

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from audit.chain import AuditRecord, format_time
-from cost.billing import bill, capacity_detail, preempt_detail, start_detail
+from audit.usage import capacity_detail, preempt_detail, start_detail
+from cost.billing import bill
 from tenants.models import PricingSpec
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)  # the window starts here
