@@ -11,6 +11,7 @@ from audit.chain import (
     DISPATCH,
     GENESIS,
     PREEMPT,
+    PRICING,
     QUEUE,
     QUOTA_CHANGE,
     RELEASE,
@@ -23,7 +24,8 @@ from audit.chain import (
 from audit.log import STREAM, AuditLog, StoredRecord
 
 __all__ = [
-    "ADMIT", "CAPACITY", "DECISIONS", "DENY", "DISPATCH", "GENESIS", "PREEMPT", "QUEUE",
+    "ADMIT", "CAPACITY", "DECISIONS", "DENY", "DISPATCH", "GENESIS", "PREEMPT", "PRICING",
+    "QUEUE",
     "QUOTA_CHANGE", "RELEASE", "START", "STREAM", "AuditLog", "AuditRecord", "ChainHead",
     "StoredRecord", "VerifyResult", "verify",
 ]

@@ -51,8 +51,9 @@ QUOTA_CHANGE = "quota-change"
 START = "start"
 PREEMPT = "preempt"
 CAPACITY = "capacity"
+PRICING = "pricing"
 DECISIONS: tuple[str, ...] = (ADMIT, QUEUE, DENY, DISPATCH, RELEASE, QUOTA_CHANGE, START,
-                              PREEMPT, CAPACITY)
+                              PREEMPT, CAPACITY, PRICING)
 """The decisions fairgate records; others are allowed if they are lower-case words."""
 
 _DECISION = re.compile(r"^[a-z][a-z-]*$")

@@ -8,6 +8,9 @@ Contract: one builder per decision, so writer (:mod:`fairshare.dispatcher`) and 
   ``namespace/name`` or None when the cluster does not say).
 - ``capacity`` (what fairgate's pods can use changed): per resource
   ``{"before": n | None, "after": n}``.
+- ``pricing`` (the prices the dispatcher runs with changed, or it started): per
+  ``platform.yaml`` path (``pricing.gpuHour.default``, ...) ``{"before", "after"}``, the
+  same form as a ``quota-change`` diff of ``fairgate-platform``.
 """
 
 from __future__ import annotations
@@ -34,6 +37,13 @@ def capacity_detail(before: Mapping[str, int] | None, after: Mapping[str, int]) 
     old = before or {}
     return {name: {"before": old.get(name), "after": after.get(name, 0)}
             for name in sorted(set(old) | set(after))}
+
+
+def pricing_detail(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> Detail:
+    """The ``diff`` of a ``pricing`` record: per path ``{before, after}`` (None: absent)."""
+    old = before or {}
+    return {path: {"before": old.get(path), "after": after.get(path)}
+            for path in sorted(set(old) | set(after))}
 
 
 def read_start(diff: Mapping[str, Any] | None) -> tuple[str | None, str | None]:

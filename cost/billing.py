@@ -19,10 +19,13 @@ Contract:
 - Prices (:class:`tenants.models.PricingSpec`): a whole GPU of product P costs
   ``gpuHour[P]`` (else ``gpuHour.default``) per hour; a MIG slice slices/7 of its parent
   GPU's price (the product of the node it ran on, when the start record names it). A
-  price change is a ``quota-change`` record of ``fairgate-platform`` whose ``diff`` holds
-  ``pricing.*`` paths: it applies from that record's time on, never before. Before a
-  field's first audited change its ``before`` value applies; a field never changed in
-  the log has ``pricing`` (the current config) throughout.
+  price change is a ``quota-change`` record of ``fairgate-platform`` (the webhook's)
+  or a ``pricing`` record (the dispatcher's, when it starts or its config's prices
+  change) whose ``diff`` holds ``pricing.*`` paths: it applies from that record's time
+  on, never before. Before a field's first audited change its ``before`` value applies
+  (an edit's; the dispatcher's record states no ``before``); a field never recorded in
+  the log, or only by the dispatcher, has ``pricing`` (the caller's current config, None
+  in ``fairgate report``) before that.
 - Preemptions: a ``preempt`` record counts in the window holding its time, with the whole
   GPU-time the pod had run (``diff.preemption.ranSeconds`` x slices / 7): lost work is
   one event, not spread over time.
@@ -47,6 +50,7 @@ from audit.chain import (
     CAPACITY,
     DISPATCH,
     PREEMPT,
+    PRICING,
     QUOTA_CHANGE,
     RELEASE,
     START,
@@ -62,6 +66,7 @@ NEVER_RAN = ("pod deleted before it ran", "pod gone before its gate was lifted")
 """Release reasons (the dispatcher's) of pods that never held a GPU."""
 PRICE_PREFIX = "pricing.gpuHour"
 UNKNOWN_PRODUCT = "unknown"
+_UNKNOWN = object()  # a price the record does not state
 
 
 @dataclass
@@ -186,7 +191,7 @@ class _Prices:
     """Each pricing field's value over time, from the config and the audited changes."""
 
     def __init__(self, current: PricingSpec | None) -> None:
-        self.current = _flatten_pricing(current)
+        self.current = current.paths() if current is not None else {}
         self.changes: dict[str, list[tuple[int, Any, Any]]] = {}  # path -> (ms, before, after)
 
     def change(self, at: int, path: str, before: Any, after: Any) -> None:
@@ -200,7 +205,10 @@ class _Prices:
         if not runs:
             return self.current.get(path)
         i = bisect.bisect_right(runs, at, key=lambda run: run[0])
-        return runs[i - 1][2] if i else runs[0][1]
+        if i:
+            return runs[i - 1][2]
+        first = runs[0][1]
+        return self.current.get(path) if first is _UNKNOWN else first
 
     def price(self, product: str | None, at: int) -> float:
         for path in ((f"{PRICE_PREFIX}.{product}",) if product else ()) + (
@@ -213,17 +221,6 @@ class _Prices:
     def currency(self, at: int) -> str:
         value = self.value("pricing.currency", at)
         return value if isinstance(value, str) else "USD"
-
-
-def _flatten_pricing(pricing: PricingSpec | None) -> dict[str, Any]:
-    if pricing is None:
-        return {}
-    flat: dict[str, Any] = {"pricing.currency": pricing.currency}
-    if isinstance(pricing.gpu_hour, dict):
-        flat.update({f"{PRICE_PREFIX}.{p}": v for p, v in pricing.gpu_hour.items()})
-    else:
-        flat[PRICE_PREFIX] = pricing.gpu_hour
-    return flat
 
 
 def ms_of(when: datetime) -> int:
@@ -294,12 +291,16 @@ def bill(records: Iterable[AuditRecord], since: datetime, until: datetime,
                 else:
                     capacity_now.pop(name, None)
             capacity.append((_record_ms(record.time), _slices_of_counts(capacity_now)))
-        elif decision == QUOTA_CHANGE and record.name == PLATFORM_CONFIGMAP and \
-                record.namespace in (CONTROL_NAMESPACE, "") and record.diff:
+        elif (decision == PRICING or (decision == QUOTA_CHANGE
+              and record.name == PLATFORM_CONFIGMAP
+              and record.namespace in (CONTROL_NAMESPACE, ""))) and record.diff:
             at = _record_ms(record.time)
             for path, change in record.diff.items():
                 if path.startswith("pricing") and isinstance(change, Mapping):
-                    prices.change(at, path, change.get("before"), change.get("after"))
+                    # the dispatcher states prices from now on; what held before, it may
+                    # not know (a restart): only an edit's ``before`` is evidence
+                    before = change.get("before") if decision == QUOTA_CHANGE else _UNKNOWN
+                    prices.change(at, path, before, change.get("after"))
     breaks = prices.times()
     rows: dict[tuple[str, str], BillRow] = {}
     used_ms: list[tuple[int, int, int]] = []  # clipped (start, end, slices) for idle

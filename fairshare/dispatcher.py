@@ -37,7 +37,8 @@ Contract:
   PreemptionByScheduler; ``diff.preemption``: band, ``ranSeconds`` since its start as
   this dispatcher saw it, preemptor if known); ``release`` for every pod whose usage was
   freed; ``capacity`` whenever the capacity pushed into the queue differs from the one
-  this dispatcher last recorded (``diff``: per resource before/after). These are what
+  this dispatcher last recorded (``diff``: per resource before/after); ``pricing`` when
+  the config's ``pricing`` differs from what it last recorded (at start, too). These are what
   :mod:`cost.billing` bills from. Logs are JSON-ready (``extra.fields``).
 """
 
@@ -55,9 +56,9 @@ from typing import Any
 
 import redis
 
-from audit import CAPACITY, DISPATCH, PREEMPT, RELEASE, START, AuditLog
+from audit import CAPACITY, DISPATCH, PREEMPT, PRICING, RELEASE, START, AuditLog
 from audit.chain import format_time
-from audit.usage import capacity_detail, preempt_detail, start_detail
+from audit.usage import capacity_detail, preempt_detail, pricing_detail, start_detail
 from fairshare.calls import UnknownTenantError
 from fairshare.cluster import ChangeKind, Cluster, ClusterChange, GpuPod, LiftOutcome
 from fairshare.metrics import DispatcherMetrics
@@ -154,6 +155,7 @@ class Dispatcher:
         self._started: dict[str, float] = {}  # ticket -> when this dispatcher saw it running
         self._metered: dict[str, float] = {}  # ticket -> GPU-time counted in metrics up to
         self._recorded_capacity: dict[str, int] | None = None
+        self._recorded_prices: dict[str, Any] | None = None
 
     # -- config and capacity ----------------------------------------------------------
 
@@ -173,6 +175,7 @@ class Dispatcher:
             self._synced = (config, capacity)
             self.metrics.observe_capacity(capacity)
             self._record_capacity(capacity)
+            self._record_pricing(config)
         if report is not None:
             self.queue.write_capacity_notes({**report.to_json(), "at": self.clock(),
                                              "override": bool(config.platform.capacity)})
@@ -370,6 +373,18 @@ class Dispatcher:
             CAPACITY, time=self._now_text(), user="fairgate-dispatcher", operation="CAPACITY",
             reason="capacity fairgate's pods can use: " + (format_counts(capacity) or "none"),
             diff=capacity_detail(before, capacity))
+
+    def _record_pricing(self, config: FairgateConfig) -> None:
+        pricing = config.platform.pricing
+        prices = pricing.paths() if pricing is not None else {}
+        before = self._recorded_prices
+        if self.audit is None or before == prices or (before is None and not prices):
+            return
+        self._recorded_prices = prices
+        self.audit.record(
+            PRICING, time=self._now_text(), user="fairgate-dispatcher", operation="PRICING",
+            reason="prices in effect from now on (platform.yaml pricing)",
+            diff=pricing_detail(before, prices))
 
     def _record(self, decision: str, pod: GpuPod, **fields: Any) -> None:
         if self.audit is not None:

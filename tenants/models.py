@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
@@ -175,6 +175,16 @@ class PricingSpec(_Strict):
                     f"gpuHour: {{default: 2.50, NVIDIA-A100-SXM4-80GB: 3.10}}")
             prices[str(product)] = float(price)
         return prices if isinstance(value, dict) else prices["default"]
+
+    def paths(self) -> dict[str, Any]:
+        """The fields as dotted paths of ``platform.yaml`` (as a config diff names them):
+        ``pricing.currency``, ``pricing.gpuHour`` or ``pricing.gpuHour.<product>``."""
+        flat: dict[str, Any] = {"pricing.currency": self.currency}
+        if isinstance(self.gpu_hour, dict):
+            flat.update({f"pricing.gpuHour.{p}": v for p, v in self.gpu_hour.items()})
+        else:
+            flat["pricing.gpuHour"] = self.gpu_hour
+        return flat
 
     def price(self, product: str | None) -> float:
         """Price of one whole-GPU hour of ``product`` (None: unknown product): its own

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from audit.chain import AuditRecord, format_time
-from audit.usage import capacity_detail, preempt_detail, start_detail
+from audit.usage import capacity_detail, preempt_detail, pricing_detail, start_detail
 from cost.billing import bill
 from tenants.models import PricingSpec
 
@@ -157,3 +157,14 @@ def test_idle_is_unknown_without_capacity_records() -> None:
 def test_an_empty_window_is_refused() -> None:
     with pytest.raises(ValueError, match="window is empty"):
         bill([], T0, T0)
+
+
+def test_the_dispatchers_pricing_record_applies_from_its_time_and_states_no_past() -> None:
+    records = [*run("p", "t", "training", "gpu=1", 0, 4),
+               rec("pricing", 1, diff=pricing_detail(None, {"pricing.gpuHour.default": 6.0})),
+               rec("pricing", 3, diff=pricing_detail({"pricing.gpuHour.default": 6.0},
+                                                     {"pricing.gpuHour.default": 5.0}))]
+    (unpriced,) = bill(records, *window(4)).rows
+    assert unpriced.cost == pytest.approx(0 + 2 * 6.0 + 1 * 5.0)
+    (priced,) = bill(records, *window(4), PRICING).rows  # the config's default: 2.0
+    assert priced.cost == pytest.approx(1 * 2.0 + 2 * 6.0 + 1 * 5.0)
