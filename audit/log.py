@@ -273,8 +273,8 @@ def parse_entry(raw_id: bytes | str, values: Mapping[Any, Any] | None) -> Stored
         if not isinstance(body, dict) or set(body) & set(CHAIN_FIELDS):
             raise ValueError("the body must be a JSON object without seq/prev/hash")
         seq = int(fields["seq"])
-        record = AuditRecord.from_fields(
-            {**body, "seq": seq, "prev": fields["prev"], "hash": fields["hash"]})
+        record = AuditRecord.from_fields(  # the body comparison below checks types
+            {**body, "seq": seq, "prev": fields["prev"], "hash": fields["hash"]}, check=False)
     except ValueError as exc:
         return StoredRecord(stream_id, None, f"not a valid audit record: {exc}")
     if record.body_json() != fields["record"]:

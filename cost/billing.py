@@ -40,6 +40,7 @@ Contract:
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -193,12 +194,25 @@ class _Prices:
     def __init__(self, current: PricingSpec | None) -> None:
         self.current = current.paths() if current is not None else {}
         self.changes: dict[str, list[tuple[int, Any, Any]]] = {}  # path -> (ms, before, after)
+        self._times: list[int] = []
+        self._segments: dict[tuple[str | None, int], float] = {}
 
     def change(self, at: int, path: str, before: Any, after: Any) -> None:
         self.changes.setdefault(path, []).append((at, before, after))
 
     def times(self) -> list[int]:
-        return sorted({at for runs in self.changes.values() for at, _, _ in runs})
+        """The times prices change at (segment ``k`` starts at ``times()[k - 1]``)."""
+        self._times = sorted({at for runs in self.changes.values() for at, _, _ in runs})
+        return self._times
+
+    def segment_price(self, product: str | None, k: int) -> float:
+        """:meth:`price` during segment ``k`` of :meth:`times` (constant there)."""
+        key = (product, k)
+        price = self._segments.get(key)
+        if price is None:
+            at = self._times[k - 1] if k else -(2**62)
+            price = self._segments[key] = self.price(product, at)
+        return price
 
     def value(self, path: str, at: int) -> Any:
         runs = self.changes.get(path)
@@ -315,20 +329,16 @@ def bill(records: Iterable[AuditRecord], since: datetime, until: datetime,
         row = rows.get((pod.tenant, pod.pod_class))
         if row is None:
             row = rows[(pod.tenant, pod.pod_class)] = BillRow(pod.tenant, pod.pod_class)
-        try:
-            demand = resources.parse_counts(pod.demand)
-        except ValueError:
-            continue  # not a demand fairgate wrote: nothing to bill
+        demand = _demand(pod.demand)
         product = pod.product or UNKNOWN_PRODUCT
-        for name, count in sorted(demand.items()):
-            slices = resources.slices_of(name) * count
+        for name, slices in demand:
             key = (pod.band, name, product)
             use = row.usage.get(key)
             if use is None:
                 use = row.usage[key] = Usage(*key)
             use.slice_ms += slices * (b - a)
             use.cost += _cost(prices, breaks, pod.product, slices, a, b)
-        used_ms.append((a, b, _slices(pod.demand)))
+        used_ms.append((a, b, sum(slices for _, slices in demand)))
     for tenant, pod_class, lost in preemptions:
         row = rows.get((tenant, pod_class))
         if row is None:
@@ -347,11 +357,19 @@ def bill(records: Iterable[AuditRecord], since: datetime, until: datetime,
                 idle_cost, share_idle)
 
 
-def _slices(demand: str) -> int:
+@functools.lru_cache(maxsize=4096)
+def _demand(text: str) -> tuple[tuple[str, int], ...]:
+    """``(resource, slices)`` of a demand text, sorted (empty: not a demand fairgate
+    writes, nothing to bill). Pods share a handful of demands: parsed once each."""
     try:
-        return resources.total_slices(resources.parse_counts(demand))
+        counts = resources.parse_counts(text)
     except ValueError:
-        return 0
+        return ()
+    return tuple((name, resources.slices_of(name) * n) for name, n in sorted(counts.items()))
+
+
+def _slices(demand: str) -> int:
+    return sum(slices for _, slices in _demand(demand))
 
 
 def _slices_of_counts(counts: Mapping[str, int]) -> int:
@@ -366,7 +384,7 @@ def _cost(prices: _Prices, breaks: list[int], product: str | None, slices: int,
     cut = bisect.bisect_right(breaks, a)
     while a < b:
         end = min(breaks[cut], b) if cut < len(breaks) else b
-        total += slices * (end - a) * prices.price(product, a)
+        total += slices * (end - a) * prices.segment_price(product, cut)
         a, cut = end, cut + 1
     return total / SLICES / MS_PER_HOUR
 
