@@ -331,15 +331,22 @@ class VerifyResult:
     problem: str = ""
 
 
-def _record_hash(record: AuditRecord) -> str:
-    """:func:`chain_hash` of ``record``'s fields, from its own canonical body form."""
+def _record_hash(record: AuditRecord, digest: str | None = None) -> str:
+    """:func:`chain_hash` of ``record``'s fields, from its own canonical body form (or
+    that body's known ``digest``)."""
     if not isinstance(record.seq, int) or not isinstance(record.prev, str):
         return ""
-    return link_hash(record.seq, record.prev, content_digest(record.body_json()))
+    return link_hash(record.seq, record.prev, digest or content_digest(record.body_json()))
 
 
-def verify(records: Sequence[AuditRecord], head: ChainHead | None = None) -> VerifyResult:
-    """Check that ``records`` (oldest first) form one unbroken chain; see the module doc."""
+def verify(records: Sequence[AuditRecord], head: ChainHead | None = None,
+           digests: Sequence[str] | None = None) -> VerifyResult:
+    """Check that ``records`` (oldest first) form one unbroken chain; see the module doc.
+
+    ``digests[i]``, when given, is the SHA-256 of ``records[i]``'s canonical body (its
+    :meth:`~AuditRecord.body_json`), already computed by the caller (the stored text it
+    parsed the record from and checked against that form); "" computes it here.
+    """
     if not records:
         if head is not None and head.seq > 0:
             return _bad(0, None, None, head.seq, None, f"the chain head is seq {head.seq} "
@@ -363,7 +370,7 @@ def verify(records: Sequence[AuditRecord], head: ChainHead | None = None) -> Ver
         expected = first + i
         if rec.seq != expected:
             return _misplaced(records, i, expected, positions, first, last)
-        if rec.hash != _record_hash(rec):
+        if rec.hash != _record_hash(rec, digests[i] if digests is not None else None):
             return _bad(i, first, last, expected, i,
                         f"seq {expected} was edited: its hash does not match its content")
         if previous is None:

@@ -53,6 +53,7 @@ from audit.chain import (
     AuditRecord,
     ChainHead,
     VerifyResult,
+    content_digest,
     link_hash,
     verify,
 )
@@ -83,6 +84,7 @@ class StoredRecord:
     stream_id: str
     record: AuditRecord | None
     error: str = ""
+    digest: str = ""  # SHA-256 hex of the stored body (the record's canonical body)
 
 
 class AuditLog:
@@ -250,7 +252,7 @@ class AuditLog:
                 break
             checked.append(entry)
         records = [e.record for e in checked if e.record is not None]
-        return verify(records, head), checked
+        return verify(records, head, [e.digest for e in checked]), checked
 
     def _require_client(self) -> redis.Redis:
         if self.client is None:
@@ -279,7 +281,7 @@ def parse_entry(raw_id: bytes | str, values: Mapping[Any, Any] | None) -> Stored
         return StoredRecord(stream_id, None, f"not a valid audit record: {exc}")
     if record.body_json() != fields["record"]:
         return StoredRecord(stream_id, None, "not a valid audit record: body is not canonical")
-    return StoredRecord(stream_id, record)
+    return StoredRecord(stream_id, record, digest=content_digest(fields["record"]))
 
 
 def _links(head: ChainHead, digests: list[str]) -> list[Link]:

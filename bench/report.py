@@ -10,7 +10,9 @@ pod as the webhook and dispatcher record it (``queue``, ``dispatch``, ``start``,
 products, a ``capacity`` record every 2,000 records and a price change mid-month. Then
 times, in the same run, the baseline ``fairgate audit verify`` (read + verify the chain)
 and ``fairgate report --json`` (read + verify + bill + print) on the same stream, and
-prints one JSON object: records, seconds of each, their ratio, and the rows billed.
+prints one JSON object: records, wall seconds, this process's CPU seconds and the Redis
+server's CPU seconds of each (on a loaded machine wall time is mostly waiting for a
+CPU), their ratios, the 1-minute load average, and what was billed.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import random
 import time
 from collections.abc import Iterator
@@ -89,6 +92,24 @@ def drafts(count: int, seed: int = 1) -> Iterator[AuditRecord]:
         i += 1
 
 
+class _Clocks:
+    """Wall time, this process's CPU and the Redis server's CPU between laps."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.last = self._now()
+
+    def _now(self) -> tuple[float, float, float]:
+        cpu: dict[str, Any] = self.client.info("cpu")
+        return (time.perf_counter(), time.process_time(),
+                float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]))
+
+    def lap(self) -> dict[str, float]:
+        now = self._now()
+        (wall, cpu, server), self.last = (b - a for a, b in zip(self.last, now, strict=True)), now
+        return {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "redis_cpu_s": round(server, 2)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000)
@@ -107,22 +128,25 @@ def main() -> None:
         written = len(log.record_many(drafts(args.records)))
         fill = time.perf_counter() - started
 
-        started = time.perf_counter()
+        clocks = _Clocks(client)
         assert commands.verify(client, io.StringIO(), stream=args.stream) == 0
-        verify_s = time.perf_counter() - started
+        verify = clocks.lap()
 
         out = io.StringIO()
-        started = time.perf_counter()
         code = report_command(client, out, since="2026-03-01", until="2026-04-01",
                               output="json", stream=args.stream,
                               now=datetime(2026, 4, 2, tzinfo=UTC))
-        report_s = time.perf_counter() - started
+        report = clocks.lap()
         assert code == 0
         billed = json.loads(out.getvalue())
         client.delete(args.stream, args.stream + ":head")
     print(json.dumps({
-        "records": written, "fill_s": round(fill, 1), "verify_s": round(verify_s, 2),
-        "report_s": round(report_s, 2), "report_over_verify": round(report_s / verify_s, 3),
+        "records": written, "fill_s": round(fill, 1), "verify": verify, "report": report,
+        "report_over_verify_wall": round(report["wall_s"] / verify["wall_s"], 3),
+        "report_over_verify_cpu": round(
+            (report["cpu_s"] + report["redis_cpu_s"])
+            / (verify["cpu_s"] + verify["redis_cpu_s"]), 3),
+        "load_average_1m": os.getloadavg()[0],
         "rows": len(billed["rows"]), "total_gpu_hours": round(billed["totals"]["gpu_hours"], 1),
         "total_cost": round(billed["totals"]["cost"], 2),
         "preempted_pods": billed["totals"]["preempted_pods"],

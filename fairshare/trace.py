@@ -30,6 +30,7 @@ from tenants.models import (
     NonNegativeInt,
     PlatformConfig,
     PodClass,
+    PricingSpec,
     QuotaSpec,
 )
 from tenants.schema import ConfigError, Problem, load_yaml_mapping, parse_model, quota_problems
@@ -125,6 +126,7 @@ class Trace(_Strict):
     arrivals: list[Arrival]
     horizon: float = Field(gt=0)
     fair_share: FairShareSpec = Field(FairShareSpec(), alias="fairShare")
+    pricing: PricingSpec | None = None
 
     _known_capacity = field_validator("capacity")(_counts)
 
