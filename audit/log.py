@@ -264,7 +264,9 @@ def parse_entry(raw_id: bytes | str, values: Mapping[Any, Any] | None) -> Stored
     """A stream entry (chain fields + body) as a :class:`StoredRecord`."""
     stream_id = _text(raw_id)
     try:
-        fields = {_text(k): _text(v) for k, v in (values or {}).items()}
+        fields = {(k.decode() if isinstance(k, bytes) else str(k)):
+                  (v.decode() if isinstance(v, bytes) else str(v))
+                  for k, v in (values or {}).items()}  # _text, inlined: once per field
     except UnicodeDecodeError:
         return StoredRecord(stream_id, None, "entry is not UTF-8 text")
     missing = [f for f in (*CHAIN_FIELDS, "record") if f not in fields]
