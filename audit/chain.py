@@ -245,8 +245,7 @@ class AuditRecord:
         ``data`` (values of the wrong JSON type): for a caller that compares the record's
         :meth:`body_json` with the very text it parsed, which implies it.
         """
-        known = {f for f in cls.__dataclass_fields__ if f != "pod_class"} | {"class"}
-        unknown = set(data) - known
+        unknown = data.keys() - _KNOWN_KEYS
         if unknown:
             raise ValueError(f"unknown keys {sorted(unknown)}")
         if "decision" not in data:
@@ -264,6 +263,7 @@ class AuditRecord:
 
 
 _FIELD_NAMES = tuple(f.name for f in fields(AuditRecord))
+_KNOWN_KEYS = frozenset(name for name in _FIELD_NAMES if name != "pod_class") | {"class"}
 _WIRE_NAMES = {"pod_class": "class"}
 _BODY_KEYS = sorted(_WIRE_NAMES.get(name, name) for name in _FIELD_NAMES
                     if name not in CHAIN_FIELDS)
