@@ -201,7 +201,11 @@ class _Prices:
         self.changes.setdefault(path, []).append((at, before, after))
 
     def times(self) -> list[int]:
-        """The times prices change at (segment ``k`` starts at ``times()[k - 1]``)."""
+        """The times prices change at (segment ``k`` starts at ``times()[k - 1]``).
+        Each field's changes are put in time order first: writers' clocks may interleave
+        their records slightly out of order in the stream."""
+        for runs in self.changes.values():
+            runs.sort(key=lambda run: run[0])
         self._times = sorted({at for runs in self.changes.values() for at, _, _ in runs})
         return self._times
 
@@ -316,6 +320,7 @@ def bill(records: Iterable[AuditRecord], since: datetime, until: datetime,
                     before = change.get("before") if decision == QUOTA_CHANGE else _UNKNOWN
                     prices.change(at, path, before, change.get("after"))
     breaks = prices.times()
+    capacity.sort(key=lambda step: step[0])  # several dispatchers' clocks may interleave
     rows: dict[tuple[str, str], BillRow] = {}
     used_ms: list[tuple[int, int, int]] = []  # clipped (start, end, slices) for idle
     for pod in pods.values():

@@ -168,3 +168,17 @@ def test_the_dispatchers_pricing_record_applies_from_its_time_and_states_no_past
     assert unpriced.cost == pytest.approx(0 + 2 * 6.0 + 1 * 5.0)
     (priced,) = bill(records, *window(4), PRICING).rows  # the config's default: 2.0
     assert priced.cost == pytest.approx(1 * 2.0 + 2 * 6.0 + 1 * 5.0)
+
+
+def test_records_slightly_out_of_time_order_are_billed_by_their_times() -> None:
+    """Writers' clocks interleave: a record can follow one stamped a little later."""
+    later = rec("pricing", 2, diff=pricing_detail({"pricing.gpuHour.default": 1.0},
+                                                  {"pricing.gpuHour.default": 3.0}))
+    earlier = rec("pricing", 1, diff=pricing_detail(None, {"pricing.gpuHour.default": 1.0}))
+    records = [rec("capacity", 1, diff=capacity_detail(None, {"gpu": 2})),
+               rec("capacity", 0, diff=capacity_detail(None, {"gpu": 4})),
+               *run("p", "t", "training", "gpu=1", 0, 3), later, earlier]
+    result = bill(records, *window(3))
+    (row,) = result.rows
+    assert row.cost == pytest.approx(0 + 1 * 1.0 + 1 * 3.0)
+    assert result.capacity_gpu_hours == pytest.approx(4 * 1 + 2 * 2)
