@@ -5,13 +5,17 @@ Stands alone: imports nothing from other fairgate packages.
 
 from audit.chain import (
     ADMIT,
+    CAPACITY,
     DECISIONS,
     DENY,
     DISPATCH,
     GENESIS,
+    PREEMPT,
+    PRICING,
     QUEUE,
     QUOTA_CHANGE,
     RELEASE,
+    START,
     AuditRecord,
     ChainHead,
     VerifyResult,
@@ -20,6 +24,8 @@ from audit.chain import (
 from audit.log import STREAM, AuditLog, StoredRecord
 
 __all__ = [
-    "ADMIT", "DECISIONS", "DENY", "DISPATCH", "GENESIS", "QUEUE", "QUOTA_CHANGE", "RELEASE",
-    "STREAM", "AuditLog", "AuditRecord", "ChainHead", "StoredRecord", "VerifyResult", "verify",
+    "ADMIT", "CAPACITY", "DECISIONS", "DENY", "DISPATCH", "GENESIS", "PREEMPT", "PRICING",
+    "QUEUE",
+    "QUOTA_CHANGE", "RELEASE", "START", "STREAM", "AuditLog", "AuditRecord", "ChainHead",
+    "StoredRecord", "VerifyResult", "verify",
 ]

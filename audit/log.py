@@ -53,6 +53,7 @@ from audit.chain import (
     AuditRecord,
     ChainHead,
     VerifyResult,
+    content_digest,
     link_hash,
     verify,
 )
@@ -83,6 +84,7 @@ class StoredRecord:
     stream_id: str
     record: AuditRecord | None
     error: str = ""
+    digest: str = ""  # SHA-256 hex of the stored body (the record's canonical body)
 
 
 class AuditLog:
@@ -250,7 +252,7 @@ class AuditLog:
                 break
             checked.append(entry)
         records = [e.record for e in checked if e.record is not None]
-        return verify(records, head), checked
+        return verify(records, head, [e.digest for e in checked]), checked
 
     def _require_client(self) -> redis.Redis:
         if self.client is None:
@@ -262,7 +264,9 @@ def parse_entry(raw_id: bytes | str, values: Mapping[Any, Any] | None) -> Stored
     """A stream entry (chain fields + body) as a :class:`StoredRecord`."""
     stream_id = _text(raw_id)
     try:
-        fields = {_text(k): _text(v) for k, v in (values or {}).items()}
+        fields = {(k.decode() if isinstance(k, bytes) else str(k)):
+                  (v.decode() if isinstance(v, bytes) else str(v))
+                  for k, v in (values or {}).items()}  # _text, inlined: once per field
     except UnicodeDecodeError:
         return StoredRecord(stream_id, None, "entry is not UTF-8 text")
     missing = [f for f in (*CHAIN_FIELDS, "record") if f not in fields]
@@ -273,13 +277,13 @@ def parse_entry(raw_id: bytes | str, values: Mapping[Any, Any] | None) -> Stored
         if not isinstance(body, dict) or set(body) & set(CHAIN_FIELDS):
             raise ValueError("the body must be a JSON object without seq/prev/hash")
         seq = int(fields["seq"])
-        record = AuditRecord.from_fields(
-            {**body, "seq": seq, "prev": fields["prev"], "hash": fields["hash"]})
+        record = AuditRecord.from_fields(  # the body comparison below checks types
+            {**body, "seq": seq, "prev": fields["prev"], "hash": fields["hash"]}, check=False)
     except ValueError as exc:
         return StoredRecord(stream_id, None, f"not a valid audit record: {exc}")
     if record.body_json() != fields["record"]:
         return StoredRecord(stream_id, None, "not a valid audit record: body is not canonical")
-    return StoredRecord(stream_id, record)
+    return StoredRecord(stream_id, record, digest=content_digest(fields["record"]))
 
 
 def _links(head: ChainHead, digests: list[str]) -> list[Link]:

@@ -4,9 +4,11 @@ Contract:
 - A :class:`GpuPod` is what fairgate needs to know about a pod the webhook stamped
   (label ``fairgate.io/tenant`` and annotation ``fairgate.io/ticket``): its ticket, tenant,
   class, priority band, demand, gang, phase, whether it still carries the
-  ``fairgate.io/queue`` gate, node, creation time, whether it is being deleted and
-  whether the scheduler reports it unschedulable (``PodScheduled=False``, reason
-  ``Unschedulable``, and no node nominated for it by preemption).
+  ``fairgate.io/queue`` gate, node, creation time, whether it is being deleted, its
+  node's GPU product (label ``nvidia.com/gpu.product``), whether the scheduler reports it
+  unschedulable (``PodScheduled=False``, reason ``Unschedulable``, and no node nominated
+  for it by preemption) and whether the scheduler preempted it (and for whom, when the
+  cluster can tell).
 - A :class:`Cluster` lists and watches such pods, reports the GPU capacity that fairgate's
   pods can use (short resource names) and why the rest is not counted
   (:class:`CapacityReport`), lifts the gate of one pod and posts Events on pods.
@@ -80,6 +82,9 @@ class GpuPod:
     """The scheduler's message while it reports the pod ``PodScheduled=False`` with reason
     ``Unschedulable`` and has nominated no node for it (a nominated node means preemption
     victims are on their way out: the capacity is there); None otherwise."""
+    gpu_product: str | None = None  # its node's nvidia.com/gpu.product, when known
+    preempted: bool = False  # DisruptionTarget condition, reason PreemptionByScheduler
+    preemptor: str | None = None  # ``namespace/name`` of the pod it made room for, if known
 
     @property
     def finished(self) -> bool:

@@ -46,8 +46,17 @@ Contract:
   ("Queued: position 3 of 12 for team-a/training, waiting for ...") when a gated pod is
   first seen and again only when its position has at least halved or what it waits for
   changed, at most once per ``queued_event_interval`` per pod.
-- Audit: ``dispatch`` for every lifted gate, ``release`` for every pod whose usage was
-  freed, when an :class:`audit.AuditLog` is given. Logs are JSON-ready (``extra.fields``).
+- Audit (when an :class:`audit.AuditLog` is given), each record stamped with the
+  dispatcher's clock: ``dispatch`` for every lifted gate; ``start`` when a pod is first
+  seen Running (``diff.pod``: band, node, GPU product), again after a restart for pods
+  already running (billing keeps a ticket's first); ``preempt`` before the ``release`` of
+  a pod that ran and that the scheduler preempted (DisruptionTarget condition, reason
+  PreemptionByScheduler; ``diff.preemption``: band, ``ranSeconds`` since its start as
+  this dispatcher saw it, preemptor if known); ``release`` for every pod whose usage was
+  freed; ``capacity`` whenever the capacity pushed into the queue differs from the one
+  this dispatcher last recorded (``diff``: per resource before/after); ``pricing`` when
+  the config's ``pricing`` differs from what it last recorded (at start, too). These are what
+  :mod:`cost.billing` bills from. Logs are JSON-ready (``extra.fields``).
 """
 
 from __future__ import annotations
@@ -59,11 +68,14 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
 
 import redis
 
-from audit import DISPATCH, RELEASE, AuditLog
+from audit import CAPACITY, DISPATCH, PREEMPT, PRICING, RELEASE, START, AuditLog
+from audit.chain import format_time
+from audit.usage import capacity_detail, preempt_detail, pricing_detail, start_detail
 from fairshare.calls import UnknownTenantError
 from fairshare.cluster import (
     DEFAULT_UNSCHEDULABLE_GRACE,
@@ -79,7 +91,7 @@ from fairshare.model import Release, TenantStatus
 from fairshare.queue import FairQueue
 from fairshare.reconcile import reconcile, ticket_owners
 from tenants.models import FairgateConfig, PodClass
-from tenants.resources import format_counts
+from tenants.resources import SLICES_PER_GPU, format_counts
 
 log = logging.getLogger("fairgate.dispatcher")
 
@@ -185,6 +197,10 @@ class Dispatcher:
             if self.settings.lift_workers > 1 else None
         )
         self._event_cursor = 0
+        self._started: dict[str, float] = {}  # ticket -> when this dispatcher saw it running
+        self._metered: dict[str, float] = {}  # ticket -> GPU-time counted in metrics up to
+        self._recorded_capacity: dict[str, int] | None = None
+        self._recorded_prices: dict[str, Any] | None = None
 
     # -- config and capacity ----------------------------------------------------------
 
@@ -205,6 +221,8 @@ class Dispatcher:
             self.queue.sync_config(config, capacity)
             self._synced = (config, capacity)
             self.metrics.observe_capacity(capacity)
+            self._record_capacity(dict(config.platform.capacity) or self._capacity)
+            self._record_pricing(config)
         caught = [s.to_json() for s in self._stuck.values() if s.caught]
         if self._report is not None and (read or caught != self._noted):
             self.queue.write_capacity_notes({
@@ -302,8 +320,12 @@ class Dispatcher:
             known = self.pods.get(ticket)
             if known is None or known.uid != stuck.pod.uid:
                 self._unstick(ticket, "gone")
+        for ticket in set(self._started) - set(self.pods):  # ended while not watched
+            self._started.pop(ticket)
+            self._metered.pop(ticket, None)
         for pod in self.pods.values():
             self._track(pod)
+            self._check_started(pod)
         self._unseen.clear()
         self._need_reconcile = False
         self._last_reconcile = self.clock()
@@ -345,6 +367,7 @@ class Dispatcher:
                 self._need_reconcile = True
         self.pods[pod.ticket] = pod
         self._track(pod)
+        self._check_started(pod)
         unseen = self._unseen.pop(pod.ticket, None)
         if unseen is not None:
             release = unseen[0]
@@ -429,10 +452,74 @@ class Dispatcher:
 
     def _free(self, pod: GpuPod, why: str) -> None:
         self._forget_pod(pod)
+        self._meter(pod, self.clock())
+        self._metered.pop(pod.ticket, None)
+        started = self._started.pop(pod.ticket, None)
         if self.queue.release(pod.ticket, pod.uid, self.clock()):
             log.info("released usage", extra={"fields": _fields(pod, reason=why)})
-            if self.audit is not None:
-                self.audit.record(RELEASE, **self._audit_fields(pod), reason=why)
+            if started is not None and pod.preempted:
+                self._preempted(pod, started)
+            self._record(RELEASE, pod, reason=why)
+
+    def _check_started(self, pod: GpuPod) -> None:
+        """Record ``start`` the first time this dispatcher sees ``pod`` running."""
+        if pod.phase != "Running" or pod.gated or pod.ticket in self._started:
+            return
+        self._started[pod.ticket] = self._metered[pod.ticket] = self.clock()
+        self._record(START, pod, reason=f"running on node {pod.node or 'unknown'}",
+                     diff=start_detail(pod.band, pod.node, pod.gpu_product))
+
+    def _preempted(self, pod: GpuPod, started: float) -> None:
+        ran = max(0.0, self.clock() - started)
+        self.metrics.observe_preemption(pod.tenant, ran * pod.slices / SLICES_PER_GPU)
+        by = pod.preemptor or "a higher-priority pod (not named by the cluster)"
+        log.info("pod preempted by the scheduler",
+                 extra={"fields": _fields(pod, preemptor=pod.preemptor, ran_seconds=ran)})
+        self._record(PREEMPT, pod, reason=f"preempted by {by} after {ran:.1f}s running",
+                     diff=preempt_detail(pod.band, ran, pod.preemptor))
+
+    def _meter(self, pod: GpuPod, now: float) -> None:
+        """Count ``pod``'s GPU-time since it was last metered (if running) in metrics."""
+        since = self._metered.get(pod.ticket)
+        if since is None:
+            return
+        self._metered[pod.ticket] = now
+        config = self._synced[0] if self._synced is not None else None
+        pricing = config.platform.pricing if config is not None else None
+        self.metrics.observe_gpu_time(
+            pod.tenant, pod.pod_class, pod.band, pod.demand, now - since,
+            pricing.price(pod.gpu_product) if pricing is not None else 0.0,
+            pricing.currency if pricing is not None else "USD")
+
+    def _record_capacity(self, capacity: dict[str, int]) -> None:
+        before = self._recorded_capacity
+        if self.audit is None or before == capacity:
+            return
+        self._recorded_capacity = dict(capacity)
+        self.audit.record(
+            CAPACITY, time=self._now_text(), user="fairgate-dispatcher", operation="CAPACITY",
+            reason="capacity fairgate's pods can use: " + (format_counts(capacity) or "none"),
+            diff=capacity_detail(before, capacity))
+
+    def _record_pricing(self, config: FairgateConfig) -> None:
+        pricing = config.platform.pricing
+        prices = pricing.paths() if pricing is not None else {}
+        before = self._recorded_prices
+        if self.audit is None or before == prices or (before is None and not prices):
+            return
+        self._recorded_prices = prices
+        self.audit.record(
+            PRICING, time=self._now_text(), user="fairgate-dispatcher", operation="PRICING",
+            reason="prices in effect from now on (platform.yaml pricing)",
+            diff=pricing_detail(before, prices))
+
+    def _record(self, decision: str, pod: GpuPod, **fields: Any) -> None:
+        if self.audit is not None:
+            self.audit.record(decision, time=self._now_text(), **self._audit_fields(pod),
+                              **fields)
+
+    def _now_text(self) -> str:
+        return format_time(datetime.fromtimestamp(self.clock(), UTC))
 
     # -- dispatching ----------------------------------------------------------------------
 
@@ -500,9 +587,7 @@ class Dispatcher:
         self.metrics.wait.labels(pod.pod_class, pod.tenant).observe(waited)
         self.metrics.admitted.labels(pod.pod_class, pod.tenant).inc()
         log.info("lifted gate", extra={"fields": _fields(pod, waited_seconds=round(waited, 3))})
-        if self.audit is not None:
-            self.audit.record(DISPATCH, **self._audit_fields(pod),
-                              reason=f"released as {release.band} after {waited:.1f}s")
+        self._record(DISPATCH, pod, reason=f"released as {release.band} after {waited:.1f}s")
 
     @staticmethod
     def _audit_fields(pod: GpuPod) -> dict[str, Any]:
@@ -532,6 +617,10 @@ class Dispatcher:
             self.sync(force=True)  # heals a capacity another writer (or a flush) changed
             snapshot = self.queue.snapshot()
             self.metrics.observe_tenants(snapshot)
+            for ticket in list(self._metered):
+                pod = self.pods.get(ticket)
+                if pod is not None:
+                    self._meter(pod, now)
             self._check_drift(snapshot.tenants)
             self._queued_events(now)
 

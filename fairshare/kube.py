@@ -39,7 +39,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -83,6 +83,18 @@ _PHASES: frozenset[str] = frozenset({"Pending", "Running", "Succeeded", "Failed"
 _RETRIABLE = frozenset({409, 422, 429, 500, 502, 503, 504})
 _WATCH_SECONDS = 240
 BOUND_UNFINISHED = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+PREEMPTION_BY_SCHEDULER = "PreemptionByScheduler"
+
+
+def preempted_by_scheduler(status: Mapping[str, Any]) -> bool:
+    """Whether a pod's status carries the ``DisruptionTarget`` condition the
+    kube-scheduler sets on a victim of preemption (reason ``PreemptionByScheduler``)."""
+    return any(
+        c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+        and c.get("reason") == PREEMPTION_BY_SCHEDULER
+        for c in status.get("conditions") or [] if isinstance(c, Mapping)
+    )
 """Field selector of the pods that may hold GPUs on a node."""
 _iter_lines: Callable[[Any], Iterator[str]] = iter_resp_lines
 
@@ -203,6 +215,7 @@ def pod_from_manifest(
         created=_timestamp(meta.get("creationTimestamp")),
         deleting=meta.get("deletionTimestamp") is not None,
         unschedulable=unschedulable(status),
+        preempted=preempted_by_scheduler(status),
     )
 
 
@@ -263,6 +276,7 @@ class NodeGpus:
     ready: bool  # the Ready condition is True
     ready_changed: float | None  # its lastTransitionTime (None: no Ready condition)
     untolerated: tuple[str, ...]  # NoSchedule/NoExecute taints the tolerations miss
+    product: str | None = None  # label nvidia.com/gpu.product
 
     def excluded(self, now: float, grace: float) -> str | None:
         """Why the node is not capacity at ``now`` (None: it is): cordoned, not Ready for
@@ -318,6 +332,7 @@ def node_gpus(
         ready=ready is not None and ready.get("status") == "True",
         ready_changed=None if ready is None else _timestamp(ready.get("lastTransitionTime")),
         untolerated=untolerated,
+        product=((node.get("metadata") or {}).get("labels") or {}).get(GPU_PRODUCT_LABEL),
     )
 
 
@@ -732,6 +747,11 @@ class KubeCluster:
         pod = pod_from_manifest(obj, self._priority_classes, self._demand_of)
         if pod is None:
             return None
+        if pod.node is not None:
+            with self._lock:
+                node = self._nodes.get(pod.node)
+            if node is not None and node.product:
+                pod = replace(pod, gpu_product=node.product)
         gates = (obj.get("spec") or {}).get("schedulingGates") or []
         index = next((i for i, g in enumerate(gates) if g.get("name") == QUEUE_GATE), None)
         if index is None or deleted:

@@ -31,6 +31,13 @@ Contract: every :class:`DispatcherMetrics` owns its own ``CollectorRegistry``.
   counter of released pods caught Unschedulable past ``--unschedulable-grace``;
   ``fairgate_unschedulable_pods``, gauge of those caught now (not bound, not gone yet);
   ``fairgate_unschedulable_withheld_capacity{resource}``, the capacity withheld for them.
+- Cost (metered by the dispatcher while pods run: from when it sees a pod Running to
+  its release, in steps of the status pass; the exact bill is ``fairgate report``):
+  ``fairgate_tenant_gpu_seconds_total{tenant, class, band, resource}`` in GPU-equivalent
+  seconds (slices / 7), ``fairgate_tenant_cost_total{tenant, currency}`` at the prices of
+  ``pricing`` in platform.yaml, ``fairgate_preemptions_total{tenant}`` (pods that ran and
+  were preempted by the scheduler) and ``fairgate_preempted_gpu_seconds_total{tenant}``
+  (the GPU-equivalent seconds they had run: lost work).
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from fairshare.entitlement import snapshot_fairness
 from fairshare.model import QueueSnapshot
 from tenants.models import CLASSES
-from tenants.resources import SLICES_PER_GPU
+from tenants.resources import SLICES_PER_GPU, base_of, slices_of
 
 # Inference waits should be sub-second; training waits can be hours.
 _WAIT_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600,
@@ -123,6 +130,38 @@ class DispatcherMetrics:
             "fairgate_unschedulable_withheld_capacity",
             "Capacity withheld from the queue for caught unschedulable releases.",
             ["resource"], registry=r)
+        self.gpu_seconds = Counter("fairgate_tenant_gpu_seconds_total",
+                                   "GPU-equivalent seconds (slices / 7) run by a tenant's pods.",
+                                   ["tenant", "class", "band", "resource"], registry=r)
+        self.cost = Counter("fairgate_tenant_cost_total",
+                            "Cost of a tenant's GPU-time at the platform's prices.",
+                            ["tenant", "currency"], registry=r)
+        self.preemptions = Counter("fairgate_preemptions_total",
+                                   "Pods that ran and were preempted by the scheduler.",
+                                   ["tenant"], registry=r)
+        self.preempted_gpu_seconds = Counter(
+            "fairgate_preempted_gpu_seconds_total",
+            "GPU-equivalent seconds preempted pods had run (lost work).",
+            ["tenant"], registry=r)
+
+    def observe_gpu_time(self, tenant: str, pod_class: str, band: str,
+                         demand: Mapping[str, int], seconds: float, gpu_hour_price: float,
+                         currency: str) -> None:
+        """Count ``seconds`` of a pod with ``demand`` running, and their cost."""
+        if seconds <= 0:
+            return
+        slices = 0
+        for resource, count in demand.items():
+            slices += slices_of(resource) * count
+            self.gpu_seconds.labels(tenant, pod_class, band, base_of(resource)).inc(
+                slices_of(resource) * count * seconds / SLICES_PER_GPU)
+        self.cost.labels(tenant, currency).inc(
+            slices * seconds / SLICES_PER_GPU / 3600 * gpu_hour_price)
+
+    def observe_preemption(self, tenant: str, gpu_seconds: float) -> None:
+        """Count one preempted pod that had run ``gpu_seconds`` GPU-equivalent seconds."""
+        self.preemptions.labels(tenant).inc()
+        self.preempted_gpu_seconds.labels(tenant).inc(gpu_seconds)
 
     def observe_tenants(self, snapshot: QueueSnapshot) -> None:
         """Set the per-tenant and fairness gauges from a queue snapshot; series of

@@ -416,12 +416,12 @@ class SimulatedCluster:
             return False
         for victim in victims:
             if victim.pod.uid in self._pods:
-                self._evict(victim)
+                self._evict(victim, pod)
         return True
 
-    def _evict(self, victim: _SimPod) -> None:
-        """Preempt ``victim``; a gang member takes its whole gang down (its controller
-        restarts the gang as a new one, like JobSet or PyTorchJob do)."""
+    def _evict(self, victim: _SimPod, preemptor: GpuPod) -> None:
+        """Preempt ``victim`` for ``preemptor``; a gang member takes its whole gang down
+        (its controller restarts the gang as a new one, like JobSet or PyTorchJob do)."""
         gang = [victim]
         if victim.pod.group is not None:
             gang = [
@@ -437,7 +437,8 @@ class SimulatedCluster:
             history.preempted = True
             self._remove(member)
             member.ends = None
-            self._set(member, replace(member.pod, phase="Failed"))
+            self._set(member, replace(member.pod, phase="Failed", preempted=True,
+                                      preemptor=str(preemptor.ref)))
             self._changes.append(ClusterChange(ChangeKind.POD_GONE, member.pod))
             self.events.append(PostedEvent(
                 now, member.pod.ref, "Preempted", "Preempted by a higher-priority pod", "Normal"

@@ -17,7 +17,11 @@ Contract:
   waiting). ``wait_seconds``: per class, p50/p99/max of creation-to-start; a pod still
   waiting at the horizon counts with the wait so far. ``tenants``: weight, share (fraction
   of all slice-seconds used), admitted (pods released), waiting (pods not started at the
-  horizon). Extra attributes for tests and capacity planning: ``backlogged_utilization``
+  horizon), ``gpu_hours`` (GPU-equivalent hours run, slices / 7) and ``cost`` (those
+  hours at the trace's ``pricing`` default price, the trace's GPUs having no product;
+  None without ``pricing``); ``preemption``: ``pods`` preempted by the modelled
+  scheduler and ``gpu_hours_lost``, the GPU-equivalent hours they had run when
+  preempted. Extra attributes for tests and capacity planning: ``backlogged_utilization``
   (utilisation of the resources that waiting pods ask for, while they wait),
   ``gang_violations``, ``quota_violations`` (invariant 1, checked after every event, the
   first ten), ``preemptions``, and ``timeline`` when asked for (``timeline_every``).
@@ -94,6 +98,8 @@ class TenantReport:
     share: float
     admitted: int
     waiting: int
+    gpu_hours: float = 0.0
+    cost: float | None = None  # None: the trace has no pricing
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,7 @@ class SimulationReport:
     gang_violations: list[str] = field(default_factory=list)
     quota_violations: list[str] = field(default_factory=list)
     preemptions: int = 0
+    preempted_gpu_hours: float = 0.0
     horizon: float = 0.0
     timeline: list[TimelineRow] = field(default_factory=list)
 
@@ -122,9 +129,12 @@ class SimulationReport:
             },
             "tenants": {
                 name: {"weight": t.weight, "share": round(t.share, 4), "admitted": t.admitted,
-                       "waiting": t.waiting}
+                       "waiting": t.waiting, "gpu_hours": round(t.gpu_hours, 4),
+                       "cost": None if t.cost is None else round(t.cost, 2)}
                 for name, t in self.tenants.items()
             },
+            "preemption": {"pods": self.preemptions,
+                           "gpu_hours_lost": round(self.preempted_gpu_hours, 4)},
         }
 
 
@@ -255,6 +265,14 @@ def _report(
             waiting[spec.tenant] += 1
             waits[spec.pod_class].append(end - record.created)
     total_used = sum(meter.used_seconds.values())
+    lost = sum((r.ended - r.started) * resources.total_slices(r.spec.demand)
+               for r in cluster.history.values()
+               if r.preempted and r.started is not None and r.ended is not None)
+    price = trace.pricing.price(None) if trace.pricing is not None else None
+
+    def gpu_hours(slice_seconds: float) -> float:
+        return slice_seconds / resources.SLICES_PER_GPU / 3600
+
     return SimulationReport(
         jain_index=meter.jain(),
         utilization=meter.utilization(),
@@ -268,6 +286,8 @@ def _report(
                 share=meter.used_seconds[name] / total_used if total_used else 0.0,
                 admitted=admitted[name],
                 waiting=waiting[name],
+                gpu_hours=gpu_hours(meter.used_seconds[name]),
+                cost=None if price is None else gpu_hours(meter.used_seconds[name]) * price,
             )
             for name, t in trace.tenants.items()
         },
@@ -275,6 +295,7 @@ def _report(
         gang_violations=_gang_violations(cluster.history),
         quota_violations=violations,
         preemptions=cluster.preemptions,
+        preempted_gpu_hours=gpu_hours(lost),
         horizon=end,
         timeline=timeline,
     )
@@ -428,7 +449,8 @@ def render_report(report: SimulationReport, console: Console) -> None:
     summary.add_row("Jain's index (share/weight, backlogged tenants)", f"{report.jain_index:.4f}")
     summary.add_row("utilisation (busy time)", f"{report.utilization:.1%}")
     summary.add_row("utilisation (while pods wait)", f"{report.backlogged_utilization:.1%}")
-    summary.add_row("preempted pods", str(report.preemptions))
+    summary.add_row("preempted pods (GPU-h they had run)",
+                    f"{report.preemptions} ({report.preempted_gpu_hours:.2f})")
     if report.gang_violations:
         summary.add_row("gangs partly released", ", ".join(report.gang_violations))
     if report.quota_violations:
@@ -441,11 +463,13 @@ def render_report(report: SimulationReport, console: Console) -> None:
         waits.add_row(cls, f"{w.p50:.1f}", f"{w.p99:.1f}", f"{w.max:.1f}")
     console.print(waits)
     tenants = Table(title="tenants")
-    for column in ("tenant", "weight", "share", "share/weight", "admitted", "waiting"):
+    for column in ("tenant", "weight", "share", "share/weight", "admitted", "waiting",
+                   "GPU-h", "cost"):
         tenants.add_column(column, justify="left" if column == "tenant" else "right")
     for name, t in report.tenants.items():
         tenants.add_row(name, f"{t.weight:g}", f"{t.share:.1%}", f"{t.share / t.weight:.3f}",
-                        str(t.admitted), str(t.waiting))
+                        str(t.admitted), str(t.waiting), f"{t.gpu_hours:.2f}",
+                        "-" if t.cost is None else f"{t.cost:,.2f}")
     console.print(tenants)
 
 

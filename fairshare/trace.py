@@ -35,6 +35,7 @@ from tenants.models import (
     NonNegativeInt,
     PlatformConfig,
     PodClass,
+    PricingSpec,
     QuotaSpec,
 )
 from tenants.placement import check_node_pool
@@ -143,6 +144,7 @@ class Trace(_Strict):
     arrivals: list[Arrival]
     horizon: float = Field(gt=0)
     fair_share: FairShareSpec = Field(FairShareSpec(), alias="fairShare")
+    pricing: PricingSpec | None = None
 
     _known_capacity = field_validator("capacity")(_capacity_keys)
 

@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
@@ -155,9 +155,54 @@ class FairShareSpec(_Strict):
         return parse_duration(value)
 
 
+class PricingSpec(_Strict):
+    """``pricing`` of ``platform.yaml``: what a whole-GPU hour costs.
+
+    ``gpuHour`` is either one number (every GPU) or a mapping from the node label
+    ``nvidia.com/gpu.product`` (e.g. ``NVIDIA-A100-SXM4-80GB``) to the price, with
+    ``default`` for products not listed. A MIG slice costs slices/7 of its parent GPU.
+    Prices are non-negative numbers in ``currency`` (a 3-letter code, default USD).
+    """
+
+    currency: str = Field("USD", pattern=r"^[A-Z]{3}$")
+    gpu_hour: float | dict[str, float] = Field(0.0, alias="gpuHour")
+
+    @field_validator("gpu_hour", mode="before")
+    @classmethod
+    def _prices(cls, value: object) -> float | dict[str, float]:
+        given = value if isinstance(value, dict) else {"default": value}
+        prices: dict[str, float] = {}
+        for product, price in given.items():
+            if isinstance(price, bool) or not isinstance(price, (int, float)) or price < 0:
+                raise ValueError(
+                    f"price of {product!r} is {price!r}: write a number of 0 or more, e.g. "
+                    f"gpuHour: {{default: 2.50, NVIDIA-A100-SXM4-80GB: 3.10}}")
+            prices[str(product)] = float(price)
+        return prices if isinstance(value, dict) else prices["default"]
+
+    def paths(self) -> dict[str, Any]:
+        """The fields as dotted paths of ``platform.yaml`` (as a config diff names them):
+        ``pricing.currency``, ``pricing.gpuHour`` or ``pricing.gpuHour.<product>``."""
+        flat: dict[str, Any] = {"pricing.currency": self.currency}
+        if isinstance(self.gpu_hour, dict):
+            flat.update({f"pricing.gpuHour.{p}": v for p, v in self.gpu_hour.items()})
+        else:
+            flat["pricing.gpuHour"] = self.gpu_hour
+        return flat
+
+    def price(self, product: str | None) -> float:
+        """Price of one whole-GPU hour of ``product`` (None: unknown product): its own
+        price, else ``default``, else 0."""
+        if not isinstance(self.gpu_hour, dict):
+            return self.gpu_hour
+        if product is not None and product in self.gpu_hour:
+            return self.gpu_hour[product]
+        return self.gpu_hour.get("default", 0.0)
+
+
 class PlatformConfig(_Strict):
     """``platform.yaml``: platform admins, capacity override, tenants, failure mode,
-    priority classes, fair-share measure."""
+    priority classes, fair-share measure, pricing (optional)."""
 
     platform_admins: Principals = Field(Principals(), alias="platformAdmins")
     capacity: dict[str, NonNegativeInt] = {}
@@ -165,6 +210,7 @@ class PlatformConfig(_Strict):
     on_redis_unavailable: Literal["deny", "allow"] = Field("deny", alias="onRedisUnavailable")
     priority_classes: PriorityClasses = Field(PriorityClasses(), alias="priorityClasses")
     fair_share: FairShareSpec = Field(FairShareSpec(), alias="fairShare")
+    pricing: PricingSpec | None = None
 
     @field_validator("capacity")
     @classmethod

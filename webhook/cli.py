@@ -43,6 +43,7 @@ examples:
   fairgate why team-a-dev/trainer-0
   fairgate audit verify
   fairgate simulate examples/weights-1-2-3.yaml --json
+  fairgate report --since 2026-03-01 --until 2026-04-01
 
 Run `fairgate <command> --help` for the details of a command.
 """
@@ -467,6 +468,59 @@ def _add_dispatch(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
     dispatch.set_defaults(handler=_dispatch)
 
 
+# -- report --------------------------------------------------------------------------
+
+
+def _report(args: argparse.Namespace) -> int:
+    from cost.report import Format, report_command
+    from tenants.localdir import load_config_dir
+
+    pricing = load_config_dir(Path(args.config_dir)).platform.pricing \
+        if args.config_dir else None
+    output: Format = "json" if args.json else "csv" if args.csv else "table"
+    return report_command(_redis_client(args), sys.stdout, since=args.since,
+                          until=args.until, output=output,
+                          share_idle=args.share_idle == "proportional", pricing=pricing)
+
+
+def _add_report(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    report = _subparser(
+        subparsers, "report", "chargeback: GPU hours and cost per tenant from the audit log",
+        "Verify the audit log's hash chain (refuse, exit 1, when it does not verify), then\n"
+        "bill the window per tenant and class: gpu_hours (GPU-equivalent hours: slices/7),\n"
+        "borrowed_gpu_hours, cost, preempted_pods and preempted_gpu_hours (GPU-time the\n"
+        "preempted pods had run: lost work), a totals row, and the cluster's idle GPU\n"
+        "hours (capacity not used). A pod's GPU-time runs from when the dispatcher saw it\n"
+        "Running to its release; pods crossing the window's edges are clipped exactly.\n"
+        "Prices come from the log (the dispatcher records platform.yaml's pricing when it\n"
+        "starts and whenever it changes; edits of fairgate-platform are audited), each\n"
+        "from its time on, never retroactively; a MIG slice costs slices/7 of its GPU.\n"
+        "Times: RFC 3339, a date (UTC) or an age such as 7d. Default window: this calendar\n"
+        "month (UTC) until now. JSON carries OpenCost's names too (gpuHours, gpuCost).",
+        "  fairgate report\n"
+        "  fairgate report --since 2026-03-01 --until 2026-04-01 --csv > march.csv\n"
+        "  fairgate report --since 7d --json | jq '.rows[] | {tenant, cost}'\n"
+        "  fairgate report --share-idle proportional\n",
+    )
+    _redis_url_argument(report)
+    report.add_argument("--since", metavar="TIME",
+                        help="start of the window (default: the 1st of this month, UTC)")
+    report.add_argument("--until", metavar="TIME",
+                        help="end of the window, exclusive (default and at most: now)")
+    formats = report.add_mutually_exclusive_group()
+    formats.add_argument("--json", action="store_true", help="print one JSON object")
+    formats.add_argument("--csv", action="store_true",
+                         help="print CSV: a row per tenant and class, total, (idle)")
+    report.add_argument("--share-idle", choices=["proportional"],
+                        help="share the idle capacity's hours and cost among tenants in "
+                             "proportion to their GPU hours (OpenCost's shareIdle)")
+    report.add_argument("--config-dir", metavar="DIR",
+                        help="local config directory whose platform.yaml pricing applies "
+                             "where the log records no prices (default: prices from the "
+                             "log only)")
+    report.set_defaults(handler=_report)
+
+
 # -- status, why, simulate ---------------------------------------------------------------
 
 
@@ -596,6 +650,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_status(subparsers)
     _add_why(subparsers)
     _add_simulate(subparsers)
+    _add_report(subparsers)
     return parser
 
 

@@ -12,7 +12,8 @@ a real AdmissionReview v1 sent over HTTPS (verified against the generated CA), t
 answer's JSON Patch decides the pod's ticket, priority band and gate, and the real
 :class:`~fairshare.dispatcher.Dispatcher` releases gated pods as running pods finish.
 It shows progress, then per tenant what was admitted at once, queued, denied and
-released later, with wait times per class, and verifies the audit chain. Everything it
+released later, with wait times per class, verifies the audit chain and ends with the
+cost table billed from it (:mod:`cost.billing`, the demo's virtual time). Everything it
 started or wrote on disk is removed at the end. Exit code 0 when every request got a
 valid answer, 1 otherwise (the server's log is shown).
 """
@@ -32,6 +33,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,8 @@ from rich.table import Table
 
 from audit import AuditLog
 from certs import write_bundle
+from cost.billing import bill
+from cost.report import bill_table, idle_line
 from fairshare.connection import RedisTarget, connect_redis
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
 from fairshare.localredis import local_redis
@@ -80,6 +84,7 @@ tenants:
     admins: {users: [carol@example.com]}
     classes: [inference]
 onRedisUnavailable: deny
+pricing: {currency: USD, gpuHour: {default: 2.50, NVIDIA-A100-SXM4-80GB: 3.10}}
 """
 
 QUOTAS = {
@@ -529,7 +534,7 @@ def run_demo(redis_url: RedisTarget | str | None = None, pods: int = 120,
             return 1
         out.print(_table(demo.tallies))
         out.print(_reasons(demo.tallies))
-        result, _entries = AuditLog(client, out=io.StringIO()).verify()
+        result, entries = AuditLog(client, out=io.StringIO()).verify()
         out.print(
             f"{demo.webhook.sent} AdmissionReviews over HTTPS; "
             f"{demo.cluster.preemptions} preemptions; still waiting: {demo.waiting()}; "
@@ -538,4 +543,9 @@ def run_demo(redis_url: RedisTarget | str | None = None, pods: int = 120,
         )
         if not result.ok:
             return 1
+        billed = bill((e.record for e in entries if e.record is not None),
+                      datetime.fromtimestamp(start, UTC), datetime.fromtimestamp(demo.clock(), UTC))
+        out.print(bill_table(billed, f"cost from the verified audit log, {billed.currency} "
+                                     f"(what `fairgate report` prints)"))
+        out.print(idle_line(billed))
     return 0

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import redis
 
-from audit import DISPATCH, RELEASE, AuditLog
+from audit import CAPACITY, DISPATCH, RELEASE, START, AuditLog
 from fairshare.cluster import (
     CapacityReport,
     ChangeKind,
@@ -57,11 +57,17 @@ def test_a_finished_pod_frees_its_gpu_for_the_next_one(redis_url: str) -> None:
     rig.at(1_020.0)
     assert _used(rig.queue) == 0
     records = [e.record for e in audit.entries() if e.record is not None]
-    assert [(r.decision, r.name) for r in records] == [
-        (RELEASE, "first"), (DISPATCH, "second"), (RELEASE, "second")
+    # the dispatcher stamps its records with its own clock (here virtual: 1,000 s on)
+    assert [(r.decision, r.name, r.time[11:19]) for r in records] == [
+        (CAPACITY, "", "00:16:40"), (START, "first", "00:16:40"),
+        (RELEASE, "first", "00:16:50"), (DISPATCH, "second", "00:16:50"),
+        (START, "second", "00:16:50"), (RELEASE, "second", "00:17:00"),
     ]
-    assert records[1].uid == second.ticket and records[1].tenant == "team-a"
-    assert "after 10.0s" in records[1].reason
+    assert records[3].uid == second.ticket and records[3].tenant == "team-a"
+    assert "after 10.0s" in records[3].reason
+    assert records[0].diff == {"gpu": {"before": None, "after": 1}}
+    assert records[4].diff == {"pod": {"band": "training", "node": "sim-node",
+                                       "gpuProduct": None}}
 
 
 def test_the_dispatcher_stores_the_clusters_capacity_report_for_status(

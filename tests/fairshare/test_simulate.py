@@ -103,10 +103,16 @@ def test_json_output_has_exactly_the_designed_keys(redis_url: str, tmp_path: Pat
     out = io.StringIO()
     assert simulate_command(trace, True, redis_url, out=out) == 0
     data = json.loads(out.getvalue())
-    assert set(data) == {"jain_index", "utilization", "wait_seconds", "tenants"}
+    assert set(data) == {"jain_index", "utilization", "wait_seconds", "tenants", "preemption"}
     assert set(data["wait_seconds"]) == {"inference", "training"}
     assert set(data["wait_seconds"]["training"]) == {"p50", "p99", "max"}
-    assert set(data["tenants"]["team-a"]) == {"weight", "share", "admitted", "waiting"}
+    assert set(data["tenants"]["team-a"]) == {"weight", "share", "admitted", "waiting",
+                                              "gpu_hours", "cost"}
+    # no pricing in the trace: GPU hours, no cost; the preempted pods had run 0 s
+    assert data["tenants"]["team-a"]["gpu_hours"] == round(6 * 10 / 3600, 4)
+    assert data["tenants"]["team-b"]["gpu_hours"] == round(2 * 5 / 3600, 4)
+    assert data["tenants"]["team-a"]["cost"] is None
+    assert data["preemption"] == {"pods": 2, "gpu_hours_lost": 0.0}
     # The 2 training pods that started first were preempted by inference at t=0 and
     # re-created by their controller: 6 + 2 pods released for team-a.
     assert data["tenants"]["team-a"]["admitted"] == 8

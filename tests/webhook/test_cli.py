@@ -299,6 +299,8 @@ def test_demo_runs_to_completion_and_cleans_up(tmp_path: Path) -> None:
         assert tenant in result.stdout
     assert "no-tenant" in result.stdout  # the unlabeled namespace was refused
     assert "audit chain:" in result.stdout and "verified" in result.stdout
+    cost = result.stdout[result.stdout.index("cost from the verified audit log"):]
+    assert "total" in cost and "team-a" in cost and "idle" in cost  # it ends with the bill
     assert list(tmp_path.iterdir()) == []  # certificates, config and logs removed
 
 

@@ -1,0 +1,162 @@
+"""``fairgate report``: chargeback from the verified audit log.
+
+Contract: :func:`report_command` verifies the hash chain of the audit stream first and
+refuses (exit 1, the reason on ``err``) when it does not verify; otherwise it bills the
+window (:func:`cost.billing.bill`) and prints a table per tenant and class (rich), CSV or
+JSON on ``out``, exit 0. ``since``/``until`` are RFC 3339 times, dates (UTC midnight) or
+ages (``7d``); the default window is this calendar month (UTC) so far; ``until`` is
+never later than now (the future is not billed). A bad time is exit 2. When retention
+removed records the window needs (the oldest record left is younger than ``since``), the
+bill is marked incomplete (a warning, and ``complete: false`` in JSON).
+CSV rows: one per tenant and class, then ``total``, then ``(idle)`` (the cluster's
+capacity not used, with its cost at the default price; empty when unknown).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Literal, TextIO
+
+import redis
+from rich.console import Console
+from rich.table import Table
+
+from audit.log import STREAM, AuditLog
+from audit.query import parse_when
+from cost.billing import Bill, BillRow, bill
+from tenants.models import PricingSpec
+
+Format = Literal["table", "csv", "json"]
+COLUMNS = ("tenant", "class", "gpu_hours", "borrowed_gpu_hours", "cost", "preempted_pods",
+           "preempted_gpu_hours", "idle_gpu_hours", "idle_cost", "total_cost")
+
+
+def month_start(now: datetime) -> datetime:
+    """Midnight UTC of the first day of ``now``'s month."""
+    return now.astimezone(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+def window(since: str | None, until: str | None,
+           now: datetime | None = None) -> tuple[datetime, datetime]:
+    """The report window from the CLI's values (see the module contract); raises
+    ValueError saying what is wrong."""
+    moment = now or datetime.now(UTC)
+    start = parse_when(since, moment) if since else month_start(moment)
+    end = min(parse_when(until, moment), moment) if until else moment
+    if end <= start:
+        raise ValueError(f"the window is empty: --since {start.isoformat()} is not before "
+                         f"--until {end.isoformat()} (the report never bills the future)")
+    return start, end
+
+
+def report_command(client: redis.Redis, out: TextIO, *, since: str | None = None,
+                   until: str | None = None, output: Format = "table",
+                   share_idle: bool = False, pricing: PricingSpec | None = None,
+                   now: datetime | None = None, stream: str = STREAM,
+                   err: TextIO | None = None) -> int:
+    """Verify, bill and print (see the module contract); returns the exit code."""
+    errors = err or sys.stderr
+    try:
+        start, end = window(since, until, now)
+    except ValueError as exc:
+        errors.write(f"error: {exc}\n")
+        return 2
+    result, entries = AuditLog(client, stream=stream, out=out).verify()
+    if not result.ok:
+        errors.write(f"refusing to bill: the audit log {stream} does not verify: "
+                     f"{result.problem} (run `fairgate audit verify` for details)\n")
+        return 1
+    records = [e.record for e in entries if e.record is not None]
+    warnings = []
+    if records and records[0].seq != 1 and records[0].time > _text(start):
+        warnings.append(f"records before {records[0].time} were removed by retention "
+                        f"(oldest kept: seq {records[0].seq}): pods that started earlier "
+                        f"are missing, so this bill is incomplete")
+    billed = bill(records, start, end, pricing, share_idle=share_idle)
+    if output == "json":
+        data = billed.to_json()
+        data.update(records=len(records), complete=not warnings, warnings=warnings)
+        out.write(json.dumps(data, indent=2) + "\n")
+    elif output == "csv":
+        write_csv(billed, out)
+    else:
+        print_table(billed, out, warnings, len(records))
+    return 0
+
+
+def _text(when: datetime) -> str:
+    return when.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _values(row: BillRow, tenant: str, pod_class: str) -> list[str]:
+    return [tenant, pod_class, f"{row.gpu_hours:.4f}", f"{row.borrowed_gpu_hours:.4f}",
+            f"{row.cost:.2f}", str(row.preempted_pods), f"{row.preempted_gpu_hours:.4f}",
+            f"{row.idle_gpu_hours:.4f}", f"{row.idle_cost:.2f}",
+            f"{row.cost + row.idle_cost:.2f}"]
+
+
+def write_csv(billed: Bill, out: TextIO) -> None:
+    """The bill as CSV (:data:`COLUMNS`): rows, ``total``, ``(idle)``."""
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    for row in billed.rows:
+        writer.writerow(_values(row, row.tenant, row.pod_class))
+    writer.writerow(_values(billed.totals(), "total", ""))
+    idle = billed.idle_gpu_hours
+    writer.writerow(["(idle)", "", "" if idle is None else f"{idle:.4f}", "",
+                     "" if billed.idle_cost is None else f"{billed.idle_cost:.2f}",
+                     "", "", "", "", ""])
+
+
+def bill_table(billed: Bill, title: str = "") -> Table:
+    """The bill as a rich table with a totals row (the demo and the console reuse it)."""
+    table = Table(title=title or f"GPU cost, {_text(billed.since)} to {_text(billed.until)} "
+                  f"({billed.currency})", title_justify="left")
+    headers: Sequence[str] = ("tenant", "class", "GPU-h", "borrowed GPU-h", "cost",
+                              "preempted pods", "preempted GPU-h")
+    if billed.share_idle:
+        headers = (*headers, "idle GPU-h share", "idle cost share", "total cost")
+    for i, header in enumerate(headers):
+        table.add_column(header, justify="left" if i < 2 else "right")
+
+    def cells(row: BillRow, tenant: str, pod_class: str) -> list[str]:
+        values = _values(row, tenant, pod_class)
+        shown = [values[0], values[1], f"{row.gpu_hours:,.2f}",
+                 f"{row.borrowed_gpu_hours:,.2f}", f"{row.cost:,.2f}", values[5],
+                 f"{row.preempted_gpu_hours:,.2f}"]
+        if billed.share_idle:
+            shown += [f"{row.idle_gpu_hours:,.2f}", f"{row.idle_cost:,.2f}",
+                      f"{row.cost + row.idle_cost:,.2f}"]
+        return shown
+
+    for row in billed.rows:
+        table.add_row(*cells(row, row.tenant, row.pod_class))
+    table.add_section()
+    table.add_row(*cells(billed.totals(), "total", ""), style="bold")
+    return table
+
+
+def idle_line(billed: Bill) -> str:
+    """The cluster's capacity and idle GPU hours in words."""
+    if billed.idle_gpu_hours is None or billed.capacity_gpu_hours is None:
+        return ("idle GPU-h: unknown (no capacity record from the dispatcher before the "
+                "end of the window)")
+    cost = f", {billed.idle_cost:,.2f} {billed.currency} at the default price" \
+        if billed.idle_cost else ""
+    return (f"capacity {billed.capacity_gpu_hours:,.2f} GPU-h, idle "
+            f"{billed.idle_gpu_hours:,.2f} GPU-h{cost}"
+            + (" (shared in proportion to use)" if billed.share_idle else ""))
+
+
+def print_table(billed: Bill, out: TextIO, warnings: Sequence[str], records: int) -> None:
+    """The bill as a table, the idle line, and warnings."""
+    console = Console(file=out, width=160, highlight=False, soft_wrap=False)
+    console.print(bill_table(billed))
+    console.print(idle_line(billed))
+    console.print(f"from {records} verified audit records")
+    for warning in warnings:
+        console.print(f"warning: {warning}")
