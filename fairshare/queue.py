@@ -25,7 +25,7 @@ Contract (rules in ``fairshare/README.md``; key layout there too):
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import redis
@@ -303,6 +303,39 @@ class FairQueue:
             released_at=float(at) if at else None,
             group=gang or None,
         )
+
+    def tenant_names(self) -> list[str]:
+        """Every tenant with config or state in this Redis, by name (one read)."""
+        return sorted(text(t) for t in self._client.smembers(self._keys[0] + "tenants"))
+
+    def lanes(self, tenants: Sequence[str]) -> list[tuple[str, str, int]]:
+        """``(tenant, shape, length)`` of every non-empty lane of ``tenants`` (the
+        console's queue listing): tenants in the given order, each tenant's shapes sorted.
+        Read-only; two round trips whatever the number of tenants."""
+        with self._client.pipeline(transaction=False) as pipe:
+            for tenant in tenants:
+                pipe.smembers(f"{self._keys[0]}tl:{tenant}")
+            shapes = [sorted(text(s) for s in members) for members in pipe.execute()]
+        pairs = [(t, shape) for t, own in zip(tenants, shapes, strict=True) for shape in own]
+        with self._client.pipeline(transaction=False) as pipe:
+            for tenant, shape in pairs:
+                pipe.llen(f"{self._keys[0]}q:{tenant}:{shape}")
+            lengths = pipe.execute()
+        return [(t, s, int(n)) for (t, s), n in zip(pairs, lengths, strict=True) if int(n)]
+
+    def lane_entries(self, tenant: str, shape: str, start: int, stop: int) -> list[str]:
+        """Entries ``start``..``stop`` (inclusive, 0-based, FIFO order) of a lane: tickets,
+        or ``@<gang id>`` for a complete gang waiting as one entry."""
+        raw = self._client.lrange(f"{self._keys[0]}q:{tenant}:{shape}", start, stop)
+        return [text(v) for v in raw]
+
+    def ticket_namespaces(self, tickets: Sequence[str]) -> list[str | None]:
+        """The namespace each ticket was admitted in (None for an unknown ticket or a
+        gang entry), in one read of the ticket records."""
+        if not tickets:
+            return []
+        raw = self._client.hmget(self._keys[0] + "tk", list(tickets))
+        return [text(r).split("|", 6)[5] if r is not None else None for r in raw]
 
     # -- capacity notes ------------------------------------------------------------
 

@@ -243,7 +243,7 @@ def why_report(
     if not mine:  # audit trimmed or not written
         status = queue.ticket_status(known, now) if known is not None else None
         if known is not None and status is not None:
-            return _from_status(status, {"pod": str(ref), "ticket": known, "history": []})
+            return status_why(status, str(ref))
         return WhyReport(
             str(ref), "unknown",
             f"fairgate has no record of {ref}: either it is not fairgate's business (it asks "
@@ -272,6 +272,12 @@ def why_report(
             **common,
         )
     return _from_status(status, common)
+
+
+def status_why(status: TicketStatus, pod: str) -> WhyReport:
+    """What ``fairgate why`` says of a ticket the queue knows, from its status alone
+    (no audit history): the console's queue rows, in the same words."""
+    return _from_status(status, {"pod": pod, "ticket": status.ticket, "history": []})
 
 
 def _from_status(status: TicketStatus, common: dict[str, Any]) -> WhyReport:
