@@ -20,11 +20,11 @@ def nice_ceiling(value: float) -> float:
     """The smallest of 1, 2, 2.5, 5 x 10^k that is >= ``value`` (> 0)."""
     if value <= 0:
         return 1.0
-    power = 10 ** math.floor(math.log10(value))
-    for step in (1, 2, 2.5, 5, 10):
+    power = 10.0 ** math.floor(math.log10(value))
+    for step in (1.0, 2.0, 2.5, 5.0):
         if step * power >= value - 1e-12:
             return step * power
-    return 10 * power
+    return 10.0 * power
 
 
 def line_chart(series: Mapping[str, Sequence[Sequence[float]]], since: float,

@@ -216,7 +216,8 @@ class ConsoleData:
         scanned = 0
         cursor = "+"
         while len(found) < limit and scanned < scan:
-            page = self.client.xrevrange(self.audit_log.stream, max=cursor, count=1000)
+            page: list[Any] = list(
+                self.client.xrevrange(self.audit_log.stream, max=cursor, count=1000) or [])
             if not page:
                 break
             for raw_id, values in page:

@@ -136,11 +136,11 @@ class Broadcaster:
         while not self._stop.is_set():
             try:
                 if cursor == "$":
-                    newest = self.client.xrevrange(self.stream, count=1)
+                    newest: list[Any] = list(self.client.xrevrange(self.stream, count=1) or [])
                     cursor = newest[0][0] if newest else "0-0"
-                reply = self.client.xread({self.stream: cursor}, block=int(self.block * 1000),
-                                          count=500)
-                for _name, entries in reply or []:
+                reply: list[Any] = list(self.client.xread(
+                    {self.stream: cursor}, block=int(self.block * 1000), count=500) or [])
+                for _name, entries in reply:
                     for raw_id, values in entries:
                         cursor = raw_id
                         self._record(raw_id, values)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import redis
 
@@ -82,7 +83,7 @@ class FairnessHistory:
         with self.client.pipeline(transaction=False) as pipe:
             for tenant in tenants:
                 pipe.xrange(f"{self.prefix}fh:{tenant}", min=start)
-            replies = pipe.execute()
+            replies: list[Any] = pipe.execute()
         return {
             tenant: [[_seconds(sid), float(v[b"u"]), float(v[b"e"])] for sid, v in entries]
             for tenant, entries in zip(tenants, replies, strict=True)
@@ -90,7 +91,8 @@ class FairnessHistory:
 
     def jain(self, since: float) -> list[list[float]]:
         """Jain's index of used / entitlement over time: ``[[t, index], ...]``."""
-        entries = self.client.xrange(f"{self.prefix}fh", min=str(int(since * 1000)))
+        entries: list[Any] = list(
+            self.client.xrange(f"{self.prefix}fh", min=str(int(since * 1000))) or [])
         return [[_seconds(sid), float(v[b"j"])] for sid, v in entries]
 
 

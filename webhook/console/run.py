@@ -25,6 +25,7 @@ from typing import Literal, TextIO
 
 import redis
 import uvicorn
+from kubernetes.client import ApiClient
 
 from audit import STREAM
 from fairshare.connection import COMMAND_TIMEOUT, RedisTarget, connect_redis
@@ -102,7 +103,7 @@ def _config_source(options: ConsoleOptions, auth: str) -> ConfigSource | None:
     return source
 
 
-def _cluster_api() -> object:
+def _cluster_api() -> ApiClient:
     from kubernetes.config import ConfigException
 
     from tenants.cluster import api_client_from_environment
