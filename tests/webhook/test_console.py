@@ -315,9 +315,6 @@ def test_a_tenant_viewer_sees_nothing_of_other_tenants_in_any_answer(
                data.fairness(viewer, tenant="team-a"), data.audit(viewer),
                data.audit(viewer, q="team-a"), data.cost(viewer)]
     client.close()
-    for answer in answers:  # the viewer's own filter, echoed back, is not a leak
-        for echo in ("tenant", "namespace", "q"):
-            answer.pop(echo, None)
     text = json.dumps(answers)
     for other in ("team-a", "race", "sandbox", "capacityNotes", "jainIndex\": ["):
         assert other not in text

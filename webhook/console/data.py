@@ -136,7 +136,6 @@ class ConsoleData:
                 if row.get("waitingFor"):
                     row["waitingFor"] = redact(row["waitingFor"], viewer, known)
         return {"total": total, "page": page, "pages": pages(total, per_page),
-                "tenant": tenant or None, "namespace": namespace or None,
                 "rows": [r for r in rows if r is not None]}
 
     def _slice(self, lanes: list[tuple[str, str, int]], start: int,
@@ -238,8 +237,7 @@ class ConsoleData:
             cursor = "(" + (last.decode() if isinstance(last, bytes) else str(last))
             if len(page) < 1000:
                 break
-        return {"records": found, "scanned": scanned, "q": q, "decision": decision,
-                "chain": self.chain_status(viewer)}
+        return {"records": found, "scanned": scanned, "chain": self.chain_status(viewer)}
 
     def chain_status(self, viewer: Viewer) -> dict[str, Any]:
         """The last verification of the audit chain (run now when none is fresh)."""

@@ -7,9 +7,10 @@ Contract:
   SIGTERM. Returns 0; raises :class:`ConsoleError` (the message says what to fix) when
   Redis cannot be reached, the address is taken or the cluster cannot be used.
 - Auth ``auto`` is ``kubernetes`` when running in a cluster (``KUBERNETES_SERVICE_HOST``
-  set), else ``token``. In Kubernetes mode without ``--config-dir`` the tenant config
-  (ceilings) is watched from the cluster; in token mode without it, ceilings show as
-  unknown.
+  set), else ``token``. The control namespace (quota ConfigMaps, for the access checks)
+  is ``$POD_NAMESPACE``, default ``fairgate-system``. In Kubernetes mode without
+  ``--config-dir`` the tenant config (ceilings) is watched from the cluster; in token mode
+  without it, ceilings show as unknown.
 """
 
 from __future__ import annotations
@@ -97,10 +98,13 @@ def _config_source(options: ConsoleOptions, auth: str) -> ConfigSource | None:
         return None
     from tenants.cluster import ClusterConfigSource
 
-    source = ClusterConfigSource(_cluster_api(), os.environ.get("POD_NAMESPACE",
-                                                                CONTROL_NAMESPACE))
+    source = ClusterConfigSource(_cluster_api(), _control_namespace())
     source.start()
     return source
+
+
+def _control_namespace() -> str:
+    return os.environ.get("POD_NAMESPACE", CONTROL_NAMESPACE)
 
 
 def _cluster_api() -> ApiClient:
@@ -150,7 +154,7 @@ def run_console(options: ConsoleOptions, out: TextIO | None = None) -> int:
         access: Access
         token: str | None = None
         if auth == "kubernetes":
-            access = KubernetesAccess(_cluster_api(), queue.tenant_names)
+            access = KubernetesAccess(_cluster_api(), queue.tenant_names, _control_namespace())
         else:
             local = TokenAccess(options.token)
             access, token = local, local.token
