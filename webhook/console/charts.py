@@ -1,7 +1,7 @@
 """Inline SVG line charts for the Fairness page (pure; no chart library).
 
 Contract: :func:`line_chart` maps series of ``[t, value]`` points over ``[since,
-until]`` into a ``width`` x ``height`` box with a margin for axis labels and returns
+until]`` (whole pixels) into a ``width`` x ``height`` box with a margin for axis labels and returns
 the SVG ``points`` attribute per series plus y-axis ticks; values are clipped at 0 and
 the y range is ``[0, max(values, 1e-9)]`` rounded up to a "nice" number.
 :func:`split_series` splits the Fairness page's ``[t, used, entitlement]`` samples.
@@ -34,13 +34,15 @@ def line_chart(series: Mapping[str, Sequence[Sequence[float]]], since: float,
     top = nice_ceiling(max(values, default=0.0))
     span = max(until - since, 1e-9)
     plot_w, plot_h = WIDTH - LEFT, HEIGHT - BOTTOM - TOP
+    x_scale, y_scale, base = plot_w / span, plot_h / top, TOP + plot_h
 
-    def xy(t: float, v: float) -> str:
-        x = LEFT + (min(max(t, since), until) - since) / span * plot_w
-        y = TOP + plot_h - max(v, 0.0) / top * plot_h
-        return f"{x:.1f},{y:.1f}"
+    def points(series_points: Sequence[Sequence[float]]) -> str:
+        # whole pixels: a 640-wide chart needs no more, and it keeps big pages cheap
+        return " ".join(
+            f"{round(LEFT + (min(max(t, since), until) - since) * x_scale)},"
+            f"{round(base - max(v, 0.0) * y_scale)}" for t, v, *_ in series_points)
 
-    lines = {name: " ".join(xy(p[0], p[1]) for p in points) for name, points in series.items()}
+    lines = {name: points(pts) for name, pts in series.items()}
     ticks = [(TOP + plot_h - f * plot_h, f"{top * f:g}") for f in (0, 0.5, 1)]
     return {"width": WIDTH, "height": HEIGHT, "left": LEFT, "bottom": HEIGHT - BOTTOM,
             "lines": lines, "ticks": ticks, "top": top}

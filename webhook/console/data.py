@@ -20,8 +20,9 @@ Contract:
   over the last ``hours`` from :class:`~webhook.console.history.FairnessHistory`, and
   Jain's index over time (everything-viewers only: it is about all tenants).
 - :meth:`ConsoleData.audit`: the newest records (newest first) of visible tenants
-  matching ``q`` (substring of decision, tenant, namespace/name, user, reason, class,
-  demand or request uid) and ``decision``; at most ``limit``, scanning at most
+  matching ``q`` (case-insensitive substring of the record's JSON: decision, tenant,
+  namespace, name, user, groups, reason, class, demand, request uid, time) and
+  ``decision``; at most ``limit``, scanning at most
   ``scan`` stream entries; with the chain's verification status (:meth:`verify`, cached
   for ``verify_ttl`` seconds; the detail of a broken chain only for everything-viewers).
 - :meth:`ConsoleData.cost`: a placeholder until ``fairgate report``'s engine ships.
@@ -30,6 +31,7 @@ Contract:
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
@@ -38,7 +40,7 @@ from typing import Any
 
 import redis
 
-from audit import AuditLog, AuditRecord, VerifyResult
+from audit import AuditLog, VerifyResult
 from audit.log import parse_entry
 from fairshare.queue import FairQueue
 from fairshare.status import status_report, status_why
@@ -221,12 +223,12 @@ class ConsoleData:
                 break
             for raw_id, values in page:
                 scanned += 1
+                if not _candidate(values.get(b"record"), viewer, needle, decision):
+                    continue
                 record = parse_entry(raw_id, values).record
                 if record is None or not viewer.sees(record.tenant):
                     continue
                 if decision and record.decision != decision:
-                    continue
-                if needle and needle not in _haystack(record):
                     continue
                 fields = record.fields()
                 fields["reason"] = redact(record.reason, viewer, known)
@@ -273,10 +275,26 @@ class ConsoleData:
         }
 
 
-def _haystack(record: AuditRecord) -> str:
-    parts = (record.decision, record.tenant, f"{record.namespace}/{record.name}",
-             record.user, record.reason, record.pod_class, record.demand, record.uid)
-    return "\n".join(parts).lower()
+def _candidate(raw: bytes | None, viewer: Viewer, needle: str, decision: str | None) -> bool:
+    """Whether a stream entry's record body may match, read without validating it (the
+    few that may are then parsed and checked in full): ``needle`` in its JSON text, its
+    ``decision`` and, for a tenant viewer, its ``tenant``."""
+    if raw is None:
+        return True  # not a valid record: parse_entry says so
+    text = raw.decode("utf-8", "replace")
+    if needle and needle not in text.lower():
+        return False
+    if decision is None and viewer.everything:
+        return True
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return True
+    if not isinstance(body, dict):
+        return True
+    if decision and body.get("decision") != decision:
+        return False
+    return viewer.everything or viewer.sees(str(body.get("tenant", "")))
 
 
 def _chain_json(result: VerifyResult, now: float) -> dict[str, Any]:
