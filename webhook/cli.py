@@ -295,7 +295,7 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def _demo(args: argparse.Namespace) -> int:
     from webhook.demo import run_demo
 
-    return run_demo(redis_url=args.redis, pods=args.pods)
+    return run_demo(redis_url=args.redis, pods=args.pods, web_console=args.console)
 
 
 def _add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -306,13 +306,17 @@ def _add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "stream of real AdmissionReview requests (inference and training, whole GPUs and\n"
         "MIG, a gang, over-quota pods, an unlabeled namespace), then print per tenant\n"
         "what was admitted, queued and denied. Cleans up after itself.",
-        "  fairgate demo\n  REDIS_URL=redis://127.0.0.1:6379/0 fairgate demo\n",
+        "  fairgate demo\n  fairgate demo --console   # then open the printed URL\n"
+        "  REDIS_URL=redis://127.0.0.1:6379/0 fairgate demo\n",
     )
     _redis_url_argument(demo, required=False,
                         purpose="use this Redis (it must hold no fairgate keys) instead of "
                         "starting one")
     demo.add_argument("--pods", type=_positive, default=120,
                       help="how many pod admissions to send (default: %(default)s)")
+    demo.add_argument("--console", action="store_true",
+                      help="after the table, keep the stack running and serve `fairgate "
+                      "console` on it (http://127.0.0.1:8080/?token=..., printed) until Ctrl-C")
     demo.set_defaults(handler=_demo)
 
 

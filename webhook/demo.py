@@ -12,7 +12,9 @@ a real AdmissionReview v1 sent over HTTPS (verified against the generated CA), t
 answer's JSON Patch decides the pod's ticket, priority band and gate, and the real
 :class:`~fairshare.dispatcher.Dispatcher` releases gated pods as running pods finish.
 It shows progress, then per tenant what was admitted at once, queued, denied and
-released later, with wait times per class, and verifies the audit chain. Everything it
+released later, with wait times per class, and verifies the audit chain. With
+``web_console`` (``fairgate demo --console``) it then keeps everything running and serves
+``fairgate console`` on it (its ``console: <url>`` line printed) until Ctrl-C. Everything it
 started or wrote on disk is removed at the end. Exit code 0 when every request got a
 valid answer, 1 otherwise (the server's log is shown).
 """
@@ -31,7 +33,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -482,8 +484,11 @@ HORIZON = 4 * 3600.0  # virtual seconds the demo runs at most
 
 
 def run_demo(redis_url: RedisTarget | str | None = None, pods: int = 120,
-             console: Console | None = None) -> int:
-    """Run the demo (see the module contract); returns the exit code."""
+             console: Console | None = None, web_console: bool = False,
+             console_port: int = 8080) -> int:
+    """Run the demo (see the module contract); returns the exit code. With
+    ``web_console``, keep the stack up after the table and serve ``fairgate console``
+    on it (``console_port``, or any free port when that one is taken) until Ctrl-C."""
     out = console or Console()
     if not out.is_terminal:
         out.width = max(out.width, 120)
@@ -538,4 +543,21 @@ def run_demo(redis_url: RedisTarget | str | None = None, pods: int = 120,
         )
         if not result.ok:
             return 1
+        if web_console:
+            return _web_console(target, workdir / "config", out, console_port)
     return 0
+
+
+def _web_console(target: RedisTarget, config_dir: Path, out: Console, port: int) -> int:
+    """Serve the console on the demo's Redis until Ctrl-C (the caller's stack stays up)."""
+    from webhook.console.run import ConsoleError, ConsoleOptions, run_console
+
+    out.print("the demo stack stays up for [bold]fairgate console[/bold]; open the URL "
+              "below, Ctrl-C stops everything")
+    options = ConsoleOptions(redis=target, config_dir=config_dir, port=port, auth="token",
+                             sample_interval=10.0)
+    try:
+        return run_console(options, out=out.file)
+    except ConsoleError:
+        out.print(f"port {port} is taken: using a free port")
+        return run_console(replace(options, port=0), out=out.file)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -297,6 +299,37 @@ def test_redis_down_answers_503_saying_so(tmp_path: Path) -> None:
         assert "--redis-url" in answer.json()["error"]
     finally:
         console.stop()
+
+
+def test_demo_with_console_keeps_the_stack_up_and_prints_the_url(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    env["TMPDIR"] = str(tmp_path)
+    env["PYTHONPATH"] = str(ROOT)
+    demo = subprocess.Popen([sys.executable, "-m", "webhook.cli", "demo", "--console",
+                             "--pods", "40"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env)
+    assert demo.stdout is not None
+    seen = []
+    try:
+        for line in demo.stdout:
+            seen.append(line)
+            if line.startswith("console: "):
+                break
+        url = seen[-1].removeprefix("console: ").strip()
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/\?token=[\w-]+", url), "".join(seen)
+        assert any("audit chain:" in line for line in seen)
+        base, token = url.split("/?token=")
+        tenants = httpx.get(base + "/api/tenants", timeout=10,
+                            headers={"Authorization": f"Bearer {token}"}).json()["tenants"]
+        assert {"team-a", "team-b", "team-c"} <= {t["name"] for t in tenants}
+        audit = httpx.get(base + "/api/audit", timeout=30,
+                          headers={"Authorization": f"Bearer {token}"}).json()
+        assert audit["chain"]["ok"] and audit["records"]
+    finally:
+        demo.send_signal(signal.SIGINT)
+        code = demo.wait(30)
+    assert code == 130  # Ctrl-C
+    assert list(tmp_path.iterdir()) == []  # the demo still cleans up after itself
 
 
 # -- a tenant admin sees only its tenant ------------------------------------------------

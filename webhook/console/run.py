@@ -22,7 +22,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, TextIO
+from typing import IO, Literal
 
 import redis
 import uvicorn
@@ -130,7 +130,7 @@ def _current(source: ConfigSource | None) -> Callable[[], FairgateConfig | None]
     return config
 
 
-def run_console(options: ConsoleOptions, out: TextIO | None = None) -> int:
+def run_console(options: ConsoleOptions, out: IO[str] | None = None) -> int:
     """Serve the console until interrupted (see the module contract)."""
     stdout = out or sys.stdout
     auth = resolve_auth(options.auth)
