@@ -51,6 +51,7 @@ tenants:
 """
 QUOTAS = {"team-a": "nominal: {gpu: 1}\n", "team-b": "nominal: {gpu: 1}\n"}
 REDIS_URLS: dict[str, str] = {}
+CONFIG_DIRS: dict[str, Path] = {}
 NAMESPACES = "team-a-dev: {fairgate.io/tenant: team-a}\nteam-b-dev: {fairgate.io/tenant: team-b}\n"
 
 
@@ -125,27 +126,33 @@ def console(controlplane: ControlPlane, tokens: dict[str, str],
                            tenant=tenant, namespace=f"{tenant}-dev", name=name,
                            pod_class="training", demand="gpu=1",
                            reason=f"{tenant} pod {i}")
-        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_NAMESPACE": CONTROL,
-               "PYTHONPATH": str(REPO)}
-        process = subprocess.Popen(
-            [sys.executable, "-m", "webhook.cli", "console", "--redis-url", url,
-             "--auth", "kubernetes", "--config-dir", str(config_dir), "--port", "0",
-             "--sample-every", "1"],
-            stdout=subprocess.PIPE, stderr=(work / "console.log").open("w"), text=True,
-            env=env)
-        assert process.stdout is not None
-        line = process.stdout.readline().strip()
-        assert line.startswith("console: http://127.0.0.1:"), (work / "console.log").read_text()
-        assert "token=" not in line  # Kubernetes mode: the user brings the token
-        base = line.removeprefix("console: ").rstrip("/")
+        process, base = _start(kubeconfig, url, config_dir, work / "console.log")
         try:
             time.sleep(1.5)  # one fairness sample
             REDIS_URLS[base] = url
+            CONFIG_DIRS[base] = config_dir
             yield base
         finally:
             process.terminate()
             process.wait(10)
             seeded.close()
+
+
+def _start(kubeconfig: Path, url: str, config_dir: Path,
+           log: Path) -> tuple[subprocess.Popen[str], str]:
+    """``fairgate console --auth kubernetes`` as the kubeconfig's identity: (process, URL)."""
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_NAMESPACE": CONTROL,
+           "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "webhook.cli", "console", "--redis-url", url,
+         "--auth", "kubernetes", "--config-dir", str(config_dir), "--port", "0",
+         "--sample-every", "1"],
+        stdout=subprocess.PIPE, stderr=log.open("w"), text=True, env=env)
+    assert process.stdout is not None
+    line = process.stdout.readline().strip()
+    assert line.startswith("console: http://127.0.0.1:"), log.read_text()
+    assert "token=" not in line  # Kubernetes mode: the user brings the token
+    return process, line.removeprefix("console: ").rstrip("/")
 
 
 def _without_echo(text: str) -> str:
@@ -226,3 +233,18 @@ def test_the_event_stream_carries_only_the_tenant_admins_tenant(
     assert all(event["tenant"] == "team-a" for event in seen)
     assert "team-b" not in json.dumps(seen)
     assert "(another tenant)" in seen[-1]["reason"]
+
+
+def test_a_console_that_may_not_review_tokens_says_so_never_500(
+        console: str, tokens: dict[str, str], controlplane: ControlPlane,
+        tmp_path: Path) -> None:
+    kubeconfig = controlplane.token_kubeconfig(CONTROL, "nobody")
+    process, base = _start(kubeconfig, REDIS_URLS[console], CONFIG_DIRS[console],
+                           tmp_path / "console.log")
+    try:
+        answer = _get(base, "/api/tenants", tokens["platform"])
+    finally:
+        process.terminate()
+        process.wait(10)
+    assert answer.status_code == 503
+    assert "tokenreviews" in answer.json()["error"]

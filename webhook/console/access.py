@@ -17,7 +17,8 @@ Contract:
   read. TokenReviews and visibility are cached for ``ttl`` seconds, at most
   ``max_entries`` each (least recently used dropped first).
 - :meth:`authenticate` raises :class:`Denied` (``status`` 401 or 403, ``message`` saying
-  how to get in); it blocks (network), so the app calls it in a worker thread.
+  how to get in; 503 when the API server cannot answer); it blocks (network), so the app
+  calls it in a worker thread.
 """
 
 from __future__ import annotations
@@ -169,7 +170,20 @@ class KubernetesAccess:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="console-sar")
 
     def authenticate(self, token: str | None) -> Viewer:
-        """The viewer presenting the bearer ``token``."""
+        """The viewer presenting the bearer ``token``; :class:`Denied` (503) when the API
+        server cannot answer the reviews."""
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        try:
+            return self._authenticate(token)
+        except (ApiException, HTTPError, OSError) as exc:
+            reason = getattr(exc, "reason", None) or type(exc).__name__
+            raise Denied(503, f"cannot check access with the API server ({reason}): the "
+                         "console's ServiceAccount needs create on tokenreviews and "
+                         "subjectaccessreviews (manifests/console.yaml)") from exc
+
+    def _authenticate(self, token: str | None) -> Viewer:
         if token is None:
             raise Denied(401, "send your Kubernetes bearer token: `Authorization: Bearer "
                          "<token>` (e.g. from `kubectl create token`), or open the console "

@@ -20,7 +20,7 @@ Contract:
   over the last ``hours`` from :class:`~webhook.console.history.FairnessHistory`, and
   Jain's index over time (everything-viewers only: it is about all tenants).
 - :meth:`ConsoleData.audit`: the newest records (newest first) of visible tenants
-  matching ``q`` (case-insensitive substring of the record's JSON: decision, tenant,
+  matching ``q`` (substring of the record's JSON, ASCII letters case-insensitive: decision, tenant,
   namespace, name, user, groups, reason, class, demand, request uid, time) and
   ``decision``; at most ``limit``, scanning at most
   ``scan`` stream entries; with the chain's verification status (:meth:`verify`, cached
@@ -211,7 +211,7 @@ class ConsoleData:
     def audit(self, viewer: Viewer, q: str = "", decision: str | None = None,
               limit: int = AUDIT_LIMIT, scan: int = AUDIT_SCAN) -> dict[str, Any]:
         """The Audit page (see the module contract)."""
-        needle = q.lower()
+        needle = q.lower().encode()
         known = [] if viewer.everything else self.queue.tenant_names()
         found: list[dict[str, Any]] = []
         scanned = 0
@@ -275,19 +275,19 @@ class ConsoleData:
         }
 
 
-def _candidate(raw: bytes | None, viewer: Viewer, needle: str, decision: str | None) -> bool:
+def _candidate(raw: bytes | None, viewer: Viewer, needle: bytes,
+               decision: str | None) -> bool:
     """Whether a stream entry's record body may match, read without validating it (the
     few that may are then parsed and checked in full): ``needle`` in its JSON text, its
     ``decision`` and, for a tenant viewer, its ``tenant``."""
     if raw is None:
         return True  # not a valid record: parse_entry says so
-    text = raw.decode("utf-8", "replace")
-    if needle and needle not in text.lower():
+    if needle and needle not in raw.lower():  # ASCII letters fold; UTF-8 stays as typed
         return False
     if decision is None and viewer.everything:
         return True
     try:
-        body = json.loads(text)
+        body = json.loads(raw)
     except ValueError:
         return True
     if not isinstance(body, dict):
