@@ -28,10 +28,11 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
-from webhook_helpers import gpu_pod, review
+from webhook_helpers import gpu_pod, review, write_config
 
 from audit import STREAM, AuditLog
 from fairshare.localredis import local_redis
+from fairshare.model import PodRequest
 from fairshare.queue import FairQueue
 from fairshare.status import why_command
 from tenants.localdir import load_config_dir
@@ -236,6 +237,34 @@ def test_fairness_history_is_drawn_as_svg(stack: ConsoleProcess) -> None:
     points = re.search(r'class="line used" points="([^"]+)"', chart.group(0))
     assert points is not None and len(points.group(1).split()) >= 2
     assert "Jain's index" in html
+
+
+def test_the_status_report_is_shared_until_the_next_decision_or_its_ttl(tmp_path: Path) -> None:
+    with local_redis() as url:
+        client = redis.Redis.from_url(url)
+        queue = FairQueue(client)
+        config = load_config_dir(write_config(tmp_path / "config"))
+        queue.sync_config(config, {"gpu": 8})
+        generation = [0]
+        data = ConsoleData(client, queue, FairnessHistory(client, queue),
+                           generation=lambda: generation[0], status_ttl=3600)
+        everyone = Viewer("p", everything=True)
+
+        def used() -> float:
+            rows = {r["name"]: r for r in data.tenants(everyone)["tenants"]}
+            return float(rows["team-a"]["used"])
+
+        assert used() == 0.0
+        queue.admit(PodRequest(str(uuid.uuid4()), "team-a", "team-a-dev", "p", "training",
+                               {"gpu": 1}), time.time())
+        assert used() == 0.0  # no decision seen yet: the shared report stands
+        generation[0] += 1
+        assert used() == 1.0
+        data.status_ttl = 0.0
+        queue.admit(PodRequest(str(uuid.uuid4()), "team-a", "team-a-dev", "q", "training",
+                               {"gpu": 1}), time.time())
+        assert used() == 2.0  # too old: read again
+        client.close()
 
 
 def test_cost_is_a_placeholder_saying_what_is_coming(stack: ConsoleProcess) -> None:

@@ -5,9 +5,9 @@ Contract:
   of tenants it :meth:`~webhook.console.access.Viewer.sees`; nothing else about other
   tenants (not their names, counts or records) is in the answer.
 - :meth:`ConsoleData.tenants`: the rows of ``fairgate status`` (``fairshare.status``,
-  the same computation) plus ``ceiling`` (from the config, null when unknown) and
-  ``usedNominal`` (used - borrowed), filtered by ``q`` (substring of the name) and
-  paginated by name.
+  the same computation, shared between requests by :meth:`ConsoleData.status`) plus
+  ``ceiling`` (from the config, null when unknown) and ``usedNominal`` (used -
+  borrowed), filtered by ``q`` (substring of the name) and paginated by name.
 - :meth:`ConsoleData.queue`: every waiting queue entry of the visible tenants, grouped by
   tenant (by name), then by lane (shape), FIFO within a lane, paginated; each pod row says
   what ``fairgate why`` says (:func:`fairshare.status.status_why`), with ``position`` /
@@ -66,7 +66,9 @@ class ConsoleData:
 
     def __init__(self, client: redis.Redis, queue: FairQueue, history: FairnessHistory,
                  config: Callable[[], FairgateConfig | None] = lambda: None,
-                 audit: AuditLog | None = None, verify_ttl: float = 30.0) -> None:
+                 audit: AuditLog | None = None, verify_ttl: float = 30.0,
+                 generation: Callable[[], int] | None = None,
+                 status_ttl: float = 5.0) -> None:
         self.client = client
         self.queue = queue
         self.history = history
@@ -75,13 +77,17 @@ class ConsoleData:
         self.verify_ttl = verify_ttl
         self._verify_lock = threading.Lock()
         self._verified: tuple[float, dict[str, Any]] | None = None
+        self.generation = generation
+        self.status_ttl = status_ttl
+        self._status_lock = threading.Lock()
+        self._status: tuple[int, float, dict[str, Any]] | None = None
 
     # -- tenants -------------------------------------------------------------------
 
     def tenants(self, viewer: Viewer, q: str = "", page: int = 1,
                 per_page: int = TENANTS_PER_PAGE) -> dict[str, Any]:
         """The Tenants page (see the module contract)."""
-        report = status_report(self.queue)
+        report = self.status()
         config = self.config()
         names = [n for n in sorted(viewer.visible(report["tenants"])) if q in n]
         shown = names[(page - 1) * per_page: page * per_page]
@@ -107,6 +113,23 @@ class ConsoleData:
         if viewer.everything:
             answer["capacityNotes"] = report["capacityNotes"]
         return answer
+
+    def status(self) -> dict[str, Any]:
+        """The ``fairgate status`` report, shared by every request until the next audit
+        record (``generation`` changes: every queue change is audited) and at most
+        ``status_ttl`` seconds (capacity changes are not audited); without
+        ``generation``, computed per call."""
+        if self.generation is None:
+            return status_report(self.queue)
+        with self._status_lock:
+            generation, now = self.generation(), time.monotonic()
+            cached = self._status
+            if cached is not None and cached[0] == generation and \
+                    now - cached[1] < self.status_ttl:
+                return cached[2]
+            report = status_report(self.queue)
+            self._status = (generation, now, report)
+            return report
 
     # -- queue ---------------------------------------------------------------------
 

@@ -13,6 +13,8 @@ Contract:
   timer or Redis call exists. A client that does not keep up (``max_pending`` events
   waiting) gets one ``resync`` event instead of the rest (its page reloads its data).
 - Records already in the stream when the producer starts are not sent.
+- ``generation`` counts the records seen (before their events are sent): data cached
+  for an older generation is stale.
 - Redis errors are logged and retried after ``retry`` seconds; :meth:`stop` ends the
   thread within one ``block`` interval.
 """
@@ -66,6 +68,7 @@ class Broadcaster:
         self.max_pending = max_pending
         self.retry = retry
         self.sent = 0
+        self.generation = 0
         self._clients: set[_Client] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -143,6 +146,7 @@ class Broadcaster:
                 for _name, entries in reply:
                     for raw_id, values in entries:
                         cursor = raw_id
+                        self.generation += 1
                         self._record(raw_id, values)
                 if self.history is not None and self.history.due(time.time()):
                     self.history.sample()

@@ -150,7 +150,9 @@ def run_console(options: ConsoleOptions, out: IO[str] | None = None) -> int:
             stack.callback(source.close)
         history = FairnessHistory(client, queue, interval=options.sample_interval,
                                   keep=options.keep_hours * 3600)
-        data = ConsoleData(client, queue, history, _current(source))
+        events = Broadcaster(blocking, STREAM, queue.tenant_names, history)
+        data = ConsoleData(client, queue, history, _current(source),
+                           generation=lambda: events.generation)
         access: Access
         token: str | None = None
         if auth == "kubernetes":
@@ -158,7 +160,6 @@ def run_console(options: ConsoleOptions, out: IO[str] | None = None) -> int:
         else:
             local = TokenAccess(options.token)
             access, token = local, local.token
-        events = Broadcaster(blocking, STREAM, queue.tenant_names, history)
         app = create_app(data, access, events, redis_name=f"Redis at {options.redis}",
                          auth_mode=auth)
         sock = _listen(options.host, options.port)
