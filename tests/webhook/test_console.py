@@ -267,6 +267,31 @@ def test_the_status_report_is_shared_until_the_next_decision_or_its_ttl(tmp_path
         client.close()
 
 
+def test_a_complete_gang_waits_as_one_row_and_filters_by_its_namespace(
+        tmp_path: Path) -> None:
+    with local_redis() as url:
+        client = redis.Redis.from_url(url)
+        queue = FairQueue(client)
+        queue.sync_config(load_config_dir(write_config(tmp_path / "config")), {"gpu": 8})
+        for i in range(2):  # 2 x 1 GPU: team-b's nominal is 1 GPU, so the gang waits
+            ticket = str(uuid.uuid4())
+            queue.admit(PodRequest(ticket, "team-b", "team-b-dev", f"g-{i}", "training",
+                                   {"gpu": 1}, group="g", group_size=2), time.time())
+            queue.confirm(ticket, str(uuid.uuid4()), "team-b-dev", f"g-{i}")
+        data = ConsoleData(client, queue, FairnessHistory(client, queue))
+        everyone = Viewer("p", everything=True)
+        page = data.queue_page(everyone)
+        by_namespace = data.queue_page(everyone, namespace="team-b-dev")
+        elsewhere = data.queue_page(everyone, namespace="team-a-dev")
+        client.close()
+    assert page["total"] == 1
+    (row,) = page["rows"]
+    assert row["gang"] == "team-b-dev/g" and row["tenant"] == "team-b"
+    assert "gang team-b-dev/g" in row["why"]
+    assert by_namespace["rows"] == page["rows"]
+    assert elsewhere["total"] == 0
+
+
 def test_cost_is_a_placeholder_saying_what_is_coming(stack: ConsoleProcess) -> None:
     answer = _get(stack, "/api/cost").json()
     assert answer["available"] is False
