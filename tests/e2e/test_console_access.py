@@ -138,15 +138,17 @@ def console(controlplane: ControlPlane, tokens: dict[str, str],
             seeded.close()
 
 
-def _start(kubeconfig: Path, url: str, config_dir: Path,
+def _start(kubeconfig: Path, url: str, config_dir: Path | None,
            log: Path) -> tuple[subprocess.Popen[str], str]:
-    """``fairgate console --auth kubernetes`` as the kubeconfig's identity: (process, URL)."""
+    """``fairgate console --auth kubernetes`` as the kubeconfig's identity, with
+    ``--config-dir`` unless None (then the config comes from the cluster): (process,
+    URL)."""
     env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_NAMESPACE": CONTROL,
            "PYTHONPATH": str(REPO)}
     process = subprocess.Popen(
         [sys.executable, "-m", "webhook.cli", "console", "--redis-url", url,
-         "--auth", "kubernetes", "--config-dir", str(config_dir), "--port", "0",
-         "--sample-every", "1"],
+         "--auth", "kubernetes", "--port", "0", "--sample-every", "1",
+         *(["--config-dir", str(config_dir)] if config_dir is not None else [])],
         stdout=subprocess.PIPE, stderr=log.open("w"), text=True, env=env)
     assert process.stdout is not None
     line = process.stdout.readline().strip()
@@ -248,3 +250,41 @@ def test_a_console_that_may_not_review_tokens_says_so_never_500(
         process.wait(10)
     assert answer.status_code == 503
     assert "tokenreviews" in answer.json()["error"]
+
+
+def test_without_a_config_dir_the_console_reads_the_config_from_the_cluster(
+        console: str, tokens: dict[str, str], controlplane: ControlPlane,
+        tmp_path: Path) -> None:
+    """The platform and quota ConfigMaps in the control namespace give the ceilings; the
+    console's ServiceAccount reads them with the reads manifests/console.yaml grants."""
+    core: Any = client.CoreV1Api(controlplane.admin)
+    rbac: Any = client.RbacAuthorizationV1Api(controlplane.admin)
+    core.create_namespaced_config_map(CONTROL, {
+        "metadata": {"name": "fairgate-platform"},
+        "data": {"platform.yaml": PLATFORM.replace("gpuEquivalents: 4}}\n",
+                                                   "gpuEquivalents: 3}}\n", 1)}})
+    for tenant, quota in QUOTAS.items():
+        core.create_namespaced_config_map(CONTROL, {
+            "metadata": {"name": f"quota-{tenant}", "labels": {"fairgate.io/quota": tenant}},
+            "data": {"quota.yaml": quota}})
+    _bind(rbac, "Role", "read-config", "console", "console-reads-config")
+    rbac.create_cluster_role({"metadata": {"name": "console-e2e-namespaces"}, "rules": [
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]}]})
+    _bind(rbac, "ClusterRole", "console-e2e-namespaces", "console", "console-e2e-namespaces")
+    kubeconfig = controlplane.token_kubeconfig(CONTROL, "console")
+    process, base = _start(kubeconfig, REDIS_URLS[console], None, tmp_path / "console.log")
+    try:
+        deadline = time.monotonic() + 30
+        ceilings: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            rows = _get(base, "/api/tenants", tokens["platform"]).json()["tenants"]
+            ceilings = {r["name"]: r["ceiling"] for r in rows}
+            if all(ceilings.values()):
+                break
+            time.sleep(0.5)
+    finally:
+        process.terminate()
+        process.wait(10)
+        rbac.delete_cluster_role_binding("console-e2e-namespaces")
+        rbac.delete_cluster_role("console-e2e-namespaces")
+    assert ceilings == {"team-a": 3.0, "team-b": 4.0}, (tmp_path / "console.log").read_text()
