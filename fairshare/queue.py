@@ -280,29 +280,16 @@ class FairQueue:
 
     def ticket_status(self, ticket: str, now: float) -> TicketStatus | None:
         """Where ``ticket`` stands and, when queued, what it waits for; None if unknown."""
-        raw = self._run("why", ticket, num(now))
-        if not raw:
-            return None
-        (state, tenant, cls, band, demand, ns, name, gang, _size, submitted, _seq, at,
-         position, length, *reason) = (text(v) for v in raw)
-        pod_class = CLASS_NAME[cls]
-        queued = state in ("Q", "G")
-        return TicketStatus(
-            ticket=ticket,
-            tenant=tenant,
-            namespace=ns,
-            name=name,
-            pod_class=pod_class,
-            band=BAND_NAME[band],
-            demand=parse_counts(demand),
-            state=STATE_NAME[state],
-            position=int(position) if queued and int(position) > 0 else None,
-            queue_length=int(length),
-            waiting_for=explain(reason, tenant, pod_class) if queued else None,
-            submitted_at=float(submitted),
-            released_at=float(at) if at else None,
-            group=gang or None,
-        )
+        return _ticket_status(ticket, self._run("why", ticket, num(now)))
+
+    def ticket_statuses(self, tickets: Sequence[str], now: float) -> list[TicketStatus | None]:
+        """:meth:`ticket_status` of each ticket, in one round trip (the console's queue
+        page)."""
+        with self._client.pipeline(transaction=False) as pipe:
+            for ticket in tickets:
+                self._scripts["why"](keys=self._keys, args=[ticket, num(now)], client=pipe)
+            replies = pipe.execute()
+        return [_ticket_status(t, raw) for t, raw in zip(tickets, replies, strict=True)]
 
     def tenant_names(self) -> list[str]:
         """Every tenant with config or state in this Redis, by name (one read)."""
@@ -359,3 +346,29 @@ class FairQueue:
 def _clock(now: float | None) -> list[str]:
     """The optional ``now`` argument of a script."""
     return [] if now is None else [num(now)]
+
+
+def _ticket_status(ticket: str, raw: Any) -> TicketStatus | None:
+    """The reply of ``why.lua`` for ``ticket`` as a :class:`TicketStatus` (None: unknown)."""
+    if not raw:
+        return None
+    (state, tenant, cls, band, demand, ns, name, gang, _size, submitted, _seq, at,
+     position, length, *reason) = (text(v) for v in raw)
+    pod_class = CLASS_NAME[cls]
+    queued = state in ("Q", "G")
+    return TicketStatus(
+        ticket=ticket,
+        tenant=tenant,
+        namespace=ns,
+        name=name,
+        pod_class=pod_class,
+        band=BAND_NAME[band],
+        demand=parse_counts(demand),
+        state=STATE_NAME[state],
+        position=int(position) if queued and int(position) > 0 else None,
+        queue_length=int(length),
+        waiting_for=explain(reason, tenant, pod_class) if queued else None,
+        submitted_at=float(submitted),
+        released_at=float(at) if at else None,
+        group=gang or None,
+    )

@@ -173,7 +173,13 @@ def test_queue_pages_through_every_waiting_pod(stack: ConsoleProcess,
     first = data.queue_page(everyone, page=1, per_page=1)
     second = data.queue_page(everyone, page=2, per_page=1)
     beyond = data.queue_page(everyone, page=3, per_page=1)
+    tickets = [e for t, s, _n in queue.lanes(["team-b"])
+               for e in queue.lane_entries(t, s, 0, -1)] + [str(uuid.uuid4())]
+    now = time.time()
+    together = queue.ticket_statuses(tickets, now)
+    one_by_one = [queue.ticket_status(t, now) for t in tickets]
     client.close()
+    assert together == one_by_one and len(together) == 3 and together[-1] is None
     assert (first["pages"], first["total"]) == (2, 2)
     assert [r["pod"] for r in first["rows"] + second["rows"]] == [
         "team-b-dev/b-1", "team-b-dev/b-2"]

@@ -42,6 +42,7 @@ import redis
 
 from audit import AuditLog, VerifyResult
 from audit.log import parse_entry
+from fairshare.model import TicketStatus
 from fairshare.queue import FairQueue
 from fairshare.status import status_report, status_why
 from tenants.models import FairgateConfig
@@ -154,7 +155,10 @@ class ConsoleData:
         else:
             total = sum(n for _t, _s, n in lanes)
             chosen = self._slice(lanes, start, per_page)
-        rows = [self._row(t, shape, entry, at) for t, shape, entry in chosen]
+        tickets = [entry for _t, _s, entry in chosen if not entry.startswith("@")]
+        statuses = dict(zip(tickets, self.queue.ticket_statuses(tickets, at), strict=True))
+        rows = [self._row(t, shape, entry, statuses.get(entry), at)
+                for t, shape, entry in chosen]
         for row in rows:
             if row is not None:
                 row["why"] = redact(row["why"], viewer, known)
@@ -189,13 +193,13 @@ class ConsoleData:
         return [(t, s, e) for t, s, e in everything
                 if (e[1:].split("/", 1)[0] if e.startswith("@") else spaces[e]) == namespace]
 
-    def _row(self, tenant: str, shape: str, entry: str, now: float) -> dict[str, Any] | None:
+    def _row(self, tenant: str, shape: str, entry: str, status: TicketStatus | None,
+             now: float) -> dict[str, Any] | None:
         if entry.startswith("@"):
             gang = entry[1:]
             return {"pod": gang, "gang": gang, "tenant": tenant, "shape": shape,
                     "why": f"gang {gang}: complete, waiting to be released as one entry "
                            f"({shape}) in fair-share order"}
-        status = self.queue.ticket_status(entry, now)
         if status is None:  # released or forgotten since the lanes were read
             return None
         report = status_why(status, f"{status.namespace}/{status.name}")
