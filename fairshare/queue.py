@@ -25,7 +25,7 @@ Contract (rules in ``fairshare/README.md``; key layout there too):
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import redis
@@ -289,29 +289,49 @@ class FairQueue:
 
     def ticket_status(self, ticket: str, now: float) -> TicketStatus | None:
         """Where ``ticket`` stands and, when queued, what it waits for; None if unknown."""
-        raw = self._run("why", ticket, num(now))
-        if not raw:
-            return None
-        (state, tenant, cls, band, demand, ns, name, gang, _size, submitted, _seq, at,
-         position, length, *reason) = (text(v) for v in raw)
-        pod_class = CLASS_NAME[cls]
-        queued = state in ("Q", "G")
-        return TicketStatus(
-            ticket=ticket,
-            tenant=tenant,
-            namespace=ns,
-            name=name,
-            pod_class=pod_class,
-            band=BAND_NAME[band],
-            demand=parse_counts(demand),
-            state=STATE_NAME[state],
-            position=int(position) if queued and int(position) > 0 else None,
-            queue_length=int(length),
-            waiting_for=explain(reason, tenant, pod_class) if queued else None,
-            submitted_at=float(submitted),
-            released_at=float(at) if at else None,
-            group=gang or None,
-        )
+        return _ticket_status(ticket, self._run("why", ticket, num(now)))
+
+    def ticket_statuses(self, tickets: Sequence[str], now: float) -> list[TicketStatus | None]:
+        """:meth:`ticket_status` of each ticket, in one round trip (the console's queue
+        page)."""
+        with self._client.pipeline(transaction=False) as pipe:
+            for ticket in tickets:
+                self._scripts["why"](keys=self._keys, args=[ticket, num(now)], client=pipe)
+            replies = pipe.execute()
+        return [_ticket_status(t, raw) for t, raw in zip(tickets, replies, strict=True)]
+
+    def tenant_names(self) -> list[str]:
+        """Every tenant with config or state in this Redis, by name (one read)."""
+        return sorted(text(t) for t in self._client.smembers(self._keys[0] + "tenants"))
+
+    def lanes(self, tenants: Sequence[str]) -> list[tuple[str, str, int]]:
+        """``(tenant, shape, length)`` of every non-empty lane of ``tenants`` (the
+        console's queue listing): tenants in the given order, each tenant's shapes sorted.
+        Read-only; two round trips whatever the number of tenants."""
+        with self._client.pipeline(transaction=False) as pipe:
+            for tenant in tenants:
+                pipe.smembers(f"{self._keys[0]}tl:{tenant}")
+            shapes = [sorted(text(s) for s in members) for members in pipe.execute()]
+        pairs = [(t, shape) for t, own in zip(tenants, shapes, strict=True) for shape in own]
+        with self._client.pipeline(transaction=False) as pipe:
+            for tenant, shape in pairs:
+                pipe.llen(f"{self._keys[0]}q:{tenant}:{shape}")
+            lengths = pipe.execute()
+        return [(t, s, int(n)) for (t, s), n in zip(pairs, lengths, strict=True) if int(n)]
+
+    def lane_entries(self, tenant: str, shape: str, start: int, stop: int) -> list[str]:
+        """Entries ``start``..``stop`` (inclusive, 0-based, FIFO order) of a lane: tickets,
+        or ``@<gang id>`` for a complete gang waiting as one entry."""
+        raw = self._client.lrange(f"{self._keys[0]}q:{tenant}:{shape}", start, stop)
+        return [text(v) for v in raw]
+
+    def ticket_namespaces(self, tickets: Sequence[str]) -> list[str | None]:
+        """The namespace each ticket was admitted in (None for an unknown ticket or a
+        gang entry), in one read of the ticket records."""
+        if not tickets:
+            return []
+        raw = self._client.hmget(self._keys[0] + "tk", list(tickets))
+        return [text(r).split("|", 6)[5] if r is not None else None for r in raw]
 
     # -- capacity notes ------------------------------------------------------------
 
@@ -344,3 +364,29 @@ class FairQueue:
 def _clock(now: float | None) -> list[str]:
     """The optional ``now`` argument of a script."""
     return [] if now is None else [num(now)]
+
+
+def _ticket_status(ticket: str, raw: Any) -> TicketStatus | None:
+    """The reply of ``why.lua`` for ``ticket`` as a :class:`TicketStatus` (None: unknown)."""
+    if not raw:
+        return None
+    (state, tenant, cls, band, demand, ns, name, gang, _size, submitted, _seq, at,
+     position, length, *reason) = (text(v) for v in raw)
+    pod_class = CLASS_NAME[cls]
+    queued = state in ("Q", "G")
+    return TicketStatus(
+        ticket=ticket,
+        tenant=tenant,
+        namespace=ns,
+        name=name,
+        pod_class=pod_class,
+        band=BAND_NAME[band],
+        demand=parse_counts(demand),
+        state=STATE_NAME[state],
+        position=int(position) if queued and int(position) > 0 else None,
+        queue_length=int(length),
+        waiting_for=explain(reason, tenant, pod_class) if queued else None,
+        submitted_at=float(submitted),
+        released_at=float(at) if at else None,
+        group=gang or None,
+    )

@@ -291,8 +291,7 @@ def why_report(
     if not mine:  # audit trimmed or not written
         status = queue.ticket_status(known, now) if known is not None else None
         if known is not None and status is not None:
-            return _unschedulable(
-                _from_status(status, {"pod": str(ref), "ticket": known, "history": []}), queue)
+            return _unschedulable(status_why(status, str(ref)), queue)
         return WhyReport(
             str(ref), "unknown",
             f"fairgate has no record of {ref}: either it is not fairgate's business (it asks "
@@ -337,6 +336,12 @@ def _unschedulable(report: WhyReport, queue: FairQueue) -> WhyReport:
                f"{_when(float(note.get('since', 0)))}: {message}): it stays counted against "
                f"quota and fairgate withholds its capacity until it is bound or gone")
     return replace(report, summary=summary, unschedulable=message)
+
+
+def status_why(status: TicketStatus, pod: str) -> WhyReport:
+    """What ``fairgate why`` says of a ticket the queue knows, from its status alone
+    (no audit history): the console's queue rows, in the same words."""
+    return _from_status(status, {"pod": pod, "ticket": status.ticket, "history": []})
 
 
 def _from_status(status: TicketStatus, common: dict[str, Any]) -> WhyReport:

@@ -316,7 +316,7 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def _demo(args: argparse.Namespace) -> int:
     from webhook.demo import run_demo
 
-    return run_demo(redis_url=args.redis, pods=args.pods)
+    return run_demo(redis_url=args.redis, pods=args.pods, web_console=args.console)
 
 
 def _add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -327,13 +327,17 @@ def _add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "stream of real AdmissionReview requests (inference and training, whole GPUs and\n"
         "MIG, a gang, over-quota pods, an unlabeled namespace), then print per tenant\n"
         "what was admitted, queued and denied. Cleans up after itself.",
-        "  fairgate demo\n  REDIS_URL=redis://127.0.0.1:6379/0 fairgate demo\n",
+        "  fairgate demo\n  fairgate demo --console   # then open the printed URL\n"
+        "  REDIS_URL=redis://127.0.0.1:6379/0 fairgate demo\n",
     )
     _redis_url_argument(demo, required=False,
                         purpose="use this Redis (it must hold no fairgate keys) instead of "
                         "starting one")
     demo.add_argument("--pods", type=_positive, default=120,
                       help="how many pod admissions to send (default: %(default)s)")
+    demo.add_argument("--console", action="store_true",
+                      help="after the table, keep the stack running and serve `fairgate "
+                      "console` on it (http://127.0.0.1:8080/?token=..., printed) until Ctrl-C")
     demo.set_defaults(handler=_demo)
 
 
@@ -615,6 +619,73 @@ def _add_simulate(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
     simulate.set_defaults(handler=_simulate)
 
 
+# -- console -----------------------------------------------------------------------------
+
+
+def _console(args: argparse.Namespace) -> int:
+    from webhook.console.run import ConsoleError, ConsoleOptions, run_console
+
+    options = ConsoleOptions(
+        redis=args.redis, config_dir=Path(args.config_dir) if args.config_dir else None,
+        host=args.host, port=args.port, auth=args.auth,
+        sample_interval=args.sample_every, keep_hours=args.keep_hours,
+    )
+    try:
+        return run_console(options)
+    except ConsoleError as exc:
+        print(f"fairgate: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _hours_kept(text: str) -> float:
+    value = _positive_seconds(text)
+    if value > 24 * 30:
+        raise argparse.ArgumentTypeError(f"{text!r} hours: keep at most 720 (30 days)")
+    return value
+
+
+def _add_console(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    console = _subparser(
+        subparsers, "console", "web console: tenants, queue, fairness, audit, cost",
+        "Serve a live web view of the queue in Redis: per tenant weight, quota, usage\n"
+        "(nominal and borrowed), queued pods and share against entitlement; each waiting\n"
+        "pod with its position and why it waits; fairness over the last hours; the audit\n"
+        "log with the chain's verification status. JSON for every page under /api/, live\n"
+        "updates at /api/events (Server-Sent Events). See docs/console.md.\n"
+        "The first line on stdout is `console: <url to open>`. Locally (--auth token,\n"
+        "the default outside a cluster) it binds 127.0.0.1 and the URL carries a random\n"
+        "access token. In a cluster (--auth kubernetes, the default there) every request\n"
+        "needs the user's bearer token: checked with TokenReview, and each user sees the\n"
+        "tenants whose quota ConfigMap they may read (SubjectAccessReview); users who may\n"
+        "read every ConfigMap in fairgate-system see everything.",
+        "  fairgate console --redis-url redis://127.0.0.1:6379/0\n"
+        "  fairgate console --config-dir ./config --port 9000\n"
+        "  fairgate console --auth kubernetes --host 0.0.0.0   # in a cluster\n",
+    )
+    _redis_url_argument(console)
+    console.add_argument("--config-dir", metavar="DIR",
+                         help="local config directory, for ceilings and namespace filters "
+                         "(default: the cluster's config with --auth kubernetes, else none)")
+    console.add_argument("--host", default="127.0.0.1",
+                         help="address to listen on (default: %(default)s)")
+    console.add_argument("--port", type=_port_or_zero, default=8080,
+                         help="HTTP port; 0 picks a free one (default: %(default)s)")
+    console.add_argument("--auth", choices=["auto", "token", "kubernetes"], default="auto",
+                         help="token: a random access token in the URL; kubernetes: "
+                         "TokenReview + SubjectAccessReview; auto: kubernetes inside a "
+                         "cluster, else token (default: %(default)s)")
+    console.add_argument("--sample-every", type=_positive_seconds, default=60.0,
+                         metavar="SECONDS",
+                         help="seconds between fairness samples (default: %(default)g)")
+    console.add_argument("--keep-hours", type=_hours_kept, default=6.0, metavar="HOURS",
+                         help="hours of fairness history kept in Redis (default: %(default)g)")
+    console.set_defaults(handler=_console)
+
+
+def _port_or_zero(text: str) -> int:
+    return 0 if text == "0" else _port(text)
+
+
 
 def _redis_problem(target: RedisTarget | None, exc: redis.RedisError) -> str:
     """What went wrong reaching Redis and what to check, without the password."""
@@ -651,6 +722,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_why(subparsers)
     _add_simulate(subparsers)
     _add_report(subparsers)
+    _add_console(subparsers)
     return parser
 
 

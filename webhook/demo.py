@@ -13,7 +13,9 @@ answer's JSON Patch decides the pod's ticket, priority band and gate, and the re
 :class:`~fairshare.dispatcher.Dispatcher` releases gated pods as running pods finish.
 It shows progress, then per tenant what was admitted at once, queued, denied and
 released later, with wait times per class, verifies the audit chain and ends with the
-cost table billed from it (:mod:`cost.billing`, the demo's virtual time). Everything it
+cost table billed from it (:mod:`cost.billing`, the demo's virtual time). With
+``web_console`` (``fairgate demo --console``) it then keeps everything running and serves
+``fairgate console`` on it (its ``console: <url>`` line printed) until Ctrl-C. Everything it
 started or wrote on disk is removed at the end. Exit code 0 when every request got a
 valid answer, 1 otherwise (the server's log is shown).
 """
@@ -32,7 +34,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -487,8 +489,11 @@ HORIZON = 4 * 3600.0  # virtual seconds the demo runs at most
 
 
 def run_demo(redis_url: RedisTarget | str | None = None, pods: int = 120,
-             console: Console | None = None) -> int:
-    """Run the demo (see the module contract); returns the exit code."""
+             console: Console | None = None, web_console: bool = False,
+             console_port: int = 8080) -> int:
+    """Run the demo (see the module contract); returns the exit code. With
+    ``web_console``, keep the stack up after the table and serve ``fairgate console``
+    on it (``console_port``, or any free port when that one is taken) until Ctrl-C."""
     out = console or Console()
     if not out.is_terminal:
         out.width = max(out.width, 120)
@@ -548,4 +553,21 @@ def run_demo(redis_url: RedisTarget | str | None = None, pods: int = 120,
         out.print(bill_table(billed, f"cost from the verified audit log, {billed.currency} "
                                      f"(what `fairgate report` prints)"))
         out.print(idle_line(billed))
+        if web_console:
+            return _web_console(target, workdir / "config", out, console_port)
     return 0
+
+
+def _web_console(target: RedisTarget, config_dir: Path, out: Console, port: int) -> int:
+    """Serve the console on the demo's Redis until Ctrl-C (the caller's stack stays up)."""
+    from webhook.console.run import ConsoleError, ConsoleOptions, run_console
+
+    out.print("the demo stack stays up for [bold]fairgate console[/bold]; open the URL "
+              "below, Ctrl-C stops everything")
+    options = ConsoleOptions(redis=target, config_dir=config_dir, port=port, auth="token",
+                             sample_interval=10.0)
+    try:
+        return run_console(options, out=out.file)
+    except ConsoleError:
+        out.print(f"port {port} is taken: using a free port")
+        return run_console(replace(options, port=0), out=out.file)

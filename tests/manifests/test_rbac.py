@@ -12,6 +12,7 @@ from tenants.schema import parse_platform
 NS = "fairgate-system"
 WEBHOOK = ("ServiceAccount", "fairgate-webhook", NS)
 DISPATCHER = ("ServiceAccount", "fairgate-dispatcher", NS)
+CONSOLE = ("ServiceAccount", "fairgate-console", NS)
 TEAM_A_ADMINS = ("Group", "team-a-admins", None)
 ALICE = ("User", "alice@example.com", None)
 
@@ -89,10 +90,16 @@ EXPECTED: dict[Subject, set[Grant]] = {
     | {(NS, "", "secrets", v, s) for v in ("get", "update", "patch")
        for s in ("fairgate-webhook-tls", "fairgate-redis-auth")},
     DISPATCHER: COMMON | {(None, "", "pods", "patch", None)},
+    # TokenReview and SubjectAccessReview, and reads: the console's access checks.
+    CONSOLE: {(None, "authentication.k8s.io", "tokenreviews", "create", None),
+              (None, "authorization.k8s.io", "subjectaccessreviews", "create", None)}
+    | _read("", "namespaces")
+    | {(NS, "", "configmaps", v, None) for v in ("get", "list", "watch")},
 }
 
 
-@pytest.mark.parametrize("subject", [WEBHOOK, DISPATCHER], ids=["webhook", "dispatcher"])
+@pytest.mark.parametrize("subject", [WEBHOOK, DISPATCHER, CONSOLE],
+                         ids=["webhook", "dispatcher", "console"])
 def test_exact_grants(base: list[Obj], subject: Subject) -> None:
     """A new permission must be added here on purpose, or this fails."""
     assert grants(base, subject) == EXPECTED[subject]

@@ -14,7 +14,8 @@ from tenants.schema import parse_platform, parse_quota
 
 REDIS_URL = "redis://fairgate-redis:6379/0"
 REDIS_SECRET = "fairgate-redis-auth"
-FAIRGATE_WORKLOADS = [("Deployment", "fairgate-webhook"), ("Deployment", "fairgate-dispatcher")]
+FAIRGATE_WORKLOADS = [("Deployment", "fairgate-webhook"), ("Deployment", "fairgate-dispatcher"),
+                      ("Deployment", "fairgate-console")]
 ALL_WORKLOADS = [*FAIRGATE_WORKLOADS, ("StatefulSet", "fairgate-redis")]
 
 
@@ -133,6 +134,34 @@ def test_dispatcher_deployment(base: list[Obj]) -> None:
     assert container["command"] == ["fairgate", "dispatch", "--redis-url", "$(REDIS_URL)"]
     assert _env(container)["REDIS_URL"] == REDIS_URL
     assert "ports" not in container
+
+
+def test_console_deployment_and_service(base: list[Obj]) -> None:
+    deployment = find(base, "Deployment", "fairgate-console")
+    spec = deployment["spec"]["template"]["spec"]
+    container = _only_container(spec)
+    assert container["command"] == ["fairgate", "console", "--redis-url", "$(REDIS_URL)",
+                                    "--auth", "kubernetes", "--host", "0.0.0.0",
+                                    "--port", "8080"]
+    assert _env(container)["REDIS_URL"] == REDIS_URL
+    assert spec["serviceAccountName"] == "fairgate-console"
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert named == {"http": 8080}
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert "emptyDir" in {v["name"]: v for v in spec["volumes"]}["tmp"]
+    service = find(base, "Service", "fairgate-console")
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    (port,) = service["spec"]["ports"]
+    assert (port["port"], port["targetPort"]) == (80, "http")
+
+
+def test_console_reachable_only_on_its_port(base: list[Obj]) -> None:
+    policy = _policy(base, "fairgate-console")["spec"]
+    assert selects(policy["podSelector"], _pod_labels(base, "Deployment", "fairgate-console"))
+    assert not selects(policy["podSelector"], _pod_labels(base, "Deployment", "fairgate-webhook"))
+    (rule,) = policy["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 8080}]
 
 
 def test_redis_statefulset_persists_with_aof(base: list[Obj]) -> None:

@@ -19,11 +19,11 @@ from webhook.process import ServeProcess
 SUBCOMMANDS = [
     ["demo"], ["certs"], ["certs", "generate"], ["serve"], ["dispatch"], ["status"], ["why"],
     ["audit"], ["audit", "tail"], ["audit", "query"], ["audit", "verify"], ["simulate"],
-    ["redis-secret"],
+    ["redis-secret"], ["console"],
 ]
 REDIS_COMMANDS = [
     ["serve"], ["dispatch"], ["status"], ["why"], ["audit", "tail"], ["audit", "query"],
-    ["audit", "verify"], ["simulate"],
+    ["audit", "verify"], ["simulate"], ["console"],
 ]
 
 

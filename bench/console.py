@@ -1,0 +1,177 @@
+"""Benchmark: console page render time at 1,000 tenants x 100,000 queued pods, and the
+cost of idle event-stream clients.
+
+Fills a private redis-server through the real ``FairQueue.admit`` (the webhook's path,
+the tenants and pod mix of ``bench/dispatch.py``), writes ``--audit`` audit records and
+6 hours of fairness samples (one a minute), then times each page and API route of the
+real Starlette app in-process (``httpx.ASGITransport``: the server's whole handling,
+Redis reads included, no network), ``--repeat`` times each, after one warm-up request
+(which also runs the audit chain verification that is then cached for 30 s; its cold
+time is reported apart; and computes the status report the Tenants page shares until
+the next decision: the cold Tenants time is reported apart too). The baseline is
+``/healthz`` in the same run.
+
+Idle SSE clients: the Redis commands and CPU seconds of the console process over
+``--idle`` seconds with 0 and with ``--clients`` subscribed, idle event-stream clients.
+
+    python bench/console.py                         # 1,000 tenants, 100,000 queued
+    python bench/console.py --tenants 100 --queued 10000 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from dispatch import make_config, pod_uid, pods
+
+from audit import STREAM, AuditLog
+from fairshare.localredis import local_redis
+from fairshare.queue import FairQueue
+from webhook.console.access import TokenAccess, Viewer
+from webhook.console.app import create_app
+from webhook.console.data import ConsoleData
+from webhook.console.events import Broadcaster
+from webhook.console.history import FairnessHistory
+
+ROUTES = ["/healthz", "/tenants", "/api/tenants", "/queue", "/api/queue",
+          "/queue?page=1000", "/queue?tenant=team-0500", "/queue?namespace=team-0500-ml",
+          "/fairness", "/api/fairness", "/audit", "/api/audit", "/audit?q=team-0500",
+          "/cost"]
+
+
+def fill(client: redis.Redis, tenants: int, queued: int, audit: int) -> FairQueue:
+    rng = random.Random(tenants * 7 + queued)
+    config, capacity, names = make_config(tenants)
+    queue = FairQueue(client)
+    queue.sync_config(config, capacity)
+    count = 0
+    for req in pods(names, 10**9, rng):
+        answer = queue.admit(req, 1.0)
+        queue.confirm(req.ticket, pod_uid(req.ticket), req.namespace, req.name)
+        if answer.outcome != "reserved":
+            count += 1
+            if count == queued:
+                break
+    log = AuditLog(client, out=io.StringIO())
+    log.record_many(
+        log_draft(names[i % len(names)], i) for i in range(audit))
+    history = FairnessHistory(client, queue, interval=60, keep=6 * 3600)
+    now = time.time()
+    for slot in range(360):
+        history.sample(now - 6 * 3600 + slot * 60)
+    return queue
+
+
+def log_draft(tenant: str, i: int) -> Any:
+    from audit import AuditRecord
+
+    return AuditRecord(decision="queue", tenant=tenant, namespace=f"{tenant}-ml",
+                       name=f"pod-{i:07d}", pod_class="training", demand="gpu=1",
+                       reason="waiting for 1.00 GPU-eq of tenant quota")
+
+
+async def time_routes(app: Any, token: str, repeat: int) -> dict[str, dict[str, float]]:
+    transport = httpx.ASGITransport(app=app)
+    results: dict[str, dict[str, float]] = {}
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(transport=transport, base_url="http://console",
+                                 headers=headers, timeout=120) as client:
+        for route, what in (("/api/audit", "chain verification"),
+                            ("/api/tenants", "status report")):
+            cold = time.perf_counter()
+            assert (await client.get(route)).status_code == 200
+            results[f"cold {route} ({what})"] = {
+                "p50_ms": round((time.perf_counter() - cold) * 1000, 1)}
+        for route in ROUTES:
+            assert (await client.get(route)).status_code == 200, route
+            times = []
+            for _ in range(repeat):
+                start = time.perf_counter()
+                answer = await client.get(route)
+                times.append(time.perf_counter() - start)
+                assert answer.status_code == 200, route
+            times.sort()
+            results[route] = {"p50_ms": round(statistics.median(times) * 1000, 2),
+                              "max_ms": round(times[-1] * 1000, 2)}
+    return results
+
+
+async def idle_cost(client: redis.Redis, events: Broadcaster, clients: int,
+                    seconds: float) -> dict[str, float]:
+    streams = [events.subscribe(Viewer(f"v{i}", everything=True)) for i in range(clients)]
+    for stream in streams:
+        await anext(stream)
+    before = int(client.info("stats")["total_commands_processed"])
+    cpu = time.process_time()
+    await asyncio.sleep(seconds)
+    used_cpu = time.process_time() - cpu
+    commands = int(client.info("stats")["total_commands_processed"]) - before
+    for stream in streams:
+        await stream.aclose()
+    return {"clients": clients, "redis_commands_per_s": round(commands / seconds, 1),
+            "cpu_s_per_s": round(used_cpu / seconds, 4)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tenants", type=int, default=1000)
+    parser.add_argument("--queued", type=int, default=100_000)
+    parser.add_argument("--audit", type=int, default=20_000)
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--clients", type=int, default=1000)
+    parser.add_argument("--idle", type=float, default=5.0)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    with local_redis() as url:
+        client = redis.Redis.from_url(url)
+        start = time.perf_counter()
+        queue = fill(client, args.tenants, args.queued, args.audit)
+        filled = time.perf_counter() - start
+        history = FairnessHistory(client, queue)
+        access = TokenAccess()
+        blocking = redis.Redis.from_url(url)
+        events = Broadcaster(blocking, STREAM, queue.tenant_names)
+        data = ConsoleData(client, queue, history, generation=lambda: events.generation)
+        app = create_app(data, access, events)
+        pages = asyncio.run(time_routes(app, access.token, args.repeat))
+        events.start()
+        idle = [asyncio.run(idle_cost(client, events, n, args.idle))
+                for n in (0, args.clients)]
+        events.stop()
+        total = data.queue_page(Viewer("b", everything=True))["total"]
+        client.close()
+        blocking.close()
+    result = {"tenants": args.tenants, "queued": total, "audit_records": args.audit,
+              "fill_seconds": round(filled, 1), "pages": pages, "idle_sse": idle}
+    base = pages["/healthz"]["p50_ms"]
+    print(f"{args.tenants} tenants, {total} queued entries, {args.audit} audit records "
+          f"(filled in {filled:.0f} s)")
+    print(f"{'route':45} {'p50 ms':>8} {'max ms':>8} {'x /healthz':>11}")
+    for route, row in pages.items():
+        ratio = f"{row['p50_ms'] / base:.0f}x" if "max_ms" in row else ""
+        print(f"{route:45} {row['p50_ms']:8.2f} {row.get('max_ms', 0):8.2f} {ratio:>11}")
+    for row in idle:
+        print(f"idle SSE clients {row['clients']:5}: {row['redis_commands_per_s']} Redis "
+              f"commands/s, {row['cpu_s_per_s']} CPU s/s")
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

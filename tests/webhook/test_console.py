@@ -1,0 +1,547 @@
+"""``fairgate console`` against a real stack: Redis, ``fairgate serve`` over HTTPS, real
+AdmissionReviews; pages checked over HTTP and in headless Chromium."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from axe_selenium_python import Axe
+from console_helpers import ConsoleProcess, browser
+from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
+from webhook_helpers import gpu_pod, review, write_config
+
+from audit import STREAM, AuditLog
+from fairshare.localredis import local_redis
+from fairshare.model import PodRequest
+from fairshare.queue import FairQueue
+from fairshare.status import why_command
+from tenants.localdir import load_config_dir
+from webhook.console.access import TokenAccess, Viewer
+from webhook.console.data import ConsoleData
+from webhook.console.events import Broadcaster
+from webhook.console.history import FairnessHistory
+from webhook.process import ServeProcess
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _post(server: ServeProcess, namespace: str, name: str) -> dict[str, Any]:
+    """Send the pod's CREATE review; then, when it was allowed, confirm its ticket as the
+    dispatcher does when it sees the pod (so its reservation or queue entry does not
+    expire while the module runs)."""
+    ticket = str(uuid.uuid4())
+    with server.client() as client:
+        answer = client.post("/mutate", json=review(gpu_pod(namespace, name), uid=ticket))
+    answer.raise_for_status()
+    response: dict[str, Any] = answer.json()["response"]
+    if response["allowed"]:
+        client = redis.Redis.from_url(server.redis.url)
+        assert FairQueue(client).confirm(ticket, str(uuid.uuid4()), namespace, name) == \
+            "confirmed"
+        client.close()
+    return response
+
+
+@pytest.fixture(scope="module")
+def stack(shared_server: ServeProcess, redis_server_url: str,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConsoleProcess]:
+    """team-a runs 2 GPUs; team-b runs 1 and queues b-1, b-2 (nominal 1); a pod in the
+    unlabeled namespace is denied; the console samples fairness every second."""
+    client = redis.Redis.from_url(redis_server_url)
+    client.flushall()
+    client.close()
+    for name in ("a-0", "a-1"):
+        assert _post(shared_server, "team-a-dev", name)["allowed"]
+    for name in ("b-0", "b-1", "b-2"):
+        assert _post(shared_server, "team-b-dev", name)["allowed"]
+    assert not _post(shared_server, "sandbox", "s-0")["allowed"]
+    log = tmp_path_factory.mktemp("console") / "console.log"
+    with ConsoleProcess(redis_server_url, shared_server.config_dir, log,
+                        "--sample-every", "1") as console:
+        yield console
+
+
+def _get(console: ConsoleProcess, path: str, **params: str) -> httpx.Response:
+    with console.client() as client:
+        return client.get(path, params=params)
+
+
+# -- access ------------------------------------------------------------------------------
+
+
+def test_first_line_is_the_url_and_every_route_needs_its_token(
+        stack: ConsoleProcess) -> None:
+    assert re.fullmatch(r"console: http://127\.0\.0\.1:\d+/\?token=[\w-]{32}", stack.first_line)
+    for path in ("/", "/tenants", "/queue", "/fairness", "/audit", "/cost", "/api/tenants",
+                 "/api/queue", "/api/fairness", "/api/audit", "/api/cost", "/api/events",
+                 "/static/console.js"):
+        bare = httpx.get(stack.base + path, timeout=10)
+        assert bare.status_code == 401, path
+        assert "access token" in bare.text
+        wrong = httpx.get(stack.base + path, params={"token": "x" + stack.token}, timeout=10)
+        assert wrong.status_code == 401, path
+        assert "team-a" not in bare.text + wrong.text
+    with httpx.Client(base_url=stack.base, timeout=10) as browser:
+        first = browser.get(f"/tenants?token={stack.token}")
+        assert first.status_code == 303
+        assert first.headers["location"] == "/tenants"  # the token leaves the address bar
+        assert "httponly" in first.headers["set-cookie"].lower()
+        page = browser.get("/tenants")  # the cookie alone now
+        assert page.status_code == 200
+        assert 'data-tenant="team-a"' in page.text
+        assert browser.get("/").headers["location"] == "/tenants"
+    assert httpx.get(stack.base + "/healthz", timeout=10).text == "ok"
+
+
+# -- pages with real data ----------------------------------------------------------------
+
+
+def test_tenants_show_what_fairgate_status_shows_plus_ceiling_and_split(
+        stack: ConsoleProcess, redis_server_url: str) -> None:
+    status = subprocess.run(
+        [sys.executable, "-m", "webhook.cli", "status", "--json", "--redis-url",
+         redis_server_url], capture_output=True, text=True, check=True, cwd=ROOT)
+    expected = json.loads(status.stdout)["tenants"]
+    answer = _get(stack, "/api/tenants").json()
+    rows = {row["name"]: row for row in answer["tenants"]}
+    assert set(rows) == set(expected) == {"team-a", "team-b", "race"}
+    for name, row in rows.items():
+        for key, value in expected[name].items():
+            assert row[key] == value, (name, key)
+    assert rows["team-a"]["used"] == 2.0
+    assert rows["team-a"]["ceiling"] == 8.0
+    assert rows["team-b"]["usedNominal"] == 1.0
+    assert rows["team-b"]["queued"] == {"inference": 0, "training": 2}
+    html = _get(stack, "/tenants").text
+    assert '<tr data-tenant="team-b">' in html
+    assert 'class="bar"' in html
+    filtered = _get(stack, "/api/tenants", q="team-b").json()
+    assert [r["name"] for r in filtered["tenants"]] == ["team-b"]
+
+
+def test_queue_rows_say_what_fairgate_why_says(stack: ConsoleProcess,
+                                              redis_server_url: str) -> None:
+    answer = _get(stack, "/api/queue").json()
+    assert answer["total"] == 2
+    assert [r["pod"] for r in answer["rows"]] == ["team-b-dev/b-1", "team-b-dev/b-2"]
+    for row in answer["rows"]:
+        out = io.StringIO()
+        assert why_command(redis_server_url, row["pod"], json_out=True, out=out) == 0
+        why = json.loads(out.getvalue())
+        assert row["why"] == why["summary"]
+        assert row["position"] == why["position"]
+        assert row["class"] == "training"
+        assert row["demand"] == "gpu=1"
+        assert row["waitedSeconds"] >= 0
+    assert answer["rows"][0]["position"] == 1
+    assert _get(stack, "/api/queue", tenant="team-a").json()["total"] == 0
+    assert _get(stack, "/api/queue", namespace="team-b-dev").json()["total"] == 2
+    assert _get(stack, "/api/queue", namespace="sandbox").json()["rows"] == []
+    html = _get(stack, "/queue").text
+    assert 'data-pod="team-b-dev/b-2"' in html
+    assert "waiting for 1.00 GPU-eq of tenant quota" in html
+
+
+def test_queue_pages_through_every_waiting_pod(stack: ConsoleProcess,
+                                              redis_server_url: str) -> None:
+    client = redis.Redis.from_url(redis_server_url)
+    queue = FairQueue(client)
+    data = ConsoleData(client, queue, FairnessHistory(client, queue))
+    everyone = Viewer("test", everything=True)
+    first = data.queue_page(everyone, page=1, per_page=1)
+    second = data.queue_page(everyone, page=2, per_page=1)
+    beyond = data.queue_page(everyone, page=3, per_page=1)
+    tickets = [e for t, s, _n in queue.lanes(["team-b"])
+               for e in queue.lane_entries(t, s, 0, -1)] + [str(uuid.uuid4())]
+    now = time.time()
+    together = queue.ticket_statuses(tickets, now)
+    one_by_one = [queue.ticket_status(t, now) for t in tickets]
+    client.close()
+    assert together == one_by_one and len(together) == 3 and together[-1] is None
+    assert (first["pages"], first["total"]) == (2, 2)
+    assert [r["pod"] for r in first["rows"] + second["rows"]] == [
+        "team-b-dev/b-1", "team-b-dev/b-2"]
+    assert beyond["rows"] == []
+
+
+def test_audit_is_searchable_and_shows_the_chain_status(stack: ConsoleProcess) -> None:
+    found = _get(stack, "/api/audit", q="b-1").json()
+    assert found["records"]
+    assert all("b-1" in r["name"] for r in found["records"])
+    denied = _get(stack, "/api/audit", decision="deny").json()["records"]
+    assert [(r["namespace"], r["name"]) for r in denied] == [("sandbox", "s-0")]
+    assert found["chain"]["ok"] is True
+    assert found["chain"]["checked"] >= 6
+    html = _get(stack, "/audit", q="sandbox").text
+    assert 'data-chain="ok"' in html
+    assert "s-0" in html and "a-0" not in html
+
+
+def test_a_broken_chain_shows_as_broken(stack: ConsoleProcess, redis_server_url: str) -> None:
+    """A copy of the stream with one record edited (the real stream stays intact)."""
+    client = redis.Redis.from_url(redis_server_url)
+    copy = "fairgate:audit-tampered"
+    entries = client.xrange(STREAM)
+    for i, (entry_id, fields) in enumerate(entries):
+        if i == 2:
+            fields = {k: v.replace(b"team-b", b"team-x") for k, v in fields.items()}
+        client.xadd(copy, fields, id=entry_id)
+    client.hset(copy + ":head", mapping=client.hgetall(STREAM + ":head"))
+    queue = FairQueue(client)
+    data = ConsoleData(client, queue, FairnessHistory(client, queue),
+                       audit=AuditLog(client, stream=copy, out=io.StringIO()))
+    try:
+        status = data.verify(force=True)
+        admin = data.chain_status(Viewer("ta", tenants=frozenset({"team-b"})))
+        page = data.audit(Viewer("p", everything=True))
+    finally:
+        client.delete(copy, copy + ":head")
+        client.close()
+    assert status["ok"] is False
+    assert status["summary"].startswith("BROKEN at seq 3")
+    assert page["chain"]["ok"] is False
+    assert admin["ok"] is False and "platform admin" in admin["summary"]
+    assert "seq" not in admin["summary"]
+
+
+def test_fairness_history_is_drawn_as_svg(stack: ConsoleProcess) -> None:
+    deadline = time.monotonic() + 10
+    series: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        series = _get(stack, "/api/fairness", hours="1").json()["series"]
+        if len(series.get("team-a", [])) >= 2:
+            break
+        time.sleep(0.5)
+    assert len(series["team-a"]) >= 2
+    _t, used, entitled = series["team-a"][-1]
+    assert (used, entitled) == (2.0, 2.0)
+    html = _get(stack, "/fairness", hours="1").text
+    chart = re.search(r'<figure class="chart" data-tenant="team-a">.*?</figure>', html, re.S)
+    assert chart is not None
+    points = re.search(r'class="line used" points="([^"]+)"', chart.group(0))
+    assert points is not None and len(points.group(1).split()) >= 2
+    assert "Jain's index" in html
+
+
+def test_the_status_report_is_shared_until_the_next_decision_or_its_ttl(tmp_path: Path) -> None:
+    with local_redis() as url:
+        client = redis.Redis.from_url(url)
+        queue = FairQueue(client)
+        config = load_config_dir(write_config(tmp_path / "config"))
+        queue.sync_config(config, {"gpu": 8})
+        generation = [0]
+        data = ConsoleData(client, queue, FairnessHistory(client, queue),
+                           generation=lambda: generation[0], status_ttl=3600)
+        everyone = Viewer("p", everything=True)
+
+        def used() -> float:
+            rows = {r["name"]: r for r in data.tenants(everyone)["tenants"]}
+            return float(rows["team-a"]["used"])
+
+        assert used() == 0.0
+        queue.admit(PodRequest(str(uuid.uuid4()), "team-a", "team-a-dev", "p", "training",
+                               {"gpu": 1}), time.time())
+        assert used() == 0.0  # no decision seen yet: the shared report stands
+        generation[0] += 1
+        assert used() == 1.0
+        data.status_ttl = 0.0
+        queue.admit(PodRequest(str(uuid.uuid4()), "team-a", "team-a-dev", "q", "training",
+                               {"gpu": 1}), time.time())
+        assert used() == 2.0  # too old: read again
+        client.close()
+
+
+def test_a_complete_gang_waits_as_one_row_and_filters_by_its_namespace(
+        tmp_path: Path) -> None:
+    with local_redis() as url:
+        client = redis.Redis.from_url(url)
+        queue = FairQueue(client)
+        queue.sync_config(load_config_dir(write_config(tmp_path / "config")), {"gpu": 8})
+        for i in range(2):  # 2 x 1 GPU: team-b's nominal is 1 GPU, so the gang waits
+            ticket = str(uuid.uuid4())
+            queue.admit(PodRequest(ticket, "team-b", "team-b-dev", f"g-{i}", "training",
+                                   {"gpu": 1}, group="g", group_size=2), time.time())
+            queue.confirm(ticket, str(uuid.uuid4()), "team-b-dev", f"g-{i}")
+        data = ConsoleData(client, queue, FairnessHistory(client, queue))
+        everyone = Viewer("p", everything=True)
+        page = data.queue_page(everyone)
+        by_namespace = data.queue_page(everyone, namespace="team-b-dev")
+        elsewhere = data.queue_page(everyone, namespace="team-a-dev")
+        client.close()
+    assert page["total"] == 1
+    (row,) = page["rows"]
+    assert row["gang"] == "team-b-dev/g" and row["tenant"] == "team-b"
+    assert "gang team-b-dev/g" in row["why"]
+    assert by_namespace["rows"] == page["rows"]
+    assert elsewhere["total"] == 0
+
+
+def test_cost_is_a_placeholder_saying_what_is_coming(stack: ConsoleProcess) -> None:
+    answer = _get(stack, "/api/cost").json()
+    assert answer["available"] is False
+    assert "fairgate report" in answer["message"]
+    assert "data-placeholder" in _get(stack, "/cost").text
+
+
+def test_bad_parameters_say_what_to_use(stack: ConsoleProcess) -> None:
+    bad = _get(stack, "/api/queue", page="x")
+    assert bad.status_code == 400
+    assert bad.json() == {"error": "page='x' is not a whole number: use 1 to 1000000"}
+    hours = _get(stack, "/fairness", hours="1000")
+    assert hours.status_code == 400
+    assert "hours=1000 is out of range: use 0.1 to 168" in hours.text
+    missing = _get(stack, "/nope")
+    assert missing.status_code == 404 and "/tenants" in missing.text
+
+
+# -- live updates ----------------------------------------------------------------------
+
+
+def test_a_decision_arrives_on_the_event_stream_within_2s(
+        stack: ConsoleProcess, shared_server: ServeProcess) -> None:
+    got: dict[str, float] = {}
+    ready = threading.Event()
+
+    def listen() -> None:
+        with stack.client() as client, client.stream("GET", "/api/events",
+                                                      timeout=10) as events:
+            event = ""
+            for line in events.iter_lines():
+                if line == ": connected":
+                    ready.set()
+                if line.startswith("event: "):
+                    event = line[7:]
+                if (line.startswith("data: ") and event == "decision"
+                        and json.loads(line[6:])["pod"] == "race-dev/live-0"):
+                    got["at"] = time.monotonic()
+                    return
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    assert ready.wait(10)
+    posted = time.monotonic()
+    _post(shared_server, "race-dev", "live-0")
+    listener.join(5)
+    assert "at" in got, "no decision event for race-dev/live-0"
+    assert got["at"] - posted <= 2.0
+
+
+def test_redis_down_answers_503_saying_so(tmp_path: Path) -> None:
+    with local_redis() as url:
+        console = ConsoleProcess(url, None, tmp_path / "console.log")
+        console.start()
+    try:
+        answer = _get(console, "/api/tenants")
+        assert answer.status_code == 503
+        assert "cannot read Redis at" in answer.json()["error"]
+        assert "--redis-url" in answer.json()["error"]
+    finally:
+        console.stop()
+
+
+def test_demo_with_console_keeps_the_stack_up_and_prints_the_url(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    env["TMPDIR"] = str(tmp_path)
+    env["PYTHONPATH"] = str(ROOT)
+    demo = subprocess.Popen([sys.executable, "-m", "webhook.cli", "demo", "--console",
+                             "--pods", "40"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env)
+    assert demo.stdout is not None
+    seen = []
+    try:
+        for line in demo.stdout:
+            seen.append(line)
+            if line.startswith("console: "):
+                break
+        url = seen[-1].removeprefix("console: ").strip()
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/\?token=[\w-]+", url), "".join(seen)
+        assert any("audit chain:" in line for line in seen)
+        base, token = url.split("/?token=")
+        tenants = httpx.get(base + "/api/tenants", timeout=10,
+                            headers={"Authorization": f"Bearer {token}"}).json()["tenants"]
+        assert {"team-a", "team-b", "team-c"} <= {t["name"] for t in tenants}
+        audit = httpx.get(base + "/api/audit", timeout=30,
+                          headers={"Authorization": f"Bearer {token}"}).json()
+        assert audit["chain"]["ok"] and audit["records"]
+    finally:
+        demo.send_signal(signal.SIGINT)
+        code = demo.wait(30)
+    assert code == 130  # Ctrl-C
+    assert list(tmp_path.iterdir()) == []  # the demo still cleans up after itself
+
+
+# -- a tenant admin sees only its tenant ------------------------------------------------
+
+
+def test_a_tenant_viewer_sees_nothing_of_other_tenants_in_any_answer(
+        stack: ConsoleProcess, shared_server: ServeProcess, redis_server_url: str) -> None:
+    client = redis.Redis.from_url(redis_server_url)
+    queue = FairQueue(client)
+    config = load_config_dir(shared_server.config_dir)
+    data = ConsoleData(client, queue, FairnessHistory(client, queue), lambda: config)
+    viewer = Viewer("team-b-admin", tenants=frozenset({"team-b"}))
+    answers = [data.tenants(viewer), data.queue_page(viewer),
+               data.queue_page(viewer, tenant="team-a"),
+               data.queue_page(viewer, namespace="team-a-dev"), data.fairness(viewer),
+               data.fairness(viewer, tenant="team-a"), data.audit(viewer),
+               data.audit(viewer, q="team-a"), data.cost(viewer)]
+    client.close()
+    text = json.dumps(answers)
+    for other in ("team-a", "race", "sandbox", "capacityNotes", "jainIndex\": ["):
+        assert other not in text
+    assert '"name": "team-b"' in text
+    assert "b-1" in text
+
+
+def test_the_event_stream_sends_a_tenant_viewer_only_its_tenants_decisions() -> None:
+    with local_redis() as url:
+        _check_event_isolation(url)
+
+
+def _check_event_isolation(url: str) -> None:
+    client = redis.Redis.from_url(url)
+    queue = FairQueue(client)
+    client.sadd("fairgate:tenants", "team-a", "team-b")
+    events = Broadcaster(client, STREAM, queue.tenant_names, block=0.2)
+    log = AuditLog(client, out=io.StringIO())
+
+    async def watch() -> tuple[list[str], list[str]]:
+        admin = events.subscribe(Viewer("b", tenants=frozenset({"team-b"})))
+        platform = events.subscribe(Viewer("p", everything=True))
+        assert await anext(admin) == ": connected\n\n"
+        assert await anext(platform) == ": connected\n\n"
+        events.start()
+        await asyncio.sleep(0.5)  # the producer starts at the stream's end
+        await asyncio.to_thread(log.record, "queue", tenant="team-a", namespace="team-a-dev",
+                                name="x", reason="waiting behind team-b-dev/y")
+        await asyncio.to_thread(log.record, "queue", tenant="team-b", namespace="team-b-dev",
+                                name="y", reason="capacity held for team-a (first)")
+        seen_admin = [await asyncio.wait_for(anext(admin), 5)]
+        seen_platform = [await asyncio.wait_for(anext(platform), 5) for _ in range(2)]
+        await admin.aclose()
+        await platform.aclose()
+        return seen_admin, seen_platform
+
+    try:
+        seen_admin, seen_platform = asyncio.run(watch())
+    finally:
+        events.stop()
+        client.close()
+    assert "team-b-dev/y" in seen_admin[0]
+    assert "team-a" not in seen_admin[0]
+    assert "(another tenant)" in seen_admin[0]
+    assert "team-a-dev/x" in seen_platform[0] and "team-b-dev/y" in seen_platform[1]
+    assert events.clients == 0
+
+
+def test_token_access_compares_the_whole_token() -> None:
+    access = TokenAccess("secret-token")
+    assert access.authenticate("secret-token").everything
+    for wrong in (None, "", "secret", "secret-token2"):
+        with pytest.raises(Exception, match="token"):
+            access.authenticate(wrong)
+
+
+# -- a real browser ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def driver() -> Iterator[WebDriver]:
+    chrome = browser()
+    yield chrome
+    chrome.quit()
+
+
+def _open(driver: WebDriver, console: ConsoleProcess, page: str) -> None:
+    driver.get(f"{console.base}/{page}?token={console.token}")
+    WebDriverWait(driver, 10).until(
+        lambda d: d.find_element(By.ID, "live").text == "live updates: on")
+
+
+BROWSER_EXPECTS = {
+    "tenants": ('tr[data-tenant="team-a"] td[data-used]', "2.00 (2.00 + 0.00)"),
+    "queue": ('tr[data-pod="team-b-dev/b-1"] td[data-why]',
+              "queued: position 1 of 2 for team-b/training, waiting for 1.00 GPU-eq of "
+              "tenant quota"),
+    "fairness": ('figure[data-tenant="team-b"] figcaption', "team-b: now 1.00 used of 1.00 "
+                 "entitled"),
+    "audit": ("p[data-chain]", "Hash chain: verified"),
+    "cost": ("p[data-placeholder]", "Cost per tenant this month is coming"),
+}
+
+
+@pytest.mark.parametrize("page", list(BROWSER_EXPECTS))
+def test_every_page_renders_its_data_in_headless_chromium(
+        stack: ConsoleProcess, driver: WebDriver, page: str) -> None:
+    _open(driver, stack, page)
+    selector, text = BROWSER_EXPECTS[page]
+    assert driver.find_element(By.CSS_SELECTOR, selector).text.startswith(text)
+    assert driver.current_url == f"{stack.base}/{page}"  # the token left the address bar
+    current = driver.find_element(By.CSS_SELECTOR, 'nav a[aria-current="page"]')
+    assert current.text == page.capitalize()
+
+
+@pytest.mark.parametrize("page", list(BROWSER_EXPECTS))
+def test_axe_finds_no_serious_accessibility_violation(
+        stack: ConsoleProcess, driver: WebDriver, page: str) -> None:
+    _open(driver, stack, page)
+    axe = Axe(driver)
+    axe.inject()
+    results = axe.run()
+    serious = [(v["id"], v["help"], len(v["nodes"])) for v in results["violations"]
+               if v["impact"] in ("serious", "critical")]
+    assert serious == []
+
+
+def test_the_keyboard_reaches_the_skip_link_the_pages_and_the_filters(
+        stack: ConsoleProcess, driver: WebDriver) -> None:
+    _open(driver, stack, "queue")
+    body = driver.find_element(By.TAG_NAME, "body")
+    body.send_keys(Keys.TAB)
+    skip = driver.switch_to.active_element
+    assert skip.text == "Skip to content"
+    skip.send_keys(Keys.ENTER)
+    assert driver.switch_to.active_element.get_attribute("id") == "content"
+    reached = []
+    for _ in range(12):
+        ActionChains(driver).send_keys(Keys.TAB).perform()
+        element = driver.switch_to.active_element
+        reached.append(element.get_attribute("id") or element.text)
+    assert "qt" in reached and "qn" in reached  # the tenant and namespace filters
+    _open(driver, stack, "tenants")
+    ActionChains(driver).send_keys(Keys.TAB, Keys.TAB, Keys.TAB).perform()
+    assert driver.switch_to.active_element.text == "Queue"  # skip link, Tenants, Queue
+
+
+def test_a_browser_page_updates_itself_after_a_decision(
+        stack: ConsoleProcess, shared_server: ServeProcess, driver: WebDriver) -> None:
+    _open(driver, stack, "queue")
+    _post(shared_server, "team-b-dev", "live-b")
+    posted = time.monotonic()
+    WebDriverWait(driver, 5).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, 'tr[data-pod="team-b-dev/live-b"]'))
+    assert "latest decision: queue team-b-dev/live-b" in driver.find_element(
+        By.ID, "last-event").text
+    assert time.monotonic() - posted < 5

@@ -1,0 +1,335 @@
+"""What each console page shows, as JSON-ready data (the ``/api/`` answers).
+
+Contract:
+- Every method takes the :class:`~webhook.console.access.Viewer` and returns only data
+  of tenants it :meth:`~webhook.console.access.Viewer.sees`; nothing else about other
+  tenants (not their names, counts or records) is in the answer.
+- :meth:`ConsoleData.tenants`: the rows of ``fairgate status`` (``fairshare.status``,
+  the same computation, shared between requests by :meth:`ConsoleData.status`) plus
+  ``ceiling`` (from the config, null when unknown) and ``usedNominal`` (used -
+  borrowed), filtered by ``q`` (substring of the name) and paginated by name.
+- :meth:`ConsoleData.queue`: every waiting queue entry of the visible tenants, grouped by
+  tenant (by name), then by lane (shape), FIFO within a lane, paginated; each pod row says
+  what ``fairgate why`` says (:func:`fairshare.status.status_why`), with ``position`` /
+  ``queueLength`` among its tenant's pods of its class and ``waitedSeconds``. A complete
+  gang waiting as one entry is one row (``gang``). Gang members still waiting for their
+  gang to be complete are not listed (``fairgate why`` explains them). Filters:
+  ``tenant``, ``namespace`` (with a config that maps the namespace to its tenant, only
+  that tenant's lanes are read).
+- :meth:`ConsoleData.fairness`: per visible tenant (paginated) its used and entitlement
+  over the last ``hours`` from :class:`~webhook.console.history.FairnessHistory`, and
+  Jain's index over time (everything-viewers only: it is about all tenants).
+- :meth:`ConsoleData.audit`: the newest records (newest first) of visible tenants
+  matching ``q`` (substring of the record's JSON, ASCII letters case-insensitive: decision, tenant,
+  namespace, name, user, groups, reason, class, demand, request uid, time) and
+  ``decision``; at most ``limit``, scanning at most
+  ``scan`` stream entries; with the chain's verification status (:meth:`verify`, cached
+  for ``verify_ttl`` seconds; the detail of a broken chain only for everything-viewers).
+- :meth:`ConsoleData.cost`: a placeholder until ``fairgate report``'s engine ships.
+- Redis errors propagate (the app answers 503 saying which Redis failed).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from audit import AuditLog, VerifyResult
+from audit.log import parse_entry
+from fairshare.model import TicketStatus
+from fairshare.queue import FairQueue
+from fairshare.status import status_report, status_why
+from tenants.models import FairgateConfig
+from tenants.resources import SLICES_PER_GPU, format_counts
+from webhook.console.access import Viewer, redact
+from webhook.console.history import FairnessHistory
+
+TENANTS_PER_PAGE = 100
+QUEUE_PER_PAGE = 50
+CHARTS_PER_PAGE = 10
+AUDIT_LIMIT = 100
+AUDIT_SCAN = 20_000
+
+
+def pages(total: int, per_page: int) -> int:
+    """How many pages ``total`` items fill (at least 1)."""
+    return max(1, math.ceil(total / per_page))
+
+
+class ConsoleData:
+    """The console's queries over one Redis (thread-safe)."""
+
+    def __init__(self, client: redis.Redis, queue: FairQueue, history: FairnessHistory,
+                 config: Callable[[], FairgateConfig | None] = lambda: None,
+                 audit: AuditLog | None = None, verify_ttl: float = 30.0,
+                 generation: Callable[[], int] | None = None,
+                 status_ttl: float = 5.0) -> None:
+        self.client = client
+        self.queue = queue
+        self.history = history
+        self.config = config
+        self.audit_log = audit or AuditLog(client)
+        self.verify_ttl = verify_ttl
+        self._verify_lock = threading.Lock()
+        self._verified: tuple[float, dict[str, Any]] | None = None
+        self.generation = generation
+        self.status_ttl = status_ttl
+        self._status_lock = threading.Lock()
+        self._status: tuple[int, float, dict[str, Any]] | None = None
+
+    # -- tenants -------------------------------------------------------------------
+
+    def tenants(self, viewer: Viewer, q: str = "", page: int = 1,
+                per_page: int = TENANTS_PER_PAGE) -> dict[str, Any]:
+        """The Tenants page (see the module contract)."""
+        report = self.status()
+        config = self.config()
+        names = [n for n in sorted(viewer.visible(report["tenants"])) if q in n]
+        shown = names[(page - 1) * per_page: page * per_page]
+        rows = []
+        for name in shown:
+            row = dict(report["tenants"][name])
+            tenant = config.tenant(name) if config is not None else None
+            row["name"] = name
+            row["ceiling"] = (round(tenant.ceiling_slices / SLICES_PER_GPU, 2)
+                              if tenant is not None else None)
+            row["usedNominal"] = round(row["used"] - row["borrowed"], 2)
+            row["nominalDemand"] = format_counts(row["nominal"])
+            rows.append(row)
+        answer: dict[str, Any] = {
+            "capacity": report["capacity"],
+            "jainIndex": report["jainIndex"],
+            "held": [h for h in report["held"] if viewer.sees(h["tenant"])],
+            "tenants": rows,
+            "total": len(names),
+            "page": page,
+            "pages": pages(len(names), per_page),
+        }
+        if viewer.everything:
+            answer["capacityNotes"] = report["capacityNotes"]
+        return answer
+
+    def status(self) -> dict[str, Any]:
+        """The ``fairgate status`` report, shared by every request until the next audit
+        record (``generation`` changes: every queue change is audited) and at most
+        ``status_ttl`` seconds (capacity changes are not audited); without
+        ``generation``, computed per call."""
+        if self.generation is None:
+            return status_report(self.queue)
+        with self._status_lock:
+            generation, now = self.generation(), time.monotonic()
+            cached = self._status
+            if cached is not None and cached[0] == generation and \
+                    now - cached[1] < self.status_ttl:
+                return cached[2]
+            report = status_report(self.queue)
+            self._status = (generation, now, report)
+            return report
+
+    # -- queue ---------------------------------------------------------------------
+
+    def queue_page(self, viewer: Viewer, tenant: str | None = None,
+                   namespace: str | None = None, page: int = 1,
+                   per_page: int = QUEUE_PER_PAGE, now: float | None = None) -> dict[str, Any]:
+        """The Queue page (see the module contract)."""
+        at = time.time() if now is None else now
+        known = self.queue.tenant_names()
+        scope = viewer.visible(known)
+        if tenant:
+            scope = [t for t in scope if t == tenant]
+        config = self.config()
+        if namespace and config is not None and (owner := config.tenant_of_namespace(namespace)):
+            scope = [t for t in scope if t == owner]
+        lanes = self.queue.lanes(scope)
+        start = (page - 1) * per_page
+        if namespace:
+            entries = self._entries_in(lanes, namespace)
+            total = len(entries)
+            chosen = entries[start: start + per_page]
+        else:
+            total = sum(n for _t, _s, n in lanes)
+            chosen = self._slice(lanes, start, per_page)
+        tickets = [entry for _t, _s, entry in chosen if not entry.startswith("@")]
+        statuses = dict(zip(tickets, self.queue.ticket_statuses(tickets, at), strict=True))
+        rows = [self._row(t, shape, entry, statuses.get(entry), at)
+                for t, shape, entry in chosen]
+        for row in rows:
+            if row is not None:
+                row["why"] = redact(row["why"], viewer, known)
+                if row.get("waitingFor"):
+                    row["waitingFor"] = redact(row["waitingFor"], viewer, known)
+        return {"total": total, "page": page, "pages": pages(total, per_page),
+                "rows": [r for r in rows if r is not None]}
+
+    def _slice(self, lanes: list[tuple[str, str, int]], start: int,
+               count: int) -> list[tuple[str, str, str]]:
+        chosen: list[tuple[str, str, str]] = []
+        offset = 0
+        for tenant, shape, length in lanes:
+            if offset + length <= start:
+                offset += length
+                continue
+            first = max(0, start - offset)
+            last = min(length, first + count - len(chosen)) - 1
+            chosen += [(tenant, shape, e)
+                       for e in self.queue.lane_entries(tenant, shape, first, last)]
+            offset += length
+            if len(chosen) >= count:
+                break
+        return chosen
+
+    def _entries_in(self, lanes: list[tuple[str, str, int]],
+                    namespace: str) -> list[tuple[str, str, str]]:
+        everything = [(t, s, e) for t, s, _n in lanes
+                      for e in self.queue.lane_entries(t, s, 0, -1)]
+        tickets = [e for _t, _s, e in everything if not e.startswith("@")]
+        spaces = dict(zip(tickets, self.queue.ticket_namespaces(tickets), strict=True))
+        return [(t, s, e) for t, s, e in everything
+                if (e[1:].split("/", 1)[0] if e.startswith("@") else spaces[e]) == namespace]
+
+    def _row(self, tenant: str, shape: str, entry: str, status: TicketStatus | None,
+             now: float) -> dict[str, Any] | None:
+        if entry.startswith("@"):
+            gang = entry[1:]
+            return {"pod": gang, "gang": gang, "tenant": tenant, "shape": shape,
+                    "why": f"gang {gang}: complete, waiting to be released as one entry "
+                           f"({shape}) in fair-share order"}
+        if status is None:  # released or forgotten since the lanes were read
+            return None
+        report = status_why(status, f"{status.namespace}/{status.name}")
+        return {
+            "pod": report.pod, "tenant": status.tenant, "class": status.pod_class,
+            "band": status.band, "demand": report.demand, "position": report.position,
+            "queueLength": report.queue_length, "waitingFor": report.waiting_for,
+            "waitedSeconds": round(max(0.0, now - status.submitted_at), 1),
+            "why": report.summary, "verdict": report.verdict, "gang": status.group,
+        }
+
+    # -- fairness ------------------------------------------------------------------
+
+    def fairness(self, viewer: Viewer, hours: float = 6.0, tenant: str | None = None,
+                 page: int = 1, per_page: int = CHARTS_PER_PAGE,
+                 now: float | None = None) -> dict[str, Any]:
+        """The Fairness page (see the module contract)."""
+        at = time.time() if now is None else now
+        since = at - hours * 3600
+        names = viewer.visible(self.queue.tenant_names())
+        if tenant:
+            names = [n for n in names if n == tenant]
+        shown = names[(page - 1) * per_page: page * per_page]
+        answer: dict[str, Any] = {
+            "since": since, "until": at, "hours": hours,
+            "intervalSeconds": self.history.interval,
+            "series": self.history.series(shown, since),
+            "total": len(names), "page": page, "pages": pages(len(names), per_page),
+        }
+        if viewer.everything:
+            answer["jainIndex"] = self.history.jain(since)
+        return answer
+
+    # -- audit ---------------------------------------------------------------------
+
+    def audit(self, viewer: Viewer, q: str = "", decision: str | None = None,
+              limit: int = AUDIT_LIMIT, scan: int = AUDIT_SCAN) -> dict[str, Any]:
+        """The Audit page (see the module contract)."""
+        needle = q.lower().encode()
+        known = [] if viewer.everything else self.queue.tenant_names()
+        found: list[dict[str, Any]] = []
+        scanned = 0
+        cursor = "+"
+        while len(found) < limit and scanned < scan:
+            page: list[Any] = list(
+                self.client.xrevrange(self.audit_log.stream, max=cursor, count=1000) or [])
+            if not page:
+                break
+            for raw_id, values in page:
+                scanned += 1
+                if not _candidate(values.get(b"record"), viewer, needle, decision):
+                    continue
+                record = parse_entry(raw_id, values).record
+                if record is None or not viewer.sees(record.tenant):
+                    continue
+                if decision and record.decision != decision:
+                    continue
+                fields = record.fields()
+                fields["reason"] = redact(record.reason, viewer, known)
+                found.append(fields)
+                if len(found) >= limit:
+                    break
+            last = page[-1][0]
+            cursor = "(" + (last.decode() if isinstance(last, bytes) else str(last))
+            if len(page) < 1000:
+                break
+        return {"records": found, "scanned": scanned, "chain": self.chain_status(viewer)}
+
+    def chain_status(self, viewer: Viewer) -> dict[str, Any]:
+        """The last verification of the audit chain (run now when none is fresh)."""
+        status = self.verify()
+        if viewer.everything or status["ok"]:
+            return status
+        return {"ok": False, "checkedAt": status["checkedAt"],
+                "summary": "the audit chain does not verify: a platform admin can see where "
+                           "(fairgate audit verify)"}
+
+    def verify(self, force: bool = False) -> dict[str, Any]:
+        """Verify the chain at most once per ``verify_ttl`` seconds (``force``: now)."""
+        with self._verify_lock:
+            now = time.time()
+            if not force and self._verified is not None and \
+                    now - self._verified[0] < self.verify_ttl:
+                return self._verified[1]
+            result, _entries = self.audit_log.verify()
+            status = _chain_json(result, now)
+            self._verified = (now, status)
+            return status
+
+    # -- cost ----------------------------------------------------------------------
+
+    def cost(self, viewer: Viewer) -> dict[str, Any]:
+        """The Cost page: not available yet (see docs/console.md)."""
+        return {
+            "available": False,
+            "message": "Cost per tenant this month is coming: it will come from the engine "
+                       "of `fairgate report` (GPU-hours, borrowed GPU-hours and cost per "
+                       "tenant and class, from the verified audit log, priced by "
+                       "platform.yaml's `pricing`) once that engine ships.",
+        }
+
+
+def _candidate(raw: bytes | None, viewer: Viewer, needle: bytes,
+               decision: str | None) -> bool:
+    """Whether a stream entry's record body may match, read without validating it (the
+    few that may are then parsed and checked in full): ``needle`` in its JSON text, its
+    ``decision`` and, for a tenant viewer, its ``tenant``."""
+    if raw is None:
+        return True  # not a valid record: parse_entry says so
+    if needle and needle not in raw.lower():  # ASCII letters fold; UTF-8 stays as typed
+        return False
+    if decision is None and viewer.everything:
+        return True
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return True
+    if not isinstance(body, dict):
+        return True
+    if decision and body.get("decision") != decision:
+        return False
+    return viewer.everything or viewer.sees(str(body.get("tenant", "")))
+
+
+def _chain_json(result: VerifyResult, now: float) -> dict[str, Any]:
+    if result.ok:
+        summary = (f"verified: {result.checked} records (seq {result.first_seq} to "
+                   f"{result.last_seq})" if result.checked else "verified: no records yet")
+    else:
+        summary = f"BROKEN at seq {result.first_bad}: {result.problem}"
+    return {"ok": result.ok, "checked": result.checked, "firstSeq": result.first_seq,
+            "lastSeq": result.last_seq, "firstBad": result.first_bad,
+            "summary": summary, "checkedAt": now}

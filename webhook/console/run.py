@@ -1,0 +1,175 @@
+"""``fairgate console``: wire Redis, config, access and events into the app and serve it.
+
+Contract:
+- :func:`run_console` binds ``host:port`` first (port 0: any free port), then prints
+  ``console: <url>`` as the first line on stdout (local token mode: the URL carries
+  ``?token=<random token>``; Kubernetes mode: the plain URL) and serves until SIGINT or
+  SIGTERM. Returns 0; raises :class:`ConsoleError` (the message says what to fix) when
+  Redis cannot be reached, the address is taken or the cluster cannot be used.
+- Auth ``auto`` is ``kubernetes`` when running in a cluster (``KUBERNETES_SERVICE_HOST``
+  set), else ``token``. The control namespace (quota ConfigMaps, for the access checks)
+  is ``$POD_NAMESPACE``, default ``fairgate-system``. In Kubernetes mode without
+  ``--config-dir`` the tenant config (ceilings) is watched from the cluster; in token mode
+  without it, ceilings show as unknown.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Literal
+
+import redis
+import uvicorn
+from kubernetes.client import ApiClient
+
+from audit import STREAM
+from fairshare.connection import COMMAND_TIMEOUT, RedisTarget, connect_redis
+from fairshare.queue import FairQueue
+from tenants.models import CONTROL_NAMESPACE, FairgateConfig
+from tenants.source import ConfigNotReadyError, ConfigSource, start_local_source
+from webhook.console.access import Access, KubernetesAccess, TokenAccess
+from webhook.console.app import create_app
+from webhook.console.data import ConsoleData
+from webhook.console.events import Broadcaster
+from webhook.console.history import DEFAULT_INTERVAL, DEFAULT_KEEP, FairnessHistory
+
+AuthMode = Literal["auto", "token", "kubernetes"]
+
+
+class ConsoleError(RuntimeError):
+    """The console cannot start; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class ConsoleOptions:
+    """What ``fairgate console`` was asked to do."""
+
+    redis: RedisTarget
+    config_dir: Path | None = None
+    host: str = "127.0.0.1"
+    port: int = 8080
+    auth: AuthMode = "auto"
+    token: str | None = None
+    sample_interval: float = DEFAULT_INTERVAL
+    keep_hours: float = DEFAULT_KEEP / 3600
+
+
+def resolve_auth(mode: AuthMode) -> Literal["token", "kubernetes"]:
+    """``auto`` resolved: kubernetes inside a cluster, else token."""
+    if mode != "auto":
+        return mode
+    return "kubernetes" if os.environ.get("KUBERNETES_SERVICE_HOST") else "token"
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConsoleError(f"cannot listen on {host}:{port} ({exc}): pick another --port "
+                           "or stop what uses it") from exc
+    sock.listen(512)
+    return sock
+
+
+def _url(host: str, port: int, token: str | None) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    if host in ("0.0.0.0", "::"):
+        shown = "127.0.0.1"
+    return f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
+
+
+def _config_source(options: ConsoleOptions, auth: str) -> ConfigSource | None:
+    if options.config_dir is not None:
+        try:
+            return start_local_source(options.config_dir, 1.0)
+        except ConfigNotReadyError as exc:
+            raise ConsoleError(str(exc)) from exc
+    if auth != "kubernetes":
+        return None
+    from tenants.cluster import ClusterConfigSource
+
+    source = ClusterConfigSource(_cluster_api(), _control_namespace())
+    source.start()
+    return source
+
+
+def _control_namespace() -> str:
+    return os.environ.get("POD_NAMESPACE", CONTROL_NAMESPACE)
+
+
+def _cluster_api() -> ApiClient:
+    from kubernetes.config import ConfigException
+
+    from tenants.cluster import api_client_from_environment
+
+    try:
+        return api_client_from_environment()
+    except (ConfigException, OSError) as exc:
+        raise ConsoleError(f"cannot use the cluster ({type(exc).__name__}: {exc}): run in "
+                           "the cluster, set KUBECONFIG, or use --auth token") from exc
+
+
+def _current(source: ConfigSource | None) -> Callable[[], FairgateConfig | None]:
+    def config() -> FairgateConfig | None:
+        if source is None:
+            return None
+        try:
+            return source.config
+        except ConfigNotReadyError:
+            return None
+    return config
+
+
+def run_console(options: ConsoleOptions, out: IO[str] | None = None) -> int:
+    """Serve the console until interrupted (see the module contract)."""
+    stdout = out or sys.stdout
+    auth = resolve_auth(options.auth)
+    with ExitStack() as stack:
+        client = connect_redis(options.redis, COMMAND_TIMEOUT)
+        stack.callback(client.close)
+        try:
+            client.ping()
+        except (redis.RedisError, OSError) as exc:
+            raise ConsoleError(f"cannot reach Redis at {options.redis} "
+                               f"({options.redis.scrub(str(exc))}): check --redis-url") from exc
+        blocking = connect_redis(options.redis, None)  # XREAD BLOCK outlives any timeout
+        stack.callback(blocking.close)
+        queue = FairQueue(client)
+        source = _config_source(options, auth)
+        if source is not None:
+            stack.callback(source.close)
+        history = FairnessHistory(client, queue, interval=options.sample_interval,
+                                  keep=options.keep_hours * 3600)
+        events = Broadcaster(blocking, STREAM, queue.tenant_names, history)
+        data = ConsoleData(client, queue, history, _current(source),
+                           generation=lambda: events.generation)
+        access: Access
+        token: str | None = None
+        if auth == "kubernetes":
+            access = KubernetesAccess(_cluster_api(), queue.tenant_names, _control_namespace())
+        else:
+            local = TokenAccess(options.token)
+            access, token = local, local.token
+        app = create_app(data, access, events, redis_name=f"Redis at {options.redis}",
+                         auth_mode=auth)
+        sock = _listen(options.host, options.port)
+        stack.callback(sock.close)
+        port = sock.getsockname()[1]
+        stdout.write(f"console: {_url(options.host, port, token)}\n")
+        stdout.flush()
+        events.start()
+        stack.callback(events.stop)
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
+                                               timeout_graceful_shutdown=2))
+        server.run(sockets=[sock])
+    return 0
