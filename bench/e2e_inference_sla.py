@@ -265,8 +265,16 @@ def main() -> int:
                 if pods.running(ns_a) < CLUSTER_GPUS:
                     team_a.create_namespaced_pod(ns_a, pod_manifest(
                         f"refill-{next(refills)}", {"nvidia.com/gpu": 1}))
-                wait_for(lambda: pods.running(ns_a) == CLUSTER_GPUS, 120,
+                try:
+                    wait_for(lambda: pods.running(ns_a) == CLUSTER_GPUS, 60,
                          "a borrowed team-a pod to fill the cluster again")
+                except AssertionError:
+                    print("DEBUG", pods.running(ns_a), pods.running(ns_b))
+                    print(fairgate.run_cli("status", "--redis-url", fairgate.redis_url).stdout)
+                    for n in range(next(refills)):
+                        print(fairgate.run_cli("why", f"team-a-dev/refill-{n}", "--redis-url", fairgate.redis_url, check=False).stdout)
+                    print(fairgate.dispatcher.log_tail(30))
+                    raise
 
             results["preempt"] = measure(team_b, pods, ns_b, "pre", args.pods, refill)
         fairgate.check_alive()
