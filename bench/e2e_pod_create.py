@@ -124,6 +124,29 @@ class Webhooks:
             self.installed = side
 
 
+def start_cluster(
+    stack: contextlib.ExitStack, work: Path, kubelet_interval: float = 0.2
+) -> tuple[ControlPlane, FairgateStack]:
+    """The e2e control plane with the default fake GPU nodes and a running fake kubelet
+    (polling every `kubelet_interval` seconds), fairgate installed with `fairgate serve`
+    and `fairgate dispatch` running; all stopped when `stack` closes. `work` holds their
+    files."""
+    cp = ControlPlane(build_controlplane(), work / "controlplane")
+    cp.start()
+    stack.callback(cp.stop)
+    kubelet = FakeKubelet(cp, interval=kubelet_interval)
+    kubelet.register_nodes()
+    kubelet.start()
+    stack.callback(kubelet.stop)
+    (work / "fairgate").mkdir()
+    fairgate = FairgateStack(cp, work / "fairgate")
+    fairgate.install()
+    stack.callback(fairgate.stop)
+    fairgate.start_webhook()
+    fairgate.start_dispatcher()
+    return cp, fairgate
+
+
 def run_batch(
     core: Any, admin: Any, namespace: str, label: str, count: int, start: int
 ) -> list[float]:
@@ -145,20 +168,7 @@ def main() -> int:
     args = parser.parse_args()
 
     with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        cp = ControlPlane(build_controlplane(), work / "controlplane")
-        cp.start()
-        stack.callback(cp.stop)
-        kubelet = FakeKubelet(cp)
-        kubelet.register_nodes()
-        kubelet.start()
-        stack.callback(kubelet.stop)
-        (work / "fairgate").mkdir()
-        fairgate = FairgateStack(cp, work / "fairgate")
-        fairgate.install()
-        stack.callback(fairgate.stop)
-        fairgate.start_webhook()
-        fairgate.start_dispatcher()
+        cp, fairgate = start_cluster(stack, Path(tmp))
         port = free_port()
         trivial = Process(
             "trivial-webhook",

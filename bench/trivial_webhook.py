@@ -28,6 +28,7 @@ from fastapi.responses import Response
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from certs import server_ssl_context
+from webhook.server import KEEP_ALIVE_SECONDS
 
 NAME = "trivial"
 PORT = 8443  # the Service port its configurations name; fairgate's is 443
@@ -91,6 +92,7 @@ def main() -> None:
         create_app(), host="127.0.0.1", port=port,
         ssl_context_factory=lambda _config, _default: context,
         log_config=None, access_log=False, server_header=False, lifespan="off",
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,  # as `fairgate serve`: same connection reuse
     )
     uvicorn.Server(config).run()
 

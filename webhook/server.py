@@ -65,6 +65,12 @@ log = logging.getLogger("fairgate.webhook.server")
 
 WEBHOOK_CONFIGURATION = "fairgate"
 CONFIG_POLL_SECONDS = 1.0
+# How long an idle client connection stays open. The API server's webhook client (Go's
+# http.Transport) keeps idle connections for 90 s and does not retry a POST the server
+# closed under it: with uvicorn's default of 5 s, a request racing that close failed the
+# pod create with "failed calling webhook ...: EOF" (seen under load in the e2e bench).
+# Longer than the client's idle timeout, the client always closes first.
+KEEP_ALIVE_SECONDS = 120
 
 
 class ServeError(RuntimeError):
@@ -198,6 +204,7 @@ def _run_uvicorn(options: ServeOptions, sock: socket.socket | None) -> None:
             access_log=False,
             server_header=False,
             timeout_graceful_shutdown=int(options.graceful_seconds),
+            timeout_keep_alive=KEEP_ALIVE_SECONDS,
             lifespan="on",
         )
         server = uvicorn.Server(config)

@@ -4,9 +4,13 @@ GPU nodes and the fake kubelet do what Kubernetes does."""
 from __future__ import annotations
 
 import datetime
+import os
 import re
+import subprocess
+import sys
 import time
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -214,3 +218,35 @@ def test_client_certificate_users_and_groups_are_authorised_by_rbac(
         return True
 
     wait_for(can_list, 10, "the RoleBinding to let alice list pods")
+
+
+def test_pytest_says_what_a_cold_build_builds_and_how_long_before_it_starts(
+    tmp_path: Path,
+) -> None:
+    """`python -m pytest` on e2e tests with no cached binaries: before the build starts it
+    says what it builds and roughly how long that takes, then shows build.sh's progress
+    lines as they come. Here the build cannot download modules (empty module cache, no
+    proxy), so it stops right after that line with a clear usage error instead of
+    building for minutes."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "FAIRGATE_CP_CACHE": str(tmp_path / "cp"),
+        "GOMODCACHE": str(tmp_path / "mod"),
+        "GOCACHE": str(tmp_path / "gocache"),
+        "GOPROXY": "off",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+         str(Path(__file__))],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == pytest.ExitCode.USAGE_ERROR, output
+    announced = re.search(
+        r"\[controlplane \d\d:\d\d:\d\d\] cold build of kube-apiserver kube-scheduler "
+        r"kube-controller-manager etcd into \S+: about 5 min .* up to 20 min", output)
+    assert announced, output
+    failed = output.find("BUILD FAILED: cannot resolve k8s.io/kubernetes")
+    assert failed > announced.start(), output
+    assert "needs Go 1.26+ and the Go module proxy" in output[failed:], output

@@ -4,9 +4,11 @@ JSON Patch, runs the Priority plugin and RBAC; the real scheduler binds and pree
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Callable, Iterator
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import redis
@@ -28,6 +30,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+T = TypeVar("T")
 
 WHOLE_GPU_NODES = {n.name for n in DEFAULT_GPU_NODES if n.mig_strategy == "none"}
 CLUSTER_GPUS = sum(n.devices.get("nvidia.com/gpu", 0) for n in DEFAULT_GPU_NODES)
@@ -575,6 +578,61 @@ def _why(fairgate: FairgateStack, namespace: str, name: str) -> dict[str, Any]:
     return report
 
 
+def _wait_pods(
+    core: Any, namespace: str, selector: str, accept: Callable[[list[str], list[str]], T | None],
+    timeout: float, what: str,
+) -> T:
+    """Wait until `accept(running, gated)` (the names `_split` gives) is not None; return it."""
+    return wait_for(lambda: accept(*_split(core, namespace, selector)), timeout, what)
+
+
+def _deployment(name: str, replicas: int, resources: dict[str, int],
+                **spec: Any) -> dict[str, Any]:
+    """A Deployment `name` whose pods (label app=<name>) ask for `resources`; `spec` adds
+    fields (e.g. strategy)."""
+    labels = {"app": name}
+    return {"metadata": {"name": name},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
+                     "template": _template(resources, labels), **spec}}
+
+
+def _job(name: str, pods: int, resources: dict[str, int], backoff_limit: int,
+         labels: dict[str, str] | None = None,
+         annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    """A Job `name` running `pods` pods at once to as many completions, each asking for
+    `resources` and never restarted in place (a failed pod is replaced by a new one)."""
+    template = _template(resources, labels or {}, annotations)
+    template["spec"]["restartPolicy"] = "Never"
+    return {"metadata": {"name": name},
+            "spec": {"parallelism": pods, "completions": pods, "backoffLimit": backoff_limit,
+                     "template": template}}
+
+
+@contextlib.contextmanager
+def _workload(api: Any, kind: str, namespace: str, body: dict[str, Any]) -> Iterator[None]:
+    """Create the workload `kind` (`deployment`, `job`, `stateful_set`: `api`'s method
+    names) from `body`; on exit delete it in the foreground (the garbage collector deletes
+    its pods first) and wait until it is gone."""
+    name = body["metadata"]["name"]
+    getattr(api, f"create_namespaced_{kind}")(namespace, body)
+    try:
+        yield
+    finally:
+        getattr(api, f"delete_namespaced_{kind}")(name, namespace,
+                                                  propagation_policy="Foreground")
+        wait_for(partial(_gone, getattr(api, f"read_namespaced_{kind}"), name, namespace), 60,
+                 f"{namespace}/{name} and its pods to be deleted")
+
+
+def _gone(read: Callable[..., Any], *args: str) -> bool:
+    """True once `read(*args)` answers 404."""
+    try:
+        read(*args)
+    except ApiException as error:
+        return bool(error.status == 404)
+    return False
+
+
 def _running_once_created(core: Any, namespace: str, name: str) -> str | None:
     """`running_node`, None while the controller has not created the pod yet."""
     try:
@@ -583,21 +641,6 @@ def _running_once_created(core: Any, namespace: str, name: str) -> str | None:
         if error.status == 404:
             return None
         raise
-
-
-def _delete_and_wait(delete: Any, read: Any, name: str, namespace: str) -> None:
-    """Delete a workload in the foreground (the garbage collector deletes its pods first)
-    and wait until it is gone."""
-    delete(name, namespace, propagation_policy="Foreground")
-
-    def gone() -> bool:
-        try:
-            read(name, namespace)
-        except ApiException as error:
-            return error.status == 404
-        return False
-
-    wait_for(gone, 60, f"{namespace}/{name} and its pods to be deleted")
 
 
 def test_a_deployment_past_quota_queues_its_extra_replicas_and_scaling_down_frees_quota(
@@ -609,17 +652,10 @@ def test_a_deployment_past_quota_queues_its_extra_replicas_and_scaling_down_free
     ns = tenant_namespace("team-b")  # nominal 4 GPUs, no borrowing
     core = pods_api(controlplane, "team-b")
     apps: Any = client.AppsV1Api(controlplane.admin)
-    labels = {"app": "serve"}
-    apps.create_namespaced_deployment(ns, {
-        "metadata": {"name": "serve"},
-        "spec": {"replicas": 6, "selector": {"matchLabels": labels},
-                 "template": _template({"nvidia.com/gpu": 1}, labels)},
-    })
-    try:
+    with _workload(apps, "deployment", ns, _deployment("serve", 6, {"nvidia.com/gpu": 1})):
         # The ReplicaSet controller creates 6 pods named serve-<hash>-<suffix>: 4 run, 2 wait.
-        running, gated = wait_for(
-            lambda: (lambda r, g: (r, g) if len(r) == 4 and len(g) == 2 else None)(
-                *_split(core, ns, "app=serve")),
+        running, gated = _wait_pods(
+            core, ns, "app=serve", lambda r, g: (r, g) if len(r) == 4 and len(g) == 2 else None,
             60, "4 replicas running and 2 gated",
         )
         for name in gated:
@@ -638,17 +674,14 @@ def test_a_deployment_past_quota_queues_its_extra_replicas_and_scaling_down_free
         # Scale down to 3: the ReplicaSet deletes the waiting pods first, then one running
         # pod; its GPU is free again and nothing stays queued.
         apps.patch_namespaced_deployment_scale("serve", ns, {"spec": {"replicas": 3}})
-        wait_for(lambda: (lambda r, g: len(r) == 3 and not g and len(
-            _pods(core, ns, "app=serve")) == 3)(*_split(core, ns, "app=serve")),
-            60, "3 replicas running and none waiting")
+        _wait_pods(core, ns, "app=serve",
+                   lambda r, g: len(r) == 3 and not g and len(_pods(core, ns, "app=serve")) == 3,
+                   60, "3 replicas running and none waiting")
         wait_for(lambda: (lambda s: s.get("used") == 3.0 and not any(
             s.get("queued", {}).values()))(fairgate.tenant_state("team-b")),
             30, "fairgate to account 3 GPUs and no queue for team-b")
         for name in gated:
             assert _why(fairgate, ns, name)["verdict"] in ("ended", "unknown")
-    finally:
-        _delete_and_wait(apps.delete_namespaced_deployment, apps.read_namespaced_deployment,
-                         "serve", ns)
 
 
 def test_a_job_gang_is_released_whole_and_its_completions_free_usage(
@@ -662,19 +695,13 @@ def test_a_job_gang_is_released_whole_and_its_completions_free_usage(
     batch: Any = client.BatchV1Api(controlplane.admin)
     core.create_namespaced_pod(ns, pod_manifest("first", {"nvidia.com/gpu": 2}))
     wait_for(partial(running_node, core, ns, "first"), 30, "first to run")
-    labels = {"fairgate.io/pod-group": "sweep"}
-    template = _template({"nvidia.com/gpu": 1}, labels, {"fairgate.io/pod-group-size": "4"})
-    template["spec"]["restartPolicy"] = "Never"
-    batch.create_namespaced_job(ns, {
-        "metadata": {"name": "sweep"},
-        "spec": {"parallelism": 4, "completions": 4, "backoffLimit": 0,
-                 "template": template},
-    })
+    sweep = _job("sweep", 4, {"nvidia.com/gpu": 1}, 0, {"fairgate.io/pod-group": "sweep"},
+                 {"fairgate.io/pod-group-size": "4"})
     selector = "job-name=sweep"
-    try:
+    with _workload(batch, "job", ns, sweep):
         # 4 x 1 GPU next to first's 2: the gang does not fit whole, so all 4 wait.
-        gated = wait_for(lambda: (lambda r, g: g if len(g) == 4 and not r else None)(
-            *_split(core, ns, selector)), 60, "the Job's 4 pods to be created and gated")
+        gated = _wait_pods(core, ns, selector, lambda r, g: g if len(g) == 4 and not r else None,
+                           60, "the Job's 4 pods to be created and gated")
         wait_for(partial(event_message, core, ns, gated[-1], "Queued"), 30, "a Queued event")
         report = _why(fairgate, ns, gated[0])
         assert report["verdict"] == "queued", report
@@ -682,8 +709,8 @@ def test_a_job_gang_is_released_whole_and_its_completions_free_usage(
         assert report["summary"].endswith("waiting for 2.00 GPU-eq of tenant quota"), report
 
         kubelet.finish(ns, "first")
-        members = wait_for(lambda: (lambda r, g: r if len(r) == 4 else None)(
-            *_split(core, ns, selector)), 60, "the whole gang to run")
+        members = _wait_pods(core, ns, selector, lambda r, g: r if len(r) == 4 else None,
+                             60, "the whole gang to run")
         assert members == gated  # the same pods, released together
         assert fairgate.tenant_state("team-b")["used"] == 4.0
 
@@ -693,8 +720,6 @@ def test_a_job_gang_is_released_whole_and_its_completions_free_usage(
                           or 0) == 4, 60, "the Job to count 4 completions")
         fairgate.wait_idle()  # the completions freed the gang's usage
         assert _why(fairgate, ns, members[0])["verdict"] == "ended"
-    finally:
-        _delete_and_wait(batch.delete_namespaced_job, batch.read_namespaced_job, "sweep", ns)
 
 
 def test_a_statefulsets_inference_pods_each_get_inference_priority_and_mig_placement(
@@ -707,13 +732,12 @@ def test_a_statefulsets_inference_pods_each_get_inference_priority_and_mig_place
     core = pods_api(controlplane, "team-b")
     apps: Any = client.AppsV1Api(controlplane.admin)
     labels = {"app": "infer", "fairgate.io/class": "inference"}
-    apps.create_namespaced_stateful_set(ns, {
+    with _workload(apps, "stateful_set", ns, {
         "metadata": {"name": "infer"},
         "spec": {"replicas": 2, "serviceName": "infer",
                  "selector": {"matchLabels": {"app": "infer"}},
                  "template": _template({"nvidia.com/mig-3g.40gb": 1}, labels)},
-    })
-    try:
+    }):
         for name in ("infer-0", "infer-1"):  # created one after the other, once Running
             node = wait_for(partial(_running_once_created, core, ns, name), 60,
                             f"{name} to be created and run")
@@ -728,9 +752,6 @@ def test_a_statefulsets_inference_pods_each_get_inference_priority_and_mig_place
             report = _why(fairgate, ns, name)
             assert report["verdict"] == "running" and report["class"] == "inference", report
         assert fairgate.tenant_state("team-b")["queued"] == {"inference": 0, "training": 0}
-    finally:
-        _delete_and_wait(apps.delete_namespaced_stateful_set, apps.read_namespaced_stateful_set,
-                         "infer", ns)
 
 
 def test_deleting_a_namespace_with_running_and_waiting_pods_leaves_nothing_behind(
@@ -745,29 +766,16 @@ def test_deleting_a_namespace_with_running_and_waiting_pods_leaves_nothing_behin
     apps: Any = client.AppsV1Api(controlplane.admin)
     admin.create_namespaced_pod(ns, pod_manifest("run", {"nvidia.com/gpu": 4}))
     wait_for(partial(running_node, admin, ns, "run"), 30, "run to run")
-    labels = {"app": "extra"}
-    apps.create_namespaced_deployment(ns, {
-        "metadata": {"name": "extra"},
-        "spec": {"replicas": 2, "selector": {"matchLabels": labels},
-                 "template": _template({"nvidia.com/gpu": 1}, labels)},
-    })
-    waiting = wait_for(lambda: (lambda r, g: g if len(g) == 2 else None)(
-        *_split(admin, ns, "app=extra")), 60, "the Deployment's 2 pods to wait gated")
+    apps.create_namespaced_deployment(ns, _deployment("extra", 2, {"nvidia.com/gpu": 1}))
+    waiting = _wait_pods(admin, ns, "app=extra", lambda r, g: g if len(g) == 2 else None,
+                         60, "the Deployment's 2 pods to wait gated")
     wait_for(lambda: _why(fairgate, ns, waiting[0])["verdict"] == "queued", 30,
              "the dispatcher to see the waiting pods")
     state = fairgate.tenant_state("team-b")
     assert state["used"] == 4.0 and state["queued"]["training"] == 2
 
     admin.delete_namespace(ns)  # the namespace controller deletes the Deployment and pods
-
-    def gone() -> bool:
-        try:
-            admin.read_namespace(ns)
-        except ApiException as error:
-            return error.status == 404
-        return False
-
-    wait_for(gone, 90, f"namespace {ns} to be deleted")
+    wait_for(partial(_gone, admin.read_namespace, ns), 90, f"namespace {ns} to be deleted")
     fairgate.wait_idle()  # no usage and no queue entry for team-b
     for name in ("run", *waiting):
         report = _why(fairgate, ns, name)
@@ -783,23 +791,17 @@ def test_a_job_pod_that_fails_and_is_retried_is_accounted_once(
     ns = tenant_namespace("team-b")  # nominal 4 GPUs, no borrowing
     core = pods_api(controlplane, "team-b")
     batch: Any = client.BatchV1Api(controlplane.admin)
-    template = _template({"nvidia.com/gpu": 3}, {})
-    template["spec"]["restartPolicy"] = "Never"
-    batch.create_namespaced_job(ns, {
-        "metadata": {"name": "retry"},
-        "spec": {"parallelism": 1, "completions": 1, "backoffLimit": 2,
-                 "template": template},
-    })
     selector = "job-name=retry"
-    try:
-        first = wait_for(lambda: (lambda r, g: r[0] if r else None)(
-            *_split(core, ns, selector)), 60, "the Job's first pod to run")
+    with _workload(batch, "job", ns, _job("retry", 1, {"nvidia.com/gpu": 3}, 2)):
+        first = _wait_pods(core, ns, selector, lambda r, g: r[0] if r else None,
+                           60, "the Job's first pod to run")
         assert fairgate.tenant_state("team-b")["used"] == 3.0
         kubelet.finish(ns, first, "Failed")
         # The Job controller creates a replacement (after its backoff); the failed pod's 3
         # GPUs are freed, so the replacement fits the 4-GPU quota and runs: 3, never 6.
-        second = wait_for(lambda: (lambda r, g: next((n for n in r if n != first), None))(
-            *_split(core, ns, selector)), 90, "the Job to retry with a new pod that runs")
+        second = _wait_pods(core, ns, selector,
+                            lambda r, g: next((n for n in r if n != first), None),
+                            90, "the Job to retry with a new pod that runs")
         assert _why(fairgate, ns, first)["verdict"] == "ended"
         assert _why(fairgate, ns, second)["verdict"] == "running"
         state = fairgate.tenant_state("team-b")
@@ -808,8 +810,6 @@ def test_a_job_pod_that_fails_and_is_retried_is_accounted_once(
         wait_for(lambda: (batch.read_namespaced_job_status("retry", ns).status.succeeded
                           or 0) == 1, 60, "the Job to succeed")
         fairgate.wait_idle()
-    finally:
-        _delete_and_wait(batch.delete_namespaced_job, batch.read_namespaced_job, "retry", ns)
 
 
 def test_a_rolling_update_at_the_quota_edge_completes_and_never_runs_above_quota(
@@ -821,17 +821,11 @@ def test_a_rolling_update_at_the_quota_edge_completes_and_never_runs_above_quota
     ns = tenant_namespace("team-b")  # nominal 4 GPUs, no borrowing
     core = pods_api(controlplane, "team-b")
     apps: Any = client.AppsV1Api(controlplane.admin)
-    labels = {"app": "roll"}
-    apps.create_namespaced_deployment(ns, {
-        "metadata": {"name": "roll"},
-        "spec": {"replicas": 4, "selector": {"matchLabels": labels},
-                 "strategy": {"type": "RollingUpdate",
-                              "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 1}},
-                 "template": _template({"nvidia.com/gpu": 1}, labels)},
-    })
-    try:
-        old = wait_for(lambda: (lambda r, g: r if len(r) == 4 else None)(
-            *_split(core, ns, "app=roll")), 60, "4 replicas running")
+    roll = _deployment("roll", 4, {"nvidia.com/gpu": 1}, strategy={
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 1}})
+    with _workload(apps, "deployment", ns, roll):
+        old = _wait_pods(core, ns, "app=roll", lambda r, g: r if len(r) == 4 else None,
+                         60, "4 replicas running")
         # A new revision: the surge pod meets a full quota and waits; each old pod the
         # Deployment takes down frees the GPU the next new pod is released onto.
         apps.patch_namespaced_deployment("roll", ns, {"spec": {"template": {"metadata": {
@@ -850,9 +844,6 @@ def test_a_rolling_update_at_the_quota_edge_completes_and_never_runs_above_quota
         assert most <= 4, f"{most} replicas ran at once with a 4-GPU quota"
         state = fairgate.tenant_state("team-b")
         assert state["used"] == 4.0 and not any(state["queued"].values()), state
-    finally:
-        _delete_and_wait(apps.delete_namespaced_deployment, apps.read_namespaced_deployment,
-                         "roll", ns)
 
 
 # placement classes (issue 13) ----------------------------------------------------------

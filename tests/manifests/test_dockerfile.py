@@ -18,6 +18,7 @@ import sys
 import tomllib
 import venv
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -245,45 +246,70 @@ def venv_seeing_running_packages(env_dir: Path) -> Path:
     return python
 
 
-@pytest.mark.slow
-def test_installed_wheel_runs_the_console_script(wheel: Path, tmp_path: Path) -> None:
-    """What the final stage does: install the wheel alone (its dependencies are the
-    running interpreter's) and run `fairgate`."""
-    env_dir = tmp_path / "venv"
+def install_in_venv(wheel: Path, home: Path, env: dict[str, str]) -> tuple[Path, Path]:
+    """Install the wheel alone into a fresh virtualenv under ``home`` (its dependencies
+    are the running interpreter's); the interpreter and the directory the wheel landed in."""
+    env_dir = home / "venv"
     python = venv_seeing_running_packages(env_dir)
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "--python",
-            str(python),
-            "install",
-            "--no-deps",
-            "--no-index",
-            str(wheel),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
+    pip_install(python, wheel, env)
+    return python, env_dir
+
+
+def install_for_user(wheel: Path, home: Path, env: dict[str, str]) -> tuple[Path, Path]:
+    """``pip install --user`` the wheel alone for the base interpreter (the system Python
+    when the tests run in a virtualenv; pip refuses ``--user`` inside one), with
+    ``PYTHONUSERBASE`` (set in ``env``) under ``home``, so nothing of the machine changes.
+    The user site also lists the running interpreter's packages, for the dependencies.
+    PEP 668 marks a Debian system Python "externally managed": the user base here is a
+    throwaway directory, so the install says it may break it."""
+    env["PYTHONUSERBASE"] = str(home / "userbase")
+    env["PIP_BREAK_SYSTEM_PACKAGES"] = "1"
+    python = Path(getattr(sys, "_base_executable", sys.executable))
+    pip_install(python, wheel, env, "--user")
+    user_site = subprocess.run(
+        [str(python), "-c", "import site; print(site.getusersitepackages())"],
+        check=True, capture_output=True, text=True, env=env,
+    ).stdout.strip()
+    (Path(user_site) / "running-interpreter.pth").write_text(
+        "\n".join(running_site_dirs()) + "\n"
     )
-    clean_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return python, home / "userbase"
+
+
+def pip_install(python: Path, wheel: Path, env: dict[str, str], *options: str) -> None:
+    """Install only the wheel, offline, for interpreter ``python``."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", *options,
+         "--no-deps", "--no-index", str(wheel)],
+        check=True, capture_output=True, timeout=300, env=env,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("install", [install_in_venv, install_for_user], ids=["venv", "user"])
+def test_installed_wheel_runs_the_console_script(
+    wheel: Path, tmp_path: Path, install: Callable[[Path, Path, dict[str, str]], tuple[Path, Path]]
+) -> None:
+    """What the final stage does (in a virtualenv), and what a user without one does
+    (``pip install --user``): install the wheel alone and run `fairgate`."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    python, prefix = install(wheel, tmp_path, env)
     where = subprocess.run(
         [str(python), "-c", "import webhook; print(webhook.__file__)"],
         cwd=tmp_path,
         check=True,
         capture_output=True,
         text=True,
-        env=clean_env,
+        env=env,
     ).stdout
-    assert where.startswith(str(env_dir)), where
+    assert where.startswith(str(prefix)), where
     help_text = subprocess.run(
-        [str(env_dir / "bin" / "fairgate"), "--help"],
+        [str(prefix / "bin" / "fairgate"), "--help"],
         cwd=tmp_path,
         check=True,
         capture_output=True,
         text=True,
-        env=clean_env,
+        env=env,
         timeout=120,
     ).stdout
     for command in ("serve", "dispatch"):

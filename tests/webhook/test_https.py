@@ -7,6 +7,7 @@ test generated; Redis is a real ``redis-server``.
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import ssl
 import subprocess
@@ -641,3 +642,29 @@ def test_a_pod_copying_another_pods_ticket_is_refused(server: ServeProcess) -> N
     assert response["allowed"] is False
     assert "copied" in response["status"]["message"]
     assert response["auditAnnotations"]["reason"] == "copied-ticket"
+
+
+@pytest.mark.slow
+def test_an_idle_connection_stays_open_for_the_api_servers_next_request(
+    server: ServeProcess,
+) -> None:
+    """The API server reuses an idle webhook connection for up to 90 s and does not retry
+    a POST the server closed under it (the pod create then fails: "failed calling webhook
+    ...: EOF"). So the server must not close idle connections first: one idle for longer
+    than uvicorn's default keep-alive (5 s) still answers the next request."""
+    connection = http.client.HTTPSConnection(
+        "127.0.0.1", server.port, context=client_context(server.ca_file), timeout=10
+    )
+    try:
+        connection.request("GET", "/healthz")
+        first = connection.getresponse()
+        first.read()
+        assert first.status == 200
+        connection.auto_open = 0  # never reconnect: the next request needs the same socket
+        time.sleep(7)
+        connection.request("GET", "/healthz")
+        second = connection.getresponse()
+        second.read()
+        assert second.status == 200
+    finally:
+        connection.close()
