@@ -182,3 +182,22 @@ def test_records_slightly_out_of_time_order_are_billed_by_their_times() -> None:
     (row,) = result.rows
     assert row.cost == pytest.approx(0 + 1 * 1.0 + 1 * 3.0)
     assert result.capacity_gpu_hours == pytest.approx(4 * 1 + 2 * 2)
+
+
+def test_placement_classes_bill_as_their_resource() -> None:
+    """The dispatcher's records name demand and capacity by placement class (``gpu@pool``,
+    ``mig-1g.5gb#single``): each bills as its resource, and a pool's capacity is capacity."""
+    records = [rec("capacity", 0, diff=capacity_detail(
+                   None, {"gpu": 2, "gpu@a100": 4, "mig-1g.5gb#single": 56})),
+               *run("p", "team-p", "training", "gpu@a100=2", 0, 2, product=A100),
+               *run("s", "team-s", "inference", "mig-1g.5gb#single=7", 0, 1),
+               *run("w", "team-w", "training", "gpu=1", 0, 1)]
+    result = bill(records, *window(2), PRICING)
+    rows = {r.tenant: r for r in result.rows}
+    assert rows["team-p"].gpu_hours == pytest.approx(4.0)
+    assert rows["team-p"].cost == pytest.approx(4 * 3.5)
+    assert {u.resource for u in rows["team-s"].usage.values()} == {"mig-1g.5gb"}
+    assert rows["team-s"].gpu_hours == pytest.approx(1.0)
+    assert rows["team-w"].gpu_hours == pytest.approx(1.0)
+    assert result.capacity_gpu_hours == pytest.approx((2 + 4 + 8) * 2)
+    assert result.idle_gpu_hours == pytest.approx(28 - 6)
