@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,8 @@ from selenium.webdriver.support.ui import WebDriverWait
 from webhook_helpers import gpu_pod, review, write_config
 
 from audit import STREAM, AuditLog
+from audit.chain import format_time
+from audit.usage import start_detail
 from fairshare.localredis import local_redis
 from fairshare.model import PodRequest
 from fairshare.queue import FairQueue
@@ -298,11 +301,50 @@ def test_a_complete_gang_waits_as_one_row_and_filters_by_its_namespace(
     assert elsewhere["total"] == 0
 
 
-def test_cost_is_a_placeholder_saying_what_is_coming(stack: ConsoleProcess) -> None:
-    answer = _get(stack, "/api/cost").json()
-    assert answer["available"] is False
-    assert "fairgate report" in answer["message"]
-    assert "data-placeholder" in _get(stack, "/cost").text
+def test_cost_bills_this_month_from_the_verified_audit_log() -> None:
+    """Pods the dispatcher saw start are billed from their start (team-a: 2 GPUs for
+    1 h, team-b: 1 GPU still running, 30 min); a tenant viewer gets its rows only, a
+    platform viewer the totals too; the page shows the rows."""
+    now = datetime(2026, 3, 10, 12, tzinfo=UTC)
+    with local_redis() as url:
+        client = redis.Redis.from_url(url)
+        log = AuditLog(client, out=io.StringIO())
+        for ticket, tenant, demand, start, end in (("a1", "team-a", "gpu=2", 2.0, 1.0),
+                                                   ("b1", "team-b", "gpu=1", 0.5, None)):
+            common = {"uid": ticket, "tenant": tenant, "pod_class": "training",
+                      "demand": demand}
+            log.record("start", time=format_time(now - timedelta(hours=start)),
+                       diff=start_detail("training", "n1", None), **common)
+            if end is not None:
+                log.record("release", time=format_time(now - timedelta(hours=end)),
+                           reason="pod Succeeded", **common)
+        queue = FairQueue(client)
+        data = ConsoleData(client, queue, FairnessHistory(client, queue))
+        everyone = data.cost(Viewer("p", everything=True), now=now)
+        team_b = data.cost(Viewer("b", tenants=frozenset({"team-b"})), now=now)
+        client.close()
+    assert everyone["available"] is True, everyone
+    hours = {r["tenant"]: r["gpu_hours"] for r in everyone["rows"]}
+    assert hours == pytest.approx({"team-a": 2.0, "team-b": 0.5})
+    assert everyone["totals"]["gpu_hours"] == pytest.approx(2.5)
+    assert [r["tenant"] for r in team_b["rows"]] == ["team-b"]
+    assert "totals" not in team_b and "team-a" not in json.dumps(team_b)
+
+
+def test_cost_is_refused_when_the_audit_chain_does_not_verify() -> None:
+    with local_redis() as url:
+        client = redis.Redis.from_url(url)
+        log = AuditLog(client, out=io.StringIO())
+        for i in range(3):
+            log.record("admit", uid=f"t{i}", tenant="team-a", demand="gpu=1",
+                       reason="reserved as training")
+        first = client.xrange(log.stream, count=2)[1][0]
+        client.xdel(log.stream, first)
+        queue = FairQueue(client)
+        data = ConsoleData(client, queue, FairnessHistory(client, queue))
+        answer = data.cost(Viewer("p", everything=True))
+        client.close()
+    assert answer["available"] is False and "does not verify" in answer["message"]
 
 
 def test_bad_parameters_say_what_to_use(stack: ConsoleProcess) -> None:
@@ -488,7 +530,7 @@ BROWSER_EXPECTS = {
     "fairness": ('figure[data-tenant="team-b"] figcaption', "team-b: now 1.00 used of 1.00 "
                  "entitled"),
     "audit": ("p[data-chain]", "Hash chain: verified"),
-    "cost": ("p[data-placeholder]", "Cost per tenant this month is coming"),
+    "cost": ("p[data-window]", "This month so far"),
 }
 
 

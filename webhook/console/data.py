@@ -25,7 +25,8 @@ Contract:
   ``decision``; at most ``limit``, scanning at most
   ``scan`` stream entries; with the chain's verification status (:meth:`verify`, cached
   for ``verify_ttl`` seconds; the detail of a broken chain only for everything-viewers).
-- :meth:`ConsoleData.cost`: a placeholder until ``fairgate report``'s engine ships.
+- :meth:`ConsoleData.cost`: this month's bill from ``fairgate report``'s engine
+  (:func:`cost.billing.bill` over the verified audit log), the viewer's tenants only.
 - Redis errors propagate (the app answers 503 saying which Redis failed).
 """
 
@@ -36,12 +37,15 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import redis
 
 from audit import AuditLog, VerifyResult
 from audit.log import parse_entry
+from cost.billing import Bill, bill
+from cost.report import month_start
 from fairshare.model import TicketStatus
 from fairshare.queue import FairQueue
 from fairshare.status import status_report, status_why
@@ -78,6 +82,8 @@ class ConsoleData:
         self.verify_ttl = verify_ttl
         self._verify_lock = threading.Lock()
         self._verified: tuple[float, dict[str, Any]] | None = None
+        self._cost_lock = threading.Lock()
+        self._billed: tuple[float, Bill | str] | None = None
         self.generation = generation
         self.status_ttl = status_ttl
         self._status_lock = threading.Lock()
@@ -291,15 +297,42 @@ class ConsoleData:
 
     # -- cost ----------------------------------------------------------------------
 
-    def cost(self, viewer: Viewer) -> dict[str, Any]:
-        """The Cost page: not available yet (see docs/console.md)."""
-        return {
-            "available": False,
-            "message": "Cost per tenant this month is coming: it will come from the engine "
-                       "of `fairgate report` (GPU-hours, borrowed GPU-hours and cost per "
-                       "tenant and class, from the verified audit log, priced by "
-                       "platform.yaml's `pricing`) once that engine ships.",
+    def cost(self, viewer: Viewer, now: datetime | None = None) -> dict[str, Any]:
+        """The Cost page: this calendar month (UTC) so far, billed by ``fairgate report``'s
+        engine from the verified audit log at the config's prices (computed at most once
+        per ``verify_ttl`` seconds). A tenant viewer gets its tenants' rows only; totals
+        and the cluster's idle hours go to everything-viewers. A chain that does not
+        verify is not billed (``available`` false, saying why)."""
+        with self._cost_lock:
+            moment = now or datetime.now(UTC)
+            if now is not None or self._billed is None or \
+                    time.time() - self._billed[0] >= self.verify_ttl:
+                self._billed = (time.time(), self._bill(moment))
+            billed = self._billed[1]
+        if isinstance(billed, str):
+            return {"available": False, "message": billed}
+        answer: dict[str, Any] = {
+            "available": True, "since": billed.to_json()["since"],
+            "until": billed.to_json()["until"], "currency": billed.currency,
+            "rows": [row.to_json() for row in billed.rows if viewer.sees(row.tenant)],
         }
+        if viewer.everything:
+            answer.update(totals=billed.totals().to_json(),
+                          idle_gpu_hours=billed.idle_gpu_hours, idle_cost=billed.idle_cost)
+        return answer
+
+    def _bill(self, now: datetime) -> Bill | str:
+        """This month's bill, or why there is none."""
+        result, entries = self.audit_log.verify()
+        if not result.ok:
+            return (f"no bill: the audit log does not verify ({result.problem}); "
+                    "`fairgate audit verify` shows where")
+        config = self.config()
+        pricing = config.platform.pricing if config is not None else None
+        start = month_start(now)
+        if now <= start:
+            return "no bill yet: this month has just begun"
+        return bill((e.record for e in entries if e.record is not None), start, now, pricing)
 
 
 def _candidate(raw: bytes | None, viewer: Viewer, needle: bytes,
