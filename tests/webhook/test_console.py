@@ -80,6 +80,13 @@ def stack(shared_server: ServeProcess, redis_server_url: str,
     for name in ("b-0", "b-1", "b-2"):
         assert _post(shared_server, "team-b-dev", name)["allowed"]
     assert not _post(shared_server, "sandbox", "s-0")["allowed"]
+    # the webhook appends audit records after it answers: wait for all six decisions
+    client = redis.Redis.from_url(redis_server_url)
+    deadline = time.monotonic() + 10
+    while client.xlen(STREAM) < 6:
+        assert time.monotonic() < deadline, "the webhook's 6 audit records never arrived"
+        time.sleep(0.05)
+    client.close()
     log = tmp_path_factory.mktemp("console") / "console.log"
     with ConsoleProcess(redis_server_url, shared_server.config_dir, log,
                         "--sample-every", "1") as console:
