@@ -6,21 +6,29 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
 
 import pytest
 import redis
-from harness.controlplane import ControlPlane
 from harness.fairgate import FairgateStack, pods_api, tenant_namespace
-from harness.kubelet import DEFAULT_GPU_NODES, FakeKubelet
+from harness.kubelet import DEFAULT_GPU_NODES
 from harness.pods import pod_manifest, running_node
+from harness.private import PrivateCluster, private_cluster
 from harness.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 CLUSTER_GPUS = sum(n.devices.get("nvidia.com/gpu", 0) for n in DEFAULT_GPU_NODES)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateCluster]:
+    """A cluster of its own (the session-wide `fairgate` fixture serves one module)."""
+    with private_cluster(tmp_path_factory.mktemp("cost"), DEFAULT_GPU_NODES) as cluster:
+        yield cluster
 
 
 def _records(url: str, decision: str, name: str) -> list[dict[str, Any]]:
@@ -46,9 +54,9 @@ def _report(fairgate: FairgateStack, since: float) -> dict[str, Any]:
 
 
 def test_a_pod_running_a_measured_interval_is_billed_within_a_second(
-    controlplane: ControlPlane, kubelet: FakeKubelet, fairgate: FairgateStack,
-    tenant_pods: None,
+    env: PrivateCluster,
 ) -> None:
+    controlplane, kubelet, fairgate = env.cp, env.kubelet, env.fairgate
     ns, api = tenant_namespace("team-a"), pods_api(controlplane, "team-a")
     began = time.time()
     api.create_namespaced_pod(ns, pod_manifest("billed", {"nvidia.com/gpu": 2}))
@@ -73,9 +81,9 @@ def test_a_pod_running_a_measured_interval_is_billed_within_a_second(
 
 
 def test_a_borrower_the_scheduler_preempts_is_recorded_and_billed_as_preempted(
-    controlplane: ControlPlane, kubelet: FakeKubelet, fairgate: FairgateStack,
-    tenant_pods: None,
+    env: PrivateCluster,
 ) -> None:
+    controlplane, fairgate = env.cp, env.fairgate
     ns_a, ns_b = tenant_namespace("team-a"), tenant_namespace("team-b")
     team_a, team_b = pods_api(controlplane, "team-a"), pods_api(controlplane, "team-b")
     began = time.time()
