@@ -164,16 +164,27 @@ def _config_source(options: ServeOptions) -> ConfigSource:
     return source
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def listen(host: str, port: int, backlog: int) -> socket.socket:
+    """A TCP socket listening on ``host:port`` (IPv6 when ``host`` has a colon; port 0: a
+    free one); raises OSError, with nothing left open, when it cannot bind."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
-    except OSError as exc:
+    except OSError:
         sock.close()
+        raise
+    sock.listen(backlog)
+    return sock
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The webhook's socket, shared by its worker processes."""
+    try:
+        sock = listen(host, port, 2048)
+    except OSError as exc:
         raise ServeError(f"cannot listen on {host}:{port}: {exc}") from exc
-    sock.listen(2048)
     sock.set_inheritable(True)
     return sock
 

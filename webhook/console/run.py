@@ -38,6 +38,7 @@ from webhook.console.app import create_app
 from webhook.console.data import ConsoleData
 from webhook.console.events import Broadcaster
 from webhook.console.history import DEFAULT_INTERVAL, DEFAULT_KEEP, FairnessHistory
+from webhook.server import listen
 
 AuthMode = Literal["auto", "token", "kubernetes"]
 
@@ -68,17 +69,11 @@ def resolve_auth(mode: AuthMode) -> Literal["token", "kubernetes"]:
 
 
 def _listen(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((host, port))
+        return listen(host, port, 512)
     except OSError as exc:
-        sock.close()
         raise ConsoleError(f"cannot listen on {host}:{port} ({exc}): pick another --port "
                            "or stop what uses it") from exc
-    sock.listen(512)
-    return sock
 
 
 def _url(host: str, port: int, token: str | None) -> str:
