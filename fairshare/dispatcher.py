@@ -73,9 +73,16 @@ from typing import Any
 
 import redis
 
-from audit import CAPACITY, DISPATCH, PREEMPT, PRICING, RELEASE, START, AuditLog
+from audit import BUDGET, CAPACITY, DISPATCH, PREEMPT, PRICING, RELEASE, START, AuditLog
 from audit.chain import format_time
-from audit.usage import capacity_detail, preempt_detail, pricing_detail, start_detail
+from audit.usage import (
+    budget_detail,
+    capacity_detail,
+    preempt_detail,
+    pricing_detail,
+    start_detail,
+)
+from fairshare.budget import BudgetStatus, SpendSource, budget_line
 from fairshare.calls import UnknownTenantError
 from fairshare.cluster import (
     DEFAULT_UNSCHEDULABLE_GRACE,
@@ -115,6 +122,7 @@ class DispatcherSettings:
     unseen_grace: float = 30.0  # a released ticket whose pod never shows up: reconcile
     lift_workers: int = 8  # gates lifted in parallel (1: in order, in the caller's thread)
     unschedulable_grace: float = DEFAULT_UNSCHEDULABLE_GRACE  # released, Unschedulable: caught
+    budget_every: float = 60.0  # month-to-date spend computed again (with a spend source)
 
 
 @dataclass
@@ -169,8 +177,10 @@ class Dispatcher:
         metrics: DispatcherMetrics | None = None,
         audit: AuditLog | None = None,
         settings: DispatcherSettings | None = None,
+        spend: SpendSource | None = None,
     ) -> None:
-        """Dispatch ``queue`` into ``cluster`` with the config ``config()`` returns."""
+        """Dispatch ``queue`` into ``cluster`` with the config ``config()`` returns;
+        with ``spend``, enforce the tenants' budgets (see the module contract)."""
         self.queue = queue
         self.cluster = cluster
         self.config = config
@@ -178,6 +188,9 @@ class Dispatcher:
         self.metrics = metrics or DispatcherMetrics()
         self.audit = audit
         self.settings = settings or DispatcherSettings()
+        self.spend = spend
+        self._last_budget = float("-inf")
+        self._budgeted: FairgateConfig | None = None  # the config of the last budget pass
         self.pods: dict[str, GpuPod] = {}  # ticket -> the pod as last seen
         self._synced: tuple[FairgateConfig, dict[str, int]] | None = None
         self._capacity: dict[str, int] | None = None
@@ -601,6 +614,10 @@ class Dispatcher:
 
     def _chores(self, now: float) -> None:
         self._catch_unschedulable(now)
+        if self.spend is not None and self._synced is not None and (
+                now - self._last_budget >= self.settings.budget_every
+                or self._synced[0] is not self._budgeted):
+            self._budget_pass(now, self._synced[0], self.spend)
         if any(now - since > self.settings.unseen_grace for _, since in self._unseen.values()):
             log.warning("released tickets whose pods never appeared: reconciling",
                         extra={"fields": {"tickets": sorted(self._unseen)}})
@@ -623,6 +640,38 @@ class Dispatcher:
                     self._meter(pod, now)
             self._check_drift(snapshot.tenants)
             self._queued_events(now)
+
+    def _budget_pass(self, now: float, config: FairgateConfig, spend: SpendSource) -> None:
+        """Compute month-to-date spend, store and audit the budget states, and sync the
+        queue again when a tenant's borrowing is switched off or on."""
+        self._last_budget, self._budgeted = now, config
+        until = datetime.fromtimestamp(now, UTC)
+        since = until.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        spent, currency = spend.spent(since, until, config.platform.pricing)
+        month = until.strftime("%Y-%m")
+        statuses = {t.name: BudgetStatus(t.name, t.monthly_budget, spent.get(t.name, 0.0),
+                                         currency, month, now)
+                    for t in config.tenants() if t.monthly_budget is not None}
+        changes = self.queue.write_budgets(statuses.values())
+        self.metrics.observe_budgets(statuses.values())
+        for tenant, before, after in changes:
+            if before == "" and after == "ok":
+                continue  # a new budget, not yet near its end: no transition
+            status = statuses.get(tenant)
+            what = f"budget {after}: {budget_line(status)}" if status is not None else \
+                f"budget removed from {tenant} (was {before})"
+            log.info("budget state changed", extra={"fields": {
+                "tenant": tenant, "before": before, "after": after,
+                "spent": status.spent if status is not None else None}})
+            if self.audit is not None:
+                self.audit.record(
+                    BUDGET, time=self._now_text(), user="fairgate-dispatcher",
+                    operation="BUDGET", tenant=tenant, reason=what, diff=budget_detail(
+                        before, after, status.spent if status is not None else 0.0,
+                        status.monthly if status is not None else None,
+                        status.currency if status is not None else currency, month))
+        if any("exhausted" in (before, after) for _, before, after in changes):
+            self.sync(force=True)
 
     def _check_drift(self, statuses: Iterable[TenantStatus]) -> None:
         """Reconcile when Redis holds less than the pods seen: it lost data (a flush)."""
