@@ -191,6 +191,7 @@ class Dispatcher:
         self.spend = spend
         self._last_budget = float("-inf")
         self._budgeted: FairgateConfig | None = None  # the config of the last budget pass
+        self._borrowing_changed = False  # a budget pass of this step synced the queue
         self.pods: dict[str, GpuPod] = {}  # ticket -> the pod as last seen
         self._synced: tuple[FairgateConfig, dict[str, int]] | None = None
         self._capacity: dict[str, int] | None = None
@@ -273,6 +274,9 @@ class Dispatcher:
             if self._need_reconcile:  # the chores found the queue short of the cluster
                 self._reconcile_if_due(result)
                 self._dispatch(result)
+            elif self._borrowing_changed:  # a budget switched borrowing on (or off)
+                self._dispatch(result)
+            self._borrowing_changed = False
         except UnknownTenantError as error:
             log.warning("queue lost its config (%s): syncing and reconciling", error)
             self._synced = None
@@ -672,6 +676,7 @@ class Dispatcher:
                         status.currency if status is not None else currency, month))
         if any("exhausted" in (before, after) for _, before, after in changes):
             self.sync(force=True)
+            self._borrowing_changed = True
 
     def _check_drift(self, statuses: Iterable[TenantStatus]) -> None:
         """Reconcile when Redis holds less than the pods seen: it lost data (a flush)."""

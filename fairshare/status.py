@@ -19,7 +19,10 @@ Contract:
   per tier in queue order: ``tenant``, ``band``, ``pod`` (``namespace/name`` of the head
   pod, a gang's first queued member), ``group`` (a gang's id, else null), ``demand`` and
   ``held`` (units per resource), ``heldGpuEquivalents`` and ``demandGpuEquivalents``;
-  :func:`held_lines` prints it.
+  :func:`held_lines` prints it; ``budgets``: per tenant with a budget, its
+  :class:`~fairshare.budget.BudgetStatus` as the dispatcher last stored it (``tenant``,
+  ``monthly``, ``spent``, ``currency``, ``month``, ``at``, ``ratio``, ``state``);
+  :func:`budget_lines` prints it.
   Fair shares come from :func:`fairshare.entitlement.snapshot_fairness`, the
   computation behind the metrics.
   :func:`render_status` prints it as a table. :func:`status_command` is the CLI entry.
@@ -53,6 +56,7 @@ from rich.console import Console
 from rich.table import Table
 
 from audit import ADMIT, DENY, DISPATCH, QUEUE, RELEASE, AuditLog, AuditRecord
+from fairshare.budget import BudgetStatus, money, percent
 from fairshare.cluster import CapacityReport, PodRef
 from fairshare.connection import COMMAND_TIMEOUT, RedisTarget, connect_redis
 from fairshare.entitlement import TenantFairness, snapshot_fairness
@@ -115,6 +119,7 @@ def status_report(queue: FairQueue, now: float | None = None) -> dict[str, Any]:
         "jainIndex": round(fair.jain_index, 4),
         "held": [hold_row(h) for h in holds],
         "tenants": {s.tenant: tenant_row(s, fair.tenants[s.tenant]) for s in snapshot.tenants},
+        "budgets": {name: b.to_json() for name, b in sorted(queue.budgets().items())},
     }
 
 
@@ -190,6 +195,21 @@ def unschedulable_lines(notes: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def budget_lines(budgets: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """``budgets`` of the status report as text: per tenant spent / budget / state."""
+    lines = []
+    for name, entry in budgets.items():
+        try:
+            status = BudgetStatus.from_json(entry)
+        except (KeyError, TypeError, ValueError):
+            continue
+        what = {"ok": "ok", "warning": "warning (admissions warned)",
+                "exhausted": "exhausted: training may not borrow"}[status.state]
+        lines.append(f"budget {name}: {money(status.spent)} / {money(status.monthly)} "
+                     f"{status.currency} in {status.month} ({percent(status.ratio)}), {what}")
+    return lines
+
+
 def render_status(report: dict[str, Any], console: Console) -> None:
     """The status report as a table (GPU-equivalents unless a unit is shown)."""
     table = Table(title="fairgate tenants (GPU-equivalents)")
@@ -222,6 +242,7 @@ def render_status(report: dict[str, Any], console: Console) -> None:
         "nominal + borrowLimit.", highlight=False,
     )
     for line in (class_lines(report["capacityByClass"]) + held_lines(report["held"])
+                 + budget_lines(report.get("budgets") or {})
                  + capacity_lines(report.get("capacityNotes"))):
         console.print(line, highlight=False, markup=False)
 
