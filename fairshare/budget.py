@@ -11,8 +11,9 @@ Contract (pure: no I/O):
   the hash ``<prefix>budget``), so a new training pod beyond nominal is stamped
   ``fairgate-training`` and waits for nominal room, and queued borrowed pods are not
   released. Nominal quota, the inference reserve and running pods are never touched.
-- :func:`budget_warning` is the one-line admission warning (within the 120 characters
-  of a warning for tenant names up to 20 characters and amounts below ten million) of a tenant in ``warning`` or ``exhausted``.
+- :func:`budget_warning` is the one-line admission warning of a tenant in ``warning`` or
+  ``exhausted`` (within a warning's 120 characters for tenant names up to 20 characters
+  and amounts below ten million).
 """
 
 from __future__ import annotations

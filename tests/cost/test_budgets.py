@@ -285,9 +285,9 @@ def test_a_bad_budget_is_refused_naming_the_tenant(value: str) -> None:
 
 def test_a_budget_needs_monthly_and_nothing_else() -> None:
     base = "tenants:\n  team-a: {weight: 1, ceiling: {gpuEquivalents: 4}, budget: %s}\n"
-    with pytest.raises(ConfigError, match="tenants.team-a.budget.monthly"):
+    with pytest.raises(ConfigError, match=r"tenants\.team-a\.budget\.monthly"):
         parse_platform(base % "{}")
-    with pytest.raises(ConfigError, match="tenants.team-a.budget.weekly: unknown key"):
+    with pytest.raises(ConfigError, match=r"tenants\.team-a\.budget\.weekly: unknown key"):
         parse_platform(base % "{monthly: 5, weekly: 1}")
     parsed = parse_platform(base % "{monthly: 20000}")
     assert parsed.tenants["team-a"].budget is not None
