@@ -4,7 +4,8 @@
 -- Tenants not named lose their quota but keep their usage and queue. Readiness,
 -- shares and the backlogged weights (bw, bm) are computed again. A tenant whose budget
 -- the dispatcher found exhausted (hash <prefix>budget, JSON with state 'exhausted';
--- fairshare/budget.py) gets a borrow limit of 0: it may not borrow, nominal is kept.
+-- fairshare/budget.py) gets a borrow limit b of 0: it may not borrow, nominal is kept;
+-- bc keeps the configured limit (admit: the band a pod can fit in at all).
 if ARGV[1] == '1' then
   redis.call('DEL', K_CAP)
   for k, v in pairs(parse_counts(ARGV[2])) do redis.call('HSET', K_CAP, k, v) end
@@ -31,7 +32,8 @@ for i = 4, #ARGV, 5 do
   local key = P .. 'tc:' .. tenant
   configured[tenant] = true
   redis.call('DEL', key)
-  redis.call('HSET', key, 'w', ARGV[i + 1], 'b', borrow_of(tenant, ARGV[i + 2]), 'rs', ARGV[i + 3],
+  redis.call('HSET', key, 'w', ARGV[i + 1], 'b', borrow_of(tenant, ARGV[i + 2]),
+             'bc', ARGV[i + 2], 'rs', ARGV[i + 3],
              'ns', slices(parse_counts(nominal)), 'n', nominal)
   redis.call('SADD', K_TENANTS, tenant)
 end

@@ -225,6 +225,25 @@ def test_queued_borrowed_pods_are_held_while_exhausted_and_released_on_a_raise(
     assert rig.audit.verify()[0].ok
 
 
+def test_a_pod_larger_than_nominal_waits_as_borrowed_until_borrowing_is_allowed(
+    redis_url: str,
+) -> None:
+    rig = budget_rig(redis_url, {"gpu": 4})
+    rig.history("h1", T0 + 10, 100.0)
+    rig.at(200 * HOUR)
+    assert rig.state().state == "exhausted"
+    big = rig.pod("big", demand={"gpu": 2}, duration=HOUR)  # nominal is 1 GPU
+    rig.settle()
+    # stamped training it could never run; borrowed, it runs once borrowing is back
+    assert rig.cluster.history[big.uid].band == "borrowed"
+    assert rig.cluster.history[big.uid].released is None
+    rig.at(201 * HOUR)
+    assert rig.cluster.history[big.uid].released is None
+    rig.set_config(config(monthly=500.0))
+    rig.settle()
+    assert rig.cluster.history[big.uid].released == pytest.approx(201 * HOUR)
+
+
 def test_the_month_rollover_resets_the_spend_and_lifts_the_block(redis_url: str) -> None:
     rig = budget_rig(redis_url, {"gpu": 4})
     rig.history("h1", T0 + 10, 150.0)
