@@ -651,7 +651,13 @@ class Dispatcher:
         self._last_budget, self._budgeted = now, config
         until = datetime.fromtimestamp(now, UTC)
         since = until.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-        spent, currency = spend.spent(since, until, config.platform.pricing)
+        try:
+            spent, currency = spend.spent(since, until, config.platform.pricing)
+        except (redis.RedisError, OSError):
+            raise  # the step fails and is retried, like any Redis failure
+        except Exception:  # a budget must never stop dispatching: keep the stored states
+            log.exception("month-to-date spend not computed: budget states left as they are")
+            return
         month = until.strftime("%Y-%m")
         statuses = {t.name: BudgetStatus(t.name, t.monthly_budget, spent.get(t.name, 0.0),
                                          currency, month, now)

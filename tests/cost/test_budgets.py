@@ -20,7 +20,7 @@ from fairshare.dispatcher import Dispatcher, DispatcherSettings
 from fairshare.queue import FairQueue
 from fairshare.simcluster import SimulatedCluster, VirtualClock
 from fairshare.status import budget_lines, status_report
-from tenants.models import FairgateConfig, PlatformConfig, QuotaSpec
+from tenants.models import FairgateConfig, PlatformConfig, PricingSpec, QuotaSpec
 from tenants.schema import ConfigError, parse_platform
 from tests.fairshare.simkit import Rig, admit_hook
 
@@ -289,6 +289,27 @@ def test_removing_a_budget_drops_its_state_and_audits_it(redis_url: str) -> None
     assert (last.diff or {})["budget"]["before"] == "exhausted"
     assert (last.diff or {})["budget"]["after"] == ""
     assert "budget removed" in last.reason
+
+
+class _BrokenSpend:
+    """A spend source whose billing fails (say, a record it cannot bill)."""
+
+    def spent(self, since: datetime, until: datetime,
+              pricing: PricingSpec | None) -> tuple[dict[str, float], str]:
+        raise ValueError("cannot bill")
+
+
+def test_a_failing_spend_source_never_stops_dispatching(redis_url: str) -> None:
+    rig = budget_rig(redis_url, {"gpu": 4})
+    rig.history("h1", T0 + 10, 120.0)
+    rig.at(200 * HOUR)
+    assert rig.state().state == "exhausted"
+    rig.dispatcher.spend = _BrokenSpend()
+    rig.set_config(config(monthly=1_000.0))  # a pass is due at once, and fails
+    pod = rig.pod("nominal", duration=HOUR)
+    rig.settle()
+    assert rig.cluster.history[pod.uid].released is not None
+    assert rig.state().state == "exhausted"  # the last stored state stays
 
 
 @pytest.mark.parametrize("value", ["0", "-5", "abc", "true", ".nan", "[1]"])
