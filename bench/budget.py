@@ -10,6 +10,7 @@ month of pods through the real :class:`audit.AuditLog`, the same history as
 dispatcher (:class:`cost.budget.AuditSpend` reads the whole stream and bills the month),
 and a later pass after 1,000 more records (it reads only those, then bills again). Prints
 one JSON object with wall, CPU and Redis CPU seconds of each, the ratios to the baseline,
+the records the pass keeps and how much this process grew holding them,
 the 1-minute load average, and whether the spend equals the report's bill to the cent.
 """
 
@@ -32,6 +33,15 @@ from cost.budget import AuditSpend
 from fairshare.localredis import local_redis
 
 
+def _rss_mb() -> float:
+    """This process's resident memory in MiB (Linux)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=100_000)
@@ -52,9 +62,12 @@ def main() -> None:
         verify = clocks.lap()
         assert result.ok
 
+        del entries  # keep only what the budget pass itself holds
+        rss_before = _rss_mb()
         spend = AuditSpend(log)
         first, currency = spend.spent(MONTH, until, None)
         first_pass = clocks.lap()
+        kept_mb = _rss_mb() - rss_before
 
         # what arrives between two passes: other pods (uids of their own)
         log.record_many(replace(d, uid="f" + d.uid[1:] if d.uid else d.uid)
@@ -70,7 +83,7 @@ def main() -> None:
             by_tenant[row.tenant] = by_tenant.get(row.tenant, 0.0) + row.cost
         client.delete(args.stream, args.stream + ":head")
     print(json.dumps({
-        "records": len(entries), "verify": verify, "first_pass": first_pass,
+        "records": args.records, "verify": verify, "first_pass": first_pass,
         "later_pass_after_1000_records": later_pass,
         "first_over_verify_cpu": round(
             (first_pass["cpu_s"] + first_pass["redis_cpu_s"])
@@ -79,6 +92,7 @@ def main() -> None:
             (later_pass["cpu_s"] + later_pass["redis_cpu_s"])
             / (verify["cpu_s"] + verify["redis_cpu_s"]), 3),
         "load_average_1m": os.getloadavg()[0],
+        "rss_growth_mb_first_pass": round(kept_mb, 1), "kept_records": spend.kept(),
         "tenants": len(first), "currency": currency,
         "month_spend": round(sum(later.values()), 2),
         "equals_report_to_the_cent": all(

@@ -4,10 +4,12 @@ Contract: :class:`AuditSpend` is a :class:`fairshare.budget.SpendSource`. Each c
 :meth:`AuditSpend.spent` reads the records appended to the stream since its last call
 (so a pass costs the new records, not the whole stream), keeps those billing reads, and
 bills the window with :func:`cost.billing.bill`: the same computation, on the same
-records, as ``fairgate report`` (records retention trimmed from the stream are dropped
-here too). The stream is not verified on every pass (``fairgate report`` and ``fairgate
-audit verify`` do that); a record that does not parse is skipped. Nothing is kept but
-the stream: a restarted dispatcher reads it again and arrives at the same spend.
+records, as ``fairgate report``. Records retention trimmed from the stream are dropped
+here too, and so are those of pods released before the window (they bill nothing in
+it): memory holds about a month of pods, whatever the retention. The stream is not
+verified on every pass (``fairgate report`` and ``fairgate audit verify`` do that); a
+record that does not parse is skipped. Nothing is kept but the stream: a restarted
+dispatcher reads it again and arrives at the same spend.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from audit import ADMIT, DISPATCH, PREEMPT, PRICING, QUOTA_CHANGE, RELEASE, START
-from audit.chain import AuditRecord
+from audit.chain import AuditRecord, parse_time
 from audit.log import AuditLog
 from cost.billing import bill
 from tenants.models import PricingSpec
@@ -38,6 +40,7 @@ class AuditSpend:
         """Cost per tenant of ``[since, until)`` (empty when the window is) and the
         currency in effect at its end."""
         self._read()
+        self._forget_before(since)
         if until <= since:
             return {}, pricing.currency if pricing is not None else "USD"
         billed = bill((record for _, record in self._records), since, until, pricing)
@@ -45,6 +48,10 @@ class AuditSpend:
         for row in billed.rows:
             cost[row.tenant] = cost.get(row.tenant, 0.0) + row.cost
         return cost, billed.currency
+
+    def kept(self) -> int:
+        """How many records it holds (those billing reads, still in the stream)."""
+        return len(self._records)
 
     def _read(self) -> None:
         start = "-" if self._last == "-" else "(" + self._last
@@ -54,6 +61,15 @@ class AuditSpend:
             if record is not None and record.decision in BILLED:
                 self._records.append((entry.stream_id, record))
         self._forget_trimmed()
+
+    def _forget_before(self, since: datetime) -> None:
+        """Drop the records of pods released before ``since``: they bill nothing from
+        then on (so memory holds about a month of pods, whatever the retention)."""
+        ended = {record.uid for _, record in self._records
+                 if record.decision == RELEASE and parse_time(record.time) < since}
+        if ended:
+            self._records = [(i, r) for i, r in self._records
+                             if r.decision in (PRICING, QUOTA_CHANGE) or r.uid not in ended]
 
     def _forget_trimmed(self) -> None:
         """Drop the records retention removed from the stream (the report has none)."""

@@ -52,6 +52,7 @@ class BudgetRig(Rig):
 
     audit: AuditLog
     current: FairgateConfig
+    spend: AuditSpend
 
     def history(self, uid: str, start: float, hours: float, tenant: str = "team-a") -> None:
         """A pod of one GPU that ran ``hours`` from ``start`` (seconds), as the dispatcher
@@ -86,11 +87,12 @@ def budget_rig(redis_url: str, capacity: dict[str, int], monthly: float = 100.0)
     clock = VirtualClock(T0)
     audit = AuditLog(client, out=io.StringIO())
     first = config(monthly)
+    spend = AuditSpend(audit)
     cluster = SimulatedCluster(dict(capacity), admit_hook(queue, clock, first), clock)
     rig = BudgetRig(client, queue, clock, cluster, Dispatcher(
         queue, cluster, lambda: rig.current, clock=clock, audit=audit,
-        settings=DispatcherSettings(budget_every=0.0), spend=AuditSpend(audit)), first)
-    rig.audit, rig.current = audit, first
+        settings=DispatcherSettings(budget_every=0.0), spend=spend), first)
+    rig.audit, rig.current, rig.spend = audit, first, spend
     rig.dispatcher.sync(force=True)
     return rig
 
@@ -249,7 +251,9 @@ def test_the_month_rollover_resets_the_spend_and_lifts_the_block(redis_url: str)
     rig.history("h1", T0 + 10, 150.0)
     rig.at(FEB - HOUR)
     assert rig.state().state == "exhausted" and _borrow_limit(rig) == 0
+    assert rig.spend.kept() == 3  # the dispatcher's pricing record, h1's start and release
     rig.at(FEB + 60)
+    assert rig.spend.kept() == 1  # h1 ended in January: only the prices are kept
     status = rig.state()
     assert status.month == "1970-02" and status.spent == 0.0 and status.state == "ok"
     assert _borrow_limit(rig) == 14
