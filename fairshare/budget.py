@@ -11,6 +11,7 @@ Contract (pure: no I/O):
   the hash ``<prefix>budget``), so a new training pod beyond nominal is stamped
   ``fairgate-training`` and waits for nominal room, and queued borrowed pods are not
   released. Nominal quota, the inference reserve and running pods are never touched.
+- :func:`held_note` says what a queued borrowed pod of an exhausted tenant waits for.
 - :func:`budget_warning` is the one-line admission warning of a tenant in ``warning`` or
   ``exhausted`` (within a warning's 120 characters for tenant names up to 20 characters
   and amounts below ten million).
@@ -114,6 +115,17 @@ def budget_warning(status: BudgetStatus) -> str | None:
     if status.state == "warning":
         return f"budget {percent(status.ratio)} used: {budget_line(status)}; {AT_100}"
     return f"budget exhausted ({percent(status.ratio)}): {budget_line(status)}; {EXHAUSTED}"
+
+
+def held_note(status: BudgetStatus | None) -> str | None:
+    """What a queued borrowed pod of an exhausted tenant waits for (``fairgate why``, the
+    Queued Event: it replaces the queue's reason, which reads as a borrow limit of 0);
+    None when the tenant's budget is not exhausted."""
+    if status is None or status.state != "exhausted":
+        return None
+    return (f"borrowing to be allowed again: {budget_line(status)} "
+            f"({percent(status.ratio)} of its budget); the month's end or a raised budget "
+            f"allows it")
 
 
 def read_budgets(raw: Mapping[Any, Any]) -> dict[str, BudgetStatus]:

@@ -45,7 +45,8 @@ Contract:
 - Events: ``Admitted`` ("Admitted after 12.4s in queue") on every lift; ``Queued``
   ("Queued: position 3 of 12 for team-a/training, waiting for ...") when a gated pod is
   first seen and again only when its position has at least halved or what it waits for
-  changed, at most once per ``queued_event_interval`` per pod.
+  changed, at most once per ``queued_event_interval`` per pod (a borrowed pod of a tenant
+  whose budget is exhausted: with :func:`fairshare.budget.held_note`).
 - Audit (when an :class:`audit.AuditLog` is given), each record stamped with the
   dispatcher's clock: ``dispatch`` for every lifted gate; ``start`` when a pod is first
   seen Running (``diff.pod``: band, node, GPU product), again after a restart for pods
@@ -82,7 +83,7 @@ from audit.usage import (
     pricing_detail,
     start_detail,
 )
-from fairshare.budget import BudgetStatus, SpendSource, budget_line
+from fairshare.budget import BudgetStatus, SpendSource, budget_line, held_note
 from fairshare.calls import UnknownTenantError
 from fairshare.cluster import (
     DEFAULT_UNSCHEDULABLE_GRACE,
@@ -192,6 +193,7 @@ class Dispatcher:
         self._last_budget = float("-inf")
         self._budgeted: FairgateConfig | None = None  # the config of the last budget pass
         self._borrowing_changed = False  # a budget pass of this step synced the queue
+        self._budgets: dict[str, BudgetStatus] = {}  # as the last budget pass stored them
         self.pods: dict[str, GpuPod] = {}  # ticket -> the pod as last seen
         self._synced: tuple[FairgateConfig, dict[str, int]] | None = None
         self._capacity: dict[str, int] | None = None
@@ -663,6 +665,7 @@ class Dispatcher:
                                          currency, month, now)
                     for t in config.tenants() if t.monthly_budget is not None}
         changes = self.queue.write_budgets(statuses.values())
+        self._budgets = statuses
         self.metrics.observe_budgets(statuses.values())
         for tenant, before, after in changes:
             if before == "" and after == "ok":
@@ -722,7 +725,8 @@ class Dispatcher:
             status = self.queue.ticket_status(pod.ticket, now)
             if status is None or status.state not in ("queued", "gang-waiting"):
                 continue
-            reason = status.waiting_for or "its turn"
+            note = held_note(self._budgets.get(pod.tenant)) if pod.band == "borrowed" else None
+            reason = note or status.waiting_for or "its turn"
             position = status.position or 0  # 0: an incomplete gang has no place yet
             last = self._posted.get(pod.ticket)
             if last is not None and (

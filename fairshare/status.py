@@ -37,7 +37,8 @@ Contract:
   for: tenant quota, inference reserve, cluster capacity, gang members), ``reserved`` /
   ``running`` (released: when, after how long; ``unschedulable`` carries the scheduler's
   message when the dispatcher caught it Unschedulable past its grace) or ``ended`` (its
-  usage was freed).
+  usage was freed). A queued borrowed pod of a tenant whose budget is exhausted waits for
+  :func:`fairshare.budget.held_note`.
   :func:`why_command` is the CLI entry. Times are the queue's clock (Unix seconds).
 """
 
@@ -56,7 +57,7 @@ from rich.console import Console
 from rich.table import Table
 
 from audit import ADMIT, DENY, DISPATCH, QUEUE, RELEASE, AuditLog, AuditRecord
-from fairshare.budget import BudgetStatus, money, percent
+from fairshare.budget import BudgetStatus, held_note, money, percent
 from fairshare.cluster import CapacityReport, PodRef
 from fairshare.connection import COMMAND_TIMEOUT, RedisTarget, connect_redis
 from fairshare.entitlement import TenantFairness, snapshot_fairness
@@ -312,7 +313,8 @@ def why_report(
     if not mine:  # audit trimmed or not written
         status = queue.ticket_status(known, now) if known is not None else None
         if known is not None and status is not None:
-            return _unschedulable(status_why(status, str(ref)), queue)
+            return _held_by_budget(_unschedulable(status_why(status, str(ref)), queue),
+                                   status, queue)
         return WhyReport(
             str(ref), "unknown",
             f"fairgate has no record of {ref}: either it is not fairgate's business (it asks "
@@ -340,7 +342,19 @@ def why_report(
                     "deleted, or its reservation expired before the pod was created",
             **common,
         )
-    return _unschedulable(_from_status(status, common), queue)
+    return _held_by_budget(_unschedulable(_from_status(status, common), queue), status, queue)
+
+
+def _held_by_budget(report: WhyReport, status: TicketStatus, queue: FairQueue) -> WhyReport:
+    """``report`` waiting for :func:`~fairshare.budget.held_note` when it is a queued
+    borrowed pod of a tenant whose budget is exhausted (borrowing is off)."""
+    if report.verdict != "queued" or status.band != "borrowed":
+        return report
+    note = held_note(queue.budgets().get(status.tenant))
+    if note is None:
+        return report
+    summary = report.summary.replace(f"waiting for {report.waiting_for}", f"waiting for {note}")
+    return replace(report, summary=summary, waiting_for=note)
 
 
 def _unschedulable(report: WhyReport, queue: FairQueue) -> WhyReport:

@@ -19,7 +19,7 @@ from fairshare.budget import BudgetStatus, budget_warning, classify, percent
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
 from fairshare.queue import FairQueue
 from fairshare.simcluster import SimulatedCluster, VirtualClock
-from fairshare.status import budget_lines, status_report
+from fairshare.status import budget_lines, status_report, why_report
 from tenants.models import FairgateConfig, PlatformConfig, PricingSpec, QuotaSpec
 from tenants.schema import ConfigError, parse_platform
 from tests.fairshare.simkit import Rig, admit_hook
@@ -214,13 +214,23 @@ def test_queued_borrowed_pods_are_held_while_exhausted_and_released_on_a_raise(
     assert rig.state().state == "exhausted"
     rig.at(111 * HOUR + 1)  # team-b's pod ends: a GPU is free
     assert rig.cluster.history[queued.uid].released is None  # held: no borrowing
+    held = "waiting for borrowing to be allowed again: team-a spent 102 of 100 USD this month"
+    why = why_report(queued.ref, rig.queue, (e.record for e in rig.audit.entries()
+                                             if e.record is not None), rig.clock())
+    assert why.verdict == "queued" and held in why.summary, why.summary
+    assert why.summary.endswith("(102.0% of its budget); the month's end or a raised budget "
+                                "allows it")
+    rig.at(111 * HOUR + 120)  # the next Queued event says why it waits
+    told = [e.message for e in rig.cluster.events
+            if e.pod == queued.ref and e.reason == "Queued"]
+    assert told and held in told[-1]
     assert rig.cluster.history[running.uid].ended is None  # a running pod is never touched
     assert not rig.cluster.history[running.uid].preempted
 
     rig.set_config(config(monthly=1_000.0))  # the platform team raises the budget
     rig.settle()
     assert rig.state().state == "ok"
-    assert rig.cluster.history[queued.uid].released == pytest.approx(111 * HOUR + 1)
+    assert rig.cluster.history[queued.uid].released == pytest.approx(111 * HOUR + 120)
     records = rig.records(BUDGET)
     assert [(r.diff or {})["budget"]["after"] for r in records] == ["exhausted", "ok"]
     assert (records[1].diff or {})["budget"]["monthly"] == 1_000.0
