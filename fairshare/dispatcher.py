@@ -327,8 +327,10 @@ class Dispatcher:
             result.reconciled = True
 
     def reconcile(self) -> None:
-        """Rebuild usage and queue from the cluster (after syncing config)."""
+        """Rebuild usage and queue from the cluster (after syncing config); the budget
+        states are computed again in this step's chores (Redis may have lost them)."""
         self.sync(force=True)
+        self._last_budget = float("-inf")
         listed_at = self.clock()  # before listing: what is reserved after it is kept
         pods = self.cluster.list_pods()
         summary = reconcile(self.queue, pods, listed_at=listed_at)

@@ -290,6 +290,22 @@ def test_spend_survives_a_restart_and_a_redis_state_loss(redis_url: str) -> None
     assert rig.state().spent == pytest.approx(90.0) and rig.state().state == "warning"
 
 
+def test_a_queue_state_loss_restores_the_budget_block_in_the_same_step(
+    redis_url: str,
+) -> None:
+    rig = budget_rig(redis_url, {"gpu": 4})
+    rig.history("h1", T0 + 10, 120.0)
+    rig.at(200 * HOUR)
+    assert _borrow_limit(rig) == 0
+    rig.dispatcher.settings = DispatcherSettings(budget_every=HOUR)  # no pass is due
+    # Redis loses the queue's keys (the audit stream is kept elsewhere or survived)
+    lost = [k for k in rig.client.keys("fairgate:*") if not k.startswith(b"fairgate:audit")]
+    rig.client.delete(*lost)
+    rig.dispatcher.step()  # it notices (not rebuilt), reconciles, and recomputes budgets
+    assert rig.state().state == "exhausted"
+    assert _borrow_limit(rig) == 0
+
+
 def test_removing_a_budget_drops_its_state_and_audits_it(redis_url: str) -> None:
     rig = budget_rig(redis_url, {"gpu": 4})
     rig.history("h1", T0 + 10, 120.0)
