@@ -29,6 +29,8 @@ from typing import Any, Literal, Protocol
 from tenants.models import PricingSpec
 
 BudgetState = Literal["ok", "warning", "exhausted"]
+DEFAULT_BUDGET_EVERY = 60.0
+"""Seconds between two budget passes of the dispatcher (``fairgate dispatch --budget-every``)."""
 WARN_AT = 0.8
 """The fraction of the monthly budget from which admissions carry a warning."""
 AT_100 = "at 100% training may not borrow"

@@ -83,7 +83,13 @@ from audit.usage import (
     pricing_detail,
     start_detail,
 )
-from fairshare.budget import BudgetStatus, SpendSource, budget_line, held_note
+from fairshare.budget import (
+    DEFAULT_BUDGET_EVERY,
+    BudgetStatus,
+    SpendSource,
+    budget_line,
+    held_note,
+)
 from fairshare.calls import UnknownTenantError
 from fairshare.cluster import (
     DEFAULT_UNSCHEDULABLE_GRACE,
@@ -123,7 +129,7 @@ class DispatcherSettings:
     unseen_grace: float = 30.0  # a released ticket whose pod never shows up: reconcile
     lift_workers: int = 8  # gates lifted in parallel (1: in order, in the caller's thread)
     unschedulable_grace: float = DEFAULT_UNSCHEDULABLE_GRACE  # released, Unschedulable: caught
-    budget_every: float = 60.0  # month-to-date spend computed again (with a spend source)
+    budget_every: float = DEFAULT_BUDGET_EVERY  # month-to-date spend billed again (with spend)
 
 
 @dataclass
