@@ -103,7 +103,7 @@ from fairshare.cluster import (
 from fairshare.metrics import DispatcherMetrics
 from fairshare.model import Release, TenantStatus
 from fairshare.queue import FairQueue
-from fairshare.reconcile import reconcile, ticket_owners
+from fairshare.reconcile import reconcile
 from tenants.models import FairgateConfig, PodClass
 from tenants.resources import SLICES_PER_GPU, format_counts
 
@@ -340,8 +340,8 @@ class Dispatcher:
         listed_at = self.clock()  # before listing: what is reserved after it is kept
         pods = self.cluster.list_pods()
         summary = reconcile(self.queue, pods, listed_at=listed_at)
-        self.pods, twins = ticket_owners(pods)
-        for twin in twins:
+        self.pods = summary.owners
+        for twin in summary.twins:
             self._twin(twin)
         for ticket, stuck in list(self._stuck.items()):
             known = self.pods.get(ticket)

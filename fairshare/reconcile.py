@@ -27,20 +27,26 @@ log = logging.getLogger("fairgate.reconcile")
 
 @dataclass(frozen=True)
 class ClusterTruth:
-    """What the cluster says: pods holding GPUs, pods gated, pods skipped."""
+    """What the cluster says: pods holding GPUs, pods gated, pods skipped; and the
+    :func:`ticket_owners` split they were taken from."""
 
     running: list[RunningPod]
     gated: list[GatedPod]
     skipped: int
+    owners: dict[str, GpuPod]
+    twins: list[GpuPod]
 
 
 @dataclass(frozen=True)
 class ReconcileSummary:
-    """How many pods a reconcile put back as usage and as queued, and how many it skipped."""
+    """How many pods a reconcile put back as usage and as queued, and how many it skipped;
+    ``owners`` and ``twins`` are the :func:`ticket_owners` split of the pods it was given."""
 
     running: int
     gated: int
     skipped: int
+    owners: dict[str, GpuPod]
+    twins: list[GpuPod]
 
 
 def ticket_owners(pods: Iterable[GpuPod]) -> tuple[dict[str, GpuPod], list[GpuPod]]:
@@ -90,7 +96,7 @@ def cluster_truth(pods: Iterable[GpuPod]) -> ClusterTruth:
         except InvalidRequestError as error:
             skipped += 1
             log.warning("pod %s skipped by reconcile: %s", pod.ref, error)
-    return ClusterTruth(running, gated, skipped)
+    return ClusterTruth(running, gated, skipped, owners, twins)
 
 
 def reconcile(
@@ -105,4 +111,5 @@ def reconcile(
     """
     truth = cluster_truth(pods)
     queue.rebuild(truth.running, truth.gated, listed_at)
-    return ReconcileSummary(len(truth.running), len(truth.gated), truth.skipped)
+    return ReconcileSummary(len(truth.running), len(truth.gated), truth.skipped,
+                            truth.owners, truth.twins)

@@ -505,46 +505,7 @@ def test_after_redis_is_flushed_the_dispatcher_rebuilds_and_the_queue_drains(
 
 
 # 10 ------------------------------------------------------------------------------------
-
-
-def test_pods_a_later_admission_step_refused_neither_push_others_into_borrowing_nor_linger(
-    controlplane: ControlPlane,
-    kubelet: FakeKubelet,
-    fairgate: FairgateStack,
-    tenant_pods: None,
-) -> None:
-    """Issue 12 "orphans": fairgate queues a pod, then the API server's ResourceQuota
-    plugin (after every webhook) refuses it, so the pod never exists. Its queue entry must
-    not count as training queued ahead (a legitimate pod would be stamped
-    `fairgate-borrowed`, a permanent, preemptible priority), and it expires after the
-    reservation TTL."""
-    ns = tenant_namespace("team-a")  # nominal 4 GPUs + borrowLimit 4
-    core = pods_api(controlplane, "team-a")
-    admin: Any = client.CoreV1Api(controlplane.admin)
-    quota = {"metadata": {"name": "gpus"}, "spec": {"hard": {"requests.nvidia.com/gpu": "0"}}}
-    admin.create_namespaced_resource_quota(ns, quota)
-    admin.patch_namespaced_resource_quota_status("gpus", ns, {"status": {
-        "hard": {"requests.nvidia.com/gpu": "0"}, "used": {"requests.nvidia.com/gpu": "0"}}})
-    try:
-        for i in range(3):  # gang members always queue; each is refused after fairgate
-            member = pod_manifest(
-                f"member-{i}", {"nvidia.com/gpu": 1},
-                labels={"fairgate.io/pod-group": "orphans"},
-                annotations={"fairgate.io/pod-group-size": "4"},
-            )
-            status, message = refusal(lambda m=member: core.create_namespaced_pod(ns, m))
-            assert status == 403 and "exceeded quota" in message, message
-    finally:
-        admin.delete_namespaced_resource_quota("gpus", ns)
-    assert fairgate.tenant_state("team-a")["queued"]["training"] == 3  # the orphans
-    legit = core.create_namespaced_pod(ns, pod_manifest("legit", {"nvidia.com/gpu": 2}))
-    assert legit.spec.priority_class_name == "fairgate-training"
-    assert "fairgate.io/borrowed" not in (legit.metadata.annotations or {})
-    wait_for(
-        lambda: fairgate.tenant_state("team-a")["queued"]["training"] == 0 or None,
-        90, "the orphans' queue entries to expire",
-    )
-    assert fairgate.tenant_state("team-a")["used"] == 2.0
+# Orphans (pods a later admission step refused): tests/security/test_orphans_e2e.py.
 
 
 # 11 ------------------------------------------------------------------------------------

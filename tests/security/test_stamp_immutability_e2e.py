@@ -10,6 +10,7 @@ keep a pod from growing its GPU use past fairgate through a subresource.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from functools import partial
 from typing import Any
@@ -20,6 +21,7 @@ from harness.controlplane import ControlPlane
 from harness.fairgate import (
     GATE,
     POLICY,
+    QUOTA_YAML,
     SYSTEM_NAMESPACE,
     FairgateStack,
     pods_api,
@@ -36,6 +38,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.usefixtures("stamps
 
 DENIED = f"ValidatingAdmissionPolicy '{POLICY}' with binding '{POLICY}' denied request"
 DISPATCHER = "fairgate-dispatcher"
+# e2e quotas (harness.fairgate): team-a 4 GPUs + 4 GPU-eq borrowed, team-b 4 GPUs.
+LIMIT = {"team-a": 8.0, "team-b": 4.0}
 
 
 def assert_refused_by_policy(call: Any, *words: str) -> str:
@@ -56,6 +60,34 @@ def assert_patch_refused(core: Any, namespace: str, name: str, patch: dict[str, 
         lambda: core.patch_namespaced_pod(name, namespace, patch, _content_type=MERGE_PATCH),
         *words,
     )
+
+
+def held_gpus(admin: Any, namespace: str) -> float:
+    """GPUs the namespace's pods hold by their specs: released (no fairgate gate) and not
+    finished."""
+    total = 0.0
+    for pod in admin.list_namespaced_pod(namespace).items:
+        gates = [g.name for g in pod.spec.scheduling_gates or []]
+        if GATE in gates or pod.status.phase in ("Succeeded", "Failed"):
+            continue
+        limits = pod.spec.containers[0].resources.limits or {}
+        total += float(limits.get("nvidia.com/gpu", 0))
+    return total
+
+
+def assert_usage_exact(controlplane: ControlPlane, fairgate: FairgateStack) -> None:
+    """`fairgate status` settles on exactly the GPUs each tenant's pods hold (a finished
+    pod's release may still be on its way), and no tenant holds more than its quota."""
+    admin: Any = client.CoreV1Api(controlplane.admin)
+    deadline = time.monotonic() + 30
+    while True:
+        held = {t: held_gpus(admin, tenant_namespace(t)) for t in QUOTA_YAML}
+        shown = {t: float(fairgate.tenant_state(t).get("used", 0.0)) for t in QUOTA_YAML}
+        if held == shown or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert held == shown, f"fairgate status shows {shown} GPUs in use; the pods hold {held}"
+    assert all(held[t] <= LIMIT[t] for t in held), f"above quota: {held}"
 
 
 def gone(core: Any, namespace: str, name: str) -> bool:
@@ -165,7 +197,7 @@ def running_pod(core: Any, namespace: str, name: str, gpus: int = 1) -> Any:
 
 
 def test_relabel_a_finished_pods_tenant(
-    controlplane: ControlPlane, kubelet: FakeKubelet, tenant_pods: None
+    controlplane: ControlPlane, kubelet: FakeKubelet, fairgate: FairgateStack, tenant_pods: None
 ) -> None:
     ns = tenant_namespace("team-b")
     core = pods_api(controlplane, "team-b")
@@ -180,10 +212,11 @@ def test_relabel_a_finished_pods_tenant(
         "create a new pod",
     )
     assert fairgate_metadata(core.read_namespaced_pod("done", ns)) == fairgate_metadata(before)
+    assert_usage_exact(controlplane, fairgate)
 
 
 def test_copy_another_pods_ticket_onto_a_finished_pod(
-    controlplane: ControlPlane, kubelet: FakeKubelet, tenant_pods: None
+    controlplane: ControlPlane, kubelet: FakeKubelet, fairgate: FairgateStack, tenant_pods: None
 ) -> None:
     """The attack as reproduced: a finished pod takes a running pod's ticket (and a tenant
     label), so that the dispatcher would free the running pod's usage."""
@@ -213,10 +246,11 @@ def test_copy_another_pods_ticket_onto_a_finished_pod(
     assert core.read_namespaced_pod("victim", ns).metadata.annotations["fairgate.io/ticket"] == (
         ticket
     )
+    assert_usage_exact(controlplane, fairgate)
 
 
 def test_rewrite_a_ticket_through_the_status_subresource_as_its_node(
-    controlplane: ControlPlane, kubelet: FakeKubelet, tenant_pods: None
+    controlplane: ControlPlane, kubelet: FakeKubelet, fairgate: FairgateStack, tenant_pods: None
 ) -> None:
     """pods/status may change annotations (NodeRestriction only stops a node's label
     changes), and no webhook sees pods/status: the policy covers the subresource."""
@@ -239,10 +273,11 @@ def test_rewrite_a_ticket_through_the_status_subresource_as_its_node(
         f"system:node:{before.spec.node_name}",
     )
     assert fairgate_metadata(core.read_namespaced_pod("runner", ns)) == fairgate_metadata(before)
+    assert_usage_exact(controlplane, fairgate)
 
 
 def test_remove_the_tenant_label_from_a_running_pod(
-    controlplane: ControlPlane, tenant_pods: None
+    controlplane: ControlPlane, fairgate: FairgateStack, tenant_pods: None
 ) -> None:
     """Without the label the pod would drop out of the dispatcher's label-selected watch."""
     ns = tenant_namespace("team-a")
@@ -258,9 +293,12 @@ def test_remove_the_tenant_label_from_a_running_pod(
         "label fairgate.io/tenant",
     )
     assert fairgate_metadata(core.read_namespaced_pod("runner", ns)) == fairgate_metadata(before)
+    assert_usage_exact(controlplane, fairgate)
 
 
-def test_change_the_demand_annotation(controlplane: ControlPlane, tenant_pods: None) -> None:
+def test_change_the_demand_annotation(
+    controlplane: ControlPlane, fairgate: FairgateStack, tenant_pods: None
+) -> None:
     ns = tenant_namespace("team-a")
     core = pods_api(controlplane, "team-a")
     before = running_pod(core, ns, "runner", gpus=2)
@@ -271,10 +309,11 @@ def test_change_the_demand_annotation(controlplane: ControlPlane, tenant_pods: N
         "annotation fairgate.io/demand",
     )
     assert fairgate_metadata(core.read_namespaced_pod("runner", ns)) == fairgate_metadata(before)
+    assert_usage_exact(controlplane, fairgate)
 
 
 def test_add_or_remove_the_borrowed_annotation(
-    controlplane: ControlPlane, tenant_pods: None
+    controlplane: ControlPlane, fairgate: FairgateStack, tenant_pods: None
 ) -> None:
     """team-a: nominal 4 GPUs, may borrow 4: a 4-GPU pod is nominal, the next borrows."""
     ns = tenant_namespace("team-a")
@@ -297,10 +336,11 @@ def test_add_or_remove_the_borrowed_annotation(
     for pod in (nominal, borrowing):
         after = core.read_namespaced_pod(pod.metadata.name, ns)
         assert fairgate_metadata(after) == fairgate_metadata(pod)
+    assert_usage_exact(controlplane, fairgate)
 
 
 def test_strip_the_gate_as_a_tenant_user(
-    controlplane: ControlPlane, kubelet: FakeKubelet, tenant_pods: None
+    controlplane: ControlPlane, kubelet: FakeKubelet, fairgate: FairgateStack, tenant_pods: None
 ) -> None:
     ns = tenant_namespace("team-b")  # nominal 4 GPUs, no borrowing
     core = pods_api(controlplane, "team-b")
@@ -319,6 +359,7 @@ def test_strip_the_gate_as_a_tenant_user(
         "dev@team-b.example.com",
     )
     assert is_gated(core.read_namespaced_pod("held", ns))
+    assert_usage_exact(controlplane, fairgate)
 
 
 def test_adding_a_fairgate_label_to_any_pod_is_refused(
@@ -335,7 +376,9 @@ def test_adding_a_fairgate_label_to_any_pod_is_refused(
     )
 
 
-def test_cluster_admins_are_bound_too(controlplane: ControlPlane, tenant_pods: None) -> None:
+def test_cluster_admins_are_bound_too(
+    controlplane: ControlPlane, fairgate: FairgateStack, tenant_pods: None
+) -> None:
     """system:masters bypasses RBAC, not admission policies (see docs/architecture.md)."""
     ns = tenant_namespace("team-a")
     admin: Any = client.CoreV1Api(controlplane.admin)
@@ -346,6 +389,7 @@ def test_cluster_admins_are_bound_too(controlplane: ControlPlane, tenant_pods: N
         "label fairgate.io/tenant",
         "e2e-admin",
     )
+    assert_usage_exact(controlplane, fairgate)
 
 
 # -- what keeps working --------------------------------------------------------------------
@@ -451,7 +495,7 @@ def test_fairgates_service_accounts_may_change_fairgate_metadata(
 
 
 def test_in_place_resize_of_nvidia_gpu_is_refused(
-    controlplane: ControlPlane, tenant_pods: None
+    controlplane: ControlPlane, fairgate: FairgateStack, tenant_pods: None
 ) -> None:
     """No webhook sees pods/resize; the API server allows resizing only cpu and memory.
 
@@ -487,10 +531,11 @@ def test_in_place_resize_of_nvidia_gpu_is_refused(
     assert "without support for resize" not in message, message
     pod = core.read_namespaced_pod("held", ns)
     assert pod.spec.containers[0].resources.limits["nvidia.com/gpu"] == "1"
+    assert_usage_exact(controlplane, fairgate)
 
 
 def test_ephemeral_container_asking_for_a_gpu_is_refused(
-    controlplane: ControlPlane, tenant_pods: None
+    controlplane: ControlPlane, fairgate: FairgateStack, tenant_pods: None
 ) -> None:
     """No webhook sees pods/ephemeralcontainers; ephemeral containers get no resources."""
     ns = tenant_namespace("team-a")
@@ -520,6 +565,7 @@ def test_ephemeral_container_asking_for_a_gpu_is_refused(
     assert status == 422, (status, message)
     assert "ephemeralContainers[0].resources" in message, message
     assert not core.read_namespaced_pod("runner", ns).spec.ephemeral_containers
+    assert_usage_exact(controlplane, fairgate)
 
 
 def test_gpu_request_without_a_limit_is_refused(

@@ -26,6 +26,7 @@ import redis
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from admission.demand import pod_demand
 from fairshare.calls import TicketConflictError
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
 from fairshare.kube import KubeCluster
@@ -60,7 +61,8 @@ class Rig:
         self.core = core
         self.redis = redis.Redis.from_url(redis_url)
         self.queue = FairQueue(self.redis)
-        self.cluster = KubeCluster(controlplane.admin)
+        # demand from the pod's spec, as `fairgate dispatch` wires it (webhook/dispatch.py)
+        self.cluster = KubeCluster(controlplane.admin, demand_of=pod_demand)
         self.cluster.start()
         self.dispatcher = Dispatcher(
             self.queue, self.cluster, lambda: CONFIG,
@@ -160,6 +162,13 @@ class Rig:
                     raise
                 time.sleep(0.5)
 
+    def rebuild(self) -> None:
+        """Redis is lost (flushed) and the dispatcher rebuilds usage and queue from the
+        cluster alone. (With Redis intact, a reconcile keeps tickets admitted within the
+        reservation TTL before the listing as they are: FairQueue.rebuild.)"""
+        self.redis.flushall()
+        self.dispatcher.reconcile()
+
     def phase(self, namespace: str, name: str) -> str:
         return str(self.core.read_namespaced_pod(name, namespace).status.phase)
 
@@ -177,7 +186,10 @@ class Rig:
 
 
 @pytest.fixture
-def rig(controlplane: ControlPlane, core: Any, redis_url: str) -> Iterator[Rig]:
+def rig(
+    controlplane: ControlPlane, kubelet: FakeKubelet, core: Any, redis_url: str
+) -> Iterator[Rig]:
+    """A Rig on the session's GPU nodes (the fake kubelet registers them and runs pods)."""
     made = Rig(controlplane, core, redis_url)
     try:
         yield made
@@ -270,6 +282,25 @@ def test_ticket_twin_cannot_free_the_running_pods_usage(rig: Rig, kubelet: FakeK
     assert rig.used_gpus("team-a") == 1
 
 
+def test_demand_annotation_lowered_on_a_running_pod_frees_nothing(rig: Rig) -> None:
+    """The pod's spec says 2 GPUs; its `fairgate.io/demand` annotation is edited to 1. The
+    dispatcher and a rebuild after Redis is lost count what the spec asks for, never the
+    annotation."""
+    ns = rig.namespace("team-b")
+    answer, _, _ = rig.create(ns, "team-b", "runner", 2)
+    assert answer.outcome == "reserved"
+    rig.settle(lambda: rig.phase(ns, "runner") == "Running", "runner runs")
+    rig.edit(ns, "runner", {"annotations": {"fairgate.io/demand": "gpu=1"}})
+    rig.steps(1.0)
+    assert rig.used_gpus("team-b") == rig.running_gpus("team-b") == 2
+    rig.rebuild()
+    assert rig.used_gpus("team-b") == 2
+    more = [rig.create(ns, "team-b", f"more-{i}", 1)[0].outcome for i in range(3)]
+    assert more == ["reserved", "reserved", "queued"]  # 4-GPU quota: 2 + 2, the third waits
+    rig.steps(1.0)
+    assert rig.used_gpus("team-b") == rig.running_gpus("team-b") == 4
+
+
 def test_namespace_relabelled_while_pods_run_keeps_usage_with_the_admitting_tenant(
     rig: Rig,
 ) -> None:
@@ -280,7 +311,8 @@ def test_namespace_relabelled_while_pods_run_keeps_usage_with_the_admitting_tena
     rig.core.patch_namespace(ns, {"metadata": {"labels": {"fairgate.io/tenant": "team-b"}}},
                              _content_type=MERGE)
     rig.steps(1.0)
-    rig.dispatcher.reconcile()
+    assert rig.used_gpus("team-a") == 2 and rig.used_gpus("team-b") == 0
+    rig.rebuild()
     assert rig.used_gpus("team-a") == 2 and rig.used_gpus("team-b") == 0
 
 
@@ -297,5 +329,5 @@ def test_pod_deleted_and_recreated_with_the_same_name_is_counted_once(rig: Rig) 
     rig.settle(lambda: rig.phase(ns, "same") == "Running", "the new pod runs")
     rig.steps(1.0)
     assert rig.used_gpus("team-b") == rig.running_gpus("team-b") == 2
-    rig.dispatcher.reconcile()
+    rig.rebuild()
     assert rig.used_gpus("team-b") == 2
