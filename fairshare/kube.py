@@ -16,7 +16,7 @@ Contract:
   node, the GPUs held by pods fairgate does not manage that are bound there and not
   finished (:func:`foreign_pod`). The report says which nodes were left out and why.
 - :meth:`KubeCluster.start` runs daemon threads that list-and-watch fairgate's pods
-  (label ``fairgate.io/tenant``), nodes and, with ``demand_of``, bound unfinished pods
+  (label ``fairgate.io/tenant``), nodes and bound unfinished pods
   (field selector :data:`BOUND_UNFINISHED`), plus a clock that re-checks the capacity
   every ``tick``; they feed :meth:`KubeCluster.changes`: a ``CAPACITY`` change whenever
   the capacity differs from the last one published; an expired pod watch (410) or a
@@ -83,6 +83,8 @@ _PHASES: frozenset[str] = frozenset({"Pending", "Running", "Succeeded", "Failed"
 _RETRIABLE = frozenset({409, 422, 429, 500, 502, 503, 504})
 _WATCH_SECONDS = 240
 BOUND_UNFINISHED = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+# The watches whose first list must have arrived before the watched state is trusted.
+WATCHED = frozenset({"nodes", "foreign"})
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 PREEMPTION_BY_SCHEDULER = "PreemptionByScheduler"
 
@@ -151,15 +153,14 @@ DemandOf = Callable[[Mapping[str, Any]], resources.ResourceCounts]
 
 
 def pod_from_manifest(
-    obj: Mapping[str, Any], priority_classes: PriorityClasses,
-    demand_of: DemandOf | None = None,
+    obj: Mapping[str, Any], priority_classes: PriorityClasses, demand_of: DemandOf,
 ) -> GpuPod | None:
     """The :class:`GpuPod` of a pod manifest, or None if fairgate did not stamp it.
 
     A pod without tenant label, ticket or a parsable demand annotation is not tracked.
-    With ``demand_of`` (the pod's effective GPU demand computed from its spec, which no
-    one can change after CREATE), the demand is the spec's: an annotation that disagrees
-    (edited after admission) is logged and ignored. The demand is keyed by the pod's
+    The demand is ``demand_of(obj)``, the pod's effective GPU demand computed from its
+    spec, which no one can change after CREATE: an annotation that disagrees (edited
+    after admission) is logged and ignored. The demand is keyed by the pod's
     placement class (:func:`tenants.placement.pod_placement` of it, its
     ``fairgate.io/mig-profile`` label and the pool in its ``fairgate.io/node-pool``
     annotation, all immutable after CREATE).
@@ -179,19 +180,18 @@ def pod_from_manifest(
         log.warning("pod %s/%s has a malformed fairgate annotation; ignored",
                     meta.get("namespace"), meta.get("name"))
         return None
-    if demand_of is not None:
-        try:
-            from_spec = demand_of(obj)
-        except ValueError as error:
-            log.warning("pod %s/%s: demand from its spec: %s; ignored",
-                        meta.get("namespace"), meta.get("name"), error)
-            return None
-        if from_spec != demand:
-            log.warning("pod %s/%s: fairgate.io/demand %r disagrees with its spec (%s); "
-                        "the spec counts", meta.get("namespace"), meta.get("name"),
-                        annotations.get(DEMAND_ANNOTATION, ""),
-                        resources.format_counts(from_spec))
-            demand = from_spec
+    try:
+        from_spec = demand_of(obj)
+    except ValueError as error:
+        log.warning("pod %s/%s: demand from its spec: %s; ignored",
+                    meta.get("namespace"), meta.get("name"), error)
+        return None
+    if from_spec != demand:
+        log.warning("pod %s/%s: fairgate.io/demand %r disagrees with its spec (%s); "
+                    "the spec counts", meta.get("namespace"), meta.get("name"),
+                    annotations.get(DEMAND_ANNOTATION, ""),
+                    resources.format_counts(from_spec))
+        demand = from_spec
     where = placement.pod_placement(demand, labels.get(placement.MIG_PROFILE_LABEL),
                                     annotations.get(placement.NODE_POOL_ANNOTATION))
     demand = where.keyed(demand)
@@ -431,17 +431,17 @@ class KubeCluster:
         api: client.ApiClient,
         priority_classes: PriorityClasses | None = None,
         *,
+        demand_of: DemandOf,
         backoff: Backoff | None = None,
         instance: str | None = None,
-        demand_of: DemandOf | None = None,
         not_ready_grace: float = DEFAULT_NOT_READY_GRACE,
         clock: Callable[[], float] = time.time,
         tick: float = 1.0,
     ) -> None:
         """Talk to the API server through ``api``; nothing happens until a call.
 
-        ``demand_of``: see :func:`pod_from_manifest`; without it, GPUs held by pods
-        fairgate does not manage are not subtracted (their demand cannot be read).
+        ``demand_of``: a pod's GPU demand from its spec (see :func:`pod_from_manifest`),
+        for fairgate's pods and for the GPUs held by pods fairgate does not manage.
         ``not_ready_grace``: seconds a node may be not Ready and still count;
         ``tick``: how often the watch re-checks the capacity for expired graces.
         """
@@ -493,19 +493,14 @@ class KubeCluster:
         """:func:`capacity_report` of the nodes and foreign pods: as the watches see
         them once they have listed, else listed now."""
         with self._lock:
-            if self._threads and self._listed >= self._watched():
+            if self._threads and self._listed >= WATCHED:
                 return self._report()
         nodes, _ = self._list(self._core.list_node)
-        foreign: list[ForeignPod] = []
-        if self._demand_of is not None:
-            pods, _ = self._list(self._core.list_pod_for_all_namespaces,
-                                 field_selector=BOUND_UNFINISHED)
-            foreign = [p for p in (self._foreign_pod(obj) for obj in pods) if p is not None]
+        pods, _ = self._list(self._core.list_pod_for_all_namespaces,
+                             field_selector=BOUND_UNFINISHED)
+        foreign = [p for p in (self._foreign_pod(obj) for obj in pods) if p is not None]
         return capacity_report((node_gpus(n) for n in nodes), foreign, self._clock(),
                                self._grace)
-
-    def _watched(self) -> set[str]:
-        return {"nodes", "foreign"} if self._demand_of is not None else {"nodes"}
 
     def _report(self) -> CapacityReport:
         """The report from the watches' state (caller holds the lock)."""
@@ -513,7 +508,6 @@ class KubeCluster:
                                self._grace)
 
     def _foreign_pod(self, obj: Mapping[str, Any]) -> ForeignPod | None:
-        assert self._demand_of is not None
         return foreign_pod(obj, self._demand_of, self._priority_classes)
 
     def changes(self, timeout: float) -> list[ClusterChange]:
@@ -531,8 +525,8 @@ class KubeCluster:
     # -- watches -------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the watch threads (idempotent): fairgate's pods, nodes, with ``demand_of``
-        the bound pods of others, and a clock that re-checks the capacity every ``tick``
+        """Start the watch threads (idempotent): fairgate's pods, nodes, the bound pods of
+        others, and a clock that re-checks the capacity every ``tick``
         (a not-Ready node's grace ends without any event)."""
         with self._lock:
             if self._threads:
@@ -544,10 +538,9 @@ class KubeCluster:
                 threading.Thread(target=self._watch_nodes, name="watch-nodes", daemon=True),
                 threading.Thread(target=self._capacity_clock, name="capacity-clock",
                                  daemon=True),
+                threading.Thread(target=self._watch_foreign, name="watch-foreign-pods",
+                                 daemon=True),
             ]
-            if self._demand_of is not None:
-                self._threads.append(threading.Thread(
-                    target=self._watch_foreign, name="watch-foreign-pods", daemon=True))
             threads = list(self._threads)
         for thread in threads:
             thread.start()
@@ -620,7 +613,7 @@ class KubeCluster:
         """Queue a CAPACITY change when the capacity differs from the last one published
         (only once every watch has listed: a half-known cluster is not reported)."""
         with self._lock:
-            if not self._listed >= self._watched():
+            if not self._listed >= WATCHED:
                 return
             total = self._report().total
             if total == self._published:

@@ -41,14 +41,15 @@ STAMPED: dict[str, Any] = {
     "spec": {
         "priorityClassName": "fairgate-borrowed",
         "schedulingGates": [{"name": "example.com/other"}, {"name": "fairgate.io/queue"}],
-        "containers": [{"name": "main", "image": "pause"}],
+        "containers": [{"name": "main", "image": "pause", "resources": {
+            "limits": {"nvidia.com/gpu": "2", "nvidia.com/mig-1g.5gb": "1"}}}],
     },
     "status": {"phase": "Pending"},
 }
 
 
 def test_a_stamped_pod_is_read_completely() -> None:
-    pod = pod_from_manifest(STAMPED, PRIORITY)
+    pod = pod_from_manifest(STAMPED, PRIORITY, pod_demand)
     assert pod is not None
     assert str(pod.ref) == "team-a-dev/trainer-0" and pod.uid == "5f1d-uid"
     assert (pod.ticket, pod.tenant, pod.pod_class, pod.band) == (
@@ -65,22 +66,22 @@ def test_a_released_running_pod_holds_capacity_until_it_ends() -> None:
     running["spec"]["schedulingGates"] = [{"name": "example.com/other"}]
     running["spec"]["nodeName"] = "gpu-a100-0"
     running["status"]["phase"] = "Running"
-    pod = pod_from_manifest(running, PRIORITY)
+    pod = pod_from_manifest(running, PRIORITY, pod_demand)
     assert pod is not None and not pod.gated and pod.node == "gpu-a100-0"
     assert pod.holds_capacity
     running["status"]["phase"] = "Succeeded"
     running["metadata"]["deletionTimestamp"] = "2026-11-30T01:00:00Z"
-    ended = pod_from_manifest(running, PRIORITY)
+    ended = pod_from_manifest(running, PRIORITY, pod_demand)
     assert ended is not None and ended.finished and ended.deleting and not ended.holds_capacity
 
 
 def test_the_band_falls_back_to_the_borrowed_annotation_and_the_class() -> None:
     pod = copy.deepcopy(STAMPED)
     del pod["spec"]["priorityClassName"]
-    first = pod_from_manifest(pod, PRIORITY)
+    first = pod_from_manifest(pod, PRIORITY, pod_demand)
     assert first is not None and first.band == "training"
     pod["metadata"]["annotations"]["fairgate.io/borrowed"] = "true"
-    second = pod_from_manifest(pod, PRIORITY)
+    second = pod_from_manifest(pod, PRIORITY, pod_demand)
     assert second is not None and second.band == "borrowed"
 
 
@@ -91,13 +92,13 @@ def test_pods_fairgate_did_not_stamp_are_not_tracked() -> None:
     ):
         pod = copy.deepcopy(STAMPED)
         del pod[broken[0]][broken[1]][broken[2]]
-        assert pod_from_manifest(pod, PRIORITY) is None
+        assert pod_from_manifest(pod, PRIORITY, pod_demand) is None
     forged = copy.deepcopy(STAMPED)
     forged["metadata"]["annotations"]["fairgate.io/demand"] = "gpu=lots"
-    assert pod_from_manifest(forged, PRIORITY) is None
+    assert pod_from_manifest(forged, PRIORITY, pod_demand) is None
     odd_class = copy.deepcopy(STAMPED)
     odd_class["metadata"]["labels"]["fairgate.io/class"] = "batch"
-    assert pod_from_manifest(odd_class, PRIORITY) is None
+    assert pod_from_manifest(odd_class, PRIORITY, pod_demand) is None
 
 
 def _node(ready: str, allocatable: dict[str, str], unschedulable: bool = False,
@@ -141,13 +142,9 @@ def test_demand_comes_from_the_spec_when_the_annotation_was_edited() -> None:
     """Issue 12: the demand annotation is a copy; the pod's spec (immutable after CREATE
     for extended resources) is what it can use. An edited annotation changes nothing."""
     pod = copy.deepcopy(STAMPED)
-    pod["spec"]["containers"][0]["resources"] = {
-        "limits": {"nvidia.com/gpu": "2", "nvidia.com/mig-1g.5gb": "1"}}
     pod["metadata"]["annotations"]["fairgate.io/demand"] = "gpu=0"  # edited after admission
     read = pod_from_manifest(pod, PRIORITY, pod_demand)
     assert read is not None and dict(read.demand) == {"gpu#mixed": 2, "mig-1g.5gb": 1}
-    without = pod_from_manifest(pod, PRIORITY)  # no spec reader: the annotation (legacy)
-    assert without is not None and without.slices == 0
     pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "half"}}
     assert pod_from_manifest(pod, PRIORITY, pod_demand) is None  # unreadable: not tracked
 

@@ -14,6 +14,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from admission.demand import pod_demand
 from fairshare.cluster import ChangeKind, ClusterChange, GpuPod, LiftOutcome
 from fairshare.kube import JSON_PATCH, KubeCluster
 from tests.e2e.harness.api import create_namespace
@@ -89,7 +90,7 @@ def test_lift_removes_only_the_fairgate_gate_once(
 ) -> None:
     core.create_namespaced_pod(namespace, _stamped("p", ["example.com/a", QUEUE_GATE,
                                                          "example.com/b"]))
-    cluster = KubeCluster(controlplane.admin)
+    cluster = KubeCluster(controlplane.admin, demand_of=pod_demand)
     pod = _pod(cluster, namespace, "p")
     assert pod.gated and pod.phase == "Pending" and dict(pod.demand) == {"gpu": 1}
     assert cluster.lift_gate(pod) is LiftOutcome.LIFTED
@@ -104,7 +105,7 @@ def test_racing_dispatchers_lift_each_gate_exactly_once(
     names = [f"race-{i}" for i in range(12)]
     for name in names:
         core.create_namespaced_pod(namespace, _stamped(name, [QUEUE_GATE]))
-    clusters = [KubeCluster(controlplane.admin) for _ in range(4)]
+    clusters = [KubeCluster(controlplane.admin, demand_of=pod_demand) for _ in range(4)]
     pods = {name: _pod(clusters[0], namespace, name) for name in names}
     outcomes: list[tuple[str, LiftOutcome]] = []
     lock = threading.Lock()
@@ -137,7 +138,7 @@ def test_a_gate_moving_under_the_patch_is_never_confused(
     for name in names:
         core.create_namespaced_pod(namespace, _stamped(name, ["example.com/first", QUEUE_GATE,
                                                               "example.com/last"]))
-    cluster = KubeCluster(controlplane.admin)
+    cluster = KubeCluster(controlplane.admin, demand_of=pod_demand)
     pods = {name: _pod(cluster, namespace, name) for name in names}
     start = threading.Barrier(2)
     outcomes: dict[str, LiftOutcome] = {}
@@ -177,7 +178,7 @@ def test_a_stale_gate_index_from_the_watch_falls_back_to_a_fresh_read(
 ) -> None:
     core.create_namespaced_pod(namespace, _stamped("stale", ["example.com/first", QUEUE_GATE,
                                                              "example.com/last"]))
-    cluster = KubeCluster(controlplane.admin)
+    cluster = KubeCluster(controlplane.admin, demand_of=pod_demand)
     pod = _pod(cluster, namespace, "stale")  # remembers our gate at index 1
     core.patch_namespaced_pod(
         "stale", namespace, [{"op": "remove", "path": "/spec/schedulingGates/0"}],
@@ -191,7 +192,7 @@ def test_a_recreated_pod_of_the_same_name_is_not_lifted(
     controlplane: ControlPlane, core: Any, namespace: str
 ) -> None:
     core.create_namespaced_pod(namespace, _stamped("same", [QUEUE_GATE]))
-    cluster = KubeCluster(controlplane.admin)
+    cluster = KubeCluster(controlplane.admin, demand_of=pod_demand)
     old = _pod(cluster, namespace, "same")
     core.delete_namespaced_pod("same", namespace, grace_period_seconds=0)
     _wait(lambda: not [p for p in core.list_namespaced_pod(namespace).items
@@ -208,7 +209,7 @@ def test_events_are_posted_on_the_pod(
     controlplane: ControlPlane, core: Any, namespace: str
 ) -> None:
     core.create_namespaced_pod(namespace, _stamped("told", [QUEUE_GATE]))
-    cluster = KubeCluster(controlplane.admin)
+    cluster = KubeCluster(controlplane.admin, demand_of=pod_demand)
     pod = _pod(cluster, namespace, "told")
     message = "Queued: position 3 of 12 for team-a/training, waiting for 1.00 GPU-eq of " \
               "tenant quota"
@@ -225,7 +226,7 @@ def test_events_are_posted_on_the_pod(
 def test_watch_reports_pods_and_capacity(
     controlplane: ControlPlane, core: Any, namespace: str
 ) -> None:
-    cluster = KubeCluster(controlplane.admin)
+    cluster = KubeCluster(controlplane.admin, demand_of=pod_demand)
     expected: dict[str, int] = {}
     for node in DEFAULT_GPU_NODES:
         for resource, count in node.devices.items():
@@ -267,7 +268,7 @@ def test_the_pod_watch_carries_the_schedulers_unschedulable_verdict(
         annotations={"fairgate.io/ticket": f"t-{uuid.uuid4().hex}",
                      "fairgate.io/demand": "gpu=64"},
     )
-    cluster = KubeCluster(controlplane.admin)
+    cluster = KubeCluster(controlplane.admin, demand_of=pod_demand)
     cluster.start()
     try:
         seen: list[ClusterChange] = []

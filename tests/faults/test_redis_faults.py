@@ -26,6 +26,7 @@ from fault_kit import (
 from test_https import patched
 from webhook_helpers import gpu_pod, review
 
+from admission.demand import pod_demand
 from fairshare.cluster import GpuPod
 from fairshare.kube import pod_from_manifest
 from fairshare.queue import FairQueue
@@ -67,7 +68,7 @@ def cluster_pod(answer: Answer, created: float, config: FairgateConfig) -> GpuPo
     obj["metadata"]["creationTimestamp"] = datetime.datetime.fromtimestamp(
         created, datetime.UTC).isoformat()
     obj["metadata"]["uid"] = answer.uid
-    pod = pod_from_manifest(obj, config.platform.priority_classes)
+    pod = pod_from_manifest(obj, config.platform.priority_classes, pod_demand)
     assert pod is not None, obj
     return pod
 
