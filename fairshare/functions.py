@@ -1,0 +1,140 @@
+"""Calling the fair queue's operations: ``FCALL`` of its Redis Function library.
+
+Contract (shared by :class:`fairshare.queue.FairQueue`, synchronous, and the webhook's
+:class:`fairshare.fastpath.AsyncFairQueue`):
+
+- :class:`QueueFunctions` / :class:`AsyncQueueFunctions` call an operation of
+  :func:`fairshare.calls.library` with the key prefix as its one key: ``FCALL``, or
+  ``FCALL_RO`` for the read-only ones. No call is made to check or load the library
+  beforehand: when Redis answers that the function does not exist (a Redis restarted
+  empty, a new Sentinel primary that never had it, ``FUNCTION FLUSH``, or this version's
+  first call), the library is loaded (``FUNCTION LOAD REPLACE``) and the call is made
+  once more, as redis-py does for a script on ``NOSCRIPT``. A call that failed that way
+  changed nothing, so calling again is safe.
+- Loading never deletes a library: other fairgate versions' libraries (another name)
+  stay, so two versions running during a rolling upgrade never unload each other.
+- A Redis user that may not load it gets :class:`LibraryLoadError` saying which ACL
+  permissions fairgate needs; a Redis without Functions (before 7.0) gets it too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+import redis.asyncio
+
+from fairshare.calls import READ_ONLY, function_name, library
+
+ACL_NEEDED = "+fcall +fcall_ro +function|load"
+
+
+class LibraryLoadError(redis.ResponseError):
+    """Redis refused to load fairgate's function library (permissions, or no Functions)."""
+
+
+def is_missing(error: redis.ResponseError) -> bool:
+    """Whether ``error`` says the called function does not exist (also as an error
+    inside a pipeline's reply)."""
+    return "Function not found" in str(error)
+
+
+def _load_error(error: redis.ResponseError) -> LibraryLoadError:
+    text = str(error)
+    if "unknown command" in text.lower():
+        why = "this Redis has no Functions: fairgate needs Redis 7.0 or newer"
+    elif isinstance(error, redis.exceptions.NoPermissionError) or "NOPERM" in text:
+        why = (f"the Redis user may not load or call them: grant it {ACL_NEEDED} "
+               "(e.g. ACL SETUSER <user> " + ACL_NEEDED + ")")
+    else:
+        why = "see fairshare/README.md, \"Redis Functions\""
+    return LibraryLoadError(
+        f"cannot load fairgate's Redis function library {library().name} ({text}): {why}")
+
+
+def _command(op: str) -> str:
+    return "FCALL_RO" if op in READ_ONLY else "FCALL"
+
+
+def _arguments(op: str, prefix: str, args: tuple[str | int | float, ...]) -> list[Any]:
+    return [_command(op), function_name(op), 1, prefix, *args]
+
+
+class QueueFunctions:
+    """The queue's operations on ``client`` with keys under ``prefix``."""
+
+    def __init__(self, client: redis.Redis, prefix: str) -> None:
+        self._client = client
+        self._prefix = prefix
+
+    def load(self) -> None:
+        """Load (or load again) the library; :class:`LibraryLoadError` if refused."""
+        try:
+            self._client.execute_command(  # type: ignore[no-untyped-call]
+                "FUNCTION", "LOAD", "REPLACE", library().source)
+        except redis.ResponseError as error:
+            raise _load_error(error) from error
+
+    def __call__(self, op: str, *args: str | int | float) -> Any:
+        """The reply of operation ``op`` with ARGV ``args`` (its errors raised)."""
+        command = _arguments(op, self._prefix, args)
+        try:
+            return self._client.execute_command(*command)  # type: ignore[no-untyped-call]
+        except redis.ResponseError as error:
+            if not is_missing(error):
+                raise
+        self.load()
+        return self._client.execute_command(*command)  # type: ignore[no-untyped-call]
+
+    def pipelined(
+        self, calls: list[tuple[str, tuple[str | int | float, ...]]], transaction: bool
+    ) -> list[Any]:
+        """The replies of ``calls`` (operation, ARGV) sent as one pipeline (a MULTI/EXEC
+        with ``transaction``); run once more after loading the library when a function
+        was missing (only read-only operations: running the others twice is not safe)."""
+        if any(op not in READ_ONLY for op, _ in calls):
+            raise ValueError("only read-only operations may be pipelined")
+
+        def execute() -> list[Any]:
+            with self._client.pipeline(transaction=transaction) as pipe:
+                for op, args in calls:
+                    pipe.execute_command(*_arguments(op, self._prefix, args))  # type: ignore[no-untyped-call]
+                return pipe.execute()
+
+        try:
+            return execute()
+        except redis.ResponseError as error:
+            if not is_missing(error):
+                raise
+        self.load()
+        return execute()
+
+
+class AsyncQueueFunctions:
+    """As :class:`QueueFunctions`, on ``redis.asyncio``."""
+
+    def __init__(self, client: redis.asyncio.Redis, prefix: str) -> None:
+        self._client = client
+        self._prefix = prefix
+
+    async def load(self, client: redis.asyncio.Redis | None = None) -> None:
+        """As :meth:`QueueFunctions.load` (on ``client`` if given)."""
+        try:
+            await (client or self._client).execute_command(  # type: ignore[no-untyped-call]
+                "FUNCTION", "LOAD", "REPLACE", library().source)
+        except redis.ResponseError as error:
+            raise _load_error(error) from error
+
+    async def __call__(self, op: str, *args: str | int | float,
+                       client: redis.asyncio.Redis | None = None) -> Any:
+        """As :meth:`QueueFunctions.__call__`; on ``client`` (e.g. one connection, for a
+        ``WAIT`` after it) if given."""
+        target = client or self._client
+        command = _arguments(op, self._prefix, args)
+        try:
+            return await target.execute_command(*command)  # type: ignore[no-untyped-call]
+        except redis.ResponseError as error:
+            if not is_missing(error):
+                raise
+        await self.load(target)
+        return await target.execute_command(*command)  # type: ignore[no-untyped-call]
