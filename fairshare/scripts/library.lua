@@ -6,18 +6,23 @@
 -- lib.lua was written to run once per call (EVALSHA ran it before every operation);
 -- here it runs once per key prefix (KEYS[1]) for the life of the library: `instance`
 -- is lib.lua plus the operations as closures over its locals, made on the first call
--- with a prefix and kept. What lib.lua keeps between the calls of one operation (its
--- per-call caches and the clock) is cleared by `begin` before every operation, so an
--- operation sees exactly what it saw as a script. A top-level local of lib.lua that an
--- operation assigns or fills must be listed in `begin` (tests/fairshare/test_library.py
--- checks it).
+-- with a prefix and kept. What lib.lua keeps during one operation (its per-call
+-- caches and the clock) is cleared by `begin` before every operation, so an operation
+-- sees what it saw as a script. A top-level local of lib.lua that an operation assigns
+-- or fills must be cleared in `begin` (tests/fairshare/test_library.py checks it).
 
 local function instance(KEYS)
 --[[lib]]
 
+-- SHAPES (parse_shape's cache) is the one cache kept between calls: a parsed shape
+-- depends on the shape's text alone, and is only read. It is emptied every
+-- SHAPE_CALLS calls, so shapes no longer used do not pile up.
+local SHAPE_CALLS, calls = 1000, 0
 local function begin()
-  SHAPES, CFG, USED, CAP = {}, {}, {}, {}
+  CFG, USED, CAP = {}, {}, {}
   NOW, HL, CAP_SLICES = nil, nil, nil
+  calls = calls + 1
+  if calls >= SHAPE_CALLS then SHAPES, calls = {}, 0 end
 end
 
 local ops = {}
