@@ -6,7 +6,7 @@ same scripts in exactly the same way):
 
 - :func:`library` is the one Redis Function library holding every operation
   (``scripts/library.lua`` framing ``lib.lua`` and each ``<op>.lua``), named after a hash
-  of those sources; :func:`function_name` is the function an operation is called by
+  of those sources; :meth:`Library.function` is the function an operation is called by
   (``FCALL``, or ``FCALL_RO`` for the :data:`READ_ONLY` ones). Loading and calling it is
   :mod:`fairshare.functions`.
 - ``*_args`` build a script's ARGV; the matching reply readers turn its reply into the
@@ -96,6 +96,10 @@ class Library:
     name: str
     source: str
 
+    def function(self, op: str) -> str:
+        """The name of operation ``op``'s function in this library."""
+        return f"{self.name}_{op}"
+
 
 @cache
 def library() -> Library:
@@ -118,11 +122,6 @@ def library() -> Library:
         frame = frame.replace(marker, text)
     name = "fairgate_" + hashlib.sha1(frame.encode()).hexdigest()[:16]
     return Library(name, frame.replace("--[[library]]", name))
-
-
-def function_name(op: str) -> str:
-    """The name of operation ``op``'s function in :func:`library`."""
-    return f"{library().name}_{op}"
 
 
 def text(value: Any) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 import redis
 import redis.asyncio
 
-from fairshare.calls import READ_ONLY, function_name, library
+from fairshare.calls import READ_ONLY, Library, library
 
 ACL_NEEDED = "+fcall +fcall_ro +function|load"
 
@@ -39,45 +39,52 @@ def is_missing(error: redis.ResponseError) -> bool:
     return "Function not found" in str(error)
 
 
-def _load_error(error: redis.ResponseError) -> LibraryLoadError:
+def _load_error(error: redis.ResponseError, lib: Library) -> redis.ResponseError:
+    """``error`` of ``FUNCTION LOAD`` as :class:`LibraryLoadError` when it is about
+    fairgate's setup (permissions, an old Redis); others (``NOREPLICAS``, ``READONLY``,
+    out of memory) as they are, for the caller to handle as it handles any write."""
     text = str(error)
     if "unknown command" in text.lower():
         why = "this Redis has no Functions: fairgate needs Redis 7.0 or newer"
     elif isinstance(error, redis.exceptions.NoPermissionError) or "NOPERM" in text:
         why = (f"the Redis user may not load or call them: grant it {ACL_NEEDED} "
-               "(e.g. ACL SETUSER <user> " + ACL_NEEDED + ")")
+               f"(ACL SETUSER <user> {ACL_NEEDED}), or give fairgate a user that has them")
     else:
-        why = "see fairshare/README.md, \"Redis Functions\""
+        return error
     return LibraryLoadError(
-        f"cannot load fairgate's Redis function library {library().name} ({text}): {why}")
+        f"cannot load fairgate's Redis function library {lib.name} ({text}): {why}")
 
 
-def _command(op: str) -> str:
-    return "FCALL_RO" if op in READ_ONLY else "FCALL"
-
-
-def _arguments(op: str, prefix: str, args: tuple[str | int | float, ...]) -> list[Any]:
-    return [_command(op), function_name(op), 1, prefix, *args]
+def _arguments(
+    lib: Library, op: str, prefix: str, args: tuple[str | int | float, ...]
+) -> list[Any]:
+    """``FCALL`` (``FCALL_RO`` for a read-only operation) of ``op`` in ``lib``."""
+    return ["FCALL_RO" if op in READ_ONLY else "FCALL", lib.function(op), 1, prefix, *args]
 
 
 class QueueFunctions:
-    """The queue's operations on ``client`` with keys under ``prefix``."""
+    """The queue's operations on ``client`` with keys under ``prefix``, in ``lib``
+    (default: :func:`fairshare.calls.library`, this fairgate's)."""
 
-    def __init__(self, client: redis.Redis, prefix: str) -> None:
+    def __init__(self, client: redis.Redis, prefix: str, lib: Library | None = None) -> None:
         self._client = client
         self._prefix = prefix
+        self._library = lib or library()
 
     def load(self) -> None:
         """Load (or load again) the library; :class:`LibraryLoadError` if refused."""
         try:
             self._client.execute_command(  # type: ignore[no-untyped-call]
-                "FUNCTION", "LOAD", "REPLACE", library().source)
+                "FUNCTION", "LOAD", "REPLACE", self._library.source)
         except redis.ResponseError as error:
-            raise _load_error(error) from error
+            raised = _load_error(error, self._library)
+            if raised is error:
+                raise
+            raise raised from error
 
     def __call__(self, op: str, *args: str | int | float) -> Any:
         """The reply of operation ``op`` with ARGV ``args`` (its errors raised)."""
-        command = _arguments(op, self._prefix, args)
+        command = _arguments(self._library, op, self._prefix, args)
         try:
             return self._client.execute_command(*command)  # type: ignore[no-untyped-call]
         except redis.ResponseError as error:
@@ -98,7 +105,8 @@ class QueueFunctions:
         def execute() -> list[Any]:
             with self._client.pipeline(transaction=transaction) as pipe:
                 for op, args in calls:
-                    pipe.execute_command(*_arguments(op, self._prefix, args))  # type: ignore[no-untyped-call]
+                    command = _arguments(self._library, op, self._prefix, args)
+                    pipe.execute_command(*command)  # type: ignore[no-untyped-call]
                 return pipe.execute()
 
         try:
@@ -113,24 +121,30 @@ class QueueFunctions:
 class AsyncQueueFunctions:
     """As :class:`QueueFunctions`, on ``redis.asyncio``."""
 
-    def __init__(self, client: redis.asyncio.Redis, prefix: str) -> None:
+    def __init__(
+        self, client: redis.asyncio.Redis, prefix: str, lib: Library | None = None
+    ) -> None:
         self._client = client
         self._prefix = prefix
+        self._library = lib or library()
 
     async def load(self, client: redis.asyncio.Redis | None = None) -> None:
         """As :meth:`QueueFunctions.load` (on ``client`` if given)."""
         try:
             await (client or self._client).execute_command(  # type: ignore[no-untyped-call]
-                "FUNCTION", "LOAD", "REPLACE", library().source)
+                "FUNCTION", "LOAD", "REPLACE", self._library.source)
         except redis.ResponseError as error:
-            raise _load_error(error) from error
+            raised = _load_error(error, self._library)
+            if raised is error:
+                raise
+            raise raised from error
 
     async def __call__(self, op: str, *args: str | int | float,
                        client: redis.asyncio.Redis | None = None) -> Any:
         """As :meth:`QueueFunctions.__call__`; on ``client`` (e.g. one connection, for a
         ``WAIT`` after it) if given."""
         target = client or self._client
-        command = _arguments(op, self._prefix, args)
+        command = _arguments(self._library, op, self._prefix, args)
         try:
             return await target.execute_command(*command)  # type: ignore[no-untyped-call]
         except redis.ResponseError as error:
