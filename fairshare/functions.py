@@ -10,7 +10,8 @@ Contract (shared by :class:`fairshare.queue.FairQueue`, synchronous, and the web
   empty, a new Sentinel primary that never had it, ``FUNCTION FLUSH``, or this version's
   first call), the library is loaded (``FUNCTION LOAD REPLACE``) and the call is made
   once more, as redis-py does for a script on ``NOSCRIPT``. A call that failed that way
-  changed nothing, so calling again is safe.
+  changed nothing, so calling again is safe. In :class:`AsyncQueueFunctions`, the calls
+  that find it missing together share one load.
 - Loading never deletes a library: other fairgate versions' libraries (another name)
   stay, so two versions running during a rolling upgrade never unload each other.
 - A Redis user that may not load it gets :class:`LibraryLoadError` saying which ACL
@@ -19,6 +20,7 @@ Contract (shared by :class:`fairshare.queue.FairQueue`, synchronous, and the web
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import redis
@@ -119,7 +121,10 @@ class QueueFunctions:
 
 
 class AsyncQueueFunctions:
-    """As :class:`QueueFunctions`, on ``redis.asyncio``."""
+    """As :class:`QueueFunctions`, on ``redis.asyncio``; calls that find the library
+    missing while a load is under way wait for that load instead of loading it again
+    (after a Redis restart, every decision in flight finds it missing, and each load
+    holds Redis for milliseconds)."""
 
     def __init__(
         self, client: redis.asyncio.Redis, prefix: str, lib: Library | None = None
@@ -127,17 +132,24 @@ class AsyncQueueFunctions:
         self._client = client
         self._prefix = prefix
         self._library = lib or library()
+        self._loading: asyncio.Future[None] | None = None
 
-    async def load(self, client: redis.asyncio.Redis | None = None) -> None:
-        """As :meth:`QueueFunctions.load` (on ``client`` if given)."""
+    async def _load(self) -> None:
         try:
-            await (client or self._client).execute_command(  # type: ignore[no-untyped-call]
+            await self._client.execute_command(  # type: ignore[no-untyped-call]
                 "FUNCTION", "LOAD", "REPLACE", self._library.source)
         except redis.ResponseError as error:
             raised = _load_error(error, self._library)
             if raised is error:
                 raise
             raise raised from error
+
+    async def load(self) -> None:
+        """As :meth:`QueueFunctions.load`, or wait for the load under way."""
+        if self._loading is None or self._loading.done():
+            self._loading = asyncio.ensure_future(self._load())
+        # a caller cancelled (its deadline) does not cancel the load the others wait for
+        await asyncio.shield(self._loading)
 
     async def __call__(self, op: str, *args: str | int | float,
                        client: redis.asyncio.Redis | None = None) -> Any:
@@ -150,5 +162,5 @@ class AsyncQueueFunctions:
         except redis.ResponseError as error:
             if not is_missing(error):
                 raise
-        await self.load(target)
+        await self.load()
         return await target.execute_command(*command)  # type: ignore[no-untyped-call]

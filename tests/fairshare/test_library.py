@@ -269,6 +269,33 @@ def test_the_webhook_queue_loads_the_flushed_library_too(redis_url: str, pods: P
     assert asyncio.run(run()) == ("reserved", "a")
 
 
+def test_a_burst_of_webhook_calls_that_find_the_library_missing_loads_it_once(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    """After a Redis restart every decision in flight finds the library missing: one
+    load (each holds Redis for milliseconds), not one per decision."""
+    big = {"a": {"nominal": {"gpu": 64}}}
+
+    async def run() -> list[str]:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            queue = AsyncFairQueue(client)
+            await queue.sync_config(config(**big), {"gpu": 64})
+            await asyncio.gather(*(client.ping() for _ in range(32)))  # 32 open connections
+            await client.function_flush()
+            await client.config_resetstat()
+            pods = Pods()
+            answers = await asyncio.gather(*(queue.admit(pods("a"), 1.0) for _ in range(32)))
+            return [a.outcome for a in answers]
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(run()) == ["reserved"] * 32
+    assert _loads(redis_client) == 1
+    calls = redis_client.info("commandstats")["cmdstat_fcall"]
+    assert calls["failed_calls"] > 1  # they did find it missing together
+
+
 def test_a_replica_gets_the_library_and_serves_the_read_only_operations(
     primary_and_replica: tuple[str, redis.Redis], pods: Pods
 ) -> None:
