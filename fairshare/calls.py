@@ -83,7 +83,6 @@ class TicketConflictError(ValueError):
 OPERATIONS = ("sync", "admit", "confirm", "dispatch", "forget", "expire", "requeue",
               "rebuild", "status", "why", "find", "demand", "holds")
 READ_ONLY = frozenset({"status", "why", "find", "demand", "holds"})
-NO_WRITES = "'no-writes'"
 
 
 @dataclass(frozen=True)
@@ -109,11 +108,12 @@ def library() -> Library:
     def read(name: str) -> str:
         return scripts.joinpath(f"{name}.lua").read_text()
 
+    def flags(op: str) -> str:
+        return "{'no-writes'}" if op in READ_ONLY else "{}"
+
     operations = "".join(
         f"ops[{op!r}] = function(ARGV)\nbegin()\n{read(op)}\nend\n" for op in OPERATIONS)
-    registrations = "".join(
-        f"register({op!r}, {{{NO_WRITES if op in READ_ONLY else ''}}})\n"
-        for op in OPERATIONS)
+    registrations = "".join(f"register({op!r}, {flags(op)})\n" for op in OPERATIONS)
     frame = read("library")
     for marker, text in (("--[[lib]]", read("lib")), ("--[[operations]]", operations),
                          ("--[[registrations]]", registrations)):

@@ -6,12 +6,13 @@ Contract (shared by :class:`fairshare.queue.FairQueue`, synchronous, and the web
 - :class:`QueueFunctions` / :class:`AsyncQueueFunctions` call an operation of
   :func:`fairshare.calls.library` with the key prefix as its one key: ``FCALL``, or
   ``FCALL_RO`` for the read-only ones. No call is made to check or load the library
-  beforehand: when Redis answers that the function does not exist (a Redis restarted
-  empty, a new Sentinel primary that never had it, ``FUNCTION FLUSH``, or this version's
-  first call), the library is loaded (``FUNCTION LOAD REPLACE``) and the call is made
-  once more, as redis-py does for a script on ``NOSCRIPT``. A call that failed that way
-  changed nothing, so calling again is safe. In :class:`AsyncQueueFunctions`, the calls
-  that find it missing together share one load.
+  beforehand: when Redis answers that the function does not exist (this version's
+  first call, a Redis restarted without persistence, ``FUNCTION FLUSH``; functions
+  replicate, so a promoted replica has them unless it was promoted before it got
+  them), the library is loaded (``FUNCTION LOAD REPLACE``) and the call is made once
+  more, as redis-py does for a script on ``NOSCRIPT``. A call that failed that way
+  changed nothing, so calling again is safe. In :class:`AsyncQueueFunctions`, the
+  calls that find it missing together share one load.
 - Loading never deletes a library: other fairgate versions' libraries (another name)
   stay, so two versions running during a rolling upgrade never unload each other.
 - A Redis user that may not load it gets :class:`LibraryLoadError` saying which ACL
@@ -41,10 +42,11 @@ def is_missing(error: redis.ResponseError) -> bool:
     return "Function not found" in str(error)
 
 
-def _load_error(error: redis.ResponseError, lib: Library) -> redis.ResponseError:
+def _load_error(error: redis.ResponseError, lib: Library) -> LibraryLoadError | None:
     """``error`` of ``FUNCTION LOAD`` as :class:`LibraryLoadError` when it is about
-    fairgate's setup (permissions, an old Redis); others (``NOREPLICAS``, ``READONLY``,
-    out of memory) as they are, for the caller to handle as it handles any write."""
+    fairgate's setup (permissions, an old Redis); None for the others (``NOREPLICAS``,
+    ``READONLY``, out of memory): raised as they are, for the caller to handle as it
+    handles any write."""
     text = str(error)
     if "unknown command" in text.lower():
         why = "this Redis has no Functions: fairgate needs Redis 7.0 or newer"
@@ -52,7 +54,7 @@ def _load_error(error: redis.ResponseError, lib: Library) -> redis.ResponseError
         why = (f"the Redis user may not load or call them: grant it {ACL_NEEDED} "
                f"(ACL SETUSER <user> {ACL_NEEDED}), or give fairgate a user that has them")
     else:
-        return error
+        return None
     return LibraryLoadError(
         f"cannot load fairgate's Redis function library {lib.name} ({text}): {why}")
 
@@ -79,10 +81,7 @@ class QueueFunctions:
             self._client.execute_command(  # type: ignore[no-untyped-call]
                 "FUNCTION", "LOAD", "REPLACE", self._library.source)
         except redis.ResponseError as error:
-            raised = _load_error(error, self._library)
-            if raised is error:
-                raise
-            raise raised from error
+            raise (_load_error(error, self._library) or error) from error
 
     def __call__(self, op: str, *args: str | int | float) -> Any:
         """The reply of operation ``op`` with ARGV ``args`` (its errors raised)."""
@@ -139,10 +138,7 @@ class AsyncQueueFunctions:
             await self._client.execute_command(  # type: ignore[no-untyped-call]
                 "FUNCTION", "LOAD", "REPLACE", self._library.source)
         except redis.ResponseError as error:
-            raised = _load_error(error, self._library)
-            if raised is error:
-                raise
-            raise raised from error
+            raise (_load_error(error, self._library) or error) from error
 
     async def load(self) -> None:
         """As :meth:`QueueFunctions.load`, or wait for the load under way."""
