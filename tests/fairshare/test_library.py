@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+import subprocess
+import sys
 from importlib import resources
 from typing import Any
 
@@ -366,6 +368,13 @@ def test_a_user_that_may_not_load_the_library_is_told_what_to_grant(
         q = FairQueue(limited)
         with pytest.raises(LibraryLoadError, match=r"\+function\|load"):
             q.sync_config(config(**TENANTS), CAPACITY)
+        # fairgate status as that user: the same words, no traceback, no password
+        user_url = redis_url.replace("redis://", "redis://fgtest:pw@")
+        done = subprocess.run([sys.executable, "-m", "webhook.cli", "status", "--redis-url",
+                               user_url], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 1
+        assert "+fcall +fcall_ro +function|load" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr and ":pw@" not in done.stderr
         queue_with(redis_client, CAPACITY, **TENANTS)  # loaded by a user who may
         assert q.admit(pods("a"), 1.0).outcome == "reserved"
         limited.close()
