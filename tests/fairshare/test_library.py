@@ -16,7 +16,7 @@ import pytest
 import redis
 import redis.asyncio
 
-from fairshare.calls import READ_ONLY, Library, library
+from fairshare.calls import OPERATIONS, READ_ONLY, Library, library
 from fairshare.fastpath import AsyncFairQueue
 from fairshare.functions import LibraryLoadError, QueueFunctions
 from fairshare.model import GatedPod, PodRequest, RunningPod
@@ -71,9 +71,7 @@ def test_every_lib_local_an_operation_changes_is_cleared_before_each_call() -> N
     lib = _lua("lib")
     names = {n.strip() for m in re.finditer(r"^local (?!function)([\w, ]+?)\s*=", lib, re.M)
              for n in m.group(1).split(",")}
-    code = lib + "".join(_lua(op) for op in ("sync", "admit", "confirm", "dispatch", "forget",
-                                             "expire", "requeue", "rebuild", "status", "why",
-                                             "find", "demand", "holds"))
+    code = lib + "".join(_lua(op) for op in OPERATIONS)
     changed = {name for name in names
                if re.search(rf"^(?!\s*local\b).*(?<![\w.]){name}\s*(\[[^\]\n]*\])?\s*=(?!=)",
                             code, re.M)}
