@@ -9,8 +9,8 @@ queue). Then, alternated ``--repeat`` times on the same Redis: the old status pa
 (``FairQueue.tenant_status()``) and the new one (``FairQueue.snapshot()``: ``status.lua``
 and ``demand.lua`` in one MULTI/EXEC, plus ``snapshot_fairness``). Reported: median
 client wall time of each, their ratio (the baseline is the old pass in the same run),
-and the Redis time per pass (``INFO commandstats`` of EVALSHA: how long Redis is busy,
-i.e. blocks other clients). Prints a Markdown table.
+and the Redis time per pass (``INFO commandstats`` of FCALL_RO, the read-only
+functions: how long Redis is busy, i.e. blocks other clients). Prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from fairshare.entitlement import snapshot_fairness
 from fairshare.queue import FairQueue
 
 
-def _evalsha_usec(client: redis.Redis) -> float:
-    stats = client.info("commandstats").get("cmdstat_evalsha", {})
+def _function_usec(client: redis.Redis) -> float:
+    stats = client.info("commandstats").get("cmdstat_fcall_ro", {})
     return float(stats.get("usec", 0))
 
 
@@ -36,7 +36,7 @@ def measure(client: redis.Redis, tenants: int, count: int, repeat: int) -> list[
     """One table row: tenants, pods, old ms, new ms, ratio, Redis µs old, new."""
     clear(client)
     config, capacity, names = make_config(tenants)
-    queue = FairQueue(client, prefix=PREFIX, starvation_seconds=3600.0)
+    queue = FairQueue(client, prefix=PREFIX)
     queue.sync_config(config, capacity)
     queued = 0
     for req in pods(names, count, random.Random(tenants)):
@@ -49,12 +49,12 @@ def measure(client: redis.Redis, tenants: int, count: int, repeat: int) -> list[
         start = time.perf_counter()
         queue.tenant_status()
         old_wall.append(time.perf_counter() - start)
-        old_redis += _evalsha_usec(client)
+        old_redis += _function_usec(client)
         client.config_resetstat()
         start = time.perf_counter()
         snapshot_fairness(queue.snapshot())
         new_wall.append(time.perf_counter() - start)
-        new_redis += _evalsha_usec(client)
+        new_redis += _function_usec(client)
     old, new = statistics.median(old_wall) * 1000, statistics.median(new_wall) * 1000
     return [f"{tenants:,}", f"{count:,} ({queued:,} queued)", f"{old:.2f}", f"{new:.2f}",
             f"{new / old:.2f}", f"{old_redis / repeat:.0f}", f"{new_redis / repeat:.0f}"]

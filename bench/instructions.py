@@ -7,7 +7,8 @@
 Time measured on a shared machine moves by 20-40% between runs of the same code; the
 number of instructions does not. This counts them with valgrind's callgrind tool
 (``Ir``, instructions executed inside Redis' ``processCommand``: the command, i.e.
-the script and its ``redis.call``s; not reading the request or writing the reply, and
+the script (``EVALSHA``, older checkouts) or function (``FCALL``) and its
+``redis.call``s; not reading the request or writing the reply, and
 not the timers of the event loop), zeroing the counters before
 each measured operation and dumping them after it (``callgrind_control``), so the
 setup is never counted. A ratio of two codes' counts is a ratio of CPU work, not of
@@ -19,9 +20,12 @@ together. ``dispatch``: the state of ``bench/dispatch.py`` (same tenants, mix an
 seed: the cluster filled with running pods, then ``--queued`` pods queued) is built in
 a plain ``redis-server``, saved, and loaded into one under callgrind; then
 ``--decisions`` times a random running pod ends (uncounted) and one
-``dispatch(limit=1)`` is counted. ``--code DIR`` puts another checkout first on the
-import path (the queue, its Lua scripts and the bench helpers all come from it); it
-works with checkouts from before the uid-bound ``confirm``/``release`` API.
+``dispatch(limit=1)`` is counted. Loading the code into Redis is never counted: the
+setup's calls load the scripts or the function library (and, for a library, make its
+per-prefix instance: ``fairshare/README.md``, "Redis Functions"). ``--code DIR`` puts
+another checkout first on the import path (the queue, its Lua and the bench helpers all
+come from it); it works with checkouts from before the uid-bound
+``confirm``/``release`` API and with those that run the queue as scripts.
 Needs ``valgrind`` and ``redis-server``.
 """
 

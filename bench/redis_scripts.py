@@ -1,4 +1,5 @@
-"""Benchmark: Redis-side cost of one ``FairQueue.admit`` (the ``admit.lua`` script).
+"""Benchmark: Redis-side cost of one ``FairQueue.admit`` (``admit.lua``, a function of the
+queue's Redis Function library, called with ``FCALL``).
 
     python -m bench.redis_scripts                       # every case, best of 3 x 1000 admissions
     python -m bench.redis_scripts --rounds 1 --only fast-10-training queue-10000-training
@@ -22,12 +23,12 @@ so every batch meets the same state. Cases:
   pods as above (members wait until the last completes the gang, which then becomes
   one queue entry).
 
-Per admission: ``EVALSHA`` microseconds as Redis times the command (script and its
+Per admission: ``FCALL`` microseconds as Redis times the command (the function and its
 ``redis.call``s), Redis CPU (``used_cpu_user + used_cpu_sys``: also reading the request
 and writing the reply), ``redis.call``s made by the script (``commandstats`` counts the
 commands scripts run) and the client's wall time (Python and the loopback round trip
 included). Each case runs ``--rounds`` times, the cases interleaved, and the round with
-the least ``EVALSHA`` time is kept (the machine is shared: the least disturbed round).
+the least ``FCALL`` time is kept (the machine is shared: the least disturbed round).
 Prints a Markdown table and one JSON object (with the calls per command).
 """
 
@@ -52,7 +53,7 @@ from tenants.models import PodClass
 NOW = 1.0
 KNOWN_PODS = 300  # held before a fast-path or gang case: half confirmed, half reserved
 # commandstats entries that are not the script's own redis.calls
-_OUTSIDE = {"evalsha", "eval", "script|load", "info", "config|resetstat"}
+_OUTSIDE = {"fcall", "function|load", "info", "config|resetstat"}
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ class Result:
     case: str
     admissions: int
     outcomes: dict[str, int]
-    evalsha_us: float  # Redis' own time of the EVALSHA command, per admission
+    fcall_us: float  # Redis' own time of the FCALL command, per admission
     redis_cpu_us: float  # redis-server user + sys CPU, per admission
     redis_calls: float  # redis.call()s made by the script, per admission
     client_us: float  # wall time of FairQueue.admit in this process, per admission
@@ -148,7 +149,7 @@ def measure(client: redis.Redis, case: Case, count: int, batch: int) -> Result:
     expected = "reserved" if case.backlog is None and case.gang_size == 1 else "queued"
     calls: Counter[str] = Counter()
     outcomes: Counter[str] = Counter()
-    evalsha_us = cpu = wall = 0.0
+    fcall_us = cpu = wall = 0.0
     done = 0
     while done < count:
         size = min(batch, count - done)
@@ -161,7 +162,7 @@ def measure(client: redis.Redis, case: Case, count: int, batch: int) -> Result:
         wall += time.perf_counter() - started
         cpu += _redis_cpu(client) - cpu_before
         stats = client.info("commandstats")
-        evalsha_us += float(stats["cmdstat_evalsha"]["usec"])
+        fcall_us += float(stats["cmdstat_fcall"]["usec"])
         for key, value in stats.items():
             command = key.removeprefix("cmdstat_")
             if command not in _OUTSIDE:
@@ -180,7 +181,7 @@ def measure(client: redis.Redis, case: Case, count: int, batch: int) -> Result:
         case=case.name,
         admissions=done,
         outcomes=dict(outcomes),
-        evalsha_us=round(evalsha_us / done, 1),
+        fcall_us=round(fcall_us / done, 1),
         redis_cpu_us=round(1e6 * cpu / done, 1),
         redis_calls=round(sum(calls.values()) / done, 1),
         client_us=round(1e6 * wall / done, 1),
@@ -190,10 +191,10 @@ def measure(client: redis.Redis, case: Case, count: int, batch: int) -> Result:
 
 def table(results: Sequence[Result]) -> str:
     """A Markdown table of ``results``."""
-    lines = ["| case | admissions | EVALSHA us/admit | Redis CPU us/admit | "
+    lines = ["| case | admissions | FCALL us/admit | Redis CPU us/admit | "
              "redis.call/admit | client us/admit |", "|---|---|---|---|---|---|"]
     for r in results:
-        lines.append(f"| {r.case} | {r.admissions} | {r.evalsha_us:.1f} | "
+        lines.append(f"| {r.case} | {r.admissions} | {r.fcall_us:.1f} | "
                      f"{r.redis_cpu_us:.1f} | {r.redis_calls:.1f} | {r.client_us:.1f} |")
     return "\n".join(lines)
 
@@ -223,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for _ in range(args.rounds):
             for case in cases:
                 result = measure(client, case, args.count, args.batch)
-                if case.name not in best or result.evalsha_us < best[case.name].evalsha_us:
+                if case.name not in best or result.fcall_us < best[case.name].fcall_us:
                     best[case.name] = result
     results = [best[case.name] for case in cases]
     print(table(results))

@@ -1,16 +1,17 @@
-"""Benchmark: what "acknowledged means replicated" costs an admission, and what a
-script reload after a promotion costs.
+"""Benchmark: what "acknowledged means replicated" costs an admission, and what loading
+the queue's function library costs the call that finds it missing.
 
 Starts a primary and one linked replica (own redis-server processes on loopback) and
-times, client side, the webhook's admission call (``AsyncFairQueue.admit``, one Lua
-script, asyncio, the loopback round trip included) on the same primary:
+times, client side, the webhook's admission call (``AsyncFairQueue.admit``, one
+``FCALL``, asyncio, the loopback round trip included) on the same primary:
 
-- ``plain``: the script alone (a standalone Redis, ``replicas=0``);
-- ``wait``: the script, then ``WAIT 1`` on the same connection (``replicas=1``, what a
+- ``plain``: the call alone (a standalone Redis, ``replicas=0``);
+- ``wait``: the call, then ``WAIT 1`` on the same connection (``replicas=1``, what a
   ``redis+sentinel://`` target does);
-- ``reload``: the first call after ``SCRIPT FLUSH`` (as on a just-promoted replica,
-  whose script cache is empty: EVALSHA answers NOSCRIPT, redis-py loads the script and
-  calls it again), against the next call.
+- ``reload``: the first call after ``FUNCTION FLUSH`` (as on a Redis restarted empty:
+  FCALL answers "Function not found", the client loads the library with ``FUNCTION
+  LOAD`` and calls again), against the next call. A promoted replica does not need
+  this: functions replicate.
 
 Rounds alternate plain and wait batches, so both see the same machine load; the result
 is the ratio of medians (and of p99s) in the same run.
@@ -74,7 +75,7 @@ async def _measure(url: str, rounds: int, batch: int) -> dict[str, list[float]]:
                 started = time.perf_counter()
                 await queue.admit(_request(n), float(n))
                 times[name].append(time.perf_counter() - started)
-        await client.script_flush()
+        await client.function_flush()
         for name in ("reload", "loaded"):
             n += 1
             started = time.perf_counter()

@@ -4,7 +4,11 @@ Contract (pure: no I/O; shared by the synchronous :class:`fairshare.queue.FairQu
 and the webhook's :class:`fairshare.fastpath.AsyncFairQueue`, so both speak to the
 same scripts in exactly the same way):
 
-- :func:`script_source` is the text to register for a script (``lib.lua`` + the script).
+- :func:`library` is the one Redis Function library holding every operation
+  (``scripts/library.lua`` framing ``lib.lua`` and each ``<op>.lua``), named after a hash
+  of those sources; :meth:`Library.function` is the function an operation is called by
+  (``FCALL``, or ``FCALL_RO`` for the :data:`READ_ONLY` ones). Loading and calling it is
+  :mod:`fairshare.functions`.
 - ``*_args`` build a script's ARGV; the matching reply readers turn its reply into the
   typed values of :mod:`fairshare.model`, raising :class:`TicketConflictError` where the
   reply says so.
@@ -15,8 +19,10 @@ same scripts in exactly the same way):
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources as importlib_resources
 from typing import Any
@@ -71,13 +77,51 @@ class TicketConflictError(ValueError):
         )
 
 
+# Every operation of the queue: ``fairshare/scripts/<op>.lua``, each a function of the
+# library. The read-only ones are registered ``no-writes`` (Redis refuses a write from
+# them) and called with FCALL_RO.
+OPERATIONS = ("sync", "admit", "confirm", "dispatch", "forget", "expire", "requeue",
+              "rebuild", "status", "why", "find", "demand", "holds", "budget")
+READ_ONLY = frozenset({"status", "why", "find", "demand", "holds"})
+
+
+@dataclass(frozen=True)
+class Library:
+    """The queue's Redis Function library: ``name`` (``fairgate_`` + 16 hex digits of
+    the SHA-1 of every source it is made of, so each version of fairgate has its own
+    library and functions, and two versions can run side by side on one Redis) and
+    ``source``, the text for ``FUNCTION LOAD``."""
+
+    name: str
+    source: str
+
+    def function(self, op: str) -> str:
+        """The name of operation ``op``'s function in this library."""
+        return f"{self.name}_{op}"
+
+
 @cache
-def script_source(name: str) -> str:
-    """The Lua text to register for the script ``name`` (the shared library first)."""
+def library() -> Library:
+    """The library of this fairgate's Lua sources (see ``scripts/library.lua``)."""
     scripts = importlib_resources.files("fairshare.scripts")
-    return scripts.joinpath("lib.lua").read_text() + "\n" + scripts.joinpath(
-        f"{name}.lua"
-    ).read_text()
+
+    def read(name: str) -> str:
+        return scripts.joinpath(f"{name}.lua").read_text()
+
+    def flags(op: str) -> str:
+        return "{'no-writes'}" if op in READ_ONLY else "{}"
+
+    operations = "".join(
+        f"ops[{op!r}] = function(ARGV)\nbegin()\n{read(op)}\nend\n" for op in OPERATIONS)
+    registrations = "".join(f"register({op!r}, {flags(op)})\n" for op in OPERATIONS)
+    frame = read("library")
+    for marker, text in (("--[[lib]]", read("lib")), ("--[[operations]]", operations),
+                         ("--[[registrations]]", registrations)):
+        if frame.count(marker) != 1:
+            raise RuntimeError(f"scripts/library.lua must hold {marker} exactly once")
+        frame = frame.replace(marker, text)
+    name = "fairgate_" + hashlib.sha1(frame.encode()).hexdigest()[:16]
+    return Library(name, frame.replace("--[[library]]", name))
 
 
 def text(value: Any) -> str:

@@ -28,10 +28,10 @@ from fairshare.calls import (
     admission,
     admit_args,
     queue_error,
-    script_source,
     sync_args,
     tenant_statuses,
 )
+from fairshare.functions import AsyncQueueFunctions
 from fairshare.model import Admission, PodRequest, TenantStatus
 from tenants.models import FairgateConfig
 
@@ -64,19 +64,16 @@ class AsyncFairQueue:
             raise ValueError(f"replicas must be >= 0 and replica_timeout > 0, got "
                              f"{replicas} and {replica_timeout}")
         self._client = client
-        self._keys = [prefix]
+        self._budget_key = prefix + "budget"
         self.wait_for_rebuild = wait_for_rebuild
         self.replicas = replicas
         self._wait_ms = max(1, round(replica_timeout * 1000))
-        self._scripts = {
-            name: client.register_script(script_source(name))
-            for name in ("sync", "admit", "status")
-        }
+        self._functions = AsyncQueueFunctions(client, prefix)
 
     async def _run(self, name: str, *args: str | int | float,
                    client: redis.asyncio.Redis | None = None) -> Any:
         try:
-            return await self._scripts[name](keys=self._keys, args=list(args), client=client)
+            return await self._functions(name, *args, client=client)
         except redis.ResponseError as exc:
             if str(exc).startswith("NOREPLICAS"):
                 raise NotReplicatedError(f"the primary refuses writes: {exc}") from exc
@@ -111,7 +108,7 @@ class AsyncFairQueue:
 
     async def budgets(self) -> dict[str, BudgetStatus]:
         """As :meth:`fairshare.queue.FairQueue.budgets` (one HGETALL)."""
-        return read_budgets(await self._client.hgetall(self._keys[0] + "budget"))
+        return read_budgets(await self._client.hgetall(self._budget_key))
 
     async def tenant_status(self) -> list[TenantStatus]:
         """As :meth:`fairshare.queue.FairQueue.tenant_status`."""

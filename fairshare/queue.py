@@ -1,8 +1,9 @@
 """The weighted-fair GPU queue, held in Redis.
 
 Contract (rules in ``fairshare/README.md``; key layout there too):
-- Every state change is one Lua script (``fairshare/scripts/*.lua``), so any number of
-  webhooks and dispatchers may call a :class:`FairQueue` on the same Redis at once.
+- Every state change is one Lua operation (``fairshare/scripts/<op>.lua``, a function
+  of one Redis Function library: :mod:`fairshare.functions`), so any number of webhooks
+  and dispatchers may call a :class:`FairQueue` on the same Redis at once.
 - :meth:`FairQueue.admit` reserves a pod now (fast path) or queues it, and picks its
   priority band; it is idempotent per ticket, and ``dry_run`` writes nothing.
 - :meth:`FairQueue.dispatch` releases queued pods in queue order: class first
@@ -44,11 +45,11 @@ from fairshare.calls import (
     num,
     queue_error,
     queued_demand,
-    script_source,
     sync_args,
     tenant_statuses,
     text,
 )
+from fairshare.functions import QueueFunctions
 from fairshare.model import (
     Admission,
     Confirmation,
@@ -63,9 +64,6 @@ from fairshare.model import (
 )
 from tenants.models import FairgateConfig
 from tenants.resources import format_counts, parse_counts
-
-_SCRIPTS = ("sync", "admit", "confirm", "dispatch", "forget", "expire", "requeue",
-            "rebuild", "status", "why", "find", "demand", "holds", "budget")
 
 
 class FairQueue:
@@ -90,11 +88,11 @@ class FairQueue:
         self._keys = [prefix]
         self.reservation_ttl = reservation_ttl
         self.wait_for_rebuild = wait_for_rebuild
-        self._scripts = {name: client.register_script(script_source(name)) for name in _SCRIPTS}
+        self._functions = QueueFunctions(client, prefix)
 
     def _run(self, name: str, *args: str | int | float) -> Any:
         try:
-            return self._scripts[name](keys=self._keys, args=list(args))
+            return self._functions(name, *args)
         except redis.ResponseError as exc:
             raise (queue_error(exc) or exc) from exc
 
@@ -267,10 +265,8 @@ class FairQueue:
     def snapshot(self) -> QueueSnapshot:
         """:meth:`tenant_status` plus each tenant's queued slices and the stored
         capacity, all read in one transaction (what fair-share entitlements need)."""
-        with self._client.pipeline(transaction=True) as pipe:
-            self._scripts["status"](keys=self._keys, client=pipe)
-            self._scripts["demand"](keys=self._keys, client=pipe)
-            status_raw, demand_raw = pipe.execute()
+        status_raw, demand_raw = self._functions.pipelined(
+            [("status", ()), ("demand", ())], transaction=True)
         capacity, queued = queued_demand(demand_raw)
         return QueueSnapshot(tuple(tenant_statuses(status_raw)), queued, capacity)
 
@@ -295,10 +291,8 @@ class FairQueue:
     def ticket_statuses(self, tickets: Sequence[str], now: float) -> list[TicketStatus | None]:
         """:meth:`ticket_status` of each ticket, in one round trip (the console's queue
         page)."""
-        with self._client.pipeline(transaction=False) as pipe:
-            for ticket in tickets:
-                self._scripts["why"](keys=self._keys, args=[ticket, num(now)], client=pipe)
-            replies = pipe.execute()
+        replies = self._functions.pipelined(
+            [("why", (ticket, num(now))) for ticket in tickets], transaction=False)
         return [_ticket_status(t, raw) for t, raw in zip(tickets, replies, strict=True)]
 
     def tenant_names(self) -> list[str]:

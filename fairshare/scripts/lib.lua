@@ -1,6 +1,6 @@
--- Shared helpers of the fair queue. Each operation script is this file followed by
--- the operation's own file, loaded once with register_script. KEYS[1] is the key
--- prefix. Key layout and rules: fairshare/README.md.
+-- Shared helpers of the fair queue. The operations (<op>.lua) run on top of this file,
+-- all in one Redis Function library (library.lua: this file runs once per key prefix,
+-- KEYS[1]). Key layout, rules and the library: fairshare/README.md.
 --
 -- Codes: class i|t (inference, training); band i|t|b (inference, training, borrowed);
 -- ticket state Q (in a lane) | G (member of an incomplete gang) | R (reserved, not

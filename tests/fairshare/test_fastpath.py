@@ -7,8 +7,6 @@ import asyncio
 import dataclasses
 import os
 import signal
-import time
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -17,7 +15,6 @@ from test_queue import Pods, config
 
 from fairshare.calls import TicketConflictError, UnknownTenantError
 from fairshare.fastpath import AsyncFairQueue, NotReplicatedError
-from fairshare.localredis import local_redis
 from fairshare.model import Admission, InvalidRequestError, PodRequest
 from fairshare.queue import FairQueue
 
@@ -93,22 +90,6 @@ def test_raises_the_queue_errors(redis_url: str, pods: Pods) -> None:
 
 
 # -- acknowledged means replicated (WAIT) ------------------------------------------------
-
-
-@pytest.fixture
-def primary_and_replica() -> Iterator[tuple[str, redis.Redis]]:
-    """A fresh primary's URL and a client on its one linked replica."""
-    with local_redis() as primary, local_redis() as replica_url:
-        replica = redis.Redis.from_url(replica_url, socket_timeout=5)
-        port = int(primary.rsplit(":", 1)[1].split("/")[0])
-        replica.replicaof("127.0.0.1", port)
-        deadline = time.monotonic() + 10
-        while replica.info("replication").get("master_link_status") != "up":
-            assert time.monotonic() < deadline, "the replica did not link"
-            time.sleep(0.05)
-        yield primary, replica
-        os.kill(int(replica.info("server")["process_id"]), signal.SIGCONT)
-        replica.close()
 
 
 def _admit(url: str, request: PodRequest, replicas: int, dry_run: bool = False) -> Admission:

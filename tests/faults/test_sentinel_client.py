@@ -1,6 +1,7 @@
 """fairgate's Sentinel client against a real Sentinel deployment (3 redis-server + 3
-sentinels on loopback): it finds the primary, follows a promotion, and its Lua scripts
-survive the promotion (the script cache is not replicated: redis-py reloads on NOSCRIPT).
+sentinels on loopback): it finds the primary, follows a promotion, and its Lua survives
+the promotion: scripts (the audit log's; the script cache is not replicated: redis-py
+reloads on NOSCRIPT) and the queue's function library (replicated: nothing to reload).
 """
 
 from __future__ import annotations
@@ -15,7 +16,11 @@ import pytest
 import redis
 from sentinel_kit import PASSWORD, SentinelCluster
 
+from fairshare.calls import library
 from fairshare.connection import RedisTarget, connect_redis, connect_redis_async
+from fairshare.model import PodRequest
+from fairshare.queue import FairQueue
+from tests.fairshare.test_queue import config
 
 pytestmark = pytest.mark.slow
 
@@ -80,6 +85,44 @@ def test_async_sentinel_client_follows_a_promotion(sentinel_cluster: SentinelClu
     first, second, port = asyncio.run(scenario())
     assert (first, second) == (1, 2)
     assert port in {s.port for s in sentinel_cluster.servers}
+
+
+def test_the_queue_library_is_on_a_promoted_replica(sentinel_cluster: SentinelCluster) -> None:
+    """Functions replicate: the new primary has the queue's library, so the first
+    admission after the failover loads nothing, and the acknowledged one survived."""
+    target = RedisTarget.resolve(sentinel_cluster.url, environ={"REDIS_PASSWORD": PASSWORD})
+    client = connect_redis(target, timeout=1.0)
+
+    def pod(n: int) -> PodRequest:
+        return PodRequest(ticket=f"t{n}", tenant="a", namespace="ns", name=f"p{n}",
+                          pod_class="training", demand={"gpu": 1}, submitted_at=float(n))
+
+    try:
+        queue = FairQueue(client)
+        queue.sync_config(config(a={"nominal": {"gpu": 4}}), {"gpu": 4})
+        assert queue.admit(pod(1), 1.0).outcome == "reserved"
+        assert client.wait(2, 1000) >= 1  # replicated before the primary dies
+        old = sentinel_cluster.primary()
+        old.kill()
+        sentinel_cluster.wait_failover(old.port)
+        direct = sentinel_cluster.primary().client()
+        try:
+            assert [entry[1] for entry in direct.function_list()] == [library().name.encode()]
+            direct.config_resetstat()
+            deadline = time.monotonic() + 5
+            while True:  # the first call may still meet the dead primary's connection
+                try:
+                    admitted = queue.admit(pod(2), 2.0)
+                    break
+                except redis.ConnectionError:
+                    assert time.monotonic() < deadline
+            assert admitted.outcome == "reserved"
+            assert "cmdstat_function|load" not in direct.info("commandstats")
+            assert [s.used for s in queue.tenant_status()] == [{"gpu": 2}]
+        finally:
+            direct.close()
+    finally:
+        client.close()
 
 
 def test_wrong_password_is_refused_by_sentinels_and_servers(
