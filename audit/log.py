@@ -21,9 +21,15 @@ Contract:
   in Lua, so no call holds Redis long.
 - A stream entry holds the fields ``seq``, ``prev``, ``hash`` and ``record`` (the body:
   canonical JSON without the three); the stdout line is the complete record.
-- Retention is exact: every script call ends with ``XTRIM MAXLEN <maxlen>``, keeping the
-  newest ``maxlen`` records; the head's ``floor`` is the lowest seq retention has not
-  removed, so :meth:`AuditLog.verify` can tell trimming from deletion.
+- Retention is exact: every script call ends by trimming the records appended more
+  than ``max_age`` ago (``XTRIM MINID``; stream ids are Redis's clock at the append; None:
+  any age), then all but the newest ``maxlen`` (``XTRIM MAXLEN``). The head's ``floor``
+  is the lowest seq retention has not removed (moved up by the count the age trim
+  removed, and to ``seq - maxlen + 1``), so :meth:`AuditLog.verify` can tell trimming
+  from deletion and the chain verifies from the first record kept. :class:`Retention`
+  reads the ``--audit-retention`` value; the default keeps 45 days, at most 3,000,000
+  records (a month's bill complete up to about 66,000 records a day; ~550 bytes a
+  record in Redis). Needs Redis 6.2 or later (``MINID``).
 - With ``client=None`` records are chained in-process and only written to ``out``.
 - Give the client socket timeouts (``socket_timeout``, ``socket_connect_timeout``): a
   batch waits for Redis at most that long before falling back to stdout only.
@@ -40,9 +46,10 @@ import sys
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from importlib import resources
 from operator import itemgetter
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 import orjson
 import redis
@@ -65,7 +72,8 @@ from audit.chain import (
 )
 
 STREAM = "fairgate:audit"
-MAXLEN = 100_000
+MAXLEN = 3_000_000
+MAX_AGE = timedelta(days=45)
 PAGE = 1000
 BATCH = 256
 """Most records one script call appends (longer runs are split into batches)."""
@@ -93,13 +101,58 @@ class StoredRecord:
     digest: str = ""  # SHA-256 hex of the stored body (the record's canonical body)
 
 
+class Retention(NamedTuple):
+    """How much of the stream the writers keep (``--audit-retention``)."""
+
+    max_records: int = MAXLEN
+    max_age: timedelta | None = MAX_AGE
+
+    @classmethod
+    def parse(cls, text: str) -> Retention:
+        """``45d`` (an age: s, m, h, d or w), ``3000000`` (records) or both,
+        comma-separated (``45d,3000000``: whichever keeps fewer); ``none`` for no age
+        limit. What is not given keeps its default. Raises ValueError saying how to fix."""
+        hint = (f"--audit-retention {text!r}: give an age (45d, 12h, 2w), a record count "
+                f"(3000000) or both (45d,3000000); 'none' keeps records of any age")
+        age: timedelta | None = MAX_AGE
+        records, aged, counted = MAXLEN, False, False
+        for part in (p.strip().lower() for p in text.split(",")):
+            number, unit = (part, "") if part.isdigit() else (part[:-1], part[-1:])
+            if not (part == "none" or (number.isascii() and number.isdigit()
+                                       and int(number) > 0 and unit in ("", *_AGE_UNITS))):
+                raise ValueError(hint)
+            if unit or part == "none":
+                if aged:
+                    raise ValueError(hint)
+                age, aged = (None if part == "none"
+                             else timedelta(seconds=int(number) * _AGE_UNITS[unit])), True
+            elif counted:
+                raise ValueError(hint)
+            else:
+                records, counted = int(number), True
+        return cls(records, age)
+
+    def __str__(self) -> str:
+        age = "any age" if self.max_age is None else f"at most {self.max_age} old"
+        return f"records {age}, at most {self.max_records:,}"
+
+
+DEFAULT_RETENTION = Retention()
+"""45 days, at most 3,000,000 records (see the module contract)."""
+_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
+
+
 class AuditLog:
     """The audit log of one process; safe to share between threads."""
 
     def __init__(self, client: redis.Redis | None, stream: str = STREAM,
-                 maxlen: int = MAXLEN, out: TextIO | None = None) -> None:
+                 maxlen: int = MAXLEN, out: TextIO | None = None,
+                 max_age: timedelta | None = MAX_AGE) -> None:
         if maxlen < 1:
             raise ValueError(f"maxlen must be at least 1, got {maxlen}")
+        if max_age is not None and max_age < timedelta(milliseconds=1):
+            raise ValueError(f"max_age must be at least 1 ms (or None: any age), got {max_age}")
+        self.max_age_ms = 0 if max_age is None else int(max_age / timedelta(milliseconds=1))
         self.client = client
         self.stream = stream
         self.head_key = f"{stream}:head"
@@ -179,7 +232,7 @@ class AuditLog:
         """One script call: appends all of ``bodies``, or a first part of them when the
         chain head is not the one this writer last left."""
         expected = self._expected
-        args: list[str | int | bytes] = [self.maxlen]
+        args: list[str | int | bytes] = [self.maxlen, self.max_age_ms]
         if expected is None:
             args += ["", ""]
             for digest, body in zip(digests, bodies, strict=True):

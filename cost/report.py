@@ -7,7 +7,10 @@ JSON on ``out``, exit 0. ``since``/``until`` are RFC 3339 times, dates (UTC midn
 ages (``7d``); the default window is this calendar month (UTC) so far; ``until`` is
 never later than now (the future is not billed). A bad time is exit 2. When retention
 removed records the window needs (the oldest record left is younger than ``since``), the
-bill is marked incomplete (a warning, and ``complete: false`` in JSON).
+bill is marked incomplete: a warning (under the table; on ``err`` with CSV and JSON) and
+``complete: false`` in JSON. Retention is by the stream's append time (``--audit-retention``
+of serve and dispatch): keep it above the longest window billed plus the longest pod run,
+since a pod whose ``start`` record was trimmed is not billed at all.
 CSV rows: one per tenant and class, then ``total``, then ``(idle)`` (the cluster's
 capacity not used, with its cost at the default price; empty when unknown).
 """
@@ -78,6 +81,9 @@ def report_command(client: redis.Redis, out: TextIO, *, since: str | None = None
         warnings.append(f"records before {scan.oldest} were removed by retention "
                         f"(oldest kept: seq {result.first_seq}): pods that started earlier "
                         f"are missing, so this bill is incomplete")
+    if output != "table":  # the table prints them under the bill
+        for warning in warnings:
+            errors.write(f"warning: {warning}\n")
     if output == "json":
         data = billed.to_json()
         data.update(records=result.checked, complete=not warnings, warnings=warnings)

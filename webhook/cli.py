@@ -17,6 +17,7 @@ from pathlib import Path
 
 import redis
 
+from audit.log import DEFAULT_RETENTION, MAX_AGE, MAXLEN, Retention
 from certs import CertError, write_bundle
 from fairshare.cluster import DEFAULT_NOT_READY_GRACE, DEFAULT_UNSCHEDULABLE_GRACE
 from fairshare.connection import (
@@ -223,6 +224,7 @@ def _serve(args: argparse.Namespace) -> int:
         wait_for_rebuild=args.wait_for_rebuild,
         replica_acks=args.replica_acks,
         replica_ack_timeout=args.replica_ack_timeout,
+        audit_retention=args.audit_retention,
     )
     try:
         serve(options)
@@ -262,6 +264,23 @@ def _port(text: str) -> int:
     if not 1 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"port {value} is out of range 1-65535")
     return value
+
+
+def _retention(text: str) -> Retention:
+    try:
+        return Retention.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _audit_retention_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--audit-retention", type=_retention, default=DEFAULT_RETENTION, metavar="AGE,RECORDS",
+        help="what the audit stream keeps, trimmed at each append: records younger than "
+        "AGE (45d, 12h, 2w; 'none': any age) and at most RECORDS, either or both (default: "
+        f"{MAX_AGE.days}d,{MAXLEN}: a month's bill stays complete for `fairgate report` up "
+        "to ~66,000 records a day, ~550 bytes each in Redis); give every writer (serve "
+        "and dispatch) the same")
 
 
 def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -304,6 +323,7 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                        metavar="SECONDS",
                        help="how long to wait for the replicas (default: %(default)s; "
                        "below the 0.5 s Redis timeout)")
+    _audit_retention_argument(serve)
     serve.add_argument("--log-level", default="info",
                        choices=["debug", "info", "warning", "error"],
                        help="log level (default: %(default)s)")
@@ -432,7 +452,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     try:
         return run_dispatch(args.redis, Path(args.config_dir) if args.config_dir else None,
                             args.metrics_port, not_ready_grace=args.not_ready_grace,
-                            unschedulable_grace=args.unschedulable_grace)
+                            unschedulable_grace=args.unschedulable_grace,
+                            audit_retention=args.audit_retention)
     except DispatchError as exc:
         print(f"fairgate: error: {exc}", file=sys.stderr)
         return 2
@@ -466,6 +487,7 @@ def _add_dispatch(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
                                "fairgate_unschedulable_releases_total, and its demand "
                                "withheld from capacity until it is bound or gone; it stays "
                                "counted against quota (default: %(default)gs)")
+    _audit_retention_argument(dispatch)
     dispatch.add_argument("--log-level", default="info",
                           choices=["debug", "info", "warning", "error"],
                           help="log level (default: %(default)s)")

@@ -30,6 +30,7 @@ from redis.retry import Retry
 
 from admission.demand import pod_demand
 from audit import AuditLog
+from audit.log import DEFAULT_RETENTION, Retention
 from fairshare.cluster import DEFAULT_NOT_READY_GRACE, DEFAULT_UNSCHEDULABLE_GRACE
 from fairshare.connection import RedisTarget, connect_redis
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
@@ -87,7 +88,8 @@ def _current(source: ConfigSource) -> FairgateConfig | None:
 def run_dispatch(redis_target: RedisTarget | str, config_dir: Path | None = None,
                  metrics_port: int | None = None,
                  not_ready_grace: float = DEFAULT_NOT_READY_GRACE,
-                 unschedulable_grace: float = DEFAULT_UNSCHEDULABLE_GRACE) -> int:
+                 unschedulable_grace: float = DEFAULT_UNSCHEDULABLE_GRACE,
+                 audit_retention: Retention = DEFAULT_RETENTION) -> int:
     """Dispatch until SIGTERM/SIGINT (see the module contract); the exit code."""
     stop = threading.Event()
 
@@ -108,7 +110,9 @@ def run_dispatch(redis_target: RedisTarget | str, config_dir: Path | None = None
     if metrics_port is not None:
         start_http_server(metrics_port, registry=metrics.registry)
     dispatcher = Dispatcher(FairQueue(client), cluster, lambda: _current(source),
-                            metrics=metrics, audit=AuditLog(client),
+                            metrics=metrics,
+                            audit=AuditLog(client, maxlen=audit_retention.max_records,
+                                           max_age=audit_retention.max_age),
                             settings=DispatcherSettings(unschedulable_grace=unschedulable_grace))
     cluster.start()
     log.info("dispatching from %s", target)
