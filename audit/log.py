@@ -27,9 +27,10 @@ Contract:
   is the lowest seq retention has not removed (moved up by the count the age trim
   removed, and to ``seq - maxlen + 1``), so :meth:`AuditLog.verify` can tell trimming
   from deletion and the chain verifies from the first record kept. :class:`Retention`
-  reads the ``--audit-retention`` value; the default keeps 45 days, at most 3,000,000
-  records (a month's bill complete up to about 66,000 records a day; ~550 bytes a
-  record in Redis). Needs Redis 6.2 or later (``MINID``).
+  reads the ``--audit-retention`` value; the default keeps 45 days, at most 1,000,000
+  records (a month's bill complete up to about 22,000 records a day; ~550 bytes a
+  record in Redis: ~550 MB, within the shipped Redis's 1 GiB limit). Needs Redis 6.2 or
+  later (``MINID``).
 - With ``client=None`` records are chained in-process and only written to ``out``.
 - Give the client socket timeouts (``socket_timeout``, ``socket_connect_timeout``): a
   batch waits for Redis at most that long before falling back to stdout only.
@@ -72,7 +73,7 @@ from audit.chain import (
 )
 
 STREAM = "fairgate:audit"
-MAXLEN = 3_000_000
+MAXLEN = 1_000_000
 MAX_AGE = timedelta(days=45)
 PAGE = 1000
 BATCH = 256
@@ -109,11 +110,11 @@ class Retention(NamedTuple):
 
     @classmethod
     def parse(cls, text: str) -> Retention:
-        """``45d`` (an age: s, m, h, d or w), ``3000000`` (records) or both,
-        comma-separated (``45d,3000000``: whichever keeps fewer); ``none`` for no age
+        """``45d`` (an age: s, m, h, d or w), ``1000000`` (records) or both,
+        comma-separated (``45d,1000000``: whichever keeps fewer); ``none`` for no age
         limit. What is not given keeps its default. Raises ValueError saying how to fix."""
         hint = (f"--audit-retention {text!r}: give an age (45d, 12h, 2w), a record count "
-                f"(3000000) or both (45d,3000000); 'none' keeps records of any age")
+                f"(1000000) or both (45d,1000000); 'none' keeps records of any age")
         age: timedelta | None = MAX_AGE
         records, aged, counted = MAXLEN, False, False
         for part in (p.strip().lower() for p in text.split(",")):
@@ -138,7 +139,7 @@ class Retention(NamedTuple):
 
 
 DEFAULT_RETENTION = Retention()
-"""45 days, at most 3,000,000 records (see the module contract)."""
+"""45 days, at most 1,000,000 records (see the module contract)."""
 _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
 
 

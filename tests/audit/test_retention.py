@@ -5,8 +5,10 @@ still caught after retention moved on."""
 from __future__ import annotations
 
 import io
+import re
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import cast
 
 import pytest
@@ -93,6 +95,7 @@ def test_no_age_limit_keeps_old_records(redis_client: redis.Redis) -> None:
 @pytest.mark.parametrize(("text", "expected"), [
     ("45d", Retention(MAXLEN, timedelta(days=45))),
     ("2000000", Retention(2_000_000, MAX_AGE)),
+    ("1000000", Retention(1_000_000, MAX_AGE)),
     ("12h, 500", Retention(500, timedelta(hours=12))),
     ("500,2w", Retention(500, timedelta(weeks=2))),
     ("none", Retention(MAXLEN, None)),
@@ -112,6 +115,16 @@ def test_a_bad_retention_says_how_to_write_one(text: str) -> None:
 def test_the_default_keeps_a_month_and_more() -> None:
     assert DEFAULT_RETENTION.max_age is not None
     assert DEFAULT_RETENTION.max_age >= timedelta(days=31 + 14)
-    assert DEFAULT_RETENTION.max_records >= 2_000_000
+    assert DEFAULT_RETENTION.max_records >= 1_000_000
     with pytest.raises(ValueError, match="max_age must be at least 1 ms"):
         AuditLog(None, max_age=timedelta(0))
+
+
+def test_the_default_fits_the_shipped_redis_memory_limit() -> None:
+    """At the ~550 bytes a record measured in Redis (BENCHMARKS.md), a full default
+    stream takes at most 60% of manifests/redis.yaml's memory limit (the queue and an
+    AOF rewrite need the rest)."""
+    manifest = (Path(__file__).resolve().parents[2] / "manifests" / "redis.yaml").read_text()
+    limit = re.search(r"limits:\s*\n\s*cpu: \S+\s*\n\s*memory: (\d+)Gi", manifest)
+    assert limit is not None, "manifests/redis.yaml states no memory limit in Gi"
+    assert DEFAULT_RETENTION.max_records * 550 <= 0.6 * int(limit.group(1)) * 2**30
