@@ -190,3 +190,28 @@ def test_a_scan_left_early_leaves_the_client_usable(redis_client: redis.Redis) -
     assert redis_client.ping()
     again = log.scan()
     assert len(_consume(again)) == RECORDS and again.result is not None and again.result.ok
+
+
+@pytest.mark.parametrize("change", [
+    (b'"uid":"u1"', b'"uid":5'), (b'"latency_ms":1.5', b'"latency_ms":2'),
+    (b'"latency_ms":1.5', b'"latency_ms":1.2345'), (b'"groups":["g"]', b'"groups":"g"'),
+    (b'"groups":["g"]', b'"groups":[7]'), (b'"reason":""', b'"reason":"' + b"x" * 1025 + b'"'),
+    (b'"decision":"start"', b'"decision":"Start"'), (b'"uid":"u1",', b""),
+    (b'"uid":"u1"', b'"uid":"u1","zzz":1'), (b'"diff":{', b'"diff":null,"x":{'),
+    (b'"diff":{"pod":{"band":"training","gpuProduct":null,"node":"n1"}}', b'"diff":[1]'),
+    (b'"tenant":"team-a"', b'"tenant":"team-\\u00e9"'),
+])
+def test_a_body_unlike_what_the_writer_stores_gets_verifys_verdict(
+        redis_client: redis.Redis, change: tuple[bytes, bytes]) -> None:
+    """Bodies the fast path does not take (wrong types, values a record would change,
+    missing or unknown keys, escapes): parse_entry decides, so the scan's verdict and
+    bodies are verify's, whatever that is."""
+    good = [r.body_json().encode() for r in _drafts(3)]
+    assert change[0] in good[1]
+    _forge(redis_client, [good[0], good[1].replace(*change), good[2]])
+    expected, entries = AuditLog(redis_client).verify()
+    scan = AuditLog(redis_client).scan()
+    bodies = _consume(scan)
+    assert scan.result == expected
+    if expected.ok:
+        assert bodies == [_body(e.record) for e in entries if e.record is not None]
