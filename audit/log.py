@@ -28,8 +28,8 @@ Contract:
   removed, and to ``seq - maxlen + 1``), so :meth:`AuditLog.verify` can tell trimming
   from deletion and the chain verifies from the first record kept. :class:`Retention`
   reads the ``--audit-retention`` value; the default keeps 45 days, at most 1,000,000
-  records (a month's bill complete up to about 22,000 records a day; ~550 bytes a
-  record in Redis: ~550 MB, within the shipped Redis's 1 GiB limit). Needs Redis 6.2 or
+  records (a month's bill complete up to about 22,000 records a day; 550-630 bytes a
+  record in Redis: at most ~630 MB, within the shipped Redis's 1 GiB limit). Needs Redis 6.2 or
   later (``MINID``).
 - With ``client=None`` records are chained in-process and only written to ``out``.
 - Give the client socket timeouts (``socket_timeout``, ``socket_connect_timeout``): a

@@ -279,7 +279,7 @@ def _audit_retention_argument(parser: argparse.ArgumentParser) -> None:
         help="what the audit stream keeps, trimmed at each append: records younger than "
         "AGE (45d, 12h, 2w; 'none': any age) and at most RECORDS, either or both (default: "
         f"{MAX_AGE.days}d,{MAXLEN}: a month's bill stays complete for `fairgate report` up "
-        "to ~22,000 records a day, ~550 bytes each in Redis: raise Redis's memory limit "
+        "to ~22,000 records a day, 550-630 bytes each in Redis: raise Redis's memory limit "
         "with RECORDS); give every writer (serve and dispatch) the same")
 
 
