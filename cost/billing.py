@@ -175,7 +175,7 @@ class Bill:
         }
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pod:
     tenant: str
     pod_class: str
