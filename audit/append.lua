@@ -1,6 +1,8 @@
 -- Append a batch of audit records as the next links of the hash chain, atomically.
 -- KEYS[1] the stream, KEYS[2] the chain head (a hash: seq, hash, floor)
--- ARGV[1] maxlen (exact retention); ARGV[2], ARGV[3] the head (seq, hash) the writer
+-- ARGV[1] maxlen and ARGV[2] max age in ms ("0": any age), the exact retention: records
+-- appended (stream ids: Redis time) more than max age ago are trimmed, then all but the
+-- newest maxlen; ARGV[3], ARGV[4] the head (seq, hash) the writer
 -- expects, or "" when it does not know; then, per record, three arguments: the SHA-256
 -- hex of the record body (canonical JSON without seq/prev/hash), the body, and the link
 -- hash the writer computed from the expected head ("" when it did not).
@@ -78,16 +80,16 @@ end
 local head = redis.call('HMGET', KEYS[2], 'seq', 'hash', 'floor')
 local seq_text = head[1] or '0'
 local prev = head[2] or string.rep('0', 64)
-local trusted = ARGV[2] == seq_text and ARGV[3] == prev
-local count = (#ARGV - 3) / 3
+local trusted = ARGV[3] == seq_text and ARGV[4] == prev
+local count = (#ARGV - 4) / 3
 if count < 1 or count % 1 ~= 0 then
-  return redis.error_reply('audit append takes maxlen, expected seq and hash, then '
+  return redis.error_reply('audit append takes maxlen, max age, expected seq and hash, then '
     .. 'triples of content digest, body and link')
 end
 -- the 64-hex arguments this call relies on: the links it stores when trusted, else the
 -- digests it links itself
-local first_checked, checked = 4, 'content digest'
-if trusted then first_checked, checked = 6, 'link hash' end
+local first_checked, checked = 5, 'content digest'
+if trusted then first_checked, checked = 7, 'link hash' end
 for i = first_checked, #ARGV, 3 do
   if not is_digest(ARGV[i]) then
     return redis.error_reply('audit ' .. checked .. ' must be 64 hex digits')
@@ -100,17 +102,25 @@ local seq = first - 1
 for i = 0, (trusted and count or 1) - 1 do
   seq = seq + 1
   seq_text = string.format('%d', seq)
-  local link = ARGV[6 + 3 * i]
+  local link = ARGV[7 + 3 * i]
   if not trusted then
-    link = sha256(seq_text .. ':' .. unhex(prev) .. unhex(ARGV[4 + 3 * i]))
+    link = sha256(seq_text .. ':' .. unhex(prev) .. unhex(ARGV[5 + 3 * i]))
   end
   redis.call('XADD', KEYS[1], '*',
-    'seq', seq_text, 'prev', prev, 'hash', link, 'record', ARGV[5 + 3 * i])
+    'seq', seq_text, 'prev', prev, 'hash', link, 'record', ARGV[6 + 3 * i])
   reply[#reply + 1] = link
   prev = link
 end
+-- The floor (lowest seq retention has not removed) moves up by what the age trim
+-- removed, counted: a record deleted by someone else below it stays detectable.
+local floor = tonumber(head[3] or '1')
+local max_age = tonumber(ARGV[2])
+if max_age > 0 then
+  local now = redis.call('TIME')
+  local min_id = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) - max_age
+  floor = floor + redis.call('XTRIM', KEYS[1], 'MINID', string.format('%d', min_id))
+end
 redis.call('XTRIM', KEYS[1], 'MAXLEN', ARGV[1])  -- exact, once per call
-local floor = string.format('%d',
-  math.max(tonumber(head[3] or '1'), seq - tonumber(ARGV[1]) + 1, 1))
+floor = string.format('%d', math.max(floor, seq - tonumber(ARGV[1]) + 1, 1))
 redis.call('HSET', KEYS[2], 'seq', seq_text, 'hash', prev, 'floor', floor)
 return reply

@@ -59,7 +59,16 @@ DECISIONS: tuple[str, ...] = (ADMIT, QUEUE, DENY, DISPATCH, RELEASE, QUOTA_CHANG
 
 _DECISION = re.compile(r"^[a-z][a-z-]*$")
 _KNOWN_DECISIONS = frozenset(DECISIONS)
-_MAX_TEXT = 1024
+MAX_TEXT = 1024
+"""The longest ``reason`` kept (longer ones are cut)."""
+
+
+
+def is_decision(text: str) -> bool:
+    """Whether ``text`` is an allowed ``decision``: one of :data:`DECISIONS` or another
+    lower-case word."""
+    return text in _KNOWN_DECISIONS or _DECISION.match(text) is not None
+
 
 # The second utc_now() last formatted, and its text up to the seconds.
 _second: tuple[int, str] = (-1, "")
@@ -155,14 +164,14 @@ class AuditRecord:
     hash: str | None = None
 
     def __post_init__(self) -> None:
-        if self.decision not in _KNOWN_DECISIONS and not _DECISION.match(self.decision):
+        if not is_decision(self.decision):
             raise ValueError(
                 f"audit decision {self.decision!r} must be a lower-case word such as "
                 f"{', '.join(DECISIONS)}"
             )
         if type(self.groups) is not tuple:
             object.__setattr__(self, "groups", tuple(self.groups))
-        reason = self.reason[:_MAX_TEXT]
+        reason = self.reason[:MAX_TEXT]
         if reason is not self.reason:
             object.__setattr__(self, "reason", reason)
         object.__setattr__(self, "latency_ms", round(float(self.latency_ms), 3))
@@ -275,6 +284,11 @@ _WIRE_RUNS = tuple(
 )
 
 
+def body_keys(with_diff: bool) -> frozenset[str]:
+    """The keys of a record body (wire names, no chain fields), with or without ``diff``."""
+    return frozenset(key for key in _BODY_KEYS if with_diff or key != "diff")
+
+
 class WireForm(NamedTuple):
     """A record's canonical JSON members, in key order, cut where ``hash``, ``prev`` and
     ``seq`` go (each run without its outer comma)."""
@@ -340,6 +354,54 @@ def _record_hash(record: AuditRecord, digest: str | None = None) -> str:
     return link_hash(record.seq, record.prev, digest or content_digest(record.body_json()))
 
 
+class ChainCheck:
+    """The rules of :func:`verify` for an intact chain, one record at a time, oldest
+    first, in constant memory (a reader need not hold the records it checked).
+
+    :meth:`add` takes a record's chain fields and body digest and returns False at the
+    first record that breaks the chain; :meth:`done` (after the last record) whether the
+    run ends where ``head`` says. A run this accepts, :func:`verify` accepts; when it
+    refuses, :func:`verify` over the same records says which record and why.
+    """
+
+    def __init__(self, head: ChainHead | None) -> None:
+        self.head = head
+        self.checked = 0
+        self.first_seq: int | None = None
+        self.last_seq: int | None = None
+        self._last_hash = ""
+
+    def add(self, seq: int, prev: str, hash: str, digest: str) -> bool:
+        """Check the next record (``digest``: SHA-256 hex of its canonical body)."""
+        if self.first_seq is None:
+            floor = max(self.head.floor, 1) if self.head is not None else seq
+            if seq > floor or (seq == 1 and prev != GENESIS):
+                return False
+            self.first_seq = seq
+        elif seq != self.first_seq + self.checked or prev != self._last_hash:
+            return False
+        if hash != link_hash(seq, prev, digest):
+            return False
+        self.checked += 1
+        self.last_seq, self._last_hash = seq, hash
+        return True
+
+    def done(self) -> bool:
+        """Whether the records added end the chain the head describes (no head: any)."""
+        head = self.head
+        if head is None:
+            return True
+        if self.last_seq is None:
+            return head.seq <= 0
+        return self.last_seq > head.seq or (
+            self.last_seq == head.seq and self._last_hash == head.hash)
+
+    def result(self) -> VerifyResult:
+        """The outcome of an intact run (call after :meth:`done` returned True)."""
+        return VerifyResult(ok=True, checked=self.checked, first_seq=self.first_seq,
+                            last_seq=self.last_seq)
+
+
 def verify(records: Sequence[AuditRecord], head: ChainHead | None = None,
            digests: Sequence[str] | None = None) -> VerifyResult:
     """Check that ``records`` (oldest first) form one unbroken chain; see the module doc.
@@ -348,6 +410,20 @@ def verify(records: Sequence[AuditRecord], head: ChainHead | None = None,
     :meth:`~AuditRecord.body_json`), already computed by the caller (the stored text it
     parsed the record from and checked against that form); "" computes it here.
     """
+    check = ChainCheck(head)
+    for i, rec in enumerate(records):
+        if rec.seq is None or rec.prev is None or rec.hash is None or not check.add(
+                rec.seq, rec.prev, rec.hash,
+                (digests[i] if digests is not None else "") or content_digest(rec.body_json())):
+            return _diagnose(records, head, digests)
+    if check.done():
+        return check.result()
+    return _diagnose(records, head, digests)
+
+
+def _diagnose(records: Sequence[AuditRecord], head: ChainHead | None,
+              digests: Sequence[str] | None) -> VerifyResult:
+    """The first broken or missing record of a run :class:`ChainCheck` refused."""
     if not records:
         if head is not None and head.seq > 0:
             return _bad(0, None, None, head.seq, None, f"the chain head is seq {head.seq} "

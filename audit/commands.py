@@ -71,7 +71,11 @@ def query(client: redis.Redis, out: TextIO, *, tenant: str | None = None,
 
 def verify(client: redis.Redis, out: TextIO, *, stream: str = STREAM) -> int:
     """Verify the chain in ``stream``; print the result; 0 if intact, else 1."""
-    result, entries = AuditLog(client, stream=stream, out=out).verify()
+    scan = AuditLog(client, stream=stream, out=out).scan()
+    for _body in scan:
+        pass
+    result, entries = scan.result, scan.entries
+    assert result is not None  # set once the scan is consumed
     if result.ok:
         if result.checked == 0:
             out.write(f"OK: {stream} holds no audit records\n")

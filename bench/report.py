@@ -8,8 +8,11 @@ exist), writes ``--records`` audit records through the real :class:`audit.AuditL
 pod as the webhook and dispatcher record it (``queue``, ``dispatch``, ``start``,
 ``release``; one in 50 also ``preempt``), with 1-8 whole GPUs or MIG slices on two
 products, a ``capacity`` record every 2,000 records and a price change mid-month. Then
-times, in the same run, the baseline ``fairgate audit verify`` (read + verify the chain)
-and ``fairgate report --json`` (read + verify + bill + print) on the same stream, and
+times, in the same run and on the same stream: the reference (the report's path before
+the one-pass scan: :meth:`AuditLog.verify`, which builds every record, then
+:func:`cost.billing.bill` over them; its bill must equal the report's),
+``fairgate audit verify`` (read + verify the chain) and ``fairgate report --json``
+(read + verify + bill + print), and
 prints one JSON object: records, wall seconds, this process's CPU seconds and the Redis
 server's CPU seconds of each (on a loaded machine wall time is mostly waiting for a
 CPU), their ratios, the 1-minute load average, and what was billed.
@@ -32,11 +35,14 @@ import redis
 
 from audit import commands
 from audit.chain import AuditRecord, format_time
+from audit.log import AuditLog
 from audit.usage import capacity_detail, preempt_detail, pricing_detail, start_detail
+from cost.billing import bill
 from cost.report import report_command
 from fairshare.localredis import local_redis
 
 MONTH = datetime(2026, 3, 1, tzinfo=UTC)
+WINDOW = (MONTH, datetime(2026, 4, 1, tzinfo=UTC))
 PRODUCTS = ("NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3")
 DEMANDS = ("gpu=1", "gpu=2", "gpu=4", "gpu=8", "mig-1g.10gb=1", "mig-3g.40gb=2")
 
@@ -121,27 +127,38 @@ def main() -> None:
         client = redis.Redis.from_url(url)
         if client.exists(args.stream):
             raise SystemExit(f"stream {args.stream} exists: pick another --stream")
-        from audit.log import AuditLog
-
         started = time.perf_counter()
         log = AuditLog(client, stream=args.stream, maxlen=args.records * 2, out=io.StringIO())
         written = len(log.record_many(drafts(args.records)))
         fill = time.perf_counter() - started
 
         clocks = _Clocks(client)
+        result, entries = AuditLog(client, stream=args.stream).verify()
+        assert result.ok
+        old_bill = bill([e.record for e in entries if e.record is not None], *WINDOW)
+        del entries
+        reference = clocks.lap()
+
         assert commands.verify(client, io.StringIO(), stream=args.stream) == 0
         verify = clocks.lap()
 
         out = io.StringIO()
-        code = report_command(client, out, since="2026-03-01", until="2026-04-01",
+        code = report_command(client, out, since=WINDOW[0].isoformat(),
+                              until=WINDOW[1].isoformat(),
                               output="json", stream=args.stream,
                               now=datetime(2026, 4, 2, tzinfo=UTC))
         report = clocks.lap()
         assert code == 0
         billed = json.loads(out.getvalue())
+        assert billed["rows"] == old_bill.to_json()["rows"], "the two paths bill differently"
         client.delete(args.stream, args.stream + ":head")
     print(json.dumps({
-        "records": written, "fill_s": round(fill, 1), "verify": verify, "report": report,
+        "records": written, "fill_s": round(fill, 1),
+        "reference_verify_then_bill_records": reference, "verify": verify, "report": report,
+        "report_over_reference_wall": round(report["wall_s"] / reference["wall_s"], 3),
+        "report_over_reference_cpu": round(
+            (report["cpu_s"] + report["redis_cpu_s"])
+            / (reference["cpu_s"] + reference["redis_cpu_s"]), 3),
         "report_over_verify_wall": round(report["wall_s"] / verify["wall_s"], 3),
         "report_over_verify_cpu": round(
             (report["cpu_s"] + report["redis_cpu_s"])

@@ -175,7 +175,7 @@ class Bill:
         }
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pod:
     tenant: str
     pod_class: str
@@ -246,8 +246,27 @@ def ms_of(when: datetime) -> int:
     return round(when.timestamp() * 1000)
 
 
-def _record_ms(text: str) -> int:
-    return ms_of(datetime.fromisoformat(text))
+class _TimeParser:
+    """Record times (RFC 3339) in epoch ms. The usual form, ``YYYY-MM-DDTHH:MM:SS.mmmZ``
+    (:func:`audit.chain.format_time`), is parsed once per hour and its minutes, seconds
+    and milliseconds added; any other form in full (as is an invalid one, which raises
+    ValueError)."""
+
+    def __init__(self) -> None:
+        self._hours: dict[str, int] = {}
+
+    def __call__(self, text: str) -> int:
+        if len(text) == 24 and text[13] == ":" and text[16] == ":" and text[19] == "." \
+                and text[23] == "Z":
+            minute, second, millis = text[14:16], text[17:19], text[20:23]
+            digits = minute + second + millis
+            if digits.isascii() and digits.isdigit() and minute < "60" and second < "60":
+                hour = self._hours.get(text[:13])
+                if hour is None:
+                    hour = self._hours[text[:13]] = ms_of(
+                        datetime.fromisoformat(text[:13] + ":00:00Z"))
+                return hour + int(minute) * 60_000 + int(second) * 1000 + int(millis)
+        return ms_of(datetime.fromisoformat(text))
 
 
 def _band_of(reason: str) -> str | None:
@@ -263,6 +282,15 @@ def bill(records: Iterable[AuditRecord], since: datetime, until: datetime,
     """The bill of ``[since, until)`` from ``records`` (oldest first); see the module
     docstring for the rules. ``pricing`` is the current config's (None: no prices
     configured, every cost 0 unless the log holds audited prices)."""
+    return bill_bodies((record.fields() for record in records), since, until, pricing,
+                       share_idle=share_idle)
+
+
+def bill_bodies(bodies: Iterable[Mapping[str, Any]], since: datetime, until: datetime,
+                pricing: PricingSpec | None = None, *, share_idle: bool = False) -> Bill:
+    """:func:`bill` from the records' wire mappings (``class``, not ``pod_class``; the
+    bodies :class:`audit.log.ChainScan` yields): what ``fairgate report`` bills from
+    without building a record object per stream entry."""
     if until <= since:
         raise ValueError(f"the window is empty: until ({until}) must be after since ({since})")
     lo, hi = ms_of(since), ms_of(until)
@@ -271,49 +299,50 @@ def bill(records: Iterable[AuditRecord], since: datetime, until: datetime,
     capacity: list[tuple[int, int]] = []  # (ms, slices) from each capacity record on
     capacity_now: dict[str, int] = {}
     preemptions: list[tuple[str, str, int]] = []  # tenant, class, slice-ms lost
-    for record in records:
-        decision = record.decision
+    record_ms = _TimeParser()
+    for body in bodies:
+        decision = body["decision"]
         if decision == START:
-            pod = pods.get(record.uid)
+            pod = pods.get(body["uid"])
             if pod is None:
-                pod = pods[record.uid] = _Pod(record.tenant, record.pod_class, record.demand)
+                pod = pods[body["uid"]] = _Pod(body["tenant"], body["class"], body["demand"])
             if pod.start is None:
-                band, pod.product = read_start(record.diff)
-                pod.start = _record_ms(record.time)
+                band, pod.product = read_start(body.get("diff"))
+                pod.start = record_ms(body["time"])
                 pod.band = band or pod.band
         elif decision == RELEASE:
-            pod = pods.get(record.uid)
+            pod = pods.get(body["uid"])
             if pod is not None and pod.end is None:
-                pod.end = _record_ms(record.time)
-                pod.ran = pod.start is not None or record.reason not in NEVER_RAN
+                pod.end = record_ms(body["time"])
+                pod.ran = pod.start is not None or body["reason"] not in NEVER_RAN
         elif decision in (DISPATCH, ADMIT):
-            band = _band_of(record.reason)
+            band = _band_of(body["reason"])
             if band is None:  # an admit that is not a reservation (fail open)
-                band = "inference" if record.pod_class == "inference" else "training"
-            pod = pods.get(record.uid)
+                band = "inference" if body["class"] == "inference" else "training"
+            pod = pods.get(body["uid"])
             if pod is None:
-                pods[record.uid] = _Pod(record.tenant, record.pod_class, record.demand,
-                                        band=band, fallback=_record_ms(record.time))
+                pods[body["uid"]] = _Pod(body["tenant"], body["class"], body["demand"],
+                                         band=band, fallback=record_ms(body["time"]))
             elif pod.start is None:
-                pod.fallback, pod.band = _record_ms(record.time), band
+                pod.fallback, pod.band = record_ms(body["time"]), band
         elif decision == PREEMPT:
-            at = _record_ms(record.time)
+            at = record_ms(body["time"])
             if lo <= at < hi:
-                lost = round(read_ran_seconds(record.diff) * 1000) * _slices(record.demand)
-                preemptions.append((record.tenant, record.pod_class, lost))
-        elif decision == CAPACITY and record.diff:
-            for name, change in record.diff.items():
+                lost = round(read_ran_seconds(body.get("diff")) * 1000) * _slices(body["demand"])
+                preemptions.append((body["tenant"], body["class"], lost))
+        elif decision == CAPACITY and body.get("diff"):
+            for name, change in body["diff"].items():
                 after = change.get("after") if isinstance(change, Mapping) else None
                 if isinstance(after, int) and after > 0:
                     capacity_now[name] = after
                 else:
                     capacity_now.pop(name, None)
-            capacity.append((_record_ms(record.time), _slices_of_counts(capacity_now)))
+            capacity.append((record_ms(body["time"]), _slices_of_counts(capacity_now)))
         elif (decision == PRICING or (decision == QUOTA_CHANGE
-              and record.name == PLATFORM_CONFIGMAP
-              and record.namespace in (CONTROL_NAMESPACE, ""))) and record.diff:
-            at = _record_ms(record.time)
-            for path, change in record.diff.items():
+              and body["name"] == PLATFORM_CONFIGMAP
+              and body["namespace"] in (CONTROL_NAMESPACE, ""))) and body.get("diff"):
+            at = record_ms(body["time"])
+            for path, change in body["diff"].items():
                 if path.startswith("pricing") and isinstance(change, Mapping):
                     # the dispatcher states prices from now on; what held before, it may
                     # not know (a restart): only an edit's ``before`` is evidence

@@ -7,7 +7,10 @@ JSON on ``out``, exit 0. ``since``/``until`` are RFC 3339 times, dates (UTC midn
 ages (``7d``); the default window is this calendar month (UTC) so far; ``until`` is
 never later than now (the future is not billed). A bad time is exit 2. When retention
 removed records the window needs (the oldest record left is younger than ``since``), the
-bill is marked incomplete (a warning, and ``complete: false`` in JSON).
+bill is marked incomplete: a warning (under the table; on ``err`` with CSV and JSON) and
+``complete: false`` in JSON. Retention is by the stream's append time (``--audit-retention``
+of serve and dispatch): keep it above the longest window billed plus the longest pod run,
+since a pod whose ``start`` record was trimmed is not billed at all.
 CSV rows: one per tenant and class, then ``total``, then ``(idle)`` (the cluster's
 capacity not used, with its cost at the default price; empty when unknown).
 """
@@ -27,7 +30,7 @@ from rich.table import Table
 
 from audit.log import STREAM, AuditLog
 from audit.query import parse_when
-from cost.billing import Bill, BillRow, bill
+from cost.billing import Bill, BillRow, bill_bodies
 from tenants.models import PricingSpec
 
 Format = Literal["table", "csv", "json"]
@@ -65,26 +68,30 @@ def report_command(client: redis.Redis, out: TextIO, *, since: str | None = None
     except ValueError as exc:
         errors.write(f"error: {exc}\n")
         return 2
-    result, entries = AuditLog(client, stream=stream, out=out).verify()
+    scan = AuditLog(client, stream=stream, out=out).scan()
+    billed = bill_bodies(scan, start, end, pricing, share_idle=share_idle)
+    result = scan.result
+    assert result is not None  # set once the scan is consumed
     if not result.ok:
         errors.write(f"refusing to bill: the audit log {stream} does not verify: "
                      f"{result.problem} (run `fairgate audit verify` for details)\n")
         return 1
-    records = [e.record for e in entries if e.record is not None]
     warnings = []
-    if records and records[0].seq != 1 and records[0].time > _text(start):
-        warnings.append(f"records before {records[0].time} were removed by retention "
-                        f"(oldest kept: seq {records[0].seq}): pods that started earlier "
+    if result.first_seq not in (None, 1) and scan.oldest > _text(start):
+        warnings.append(f"records before {scan.oldest} were removed by retention "
+                        f"(oldest kept: seq {result.first_seq}): pods that started earlier "
                         f"are missing, so this bill is incomplete")
-    billed = bill(records, start, end, pricing, share_idle=share_idle)
+    if output != "table":  # the table prints them under the bill
+        for warning in warnings:
+            errors.write(f"warning: {warning}\n")
     if output == "json":
         data = billed.to_json()
-        data.update(records=len(records), complete=not warnings, warnings=warnings)
+        data.update(records=result.checked, complete=not warnings, warnings=warnings)
         out.write(json.dumps(data, indent=2) + "\n")
     elif output == "csv":
         write_csv(billed, out)
     else:
-        print_table(billed, out, warnings, len(records))
+        print_table(billed, out, warnings, result.checked)
     return 0
 
 

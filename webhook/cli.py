@@ -17,6 +17,7 @@ from pathlib import Path
 
 import redis
 
+from audit.log import DEFAULT_RETENTION, MAX_AGE, MAXLEN, Retention
 from certs import CertError, write_bundle
 from fairshare.budget import DEFAULT_BUDGET_EVERY
 from fairshare.cluster import DEFAULT_NOT_READY_GRACE, DEFAULT_UNSCHEDULABLE_GRACE
@@ -224,6 +225,7 @@ def _serve(args: argparse.Namespace) -> int:
         wait_for_rebuild=args.wait_for_rebuild,
         replica_acks=args.replica_acks,
         replica_ack_timeout=args.replica_ack_timeout,
+        audit_retention=args.audit_retention,
     )
     try:
         serve(options)
@@ -263,6 +265,23 @@ def _port(text: str) -> int:
     if not 1 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"port {value} is out of range 1-65535")
     return value
+
+
+def _retention(text: str) -> Retention:
+    try:
+        return Retention.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _audit_retention_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--audit-retention", type=_retention, default=DEFAULT_RETENTION, metavar="AGE,RECORDS",
+        help="what the audit stream keeps, trimmed at each append: records younger than "
+        "AGE (45d, 12h, 2w; 'none': any age) and at most RECORDS, either or both (default: "
+        f"{MAX_AGE.days}d,{MAXLEN}: a month's bill stays complete for `fairgate report` up "
+        "to ~22,000 records a day, 550-630 bytes each in Redis: raise Redis's memory limit "
+        "with RECORDS); give every writer (serve and dispatch) the same")
 
 
 def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -305,6 +324,7 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                        metavar="SECONDS",
                        help="how long to wait for the replicas (default: %(default)s; "
                        "below the 0.5 s Redis timeout)")
+    _audit_retention_argument(serve)
     serve.add_argument("--log-level", default="info",
                        choices=["debug", "info", "warning", "error"],
                        help="log level (default: %(default)s)")
@@ -434,7 +454,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return run_dispatch(args.redis, Path(args.config_dir) if args.config_dir else None,
                             args.metrics_port, not_ready_grace=args.not_ready_grace,
                             unschedulable_grace=args.unschedulable_grace,
-                            budget_every=args.budget_every)
+                            budget_every=args.budget_every,
+                            audit_retention=args.audit_retention)
     except DispatchError as exc:
         print(f"fairgate: error: {exc}", file=sys.stderr)
         return 2
@@ -473,6 +494,7 @@ def _add_dispatch(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
                           help="how often tenants' month-to-date spend is billed from the "
                                "audit log for their budgets (also at once on a config "
                                "change; default: %(default)gs)")
+    _audit_retention_argument(dispatch)
     dispatch.add_argument("--log-level", default="info",
                           choices=["debug", "info", "warning", "error"],
                           help="log level (default: %(default)s)")

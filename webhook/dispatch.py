@@ -32,6 +32,7 @@ from redis.retry import Retry
 
 from admission.demand import pod_demand
 from audit import AuditLog
+from audit.log import DEFAULT_RETENTION, Retention
 from cost.budget import AuditSpend
 from fairshare.budget import DEFAULT_BUDGET_EVERY
 from fairshare.cluster import DEFAULT_NOT_READY_GRACE, DEFAULT_UNSCHEDULABLE_GRACE
@@ -92,7 +93,8 @@ def run_dispatch(redis_target: RedisTarget | str, config_dir: Path | None = None
                  metrics_port: int | None = None,
                  not_ready_grace: float = DEFAULT_NOT_READY_GRACE,
                  unschedulable_grace: float = DEFAULT_UNSCHEDULABLE_GRACE,
-                 budget_every: float = DEFAULT_BUDGET_EVERY) -> int:
+                 budget_every: float = DEFAULT_BUDGET_EVERY,
+                 audit_retention: Retention = DEFAULT_RETENTION) -> int:
     """Dispatch until SIGTERM/SIGINT (see the module contract); the exit code."""
     stop = threading.Event()
 
@@ -112,7 +114,8 @@ def run_dispatch(redis_target: RedisTarget | str, config_dir: Path | None = None
     metrics = DispatcherMetrics()
     if metrics_port is not None:
         start_http_server(metrics_port, registry=metrics.registry)
-    audit = AuditLog(client)
+    audit = AuditLog(client, maxlen=audit_retention.max_records,
+                     max_age=audit_retention.max_age)
     dispatcher = Dispatcher(FairQueue(client), cluster, lambda: _current(source),
                             metrics=metrics, audit=audit,
                             settings=DispatcherSettings(unschedulable_grace=unschedulable_grace,

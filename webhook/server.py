@@ -45,6 +45,7 @@ import uvicorn
 from urllib3.exceptions import HTTPError
 
 from audit import AuditLog
+from audit.log import DEFAULT_RETENTION, Retention
 from certs import CertReloader, server_ssl_context
 from fairshare.connection import (
     DEFAULT_REDIS_TIMEOUT,
@@ -94,6 +95,7 @@ class ServeOptions:
     wait_for_rebuild: bool | None = None  # None: on in cluster mode, off with config_dir
     replica_acks: int | None = None  # None: 1 for a Sentinel target, else 0
     replica_ack_timeout: float = REPLICA_ACK_TIMEOUT  # seconds WAIT may block (< redis_timeout)
+    audit_retention: Retention = DEFAULT_RETENTION
 
 
 def _local_source(config_dir: Path) -> ConfigSource:
@@ -196,7 +198,9 @@ def _run_uvicorn(options: ServeOptions, sock: socket.socket | None) -> None:
     decisions_client = connect_redis_async(options.redis, options.redis_timeout)
     try:
         service = AdmissionService(
-            source, decisions_client, AuditLog(client),
+            source, decisions_client,
+            AuditLog(client, maxlen=options.audit_retention.max_records,
+                     max_age=options.audit_retention.max_age),
             wait_for_rebuild=(options.wait_for_rebuild if options.wait_for_rebuild is not None
                               else options.config_dir is None),
             replicas=(options.replica_acks if options.replica_acks is not None

@@ -361,7 +361,7 @@ def test_a_batch_with_a_malformed_record_writes_nothing(redis_client: redis.Redi
     good = [content_digest(body), body, ""]
     with pytest.raises(redis.ResponseError, match="64 hex digits"):
         script(keys=[STREAM, f"{STREAM}:head"],
-               args=[100, "", "", *good, "not-a-digest", body, "", *good])
+               args=[100, 0, "", "", *good, "not-a-digest", body, "", *good])
     assert redis_client.xlen(STREAM) == 0 and not redis_client.exists(f"{STREAM}:head")
 
 

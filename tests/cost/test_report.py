@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -137,6 +138,30 @@ def test_retention_gaps_mark_the_bill_incomplete(redis_client: redis.Redis) -> N
     code, out, _ = _run(redis_client, output="json")
     data = json.loads(out)
     assert code == 0 and data["complete"] is False and "retention" in data["warnings"][0]
+
+
+def test_a_window_older_than_the_age_retention_warns_in_every_format(
+        redis_client: redis.Redis) -> None:
+    """Records trimmed by age (--audit-retention): the report says its bill is
+    incomplete, under the table and on stderr with CSV and JSON, and still bills what
+    is left; a window that starts after the oldest kept record is complete."""
+    old = AuditLog(redis_client, out=io.StringIO(), max_age=timedelta(seconds=2))
+    _pod(old, "gone", "team-a", "gpu=1", _at(2), _at(2, 1))
+    time.sleep(2.5)  # the two records above are now older than the retention age
+    _pod(old, "kept", "team-b", "gpu=1", _at(3), _at(3, 2))
+    assert redis_client.xlen(STREAM) == 2
+    code, out, err = _run(redis_client, output="json")
+    data = json.loads(out)
+    assert code == 0 and data["complete"] is False
+    assert [r["tenant"] for r in data["rows"]] == ["team-b"]
+    assert "removed by retention (oldest kept: seq 3)" in data["warnings"][0]
+    assert err == f"warning: {data['warnings'][0]}\n"
+    code, out, err = _run(redis_client, output="csv")
+    assert code == 0 and "team-b" in out and "bill is incomplete" in err
+    code, out, err = _run(redis_client)
+    assert code == 0 and "warning: records before" in out and err == ""
+    code, out, err = _run(redis_client, output="json", since="2026-03-03T00:00:00Z")
+    assert code == 0 and json.loads(out)["complete"] is True and err == ""
 
 
 def test_the_command_line(redis_url: str) -> None:

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 from cryptography import x509
 from webhook_helpers import gpu_pod, review
 
+from audit.log import Retention
 from webhook.cli import build_parser, main
 from webhook.process import ServeProcess
 
@@ -85,6 +87,27 @@ def test_dispatch_takes_a_not_ready_grace_and_status_explains_capacity(
     text = " ".join(capsys.readouterr().out.split())
     assert "nodes left out and why (cordoned, NotReady longer than --not-ready-grace" in text
     assert "held by pods fairgate does not manage" in text
+
+
+@pytest.mark.parametrize("command", [
+    ["dispatch", "--redis-url", "redis://fairgate-redis:6379/0"],
+    ["serve", "--redis-url", "redis://fairgate-redis:6379/0", "--cert-dir", "c", "--port", "1"],
+])
+def test_serve_and_dispatch_take_an_audit_retention(
+    capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    assert build_parser().parse_args(command).audit_retention == Retention(
+        1_000_000, timedelta(days=45))
+    assert build_parser().parse_args([*command, "--audit-retention", "60d,2000000"]
+                                     ).audit_retention == Retention(2_000_000, timedelta(days=60))
+    for bad in ("0", "45x", "forever", "45d,45d"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([*command, "--audit-retention", bad])
+        assert "give an age (45d, 12h, 2w), a record count" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([command[0], "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--audit-retention AGE,RECORDS" in text and "default: 45d,1000000" in text
 
 
 def test_dispatch_takes_an_unschedulable_grace_and_status_explains_what_is_withheld(

@@ -44,7 +44,7 @@ import redis
 
 from audit import AuditLog, VerifyResult
 from audit.log import parse_entry
-from cost.billing import Bill, bill
+from cost.billing import Bill, bill_bodies
 from cost.report import month_start
 from fairshare.model import TicketStatus
 from fairshare.queue import FairQueue
@@ -323,16 +323,18 @@ class ConsoleData:
 
     def _bill(self, now: datetime) -> Bill | str:
         """This month's bill, or why there is none."""
-        result, entries = self.audit_log.verify()
-        if not result.ok:
-            return (f"no bill: the audit log does not verify ({result.problem}); "
-                    "`fairgate audit verify` shows where")
-        config = self.config()
-        pricing = config.platform.pricing if config is not None else None
         start = month_start(now)
         if now <= start:
             return "no bill yet: this month has just begun"
-        return bill((e.record for e in entries if e.record is not None), start, now, pricing)
+        config = self.config()
+        pricing = config.platform.pricing if config is not None else None
+        scan = self.audit_log.scan()
+        billed = bill_bodies(scan, start, now, pricing)
+        if scan.result is None or not scan.result.ok:
+            problem = scan.result.problem if scan.result is not None else "not read"
+            return (f"no bill: the audit log does not verify ({problem}); "
+                    "`fairgate audit verify` shows where")
+        return billed
 
 
 def _candidate(raw: bytes | None, viewer: Viewer, needle: bytes,
