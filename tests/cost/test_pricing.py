@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from admission.demand import pod_demand
 from audit.chain import AuditRecord, format_time
 from audit.usage import start_detail
 from cost.billing import bill
@@ -84,9 +85,9 @@ def test_the_dispatcher_reads_the_nodes_gpu_product_and_scheduler_preemption() -
     pod["status"] = {"phase": "Running", "conditions": [
         {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
          "message": "default-scheduler: preempting to accommodate a higher priority pod"}]}
-    read = pod_from_manifest(pod, PriorityClasses())
+    read = pod_from_manifest(pod, PriorityClasses(), pod_demand)
     assert read is not None and read.preempted and read.preemptor is None
     for reason in ("EvictionByEvictionAPI", "DeletionByTaintManager"):
         pod["status"]["conditions"][0]["reason"] = reason
-        other = pod_from_manifest(pod, PriorityClasses())
+        other = pod_from_manifest(pod, PriorityClasses(), pod_demand)
         assert other is not None and not other.preempted

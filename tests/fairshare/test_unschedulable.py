@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 
 import redis
 
+from admission.demand import pod_demand
 from audit import RELEASE, AuditLog
 from fairshare.cluster import CapacityReport, ChangeKind, ClusterChange, GpuPod, PodRef
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
@@ -223,7 +224,8 @@ def _manifest(status: dict[str, object]) -> dict[str, object]:
         "metadata": {"name": "p", "namespace": "ns", "uid": "u1",
                      "labels": {"fairgate.io/tenant": "team-a", "fairgate.io/class": "training"},
                      "annotations": {"fairgate.io/ticket": "t1", "fairgate.io/demand": "gpu=1"}},
-        "spec": {"containers": []},
+        "spec": {"containers": [{"name": "main", "image": "pause",
+                                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
         "status": status,
     }
 
@@ -240,7 +242,7 @@ def test_only_a_scheduler_verdict_without_a_nominated_node_reads_as_unschedulabl
     assert unschedulable({"conditions": [{**stuck, "status": "True"}]}) is None
     assert unschedulable({}) is None
     pod = pod_from_manifest(_manifest({"phase": "Pending", "conditions": [stuck]}),
-                            PriorityClasses())
+                            PriorityClasses(), pod_demand)
     assert pod is not None and pod.unschedulable == MESSAGE
     assert pod.ref == PodRef("ns", "p")
 
