@@ -14,7 +14,7 @@ backlogged for the whole horizon. Nominal quotas cover the cluster (quota never 
 only the weights decide). One extra tenant, ``serve``, sends a 1-unit inference pod
 every 600 s (300 s long).
 
-Two conditions make the share target reachable at all (fairshare/README.md, "What
+Three conditions make the share target reachable at all (fairshare/README.md, "What
 fairness can be measured"), and the generator states them:
 - the horizon is at least 20x the trace's mean duration *and* long enough for every
   tenant's entitlement to cover :data:`PODS_PER_ENTITLEMENT` of its pods (entitled
@@ -27,7 +27,17 @@ fairness can be measured"), and the generator states them:
   its history spans the horizon (usage at the start still counts 84% at the end).
   With a shorter half-life the share over any window of about a half-life is fair,
   but the excess a tenant took while the others' first pods arrived is forgotten
-  before it is paid back.
+  before it is paid back;
+- the training pods can fill the capacity left to them: it is a multiple of every
+  training pod size (the drawn capacity rounded down to a multiple of the largest
+  size; sizes are powers of 2), and the inference stream gets one unit of its own on
+  top (``training_capacity + 1``). Without that unit a 1-unit inference pod on 16
+  GPUs leaves room for one 8-GPU pod, not two (inference goes strictly first), so
+  whenever inference runs the big-pod tenants cannot reach the divisible water-filled
+  entitlement whatever the order, and smaller pods rightly take what they cannot use
+  (work conservation). ``--shared-inference`` generates the traces without this
+  condition (inference shares the drawn capacity), to measure that effect
+  (BENCHMARKS.md: seed 69).
 
 Running it: ``--jobs N`` runs N traces at a time, each worker with its own
 redis-server (traces take 1-140 s each on a 2-core machine). With ``--out`` every
@@ -97,9 +107,11 @@ def bound(durations_max: float, tenants: int) -> float:
     return 2 * durations_max * tenants
 
 
-def random_trace(seed: int, pods_per_entitlement: int = PODS_PER_ENTITLEMENT) -> dict[str, Any]:
+def random_trace(seed: int, pods_per_entitlement: int = PODS_PER_ENTITLEMENT,
+                 shared_inference: bool = False) -> dict[str, Any]:
     """A random contention trace (see the module docstring); a larger
-    ``pods_per_entitlement`` makes the same trace run longer."""
+    ``pods_per_entitlement`` makes the same trace run longer; ``shared_inference``
+    drops the third reachability condition (inference shares the drawn capacity)."""
     rng = random.Random(seed)
     resource = rng.choice(["gpu", "mig-1g.5gb"])
     capacity = rng.choice([16, 24, 32]) if resource == "gpu" else rng.choice([28, 42, 56])
@@ -110,8 +122,11 @@ def random_trace(seed: int, pods_per_entitlement: int = PODS_PER_ENTITLEMENT) ->
     mean = sum(sum(d) for d in durations.values()) / (5 * len(names))
     longest = max(max(d) for d in durations.values())
     total_weight = sum(weights.values())
+    # the capacity training pods can fill (third condition), plus inference's own unit
+    training = capacity if shared_inference else capacity - capacity % max(sizes.values())
+    capacity = training if shared_inference else training + 1
     # entitled units per tenant; the horizon covers pods_per_entitlement pods of each
-    entitled_units = {n: capacity * weights[n] / total_weight for n in names}
+    entitled_units = {n: training * weights[n] / total_weight for n in names}
     horizon = math.ceil(max(
         20 * mean,
         *(pods_per_entitlement * sizes[n] * sum(durations[n]) / 5 / entitled_units[n]
@@ -145,6 +160,7 @@ def random_trace(seed: int, pods_per_entitlement: int = PODS_PER_ENTITLEMENT) ->
         "horizon": horizon,
         "fairShare": {"usageHalfLife": f"{4 * horizon}s"},
         "_meta": {"seed": seed, "resource": resource, "longest": longest,
+                  "training_capacity": training,
                   "one_unit": set(sizes.values()) == {1}, "sizes": sizes,
                   "mean_durations": {n: sum(durations[n]) / 5 for n in names}},
     }
@@ -301,16 +317,19 @@ def read_outcomes(path: Path) -> list[Outcome]:
 
 
 def _worker(seeds: multiprocessing.Queue[int | None],
-            results: multiprocessing.Queue[dict[str, Any]], pods_per_entitlement: int) -> None:
+            results: multiprocessing.Queue[dict[str, Any]], pods_per_entitlement: int,
+            shared_inference: bool) -> None:
     """Run traces from ``seeds`` on a private redis-server until a None arrives."""
     with local_redis() as url:
         client = redis.Redis.from_url(url)
         while (seed := seeds.get()) is not None:
-            results.put(asdict(check(random_trace(seed, pods_per_entitlement), client)))
+            data = random_trace(seed, pods_per_entitlement, shared_inference)
+            results.put(asdict(check(data, client)))
 
 
 def run_parallel(seeds: list[int], jobs: int,
-                 pods_per_entitlement: int = PODS_PER_ENTITLEMENT) -> Iterable[Outcome]:
+                 pods_per_entitlement: int = PODS_PER_ENTITLEMENT,
+                 shared_inference: bool = False) -> Iterable[Outcome]:
     """Run the traces of ``seeds`` on ``jobs`` worker processes; yields each outcome
     as it finishes (not in seed order)."""
     seed_queue: multiprocessing.Queue[int | None] = multiprocessing.Queue()
@@ -318,7 +337,8 @@ def run_parallel(seeds: list[int], jobs: int,
     for seed in seeds:
         seed_queue.put(seed)
     workers = [multiprocessing.Process(target=_worker, daemon=True,
-                                       args=(seed_queue, results, pods_per_entitlement))
+                                       args=(seed_queue, results, pods_per_entitlement,
+                                             shared_inference))
                for _ in range(jobs)]
     for worker in workers:
         seed_queue.put(None)
@@ -350,6 +370,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pods-per-entitlement", type=int, default=PODS_PER_ENTITLEMENT,
                         help="stretch the horizons (does a miss shrink with a longer run?); "
                         "use a new --out file for another value")
+    parser.add_argument("--shared-inference", action="store_true",
+                        help="inference shares the drawn capacity (drops the third "
+                        "reachability condition: measures packing around inference); "
+                        "use a new --out file")
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.traces < 1 or args.pods_per_entitlement < 1:
         parser.error("--jobs, --traces and --pods-per-entitlement must be at least 1")
@@ -368,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         sink = stack.enter_context(open(args.out, "a")) if args.out else None
-        for count, o in enumerate(run_parallel(todo, args.jobs, args.pods_per_entitlement), 1):
+        for count, o in enumerate(run_parallel(todo, args.jobs, args.pods_per_entitlement,
+                                                      args.shared_inference), 1):
             if sink is not None:
                 sink.write(json.dumps(asdict(o)) + "\n")
                 sink.flush()
