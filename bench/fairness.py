@@ -74,6 +74,7 @@ from fairshare.entitlement import water_fill
 from fairshare.localredis import local_redis
 from fairshare.simulate import Simulation
 from fairshare.trace import Trace, parse_trace
+from tenants.resources import slices_of
 
 SIZES = (1, 2, 4, 8)
 INFERENCE_TENANT = "serve"
@@ -208,8 +209,9 @@ def check(data: dict[str, Any], client: redis.Redis) -> Outcome:
         n: {
             "weight": weights[n], "size": meta["sizes"][n], "pods": len(pod_seconds[n]),
             "share": shares[n], "entitled": entitled[n],
+            # total is in slice-seconds (a GPU is 7 slices), pod sizes in units
             "off_pods": (shares[n] - entitled[n]) * total
-            / (meta["sizes"][n] * meta["mean_durations"][n]),
+            / (meta["sizes"][n] * slices_of(meta["resource"]) * meta["mean_durations"][n]),
         }
         for n in training
     }
