@@ -102,10 +102,13 @@ class Outcome:
     per_tenant: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
-def bound(durations_max: float, tenants: int) -> float:
-    """Longest a backlogged tenant may go without a pod starting: 2 x the longest pod
-    duration x the number of tenants (fairshare/README.md, "Holding", derives it)."""
-    return 2 * durations_max * tenants
+def bound(durations_max: float, weights: list[float]) -> float:
+    """Longest a backlogged tenant may go without a pod starting: the longest pod
+    duration x (2 x the number of tenants + (W - w) / w), W the summed weight, w the
+    lowest (fairshare/README.md, "Wait bound", derives it; the second term is the
+    payback of a tenant that took the idle cluster at the start)."""
+    lowest, total = min(weights), sum(weights)
+    return durations_max * (2 * len(weights) + (total - lowest) / lowest)
 
 
 def random_trace(seed: int, pods_per_entitlement: int = PODS_PER_ENTITLEMENT,
@@ -219,7 +222,7 @@ def check(data: dict[str, Any], client: redis.Redis) -> Outcome:
         seed=meta["seed"], resource=meta["resource"], tenants=len(training),
         one_unit=meta["one_unit"], share_error=error, jain=jain,
         utilization=sim.meter.utilization(), max_gap=gap,
-        gap_bound=bound(meta["longest"], len(training)),
+        gap_bound=bound(meta["longest"], list(weights.values())),
         inference_max_wait=inference_wait, seconds=seconds, per_tenant=per_tenant,
     )
 
