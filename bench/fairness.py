@@ -12,7 +12,8 @@ durations 60-900 s (five streams per tenant, each with its own duration); every 
 pods arrive at twice the rate its entitlement could serve, so every tenant stays
 backlogged for the whole horizon. Nominal quotas cover the cluster (quota never binds:
 only the weights decide). One extra tenant, ``serve``, sends a 1-unit inference pod
-every 600 s (300 s long).
+every 600 s from t = 300 s, each 600 s long (back to back: it keeps the unit of its own,
+see below, from then on; with ``--shared-inference``, 300 s long: half the time).
 
 Three conditions make the share target reachable at all (fairshare/README.md, "What
 fairness can be measured"), and the generator states them:
@@ -31,13 +32,16 @@ fairness can be measured"), and the generator states them:
 - the training pods can fill the capacity left to them: it is a multiple of every
   training pod size (the drawn capacity rounded down to a multiple of the largest
   size; sizes are powers of 2), and the inference stream gets one unit of its own on
-  top (``training_capacity + 1``). Without that unit a 1-unit inference pod on 16
-  GPUs leaves room for one 8-GPU pod, not two (inference goes strictly first), so
-  whenever inference runs the big-pod tenants cannot reach the divisible water-filled
-  entitlement whatever the order, and smaller pods rightly take what they cannot use
-  (work conservation). ``--shared-inference`` generates the traces without this
-  condition (inference shares the drawn capacity), to measure that effect
-  (BENCHMARKS.md: seed 69).
+  top (``training_capacity + 1``), which it keeps busy from t = 300 s. Without that
+  unit a 1-unit inference pod on 16 GPUs leaves room for one 8-GPU pod, not two
+  (inference goes strictly first), so whenever inference runs the big-pod tenants
+  cannot reach the divisible water-filled entitlement whatever the order, and smaller
+  pods rightly take what they cannot use (work conservation). A unit of its own left
+  idle half the time would be the same effect reversed: a unit only smaller pods can
+  use (measured at 0f9e0b7: seeds 10 and 56 missed by 2-3 pods of a small-pod
+  tenant). ``--shared-inference`` generates the traces without this condition
+  (inference shares the drawn capacity), to measure that effect (BENCHMARKS.md: seed
+  69).
 
 Running it: ``--jobs N`` runs N traces at a time, each worker with its own
 redis-server (traces take 1-140 s each on a 2-core machine). With ``--out`` every
@@ -150,7 +154,8 @@ def random_trace(seed: int, pods_per_entitlement: int = PODS_PER_ENTITLEMENT,
             })
     arrivals.append({
         "at": 300, "tenant": INFERENCE_TENANT, "class": "inference",
-        "demand": {resource: 1}, "duration": 300, "count": math.ceil(horizon / 600),
+        "demand": {resource: 1}, "duration": 300 if shared_inference else 600,
+        "count": math.ceil(horizon / 600),
         "every": 600,
     })
     tenants: dict[str, Any] = {
