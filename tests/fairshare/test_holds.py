@@ -68,6 +68,11 @@ def test_freed_gpus_go_to_the_owed_big_pod_tenant_not_to_small_pods_above_their_
         owed_after_b: list[tuple[str, dict[str, int]]] = [("c", {})] if i >= 5 else []
         assert [(h.tenant, dict(h.held)) for h in q.holds(now)] == [
             ("b", {"gpu": i + 1}), *owed_after_b]
+    # the fast path respects b's hold too: 7 GPUs are free, a new 1-GPU pod of c waits
+    # for the capacity held for b
+    late = q.admit(pod("c16", "c", 1, 1016.0), 1016.0)
+    assert (late.outcome, late.waiting_for) == (
+        "queued", "gpu capacity held for b (ahead in fair-share order)")
     status = q.ticket_status("b1", 1016.0)
     assert status is not None and status.waiting_for == "capacity held for you: 7 of 8 GPUs"
     status = q.ticket_status("c8", 1016.0)
