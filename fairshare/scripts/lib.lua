@@ -863,6 +863,16 @@ local function free_for(band, res)
   return cap_of(res) - used
 end
 
+-- Whether some free capacity of a resource of shape D is not held yet (G: plan's holds)
+local function unheld(D, G)
+  for _, band in ipairs(BAND_ORDER) do
+    for _, res in ipairs(D.keys[band]) do
+      if free_for(band, res) - (G[band][res] or 0) > 0 then return true end
+    end
+  end
+  return false
+end
+
 -- The next entry of the tier to release, and the capacity held (see fairshare/README.md
 -- "Holding"). Walks the tier's tops (survey) in queue order, up to (not including)
 -- entry `stop` (all with nil). A top that does not fit, given the holds of the tops
@@ -874,7 +884,7 @@ end
 -- exceeds the free capacity of a band. With a half-life, queue order (decayed usage)
 -- and the share test (current usage) can disagree: when an owed top's tenant is at or
 -- above its share, the next tenant of its shape in queue order takes its place in the
--- walk. Returns G, the first top that fits with the holds of the tops before it (nil
+-- walk (while some capacity of the shape is not held yet). Returns G, the first top that fits with the holds of the tops before it (nil
 -- if none; with `counts`, only a top sharing one of those resources counts, and the
 -- walk goes on past the others), and the held tops. `tidy`: see survey.
 local function plan(tier, now, stop, counts, tidy)
@@ -904,9 +914,11 @@ local function plan(tier, now, stop, counts, tidy)
           end
         end
         held[#held + 1] = top
-      elseif decay then
+      elseif decay and unheld(top.D, G) then
         -- (without a half-life the set is ordered by usage / weight: no later tenant
-        -- of the shape is below its share either)
+        -- of the shape is below its share either; with nothing left to hold, a later
+        -- one would hold nothing, and the walk, a ready-set read per tenant passed,
+        -- would cost for nothing)
         local next_top = best_of(top.shape, top.D, now, false, true, top)
         if next_top then
           next_top.blocked = top.blocked
