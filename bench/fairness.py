@@ -12,9 +12,10 @@ durations 60-900 s (five streams per tenant, each with its own duration); every 
 pods arrive at twice the rate its entitlement could serve, so every tenant stays
 backlogged for the whole horizon. Nominal quotas cover the cluster (quota never binds:
 only the weights decide). One extra tenant, ``serve``, sends a 1-unit inference pod
-every 600 s (300 s long).
+every 600 s from t = 300 s, each 600 s long (back to back: it keeps the unit of its own,
+see below, from then on; with ``--shared-inference``, 300 s long: half the time).
 
-Two conditions make the share target reachable at all (fairshare/README.md, "What
+Three conditions make the share target reachable at all (fairshare/README.md, "What
 fairness can be measured"), and the generator states them:
 - the horizon is at least 20x the trace's mean duration *and* long enough for every
   tenant's entitlement to cover :data:`PODS_PER_ENTITLEMENT` of its pods (entitled
@@ -27,7 +28,20 @@ fairness can be measured"), and the generator states them:
   its history spans the horizon (usage at the start still counts 84% at the end).
   With a shorter half-life the share over any window of about a half-life is fair,
   but the excess a tenant took while the others' first pods arrived is forgotten
-  before it is paid back.
+  before it is paid back;
+- the training pods can fill the capacity left to them: it is a multiple of every
+  training pod size (the drawn capacity rounded down to a multiple of the largest
+  size; sizes are powers of 2), and the inference stream gets one unit of its own on
+  top (``training_capacity + 1``), which it keeps busy from t = 300 s. Without that
+  unit a 1-unit inference pod on 16 GPUs leaves room for one 8-GPU pod, not two
+  (inference goes strictly first), so whenever inference runs the big-pod tenants
+  cannot reach the divisible water-filled entitlement whatever the order, and smaller
+  pods rightly take what they cannot use (work conservation). A unit of its own left
+  idle half the time would be the same effect reversed: a unit only smaller pods can
+  use (measured at 0f9e0b7: seeds 10 and 56 missed by 2-3 pods of a small-pod
+  tenant). ``--shared-inference`` generates the traces without this condition
+  (inference shares the drawn capacity), to measure that effect (BENCHMARKS.md: seed
+  69).
 
 Running it: ``--jobs N`` runs N traces at a time, each worker with its own
 redis-server (traces take 1-140 s each on a 2-core machine). With ``--out`` every
@@ -64,6 +78,7 @@ from fairshare.entitlement import water_fill
 from fairshare.localredis import local_redis
 from fairshare.simulate import Simulation
 from fairshare.trace import Trace, parse_trace
+from tenants.resources import slices_of
 
 SIZES = (1, 2, 4, 8)
 INFERENCE_TENANT = "serve"
@@ -91,15 +106,20 @@ class Outcome:
     per_tenant: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
-def bound(durations_max: float, tenants: int) -> float:
-    """Longest a backlogged tenant may go without a pod starting: 2 x the longest pod
-    duration x the number of tenants (fairshare/README.md, "Holding", derives it)."""
-    return 2 * durations_max * tenants
+def bound(durations_max: float, weights: list[float]) -> float:
+    """Longest a backlogged tenant may go without a pod starting: the longest pod
+    duration x (2 x the number of tenants + (W - w) / w), W the summed weight, w the
+    lowest (fairshare/README.md, "Wait bound", derives it; the second term is the
+    payback of a tenant that took the idle cluster at the start)."""
+    lowest, total = min(weights), sum(weights)
+    return durations_max * (2 * len(weights) + (total - lowest) / lowest)
 
 
-def random_trace(seed: int, pods_per_entitlement: int = PODS_PER_ENTITLEMENT) -> dict[str, Any]:
+def random_trace(seed: int, pods_per_entitlement: int = PODS_PER_ENTITLEMENT,
+                 shared_inference: bool = False) -> dict[str, Any]:
     """A random contention trace (see the module docstring); a larger
-    ``pods_per_entitlement`` makes the same trace run longer."""
+    ``pods_per_entitlement`` makes the same trace run longer; ``shared_inference``
+    drops the third reachability condition (inference shares the drawn capacity)."""
     rng = random.Random(seed)
     resource = rng.choice(["gpu", "mig-1g.5gb"])
     capacity = rng.choice([16, 24, 32]) if resource == "gpu" else rng.choice([28, 42, 56])
@@ -110,8 +130,11 @@ def random_trace(seed: int, pods_per_entitlement: int = PODS_PER_ENTITLEMENT) ->
     mean = sum(sum(d) for d in durations.values()) / (5 * len(names))
     longest = max(max(d) for d in durations.values())
     total_weight = sum(weights.values())
+    # the capacity training pods can fill (third condition), plus inference's own unit
+    training = capacity if shared_inference else capacity - capacity % max(sizes.values())
+    capacity = training if shared_inference else training + 1
     # entitled units per tenant; the horizon covers pods_per_entitlement pods of each
-    entitled_units = {n: capacity * weights[n] / total_weight for n in names}
+    entitled_units = {n: training * weights[n] / total_weight for n in names}
     horizon = math.ceil(max(
         20 * mean,
         *(pods_per_entitlement * sizes[n] * sum(durations[n]) / 5 / entitled_units[n]
@@ -131,7 +154,8 @@ def random_trace(seed: int, pods_per_entitlement: int = PODS_PER_ENTITLEMENT) ->
             })
     arrivals.append({
         "at": 300, "tenant": INFERENCE_TENANT, "class": "inference",
-        "demand": {resource: 1}, "duration": 300, "count": math.ceil(horizon / 600),
+        "demand": {resource: 1}, "duration": 300 if shared_inference else 600,
+        "count": math.ceil(horizon / 600),
         "every": 600,
     })
     tenants: dict[str, Any] = {
@@ -145,6 +169,7 @@ def random_trace(seed: int, pods_per_entitlement: int = PODS_PER_ENTITLEMENT) ->
         "horizon": horizon,
         "fairShare": {"usageHalfLife": f"{4 * horizon}s"},
         "_meta": {"seed": seed, "resource": resource, "longest": longest,
+                  "training_capacity": training,
                   "one_unit": set(sizes.values()) == {1}, "sizes": sizes,
                   "mean_durations": {n: sum(durations[n]) / 5 for n in names}},
     }
@@ -192,8 +217,9 @@ def check(data: dict[str, Any], client: redis.Redis) -> Outcome:
         n: {
             "weight": weights[n], "size": meta["sizes"][n], "pods": len(pod_seconds[n]),
             "share": shares[n], "entitled": entitled[n],
+            # total is in slice-seconds (a GPU is 7 slices), pod sizes in units
             "off_pods": (shares[n] - entitled[n]) * total
-            / (meta["sizes"][n] * meta["mean_durations"][n]),
+            / (meta["sizes"][n] * slices_of(meta["resource"]) * meta["mean_durations"][n]),
         }
         for n in training
     }
@@ -201,7 +227,7 @@ def check(data: dict[str, Any], client: redis.Redis) -> Outcome:
         seed=meta["seed"], resource=meta["resource"], tenants=len(training),
         one_unit=meta["one_unit"], share_error=error, jain=jain,
         utilization=sim.meter.utilization(), max_gap=gap,
-        gap_bound=bound(meta["longest"], len(training)),
+        gap_bound=bound(meta["longest"], list(weights.values())),
         inference_max_wait=inference_wait, seconds=seconds, per_tenant=per_tenant,
     )
 
@@ -301,16 +327,19 @@ def read_outcomes(path: Path) -> list[Outcome]:
 
 
 def _worker(seeds: multiprocessing.Queue[int | None],
-            results: multiprocessing.Queue[dict[str, Any]], pods_per_entitlement: int) -> None:
+            results: multiprocessing.Queue[dict[str, Any]], pods_per_entitlement: int,
+            shared_inference: bool) -> None:
     """Run traces from ``seeds`` on a private redis-server until a None arrives."""
     with local_redis() as url:
         client = redis.Redis.from_url(url)
         while (seed := seeds.get()) is not None:
-            results.put(asdict(check(random_trace(seed, pods_per_entitlement), client)))
+            data = random_trace(seed, pods_per_entitlement, shared_inference)
+            results.put(asdict(check(data, client)))
 
 
 def run_parallel(seeds: list[int], jobs: int,
-                 pods_per_entitlement: int = PODS_PER_ENTITLEMENT) -> Iterable[Outcome]:
+                 pods_per_entitlement: int = PODS_PER_ENTITLEMENT,
+                 shared_inference: bool = False) -> Iterable[Outcome]:
     """Run the traces of ``seeds`` on ``jobs`` worker processes; yields each outcome
     as it finishes (not in seed order)."""
     seed_queue: multiprocessing.Queue[int | None] = multiprocessing.Queue()
@@ -318,7 +347,8 @@ def run_parallel(seeds: list[int], jobs: int,
     for seed in seeds:
         seed_queue.put(seed)
     workers = [multiprocessing.Process(target=_worker, daemon=True,
-                                       args=(seed_queue, results, pods_per_entitlement))
+                                       args=(seed_queue, results, pods_per_entitlement,
+                                             shared_inference))
                for _ in range(jobs)]
     for worker in workers:
         seed_queue.put(None)
@@ -350,6 +380,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pods-per-entitlement", type=int, default=PODS_PER_ENTITLEMENT,
                         help="stretch the horizons (does a miss shrink with a longer run?); "
                         "use a new --out file for another value")
+    parser.add_argument("--shared-inference", action="store_true",
+                        help="inference shares the drawn capacity (drops the third "
+                        "reachability condition: measures packing around inference); "
+                        "use a new --out file")
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.traces < 1 or args.pods_per_entitlement < 1:
         parser.error("--jobs, --traces and --pods-per-entitlement must be at least 1")
@@ -368,7 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         sink = stack.enter_context(open(args.out, "a")) if args.out else None
-        for count, o in enumerate(run_parallel(todo, args.jobs, args.pods_per_entitlement), 1):
+        for count, o in enumerate(run_parallel(todo, args.jobs, args.pods_per_entitlement,
+                                                      args.shared_inference), 1):
             if sink is not None:
                 sink.write(json.dumps(asdict(o)) + "\n")
                 sink.flush()

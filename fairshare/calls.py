@@ -286,7 +286,7 @@ def explain(reason: Sequence[str], tenant: str, pod_class: PodClass) -> str:
         unit = "GPUs" if rest[0] == "gpu" else in_words(rest[0])
         return f"capacity held for you: {rest[1]} of {rest[2]} {unit}"
     if code == "guard":
-        return f"{in_words(rest[0])} capacity held for {rest[1]} (first in fair-share order)"
+        return f"{in_words(rest[0])} capacity held for {rest[1]} (ahead in fair-share order)"
     if code == "ahead":
         return f"{rest[0]} {pod_class} pod(s) ahead in {tenant}"
     if code == "inference":

@@ -256,10 +256,10 @@ class QueueSnapshot:
 
 @dataclass(frozen=True)
 class Hold:
-    """Capacity held now for a queue entry owed it (the first of its resources in queue
-    order that does not fit yet, its tenant below its weighted share): ``held`` is the
-    free capacity drained to it so far (units per resource of ``demand``, at most
-    ``demand``); no later entry of ``band`` may use it."""
+    """Capacity held now for a queue entry owed it (it does not fit yet and its tenant is
+    below its weighted share): ``held`` is the free capacity not held for the entries
+    owed it before it in queue order (units per resource of ``demand``, at most
+    ``demand``; possibly none yet); no later entry of ``band`` may use it."""
 
     tenant: str
     band: PriorityBand  # the tier the entry waits in (its lowest band)

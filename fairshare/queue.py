@@ -10,9 +10,10 @@ Contract (rules in ``fairshare/README.md``; key layout there too):
   (inference, then training; within training, the training band before borrowed
   pods), then the tenant with the lowest weighted share (slices used / weight, or
   decayed usage / weight with ``fairShare.usageHalfLife``; ties to the tenant whose
-  head pod was created first), then FIFO; gangs all at once. The entry first in that
-  order that does not fit yet is owed the capacity it lacks: it is held for it while
-  its tenant is below its weighted share (``fairshare/README.md``, "Holding").
+  head pod was created first), then FIFO; gangs all at once. The entries in that
+  order that do not fit yet are owed the capacity they lack while their tenants are
+  below their weighted share: the free capacity is held for the first of them, what is
+  left for the next (``fairshare/README.md``, "Holding").
 - Quota safety holds at every instant: per tenant, non-borrowed usage per resource
   <= nominal, non-borrowed training slices <= nominal - inference reserve, borrowed
   slices <= borrow limit; cluster capacity per band (lower bands count as free).
@@ -272,7 +273,8 @@ class FairQueue:
 
     def holds(self, now: float) -> list[Hold]:
         """The capacity held at ``now`` and for whom (``fairgate status``): the entries
-        :meth:`dispatch` would hold for, per tier in queue order. Read-only."""
+        :meth:`dispatch` would hold for, per tier in queue order (an entry owed capacity
+        behind others may have nothing held yet). Read-only."""
         return holds(self._run("holds", num(now)))
 
     def find(self, namespace: str, name: str) -> str | None:

@@ -149,10 +149,10 @@ def held_lines(held: list[dict[str, Any]]) -> list[str]:
     """The ``held`` part of the status report as text: one line per entry capacity is
     held for, e.g. ``team-b: 5 of 8 gpu held for team-b-ml/train-0 (training)``."""
     if not held:
-        return ["capacity held: none (nothing first in fair-share order is waiting for "
-                "capacity while below its weighted share)"]
-    lines = ["capacity held for the entry first in fair-share order (no later pod of its "
-             "band may use it; more drains to it as pods end):"]
+        return ["capacity held: none (no queued entry of a tenant below its weighted share "
+                "is waiting for capacity)"]
+    lines = ["capacity held for the entries owed it, in fair-share order (no later pod of "
+             "its band may use it; more drains to them, first one first, as pods end):"]
     for row in held:
         amounts = ", ".join(f"{row['held'][res]} of {units} {res}"
                             for res, units in sorted(row["demand"].items()))

@@ -108,7 +108,7 @@ if gid ~= '' then
       -- the holds of the entries ahead of the gang's (it joins its tier's order now)
       local me = {score = share_of(tenant, st, now),
                   key = head_key(tonumber(submitted), math.huge)}
-      local G, _, held = plan(survey(gang_shape.tier, now), gang_shape.tier, me, EMPTY)
+      local G, _, held = plan(gang_shape.tier, now, me, EMPTY)
       reason = capacity_blocker(gang_shape, G, held) or {'turn'}
     end
   end
@@ -121,7 +121,7 @@ else
     local me = {score = share_of(tenant, st, now),
                 key = head_key(tonumber(submitted), math.huge)}
     local G, held
-    G, ahead, held = plan(survey(band, now), band, me, d)
+    G, ahead, held = plan(band, now, me, d)
     reason = capacity_blocker(D, G, held)
   end
   if reason == nil then
@@ -133,7 +133,7 @@ else
   -- a higher tier (inference; training for borrowed), or an entry ahead in this tier
   for _, tier in ipairs(TIERS) do
     if reason == nil and PRIO[tier] > PRIO[band] then
-      local _, higher = plan(survey(tier, now), tier, nil, d)
+      local _, higher = plan(tier, now, nil, d)
       if higher then reason = {tier == 'i' and 'inference' or 'priority'} end
     end
   end

@@ -777,13 +777,14 @@ local function before(a, b)
   return a.key < b.key
 end
 
--- The first tenant in queue order in the ready set of `shape` (a survey top), or nil.
+-- The first tenant in queue order in the ready set of `shape` (a survey top), or nil;
+-- with `after` (a top of this shape), the first one after it in queue order.
 -- The set orders (stored score, head key). Without a half-life stored scores are
--- exact: the first member is the answer. With one they are lower bounds (share_of), so
--- the walk goes on while a stored (score, key) could still beat the best current one.
--- `check` (the shape is blocked, so a top may be held for): members whose lane is
--- empty are stale, skipped (dropped when `tidy`).
-local function best_of(shape, D, now, tidy, check)
+-- exact: the first member (after `after`) is the answer. With one they are lower
+-- bounds (share_of), so the walk goes on while a stored (score, key) could still beat
+-- the best current one. `check` (the shape is blocked, so a top may be held for):
+-- members whose lane is empty are stale, skipped (dropped when `tidy`).
+local function best_of(shape, D, now, tidy, check, after)
   local key = P .. 'r:' .. shape
   local decay = halflife().life > 0
   local best, rank = nil, 0
@@ -799,8 +800,10 @@ local function best_of(shape, D, now, tidy, check)
     else
       rank = rank + 1
       if decay then top.score = share_of(top.tenant, state_of(top.tenant), now) end
-      if best == nil or before(top, best) then best = top end
-      if not decay then return best end
+      if after == nil or before(after, top) then
+        if best == nil or before(top, best) then best = top end
+        if not decay then return best end
+      end
     end
   end
 end
@@ -853,63 +856,100 @@ local function below_share(top, tier, bw)
   return used * w < CAP_SLICES * cfg_of(top.tenant).w
 end
 
-local function holds_any(G, D)
+-- Units of capacity key `res` free for an entry of `band` (bands of lower priority
+-- count as free, as in cap_check); negative when the cluster is over capacity.
+local function free_for(band, res)
+  local used = 0
+  for _, b2 in ipairs(BAND_ORDER) do
+    if PRIO[b2] >= PRIO[band] then used = used + used_of(b2, res) end
+  end
+  return cap_of(res) - used
+end
+
+-- Whether some free capacity of a resource of shape D is not held yet (G: plan's holds)
+local function unheld(D, G)
   for _, band in ipairs(BAND_ORDER) do
     for _, res in ipairs(D.keys[band]) do
-      if (G.i[res] or 0) + (G.t[res] or 0) + (G.b[res] or 0) > 0 then return true end
+      if free_for(band, res) - (G[band][res] or 0) > 0 then return true end
     end
   end
   return false
 end
 
--- Walk the tops of a tier in queue order, up to (not including) entry `stop` (all
--- with nil). A top blocked by capacity is owed the capacity it needs, and it is held
--- for it (G[band][res] += its demand: no later entry of the band may use it), when its
--- tenant is below its weighted share, the cluster could ever hold it and none of its
--- resources is held already (the first owed entry of a resource keeps it). Returns G,
--- the first top that fits with the holds of the tops before it (nil if none; with
--- `counts`, only a top sharing one of those resources counts, and the walk goes on
--- past the others), and the held tops.
-local function plan(tops, tier, stop, counts)
+-- The next entry of the tier to release, and the capacity held (see fairshare/README.md
+-- "Holding"). Walks the tier's tops (survey) in queue order, up to (not including)
+-- entry `stop` (all with nil). A top that does not fit, given the holds of the tops
+-- before it, is owed capacity when its tenant is below its weighted share and the
+-- cluster could ever hold it: of each resource of its demand, the free units not yet
+-- held for the tops before it are held for it, up to its demand (top.hold[band][res];
+-- added to G[band][res]: no later entry of the band may use them). So the first owed
+-- entry of a resource is served first, the next ones drain what is left, and G never
+-- exceeds the free capacity of a band. With a half-life, queue order (decayed usage)
+-- and the share test (current usage) can disagree: when an owed top's tenant is at or
+-- above its share, the next tenant of its shape in queue order takes its place in the
+-- walk (while some capacity of the shape is not held yet). Returns G, the first top that fits with the holds of the tops before it (nil
+-- if none; with `counts`, only a top sharing one of those resources counts, and the
+-- walk goes on past the others), and the held tops. `tidy`: see survey.
+local function plan(tier, now, stop, counts, tidy)
+  local tops = survey(tier, now, tidy)
   local G = {i = {}, t = {}, b = {}}
   local held, bw = {}, {}
-  for _, top in ipairs(tops) do
+  local decay = halflife().life > 0
+  local i = 1
+  while i <= #tops do
+    local top = tops[i]
     if stop and not before(top, stop) then break end
     -- nothing held yet: the survey's check without holds is the answer
-    if (#held == 0 and not top.blocked) or (#held > 0 and cap_check(top.D, G, false) == nil) then
+    local blocked = top.blocked
+    if not blocked and #held > 0 then blocked = cap_check(top.D, G, false) end
+    if not blocked then
       if not counts or shares_resource(top.D, counts) then return G, top, held end
-    elseif top.blocked and not holds_any(G, top.D) and cap_check(top.D, nil, true) == nil
-        and below_share(top, tier, bw) then
-      for _, band in ipairs(BAND_ORDER) do
-        for k, v in pairs(top.D[band]) do G[band][k] = (G[band][k] or 0) + v end
+    elseif cap_check(top.D, nil, true) == nil then
+      if below_share(top, tier, bw) then
+        top.hold = {i = {}, t = {}, b = {}}
+        for _, band in ipairs(BAND_ORDER) do
+          for _, res in ipairs(top.D.keys[band]) do
+            local units = math.min(top.D[band][res], free_for(band, res) - (G[band][res] or 0))
+            if units > 0 then
+              top.hold[band][res] = units
+              G[band][res] = (G[band][res] or 0) + units
+            end
+          end
+        end
+        held[#held + 1] = top
+      elseif decay and unheld(top.D, G) then
+        -- (without a half-life the set is ordered by usage / weight: no later tenant
+        -- of the shape is below its share either; with nothing left to hold, a later
+        -- one would hold nothing, and the walk, a ready-set read per tenant passed,
+        -- would cost for nothing)
+        local next_top = best_of(top.shape, top.D, now, false, true, top)
+        if next_top then
+          next_top.blocked = top.blocked
+          local at = i + 1
+          while at <= #tops and before(tops[at], next_top) do at = at + 1 end
+          table.insert(tops, at, next_top)
+        end
       end
-      held[#held + 1] = top
     end
+    i = i + 1
   end
   return G, nil, held
 end
 
--- What is held for a held top now, per resource of its demand: units of free capacity
--- (at most its demand; bands of lower priority count as free, as in cap_check)
-local function held_units(D)
-  local held = {}
+-- What is held for a held top (plan), per capacity key of its demand (all bands)
+local function held_units(top)
+  local units = {}
   for _, band in ipairs(BAND_ORDER) do
-    for _, res in ipairs(D.keys[band]) do
-      local want = (D.i[res] or 0) + (D.t[res] or 0) + (D.b[res] or 0)
-      local used = 0
-      for _, b2 in ipairs(BAND_ORDER) do
-        if PRIO[b2] >= PRIO[band] then used = used + used_of(b2, res) end
-      end
-      local free = math.max(0, math.min(want, cap_of(res) - used))
-      if held[res] == nil or free < held[res] then held[res] = free end
+    for res, _ in pairs(top.D[band]) do
+      units[res] = (units[res] or 0) + (top.hold[band][res] or 0)
     end
   end
-  return held
+  return units
 end
 
 -- the next entry of a tier to release (a survey top), or nil; tidies (see survey)
 local function pick(tier, now)
-  local _, best = plan(survey(tier, now, true), tier)
+  local _, best = plan(tier, now, nil, nil, true)
   return best
 end
 
@@ -925,25 +965,35 @@ end
 
 -- Why the cluster holds an entry of shape D, given the holds G of its tier and the
 -- held tops (plan): {'held', res, units held, units} when capacity is held for this
--- very entry (`me`: {tenant, shape} of a lane head) and some is free, else
--- {'capacity', res, units missing},
--- {'guard', res, tenant it is held for}; nil when it fits.
+-- very entry (`me`: {tenant, shape} of a lane head) and some of what it lacks is held
+-- already, else {'capacity', res, units missing}, {'guard', res, tenant it is held
+-- for}; nil when it fits.
 local function capacity_blocker(D, G, held, me)
-  local c = cap_check(D, nil, false)
-  if c then
-    for _, top in ipairs(held) do
-      local need = (D.i[c[1]] or 0) + (D.t[c[1]] or 0) + (D.b[c[1]] or 0)
-      if me and top.tenant == me.tenant and top.shape == me.shape and need > c[2] then
-        return {'held', c[1], need - c[2], need}
-      end
-    end
-    return {'capacity', c[1], c[2]}
+  local mine = nil
+  for _, top in ipairs(held) do
+    if me and top.tenant == me.tenant and top.shape == me.shape then mine = top end
   end
-  if #held == 0 then return nil end
+  if mine then
+    local units = held_units(mine)
+    for _, res in ipairs(D.all) do
+      local need = (D.i[res] or 0) + (D.t[res] or 0) + (D.b[res] or 0)
+      if units[res] > 0 and units[res] < need then return {'held', res, units[res], need} end
+    end
+    -- its own hold is not in its way
+    local others = {i = {}, t = {}, b = {}}
+    for band, counts in pairs(G) do
+      for res, v in pairs(counts) do others[band][res] = v - (mine.hold[band][res] or 0) end
+    end
+    G = others
+  end
+  local c = cap_check(D, nil, false)
+  if c then return {'capacity', c[1], c[2]} end
   c = cap_check(D, G, false)
   if not c then return nil end
   for _, top in ipairs(held) do
-    if (top.D.i[c[1]] or top.D.t[c[1]] or top.D.b[c[1]]) then return {'guard', c[1], top.tenant} end
+    if top ~= mine and (top.hold.i[c[1]] or top.hold.t[c[1]] or top.hold.b[c[1]]) then
+      return {'guard', c[1], top.tenant}
+    end
   end
   return {'guard', c[1], ''}
 end
@@ -1005,7 +1055,7 @@ local function describe_queued(ticket, rec, now)
   if why == nil then
     -- the holds of the entries up to this one (its own, when it is held for)
     local me = {score = share_of(tenant, st, now), key = head_key(at, seq + 0.5)}
-    local G, _, held = plan(survey(D.tier, now), D.tier, me, EMPTY)
+    local G, _, held = plan(D.tier, now, me, EMPTY)
     why = capacity_blocker(D, G, held, head and {tenant = tenant, shape = shape} or nil)
   end
   if why == nil then

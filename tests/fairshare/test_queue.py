@@ -246,7 +246,7 @@ def test_capacity_is_held_for_the_tenant_first_in_order(redis_client: redis.Redi
     assert status is not None and status.waiting_for == "capacity held for you: 1 of 4 GPUs"
     status = q.ticket_status("t6", 3.0)
     assert status is not None and status.waiting_for == (
-        "gpu capacity held for big (first in fair-share order)")
+        "gpu capacity held for big (ahead in fair-share order)")
     q.release("t2", pod_uid("t2"))
     q.release("t3", pod_uid("t3"))
     status = q.ticket_status("t5", 4.0)
