@@ -43,6 +43,7 @@ from webhook.console.access import TokenAccess, Viewer
 from webhook.console.data import ConsoleData
 from webhook.console.events import Broadcaster
 from webhook.console.history import FairnessHistory
+from webhook.console.namespaces import NamespaceIndex
 from webhook.process import ServeProcess
 
 pytestmark = pytest.mark.slow
@@ -306,6 +307,86 @@ def test_a_complete_gang_waits_as_one_row_and_filters_by_its_namespace(
     assert "gang team-b-dev/g" in row["why"]
     assert by_namespace["rows"] == page["rows"]
     assert elsewhere["total"] == 0
+
+
+def _wait_pod(queue: FairQueue, tenant: str, namespace: str, name: str) -> None:
+    """Queue one 1-GPU training pod (confirmed, so it does not expire)."""
+    ticket = str(uuid.uuid4())
+    answer = queue.admit(PodRequest(ticket, tenant, namespace, name, "training", {"gpu": 1}),
+                         time.time())
+    assert answer.outcome == "queued", answer
+    queue.confirm(ticket, str(uuid.uuid4()), namespace, name)
+
+
+def test_the_namespace_filter_reads_only_indexed_tenants_and_stays_exact(
+        tmp_path: Path) -> None:
+    """The index names every tenant with pods in a namespace: from the scan (a pod queued
+    under another tenant than the namespace's owner now), from audit records, from the
+    config's owner; what nothing announced, the next scan finds. Checked against
+    reading every lane."""
+    with local_redis() as url:
+        client = redis.Redis.from_url(url)
+        blocking = redis.Redis.from_url(url)
+        queue = FairQueue(client)
+        config = load_config_dir(write_config(tmp_path / "config"))
+        queue.sync_config(config, {"gpu": 1})
+        queue.admit(PodRequest(str(uuid.uuid4()), "team-a", "team-a-dev", "run", "training",
+                               {"gpu": 1}), time.time())  # the only GPU: the rest waits
+        for name in ("a-1", "a-2"):
+            _wait_pod(queue, "team-a", "team-a-dev", name)
+        _wait_pod(queue, "team-b", "team-b-dev", "b-1")
+        _wait_pod(queue, "team-b", "team-a-dev", "moved")  # before a relabel, say
+        index = NamespaceIndex(client, queue, STREAM, rescan=3600)
+        history = FairnessHistory(client, queue)
+        data = ConsoleData(client, queue, history, lambda: config, namespaces=index)
+        every_lane = ConsoleData(client, queue, history, lambda: config)
+        log = AuditLog(client, out=io.StringIO())
+        everyone = Viewer("p", everything=True)
+
+        def pods(source: ConsoleData, namespace: str, viewer: Viewer = everyone) -> list[str]:
+            return sorted(r["pod"] for r in source.queue_page(viewer, namespace=namespace)["rows"])
+
+        def settles(namespace: str, expected: list[str]) -> None:
+            deadline = time.monotonic() + 10
+            while pods(data, namespace) != expected:
+                assert time.monotonic() < deadline, (namespace, pods(data, namespace))
+                time.sleep(0.05)
+            assert pods(every_lane, namespace) == expected
+
+        assert index.tenants("team-a-dev") is None
+        assert pods(data, "team-a-dev") == pods(every_lane, "team-a-dev")  # not scanned yet
+        events = Broadcaster(blocking, STREAM, queue.tenant_names, block=0.1,
+                             namespaces=index)
+        events.start()
+        try:
+            deadline = time.monotonic() + 10
+            while index.tenants("team-a-dev") is None:  # the producer's first scan
+                assert time.monotonic() < deadline, "the index was never scanned"
+                time.sleep(0.05)
+            assert index.tenants("team-a-dev") == {"team-a", "team-b"}
+            settles("team-a-dev", ["team-a-dev/a-1", "team-a-dev/a-2", "team-a-dev/moved"])
+            assert pods(data, "team-a-dev", Viewer("a", tenants=frozenset({"team-a"}))) == [
+                "team-a-dev/a-1", "team-a-dev/a-2"]
+            assert pods(data, "team-a-dev", Viewer("b", tenants=frozenset({"team-b"}))) == [
+                "team-a-dev/moved"]
+            # announced by its audit record (team-b-dev is team-b's, not race's)
+            _wait_pod(queue, "race", "team-b-dev", "r-1")
+            log.record("queue", tenant="race", namespace="team-b-dev", name="r-1")
+            settles("team-b-dev", ["team-b-dev/b-1", "team-b-dev/r-1"])
+            # its namespace's owner in the config: seen before any audit record
+            assert index.tenants("race-dev") == set()
+            _wait_pod(queue, "race", "race-dev", "r-2")
+            assert pods(data, "race-dev") == ["race-dev/r-2"]
+            # announced by nothing: the next scan finds it
+            _wait_pod(queue, "team-a", "sandbox", "s-1")
+            assert pods(data, "sandbox") == []
+            assert pods(every_lane, "sandbox") == ["sandbox/s-1"]
+            index.rescan = 0.0
+            settles("sandbox", ["sandbox/s-1"])
+        finally:
+            events.stop()
+            client.close()
+            blocking.close()
 
 
 def test_cost_bills_this_month_from_the_verified_audit_log() -> None:

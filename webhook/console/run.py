@@ -38,6 +38,7 @@ from webhook.console.app import create_app
 from webhook.console.data import ConsoleData
 from webhook.console.events import Broadcaster
 from webhook.console.history import DEFAULT_INTERVAL, DEFAULT_KEEP, FairnessHistory
+from webhook.console.namespaces import NamespaceIndex
 from webhook.server import listen
 
 AuthMode = Literal["auto", "token", "kubernetes"]
@@ -145,9 +146,11 @@ def run_console(options: ConsoleOptions, out: IO[str] | None = None) -> int:
             stack.callback(source.close)
         history = FairnessHistory(client, queue, interval=options.sample_interval,
                                   keep=options.keep_hours * 3600)
-        events = Broadcaster(blocking, STREAM, queue.tenant_names, history)
+        namespaces = NamespaceIndex(client, queue, STREAM)
+        events = Broadcaster(blocking, STREAM, queue.tenant_names, history,
+                             namespaces=namespaces)
         data = ConsoleData(client, queue, history, _current(source),
-                           generation=lambda: events.generation)
+                           generation=lambda: events.generation, namespaces=namespaces)
         access: Access
         token: str | None = None
         if auth == "kubernetes":
