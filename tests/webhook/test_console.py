@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -34,6 +35,7 @@ from webhook_helpers import gpu_pod, review, write_config
 from audit import STREAM, AuditLog
 from audit.chain import format_time
 from audit.usage import start_detail
+from certs import write_bundle
 from fairshare.localredis import local_redis
 from fairshare.model import PodRequest
 from fairshare.queue import FairQueue
@@ -387,6 +389,59 @@ def test_the_namespace_filter_reads_only_indexed_tenants_and_stays_exact(
             events.stop()
             client.close()
             blocking.close()
+
+
+def test_the_console_serves_https_with_a_certificate_of_fairgate_certs(
+        tmp_path: Path, redis_server_url: str) -> None:
+    """--cert-dir: HTTPS with the pair `fairgate certs generate` writes, a
+    renewed pair served without a restart, the token cookie Secure; no plain HTTP."""
+    tls = tmp_path / "tls"
+    first = write_bundle(tls, "fairgate-console", "fairgate-system", ("127.0.0.1",))
+    old_ca = first.ca_cert.read_bytes()
+    (tmp_path / "old-ca.crt").write_bytes(old_ca)
+    with ConsoleProcess(redis_server_url, None, tmp_path / "console.log", "--cert-dir",
+                        str(tls), ca=first.ca_cert) as console:
+        assert re.fullmatch(r"console: https://127\.0\.0\.1:\d+/\?token=[\w-]{32}",
+                            console.first_line)
+        with console.client() as client:
+            assert client.get("/api/tenants").status_code == 200
+            login = client.get("/tenants", params={"token": console.token},
+                               headers={"Authorization": ""})
+            assert login.status_code == 303
+            assert "secure" in login.headers["set-cookie"].lower()
+        with pytest.raises(httpx.ConnectError):  # a client that does not trust the CA
+            httpx.get(console.base + "/healthz", timeout=5)
+        with pytest.raises(httpx.HTTPError):  # plain HTTP on its port
+            httpx.get(console.base.replace("https:", "http:") + "/healthz", timeout=5)
+        renewed = write_bundle(tls, "fairgate-console", "fairgate-system", ("127.0.0.1",))
+        trusts_new = ssl.create_default_context(cafile=str(renewed.ca_cert))
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                answer = httpx.get(console.base + "/healthz", timeout=5, verify=trusts_new)
+                break
+            except httpx.ConnectError:
+                assert time.monotonic() < deadline, "the renewed certificate was never served"
+                time.sleep(0.2)
+        assert answer.text == "ok"
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(console.base + "/healthz", timeout=5, verify=ssl.create_default_context(
+                cafile=str(tmp_path / "old-ca.crt")))
+
+
+def test_plain_http_is_refused_off_loopback_unless_a_proxy_is_said_to_terminate_tls(
+        tmp_path: Path, redis_server_url: str) -> None:
+    refused = subprocess.run(
+        [sys.executable, "-m", "webhook.cli", "console", "--redis-url", redis_server_url,
+         "--host", "0.0.0.0", "--port", "0"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert refused.returncode == 1
+    assert "refusing to serve plain HTTP on 0.0.0.0" in refused.stderr
+    assert "--cert-dir" in refused.stderr and "--plain-http" in refused.stderr
+    assert refused.stdout == ""
+    with ConsoleProcess(redis_server_url, None, tmp_path / "console.log", "--host", "0.0.0.0",
+                        "--plain-http") as console:
+        assert console.first_line.startswith("console: http://127.0.0.1:")
 
 
 def test_cost_bills_this_month_from_the_verified_audit_log() -> None:
