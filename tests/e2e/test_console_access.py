@@ -127,7 +127,7 @@ def console(controlplane: ControlPlane, tokens: dict[str, str],
                                      "training", {"gpu": 1}, submitted_at=now + i)
                 admission = queue.admit(request, now + i)
                 queue.confirm(request.ticket, str(uuid.uuid4()), f"{tenant}-dev", name)
-                log.record(admission.outcome if admission.outcome == "queue" else "admit",
+                log.record("queue" if admission.outcome == "queued" else "admit",
                            tenant=tenant, namespace=f"{tenant}-dev", name=name,
                            pod_class="training", demand="gpu=1",
                            reason=f"{tenant} pod {i}")
@@ -245,6 +245,34 @@ def test_the_event_stream_carries_only_the_tenant_admins_tenant(
     assert all(event["tenant"] == "team-a" for event in seen)
     assert "team-b" not in json.dumps(seen)
     assert "(another tenant)" in seen[-1]["reason"]
+
+
+def _reviews(controlplane: ControlPlane) -> float:
+    """TokenReviews plus SubjectAccessReviews the API server has answered so far (its
+    ``apiserver_request_total`` counters)."""
+    response = controlplane.admin.call_api("GET", controlplane.url + "/metrics")
+    assert response.status == 200, response.reason
+    total = 0.0
+    for line in response.response.data.decode().splitlines():
+        if line.startswith("apiserver_request_total{") and (
+                'resource="tokenreviews"' in line or 'resource="subjectaccessreviews"' in line):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_access_is_cached_so_pages_cost_no_review_while_warm(
+        console: str, tokens: dict[str, str], controlplane: ControlPlane) -> None:
+    """Decisions are cached (30 s): once a user's token and tenants are decided, every
+    page and API route is answered without asking the API server again."""
+    assert _get(console, "/api/tenants", tokens["team-a-admin"]).status_code == 200
+    before = _reviews(controlplane)
+    assert before > 0
+    for route in ROUTES:
+        assert _get(console, route, tokens["team-a-admin"]).status_code == 200, route
+    assert _reviews(controlplane) == before
+    # the count does move: a rejected token is not cached, so each one is reviewed
+    assert _get(console, "/api/tenants", "not-a-token").status_code == 401
+    assert _reviews(controlplane) == before + 1
 
 
 def test_a_console_that_may_not_review_tokens_says_so_never_500(

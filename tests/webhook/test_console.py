@@ -365,7 +365,7 @@ def test_the_namespace_filter_reads_only_indexed_tenants_and_stays_exact(
             while index.tenants("team-a-dev") is None:  # the producer's first scan
                 assert time.monotonic() < deadline, "the index was never scanned"
                 time.sleep(0.05)
-            assert index.tenants("team-a-dev") == {"team-a", "team-b"}
+            assert index.tenants("team-a-dev") == frozenset({"team-a", "team-b"})
             settles("team-a-dev", ["team-a-dev/a-1", "team-a-dev/a-2", "team-a-dev/moved"])
             assert pods(data, "team-a-dev", Viewer("a", tenants=frozenset({"team-a"}))) == [
                 "team-a-dev/a-1", "team-a-dev/a-2"]
@@ -376,7 +376,7 @@ def test_the_namespace_filter_reads_only_indexed_tenants_and_stays_exact(
             log.record("queue", tenant="race", namespace="team-b-dev", name="r-1")
             settles("team-b-dev", ["team-b-dev/b-1", "team-b-dev/r-1"])
             # its namespace's owner in the config: seen before any audit record
-            assert index.tenants("race-dev") == set()
+            assert index.tenants("race-dev") == frozenset()
             _wait_pod(queue, "race", "race-dev", "r-2")
             assert pods(data, "race-dev") == ["race-dev/r-2"]
             # announced by nothing: the next scan finds it
@@ -639,6 +639,42 @@ def _check_event_isolation(url: str) -> None:
     assert "(another tenant)" in seen_admin[0]
     assert "team-a-dev/x" in seen_platform[0] and "team-b-dev/y" in seen_platform[1]
     assert events.clients == 0
+
+
+def test_an_idle_event_stream_client_costs_no_redis_call() -> None:
+    """300 subscribed, idle clients: the Redis commands in 2 s are those of no client
+    (the one producer's blocking reads); per-client polling would add hundreds."""
+    with local_redis() as url:
+        client = redis.Redis.from_url(url)
+        blocking = redis.Redis.from_url(url)
+        events = Broadcaster(blocking, STREAM, FairQueue(client).tenant_names, block=0.2)
+
+        def commands() -> int:
+            return int(client.info("stats")["total_commands_processed"])
+
+        async def idle(clients: int) -> int:
+            streams = [events.subscribe(Viewer(f"v{i}", everything=True))
+                       for i in range(clients)]
+            for stream in streams:
+                assert await anext(stream) == ": connected\n\n"
+            before = commands()
+            await asyncio.sleep(2)
+            used = commands() - before
+            for stream in streams:
+                await stream.aclose()
+            return used
+
+        events.start()
+        try:
+            time.sleep(0.5)
+            alone = asyncio.run(idle(0))
+            crowded = asyncio.run(idle(300))
+        finally:
+            events.stop()
+            client.close()
+            blocking.close()
+    assert alone > 0  # the producer's reads are counted
+    assert crowded <= alone + 3, (alone, crowded)
 
 
 def test_token_access_compares_the_whole_token() -> None:

@@ -28,7 +28,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,7 +96,7 @@ class Broadcaster:
         if self._thread is not None:
             self._thread.join(self.block + 5)
 
-    async def subscribe(self, viewer: Viewer) -> AsyncIterator[str]:
+    async def subscribe(self, viewer: Viewer) -> AsyncGenerator[str, None]:
         """The events for ``viewer``, as SSE text, until the caller stops iterating."""
         me = _Client(viewer, asyncio.get_running_loop())
         with self._lock:
