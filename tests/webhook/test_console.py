@@ -131,6 +131,22 @@ def test_first_line_is_the_url_and_every_route_needs_its_token(
 # -- pages with real data ----------------------------------------------------------------
 
 
+def test_every_asset_comes_from_the_console_itself(stack: ConsoleProcess) -> None:
+    """No CDN: every page links only its own /static/ files (shipped in the package, served
+    by the console) and forbids the browser anything else (Content-Security-Policy)."""
+    for page in ("/tenants", "/queue", "/fairness", "/audit", "/cost"):
+        answer = _get(stack, page)
+        assert answer.status_code == 200, page
+        policy = answer.headers["content-security-policy"]
+        assert "default-src 'self'" in policy and "script-src 'self'" in policy
+        assets = re.findall(r'<(?:script|link|img)\b[^>]*\b(?:src|href)="([^"]*)"', answer.text)
+        assert assets, page
+        for asset in assets:
+            assert asset.startswith("/static/") or asset.startswith("data:"), (page, asset)
+            if asset.startswith("/static/"):
+                assert _get(stack, asset).status_code == 200, asset
+
+
 def test_tenants_show_what_fairgate_status_shows_plus_ceiling_and_split(
         stack: ConsoleProcess, redis_server_url: str) -> None:
     status = subprocess.run(
