@@ -11,8 +11,9 @@ time is reported apart; and computes the status report the Tenants page shares u
 the next decision: the cold Tenants time is reported apart too). The console's event
 producer runs meanwhile, as in ``fairgate console``; its first scan of the namespace index
 (what the namespace filter reads instead of every lane) is timed apart. The namespace
-filter is timed without a config (the index alone) and with one mapping each
-``<tenant>-ml`` namespace to its tenant. The baseline is ``/healthz`` in the same run.
+filter is timed without a config (the index alone), with one mapping each
+``<tenant>-ml`` namespace to its tenant, and without the index (every lane read, as
+before the index). The baseline is ``/healthz`` in the same run.
 
 Idle SSE clients: the Redis commands and CPU seconds of the console process over
 ``--idle`` seconds with 0 and with ``--clients`` subscribed, idle event-stream clients.
@@ -177,6 +178,11 @@ def main(argv: list[str] | None = None) -> int:
         pages.update(asyncio.run(time_routes(create_app(configured, access, events),
                                              access.token, args.repeat, CONFIGURED,
                                              " (with a config)", cold=False)))
+        unindexed = ConsoleData(client, queue, history, generation=lambda: events.generation)
+        pages.update(asyncio.run(time_routes(create_app(unindexed, access, events),
+                                             access.token, args.repeat, CONFIGURED[:1],
+                                             " (no index: every lane, as before)",
+                                             cold=False)))
         idle = [asyncio.run(idle_cost(client, events, n, args.idle))
                 for n in (0, args.clients)]
         events.stop()
