@@ -5,6 +5,7 @@ Stands alone: imports nothing from other fairgate packages.
 
 from audit.chain import (
     ADMIT,
+    BUDGET,
     CAPACITY,
     DECISIONS,
     DENY,
@@ -24,7 +25,7 @@ from audit.chain import (
 from audit.log import STREAM, AuditLog, StoredRecord
 
 __all__ = [
-    "ADMIT", "CAPACITY", "DECISIONS", "DENY", "DISPATCH", "GENESIS", "PREEMPT", "PRICING",
+    "ADMIT", "BUDGET", "CAPACITY", "DECISIONS", "DENY", "DISPATCH", "GENESIS", "PREEMPT", "PRICING",
     "QUEUE",
     "QUOTA_CHANGE", "RELEASE", "START", "STREAM", "AuditLog", "AuditRecord", "ChainHead",
     "StoredRecord", "VerifyResult", "verify",

@@ -52,8 +52,9 @@ START = "start"
 PREEMPT = "preempt"
 CAPACITY = "capacity"
 PRICING = "pricing"
+BUDGET = "budget"
 DECISIONS: tuple[str, ...] = (ADMIT, QUEUE, DENY, DISPATCH, RELEASE, QUOTA_CHANGE, START,
-                              PREEMPT, CAPACITY, PRICING)
+                              PREEMPT, CAPACITY, PRICING, BUDGET)
 """The decisions fairgate records; others are allowed if they are lower-case words."""
 
 _DECISION = re.compile(r"^[a-z][a-z-]*$")

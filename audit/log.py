@@ -217,6 +217,11 @@ class AuditLog:
         """Stream entries from ``start`` to ``end`` (Redis ids), oldest first, paged."""
         return self._entries_from(self._page(start, end), end)
 
+    def first_id(self) -> str | None:
+        """The Redis id of the oldest entry retention left in the stream (None: empty)."""
+        page = self._require_client().xrange(self.stream, count=1)
+        return _text(page[0][0]) if page else None
+
     def _entries_from(self, page: list[Any], end: str = "+") -> Iterator[StoredRecord]:
         while True:
             for raw_id, values in page:

@@ -11,6 +11,9 @@ Contract: one builder per decision, so writer (:mod:`fairshare.dispatcher`) and 
 - ``pricing`` (the prices the dispatcher runs with changed, or it started): per
   ``platform.yaml`` path (``pricing.gpuHour.default``, ...) ``{"before", "after"}``, the
   same form as a ``quota-change`` diff of ``fairgate-platform``.
+- ``budget`` (a tenant's budget state changed: ``ok``, ``warning``, ``exhausted``, or
+  ``""`` for none): ``{"budget": {"before", "after", "spent", "monthly", "currency",
+  "month"}}`` (``spent`` to the cent, ``month`` as ``YYYY-MM``).
 """
 
 from __future__ import annotations
@@ -44,6 +47,13 @@ def pricing_detail(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -
     old = before or {}
     return {path: {"before": old.get(path), "after": after.get(path)}
             for path in sorted(set(old) | set(after))}
+
+
+def budget_detail(before: str, after: str, spent: float, monthly: float | None,
+                  currency: str, month: str) -> Detail:
+    """The ``diff`` of a ``budget`` record."""
+    return {"budget": {"before": before, "after": after, "spent": round(spent, 2),
+                       "monthly": monthly, "currency": currency, "month": month}}
 
 
 def read_start(diff: Mapping[str, Any] | None) -> tuple[str | None, str | None]:

@@ -45,7 +45,8 @@ Contract:
 - Events: ``Admitted`` ("Admitted after 12.4s in queue") on every lift; ``Queued``
   ("Queued: position 3 of 12 for team-a/training, waiting for ...") when a gated pod is
   first seen and again only when its position has at least halved or what it waits for
-  changed, at most once per ``queued_event_interval`` per pod.
+  changed, at most once per ``queued_event_interval`` per pod (a borrowed pod of a tenant
+  whose budget is exhausted: with :func:`fairshare.budget.held_note`).
 - Audit (when an :class:`audit.AuditLog` is given), each record stamped with the
   dispatcher's clock: ``dispatch`` for every lifted gate; ``start`` when a pod is first
   seen Running (``diff.pod``: band, node, GPU product), again after a restart for pods
@@ -73,9 +74,22 @@ from typing import Any
 
 import redis
 
-from audit import CAPACITY, DISPATCH, PREEMPT, PRICING, RELEASE, START, AuditLog
+from audit import BUDGET, CAPACITY, DISPATCH, PREEMPT, PRICING, RELEASE, START, AuditLog
 from audit.chain import format_time
-from audit.usage import capacity_detail, preempt_detail, pricing_detail, start_detail
+from audit.usage import (
+    budget_detail,
+    capacity_detail,
+    preempt_detail,
+    pricing_detail,
+    start_detail,
+)
+from fairshare.budget import (
+    DEFAULT_BUDGET_EVERY,
+    BudgetStatus,
+    SpendSource,
+    budget_line,
+    held_note,
+)
 from fairshare.calls import UnknownTenantError
 from fairshare.cluster import (
     DEFAULT_UNSCHEDULABLE_GRACE,
@@ -115,6 +129,7 @@ class DispatcherSettings:
     unseen_grace: float = 30.0  # a released ticket whose pod never shows up: reconcile
     lift_workers: int = 8  # gates lifted in parallel (1: in order, in the caller's thread)
     unschedulable_grace: float = DEFAULT_UNSCHEDULABLE_GRACE  # released, Unschedulable: caught
+    budget_every: float = DEFAULT_BUDGET_EVERY  # month-to-date spend billed again (with spend)
 
 
 @dataclass
@@ -169,8 +184,10 @@ class Dispatcher:
         metrics: DispatcherMetrics | None = None,
         audit: AuditLog | None = None,
         settings: DispatcherSettings | None = None,
+        spend: SpendSource | None = None,
     ) -> None:
-        """Dispatch ``queue`` into ``cluster`` with the config ``config()`` returns."""
+        """Dispatch ``queue`` into ``cluster`` with the config ``config()`` returns;
+        with ``spend``, enforce the tenants' budgets (see the module contract)."""
         self.queue = queue
         self.cluster = cluster
         self.config = config
@@ -178,6 +195,11 @@ class Dispatcher:
         self.metrics = metrics or DispatcherMetrics()
         self.audit = audit
         self.settings = settings or DispatcherSettings()
+        self.spend = spend
+        self._last_budget = float("-inf")
+        self._budgeted: FairgateConfig | None = None  # the config of the last budget pass
+        self._borrowing_changed = False  # a budget pass of this step synced the queue
+        self._budgets: dict[str, BudgetStatus] = {}  # as the last budget pass stored them
         self.pods: dict[str, GpuPod] = {}  # ticket -> the pod as last seen
         self._synced: tuple[FairgateConfig, dict[str, int]] | None = None
         self._capacity: dict[str, int] | None = None
@@ -260,6 +282,9 @@ class Dispatcher:
             if self._need_reconcile:  # the chores found the queue short of the cluster
                 self._reconcile_if_due(result)
                 self._dispatch(result)
+            elif self._borrowing_changed:  # a budget switched borrowing on (or off)
+                self._dispatch(result)
+            self._borrowing_changed = False
         except UnknownTenantError as error:
             log.warning("queue lost its config (%s): syncing and reconciling", error)
             self._synced = None
@@ -308,8 +333,10 @@ class Dispatcher:
             result.reconciled = True
 
     def reconcile(self) -> None:
-        """Rebuild usage and queue from the cluster (after syncing config)."""
+        """Rebuild usage and queue from the cluster (after syncing config); the budget
+        states are computed again in this step's chores (Redis may have lost them)."""
         self.sync(force=True)
+        self._last_budget = float("-inf")
         listed_at = self.clock()  # before listing: what is reserved after it is kept
         pods = self.cluster.list_pods()
         summary = reconcile(self.queue, pods, listed_at=listed_at)
@@ -601,6 +628,10 @@ class Dispatcher:
 
     def _chores(self, now: float) -> None:
         self._catch_unschedulable(now)
+        if self.spend is not None and self._synced is not None and (
+                now - self._last_budget >= self.settings.budget_every
+                or self._synced[0] is not self._budgeted):
+            self._budget_pass(now, self._synced[0], self.spend)
         if any(now - since > self.settings.unseen_grace for _, since in self._unseen.values()):
             log.warning("released tickets whose pods never appeared: reconciling",
                         extra={"fields": {"tickets": sorted(self._unseen)}})
@@ -623,6 +654,46 @@ class Dispatcher:
                     self._meter(pod, now)
             self._check_drift(snapshot.tenants)
             self._queued_events(now)
+
+    def _budget_pass(self, now: float, config: FairgateConfig, spend: SpendSource) -> None:
+        """Compute month-to-date spend, store and audit the budget states, and sync the
+        queue again when a tenant's borrowing is switched off or on."""
+        self._last_budget, self._budgeted = now, config
+        until = datetime.fromtimestamp(now, UTC)
+        since = until.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        try:
+            spent, currency = spend.spent(since, until, config.platform.pricing)
+        except (redis.RedisError, OSError):
+            raise  # the step fails and is retried, like any Redis failure
+        except Exception:  # a budget must never stop dispatching: keep the stored states
+            log.exception("month-to-date spend not computed: budget states left as they are")
+            return
+        month = until.strftime("%Y-%m")
+        statuses = {t.name: BudgetStatus(t.name, t.monthly_budget, spent.get(t.name, 0.0),
+                                         currency, month, now)
+                    for t in config.tenants() if t.monthly_budget is not None}
+        changes = self.queue.write_budgets(statuses.values())
+        self._budgets = statuses
+        self.metrics.observe_budgets(statuses.values())
+        for tenant, before, after in changes:
+            if before == "" and after == "ok":
+                continue  # a new budget, not yet near its end: no transition
+            status = statuses.get(tenant)
+            what = f"budget {after}: {budget_line(status)}" if status is not None else \
+                f"budget removed from {tenant} (was {before})"
+            log.info("budget state changed", extra={"fields": {
+                "tenant": tenant, "before": before, "after": after,
+                "spent": status.spent if status is not None else None}})
+            if self.audit is not None:
+                self.audit.record(
+                    BUDGET, time=self._now_text(), user="fairgate-dispatcher",
+                    operation="BUDGET", tenant=tenant, reason=what, diff=budget_detail(
+                        before, after, status.spent if status is not None else 0.0,
+                        status.monthly if status is not None else None,
+                        status.currency if status is not None else currency, month))
+        if any("exhausted" in (before, after) for _, before, after in changes):
+            self.sync(force=True)
+            self._borrowing_changed = True
 
     def _check_drift(self, statuses: Iterable[TenantStatus]) -> None:
         """Reconcile when Redis holds less than the pods seen: it lost data (a flush)."""
@@ -662,7 +733,8 @@ class Dispatcher:
             status = self.queue.ticket_status(pod.ticket, now)
             if status is None or status.state not in ("queued", "gang-waiting"):
                 continue
-            reason = status.waiting_for or "its turn"
+            note = held_note(self._budgets.get(pod.tenant)) if pod.band == "borrowed" else None
+            reason = note or status.waiting_for or "its turn"
             position = status.position or 0  # 0: an incomplete gang has no place yet
             last = self._posted.get(pod.ticket)
             if last is not None and (

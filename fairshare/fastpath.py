@@ -23,6 +23,7 @@ from typing import Any
 import redis
 import redis.asyncio
 
+from fairshare.budget import BudgetStatus, read_budgets
 from fairshare.calls import (
     admission,
     admit_args,
@@ -107,6 +108,10 @@ class AsyncFairQueue:
         else:
             raw = await self._run("admit", *args)
         return admission(raw, req)
+
+    async def budgets(self) -> dict[str, BudgetStatus]:
+        """As :meth:`fairshare.queue.FairQueue.budgets` (one HGETALL)."""
+        return read_budgets(await self._client.hgetall(self._keys[0] + "budget"))
 
     async def tenant_status(self) -> list[TenantStatus]:
         """As :meth:`fairshare.queue.FairQueue.tenant_status`."""

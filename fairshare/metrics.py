@@ -38,14 +38,20 @@ Contract: every :class:`DispatcherMetrics` owns its own ``CollectorRegistry``.
   ``pricing`` in platform.yaml, ``fairgate_preemptions_total{tenant}`` (pods that ran and
   were preempted by the scheduler) and ``fairgate_preempted_gpu_seconds_total{tenant}``
   (the GPU-equivalent seconds they had run: lost work).
+- Budgets (set on the dispatcher's budget pass, for tenants with ``budget`` in
+  platform.yaml; others have no series): ``fairgate_tenant_budget_spent_ratio{tenant}``,
+  this month's spend / monthly budget (0.8: warning, 1: exhausted);
+  ``fairgate_tenant_budget_spent{tenant, currency}`` and
+  ``fairgate_tenant_budget{tenant, currency}``, the amounts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from fairshare.budget import BudgetStatus
 from fairshare.entitlement import snapshot_fairness
 from fairshare.model import QueueSnapshot
 from tenants.models import CLASSES
@@ -143,6 +149,30 @@ class DispatcherMetrics:
             "fairgate_preempted_gpu_seconds_total",
             "GPU-equivalent seconds preempted pods had run (lost work).",
             ["tenant"], registry=r)
+
+        self.budget_ratio = Gauge(
+            "fairgate_tenant_budget_spent_ratio",
+            "This calendar month's spend (UTC) / the tenant's monthly budget.",
+            ["tenant"], registry=r)
+        self.budget_spent = Gauge("fairgate_tenant_budget_spent",
+                                  "This calendar month's spend (UTC) of a tenant with a budget.",
+                                  ["tenant", "currency"], registry=r)
+        self.budget = Gauge("fairgate_tenant_budget", "A tenant's monthly budget.",
+                            ["tenant", "currency"], registry=r)
+
+    def observe_budgets(self, statuses: Iterable[BudgetStatus]) -> None:
+        """Set the budget gauges (tenants without a budget now are removed)."""
+        ratio: set[tuple[str, ...]] = set()
+        amounts: set[tuple[str, ...]] = set()
+        for status in statuses:
+            self.budget_ratio.labels(status.tenant).set(status.ratio)
+            self.budget_spent.labels(status.tenant, status.currency).set(status.spent)
+            self.budget.labels(status.tenant, status.currency).set(status.monthly)
+            ratio.add((status.tenant,))
+            amounts.add((status.tenant, status.currency))
+        self._drop_others(self.budget_ratio, ratio)
+        self._drop_others(self.budget_spent, amounts)
+        self._drop_others(self.budget, amounts)
 
     def observe_gpu_time(self, tenant: str, pod_class: str, band: str,
                          demand: Mapping[str, int], seconds: float, gpu_hour_price: float,

@@ -30,6 +30,7 @@ from typing import Any
 
 import redis
 
+from fairshare.budget import BudgetStatus, read_budgets
 from fairshare.calls import (
     BAND_CODE,
     BAND_NAME,
@@ -64,7 +65,7 @@ from tenants.models import FairgateConfig
 from tenants.resources import format_counts, parse_counts
 
 _SCRIPTS = ("sync", "admit", "confirm", "dispatch", "forget", "expire", "requeue",
-            "rebuild", "status", "why", "find", "demand", "holds")
+            "rebuild", "status", "why", "find", "demand", "holds", "budget")
 
 
 class FairQueue:
@@ -348,6 +349,25 @@ class FairQueue:
                 found.setdefault(fields[5], set()).add(fields[1])
             if cursor == 0:
                 return found
+
+    # -- budgets -------------------------------------------------------------------
+
+    def write_budgets(self, statuses: Iterable[BudgetStatus]) -> list[tuple[str, str, str]]:
+        """Store every budgeted tenant's :class:`BudgetStatus` (hash ``budget``), dropping
+        the entries of tenants not given; returns ``(tenant, before, after)`` per tenant
+        whose state changed (``""``: no entry). Atomic, so of several dispatchers only one
+        sees a given change. Call :meth:`sync_config` after a change to or from
+        ``exhausted``: the borrow limit the queue enforces follows the stored state."""
+        args: list[str | int | float] = []
+        for status in statuses:
+            args += [status.tenant, status.dumps(), status.state]
+        raw = self._run("budget", *args)
+        values = [text(v) for v in raw]
+        return [(values[i], values[i + 1], values[i + 2]) for i in range(0, len(values), 3)]
+
+    def budgets(self) -> dict[str, BudgetStatus]:
+        """The stored budget statuses by tenant (entries that do not parse are left out)."""
+        return read_budgets(self._client.hgetall(self._keys[0] + "budget"))
 
     # -- capacity notes ------------------------------------------------------------
 

@@ -19,7 +19,10 @@ Contract:
   per tier in queue order: ``tenant``, ``band``, ``pod`` (``namespace/name`` of the head
   pod, a gang's first queued member), ``group`` (a gang's id, else null), ``demand`` and
   ``held`` (units per resource), ``heldGpuEquivalents`` and ``demandGpuEquivalents``;
-  :func:`held_lines` prints it.
+  :func:`held_lines` prints it; ``budgets``: per tenant with a budget, its
+  :class:`~fairshare.budget.BudgetStatus` as the dispatcher last stored it (``tenant``,
+  ``monthly``, ``spent``, ``currency``, ``month``, ``at``, ``ratio``, ``state``);
+  :func:`budget_lines` prints it.
   Fair shares come from :func:`fairshare.entitlement.snapshot_fairness`, the
   computation behind the metrics.
   :func:`render_status` prints it as a table. :func:`status_command` is the CLI entry.
@@ -34,7 +37,8 @@ Contract:
   for: tenant quota, inference reserve, cluster capacity, gang members), ``reserved`` /
   ``running`` (released: when, after how long; ``unschedulable`` carries the scheduler's
   message when the dispatcher caught it Unschedulable past its grace) or ``ended`` (its
-  usage was freed).
+  usage was freed). A queued borrowed pod of a tenant whose budget is exhausted waits for
+  :func:`fairshare.budget.held_note`.
   :func:`why_command` is the CLI entry. Times are the queue's clock (Unix seconds).
 """
 
@@ -53,6 +57,7 @@ from rich.console import Console
 from rich.table import Table
 
 from audit import ADMIT, DENY, DISPATCH, QUEUE, RELEASE, AuditLog, AuditRecord
+from fairshare.budget import BudgetStatus, held_note, money, percent
 from fairshare.cluster import CapacityReport, PodRef
 from fairshare.connection import COMMAND_TIMEOUT, RedisTarget, connect_redis
 from fairshare.entitlement import TenantFairness, snapshot_fairness
@@ -115,6 +120,7 @@ def status_report(queue: FairQueue, now: float | None = None) -> dict[str, Any]:
         "jainIndex": round(fair.jain_index, 4),
         "held": [hold_row(h) for h in holds],
         "tenants": {s.tenant: tenant_row(s, fair.tenants[s.tenant]) for s in snapshot.tenants},
+        "budgets": {name: b.to_json() for name, b in sorted(queue.budgets().items())},
     }
 
 
@@ -190,6 +196,21 @@ def unschedulable_lines(notes: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def budget_lines(budgets: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """``budgets`` of the status report as text: per tenant spent / budget / state."""
+    lines = []
+    for name, entry in budgets.items():
+        try:
+            status = BudgetStatus.from_json(entry)
+        except (KeyError, TypeError, ValueError):
+            continue
+        what = {"ok": "ok", "warning": "warning (admissions warned)",
+                "exhausted": "exhausted: training may not borrow"}[status.state]
+        lines.append(f"budget {name}: {money(status.spent)} / {money(status.monthly)} "
+                     f"{status.currency} in {status.month} ({percent(status.ratio)}), {what}")
+    return lines
+
+
 def render_status(report: dict[str, Any], console: Console) -> None:
     """The status report as a table (GPU-equivalents unless a unit is shown)."""
     table = Table(title="fairgate tenants (GPU-equivalents)")
@@ -222,6 +243,7 @@ def render_status(report: dict[str, Any], console: Console) -> None:
         "nominal + borrowLimit.", highlight=False,
     )
     for line in (class_lines(report["capacityByClass"]) + held_lines(report["held"])
+                 + budget_lines(report.get("budgets") or {})
                  + capacity_lines(report.get("capacityNotes"))):
         console.print(line, highlight=False, markup=False)
 
@@ -291,7 +313,8 @@ def why_report(
     if not mine:  # audit trimmed or not written
         status = queue.ticket_status(known, now) if known is not None else None
         if known is not None and status is not None:
-            return _unschedulable(status_why(status, str(ref)), queue)
+            return _held_by_budget(_unschedulable(status_why(status, str(ref)), queue),
+                                   status, queue)
         return WhyReport(
             str(ref), "unknown",
             f"fairgate has no record of {ref}: either it is not fairgate's business (it asks "
@@ -319,7 +342,19 @@ def why_report(
                     "deleted, or its reservation expired before the pod was created",
             **common,
         )
-    return _unschedulable(_from_status(status, common), queue)
+    return _held_by_budget(_unschedulable(_from_status(status, common), queue), status, queue)
+
+
+def _held_by_budget(report: WhyReport, status: TicketStatus, queue: FairQueue) -> WhyReport:
+    """``report`` waiting for :func:`~fairshare.budget.held_note` when it is a queued
+    borrowed pod of a tenant whose budget is exhausted (borrowing is off)."""
+    if report.verdict != "queued" or status.band != "borrowed":
+        return report
+    note = held_note(queue.budgets().get(status.tenant))
+    if note is None:
+        return report
+    summary = report.summary.replace(f"waiting for {report.waiting_for}", f"waiting for {note}")
+    return replace(report, summary=summary, waiting_for=note)
 
 
 def _unschedulable(report: WhyReport, queue: FairQueue) -> WhyReport:

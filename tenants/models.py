@@ -111,6 +111,23 @@ class PriorityClasses(_Strict):
 
 
 
+class BudgetSpec(_Strict):
+    """``budget`` of a tenant in ``platform.yaml``: what it may spend per calendar month
+    (UTC), in the currency of ``pricing``. ``monthly`` is a number greater than 0."""
+
+    monthly: float
+
+    @field_validator("monthly", mode="before")
+    @classmethod
+    def _positive(cls, value: object) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not value > 0 or value == float("inf"):
+            raise ValueError(
+                f"monthly budget is {value!r}: write a number greater than 0 in the pricing "
+                f"currency, e.g. budget: {{monthly: 20000}} (leave budget out for no budget)")
+        return float(value)
+
+
 class TenantSpec(_Strict):
     """A tenant as the platform team defines it in ``platform.yaml``."""
 
@@ -119,6 +136,7 @@ class TenantSpec(_Strict):
     admins: Principals = Principals()
     classes: tuple[PodClass, ...] = CLASSES
     node_pool: str | None = Field(None, alias="nodePool")
+    budget: BudgetSpec | None = None
 
     _pool = field_validator("node_pool")(check_node_pool)
 
@@ -263,6 +281,7 @@ class Tenant:
     borrow_slices: int
     reserve_slices: int
     default_class: PodClass | None
+    monthly_budget: float | None = None
 
     @property
     def nominal_slices(self) -> int:
@@ -313,5 +332,6 @@ class FairgateConfig:
                 borrow_slices=quota.borrow_limit.slices,
                 reserve_slices=quota.inference_reserve.slices,
                 default_class=quota.default_class,
+                monthly_budget=spec.budget.monthly if spec.budget is not None else None,
             )
         return found

@@ -18,6 +18,7 @@ from pathlib import Path
 import redis
 
 from certs import CertError, write_bundle
+from fairshare.budget import DEFAULT_BUDGET_EVERY
 from fairshare.cluster import DEFAULT_NOT_READY_GRACE, DEFAULT_UNSCHEDULABLE_GRACE
 from fairshare.connection import (
     COMMAND_TIMEOUT,
@@ -432,7 +433,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     try:
         return run_dispatch(args.redis, Path(args.config_dir) if args.config_dir else None,
                             args.metrics_port, not_ready_grace=args.not_ready_grace,
-                            unschedulable_grace=args.unschedulable_grace)
+                            unschedulable_grace=args.unschedulable_grace,
+                            budget_every=args.budget_every)
     except DispatchError as exc:
         print(f"fairgate: error: {exc}", file=sys.stderr)
         return 2
@@ -466,6 +468,11 @@ def _add_dispatch(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
                                "fairgate_unschedulable_releases_total, and its demand "
                                "withheld from capacity until it is bound or gone; it stays "
                                "counted against quota (default: %(default)gs)")
+    dispatch.add_argument("--budget-every", type=_positive_seconds, metavar="SECONDS",
+                          default=DEFAULT_BUDGET_EVERY,
+                          help="how often tenants' month-to-date spend is billed from the "
+                               "audit log for their budgets (also at once on a config "
+                               "change; default: %(default)gs)")
     dispatch.add_argument("--log-level", default="info",
                           choices=["debug", "info", "warning", "error"],
                           help="log level (default: %(default)s)")

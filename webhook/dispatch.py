@@ -10,6 +10,8 @@ Prometheus metrics are served over plain HTTP on that port (``/metrics``). A nod
 Ready for more than ``not_ready_grace`` seconds is not capacity. A released pod the
 scheduler reports Unschedulable for more than ``unschedulable_grace`` seconds is caught
 (Warning Event, metric, its capacity withheld; see :mod:`fairshare.dispatcher`).
+Tenants' budgets are enforced from the month-to-date spend in the audit stream
+(:class:`cost.budget.AuditSpend`), billed every ``budget_every`` seconds.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from redis.retry import Retry
 
 from admission.demand import pod_demand
 from audit import AuditLog
+from cost.budget import AuditSpend
+from fairshare.budget import DEFAULT_BUDGET_EVERY
 from fairshare.cluster import DEFAULT_NOT_READY_GRACE, DEFAULT_UNSCHEDULABLE_GRACE
 from fairshare.connection import RedisTarget, connect_redis
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
@@ -87,7 +91,8 @@ def _current(source: ConfigSource) -> FairgateConfig | None:
 def run_dispatch(redis_target: RedisTarget | str, config_dir: Path | None = None,
                  metrics_port: int | None = None,
                  not_ready_grace: float = DEFAULT_NOT_READY_GRACE,
-                 unschedulable_grace: float = DEFAULT_UNSCHEDULABLE_GRACE) -> int:
+                 unschedulable_grace: float = DEFAULT_UNSCHEDULABLE_GRACE,
+                 budget_every: float = DEFAULT_BUDGET_EVERY) -> int:
     """Dispatch until SIGTERM/SIGINT (see the module contract); the exit code."""
     stop = threading.Event()
 
@@ -107,9 +112,12 @@ def run_dispatch(redis_target: RedisTarget | str, config_dir: Path | None = None
     metrics = DispatcherMetrics()
     if metrics_port is not None:
         start_http_server(metrics_port, registry=metrics.registry)
+    audit = AuditLog(client)
     dispatcher = Dispatcher(FairQueue(client), cluster, lambda: _current(source),
-                            metrics=metrics, audit=AuditLog(client),
-                            settings=DispatcherSettings(unschedulable_grace=unschedulable_grace))
+                            metrics=metrics, audit=audit,
+                            settings=DispatcherSettings(unschedulable_grace=unschedulable_grace,
+                                                        budget_every=budget_every),
+                            spend=AuditSpend(audit))
     cluster.start()
     log.info("dispatching from %s", target)
     try:

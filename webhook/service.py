@@ -9,7 +9,9 @@ Contract (asynchronous; :mod:`webhook.app` awaits it on the event loop under a d
   * ``mutate``, pod CREATE: plan (pure) -> reserve or enqueue in the fair queue (a
     dry-run request changes nothing in Redis) -> JSON Patch. A pod without GPU demand
     is allowed untouched (no patch). A queued pod gets the gate and a warning saying
-    why it waits. Anything else sent to ``/mutate`` is allowed untouched.
+    why it waits. A pod of a tenant whose budget is at 80% or more this month gets a
+    warning saying spent, budget, percent and what happens at 100%
+    (:mod:`fairshare.budget`). Anything else sent to ``/mutate`` is allowed untouched.
   * ``validate``: pod CREATE/UPDATE rules and quota ConfigMap edits; anything else is
     allowed. The check of a fairgate ConfigMap (YAML a tenant admin wrote) runs in a
     worker process under a time budget (:mod:`webhook.checker`): one over the budget is
@@ -57,6 +59,7 @@ from admission.reviews import (
 )
 from admission.validation import validate_create, validate_update
 from audit import ADMIT, DENY, QUEUE, QUOTA_CHANGE, AuditLog
+from fairshare.budget import BudgetStatus, budget_warning
 from fairshare.calls import TicketConflictError, UnknownTenantError
 from fairshare.fastpath import REPLICA_ACK_TIMEOUT, AsyncFairQueue, NotReplicatedError
 from fairshare.model import Admission, InvalidRequestError, PodRequest
@@ -98,6 +101,10 @@ FAIL_OPEN_WARNING = (
     "fairgate queue (Redis) unavailable: admitted without a quota check "
     "(onRedisUnavailable: allow)"
 )
+
+BUDGET_REFRESH_SECONDS = 5.0
+"""How often the webhook reads the tenants' budget states (the dispatcher updates them
+every ``budget_every`` seconds, 60 by default)."""
 
 # Redis did not answer, or cannot store anything (out of memory, a read-only replica), or
 # no replica acknowledged the write in time. Any other ResponseError is an answer: a bug,
@@ -206,6 +213,7 @@ class AdmissionService:
         checker: ConfigMapChecker | None = None,
         replicas: int = 0,
         replica_timeout: float = REPLICA_ACK_TIMEOUT,
+        budget_refresh: float = BUDGET_REFRESH_SECONDS,
     ) -> None:
         """Decide with ``config`` and the queue in Redis ``client``.
 
@@ -218,6 +226,8 @@ class AdmissionService:
         behind the gate until it has (see :class:`fairshare.queue.FairQueue`).
         A reservation is answered only once ``replicas`` replicas hold it, waiting at
         most ``replica_timeout`` seconds (see :class:`fairshare.fastpath.AsyncFairQueue`).
+        The tenants' budget states (the dispatcher's) are read at most every
+        ``budget_refresh`` seconds.
         """
         self.config = config
         self.client = client
@@ -228,6 +238,9 @@ class AdmissionService:
         self.checker = checker if checker is not None else ConfigMapChecker()
         self._clock = clock
         self._synced: FairgateConfig | None = None
+        self.budget_refresh = budget_refresh
+        self._budgets: dict[str, BudgetStatus] = {}
+        self._budgets_read = float("-inf")  # time.monotonic() of the last read
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -381,6 +394,9 @@ class AdmissionService:
         ops = build_patch(_pod(pod), plan, admission.band, gated,
                           config.platform.priority_classes)
         warnings = list(plan.warnings)
+        budget = await self._budget_warning(plan.tenant.name)
+        if budget is not None:
+            warnings.append(budget)
         if gated:
             warnings.append(_queued_warning(plan, admission))
             decision = _planned(QUEUE, f"waiting for {admission.waiting_for}", plan)
@@ -400,6 +416,20 @@ class AdmissionService:
             # Redis lost its state (restarted empty, flushed): give it the config again.
             await self._sync(config)
             return await self.queue.admit(queued, queued.submitted_at, dry_run=dry_run)
+
+    async def _budget_warning(self, tenant: str) -> str | None:
+        """The budget warning of ``tenant`` (:func:`fairshare.budget.budget_warning`),
+        from the budget states read at most every :attr:`budget_refresh` seconds (one
+        HGETALL, not one per admission). A failed read keeps the states last read."""
+        now = time.monotonic()
+        if now - self._budgets_read >= self.budget_refresh:
+            self._budgets_read = now
+            try:
+                self._budgets = await self.queue.budgets()
+            except _UNAVAILABLE as exc:
+                log.warning("budget states not read (%s): using the last ones", exc)
+        status = self._budgets.get(tenant)
+        return budget_warning(status) if status is not None else None
 
     async def _sync(self, config: FairgateConfig) -> None:
         """Store the config in the queue. Capacity is the platform's override, else the

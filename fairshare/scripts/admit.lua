@@ -59,7 +59,9 @@ local ds = slices(d)
 
 -- the band: inference; training within nominal (counting training queued ahead);
 -- else borrowed within the borrow limit (counting borrowed queued ahead); else the
--- band in which the pod can fit at all (training first).
+-- band in which the pod can fit at all (training first; by the configured borrow limit,
+-- so a pod larger than nominal admitted while the budget is exhausted waits as borrowed
+-- for borrowing to be allowed again).
 local band = 'i'
 if cls == 't' then
   local training_room = cfg.ns - cfg.rs
@@ -73,7 +75,7 @@ if cls == 't' then
     band = 't'
   elseif cfg.b > 0 and num(st, 'ub') + num(st, 'qs:b') + ds <= cfg.b then
     band = 'b'
-  elseif alone or ds > cfg.b then
+  elseif alone or ds > cfg.bc then
     band = 't'
   else
     band = 'b'

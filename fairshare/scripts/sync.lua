@@ -2,7 +2,10 @@
 -- one; ARGV[3]: fairShare.usageHalfLife in seconds (0: current usage only); then, per
 -- tenant, 5 fields: name, weight, borrow slices, reserve slices, nominal counts.
 -- Tenants not named lose their quota but keep their usage and queue. Readiness,
--- shares and the backlogged weights (bw, bm) are computed again.
+-- shares and the backlogged weights (bw, bm) are computed again. A tenant whose budget
+-- the dispatcher found exhausted (hash <prefix>budget, JSON with state 'exhausted';
+-- fairshare/budget.py) gets a borrow limit b of 0: it may not borrow, nominal is kept;
+-- bc keeps the configured limit (admit: the band a pod can fit in at all).
 if ARGV[1] == '1' then
   redis.call('DEL', K_CAP)
   for k, v in pairs(parse_counts(ARGV[2])) do redis.call('HSET', K_CAP, k, v) end
@@ -16,12 +19,21 @@ if redis.call('GET', P .. 'hl') ~= ARGV[3] then
 end
 redis.call('DEL', P .. 'bw', P .. 'bm')
 local configured = {}
+local function borrow_of(tenant, configured_limit)
+  local budget = redis.call('HGET', P .. 'budget', tenant)
+  if budget then
+    local ok, status = pcall(cjson.decode, budget)
+    if ok and type(status) == 'table' and status.state == 'exhausted' then return '0' end
+  end
+  return configured_limit
+end
 for i = 4, #ARGV, 5 do
   local tenant, nominal = ARGV[i], ARGV[i + 4]
   local key = P .. 'tc:' .. tenant
   configured[tenant] = true
   redis.call('DEL', key)
-  redis.call('HSET', key, 'w', ARGV[i + 1], 'b', ARGV[i + 2], 'rs', ARGV[i + 3],
+  redis.call('HSET', key, 'w', ARGV[i + 1], 'b', borrow_of(tenant, ARGV[i + 2]),
+             'bc', ARGV[i + 2], 'rs', ARGV[i + 3],
              'ns', slices(parse_counts(nominal)), 'n', nominal)
   redis.call('SADD', K_TENANTS, tenant)
 end
