@@ -153,13 +153,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     with local_redis() as url:
-        client = redis.Redis.from_url(url)
+        client = redis.Redis.from_url(url, socket_timeout=120)  # a loaded machine
         start = time.perf_counter()
         queue = fill(client, args.tenants, args.queued, args.audit)
         filled = time.perf_counter() - start
         history = FairnessHistory(client, queue)
         access = TokenAccess()
-        blocking = redis.Redis.from_url(url)
+        blocking = redis.Redis.from_url(url, socket_timeout=120)
         namespaces = NamespaceIndex(client, queue, STREAM)
         began = time.perf_counter()
         namespaces.scan()
