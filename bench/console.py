@@ -8,8 +8,12 @@ real Starlette app in-process (``httpx.ASGITransport``: the server's whole handl
 Redis reads included, no network), ``--repeat`` times each, after one warm-up request
 (which also runs the audit chain verification that is then cached for 30 s; its cold
 time is reported apart; and computes the status report the Tenants page shares until
-the next decision: the cold Tenants time is reported apart too). The baseline is
-``/healthz`` in the same run.
+the next decision: the cold Tenants time is reported apart too). The console's event
+producer runs meanwhile, as in ``fairgate console``; its first scan of the namespace index
+(what the namespace filter reads instead of every lane) is timed apart. The namespace
+filter is timed without a config (the index alone), with one mapping each
+``<tenant>-ml`` namespace to its tenant, and without the index (every lane read, as
+before the index). The baseline is ``/healthz`` in the same run.
 
 Idle SSE clients: the Redis commands and CPU seconds of the console process over
 ``--idle`` seconds with 0 and with ``--clients`` subscribed, idle event-stream clients.
@@ -42,16 +46,19 @@ from dispatch import make_config, pod_uid, pods
 from audit import STREAM, AuditLog
 from fairshare.localredis import local_redis
 from fairshare.queue import FairQueue
+from tenants.models import TENANT_LABEL, FairgateConfig
 from webhook.console.access import TokenAccess, Viewer
 from webhook.console.app import create_app
 from webhook.console.data import ConsoleData
 from webhook.console.events import Broadcaster
 from webhook.console.history import FairnessHistory
+from webhook.console.namespaces import NamespaceIndex
 
 ROUTES = ["/healthz", "/tenants", "/api/tenants", "/queue", "/api/queue",
           "/queue?page=1000", "/queue?tenant=team-0500", "/queue?namespace=team-0500-ml",
-          "/fairness", "/api/fairness", "/audit", "/api/audit", "/audit?q=team-0500",
-          "/cost"]
+          "/api/queue?namespace=team-0500-ml", "/fairness", "/api/fairness", "/audit",
+          "/api/audit", "/audit?q=team-0500", "/cost"]
+CONFIGURED = ["/queue?namespace=team-0500-ml", "/api/queue?namespace=team-0500-ml"]
 
 
 def fill(client: redis.Redis, tenants: int, queued: int, audit: int) -> FairQueue:
@@ -77,6 +84,13 @@ def fill(client: redis.Redis, tenants: int, queued: int, audit: int) -> FairQueu
     return queue
 
 
+def with_namespaces(tenants: int) -> FairgateConfig:
+    """The bench's config plus its namespaces: ``<tenant>-ml`` labelled for its tenant."""
+    config, _capacity, names = make_config(tenants)
+    return FairgateConfig(platform=config.platform, quotas=config.quotas,
+                          namespaces={f"{n}-ml": {TENANT_LABEL: n} for n in names})
+
+
 def log_draft(tenant: str, i: int) -> Any:
     from audit import AuditRecord
 
@@ -85,19 +99,20 @@ def log_draft(tenant: str, i: int) -> Any:
                        reason="waiting for 1.00 GPU-eq of tenant quota")
 
 
-async def time_routes(app: Any, token: str, repeat: int) -> dict[str, dict[str, float]]:
+async def time_routes(app: Any, token: str, repeat: int, routes: list[str], label: str = "",
+                      cold: bool = True) -> dict[str, dict[str, float]]:
     transport = httpx.ASGITransport(app=app)
     results: dict[str, dict[str, float]] = {}
     headers = {"Authorization": f"Bearer {token}"}
     async with httpx.AsyncClient(transport=transport, base_url="http://console",
                                  headers=headers, timeout=120) as client:
         for route, what in (("/api/audit", "chain verification"),
-                            ("/api/tenants", "status report")):
-            cold = time.perf_counter()
+                            ("/api/tenants", "status report")) if cold else ():
+            began = time.perf_counter()
             assert (await client.get(route)).status_code == 200
             results[f"cold {route} ({what})"] = {
-                "p50_ms": round((time.perf_counter() - cold) * 1000, 1)}
-        for route in ROUTES:
+                "p50_ms": round((time.perf_counter() - began) * 1000, 1)}
+        for route in routes:
             assert (await client.get(route)).status_code == 200, route
             times = []
             for _ in range(repeat):
@@ -106,7 +121,7 @@ async def time_routes(app: Any, token: str, repeat: int) -> dict[str, dict[str, 
                 times.append(time.perf_counter() - start)
                 assert answer.status_code == 200, route
             times.sort()
-            results[route] = {"p50_ms": round(statistics.median(times) * 1000, 2),
+            results[route + label] = {"p50_ms": round(statistics.median(times) * 1000, 2),
                               "max_ms": round(times[-1] * 1000, 2)}
     return results
 
@@ -138,18 +153,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     with local_redis() as url:
-        client = redis.Redis.from_url(url)
+        client = redis.Redis.from_url(url, socket_timeout=120)  # a loaded machine
         start = time.perf_counter()
         queue = fill(client, args.tenants, args.queued, args.audit)
         filled = time.perf_counter() - start
         history = FairnessHistory(client, queue)
         access = TokenAccess()
-        blocking = redis.Redis.from_url(url)
-        events = Broadcaster(blocking, STREAM, queue.tenant_names)
-        data = ConsoleData(client, queue, history, generation=lambda: events.generation)
-        app = create_app(data, access, events)
-        pages = asyncio.run(time_routes(app, access.token, args.repeat))
+        blocking = redis.Redis.from_url(url, socket_timeout=120)
+        namespaces = NamespaceIndex(client, queue, STREAM)
+        began = time.perf_counter()
+        namespaces.scan()
+        scanned = time.perf_counter() - began
+        events = Broadcaster(blocking, STREAM, queue.tenant_names, namespaces=namespaces)
         events.start()
+        data = ConsoleData(client, queue, history, generation=lambda: events.generation,
+                           namespaces=namespaces)
+        app = create_app(data, access, events)
+        pages = {"namespace index scan (the producer's, at start and every 300 s)": {
+            "p50_ms": round(scanned * 1000, 1)}}
+        pages.update(asyncio.run(time_routes(app, access.token, args.repeat, ROUTES)))
+        config = with_namespaces(args.tenants)
+        configured = ConsoleData(client, queue, history, lambda: config,
+                                 generation=lambda: events.generation, namespaces=namespaces)
+        pages.update(asyncio.run(time_routes(create_app(configured, access, events),
+                                             access.token, args.repeat, CONFIGURED,
+                                             " (with a config)", cold=False)))
+        unindexed = ConsoleData(client, queue, history, generation=lambda: events.generation)
+        pages.update(asyncio.run(time_routes(create_app(unindexed, access, events),
+                                             access.token, args.repeat, CONFIGURED[:1],
+                                             " (no index: every lane, as before)",
+                                             cold=False)))
         idle = [asyncio.run(idle_cost(client, events, n, args.idle))
                 for n in (0, args.clients)]
         events.stop()
@@ -161,10 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     base = pages["/healthz"]["p50_ms"]
     print(f"{args.tenants} tenants, {total} queued entries, {args.audit} audit records "
           f"(filled in {filled:.0f} s)")
-    print(f"{'route':45} {'p50 ms':>8} {'max ms':>8} {'x /healthz':>11}")
+    print(f"{'route':52} {'p50 ms':>8} {'max ms':>8} {'x /healthz':>11}")
     for route, row in pages.items():
         ratio = f"{row['p50_ms'] / base:.0f}x" if "max_ms" in row else ""
-        print(f"{route:45} {row['p50_ms']:8.2f} {row.get('max_ms', 0):8.2f} {ratio:>11}")
+        print(f"{route:52} {row['p50_ms']:8.2f} {row.get('max_ms', 0):8.2f} {ratio:>11}")
     for row in idle:
         print(f"idle SSE clients {row['clients']:5}: {row['redis_commands_per_s']} Redis "
               f"commands/s, {row['cpu_s_per_s']} CPU s/s")

@@ -330,6 +330,22 @@ class FairQueue:
         raw = self._client.hmget(self._keys[0] + "tk", list(tickets))
         return [text(r).split("|", 6)[5] if r is not None else None for r in raw]
 
+    def namespace_tenants(self, chunk: int = 1000) -> dict[str, set[str]]:
+        """Per namespace, the tenants of its ticket records (queued, reserved or
+        running; a complete gang's members are in its namespace and tenant), read with
+        ``HSCAN`` ``chunk`` records at a time (Redis is never busy for long). A record
+        present for the whole read is in the answer; one written during it may not be."""
+        found: dict[str, set[str]] = {}
+        cursor = 0
+        while True:
+            cursor, records = self._client.hscan(self._keys[0] + "tk", cursor, count=chunk)
+            assert isinstance(records, dict)  # without no_values, HSCAN answers a mapping
+            for raw in records.values():
+                fields = text(raw).split("|", 6)
+                found.setdefault(fields[5], set()).add(fields[1])
+            if cursor == 0:
+                return found
+
     # -- budgets -------------------------------------------------------------------
 
     def write_budgets(self, statuses: Iterable[BudgetStatus]) -> list[tuple[str, str, str]]:

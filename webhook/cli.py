@@ -659,6 +659,7 @@ def _console(args: argparse.Namespace) -> int:
         redis=args.redis, config_dir=Path(args.config_dir) if args.config_dir else None,
         host=args.host, port=args.port, auth=args.auth,
         sample_interval=args.sample_every, keep_hours=args.keep_hours,
+        cert_dir=Path(args.cert_dir) if args.cert_dir else None, plain_http=args.plain_http,
     )
     try:
         return run_console(options)
@@ -687,10 +688,12 @@ def _add_console(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
         "access token. In a cluster (--auth kubernetes, the default there) every request\n"
         "needs the user's bearer token: checked with TokenReview, and each user sees the\n"
         "tenants whose quota ConfigMap they may read (SubjectAccessReview); users who may\n"
-        "read every ConfigMap in fairgate-system see everything.",
+        "read every ConfigMap in fairgate-system see everything.\n"
+        "With --cert-dir it serves HTTPS; plain HTTP only on a loopback address (or with\n"
+        "--plain-http behind a TLS-terminating proxy).",
         "  fairgate console --redis-url redis://127.0.0.1:6379/0\n"
         "  fairgate console --config-dir ./config --port 9000\n"
-        "  fairgate console --auth kubernetes --host 0.0.0.0   # in a cluster\n",
+        "  fairgate console --auth kubernetes --host 0.0.0.0 --cert-dir /tls  # in a cluster\n",
     )
     _redis_url_argument(console)
     console.add_argument("--config-dir", metavar="DIR",
@@ -699,7 +702,14 @@ def _add_console(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     console.add_argument("--host", default="127.0.0.1",
                          help="address to listen on (default: %(default)s)")
     console.add_argument("--port", type=_port_or_zero, default=8080,
-                         help="HTTP port; 0 picks a free one (default: %(default)s)")
+                         help="HTTP(S) port; 0 picks a free one (default: %(default)s)")
+    console.add_argument("--cert-dir", metavar="DIR",
+                         help="serve HTTPS with DIR's tls.crt and tls.key (see `fairgate "
+                         "certs generate --service fairgate-console`); a renewed pair is "
+                         "taken up without a restart")
+    console.add_argument("--plain-http", action="store_true",
+                         help="allow plain HTTP on a non-loopback --host: only behind a "
+                         "TLS-terminating proxy (tokens must not cross a network in clear)")
     console.add_argument("--auth", choices=["auto", "token", "kubernetes"], default="auto",
                          help="token: a random access token in the URL; kubernetes: "
                          "TokenReview + SubjectAccessReview; auto: kubernetes inside a "

@@ -39,7 +39,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from urllib3.exceptions import HTTPError
@@ -61,6 +61,7 @@ from webhook.service import AdmissionService
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
+    from starlette.types import ASGIApp
 
 log = logging.getLogger("fairgate.webhook.server")
 
@@ -191,6 +192,27 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def https_server(app: ASGIApp, cert_dir: Path, **settings: Any
+                 ) -> tuple[uvicorn.Server, CertReloader]:
+    """A uvicorn server for ``app`` over TLS 1.2+ with ``cert_dir``'s tls.crt/tls.key
+    (:func:`certs.server_ssl_context`; raises :class:`certs.CertError` saying what is
+    wrong with them), ``settings`` for the rest of its ``uvicorn.Config``, and the
+    :class:`certs.CertReloader` that swaps a renewed pair into its live context: serve
+    with :func:`serve_https`."""
+    context = server_ssl_context(cert_dir)
+    config = uvicorn.Config(app, ssl_context_factory=lambda _config, _default: context,
+                            **settings)
+    return uvicorn.Server(config), CertReloader(context, cert_dir)
+
+
+async def serve_https(server: uvicorn.Server, reloader: CertReloader,
+                      sockets: list[socket.socket] | None = None) -> None:
+    """Serve until uvicorn stops, with the reloader watching the certificate on the
+    serving loop (where no handshake can fall between its two steps)."""
+    async with reloader.running():
+        await server.serve(sockets=sockets)
+
+
 def _run_uvicorn(options: ServeOptions, sock: socket.socket | None) -> None:
     """Serve in this process until SIGTERM/SIGINT (on ``sock`` if given)."""
     source = _config_source(options)
@@ -208,13 +230,11 @@ def _run_uvicorn(options: ServeOptions, sock: socket.socket | None) -> None:
             replica_timeout=options.replica_ack_timeout,
         )
         app = create_app(service, deadline_seconds=options.deadline_seconds)
-        context = server_ssl_context(options.cert_dir)
-        reloader = CertReloader(context, options.cert_dir)
-        config = uvicorn.Config(
+        server, reloader = https_server(
             app,
+            options.cert_dir,
             host=options.host,
             port=options.port,
-            ssl_context_factory=lambda _config, _default: context,
             log_config=None,
             access_log=False,
             server_header=False,
@@ -222,18 +242,16 @@ def _run_uvicorn(options: ServeOptions, sock: socket.socket | None) -> None:
             timeout_keep_alive=KEEP_ALIVE_SECONDS,
             lifespan="on",
         )
-        server = uvicorn.Server(config)
 
         async def main() -> None:
             try:
-                async with reloader.running():
-                    await server.serve(sockets=[sock] if sock is not None else None)
+                await serve_https(server, reloader, [sock] if sock is not None else None)
             finally:
                 await decisions_client.aclose()
 
         # uvicorn handles SIGTERM gracefully, then re-raises it once done: end with 0.
         signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
-        with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:  # uvloop
+        with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:  # uvloop
             runner.run(main())
     finally:
         source.close()

@@ -1,6 +1,8 @@
 """``fairgate console --auth kubernetes`` on the real API server: bearer tokens checked with
 TokenReview, visibility decided with SubjectAccessReview; a tenant admin never sees
-another tenant on any page, API route or the event stream.
+another tenant on any page, API route or the event stream. As in the cluster
+(manifests/console.yaml), it listens on every address and serves HTTPS with a certificate
+of ``fairgate certs generate``; the tests' clients check it against its CA.
 
 Uses its own control namespace (``console-e2e-system``) and redis-server, so it does not
 depend on (or disturb) the module that installs fairgate itself.
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import ssl
 import subprocess
 import sys
 import threading
@@ -28,6 +31,7 @@ from harness.controlplane import ControlPlane
 from kubernetes import client
 
 from audit import AuditLog
+from certs import write_bundle
 from fairshare.localredis import local_redis
 from fairshare.model import PodRequest
 from fairshare.queue import FairQueue
@@ -52,6 +56,7 @@ tenants:
 QUOTAS = {"team-a": "nominal: {gpu: 1}\n", "team-b": "nominal: {gpu: 1}\n"}
 REDIS_URLS: dict[str, str] = {}
 CONFIG_DIRS: dict[str, Path] = {}
+TRUST: dict[str, ssl.SSLContext] = {}  # per console URL: its certificate's CA
 NAMESPACES = "team-a-dev: {fairgate.io/tenant: team-a}\nteam-b-dev: {fairgate.io/tenant: team-b}\n"
 
 
@@ -122,7 +127,7 @@ def console(controlplane: ControlPlane, tokens: dict[str, str],
                                      "training", {"gpu": 1}, submitted_at=now + i)
                 admission = queue.admit(request, now + i)
                 queue.confirm(request.ticket, str(uuid.uuid4()), f"{tenant}-dev", name)
-                log.record(admission.outcome if admission.outcome == "queue" else "admit",
+                log.record("queue" if admission.outcome == "queued" else "admit",
                            tenant=tenant, namespace=f"{tenant}-dev", name=name,
                            pod_class="training", demand="gpu=1",
                            reason=f"{tenant} pod {i}")
@@ -141,20 +146,25 @@ def console(controlplane: ControlPlane, tokens: dict[str, str],
 def _start(kubeconfig: Path, url: str, config_dir: Path | None,
            log: Path) -> tuple[subprocess.Popen[str], str]:
     """``fairgate console --auth kubernetes`` as the kubeconfig's identity, with
-    ``--config-dir`` unless None (then the config comes from the cluster): (process,
+    ``--config-dir`` unless None (then the config comes from the cluster), over HTTPS on
+    every address with a new certificate for 127.0.0.1 (trusted in ``TRUST``): (process,
     URL)."""
     env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_NAMESPACE": CONTROL,
            "PYTHONPATH": str(REPO)}
+    tls = write_bundle(log.parent / "console-tls", "fairgate-console", CONTROL, ("127.0.0.1",))
     process = subprocess.Popen(
         [sys.executable, "-m", "webhook.cli", "console", "--redis-url", url,
-         "--auth", "kubernetes", "--port", "0", "--sample-every", "1",
+         "--auth", "kubernetes", "--host", "0.0.0.0", "--port", "0",
+         "--cert-dir", str(tls.cert.parent), "--sample-every", "1",
          *(["--config-dir", str(config_dir)] if config_dir is not None else [])],
         stdout=subprocess.PIPE, stderr=log.open("w"), text=True, env=env)
     assert process.stdout is not None
     line = process.stdout.readline().strip()
-    assert line.startswith("console: http://127.0.0.1:"), log.read_text()
+    assert line.startswith("console: https://127.0.0.1:"), log.read_text()
     assert "token=" not in line  # Kubernetes mode: the user brings the token
-    return process, line.removeprefix("console: ").rstrip("/")
+    base = line.removeprefix("console: ").rstrip("/")
+    TRUST[base] = ssl.create_default_context(cafile=str(tls.ca_cert))
+    return process, base
 
 
 def _without_echo(text: str) -> str:
@@ -165,7 +175,7 @@ def _without_echo(text: str) -> str:
 
 def _get(base: str, path: str, token: str | None) -> httpx.Response:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return httpx.get(base + path, headers=headers, timeout=30)
+    return httpx.get(base + path, headers=headers, timeout=30, verify=TRUST[base])
 
 
 def test_a_tenant_admin_sees_its_tenant_and_never_another(
@@ -210,7 +220,7 @@ def test_the_event_stream_carries_only_the_tenant_admins_tenant(
     def listen() -> None:
         headers = {"Authorization": f"Bearer {tokens['team-a-admin']}"}
         with httpx.stream("GET", console + "/api/events", headers=headers,
-                          timeout=20) as events:
+                          timeout=20, verify=TRUST[console]) as events:
             for line in events.iter_lines():
                 if line == ": connected":
                     ready.set()
@@ -235,6 +245,34 @@ def test_the_event_stream_carries_only_the_tenant_admins_tenant(
     assert all(event["tenant"] == "team-a" for event in seen)
     assert "team-b" not in json.dumps(seen)
     assert "(another tenant)" in seen[-1]["reason"]
+
+
+def _reviews(controlplane: ControlPlane) -> float:
+    """TokenReviews plus SubjectAccessReviews the API server has answered so far (its
+    ``apiserver_request_total`` counters)."""
+    response = controlplane.admin.call_api("GET", controlplane.url + "/metrics")
+    assert response.status == 200, response.reason
+    total = 0.0
+    for line in response.response.data.decode().splitlines():
+        if line.startswith("apiserver_request_total{") and (
+                'resource="tokenreviews"' in line or 'resource="subjectaccessreviews"' in line):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_access_is_cached_so_pages_cost_no_review_while_warm(
+        console: str, tokens: dict[str, str], controlplane: ControlPlane) -> None:
+    """Decisions are cached (30 s): once a user's token and tenants are decided, every
+    page and API route is answered without asking the API server again."""
+    assert _get(console, "/api/tenants", tokens["team-a-admin"]).status_code == 200
+    before = _reviews(controlplane)
+    assert before > 0
+    for route in ROUTES:
+        assert _get(console, route, tokens["team-a-admin"]).status_code == 200, route
+    assert _reviews(controlplane) == before
+    # the count does move: a rejected token is not cached, so each one is reviewed
+    assert _get(console, "/api/tenants", "not-a-token").status_code == 401
+    assert _reviews(controlplane) == before + 1
 
 
 def test_a_console_that_may_not_review_tokens_says_so_never_500(

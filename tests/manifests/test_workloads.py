@@ -136,24 +136,33 @@ def test_dispatcher_deployment(base: list[Obj]) -> None:
     assert "ports" not in container
 
 
+TLS_DIR = "/etc/fairgate/console-tls"
+
+
 def test_console_deployment_and_service(base: list[Obj]) -> None:
     deployment = find(base, "Deployment", "fairgate-console")
     spec = deployment["spec"]["template"]["spec"]
     container = _only_container(spec)
     assert container["command"] == ["fairgate", "console", "--redis-url", "$(REDIS_URL)",
                                     "--auth", "kubernetes", "--host", "0.0.0.0",
-                                    "--port", "8080"]
+                                    "--port", "8443", "--cert-dir", TLS_DIR]
     assert _env(container)["REDIS_URL"] == REDIS_URL
     assert spec["serviceAccountName"] == "fairgate-console"
     named = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert named == {"http": 8080}
+    assert named == {"https": 8443}
     for probe in ("readinessProbe", "livenessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
-    assert "emptyDir" in {v["name"]: v for v in spec["volumes"]}["tmp"]
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "https",
+                                               "scheme": "HTTPS"}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert "emptyDir" in volumes["tmp"]
+    # the serving certificate comes from its Secret, mounted read-only where --cert-dir reads
+    assert volumes["tls"]["secret"]["secretName"] == "fairgate-console-tls"
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["tls"] == {"name": "tls", "mountPath": TLS_DIR, "readOnly": True}
     service = find(base, "Service", "fairgate-console")
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
     (port,) = service["spec"]["ports"]
-    assert (port["port"], port["targetPort"]) == (80, "http")
+    assert (port["port"], port["targetPort"]) == (443, "https")
 
 
 def test_console_reachable_only_on_its_port(base: list[Obj]) -> None:
@@ -161,7 +170,7 @@ def test_console_reachable_only_on_its_port(base: list[Obj]) -> None:
     assert selects(policy["podSelector"], _pod_labels(base, "Deployment", "fairgate-console"))
     assert not selects(policy["podSelector"], _pod_labels(base, "Deployment", "fairgate-webhook"))
     (rule,) = policy["ingress"]
-    assert rule["ports"] == [{"protocol": "TCP", "port": 8080}]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 8443}]
 
 
 def test_redis_statefulset_persists_with_aof(base: list[Obj]) -> None:

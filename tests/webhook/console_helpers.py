@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -26,11 +27,14 @@ class ConsoleProcess:
     """``python -m webhook.cli console`` on 127.0.0.1 and a free port (context manager).
 
     ``url`` is the URL from its first stdout line (``console: <url>``); ``base`` is
-    ``http://127.0.0.1:<port>`` and ``token`` the access token in it.
+    ``http(s)://127.0.0.1:<port>`` and ``token`` the access token in it. ``ca``: the CA
+    file its HTTPS certificate is checked against (with ``--cert-dir``).
     """
 
     def __init__(self, redis_url: str, config_dir: Path | None, log_path: Path,
-                 *extra: str) -> None:
+                 *extra: str, ca: Path | None = None) -> None:
+        self.verify: ssl.SSLContext | bool = (
+            ssl.create_default_context(cafile=str(ca)) if ca is not None else True)
         self.command = [sys.executable, "-m", "webhook.cli", "console", "--redis-url",
                         redis_url, "--port", "0", *extra]
         if config_dir is not None:
@@ -63,7 +67,8 @@ class ConsoleProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                if httpx.get(self.base + "/healthz", timeout=1).status_code == 200:
+                if httpx.get(self.base + "/healthz", timeout=1,
+                             verify=self.verify).status_code == 200:
                     return
             except httpx.TransportError:
                 time.sleep(0.05)
@@ -71,7 +76,7 @@ class ConsoleProcess:
 
     def client(self) -> httpx.Client:
         """A client presenting the access token as a bearer token."""
-        return httpx.Client(base_url=self.base, timeout=10,
+        return httpx.Client(base_url=self.base, timeout=10, verify=self.verify,
                             headers={"Authorization": f"Bearer {self.token}"})
 
     def stop(self) -> None:

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -34,6 +35,7 @@ from webhook_helpers import gpu_pod, review, write_config
 from audit import STREAM, AuditLog
 from audit.chain import format_time
 from audit.usage import start_detail
+from certs import write_bundle
 from fairshare.localredis import local_redis
 from fairshare.model import PodRequest
 from fairshare.queue import FairQueue
@@ -43,6 +45,7 @@ from webhook.console.access import TokenAccess, Viewer
 from webhook.console.data import ConsoleData
 from webhook.console.events import Broadcaster
 from webhook.console.history import FairnessHistory
+from webhook.console.namespaces import NamespaceIndex
 from webhook.process import ServeProcess
 
 pytestmark = pytest.mark.slow
@@ -126,6 +129,22 @@ def test_first_line_is_the_url_and_every_route_needs_its_token(
 
 
 # -- pages with real data ----------------------------------------------------------------
+
+
+def test_every_asset_comes_from_the_console_itself(stack: ConsoleProcess) -> None:
+    """No CDN: every page links only its own /static/ files (shipped in the package, served
+    by the console) and forbids the browser anything else (Content-Security-Policy)."""
+    for page in ("/tenants", "/queue", "/fairness", "/audit", "/cost"):
+        answer = _get(stack, page)
+        assert answer.status_code == 200, page
+        policy = answer.headers["content-security-policy"]
+        assert "default-src 'self'" in policy and "script-src 'self'" in policy
+        assets = re.findall(r'<(?:script|link|img)\b[^>]*\b(?:src|href)="([^"]*)"', answer.text)
+        assert assets, page
+        for asset in assets:
+            assert asset.startswith("/static/") or asset.startswith("data:"), (page, asset)
+            if asset.startswith("/static/"):
+                assert _get(stack, asset).status_code == 200, asset
 
 
 def test_tenants_show_what_fairgate_status_shows_plus_ceiling_and_split(
@@ -306,6 +325,139 @@ def test_a_complete_gang_waits_as_one_row_and_filters_by_its_namespace(
     assert "gang team-b-dev/g" in row["why"]
     assert by_namespace["rows"] == page["rows"]
     assert elsewhere["total"] == 0
+
+
+def _wait_pod(queue: FairQueue, tenant: str, namespace: str, name: str) -> None:
+    """Queue one 1-GPU training pod (confirmed, so it does not expire)."""
+    ticket = str(uuid.uuid4())
+    answer = queue.admit(PodRequest(ticket, tenant, namespace, name, "training", {"gpu": 1}),
+                         time.time())
+    assert answer.outcome == "queued", answer
+    queue.confirm(ticket, str(uuid.uuid4()), namespace, name)
+
+
+def test_the_namespace_filter_reads_only_indexed_tenants_and_stays_exact(
+        tmp_path: Path) -> None:
+    """The index names every tenant with pods in a namespace: from the scan (a pod queued
+    under another tenant than the namespace's owner now), from audit records, from the
+    config's owner; what nothing announced, the next scan finds. Checked against
+    reading every lane."""
+    with local_redis() as url:
+        client = redis.Redis.from_url(url)
+        blocking = redis.Redis.from_url(url)
+        queue = FairQueue(client)
+        config = load_config_dir(write_config(tmp_path / "config"))
+        queue.sync_config(config, {"gpu": 1})
+        queue.admit(PodRequest(str(uuid.uuid4()), "team-a", "team-a-dev", "run", "training",
+                               {"gpu": 1}), time.time())  # the only GPU: the rest waits
+        for name in ("a-1", "a-2"):
+            _wait_pod(queue, "team-a", "team-a-dev", name)
+        _wait_pod(queue, "team-b", "team-b-dev", "b-1")
+        _wait_pod(queue, "team-b", "team-a-dev", "moved")  # before a relabel, say
+        index = NamespaceIndex(client, queue, STREAM, rescan=3600)
+        history = FairnessHistory(client, queue)
+        data = ConsoleData(client, queue, history, lambda: config, namespaces=index)
+        every_lane = ConsoleData(client, queue, history, lambda: config)
+        log = AuditLog(client, out=io.StringIO())
+        everyone = Viewer("p", everything=True)
+
+        def pods(source: ConsoleData, namespace: str, viewer: Viewer = everyone) -> list[str]:
+            return sorted(r["pod"] for r in source.queue_page(viewer, namespace=namespace)["rows"])
+
+        def settles(namespace: str, expected: list[str]) -> None:
+            deadline = time.monotonic() + 10
+            while pods(data, namespace) != expected:
+                assert time.monotonic() < deadline, (namespace, pods(data, namespace))
+                time.sleep(0.05)
+            assert pods(every_lane, namespace) == expected
+
+        assert index.tenants("team-a-dev") is None
+        assert pods(data, "team-a-dev") == pods(every_lane, "team-a-dev")  # not scanned yet
+        events = Broadcaster(blocking, STREAM, queue.tenant_names, block=0.1,
+                             namespaces=index)
+        events.start()
+        try:
+            deadline = time.monotonic() + 10
+            while index.tenants("team-a-dev") is None:  # the producer's first scan
+                assert time.monotonic() < deadline, "the index was never scanned"
+                time.sleep(0.05)
+            assert index.tenants("team-a-dev") == frozenset({"team-a", "team-b"})
+            settles("team-a-dev", ["team-a-dev/a-1", "team-a-dev/a-2", "team-a-dev/moved"])
+            assert pods(data, "team-a-dev", Viewer("a", tenants=frozenset({"team-a"}))) == [
+                "team-a-dev/a-1", "team-a-dev/a-2"]
+            assert pods(data, "team-a-dev", Viewer("b", tenants=frozenset({"team-b"}))) == [
+                "team-a-dev/moved"]
+            # announced by its audit record (team-b-dev is team-b's, not race's)
+            _wait_pod(queue, "race", "team-b-dev", "r-1")
+            log.record("queue", tenant="race", namespace="team-b-dev", name="r-1")
+            settles("team-b-dev", ["team-b-dev/b-1", "team-b-dev/r-1"])
+            # its namespace's owner in the config: seen before any audit record
+            assert index.tenants("race-dev") == frozenset()
+            _wait_pod(queue, "race", "race-dev", "r-2")
+            assert pods(data, "race-dev") == ["race-dev/r-2"]
+            # announced by nothing: the next scan finds it
+            _wait_pod(queue, "team-a", "sandbox", "s-1")
+            assert pods(data, "sandbox") == []
+            assert pods(every_lane, "sandbox") == ["sandbox/s-1"]
+            index.rescan = 0.0
+            settles("sandbox", ["sandbox/s-1"])
+        finally:
+            events.stop()
+            client.close()
+            blocking.close()
+
+
+def test_the_console_serves_https_with_a_certificate_of_fairgate_certs(
+        tmp_path: Path, redis_server_url: str) -> None:
+    """--cert-dir: HTTPS with the pair `fairgate certs generate` writes, a
+    renewed pair served without a restart, the token cookie Secure; no plain HTTP."""
+    tls = tmp_path / "tls"
+    first = write_bundle(tls, "fairgate-console", "fairgate-system", ("127.0.0.1",))
+    old_ca = first.ca_cert.read_bytes()
+    (tmp_path / "old-ca.crt").write_bytes(old_ca)
+    with ConsoleProcess(redis_server_url, None, tmp_path / "console.log", "--cert-dir",
+                        str(tls), ca=first.ca_cert) as console:
+        assert re.fullmatch(r"console: https://127\.0\.0\.1:\d+/\?token=[\w-]{32}",
+                            console.first_line)
+        with console.client() as client:
+            assert client.get("/api/tenants").status_code == 200
+            login = client.get("/tenants", params={"token": console.token},
+                               headers={"Authorization": ""})
+            assert login.status_code == 303
+            assert "secure" in login.headers["set-cookie"].lower()
+        with pytest.raises(httpx.ConnectError):  # a client that does not trust the CA
+            httpx.get(console.base + "/healthz", timeout=5)
+        with pytest.raises(httpx.HTTPError):  # plain HTTP on its port
+            httpx.get(console.base.replace("https:", "http:") + "/healthz", timeout=5)
+        renewed = write_bundle(tls, "fairgate-console", "fairgate-system", ("127.0.0.1",))
+        trusts_new = ssl.create_default_context(cafile=str(renewed.ca_cert))
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                answer = httpx.get(console.base + "/healthz", timeout=5, verify=trusts_new)
+                break
+            except httpx.ConnectError:
+                assert time.monotonic() < deadline, "the renewed certificate was never served"
+                time.sleep(0.2)
+        assert answer.text == "ok"
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(console.base + "/healthz", timeout=5, verify=ssl.create_default_context(
+                cafile=str(tmp_path / "old-ca.crt")))
+
+
+def test_plain_http_is_refused_off_loopback_unless_a_proxy_is_said_to_terminate_tls(
+        tmp_path: Path, redis_server_url: str) -> None:
+    refused = subprocess.run(
+        [sys.executable, "-m", "webhook.cli", "console", "--redis-url", redis_server_url,
+         "--host", "0.0.0.0", "--port", "0"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert refused.returncode == 1
+    assert "refusing to serve plain HTTP on 0.0.0.0" in refused.stderr
+    assert "--cert-dir" in refused.stderr and "--plain-http" in refused.stderr
+    assert refused.stdout == ""
+    with ConsoleProcess(redis_server_url, None, tmp_path / "console.log", "--host", "0.0.0.0",
+                        "--plain-http") as console:
+        assert console.first_line.startswith("console: http://127.0.0.1:")
 
 
 def test_cost_bills_this_month_from_the_verified_audit_log() -> None:
@@ -503,6 +655,42 @@ def _check_event_isolation(url: str) -> None:
     assert "(another tenant)" in seen_admin[0]
     assert "team-a-dev/x" in seen_platform[0] and "team-b-dev/y" in seen_platform[1]
     assert events.clients == 0
+
+
+def test_an_idle_event_stream_client_costs_no_redis_call() -> None:
+    """300 subscribed, idle clients: the Redis commands in 2 s are those of no client
+    (the one producer's blocking reads); per-client polling would add hundreds."""
+    with local_redis() as url:
+        client = redis.Redis.from_url(url)
+        blocking = redis.Redis.from_url(url)
+        events = Broadcaster(blocking, STREAM, FairQueue(client).tenant_names, block=0.2)
+
+        def commands() -> int:
+            return int(client.info("stats")["total_commands_processed"])
+
+        async def idle(clients: int) -> int:
+            streams = [events.subscribe(Viewer(f"v{i}", everything=True))
+                       for i in range(clients)]
+            for stream in streams:
+                assert await anext(stream) == ": connected\n\n"
+            before = commands()
+            await asyncio.sleep(2)
+            used = commands() - before
+            for stream in streams:
+                await stream.aclose()
+            return used
+
+        events.start()
+        try:
+            time.sleep(0.5)
+            alone = asyncio.run(idle(0))
+            crowded = asyncio.run(idle(300))
+        finally:
+            events.stop()
+            client.close()
+            blocking.close()
+    assert alone > 0  # the producer's reads are counted
+    assert crowded <= alone + 3, (alone, crowded)
 
 
 def test_token_access_compares_the_whole_token() -> None:

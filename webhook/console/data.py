@@ -14,8 +14,9 @@ Contract:
   ``queueLength`` among its tenant's pods of its class and ``waitedSeconds``. A complete
   gang waiting as one entry is one row (``gang``). Gang members still waiting for their
   gang to be complete are not listed (``fairgate why`` explains them). Filters:
-  ``tenant``, ``namespace`` (with a config that maps the namespace to its tenant, only
-  that tenant's lanes are read).
+  ``tenant``, ``namespace``: exactly the entries whose pods are in the namespace, read
+  from the lanes of the tenants the :class:`~webhook.console.namespaces.NamespaceIndex`
+  names for it (every lane while it has not scanned yet, or without one).
 - :meth:`ConsoleData.fairness`: per visible tenant (paginated) its used and entitlement
   over the last ``hours`` from :class:`~webhook.console.history.FairnessHistory`, and
   Jain's index over time (everything-viewers only: it is about all tenants).
@@ -53,6 +54,7 @@ from tenants.models import FairgateConfig
 from tenants.resources import SLICES_PER_GPU, format_counts
 from webhook.console.access import Viewer, redact
 from webhook.console.history import FairnessHistory
+from webhook.console.namespaces import NamespaceIndex
 
 TENANTS_PER_PAGE = 100
 QUEUE_PER_PAGE = 50
@@ -73,8 +75,9 @@ class ConsoleData:
                  config: Callable[[], FairgateConfig | None] = lambda: None,
                  audit: AuditLog | None = None, verify_ttl: float = 30.0,
                  generation: Callable[[], int] | None = None,
-                 status_ttl: float = 5.0) -> None:
+                 status_ttl: float = 5.0, namespaces: NamespaceIndex | None = None) -> None:
         self.client = client
+        self.namespaces = namespaces
         self.queue = queue
         self.history = history
         self.config = config
@@ -149,9 +152,8 @@ class ConsoleData:
         scope = viewer.visible(known)
         if tenant:
             scope = [t for t in scope if t == tenant]
-        config = self.config()
-        if namespace and config is not None and (owner := config.tenant_of_namespace(namespace)):
-            scope = [t for t in scope if t == owner]
+        if namespace and (owners := self._owners(namespace)) is not None:
+            scope = [t for t in scope if t in owners]
         lanes = self.queue.lanes(scope)
         start = (page - 1) * per_page
         if namespace:
@@ -172,6 +174,17 @@ class ConsoleData:
                     row["waitingFor"] = redact(row["waitingFor"], viewer, known)
         return {"total": total, "page": page, "pages": pages(total, per_page),
                 "rows": [r for r in rows if r is not None]}
+
+    def _owners(self, namespace: str) -> frozenset[str] | None:
+        """The tenants whose lanes may hold entries of ``namespace``: those the index
+        names, plus its owner in the config (its pods queue there before their audit
+        records reach the index); None (every tenant) before the index has scanned."""
+        known = self.namespaces.tenants(namespace) if self.namespaces is not None else None
+        if known is None:
+            return None
+        config = self.config()
+        owner = config.tenant_of_namespace(namespace) if config is not None else None
+        return known | {owner} if owner else known
 
     def _slice(self, lanes: list[tuple[str, str, int]], start: int,
                count: int) -> list[tuple[str, str, str]]:

@@ -8,7 +8,9 @@ Contract:
   :func:`~webhook.console.access.redact` for viewers who may not see every tenant, with
   ``tenants`` giving every tenant's name). Every ``keepalive`` seconds it sends every client
   a comment line (so proxies keep the connection). It also takes the fairness samples
-  (:class:`~webhook.console.history.FairnessHistory`) when one is due.
+  (:class:`~webhook.console.history.FairnessHistory`) when one is due, and keeps the
+  :class:`~webhook.console.namespaces.NamespaceIndex` current: a scan when it starts and
+  whenever one is due, and every record's tenant and namespace.
 - A client costs nothing while idle: it awaits its own asyncio queue; no per-client
   timer or Redis call exists. A client that does not keep up (``max_pending`` events
   waiting) gets one ``resync`` event instead of the rest (its page reloads its data).
@@ -26,7 +28,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +37,7 @@ import redis
 from audit.log import parse_entry
 from webhook.console.access import Viewer, redact
 from webhook.console.history import FairnessHistory
+from webhook.console.namespaces import NamespaceIndex
 
 log = logging.getLogger("fairgate.console")
 
@@ -58,8 +61,10 @@ class Broadcaster:
 
     def __init__(self, client: redis.Redis, stream: str, tenants: Callable[[], list[str]],
                  history: FairnessHistory | None = None, block: float = 1.0,
-                 keepalive: float = 15.0, max_pending: int = 500, retry: float = 2.0) -> None:
+                 keepalive: float = 15.0, max_pending: int = 500, retry: float = 2.0,
+                 namespaces: NamespaceIndex | None = None) -> None:
         self.client = client
+        self.namespaces = namespaces
         self.stream = stream
         self.tenants = tenants
         self.history = history
@@ -91,7 +96,7 @@ class Broadcaster:
         if self._thread is not None:
             self._thread.join(self.block + 5)
 
-    async def subscribe(self, viewer: Viewer) -> AsyncIterator[str]:
+    async def subscribe(self, viewer: Viewer) -> AsyncGenerator[str, None]:
         """The events for ``viewer``, as SSE text, until the caller stops iterating."""
         me = _Client(viewer, asyncio.get_running_loop())
         with self._lock:
@@ -141,6 +146,8 @@ class Broadcaster:
                 if cursor == "$":
                     newest: list[Any] = list(self.client.xrevrange(self.stream, count=1) or [])
                     cursor = newest[0][0] if newest else "0-0"
+                if self.namespaces is not None and self.namespaces.due():
+                    self.namespaces.scan()
                 reply: list[Any] = list(self.client.xread(
                     {self.stream: cursor}, block=int(self.block * 1000), count=500) or [])
                 for _name, entries in reply:
@@ -172,6 +179,8 @@ class Broadcaster:
         record = parse_entry(raw_id, values).record
         if record is None:
             return
+        if self.namespaces is not None:
+            self.namespaces.learn(record.tenant, record.namespace)
         pod = "/".join(p for p in (record.namespace, record.name) if p)
         self.publish("decision", {
             "seq": record.seq, "time": record.time, "decision": record.decision,

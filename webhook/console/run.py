@@ -5,7 +5,13 @@ Contract:
   ``console: <url>`` as the first line on stdout (local token mode: the URL carries
   ``?token=<random token>``; Kubernetes mode: the plain URL) and serves until SIGINT or
   SIGTERM. Returns 0; raises :class:`ConsoleError` (the message says what to fix) when
-  Redis cannot be reached, the address is taken or the cluster cannot be used.
+  Redis cannot be reached, the address is taken, the certificate cannot be used or the
+  cluster cannot be used.
+- With ``cert_dir`` it serves HTTPS (TLS 1.2+, ``tls.crt``/``tls.key`` of that directory,
+  a renewed pair taken up without a restart: :func:`webhook.server.https_server`) and the
+  URL is ``https://``. Without it, plain HTTP, which it serves only on a loopback address
+  (bearer tokens must not cross a network in clear text) unless ``plain_http`` says a
+  TLS-terminating proxy is in front.
 - Auth ``auto`` is ``kubernetes`` when running in a cluster (``KUBERNETES_SERVICE_HOST``
   set), else ``token``. The control namespace (quota ConfigMaps, for the access checks)
   is ``$POD_NAMESPACE``, default ``fairgate-system``. In Kubernetes mode without
@@ -15,6 +21,8 @@ Contract:
 
 from __future__ import annotations
 
+import asyncio
+import ipaddress
 import os
 import socket
 import sys
@@ -22,13 +30,14 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO, Any, Literal
 
 import redis
 import uvicorn
 from kubernetes.client import ApiClient
 
 from audit import STREAM
+from certs import CertError
 from fairshare.connection import COMMAND_TIMEOUT, RedisTarget, connect_redis
 from fairshare.queue import FairQueue
 from tenants.models import CONTROL_NAMESPACE, FairgateConfig
@@ -38,7 +47,8 @@ from webhook.console.app import create_app
 from webhook.console.data import ConsoleData
 from webhook.console.events import Broadcaster
 from webhook.console.history import DEFAULT_INTERVAL, DEFAULT_KEEP, FairnessHistory
-from webhook.server import listen
+from webhook.console.namespaces import NamespaceIndex
+from webhook.server import https_server, listen, serve_https
 
 AuthMode = Literal["auto", "token", "kubernetes"]
 
@@ -59,6 +69,8 @@ class ConsoleOptions:
     token: str | None = None
     sample_interval: float = DEFAULT_INTERVAL
     keep_hours: float = DEFAULT_KEEP / 3600
+    cert_dir: Path | None = None
+    plain_http: bool = False
 
 
 def resolve_auth(mode: AuthMode) -> Literal["token", "kubernetes"]:
@@ -76,11 +88,30 @@ def _listen(host: str, port: int) -> socket.socket:
                            "or stop what uses it") from exc
 
 
-def _url(host: str, port: int, token: str | None) -> str:
+def _url(scheme: str, host: str, port: int, token: str | None) -> str:
     shown = f"[{host}]" if ":" in host else host
     if host in ("0.0.0.0", "::"):
         shown = "127.0.0.1"
-    return f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
+    return f"{scheme}://{shown}:{port}/" + (f"?token={token}" if token else "")
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_transport(options: ConsoleOptions) -> None:
+    if options.cert_dir is None and not options.plain_http and not _loopback(options.host):
+        raise ConsoleError(
+            f"refusing to serve plain HTTP on {options.host}: bearer tokens would cross the "
+            "network in clear text. Give --cert-dir DIR holding tls.crt and tls.key (e.g. "
+            "`fairgate certs generate --service fairgate-console --out DIR`), or "
+            "--plain-http if a TLS-terminating proxy in front of the console is the only "
+            "way in")
 
 
 def _config_source(options: ConsoleOptions, auth: str) -> ConfigSource | None:
@@ -129,6 +160,7 @@ def run_console(options: ConsoleOptions, out: IO[str] | None = None) -> int:
     """Serve the console until interrupted (see the module contract)."""
     stdout = out or sys.stdout
     auth = resolve_auth(options.auth)
+    _check_transport(options)
     with ExitStack() as stack:
         client = connect_redis(options.redis, COMMAND_TIMEOUT)
         stack.callback(client.close)
@@ -145,9 +177,11 @@ def run_console(options: ConsoleOptions, out: IO[str] | None = None) -> int:
             stack.callback(source.close)
         history = FairnessHistory(client, queue, interval=options.sample_interval,
                                   keep=options.keep_hours * 3600)
-        events = Broadcaster(blocking, STREAM, queue.tenant_names, history)
+        namespaces = NamespaceIndex(client, queue, STREAM)
+        events = Broadcaster(blocking, STREAM, queue.tenant_names, history,
+                             namespaces=namespaces)
         data = ConsoleData(client, queue, history, _current(source),
-                           generation=lambda: events.generation)
+                           generation=lambda: events.generation, namespaces=namespaces)
         access: Access
         token: str | None = None
         if auth == "kubernetes":
@@ -157,14 +191,26 @@ def run_console(options: ConsoleOptions, out: IO[str] | None = None) -> int:
             access, token = local, local.token
         app = create_app(data, access, events, redis_name=f"Redis at {options.redis}",
                          auth_mode=auth)
+        settings: dict[str, Any] = {"log_level": "warning", "access_log": False,
+                                    "timeout_graceful_shutdown": 2}
+        if options.cert_dir is not None:
+            try:
+                server, reloader = https_server(app, options.cert_dir, **settings)
+            except CertError as exc:
+                raise ConsoleError(f"cannot serve HTTPS: {exc}") from exc
+        else:
+            server, reloader = uvicorn.Server(uvicorn.Config(app, **settings)), None
         sock = _listen(options.host, options.port)
         stack.callback(sock.close)
         port = sock.getsockname()[1]
-        stdout.write(f"console: {_url(options.host, port, token)}\n")
+        scheme = "http" if reloader is None else "https"
+        stdout.write(f"console: {_url(scheme, options.host, port, token)}\n")
         stdout.flush()
         events.start()
         stack.callback(events.stop)
-        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
-                                               timeout_graceful_shutdown=2))
-        server.run(sockets=[sock])
+        if reloader is None:
+            server.run(sockets=[sock])
+        else:
+            with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:
+                runner.run(serve_https(server, reloader, [sock]))
     return 0
