@@ -97,6 +97,7 @@ class Top:
     at: float
     seq: float
     blocked: bool
+    hold: Shape = field(default_factory=empty_shape)  # units held for it (plan)
 
     @property
     def order(self) -> tuple[float, float, float]:
@@ -222,10 +223,20 @@ class Reference:
         used = u["ui"] + u["ut"] + u["ub"]
         return w > 0 and used * w < total_slices(self.cap) * self.cfg_of(tenant).w
 
+    def free_for(self, band: str, res: str) -> int:
+        """Units of ``res`` free for an entry of ``band`` (lower bands count as free)."""
+        return self.cap.get(res, 0) - sum(self.cluster_used(b2, res) for b2 in BANDS
+                                          if PRIO[b2] >= PRIO[band])
+
     def plan(self, tops: list[Top], tier: str, stop: tuple[float, float, float] | None = None,
              counts: ResourceCounts | None = None) -> tuple[Shape, Top | None, list[Top]]:
-        """Holds G, the first top that fits (sharing a resource with ``counts`` if
-        given), and the held tops, walking the tops before ``stop``."""
+        """Holds G, the first top that fits given the holds of the tops before it
+        (sharing a resource with ``counts`` if given), and the held tops, walking the
+        tops before ``stop``. A top that does not fit is owed capacity when its tenant
+        is below its weighted share and the cluster could ever hold it: of each
+        resource of its demand, the free units not held for the tops before it, up to
+        its demand (``top.hold``; an owed top may hold nothing). No half-life here: the
+        first tenant of a shape has its lowest share, so no later one is owed."""
         guards = empty_shape()
         held: list[Top] = []
         for top in tops:
@@ -235,12 +246,14 @@ class Reference:
             if self.cap_check(shape, guards) is None:
                 if counts is None or shape_resources(shape) & {r for r, n in counts.items() if n}:
                     return guards, top, held
-            elif (top.blocked and not shape_resources(shape) & shape_resources(guards)
-                  and self.cap_check(shape, None, idle=True) is None
+            elif (self.cap_check(shape, None, idle=True) is None
                   and self.below_share(top.tenant, tier)):
                 for b in BANDS:
                     for r, n in shape[b].items():
-                        guards[b][r] = guards[b].get(r, 0) + n
+                        units = min(n, self.free_for(b, r) - guards[b].get(r, 0))
+                        if n and units > 0:
+                            top.hold[b][r] = units
+                            guards[b][r] = guards[b].get(r, 0) + units
                 held.append(top)
         return guards, None, held
 
@@ -363,20 +376,26 @@ class Reference:
 
     def capacity_blocker(self, shape: Shape, guards: Shape, held: list[Top],
                          me: tuple[str, str] | None = None) -> list[object] | None:
+        """Why the cluster keeps ``shape`` waiting given the holds of its tier: part
+        of what it lacks is held for this very lane head (``me``), it lacks capacity,
+        or another entry's hold is in its way; None when it fits."""
+        mine = next((top for top in held if me == (top.tenant, top.key)), None)
+        if mine is not None:
+            for r in sorted(shape_resources(shape)):
+                need = sum(shape[b].get(r, 0) for b in BANDS)
+                units = sum(mine.hold[b].get(r, 0) for b in BANDS)
+                if 0 < units < need:
+                    return ["held", r, units, need]
+            guards = {b: {r: n - mine.hold[b].get(r, 0) for r, n in guards[b].items()}
+                      for b in BANDS}
         c = self.cap_check(shape, None)
         if c is not None:
-            for top in held:
-                need = sum(shape[b].get(c[0], 0) for b in BANDS)
-                if me == (top.tenant, top.key) and need > c[1]:
-                    return ["held", c[0], need - c[1], need]
             return ["capacity", c[0], c[1]]
-        if not held:
-            return None
         c = self.cap_check(shape, guards)
         if c is None:
             return None
         holder = next((top.tenant for top in held
-                       if c[0] in shape_resources(self.lane_shapes[top.key])), "")
+                       if top is not mine and any(top.hold[b].get(c[0], 0) for b in BANDS)), "")
         return ["guard", c[0], holder]
 
     def describe(self, ticket: str, rec: Rec, now: float) -> tuple[int, int, list[object]]:

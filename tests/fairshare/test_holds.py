@@ -6,15 +6,17 @@ but above its share now does not hide the next owed tenant of its shape."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fairshare.model import Hold, PodRequest
+from fairshare.model import Admission, Hold, PodRequest
 from fairshare.queue import FairQueue
 from tenants.models import FairgateConfig, PlatformConfig, QuotaSpec
+from tests.fairshare.reference import Reference, waiting_for
 from tests.fairshare.tickets import pod_uid
 
 BANDS = ("i", "t", "b")
@@ -173,3 +175,57 @@ def test_holds_never_sum_beyond_the_free_capacity(
         elif op == "dispatch":
             running += [r.ticket for r in q.dispatch(now, x)]
         check_holds(redis_client, q.holds(now))
+
+
+def test_an_owed_entry_behind_another_on_one_resource_holds_its_other_resources(
+        redis_client: redis.Redis) -> None:
+    """The shrunk stateful-test case (issue 11, holdfix): 1 GPU and 2 MIG slices, all
+    c's. b (a GPU pod) and a (a GPU + MIG-slice pod) are owed, b first (older head).
+    When c's MIG pod ends, no GPU is free, so b holds none and a none of the GPU, but a
+    holds 1 of the 2 free MIG slices: c, far above its share, may not take them with a
+    2-slice pod, neither by dispatch nor by the fast path. (The reference model still
+    had the one-hold-per-resource rule: it skipped a, its GPU being b's, and released
+    c's pod.) Lua and reference model must agree, step by step."""
+    platform = PlatformConfig.model_validate({
+        "tenants": {t: {"weight": 1, "ceiling": {"gpuEquivalents": 100}} for t in "abc"},
+    })
+    quota = QuotaSpec.model_validate({"nominal": {"gpu": 4, "mig-1g.5gb": 4}})
+    config = FairgateConfig(platform=platform, quotas={t: quota for t in "abc"})
+    capacity = {"gpu": 1, "mig-1g.5gb": 2}
+    q, ref = FairQueue(redis_client), Reference()
+    q.sync_config(config, capacity)
+    ref.sync(config, capacity)
+
+    def admit(ticket: str, tenant: str, demand: dict[str, int], at: float) -> Admission:
+        req = PodRequest(ticket=ticket, tenant=tenant, namespace=f"ns-{tenant}",
+                         name=ticket, pod_class="training", demand=demand, submitted_at=at)
+        got = q.admit(req, at)
+        want, reason = ref.admit(req, at, False)
+        assert got == dataclasses.replace(
+            want, waiting_for=waiting_for(reason, tenant, "training"))
+        uid = pod_uid(ticket)
+        assert q.confirm(ticket, uid, f"ns-{tenant}", ticket) == "confirmed"
+        assert ref.confirm(ticket, uid, f"ns-{tenant}", ticket) == "confirmed"
+        return got
+
+    assert admit("c-gpu", "c", {"gpu": 1}, 1.0).outcome == "reserved"
+    assert admit("c-mig0", "c", {"mig-1g.5gb": 2}, 1.0).outcome == "reserved"
+    assert admit("b-gpu", "b", {"gpu": 1}, 2.0).outcome == "queued"
+    assert admit("a-both", "a", {"gpu": 1, "mig-1g.5gb": 1}, 3.0).outcome == "queued"
+    assert admit("c-mig1", "c", {"mig-1g.5gb": 2}, 4.0).outcome == "queued"
+    # c's MIG pod ends: dispatch keeps a's slice (the old rule released c-mig1)
+    assert q.release("c-mig0", pod_uid("c-mig0"), now=5.0)
+    assert ref.release("c-mig0", False, pod_uid("c-mig0"))
+    assert [(h.tenant, dict(h.held)) for h in q.holds(5.0)] == [
+        ("b", {}), ("a", {"mig-1g.5gb": 1})]
+    assert q.dispatch(5.0, 100) == ref.dispatch(5.0, 100) == []
+    # and so does the fast path
+    late = admit("c-mig2", "c", {"mig-1g.5gb": 2}, 5.0)
+    assert (late.outcome, late.waiting_for) == (
+        "queued", "mig-1g.5gb capacity held for a (ahead in fair-share order)")
+    # c's GPU pod ends: the GPU goes to b (first owed), a's MIG slice stays held
+    assert q.release("c-gpu", pod_uid("c-gpu"), now=6.0)
+    assert ref.release("c-gpu", False, pod_uid("c-gpu"))
+    got = q.dispatch(6.0, 100)
+    assert got == ref.dispatch(6.0, 100)
+    assert [r.ticket for r in got] == ["b-gpu"]
