@@ -16,21 +16,16 @@ the 1-minute load average, and whether the spend equals the report's bill to the
 
 from __future__ import annotations
 
-import argparse
-import io
 import json
 import os
 from contextlib import ExitStack
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-import redis
-from report import MONTH, _Clocks, drafts
+from report import MONTH, _Clocks, drafts, empty_stream, stream_arguments
 
-from audit.log import AuditLog
 from cost.billing import bill
 from cost.budget import AuditSpend
-from fairshare.localredis import local_redis
 
 
 def _rss_mb() -> float:
@@ -43,17 +38,9 @@ def _rss_mb() -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=100_000)
-    parser.add_argument("--redis-url")
-    parser.add_argument("--stream", default="bench:budget")
-    args = parser.parse_args()
+    args = stream_arguments(__doc__.splitlines()[0], 100_000, "bench:budget")
     with ExitStack() as stack:
-        url = args.redis_url or stack.enter_context(local_redis())
-        client = redis.Redis.from_url(url)
-        if client.exists(args.stream):
-            raise SystemExit(f"stream {args.stream} exists: pick another --stream")
-        log = AuditLog(client, stream=args.stream, maxlen=args.records * 2, out=io.StringIO())
+        client, log = empty_stream(stack, args)
         log.record_many(drafts(args.records))
         until = MONTH + timedelta(days=30)
 

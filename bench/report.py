@@ -116,19 +116,32 @@ class _Clocks:
         return {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "redis_cpu_s": round(server, 2)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=1_000_000)
+def stream_arguments(description: str, records: int, stream: str) -> argparse.Namespace:
+    """The command line of a bench over a generated audit stream (``--records``,
+    ``--redis-url``, ``--stream``, with these defaults)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--records", type=int, default=records)
     parser.add_argument("--redis-url")
-    parser.add_argument("--stream", default="bench:audit")
-    args = parser.parse_args()
+    parser.add_argument("--stream", default=stream)
+    return parser.parse_args()
+
+
+def empty_stream(stack: ExitStack, args: argparse.Namespace) -> tuple[redis.Redis, AuditLog]:
+    """A client on ``--redis-url`` (else a private redis-server kept open by ``stack``) and
+    an audit log on ``--stream``, which must not exist, keeping twice ``--records``."""
+    url = args.redis_url or stack.enter_context(local_redis())
+    client = redis.Redis.from_url(url)
+    if client.exists(args.stream):
+        raise SystemExit(f"stream {args.stream} exists: pick another --stream")
+    return client, AuditLog(client, stream=args.stream, maxlen=args.records * 2,
+                            out=io.StringIO())
+
+
+def main() -> None:
+    args = stream_arguments(__doc__.splitlines()[0], 1_000_000, "bench:audit")
     with ExitStack() as stack:
-        url = args.redis_url or stack.enter_context(local_redis())
-        client = redis.Redis.from_url(url)
-        if client.exists(args.stream):
-            raise SystemExit(f"stream {args.stream} exists: pick another --stream")
+        client, log = empty_stream(stack, args)
         started = time.perf_counter()
-        log = AuditLog(client, stream=args.stream, maxlen=args.records * 2, out=io.StringIO())
         written = len(log.record_many(drafts(args.records)))
         fill = time.perf_counter() - started
 
