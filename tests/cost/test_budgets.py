@@ -97,6 +97,15 @@ def budget_rig(redis_url: str, capacity: dict[str, int], monthly: float = 100.0)
     return rig
 
 
+def exhausted_rig(redis_url: str) -> BudgetRig:
+    """A rig on 4 GPUs whose team-a ran 100 GPU-hours this month: its budget is spent."""
+    rig = budget_rig(redis_url, {"gpu": 4})
+    rig.history("h1", T0 + 10, 100.0)
+    rig.at(200 * HOUR)
+    assert rig.state().state == "exhausted"
+    return rig
+
+
 def _borrow_limit(rig: BudgetRig, tenant: str = "team-a") -> int:
     return next(s.borrow_limit_slices for s in rig.queue.tenant_status() if s.tenant == tenant)
 
@@ -172,10 +181,7 @@ def test_classify_and_percent_never_round_across_a_threshold() -> None:
 def test_exhausted_budget_keeps_nominal_and_training_beyond_it_waits_unborrowed(
     redis_url: str,
 ) -> None:
-    rig = budget_rig(redis_url, {"gpu": 4})
-    rig.history("h1", T0 + 10, 100.0)
-    rig.at(200 * HOUR)
-    assert rig.state().state == "exhausted"
+    rig = exhausted_rig(redis_url)
 
     nominal = rig.pod("nominal", duration=HOUR)
     beyond = rig.pod("beyond", duration=HOUR)
@@ -240,10 +246,7 @@ def test_queued_borrowed_pods_are_held_while_exhausted_and_released_on_a_raise(
 def test_a_pod_larger_than_nominal_waits_as_borrowed_until_borrowing_is_allowed(
     redis_url: str,
 ) -> None:
-    rig = budget_rig(redis_url, {"gpu": 4})
-    rig.history("h1", T0 + 10, 100.0)
-    rig.at(200 * HOUR)
-    assert rig.state().state == "exhausted"
+    rig = exhausted_rig(redis_url)
     big = rig.pod("big", demand={"gpu": 2}, duration=HOUR)  # nominal is 1 GPU
     rig.settle()
     # stamped training it could never run; borrowed, it runs once borrowing is back
