@@ -225,36 +225,79 @@ local function usage_slices(st)
   return num(st, 'ui') + num(st, 'ut') + num(st, 'ub')
 end
 
--- the tenant's decayed usage at `now` (nil: as of its last fold), with usage st
+-- Start charge (see share_of): a tenant's expected run time is this (seconds) until one
+-- of its pods has ended, then the moving average of its pods' run times, the newest
+-- weighing RUN_WEIGHT.
+local DEFAULT_RUN = 600
+local RUN_WEIGHT = 0.25
+
+-- capacity slices (all capacity keys) and the summed weight of the configured tenants
+-- (`tw`, written by sync), read once per call
+local CAP_SLICES, TOTAL_WEIGHT = nil, nil
+local function cap_slices()
+  if not CAP_SLICES then
+    CAP_SLICES = 0
+    local flat = redis.call('HGETALL', K_CAP)
+    for i = 1, #flat, 2 do CAP_SLICES = CAP_SLICES + slices_of(flat[i]) * tonumber(flat[i + 1]) end
+  end
+  return CAP_SLICES
+end
+
+-- the slices the tenant is guaranteed when every configured tenant is busy: capacity x
+-- its weight / the summed weight (0 before sync has written that sum)
+local function guaranteed(tenant)
+  if not TOTAL_WEIGHT then TOTAL_WEIGHT = tonumber(redis.call('GET', P .. 'tw') or '0') end
+  if TOTAL_WEIGHT <= 0 then return 0 end
+  return cap_slices() * cfg_of(tenant).w / TOTAL_WEIGHT
+end
+
+-- the tenant's decayed usage at `now` (nil: as of its last fold), with usage st, and
+-- its expected run time
 local function decayed(tenant, st, now)
-  local v, t = unpack(redis.call('HMGET', P .. 'du:' .. tenant, 'v', 't'))
-  v, t = tonumber(v or '0'), tonumber(t or now or '0')
-  if not now or now <= t then return v end
+  local v, t, r = unpack(redis.call('HMGET', P .. 'du:' .. tenant, 'v', 't', 'r'))
+  v, t, r = tonumber(v or '0'), tonumber(t or now or '0'), tonumber(r or DEFAULT_RUN)
+  if not now or now <= t then return v, r end
   local f = math.exp(-halflife().rate * (now - t))
-  return v * f + usage_slices(st) * (1 - f) / halflife().rate
+  return v * f + usage_slices(st) * (1 - f) / halflife().rate, r
 end
 
 -- before the tenant's usage changes: fold its decayed usage up to NOW
 local function fold_decay(tenant, st)
   if halflife().life <= 0 or not NOW then return end
   st = st or state_of(tenant)
-  redis.call('HSET', P .. 'du:' .. tenant, 'v', decayed(tenant, st, NOW), 't', NOW)
+  redis.call('HSET', P .. 'du:' .. tenant, 'v', (decayed(tenant, st, NOW)), 't', NOW)
+end
+
+-- a running pod of the tenant that started at `started` ended at NOW: fold its run time
+-- into the tenant's expected run time
+local function note_run(tenant, started)
+  if halflife().life <= 0 or not NOW or not started then return end
+  local key = P .. 'du:' .. tenant
+  local run = math.max(NOW - started, 0)
+  local r = tonumber(redis.call('HGET', key, 'r') or '')
+  redis.call('HSET', key, 'r', r and r + RUN_WEIGHT * (run - r) or run)
 end
 
 -- A score below every real one (no decayed usage yet); see share_of.
 local NO_USAGE = -1e18
 
 -- The tenant's fair-share score (queue order: lowest first). Current usage only:
--- slices used in all bands / weight. With a half-life: ln(D(now) / weight) + L * now,
--- which orders tenants as D(now) / weight does, and which a tenant without running pods
--- keeps unchanged as time passes (decay is uniform), while running pods only raise it:
--- a score written earlier is a lower bound of the current one (survey relies on it).
+-- slices used in all bands / weight. With a half-life: ln((D(now) + charge) / weight)
+-- + L * now, charge = the slices it runs beyond guaranteed(tenant) x its expected run
+-- time: a tenant is charged up front for running more than its guaranteed share, so it
+-- cannot take every unit freed at one moment while its decayed usage has not risen yet.
+-- This orders tenants as (D(now) + charge) / weight does, and a tenant without running
+-- pods keeps it unchanged as time passes (decay is uniform), while running pods only
+-- raise it; the charge changes only with the tenant's own usage or run times (which
+-- refresh it) or at sync (which refreshes every tenant): a score written earlier is a
+-- lower bound of the current one (survey relies on it).
 -- `now` nil: NOW, else as of the tenant's last fold.
 local function share_of(tenant, st, now)
   local hl = halflife()
   if hl.life <= 0 then return usage_slices(st) / cfg_of(tenant).w end
   now = now or NOW
-  local d = decayed(tenant, st, now)
+  local d, run = decayed(tenant, st, now)
+  d = d + math.max(usage_slices(st) - guaranteed(tenant), 0) * run
   if d <= 0 then return NO_USAGE end
   local t = now or tonumber(redis.call('HGET', P .. 'du:' .. tenant, 't') or '0')
   return math.log(d / cfg_of(tenant).w) + hl.rate * t
@@ -742,6 +785,7 @@ local function forget(ticket, rec)
   unindex_name(ticket, rec)
   redis.call('ZREM', K_RESV, ticket)
   if state == 'R' or state == 'A' then
+    if state == 'A' then note_run(rec[F_TENANT], tonumber(rec[F_AT])) end
     add_usage(rec[F_TENANT], rec[F_BAND], parse_counts(rec[F_DEMAND]), -1)
     redis.call('HDEL', K_TICKETS, ticket)
     changed = gang_running(rec[F_GANG], -1)
@@ -834,26 +878,21 @@ end
 -- the tier). That share is at most the tenant's water-filled entitlement, so a tenant
 -- at or above its entitlement is never below it.
 -- `bw`: {tier = summed weight} read once per plan (nothing writes bw during one).
-local CAP_SLICES = nil
 local function below_share(top, tier, bw)
-  if not CAP_SLICES then
-    CAP_SLICES = 0
-    local flat = redis.call('HGETALL', K_CAP)
-    for i = 1, #flat, 2 do CAP_SLICES = CAP_SLICES + slices_of(flat[i]) * tonumber(flat[i + 1]) end
-  end
+  local capacity = cap_slices()
   if bw[tier] == nil then bw[tier] = tonumber(redis.call('HGET', P .. 'bw', tier) or '0') end
   local w = bw[tier]
   if w <= 0 then return false end
   if halflife().life <= 0 then
     -- without a half-life the top's score is slices in use / weight (refresh writes it
     -- at every change of either): it decides, unless the product's rounding could
-    local margin = top.score * w - CAP_SLICES
-    if math.abs(margin) > 1e-9 * CAP_SLICES then return margin < 0 end
+    local margin = top.score * w - capacity
+    if math.abs(margin) > 1e-9 * capacity then return margin < 0 end
   end
   -- only the usage fields: the whole state (lane heads, queue counters) is not needed
   local u = redis.call('HMGET', P .. 'ts:' .. top.tenant, 'ui', 'ut', 'ub')
   local used = usage_slices({ui = u[1], ut = u[2], ub = u[3]})
-  return used * w < CAP_SLICES * cfg_of(top.tenant).w
+  return used * w < capacity * cfg_of(top.tenant).w
 end
 
 -- Units of capacity key `res` free for an entry of `band` (bands of lower priority

@@ -2,7 +2,8 @@
 -- one; ARGV[3]: fairShare.usageHalfLife in seconds (0: current usage only); then, per
 -- tenant, 5 fields: name, weight, borrow slices, reserve slices, nominal counts.
 -- Tenants not named lose their quota but keep their usage and queue. Readiness,
--- shares and the backlogged weights (bw, bm) are computed again. A tenant whose budget
+-- shares and the backlogged weights (bw, bm) are computed again; tw is the summed
+-- weight of the named tenants (lib.lua guaranteed). A tenant whose budget
 -- the dispatcher found exhausted (hash <prefix>budget, JSON with state 'exhausted';
 -- fairshare/budget.py) gets a borrow limit b of 0: it may not borrow, nominal is kept;
 -- bc keeps the configured limit (admit: the band a pod can fit in at all).
@@ -18,7 +19,7 @@ if redis.call('GET', P .. 'hl') ~= ARGV[3] then
   redis.call('SET', P .. 'hl', ARGV[3])
 end
 redis.call('DEL', P .. 'bw', P .. 'bm')
-local configured = {}
+local configured, total_weight = {}, 0
 local function borrow_of(tenant, configured_limit)
   local budget = redis.call('HGET', P .. 'budget', tenant)
   if budget then
@@ -31,12 +32,15 @@ for i = 4, #ARGV, 5 do
   local tenant, nominal = ARGV[i], ARGV[i + 4]
   local key = P .. 'tc:' .. tenant
   configured[tenant] = true
+  total_weight = total_weight + tonumber(ARGV[i + 1])
   redis.call('DEL', key)
   redis.call('HSET', key, 'w', ARGV[i + 1], 'b', borrow_of(tenant, ARGV[i + 2]),
              'bc', ARGV[i + 2], 'rs', ARGV[i + 3],
              'ns', slices(parse_counts(nominal)), 'n', nominal)
   redis.call('SADD', K_TENANTS, tenant)
 end
+redis.call('SET', P .. 'tw', total_weight)
+TOTAL_WEIGHT = nil
 for _, tenant in ipairs(redis.call('SMEMBERS', K_TENANTS)) do
   if not configured[tenant] then redis.call('DEL', P .. 'tc:' .. tenant) end
   redis.call('HDEL', P .. 'ts:' .. tenant, 'bt')  -- bw and bm are counted again

@@ -1,6 +1,7 @@
 """Decayed usage (fairShare.usageHalfLife) orders tenants by usage history, on the real
 Lua in a real Redis; the expected order comes from an independent integration of each
-tenant's usage over time."""
+tenant's usage over time, plus the start charge (fairshare/README.md, "Fair-share
+score")."""
 
 from __future__ import annotations
 
@@ -34,12 +35,18 @@ def pod(ticket: str, tenant: str, at: float) -> PodRequest:
 
 
 class Usage:
-    """Each tenant's decayed GPU-seconds, integrated exactly between changes."""
+    """Each tenant's decayed GPU-seconds, integrated exactly between changes, and its
+    start charge: the GPUs it runs beyond its guaranteed share x its expected run time
+    (600 s until a pod of it ended, then the moving average of run times, the newest
+    weighing 1/4)."""
 
-    def __init__(self, half_life: float) -> None:
+    def __init__(self, half_life: float, guaranteed: float) -> None:
         self.rate = math.log(2) / half_life
+        self.guaranteed = guaranteed
         self.value = {"a": 0.0, "b": 0.0}
         self.running = {"a": 0, "b": 0}
+        self.expected_run = {"a": 600.0, "b": 600.0}
+        self.ended = {"a": False, "b": False}
         self.at = 0.0
 
     def advance(self, now: float) -> None:
@@ -48,15 +55,25 @@ class Usage:
             self.value[t] = self.value[t] * f + self.running[t] * (1 - f) / self.rate
         self.at = now
 
+    def end(self, tenant: str, run: float) -> None:
+        self.running[tenant] -= 1
+        old = self.expected_run[tenant]
+        self.expected_run[tenant] = old + (run - old) / 4 if self.ended[tenant] else run
+        self.ended[tenant] = True
+
+    def score(self, tenant: str) -> float:
+        excess = max(self.running[tenant] - self.guaranteed, 0)
+        return self.value[tenant] + excess * self.expected_run[tenant]
+
 
 def test_a_tenant_that_had_the_cluster_for_an_hour_yields_until_usage_meets(
         redis_client: redis.Redis) -> None:
     q = two_tenants(redis_client, "1h")
-    usage = Usage(HOUR)
-    running: list[tuple[str, str]] = []  # (ticket, tenant), oldest first
+    usage = Usage(HOUR, guaranteed=2)  # 4 GPUs, two tenants of weight 1
+    running: list[tuple[str, str, float]] = []  # (ticket, tenant, start), oldest first
     for i in range(4):  # a has the cluster alone for an hour
         assert q.admit(pod(f"a{i}", "a", 0.0), 0.0).outcome == "reserved"
-        running.append((f"a{i}", "a"))
+        running.append((f"a{i}", "a", 0.0))
     usage.running["a"] = 4
     now = HOUR
     for i in range(4, 80):  # then both stay backlogged
@@ -66,16 +83,16 @@ def test_a_tenant_that_had_the_cluster_for_an_hour_yields_until_usage_meets(
     for step in range(60):  # a pod ends every 60 s; the freed GPU goes to ...
         now = HOUR + 60.0 * (step + 1)
         usage.advance(now)
-        ticket, tenant = running.pop(0)
-        usage.running[tenant] -= 1
+        ticket, tenant, started = running.pop(0)
+        usage.end(tenant, now - started)
         assert q.release(ticket, pod_uid(ticket), now)
         (released,) = q.dispatch(now, 1)
-        # ... the tenant with less decayed usage (ties: a's head is older)
-        want = "b" if usage.value["b"] < usage.value["a"] else "a"
-        if abs(usage.value["a"] - usage.value["b"]) > 1e-6 * usage.value["a"]:
-            assert released.tenant == want, (step, usage.value)
+        # ... the tenant with the lower decayed usage + charge (ties: a's head is older)
+        a, b = usage.score("a"), usage.score("b")
+        if abs(a - b) > 1e-6 * a:
+            assert released.tenant == ("b" if b < a else "a"), (step, usage.value)
         usage.running[released.tenant] += 1
-        running.append((released.ticket, released.tenant))
+        running.append((released.ticket, released.tenant, now))
         winners.append(released.tenant)
     # b took every GPU for a while (with current usage only, a would have had its turn
     # as soon as b held 2 of the 4 GPUs), then their decayed usages met
