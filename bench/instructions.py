@@ -32,6 +32,7 @@ Needs ``valgrind`` and ``redis-server``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import random
 import shutil
@@ -138,9 +139,10 @@ def measure_admit(cases: list[str], count: int) -> None:
               f"{ir / count:,.0f} instructions each", flush=True)
 
 
-def measure_dispatch(tenants: int, queued: int, decisions: int) -> None:
+def measure_dispatch(tenants: int, queued: int, decisions: int, half_life: float) -> None:
     from bench.dispatch import PREFIX, make_config, pods
     from fairshare.queue import FairQueue
+    from tenants.models import FairShareSpec
 
     bound = uid_bound(FairQueue)
 
@@ -153,6 +155,10 @@ def measure_dispatch(tenants: int, queued: int, decisions: int) -> None:
         process, client = start_redis(workdir, callgrind=False)
         rng = random.Random(tenants * 1_000_003 + queued)
         config, capacity, names = make_config(tenants)
+        if half_life:
+            fair_share = FairShareSpec.model_validate({"usageHalfLife": half_life})
+            config = dataclasses.replace(config, platform=config.platform.model_copy(
+                update={"fair_share": fair_share}))
         queue = FairQueue(client, prefix=PREFIX)
         queue.sync_config(config, capacity)
         running: list[str] = []
@@ -188,16 +194,18 @@ def measure_dispatch(tenants: int, queued: int, decisions: int) -> None:
             released = 0
             for step in range(decisions):
                 ticket = running.pop(rng.randrange(len(running)))
-                queue.release(*((ticket, uid(ticket)) if bound else (ticket,)))
+                now = 2.0 + step * 1e-3
+                queue.release(*((ticket, uid(ticket), now) if bound else (ticket,)))
                 counter.start()
-                got = queue.dispatch(2.0 + step * 1e-3, 1)
+                got = queue.dispatch(now, 1)
                 counts.append(counter.read())
                 released += len(got)
                 running += [r.ticket for r in got]
         finally:
             process.terminate()
             process.wait()
-    print(f"dispatch {tenants} tenants x {queued} queued: {decisions} decisions, "
+    print(f"dispatch {tenants} tenants x {queued} queued"
+          f"{f', usage half-life {half_life:g} s' if half_life else ''}: {decisions} decisions, "
           f"{released} released: instructions per decision median "
           f"{statistics.median(counts):,.0f}, mean {statistics.mean(counts):,.0f}", flush=True)
 
@@ -215,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     dispatch.add_argument("--tenants", type=int, default=1000)
     dispatch.add_argument("--queued", type=int, default=100_000)
     dispatch.add_argument("--decisions", type=int, default=100)
+    dispatch.add_argument("--half-life", type=float, default=0.0,
+                          help="fairShare.usageHalfLife in seconds (0: current usage only); "
+                          "the decayed score walks the ready sets further")
     args = parser.parse_args(argv)
     for tool in ("valgrind", "callgrind_control", "redis-server"):
         if shutil.which(tool) is None:
@@ -224,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "admit":
         measure_admit(args.cases, args.count)
     else:
-        measure_dispatch(args.tenants, args.queued, args.decisions)
+        measure_dispatch(args.tenants, args.queued, args.decisions, args.half_life)
     return 0
 
 
