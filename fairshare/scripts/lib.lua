@@ -832,24 +832,39 @@ local function best_of(shape, D, now, tidy, check, after)
   local key = P .. 'r:' .. shape
   local decay = halflife().life > 0
   local best, rank = nil, 0
+  -- with `tidy`, the current scores computed on the way replace the stored ones once the
+  -- walk is over (still lower bounds: scores only rise until the tenant's next change,
+  -- which writes them again), so the next walk starts from tighter bounds
+  local fresh = {}
   while true do
     local r = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
-    if #r == 0 then return best end
+    if #r == 0 then break end
     local member = r[1]
     local top = {shape = shape, D = D, score = tonumber(r[2]), member = member}
     top.key, top.tenant = member_parts(member)
-    if best and not before(top, best) then return best end
+    if best and not before(top, best) then break end
     if check and redis.call('EXISTS', lane_key(top.tenant, shape)) == 0 then
       if tidy then drop_stale(top.tenant, shape, member) else rank = rank + 1 end
     else
       rank = rank + 1
-      if decay then top.score = share_of(top.tenant, state_of(top.tenant), now) end
+      if decay then
+        local stored = top.score
+        top.score = share_of(top.tenant, state_of(top.tenant), now)
+        if tidy and top.score > stored then
+          fresh[#fresh + 1] = top.score
+          fresh[#fresh + 1] = member
+        end
+      end
       if after == nil or before(after, top) then
         if best == nil or before(top, best) then best = top end
         if not decay then return best end
       end
     end
   end
+  for i = 1, #fresh, 2000 do  -- (unpack has a limit on how many values it returns)
+    redis.call('ZADD', key, 'XX', unpack(fresh, i, math.min(i + 1999, #fresh)))
+  end
+  return best
 end
 
 -- The ready entries of a tier, one per shape (its first tenant in queue order), sorted

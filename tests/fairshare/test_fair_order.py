@@ -144,3 +144,39 @@ def test_a_tenant_first_in_order_does_not_take_every_unit_freed_at_once(
     # 567 + (2 - 5/3) x 600 = 767 < 1133: it gets a 3rd; running 3, 567 + 800 = 1367:
     # b and c get the rest (ties: the older head, b's)
     assert released == ["a", "a", "a", "b", "c"]
+
+
+def zrange_calls(client: redis.Redis) -> int:
+    return int(client.info("commandstats").get("cmdstat_zrange", {}).get("calls", 0))
+
+
+def test_a_dispatch_leaves_tight_scores_so_the_next_walk_is_short(
+        redis_client: redis.Redis) -> None:
+    """With a half-life, stored scores are lower bounds that go stale while pods run; a
+    decision walks a ready set until no stored score can beat the best current one, and
+    rewrites the scores it computed, so the next decision does not walk them again."""
+    tenants = [f"t{i:02d}" for i in range(40)]
+    platform = PlatformConfig.model_validate({
+        "tenants": {t: {"weight": 1, "ceiling": {"gpuEquivalents": 8}} for t in tenants},
+        "fairShare": {"usageHalfLife": "1h"},
+    })
+    quota = QuotaSpec.model_validate({"nominal": {"gpu": 8}})
+    q = FairQueue(redis_client)
+    q.sync_config(FairgateConfig(platform=platform, quotas=dict.fromkeys(tenants, quota)),
+                  {"gpu": len(tenants)})
+    for i, tenant in enumerate(tenants):  # one running pod each, started 1 s apart
+        assert q.admit(pod(f"{tenant}-run", tenant, float(i)), float(i)).outcome == "reserved"
+    for tenant in tenants:
+        for k in range(3):
+            assert q.admit(pod(f"{tenant}-q{k}", tenant, 50.0), 50.0).outcome == "queued"
+    walks = []
+    for step, tenant in enumerate(tenants[:3]):
+        now = 600.0 + step
+        assert q.release(f"{tenant}-run", pod_uid(f"{tenant}-run"), now)
+        redis_client.config_resetstat()
+        assert len(q.dispatch(now, 1)) == 1
+        walks.append(zrange_calls(redis_client))
+    # the first walk reads every member (each stored score is from its admission); the
+    # next ones stop after a few
+    assert walks[0] >= len(tenants)
+    assert walks[1] <= 5 and walks[2] <= 5, walks
