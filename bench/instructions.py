@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     dispatch.add_argument("--decisions", type=int, default=100)
     dispatch.add_argument("--half-life", type=float, default=0.0,
                           help="fairShare.usageHalfLife in seconds (0: current usage only); "
-                          "the decayed score walks the ready sets further")
+                          "counts the decayed-usage walk of the ready sets")
     args = parser.parse_args(argv)
     for tool in ("valgrind", "callgrind_control", "redis-server"):
         if shutil.which(tool) is None:

@@ -40,7 +40,6 @@ for i = 4, #ARGV, 5 do
   redis.call('SADD', K_TENANTS, tenant)
 end
 redis.call('SET', P .. 'tw', total_weight)
-TOTAL_WEIGHT = nil
 for _, tenant in ipairs(redis.call('SMEMBERS', K_TENANTS)) do
   if not configured[tenant] then redis.call('DEL', P .. 'tc:' .. tenant) end
   redis.call('HDEL', P .. 'ts:' .. tenant, 'bt')  -- bw and bm are counted again
