@@ -291,13 +291,14 @@ local NO_USAGE = -1e18
 -- raise it; the charge changes only with the tenant's own usage or run times (which
 -- refresh it) or at sync (which refreshes every tenant): a score written earlier is a
 -- lower bound of the current one (survey relies on it).
--- `now` nil: NOW, else as of the tenant's last fold.
-local function share_of(tenant, st, now)
+-- `now` nil: NOW, else as of the tenant's last fold. `credit` (slices, default 0): that
+-- many slices x the expected run time are taken off (handover, see freed_top).
+local function share_of(tenant, st, now, credit)
   local hl = halflife()
   if hl.life <= 0 then return usage_slices(st) / cfg_of(tenant).w end
   now = now or NOW
   local d, run = decayed(tenant, st, now)
-  d = d + math.max(usage_slices(st) - guaranteed(tenant), 0) * run
+  d = d + (math.max(usage_slices(st) - guaranteed(tenant), 0) - (credit or 0)) * run
   if d <= 0 then return NO_USAGE end
   local t = now or tonumber(redis.call('HGET', P .. 'du:' .. tenant, 't') or '0')
   return math.log(d / cfg_of(tenant).w) + hl.rate * t
@@ -778,6 +779,18 @@ local function refresh_both(tenant, other)
   if other and other ~= tenant then refresh(other) end
 end
 
+-- Handover (with a half-life): a running pod that ends frees a block of its shape, and
+-- its tenant's next entry of that shape (same lane) is ordered, until its tier's next
+-- dispatch decision, as if HANDOVER of one such pod's usage were not counted (see
+-- freed_top). fr hash: '<tier>:s' lane shape, '<tier>:t' tenant of the last such pod.
+local HANDOVER = 0.5
+local function note_freed(rec)
+  if halflife().life <= 0 or rec[F_GANG] ~= '' then return end
+  local shape = single_shape(rec)
+  local tier = parse_shape(shape).tier
+  redis.call('HSET', P .. 'fr', tier .. ':s', shape, tier .. ':t', rec[F_TENANT])
+end
+
 -- free whatever the ticket holds and forget it
 local function forget(ticket, rec)
   local state = rec[F_STATE]
@@ -785,7 +798,10 @@ local function forget(ticket, rec)
   unindex_name(ticket, rec)
   redis.call('ZREM', K_RESV, ticket)
   if state == 'R' or state == 'A' then
-    if state == 'A' then note_run(rec[F_TENANT], tonumber(rec[F_AT])) end
+    if state == 'A' then
+      note_run(rec[F_TENANT], tonumber(rec[F_AT]))
+      note_freed(rec)
+    end
     add_usage(rec[F_TENANT], rec[F_BAND], parse_counts(rec[F_DEMAND]), -1)
     redis.call('HDEL', K_TICKETS, ticket)
     changed = gang_running(rec[F_GANG], -1)
@@ -944,8 +960,40 @@ end
 -- walk (while some capacity of the shape is not held yet). Returns G, the first top that fits with the holds of the tops before it (nil
 -- if none; with `counts`, only a top sharing one of those resources counts, and the
 -- walk goes on past the others), and the held tops. `tidy`: see survey.
+-- The head of the lane whose running pod ended last (note_freed) before the tier's next
+-- dispatch decision, as a survey top scored with the handover credit (HANDOVER x its
+-- slices), or nil. A tenant close to the front of the order keeps the block its own
+-- pod frees, so a tenant of large pods does not wait for small pods to end each time it
+-- runs more than one (the units freed while it waits are held, i.e. idle).
+local function freed_top(tier, now)
+  if halflife().life <= 0 then return nil end
+  local shape, tenant = unpack(redis.call('HMGET', P .. 'fr', tier .. ':s', tier .. ':t'))
+  if not shape then return nil end
+  local st = state_of(tenant)
+  if not st['rk:' .. shape] then return nil end  -- its lane is empty or not ready
+  local top = {shape = shape, D = parse_shape(shape), tenant = tenant}
+  top.member = ready_member(st['rk:' .. shape], tenant)
+  top.key = member_parts(top.member)
+  top.score = share_of(tenant, st, now,
+                       HANDOVER * (slices(top.D.i) + top.D.t_slices + top.D.b_slices))
+  top.blocked = cap_check(top.D, nil, false)
+  return top
+end
+
 local function plan(tier, now, stop, counts, tidy)
   local tops = survey(tier, now, tidy)
+  local freed = freed_top(tier, now)
+  if freed then
+    for j, top in ipairs(tops) do
+      if top.member == freed.member and top.shape == freed.shape then
+        table.remove(tops, j)
+        break
+      end
+    end
+    local at = 1
+    while at <= #tops and before(tops[at], freed) do at = at + 1 end
+    table.insert(tops, at, freed)
+  end
   local G = {i = {}, t = {}, b = {}}
   local held, bw = {}, {}
   local decay = halflife().life > 0
@@ -1004,6 +1052,7 @@ end
 -- the next entry of a tier to release (a survey top), or nil; tidies (see survey)
 local function pick(tier, now)
   local _, best = plan(tier, now, nil, nil, true)
+  redis.call('HDEL', P .. 'fr', tier .. ':s', tier .. ':t')
   return best
 end
 

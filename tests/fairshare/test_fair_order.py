@@ -1,7 +1,7 @@
 """Decayed usage (fairShare.usageHalfLife) orders tenants by usage history, on the real
 Lua in a real Redis; the expected order comes from an independent integration of each
-tenant's usage over time, plus the start charge (fairshare/README.md, "Fair-share
-score")."""
+tenant's usage over time, plus the start charge and the handover credit
+(fairshare/README.md, "Fair-share score")."""
 
 from __future__ import annotations
 
@@ -55,14 +55,19 @@ class Usage:
             self.value[t] = self.value[t] * f + self.running[t] * (1 - f) / self.rate
         self.at = now
 
-    def end(self, tenant: str, run: float) -> None:
+    def end(self, tenant: str, run: float | None) -> None:
+        """A pod of the tenant ended after ``run`` seconds (None: not learned)."""
         self.running[tenant] -= 1
+        if run is None:
+            return
         old = self.expected_run[tenant]
         self.expected_run[tenant] = old + (run - old) / 4 if self.ended[tenant] else run
         self.ended[tenant] = True
 
-    def score(self, tenant: str) -> float:
-        excess = max(self.running[tenant] - self.guaranteed, 0)
+    def score(self, tenant: str, freed: bool = False) -> float:
+        """``freed``: a pod of the tenant ended just now (handover: half a pod of
+        credit)."""
+        excess = max(self.running[tenant] - self.guaranteed, 0) - (0.5 if freed else 0)
         return self.value[tenant] + excess * self.expected_run[tenant]
 
 
@@ -70,10 +75,12 @@ def test_a_tenant_that_had_the_cluster_for_an_hour_yields_until_usage_meets(
         redis_client: redis.Redis) -> None:
     q = two_tenants(redis_client, "1h")
     usage = Usage(HOUR, guaranteed=2)  # 4 GPUs, two tenants of weight 1
-    running: list[tuple[str, str, float]] = []  # (ticket, tenant, start), oldest first
+    # (ticket, tenant, start, released by dispatch), oldest first: pods reserved at
+    # admission and never seen (state R) teach no run time and hand nothing over
+    running: list[tuple[str, str, float, bool]] = []
     for i in range(4):  # a has the cluster alone for an hour
         assert q.admit(pod(f"a{i}", "a", 0.0), 0.0).outcome == "reserved"
-        running.append((f"a{i}", "a", 0.0))
+        running.append((f"a{i}", "a", 0.0, False))
     usage.running["a"] = 4
     now = HOUR
     for i in range(4, 80):  # then both stay backlogged
@@ -83,16 +90,17 @@ def test_a_tenant_that_had_the_cluster_for_an_hour_yields_until_usage_meets(
     for step in range(60):  # a pod ends every 60 s; the freed GPU goes to ...
         now = HOUR + 60.0 * (step + 1)
         usage.advance(now)
-        ticket, tenant, started = running.pop(0)
-        usage.end(tenant, now - started)
+        ticket, tenant, started, ran = running.pop(0)
+        usage.end(tenant, now - started if ran else None)
         assert q.release(ticket, pod_uid(ticket), now)
         (released,) = q.dispatch(now, 1)
-        # ... the tenant with the lower decayed usage + charge (ties: a's head is older)
-        a, b = usage.score("a"), usage.score("b")
+        # ... the tenant with the lower decayed usage + charge - handover credit (ties:
+        # a's head is older)
+        a, b = usage.score("a", ran and tenant == "a"), usage.score("b", ran and tenant == "b")
         if abs(a - b) > 1e-6 * a:
             assert released.tenant == ("b" if b < a else "a"), (step, usage.value)
         usage.running[released.tenant] += 1
-        running.append((released.ticket, released.tenant, now))
+        running.append((released.ticket, released.tenant, now, True))
         winners.append(released.tenant)
     # b took every GPU for a while (with current usage only, a would have had its turn
     # as soon as b held 2 of the 4 GPUs), then their decayed usages met
