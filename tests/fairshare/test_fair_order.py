@@ -188,3 +188,54 @@ def test_a_dispatch_leaves_tight_scores_so_the_next_walk_is_short(
     # next ones stop after a few
     assert walks[0] >= len(tenants)
     assert walks[1] <= 5 and walks[2] <= 5, walks
+
+
+def big_and_small(client: redis.Redis, small_starts: float) -> FairQueue:
+    """8 GPUs, equal weights, half-life 100 h (decay negligible here): ``big`` runs one
+    4-GPU pod from t=0, ``small`` four 1-GPU pods from ``small_starts``; both backlogged.
+    Every running pod is seen (state A), so its end hands over."""
+    platform = PlatformConfig.model_validate({
+        "tenants": {t: {"weight": 1, "ceiling": {"gpuEquivalents": 8}} for t in ("big", "small")},
+        "fairShare": {"usageHalfLife": "100h"},
+    })
+    quota = QuotaSpec.model_validate({"nominal": {"gpu": 8}})
+    q = FairQueue(client)
+    q.sync_config(FairgateConfig(platform=platform,
+                                 quotas={"big": quota, "small": quota}), {"gpu": 8})
+    pods = [("big0", "big", 4, 0.0)] + [(f"small{i}", "small", 1, small_starts)
+                                        for i in range(4)]
+    pods += [(f"big{i}", "big", 4, small_starts) for i in (1, 2)]
+    pods += [(f"small{i}", "small", 1, small_starts) for i in range(4, 12)]
+    for ticket, tenant, gpus, at in pods:
+        req = PodRequest(ticket=ticket, tenant=tenant, namespace=f"ns-{tenant}", name=ticket,
+                         pod_class="training", demand={"gpu": gpus}, submitted_at=at)
+        admission = q.admit(req, at)
+        assert admission.outcome == ("reserved" if ticket in ("big0", "small0", "small1",
+                                                                "small2", "small3")
+                                     else "queued")
+        if admission.outcome == "reserved":
+            assert q.confirm(ticket, pod_uid(ticket), req.namespace, ticket) == "confirmed"
+    assert q.release("big0", pod_uid("big0"), 600.0)  # big's pod ends after 600 s
+    return q
+
+
+def test_a_tenant_within_half_a_pod_of_the_front_keeps_the_block_its_pod_frees(
+        redis_client: redis.Redis) -> None:
+    """At 600 s big has used 2,400 GPU-seconds, small (from 100 s) 2,000: small leads,
+    but by less than half of big's pod (4 GPUs x 600 s / 2 = 1,200): big keeps its 4
+    GPUs. Without the handover, small took one of them (then, charged for running
+    beyond its guaranteed 4, it fell behind) and big waited for small's pods to end,
+    its 3 free GPUs held idle."""
+    q = big_and_small(redis_client, small_starts=100.0)
+    assert [r.tenant for r in q.dispatch(600.0, 2)] == ["big"]
+
+
+def test_a_tenant_further_behind_does_not_keep_the_block(redis_client: redis.Redis) -> None:
+    """Small from 400 s: 800 GPU-seconds against big's 2,400 - 1,200: small goes first.
+    The credit lasts one decision: then big scores 2,400, and small, charged 600 per
+    GPU beyond its guaranteed 4, takes GPUs while below that (1,400, 2,000; 2,600 with
+    a 7th); the last free GPU is held for big."""
+    q = big_and_small(redis_client, small_starts=400.0)
+    assert [r.tenant for r in q.dispatch(600.0, 4)] == ["small"] * 3
+    (hold,) = q.holds(600.0)
+    assert hold.tenant == "big" and sum(hold.held.values()) == 1
