@@ -8,8 +8,15 @@ queues the backlog through the same path, and then repeats: one running pod ends
 including the loopback round trip). Memory per queued pod is the ``used_memory``
 delta of queueing the backlog divided by its size.
 
+``--half-life S`` sets ``fairShare.usageHalfLife`` (default 0: current usage only) so
+the decayed-usage path is timed: a decision then computes the current score of each
+ready-set member it walks and writes the ones that rose back (``best_of`` in
+``fairshare/scripts/lib.lua``). The clock advances 1 ms per decision and the release
+before it gets the same clock, as in ``bench/instructions.py dispatch``.
+
     python bench/dispatch.py                      # full grid, own redis-server
     python bench/dispatch.py --tenants 10 100 --queued 1000 --json out.json
+    python bench/dispatch.py --tenants 1000 --queued 100000 --half-life 3600
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import redis
@@ -33,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fairshare.localredis import local_redis
 from fairshare.model import PodRequest
 from fairshare.queue import FairQueue
-from tenants.models import FairgateConfig, PlatformConfig, PodClass, QuotaSpec
+from tenants.models import FairgateConfig, FairShareSpec, PlatformConfig, PodClass, QuotaSpec
 from tenants.resources import ResourceCounts
 
 PREFIX = "bench:"
@@ -53,6 +60,7 @@ MIX: list[tuple[float, PodClass, ResourceCounts]] = [
 class Point:
     tenants: int
     queued: int
+    half_life_s: float
     decisions: int
     released: int
     dispatch_p50_ms: float
@@ -75,6 +83,16 @@ def make_config(tenants: int) -> tuple[FairgateConfig, ResourceCounts, list[str]
     config = FairgateConfig(platform=platform, quotas={n: quota for n in names})
     capacity = {"gpu": 512, "mig-1g.5gb": 448, "mig-3g.40gb": 128}
     return config, capacity, names
+
+
+def with_half_life(config: FairgateConfig, half_life: float) -> FairgateConfig:
+    """``config`` with ``fairShare.usageHalfLife`` = ``half_life`` seconds (0: unchanged,
+    current usage only). Also used by ``bench/instructions.py dispatch --half-life``."""
+    if not half_life:
+        return config
+    fair_share = FairShareSpec.model_validate({"usageHalfLife": half_life})
+    return replace(config, platform=config.platform.model_copy(
+        update={"fair_share": fair_share}))
 
 
 def pod_uid(ticket: str) -> str:
@@ -113,10 +131,12 @@ def clear(client: redis.Redis) -> None:
         client.delete(*keys[i : i + 10_000])
 
 
-def measure(client: redis.Redis, tenants: int, queued: int, decisions: int) -> Point:
+def measure(client: redis.Redis, tenants: int, queued: int, decisions: int,
+            half_life: float = 0.0) -> Point:
     clear(client)
     rng = random.Random(tenants * 1_000_003 + queued)
     config, capacity, names = make_config(tenants)
+    config = with_half_life(config, half_life)
     queue = FairQueue(client, prefix=PREFIX)
     queue.sync_config(config, capacity)
     running: list[str] = []
@@ -153,9 +173,10 @@ def measure(client: redis.Redis, tenants: int, queued: int, decisions: int) -> P
     released = 0
     for step in range(decisions):
         ticket = running.pop(rng.randrange(len(running)))
-        queue.release(ticket, pod_uid(ticket))
+        now = 2.0 + step * 1e-3  # with a half-life, decayed usage decays between decisions
+        queue.release(ticket, pod_uid(ticket), now)
         start = time.perf_counter()
-        got = queue.dispatch(2.0 + step * 1e-3, 1)
+        got = queue.dispatch(now, 1)
         times.append(time.perf_counter() - start)
         released += len(got)
         running += [r.ticket for r in got]
@@ -163,6 +184,7 @@ def measure(client: redis.Redis, tenants: int, queued: int, decisions: int) -> P
     return Point(
         tenants=tenants,
         queued=queued,
+        half_life_s=half_life,
         decisions=decisions,
         released=released,
         dispatch_p50_ms=round(statistics.median(times) * 1000, 3),
@@ -177,6 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tenants", type=int, nargs="+", default=[10, 100, 1000])
     parser.add_argument("--queued", type=int, nargs="+", default=[1000, 10_000, 100_000])
     parser.add_argument("--decisions", type=int, default=2000)
+    parser.add_argument("--half-life", type=float, default=0.0, metavar="SECONDS",
+                        help="fairShare.usageHalfLife in seconds (default 0: current usage "
+                        "only); times the decayed-usage walk of the ready sets, whose "
+                        "current scores a decision computes and writes back")
     parser.add_argument("--redis-url", help="use this Redis (keys under 'bench:' are "
                         "deleted) instead of starting a private redis-server")
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -184,12 +210,14 @@ def main(argv: list[str] | None = None) -> int:
     points: list[Point] = []
     header = (f"{'tenants':>8} {'queued':>8} {'decisions':>9} {'released':>8} "
               f"{'p50 ms':>8} {'p99 ms':>8} {'admit p50':>9} {'B/pod':>7}")
+    if args.half_life:
+        print(f"usage half-life {args.half_life:g} s")
     print(header)
     with server(args.redis_url) as client:
         version = client.info("server")["redis_version"]
         for tenants in args.tenants:
             for queued in args.queued:
-                p = measure(client, tenants, queued, args.decisions)
+                p = measure(client, tenants, queued, args.decisions, args.half_life)
                 points.append(p)
                 print(f"{p.tenants:>8} {p.queued:>8} {p.decisions:>9} {p.released:>8} "
                       f"{p.dispatch_p50_ms:>8.3f} {p.dispatch_p99_ms:>8.3f} "

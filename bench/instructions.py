@@ -25,14 +25,14 @@ setup's calls load the scripts or the function library (and, for a library, make
 per-prefix instance: ``fairshare/README.md``, "Redis Functions"). ``--code DIR`` puts
 another checkout first on the import path (the queue, its Lua and the bench helpers all
 come from it); it works with checkouts from before the uid-bound
-``confirm``/``release`` API and with those that run the queue as scripts.
+``confirm``/``release`` API and with those that run the queue as scripts;
+``dispatch --half-life`` needs one whose ``bench/dispatch.py`` has ``with_half_life``.
 Needs ``valgrind`` and ``redis-server``.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import inspect
 import random
 import shutil
@@ -142,7 +142,6 @@ def measure_admit(cases: list[str], count: int) -> None:
 def measure_dispatch(tenants: int, queued: int, decisions: int, half_life: float) -> None:
     from bench.dispatch import PREFIX, make_config, pods
     from fairshare.queue import FairQueue
-    from tenants.models import FairShareSpec
 
     bound = uid_bound(FairQueue)
 
@@ -156,9 +155,10 @@ def measure_dispatch(tenants: int, queued: int, decisions: int, half_life: float
         rng = random.Random(tenants * 1_000_003 + queued)
         config, capacity, names = make_config(tenants)
         if half_life:
-            fair_share = FairShareSpec.model_validate({"usageHalfLife": half_life})
-            config = dataclasses.replace(config, platform=config.platform.model_copy(
-                update={"fair_share": fair_share}))
+            # (in bench/dispatch.py since its own --half-life: not in older checkouts)
+            from bench.dispatch import with_half_life
+
+            config = with_half_life(config, half_life)
         queue = FairQueue(client, prefix=PREFIX)
         queue.sync_config(config, capacity)
         running: list[str] = []
