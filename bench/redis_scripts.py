@@ -39,7 +39,7 @@ import json
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -112,16 +112,20 @@ def _redis_cpu(client: redis.Redis) -> float:
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
-def prepare(queue: FairQueue, case: Case, tenants: Sequence[str]) -> Iterator[PodRequest]:
+def prepare(queue: FairQueue, case: Case, tenants: Sequence[str],
+            clock: Callable[[], float] | None = None) -> Iterator[PodRequest]:
     """Set ``case`` up and return the stream of pods to measure: a queue case fills
     the first tenant's quota with running pods and queues ``case.backlog`` pods; other
-    cases reserve :data:`KNOWN_PODS` single pods over ``tenants`` and confirm half."""
+    cases reserve :data:`KNOWN_PODS` single pods over ``tenants`` and confirm half.
+    ``clock``: called for each admission's ``now`` (default: :data:`NOW` for all)."""
+    if clock is None:
+        clock = lambda: NOW  # noqa: E731
     if case.backlog is None:
         singles = Case(case.name, case.tenants, case.pod_class)
         known = requests(singles, tenants, first=10**8)
         for n in range(KNOWN_PODS):
             req = next(known)
-            if queue.admit(req, NOW).outcome != "reserved":
+            if queue.admit(req, clock()).outcome != "reserved":
                 raise RuntimeError(f"{case.name}: pod {n} of the known pods was not reserved")
             if n % 2:
                 queue.confirm(req.ticket, pod_uid(req.ticket), req.namespace, req.name)
@@ -130,7 +134,7 @@ def prepare(queue: FairQueue, case: Case, tenants: Sequence[str]) -> Iterator[Po
     queued = 0
     while queued < case.backlog:
         req = next(stream)
-        if queue.admit(req, NOW).outcome == "reserved":
+        if queue.admit(req, clock()).outcome == "reserved":
             if queued:
                 raise RuntimeError(f"{case.name}: a pod was reserved behind the backlog")
             queue.confirm(req.ticket, pod_uid(req.ticket), req.namespace, req.name)
