@@ -65,7 +65,7 @@ def start_redis(workdir: Path, callgrind: bool) -> tuple[subprocess.Popen[bytes]
         command = ["valgrind", "--tool=callgrind", "--toggle-collect=processCommand",
                    f"--callgrind-out-file={workdir}/callgrind.%p.out", *command]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = redis.Redis(port=port)
+    client = redis.Redis(port=port, socket_timeout=None)  # (redis-py 8: 5 s by default)
     deadline = time.monotonic() + 1800  # a large dataset loads slowly under valgrind
     while True:
         try:
