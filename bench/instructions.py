@@ -15,8 +15,13 @@ setup is never counted. A ratio of two codes' counts is a ratio of CPU work, not
 time (cache misses and the like do not show).
 
 ``admit``: for each case of ``bench/redis_scripts.py`` (its ``prepare``), on an empty
-Redis under callgrind, ``--count`` admissions through ``FairQueue.admit`` are counted
-together. ``dispatch``: the state of ``bench/dispatch.py`` (same tenants, mix and
+Redis under callgrind, ``--count`` admissions through ``FairQueue.admit`` are counted,
+each alone (median, mean, and the ``ZRANGE``s it made, i.e. ready-set members read, by
+``INFO commandstats``). ``admit --half-life S`` sets ``fairShare.usageHalfLife`` and runs
+the cases on a live clock (``--live-clock``: the same without a half-life); ``admit
+--cluster TENANTS QUEUED`` also counts admissions on ``bench/dispatch.py``'s full
+cluster and backlog built on a live clock (see ``--help``). ``dispatch``: the state of
+``bench/dispatch.py`` (same tenants, mix and
 seed: the cluster filled with running pods, then ``--queued`` pods queued) is built in
 a plain ``redis-server``, saved, and loaded into one under callgrind; then
 ``--decisions`` times a random running pod ends (uncounted) and one
