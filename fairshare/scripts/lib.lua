@@ -844,7 +844,15 @@ end
 -- bounds (share_of), so the walk goes on while a stored (score, key) could still beat
 -- the best current one. `check` (the shape is blocked, so a top may be held for):
 -- members whose lane is empty are stale, skipped (dropped when `tidy`).
-local function best_of(shape, D, now, tidy, check, after)
+-- `scores` (optional): tenant -> current score at `now`, shared by the walks of one
+-- plan (nothing it calls changes a tenant's usage), so a tenant waiting in several
+-- ready sets is scored once.
+-- With a half-life the members are read in batches that double (up to WALK_BATCH):
+-- most walks stop after a member or two, a long one (every stored score stale, e.g.
+-- scores written while the tenants' decayed usage was still 0) costs a read per batch
+-- instead of per member. A stale member dropped on the way keeps the rank of the next.
+local WALK_BATCH = 64
+local function best_of(shape, D, now, tidy, check, after, scores)
   local key = P .. 'r:' .. shape
   local decay = halflife().life > 0
   local best, rank = nil, 0
@@ -852,11 +860,17 @@ local function best_of(shape, D, now, tidy, check, after)
   -- walk is over (still lower bounds: scores only rise until the tenant's next change,
   -- which writes them again), so the next walk starts from tighter bounds
   local fresh = {}
+  local batch, at, size = {}, 1, decay and 2 or 1
   while true do
-    local r = redis.call('ZRANGE', key, rank, rank, 'WITHSCORES')
-    if #r == 0 then break end
-    local member = r[1]
-    local top = {shape = shape, D = D, score = tonumber(r[2]), member = member}
+    if at > #batch then
+      batch = redis.call('ZRANGE', key, rank, rank + size - 1, 'WITHSCORES')
+      at = 1
+      size = math.min(size * 2, WALK_BATCH)
+    end
+    if at > #batch then break end
+    local member = batch[at]
+    local top = {shape = shape, D = D, score = tonumber(batch[at + 1]), member = member}
+    at = at + 2
     top.key, top.tenant = member_parts(member)
     if best and not before(top, best) then break end
     if check and redis.call('EXISTS', lane_key(top.tenant, shape)) == 0 then
@@ -865,7 +879,14 @@ local function best_of(shape, D, now, tidy, check, after)
       rank = rank + 1
       if decay then
         local stored = top.score
-        top.score = share_of(top.tenant, state_of(top.tenant), now)
+        local score = scores and scores[top.tenant]
+        if not score then
+          -- share_of reads only the usage fields of the state
+          local u = redis.call('HMGET', P .. 'ts:' .. top.tenant, 'ui', 'ut', 'ub')
+          score = share_of(top.tenant, {ui = u[1], ut = u[2], ub = u[3]}, now)
+          if scores then scores[top.tenant] = score end
+        end
+        top.score = score
         if tidy and top.score > stored then
           fresh[#fresh + 1] = top.score
           fresh[#fresh + 1] = member
@@ -887,12 +908,12 @@ end
 -- in queue order; each top: shape, tenant, score, key, D (parse_shape), blocked
 -- (cap_check without holds). `tidy` (writing scripts only) forgets shapes whose ready
 -- set is empty and stale tenants found on the way (others are skipped).
-local function survey(tier, now, tidy)
+local function survey(tier, now, tidy, scores)
   local tops = {}
   for _, shape in ipairs(tier_shapes(tier)) do
     local D = parse_shape(shape)
     local blocked = cap_check(D, nil, false)
-    local top = best_of(shape, D, now, tidy, blocked ~= nil)
+    local top = best_of(shape, D, now, tidy, blocked ~= nil, nil, scores)
     if top then
       top.blocked = blocked
       tops[#tops + 1] = top
@@ -981,7 +1002,9 @@ local function freed_top(tier, now)
 end
 
 local function plan(tier, now, stop, counts, tidy)
-  local tops = survey(tier, now, tidy)
+  -- current scores by tenant, shared by this plan's walks (see best_of)
+  local scores = {}
+  local tops = survey(tier, now, tidy, scores)
   local freed = freed_top(tier, now)
   if freed then
     for j, top in ipairs(tops) do
@@ -1022,9 +1045,9 @@ local function plan(tier, now, stop, counts, tidy)
       elseif decay and unheld(top.D, G) then
         -- (without a half-life the set is ordered by usage / weight: no later tenant
         -- of the shape is below its share either; with nothing left to hold, a later
-        -- one would hold nothing, and the walk, a ready-set read per tenant passed,
-        -- would cost for nothing)
-        local next_top = best_of(top.shape, top.D, now, false, true, top)
+        -- one would hold nothing, and the walk, reading every tenant passed, would
+        -- cost for nothing)
+        local next_top = best_of(top.shape, top.D, now, false, true, top, scores)
         if next_top then
           next_top.blocked = top.blocked
           local at = i + 1
