@@ -113,6 +113,16 @@ class Counter:
         raise RuntimeError(f"no instruction total in the callgrind dump of {self.pid}")
 
 
+def under_callgrind(process: subprocess.Popen[bytes], client: redis.Redis,
+                    workdir: Path) -> tuple[subprocess.Popen[bytes], redis.Redis]:
+    """Save the state built at full speed by ``process`` and serve it again from a
+    redis-server under callgrind."""
+    client.save()
+    process.terminate()
+    process.wait()
+    return start_redis(workdir, callgrind=True)
+
+
 def uid_bound(queue_type: type[Any]) -> bool:
     """Whether this checkout's ``FairQueue.release`` takes the pod uid (issue 12)."""
     return "uid" in inspect.signature(queue_type.release).parameters
@@ -290,10 +300,7 @@ def measure_admit_cluster(tenants: int, queued: int, count: int, half_life: floa
         settle_until = clock.now + SETTLE_S
         while clock.now < settle_until:
             end_one(queue, running, ends, clock.tick(RUN_S / len(running)))
-        client.save()
-        process.terminate()
-        process.wait()
-        process, client = start_redis(workdir, callgrind=True)
+        process, client = under_callgrind(process, client, workdir)
         try:
             queue = FairQueue(client, prefix=PREFIX)
             counter = Counter(process, workdir)
@@ -342,10 +349,7 @@ def measure_dispatch(tenants: int, queued: int, decisions: int, half_life: float
         queue = FairQueue(client, prefix=PREFIX)
         queue.sync_config(config, capacity)
         running, _ = fill_cluster(queue, names, queued, rng)
-        client.save()
-        process.terminate()
-        process.wait()
-        process, client = start_redis(workdir, callgrind=True)
+        process, client = under_callgrind(process, client, workdir)
         try:
             queue = FairQueue(client, prefix=PREFIX)
             counter = Counter(process, workdir)
