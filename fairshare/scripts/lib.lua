@@ -967,20 +967,6 @@ local function unheld(D, G)
   return false
 end
 
--- The next entry of the tier to release, and the capacity held (see fairshare/README.md
--- "Holding"). Walks the tier's tops (survey) in queue order, up to (not including)
--- entry `stop` (all with nil). A top that does not fit, given the holds of the tops
--- before it, is owed capacity when its tenant is below its weighted share and the
--- cluster could ever hold it: of each resource of its demand, the free units not yet
--- held for the tops before it are held for it, up to its demand (top.hold[band][res];
--- added to G[band][res]: no later entry of the band may use them). So the first owed
--- entry of a resource is served first, the next ones drain what is left, and G never
--- exceeds the free capacity of a band. With a half-life, queue order (decayed usage)
--- and the share test (current usage) can disagree: when an owed top's tenant is at or
--- above its share, the next tenant of its shape in queue order takes its place in the
--- walk (while some capacity of the shape is not held yet). Returns G, the first top that fits with the holds of the tops before it (nil
--- if none; with `counts`, only a top sharing one of those resources counts, and the
--- walk goes on past the others), and the held tops. `tidy`: see survey.
 -- The head of the lane whose running pod ended last (note_freed) before the tier's next
 -- dispatch decision, as a survey top scored with the handover credit (HANDOVER x its
 -- slices), or nil. A tenant close to the front of the order keeps the block its own
@@ -1001,10 +987,26 @@ local function freed_top(tier, now)
   return top
 end
 
+-- The next entry of the tier to release, and the capacity held (see fairshare/README.md
+-- "Holding"). Walks the tier's tops (survey) in queue order, up to (not including)
+-- entry `stop` (all with nil). A top that does not fit, given the holds of the tops
+-- before it, is owed capacity when its tenant is below its weighted share and the
+-- cluster could ever hold it: of each resource of its demand, the free units not yet
+-- held for the tops before it are held for it, up to its demand (top.hold[band][res];
+-- added to G[band][res]: no later entry of the band may use them). So the first owed
+-- entry of a resource is served first, the next ones drain what is left, and G never
+-- exceeds the free capacity of a band. With a half-life, queue order (decayed usage)
+-- and the share test (current usage) can disagree: when an owed top's tenant is at or
+-- above its share, the next tenant of its shape in queue order takes its place in the
+-- walk (while some capacity of the shape is not held yet). Returns G, the first top that fits with the holds of the tops before it (nil
+-- if none; with `counts`, only a top sharing one of those resources counts, and the
+-- walk goes on past the others), and the held tops. `tidy`: see survey.
 local function plan(tier, now, stop, counts, tidy)
   -- current scores by tenant, shared by this plan's walks (see best_of)
   local scores = {}
   local tops = survey(tier, now, tidy, scores)
+  -- the entries in the walk ('<shape> <member>'): each is walked once
+  local listed = {}
   local freed = freed_top(tier, now)
   if freed then
     for j, top in ipairs(tops) do
@@ -1017,6 +1019,7 @@ local function plan(tier, now, stop, counts, tidy)
     while at <= #tops and before(tops[at], freed) do at = at + 1 end
     table.insert(tops, at, freed)
   end
+  for _, top in ipairs(tops) do listed[top.shape .. ' ' .. top.member] = true end
   local G = {i = {}, t = {}, b = {}}
   local held, bw = {}, {}
   local decay = halflife().life > 0
@@ -1048,7 +1051,12 @@ local function plan(tier, now, stop, counts, tidy)
         -- one would hold nothing, and the walk, reading every tenant passed, would
         -- cost for nothing)
         local next_top = best_of(top.shape, top.D, now, false, true, top, scores)
+        -- (the handover's entry, or the one the survey found, may come after its top)
+        while next_top and listed[next_top.shape .. ' ' .. next_top.member] do
+          next_top = best_of(top.shape, top.D, now, false, true, next_top, scores)
+        end
         if next_top then
+          listed[next_top.shape .. ' ' .. next_top.member] = true
           next_top.blocked = top.blocked
           local at = i + 1
           while at <= #tops and before(tops[at], next_top) do at = at + 1 end
