@@ -1083,7 +1083,8 @@ end
 -- the next entry of a tier to release (a survey top), or nil; tidies (see survey)
 local function pick(tier, now)
   local _, best = plan(tier, now, nil, nil, true)
-  redis.call('HDEL', P .. 'fr', tier .. ':s', tier .. ':t')
+  -- the handover lasts one decision (note_freed writes it only with a half-life)
+  if halflife().life > 0 then redis.call('HDEL', P .. 'fr', tier .. ':s', tier .. ':t') end
   return best
 end
 

@@ -18,7 +18,7 @@ if redis.call('GET', P .. 'hl') ~= ARGV[3] then
   if #keys > 0 then redis.call('DEL', unpack(keys)) end
   redis.call('SET', P .. 'hl', ARGV[3])
 end
-redis.call('DEL', P .. 'bw', P .. 'bm')
+redis.call('DEL', P .. 'bw', P .. 'bm', P .. 'fr')
 local configured, total_weight = {}, 0
 local function borrow_of(tenant, configured_limit)
   local budget = redis.call('HGET', P .. 'budget', tenant)
