@@ -318,7 +318,15 @@ class FairgateStack:
 
     def _admits_fitting_pod(self) -> bool:
         self.check_alive()
-        return not self.dry_run_probe().spec.scheduling_gates
+        try:
+            return not self.dry_run_probe().spec.scheduling_gates
+        except ApiException as error:
+            # fairgate's own "cannot reach its queue" (503) while it is starting, e.g. its
+            # first call, which loads the queue's Redis functions, timing out on a loaded
+            # machine: not ready yet (anything else is a failure)
+            if error.status == 503 and "fairgate" in str(error.body):
+                return False
+            raise
 
     def stop_dispatcher(self) -> None:
         if self.dispatcher is not None:
