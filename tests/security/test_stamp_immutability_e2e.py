@@ -113,7 +113,7 @@ def grant(controlplane: ControlPlane, tenant: str, name: str, resources: list[st
     over-generous Role would: what is refused after this is refused by admission, not RBAC."""
     rbac: Any = client.RbacAuthorizationV1Api(controlplane.admin)
     namespace = tenant_namespace(tenant)
-    _, groups = tenant_user(tenant)
+    user, groups = tenant_user(tenant)
     rbac.create_namespaced_role(
         namespace,
         {
@@ -131,6 +131,22 @@ def grant(controlplane: ControlPlane, tenant: str, name: str, resources: list[st
             ],
         },
     )
+    # the authorizer reads Roles from its cache: wait until it allows what was granted
+    for resource in resources:
+        wait_for(partial(_allowed, controlplane, user, groups, namespace, resource), 30,
+                 f"RBAC to allow {user} to patch {resource}")
+
+
+def _allowed(controlplane: ControlPlane, user: str, groups: list[str], namespace: str,
+             resource: str) -> bool:
+    name, _, subresource = resource.partition("/")
+    authorization: Any = client.AuthorizationV1Api(controlplane.admin)
+    review = authorization.create_subject_access_review({
+        "spec": {"user": user, "groups": groups, "resourceAttributes": {
+            "namespace": namespace, "verb": "patch", "resource": name,
+            "subresource": subresource}},
+    })
+    return bool(review.status.allowed)
 
 
 def revoke(controlplane: ControlPlane, tenant: str, name: str) -> None:
