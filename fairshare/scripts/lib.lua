@@ -145,6 +145,11 @@ local function parse_shape(shape)
   return D
 end
 
+-- the slices of one entry of shape D (parse_shape), all bands
+local function pod_slices(D)
+  return slices(D.i) + D.t_slices + D.b_slices
+end
+
 local function format_shape(D)
   local parts = {}
   for _, band in ipairs(BAND_ORDER) do
@@ -223,6 +228,12 @@ end
 
 local function usage_slices(st)
   return num(st, 'ui') + num(st, 'ut') + num(st, 'ub')
+end
+
+-- the tenant's state with only its usage fields (what share_of and usage_slices read)
+local function usage_state(tenant)
+  local u = redis.call('HMGET', P .. 'ts:' .. tenant, 'ui', 'ut', 'ub')
+  return {ui = u[1], ut = u[2], ub = u[3]}
 end
 
 -- Start charge (see share_of): a tenant's expected run time is this (seconds) until one
@@ -784,6 +795,14 @@ end
 -- dispatch decision, as if HANDOVER of one such pod's usage were not counted (see
 -- freed_top). fr hash: '<tier>:s' lane shape, '<tier>:t' tenant of the last such pod.
 local HANDOVER = 0.5
+
+-- Commitment (with a half-life): the fr hash also records, per tier, the lane capacity
+-- is held for at the end of dispatch rounds ('<tier>:cs' shape, '<tier>:ct' tenant), its
+-- tenant's slices in use when that began ('<tier>:cu') and when ('<tier>:ca'); see
+-- note_hold. Once that has lasted COMMIT_AFTER x the tenant's expected run time, the
+-- lane's head leads its tier's walk until its tenant runs one such entry more than then
+-- (committed_top).
+local COMMIT_AFTER = 0.5
 local function note_freed(rec)
   if halflife().life <= 0 or rec[F_GANG] ~= '' then return end
   local shape = single_shape(rec)
@@ -881,9 +900,7 @@ local function best_of(shape, D, now, tidy, check, after, scores)
         local stored = top.score
         local score = scores and scores[top.tenant]
         if not score then
-          -- share_of reads only the usage fields of the state
-          local u = redis.call('HMGET', P .. 'ts:' .. top.tenant, 'ui', 'ut', 'ub')
-          score = share_of(top.tenant, {ui = u[1], ut = u[2], ub = u[3]}, now)
+          score = share_of(top.tenant, usage_state(top.tenant), now)
           if scores then scores[top.tenant] = score end
         end
         top.score = score
@@ -942,8 +959,7 @@ local function below_share(top, tier, bw)
     if math.abs(margin) > 1e-9 * capacity then return margin < 0 end
   end
   -- only the usage fields: the whole state (lane heads, queue counters) is not needed
-  local u = redis.call('HMGET', P .. 'ts:' .. top.tenant, 'ui', 'ut', 'ub')
-  local used = usage_slices({ui = u[1], ut = u[2], ub = u[3]})
+  local used = usage_slices(usage_state(top.tenant))
   return used * w < capacity * cfg_of(top.tenant).w
 end
 
@@ -967,24 +983,59 @@ local function unheld(D, G)
   return false
 end
 
--- The head of the lane whose running pod ended last (note_freed) before the tier's next
--- dispatch decision, as a survey top scored with the handover credit (HANDOVER x its
--- slices), or nil. A tenant close to the front of the order keeps the block its own
--- pod frees, so a tenant of large pods does not wait for small pods to end each time it
--- runs more than one (the units freed while it waits are held, i.e. idle).
-local function freed_top(tier, now)
-  if halflife().life <= 0 then return nil end
-  local shape, tenant = unpack(redis.call('HMGET', P .. 'fr', tier .. ':s', tier .. ':t'))
-  if not shape then return nil end
+-- The head of the tenant's lane of `shape` as a survey top scored with `credit` slices
+-- (share_of), and the tenant's state; nil when that lane is empty or not ready
+local function lane_top(shape, tenant, now, credit)
   local st = state_of(tenant)
-  if not st['rk:' .. shape] then return nil end  -- its lane is empty or not ready
+  if not st['rk:' .. shape] then return nil end
   local top = {shape = shape, D = parse_shape(shape), tenant = tenant}
   top.member = ready_member(st['rk:' .. shape], tenant)
   top.key = member_parts(top.member)
-  top.score = share_of(tenant, st, now,
-                       HANDOVER * (slices(top.D.i) + top.D.t_slices + top.D.b_slices))
+  top.score = share_of(tenant, st, now, credit)
   top.blocked = cap_check(top.D, nil, false)
+  return top, st
+end
+
+-- The head of the lane whose running pod ended last (note_freed) before the tier's next
+-- dispatch decision, scored with the handover credit (HANDOVER x its slices), or nil. A
+-- tenant close to the front of the order keeps the block its own pod frees, so a
+-- tenant of large pods does not wait for small pods to end each time it runs more than
+-- one (the units freed while it waits are held, i.e. idle).
+local function freed_top(tier, now)
+  local shape, tenant = unpack(redis.call('HMGET', P .. 'fr', tier .. ':s', tier .. ':t'))
+  if not shape then return nil end
+  return (lane_top(shape, tenant, now, HANDOVER * pod_slices(parse_shape(shape))))
+end
+
+-- The head of the committed lane (see note_hold), leading the walk: capacity has been
+-- held for the lane's next step for COMMIT_AFTER of its tenant's expected run time and
+-- the step is not complete. nil when there is none.
+local function committed_top(tier, now)
+  now = now or NOW
+  local shape, tenant, base, since = unpack(redis.call('HMGET', P .. 'fr', tier .. ':cs',
+                                                       tier .. ':ct', tier .. ':cu',
+                                                       tier .. ':ca'))
+  if not shape or not now then return nil end
+  local top, st = lane_top(shape, tenant, now, 0)
+  if not top or usage_slices(st) >= tonumber(base) + pod_slices(top.D) then return nil end
+  local _, run = decayed(tenant, st, nil)
+  if now - tonumber(since) < COMMIT_AFTER * run then return nil end
+  top.score = -math.huge
   return top
+end
+
+-- With a half-life, the entries ordered otherwise than by their stored scores: the
+-- committed lane's head and the handover's (one entry when both are the same)
+local function favoured_tops(tier, now)
+  if halflife().life <= 0 then return {} end
+  local out = {}
+  local committed, freed = committed_top(tier, now), freed_top(tier, now)
+  if committed then out[#out + 1] = committed end
+  if freed and not (committed and committed.shape == freed.shape
+                    and committed.member == freed.member) then
+    out[#out + 1] = freed
+  end
+  return out
 end
 
 -- The next entry of the tier to release, and the capacity held (see fairshare/README.md
@@ -1007,17 +1058,16 @@ local function plan(tier, now, stop, counts, tidy)
   local tops = survey(tier, now, tidy, scores)
   -- the entries in the walk ('<shape> <member>'): each is walked once
   local listed = {}
-  local freed = freed_top(tier, now)
-  if freed then
+  for _, favoured in ipairs(favoured_tops(tier, now)) do
     for j, top in ipairs(tops) do
-      if top.member == freed.member and top.shape == freed.shape then
+      if top.member == favoured.member and top.shape == favoured.shape then
         table.remove(tops, j)
         break
       end
     end
     local at = 1
-    while at <= #tops and before(tops[at], freed) do at = at + 1 end
-    table.insert(tops, at, freed)
+    while at <= #tops and before(tops[at], favoured) do at = at + 1 end
+    table.insert(tops, at, favoured)
   end
   for _, top in ipairs(tops) do listed[top.shape .. ' ' .. top.member] = true end
   local G = {i = {}, t = {}, b = {}}
@@ -1080,11 +1130,54 @@ local function held_units(top)
   return units
 end
 
+-- Keep the commitment record of the tier (see COMMIT_AFTER) after a dispatch decision
+-- that released `best` (nil: nothing fits, the dispatch round is over) and held for the
+-- tops `held` (plan). A release of the lane's own entry that gives its tenant the step
+-- ends the record; one that only replaces a pod of its that ended does not. At the end
+-- of a round the record stays while the lane is held for (some units held) and its step
+-- is not complete; otherwise it moves to the first top held for, or is dropped.
+-- Why: when a tenant of large pods steps up (holds units while others' pods end), the
+-- tenants it waits on pass it in order a little (their usage falls while their pods
+-- end) and take the freed units back; both then run the same slices per weight, the
+-- order never changes for long, and the held units stay idle for good (bench seed 736:
+-- 16% of the capacity for the whole horizon). A hold that has lasted that long is such
+-- a standoff; leading the walk, the lane completes its step.
+local function note_hold(tier, now, best, held)
+  local key = P .. 'fr'
+  local shape, tenant, base = unpack(redis.call('HMGET', key, tier .. ':cs', tier .. ':ct',
+                                                tier .. ':cu'))
+  local function stepped(D)
+    return usage_slices(usage_state(tenant)) >= tonumber(base) + pod_slices(D)
+  end
+  if best then
+    if shape and best.shape == shape and best.tenant == tenant and stepped(best.D) then
+      redis.call('HDEL', key, tier .. ':cs', tier .. ':ct', tier .. ':cu', tier .. ':ca')
+    end
+    return
+  end
+  local first = nil
+  for _, top in ipairs(held) do
+    if next(top.hold.i) or next(top.hold.t) or next(top.hold.b) then
+      if top.shape == shape and top.tenant == tenant and not stepped(top.D) then return end
+      first = first or top
+    end
+  end
+  if first then
+    redis.call('HSET', key, tier .. ':cs', first.shape, tier .. ':ct', first.tenant,
+               tier .. ':cu', usage_slices(usage_state(first.tenant)), tier .. ':ca', now)
+  else
+    redis.call('HDEL', key, tier .. ':cs', tier .. ':ct', tier .. ':cu', tier .. ':ca')
+  end
+end
+
 -- the next entry of a tier to release (a survey top), or nil; tidies (see survey)
 local function pick(tier, now)
-  local _, best = plan(tier, now, nil, nil, true)
-  -- the handover lasts one decision (note_freed writes it only with a half-life)
-  if halflife().life > 0 then redis.call('HDEL', P .. 'fr', tier .. ':s', tier .. ':t') end
+  local _, best, held = plan(tier, now, nil, nil, true)
+  if halflife().life > 0 then
+    -- the handover lasts one decision (note_freed writes it only with a half-life)
+    redis.call('HDEL', P .. 'fr', tier .. ':s', tier .. ':t')
+    note_hold(tier, now, best, held)
+  end
   return best
 end
 
