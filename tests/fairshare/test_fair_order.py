@@ -257,3 +257,62 @@ def test_a_tenant_further_behind_does_not_keep_the_block(redis_client: redis.Red
     assert [r.tenant for r in q.dispatch(600.0, 4)] == ["small"] * 3
     (hold,) = q.holds(600.0)
     assert hold.tenant == "big" and sum(hold.held.values()) == 1
+
+
+def standoff(client: redis.Redis) -> FairQueue:
+    """7 GPUs, equal weights, half-life 100 h: ``big`` runs one 3-GPU pod from t=0
+    (below its share of 3.5) and queues more; ``small`` runs four 1-GPU pods from t=0
+    and queues more. Big is first in order and blocked: as small's pods end, the freed
+    GPUs are held for big."""
+    platform = PlatformConfig.model_validate({
+        "tenants": {t: {"weight": 1, "ceiling": {"gpuEquivalents": 8}} for t in ("big", "small")},
+        "fairShare": {"usageHalfLife": "100h"},
+    })
+    quota = QuotaSpec.model_validate({"nominal": {"gpu": 8}})
+    q = FairQueue(client)
+    q.sync_config(FairgateConfig(platform=platform,
+                                 quotas={"big": quota, "small": quota}), {"gpu": 7})
+    pods = [(f"s{i}", "small", 1) for i in range(4)] + [("b0", "big", 3), ("b1", "big", 3)]
+    pods += [(f"s{i}", "small", 1) for i in range(4, 12)]
+    for ticket, tenant, gpus in pods:
+        req = PodRequest(ticket=ticket, tenant=tenant, namespace=f"ns-{tenant}", name=ticket,
+                         pod_class="training", demand={"gpu": gpus}, submitted_at=0.0)
+        if q.admit(req, 0.0).outcome == "reserved":
+            assert q.confirm(ticket, pod_uid(ticket), req.namespace, ticket) == "confirmed"
+    return q
+
+
+def end_and_dispatch(q: FairQueue, ticket: str, now: float) -> list[str]:
+    """End a running pod at ``now``, dispatch, start what is released (confirmed);
+    returns the released pods' tickets."""
+    assert q.release(ticket, pod_uid(ticket), now)
+    released = q.dispatch(now, 8)
+    for r in released:
+        assert q.confirm(r.ticket, pod_uid(r.ticket), r.namespace, r.name) == "confirmed"
+    return [r.ticket for r in released]
+
+
+def held_for(q: FairQueue, tenant: str, now: float) -> int:
+    return sum(sum(h.held.values()) for h in q.holds(now) if h.tenant == tenant)
+
+
+def test_a_hold_that_lasts_half_a_run_time_leads_until_its_step_is_done(
+        redis_client: redis.Redis) -> None:
+    """The standoff (fairshare/README.md, "Commitment"): from 200 s GPUs are held for
+    big. Small's usage falls as its pods end, so at each later end it passes big a
+    little (with the handover credit) and takes the freed GPU back; the 2 GPUs held for
+    big stay idle. Held since 200 s, big's lane commits at 500 s (half of its expected
+    run time, 600 s before any pod of it ended): it leads the walk, and the GPU freed
+    then completes its step (without the commitment small took all three, big's hold
+    fell to nothing and it drained again)."""
+    q = standoff(redis_client)
+    assert end_and_dispatch(q, "s0", 200.0) == []
+    assert end_and_dispatch(q, "s1", 300.0) == []
+    assert held_for(q, "big", 300.0) == 2
+    # small a little ahead: it takes the freed GPU; big's 2 stay held (before 500 s)
+    assert end_and_dispatch(q, "s2", 400.0) == ["s4"]
+    assert end_and_dispatch(q, "s3", 450.0) == ["s5"]
+    assert held_for(q, "big", 450.0) == 2
+    assert end_and_dispatch(q, "s4", 500.0) == ["b1"]
+    # the step is done: the commitment ends, and the order alone decides again
+    assert redis_client.hget("fairgate:fr", "t:cs") is None
