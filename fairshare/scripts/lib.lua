@@ -303,7 +303,7 @@ local NO_USAGE = -1e18
 -- refresh it) or at sync (which refreshes every tenant): a score written earlier is a
 -- lower bound of the current one (survey relies on it).
 -- `now` nil: NOW, else as of the tenant's last fold. `credit` (slices, default 0): that
--- many slices x the expected run time are taken off (handover, see freed_top).
+-- many slices x the expected run time are taken off (handover, see favoured_tops).
 local function share_of(tenant, st, now, credit)
   local hl = halflife()
   if hl.life <= 0 then return usage_slices(st) / cfg_of(tenant).w end
@@ -793,22 +793,22 @@ end
 -- Handover (with a half-life): a running pod that ends frees a block of its shape, and
 -- its tenant's next entry of that shape (same lane) is ordered, until its tier's next
 -- dispatch decision, as if HANDOVER of one such pod's usage were not counted (see
--- freed_top). fr hash: '<tier>:s' lane shape, '<tier>:t' tenant of the last such pod.
+-- favoured_tops). fr hash: '<tier>:s' lane shape, '<tier>:t' tenant of the last such pod.
 local HANDOVER = 0.5
-
--- Commitment (with a half-life): the fr hash also records, per tier, the lane capacity
--- is held for at the end of dispatch rounds ('<tier>:cs' shape, '<tier>:ct' tenant), its
--- tenant's slices in use when that began ('<tier>:cu') and when ('<tier>:ca'); see
--- note_hold. Once that has lasted COMMIT_AFTER x the tenant's expected run time, the
--- lane's head leads its tier's walk until its tenant runs one such entry more than then
--- (committed_top).
-local COMMIT_AFTER = 0.5
 local function note_freed(rec)
   if halflife().life <= 0 or rec[F_GANG] ~= '' then return end
   local shape = single_shape(rec)
   local tier = parse_shape(shape).tier
   redis.call('HSET', P .. 'fr', tier .. ':s', shape, tier .. ':t', rec[F_TENANT])
 end
+
+-- Commitment (with a half-life): the fr hash also records, per tier, the lane capacity
+-- is held for at the end of dispatch rounds ('<tier>:cs' shape, '<tier>:ct' tenant), its
+-- tenant's slices in use when that began ('<tier>:cu') and when ('<tier>:ca'); see
+-- note_hold. Once that has lasted COMMIT_AFTER x the tenant's expected run time, the
+-- lane's head leads its tier's walk until its tenant runs one such entry more than then
+-- (favoured_tops).
+local COMMIT_AFTER = 0.5
 
 -- free whatever the ticket holds and forget it
 local function forget(ticket, rec)
@@ -996,44 +996,41 @@ local function lane_top(shape, tenant, now, credit)
   return top, st
 end
 
--- The head of the lane whose running pod ended last (note_freed) before the tier's next
--- dispatch decision, scored with the handover credit (HANDOVER x its slices), or nil. A
--- tenant close to the front of the order keeps the block its own pod frees, so a
--- tenant of large pods does not wait for small pods to end each time it runs more than
--- one (the units freed while it waits are held, i.e. idle).
-local function freed_top(tier, now)
-  local shape, tenant = unpack(redis.call('HMGET', P .. 'fr', tier .. ':s', tier .. ':t'))
-  if not shape then return nil end
-  return (lane_top(shape, tenant, now, HANDOVER * pod_slices(parse_shape(shape))))
-end
-
--- The head of the committed lane (see note_hold), leading the walk: capacity has been
--- held for the lane's next step for COMMIT_AFTER of its tenant's expected run time and
--- the step is not complete. nil when there is none.
-local function committed_top(tier, now)
-  now = now or NOW
-  local shape, tenant, base, since = unpack(redis.call('HMGET', P .. 'fr', tier .. ':cs',
-                                                       tier .. ':ct', tier .. ':cu',
-                                                       tier .. ':ca'))
-  if not shape or not now then return nil end
-  local top, st = lane_top(shape, tenant, now, 0)
-  if not top or usage_slices(st) >= tonumber(base) + pod_slices(top.D) then return nil end
-  local _, run = decayed(tenant, st, nil)
-  if now - tonumber(since) < COMMIT_AFTER * run then return nil end
-  top.score = -math.huge
-  return top
-end
-
--- With a half-life, the entries ordered otherwise than by their stored scores: the
--- committed lane's head and the handover's (one entry when both are the same)
+-- With a half-life, the entries ordered otherwise than by their stored scores (one
+-- entry when both are the same):
+-- - the handover: the head of the lane whose running pod ended last (note_freed), until
+--   the tier's next dispatch decision, scored with the credit of HANDOVER x its slices;
+--   a tenant close to the front of the order keeps the block its own pod frees, so a
+--   tenant of large pods does not wait for small pods to end each time it runs more
+--   than one (the units freed while it waits are held, i.e. idle);
+-- - the commitment (see note_hold): the head of the committed lane leads the walk once
+--   capacity has been held for the lane's step for COMMIT_AFTER of its tenant's expected
+--   run time, until the step is done.
 local function favoured_tops(tier, now)
   if halflife().life <= 0 then return {} end
+  now = now or NOW
+  local fs, ft, cs, ct, cu, ca = unpack(redis.call('HMGET', P .. 'fr', tier .. ':s',
+                                                   tier .. ':t', tier .. ':cs', tier .. ':ct',
+                                                   tier .. ':cu', tier .. ':ca'))
   local out = {}
-  local committed, freed = committed_top(tier, now), freed_top(tier, now)
-  if committed then out[#out + 1] = committed end
-  if freed and not (committed and committed.shape == freed.shape
-                    and committed.member == freed.member) then
-    out[#out + 1] = freed
+  local committed = nil
+  if cs and now then
+    local top, st = lane_top(cs, ct, now, 0)
+    if top and usage_slices(st) < tonumber(cu) + pod_slices(top.D) then
+      local _, run = decayed(ct, st, nil)
+      if now - tonumber(ca) >= COMMIT_AFTER * run then
+        top.score = -math.huge
+        committed = top
+        out[1] = top
+      end
+    end
+  end
+  if fs then
+    local freed = lane_top(fs, ft, now, HANDOVER * pod_slices(parse_shape(fs)))
+    if freed and not (committed and committed.shape == freed.shape
+                      and committed.member == freed.member) then
+      out[#out + 1] = freed
+    end
   end
   return out
 end
