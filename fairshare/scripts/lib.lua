@@ -1162,7 +1162,7 @@ local function note_hold(tier, now, best, held)
   if first then
     redis.call('HSET', key, tier .. ':cs', first.shape, tier .. ':ct', first.tenant,
                tier .. ':cu', usage_slices(usage_state(first.tenant)), tier .. ':ca', now)
-  else
+  elseif shape then
     redis.call('HDEL', key, tier .. ':cs', tier .. ':ct', tier .. ':cu', tier .. ':ca')
   end
 end
