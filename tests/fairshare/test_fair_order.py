@@ -208,10 +208,9 @@ def test_a_dispatch_leaves_tight_scores_so_the_next_walk_is_short(
     assert walks[1] <= 2 and walks[2] <= 2, walks
 
 
-def big_and_small(client: redis.Redis, small_starts: float) -> FairQueue:
-    """8 GPUs, equal weights, half-life 100 h (decay negligible here): ``big`` runs one
-    4-GPU pod from t=0, ``small`` four 1-GPU pods from ``small_starts``; both backlogged.
-    Every running pod is seen (state A), so its end hands over."""
+def big_and_small_queue(client: redis.Redis, gpus: int) -> FairQueue:
+    """``gpus`` GPUs shared by ``big`` and ``small``, equal weights, half-life 100 h
+    (decay negligible here)."""
     platform = PlatformConfig.model_validate({
         "tenants": {t: {"weight": 1, "ceiling": {"gpuEquivalents": 8}} for t in ("big", "small")},
         "fairShare": {"usageHalfLife": "100h"},
@@ -219,20 +218,33 @@ def big_and_small(client: redis.Redis, small_starts: float) -> FairQueue:
     quota = QuotaSpec.model_validate({"nominal": {"gpu": 8}})
     q = FairQueue(client)
     q.sync_config(FairgateConfig(platform=platform,
-                                 quotas={"big": quota, "small": quota}), {"gpu": 8})
+                                 quotas={"big": quota, "small": quota}), {"gpu": gpus})
+    return q
+
+
+def admit_and_start(q: FairQueue, ticket: str, tenant: str, gpus: int, at: float) -> str:
+    """Admit a training pod at ``at``; a reserved one is confirmed (running, seen: its
+    end hands over). Returns the admission's outcome."""
+    req = PodRequest(ticket=ticket, tenant=tenant, namespace=f"ns-{tenant}", name=ticket,
+                     pod_class="training", demand={"gpu": gpus}, submitted_at=at)
+    outcome = q.admit(req, at).outcome
+    if outcome == "reserved":
+        assert q.confirm(ticket, pod_uid(ticket), req.namespace, ticket) == "confirmed"
+    return outcome
+
+
+def big_and_small(client: redis.Redis, small_starts: float) -> FairQueue:
+    """8 GPUs: ``big`` runs one 4-GPU pod from t=0, ``small`` four 1-GPU pods from
+    ``small_starts``; both backlogged."""
+    q = big_and_small_queue(client, 8)
     pods = [("big0", "big", 4, 0.0)] + [(f"small{i}", "small", 1, small_starts)
                                         for i in range(4)]
     pods += [(f"big{i}", "big", 4, small_starts) for i in (1, 2)]
     pods += [(f"small{i}", "small", 1, small_starts) for i in range(4, 12)]
     for ticket, tenant, gpus, at in pods:
-        req = PodRequest(ticket=ticket, tenant=tenant, namespace=f"ns-{tenant}", name=ticket,
-                         pod_class="training", demand={"gpu": gpus}, submitted_at=at)
-        admission = q.admit(req, at)
-        assert admission.outcome == ("reserved" if ticket in ("big0", "small0", "small1",
-                                                                "small2", "small3")
-                                     else "queued")
-        if admission.outcome == "reserved":
-            assert q.confirm(ticket, pod_uid(ticket), req.namespace, ticket) == "confirmed"
+        assert admit_and_start(q, ticket, tenant, gpus, at) == (
+            "reserved" if ticket in ("big0", "small0", "small1", "small2", "small3")
+            else "queued")
     assert q.release("big0", pod_uid("big0"), 600.0)  # big's pod ends after 600 s
     return q
 
@@ -260,25 +272,15 @@ def test_a_tenant_further_behind_does_not_keep_the_block(redis_client: redis.Red
 
 
 def standoff(client: redis.Redis) -> FairQueue:
-    """7 GPUs, equal weights, half-life 100 h: ``big`` runs one 3-GPU pod from t=0
-    (below its share of 3.5) and queues more; ``small`` runs four 1-GPU pods from t=0
-    and queues more. Big is first in order and blocked: as small's pods end, the freed
-    GPUs are held for big."""
-    platform = PlatformConfig.model_validate({
-        "tenants": {t: {"weight": 1, "ceiling": {"gpuEquivalents": 8}} for t in ("big", "small")},
-        "fairShare": {"usageHalfLife": "100h"},
-    })
-    quota = QuotaSpec.model_validate({"nominal": {"gpu": 8}})
-    q = FairQueue(client)
-    q.sync_config(FairgateConfig(platform=platform,
-                                 quotas={"big": quota, "small": quota}), {"gpu": 7})
+    """7 GPUs: ``big`` runs one 3-GPU pod from t=0 (below its share of 3.5) and queues
+    more; ``small`` runs four 1-GPU pods from t=0 and queues more. Big is first in order
+    and blocked: as small's pods end, the freed GPUs are held for big."""
+    q = big_and_small_queue(client, 7)
     pods = [(f"s{i}", "small", 1) for i in range(4)] + [("b0", "big", 3), ("b1", "big", 3)]
     pods += [(f"s{i}", "small", 1) for i in range(4, 12)]
     for ticket, tenant, gpus in pods:
-        req = PodRequest(ticket=ticket, tenant=tenant, namespace=f"ns-{tenant}", name=ticket,
-                         pod_class="training", demand={"gpu": gpus}, submitted_at=0.0)
-        if q.admit(req, 0.0).outcome == "reserved":
-            assert q.confirm(ticket, pod_uid(ticket), req.namespace, ticket) == "confirmed"
+        assert admit_and_start(q, ticket, tenant, gpus, 0.0) == (
+            "reserved" if ticket in ("s0", "s1", "s2", "s3", "b0") else "queued")
     return q
 
 
