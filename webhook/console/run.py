@@ -24,12 +24,15 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import os
+import signal
 import socket
 import sys
+import threading
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import IO, Any, Literal
 
 import redis
@@ -209,8 +212,35 @@ def run_console(options: ConsoleOptions, out: IO[str] | None = None) -> int:
         events.start()
         stack.callback(events.stop)
         if reloader is None:
-            server.run(sockets=[sock])
+            _until_signal(server, lambda: server.run(sockets=[sock]))
         else:
-            with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:
-                runner.run(serve_https(server, reloader, [sock]))
+            def run_https() -> None:
+                with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:
+                    runner.run(serve_https(server, reloader, [sock]))
+            _until_signal(server, run_https)
     return 0
+
+
+def _until_signal(server: uvicorn.Server, run: Callable[[], None]) -> None:
+    """``run()`` (serving with ``server``) until SIGTERM or SIGINT; after a SIGINT,
+    raise KeyboardInterrupt (Ctrl-C: ``fairgate`` exits 130). uvicorn shuts down on
+    either and then re-raises the signal through the handler it found, which without
+    this one is asyncio's: that one cancels its task, and a task that completes anyway
+    (the shutdown's last awaits) returned normally, so Ctrl-C sometimes exited 0."""
+    if threading.current_thread() is not threading.main_thread():
+        run()  # signals reach only the main thread
+        return
+    interrupted = False
+
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        nonlocal interrupted
+        interrupted = True
+        server.should_exit = True  # also before uvicorn listens for signals itself
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        run()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if interrupted:
+        raise KeyboardInterrupt
