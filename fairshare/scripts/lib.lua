@@ -262,11 +262,25 @@ local function guaranteed(tenant)
   return cap_slices() * cfg_of(tenant).w / TOTAL_WEIGHT
 end
 
+-- du:<tenant> as numbers {v, t (nil: never folded), r (nil: nothing learned)}, read
+-- once per call per tenant; the writes below keep it current (a number written by a
+-- script reads back exactly)
+local DU = {}
+local function du_of(tenant)
+  local d = DU[tenant]
+  if not d then
+    local v, t, r = unpack(redis.call('HMGET', P .. 'du:' .. tenant, 'v', 't', 'r'))
+    d = {v = tonumber(v or '0'), t = tonumber(t or ''), r = tonumber(r or '')}
+    DU[tenant] = d
+  end
+  return d
+end
+
 -- the tenant's decayed usage at `now` (nil: as of its last fold), with usage st, and
 -- its expected run time
 local function decayed(tenant, st, now)
-  local v, t, r = unpack(redis.call('HMGET', P .. 'du:' .. tenant, 'v', 't', 'r'))
-  v, t, r = tonumber(v or '0'), tonumber(t or now or '0'), tonumber(r or DEFAULT_RUN)
+  local d = du_of(tenant)
+  local v, t, r = d.v, d.t or now or 0, d.r or DEFAULT_RUN
   if not now or now <= t then return v, r end
   local f = math.exp(-halflife().rate * (now - t))
   return v * f + usage_slices(st) * (1 - f) / halflife().rate, r
@@ -276,17 +290,20 @@ end
 local function fold_decay(tenant, st)
   if halflife().life <= 0 or not NOW then return end
   st = st or state_of(tenant)
-  redis.call('HSET', P .. 'du:' .. tenant, 'v', (decayed(tenant, st, NOW)), 't', NOW)
+  local v = decayed(tenant, st, NOW)
+  redis.call('HSET', P .. 'du:' .. tenant, 'v', v, 't', NOW)
+  local d = du_of(tenant)
+  d.v, d.t = v, NOW
 end
 
 -- a running pod of the tenant that started at `started` ended at NOW: fold its run time
 -- into the tenant's expected run time
 local function note_run(tenant, started)
   if halflife().life <= 0 or not NOW or not started then return end
-  local key = P .. 'du:' .. tenant
+  local d = du_of(tenant)
   local run = math.max(NOW - started, 0)
-  local r = tonumber(redis.call('HGET', key, 'r') or '')
-  redis.call('HSET', key, 'r', r and r + RUN_WEIGHT * (run - r) or run)
+  d.r = d.r and d.r + RUN_WEIGHT * (run - d.r) or run
+  redis.call('HSET', P .. 'du:' .. tenant, 'r', d.r)
 end
 
 -- A score below every real one (no decayed usage yet); see share_of.
@@ -311,7 +328,7 @@ local function share_of(tenant, st, now, credit)
   local d, run = decayed(tenant, st, now)
   d = d + (math.max(usage_slices(st) - guaranteed(tenant), 0) - (credit or 0)) * run
   if d <= 0 then return NO_USAGE end
-  local t = now or tonumber(redis.call('HGET', P .. 'du:' .. tenant, 't') or '0')
+  local t = now or du_of(tenant).t or 0
   return math.log(d / cfg_of(tenant).w) + hl.rate * t
 end
 

@@ -19,7 +19,7 @@ local function instance(KEYS)
 -- SHAPE_CALLS calls, so shapes no longer used do not pile up.
 local SHAPE_CALLS, calls = 1000, 0
 local function begin()
-  CFG, USED, CAP = {}, {}, {}
+  CFG, USED, CAP, DU = {}, {}, {}, {}
   NOW, HL, CAP_SLICES, TOTAL_WEIGHT = nil, nil, nil, nil
   calls = calls + 1
   if calls >= SHAPE_CALLS then SHAPES, calls = {}, 0 end
