@@ -1013,6 +1013,12 @@ local function lane_top(shape, tenant, now, credit)
   return top, st
 end
 
+-- Whether a tenant with `used` slices in use has completed the step of a commitment
+-- begun at `base` slices (see note_hold): it runs one entry of shape D more
+local function stepped(used, base, D)
+  return used >= tonumber(base) + pod_slices(D)
+end
+
 -- With a half-life, the entries ordered otherwise than by their stored scores (one
 -- entry when both are the same):
 -- - the handover: the head of the lane whose running pod ended last (note_freed), until
@@ -1023,8 +1029,10 @@ end
 -- - the commitment (see note_hold): the head of the committed lane leads the walk once
 --   capacity has been held for the lane's step for COMMIT_AFTER of its tenant's expected
 --   run time, until the step is done.
+-- Also returns the commitment record as read ({shape, tenant, base}; fields nil without
+-- one), for note_hold.
 local function favoured_tops(tier, now)
-  if halflife().life <= 0 then return {} end
+  if halflife().life <= 0 then return {}, {} end
   now = now or NOW
   local fs, ft, cs, ct, cu, ca = unpack(redis.call('HMGET', P .. 'fr', tier .. ':s',
                                                    tier .. ':t', tier .. ':cs', tier .. ':ct',
@@ -1033,7 +1041,7 @@ local function favoured_tops(tier, now)
   local committed = nil
   if cs and now then
     local top, st = lane_top(cs, ct, now, 0)
-    if top and usage_slices(st) < tonumber(cu) + pod_slices(top.D) then
+    if top and not stepped(usage_slices(st), cu, top.D) then
       local _, run = decayed(ct, st, nil)
       if now - tonumber(ca) >= COMMIT_AFTER * run then
         top.score = -math.huge
@@ -1049,7 +1057,7 @@ local function favoured_tops(tier, now)
       out[#out + 1] = freed
     end
   end
-  return out
+  return out, {shape = cs, tenant = ct, base = cu}
 end
 
 -- The next entry of the tier to release, and the capacity held (see fairshare/README.md
@@ -1065,14 +1073,16 @@ end
 -- above its share, the next tenant of its shape in queue order takes its place in the
 -- walk (while some capacity of the shape is not held yet). Returns G, the first top that fits with the holds of the tops before it (nil
 -- if none; with `counts`, only a top sharing one of those resources counts, and the
--- walk goes on past the others), and the held tops. `tidy`: see survey.
+-- walk goes on past the others), the held tops and the commitment record as read
+-- (favoured_tops). `tidy`: see survey.
 local function plan(tier, now, stop, counts, tidy)
   -- current scores by tenant, shared by this plan's walks (see best_of)
   local scores = {}
   local tops = survey(tier, now, tidy, scores)
   -- the entries in the walk ('<shape> <member>'): each is walked once
   local listed = {}
-  for _, favoured in ipairs(favoured_tops(tier, now)) do
+  local favoured_list, record = favoured_tops(tier, now)
+  for _, favoured in ipairs(favoured_list) do
     for j, top in ipairs(tops) do
       if top.member == favoured.member and top.shape == favoured.shape then
         table.remove(tops, j)
@@ -1095,7 +1105,7 @@ local function plan(tier, now, stop, counts, tidy)
     local blocked = top.blocked
     if not blocked and #held > 0 then blocked = cap_check(top.D, G, false) end
     if not blocked then
-      if not counts or shares_resource(top.D, counts) then return G, top, held end
+      if not counts or shares_resource(top.D, counts) then return G, top, held, record end
     elseif cap_check(top.D, nil, true) == nil then
       if below_share(top, tier, bw) then
         top.hold = {i = {}, t = {}, b = {}}
@@ -1130,7 +1140,7 @@ local function plan(tier, now, stop, counts, tidy)
     end
     i = i + 1
   end
-  return G, nil, held
+  return G, nil, held, record
 end
 
 -- What is held for a held top (plan), per capacity key of its demand (all bands)
@@ -1145,9 +1155,10 @@ local function held_units(top)
 end
 
 -- Keep the commitment record of the tier (see COMMIT_AFTER) after a dispatch decision
--- that released `best` (nil: nothing fits, the dispatch round is over) and held for the
--- tops `held` (plan). A release of the lane's own entry that gives its tenant the step
--- ends the record; one that only replaces a pod of its that ended does not. At the end
+-- that released `best` (nil: nothing fits, the dispatch round is over), held for the
+-- tops `held` and read the record `record` (plan). A release of the lane's own entry
+-- that gives its tenant the step ends the record; one that only replaces a pod of its
+-- that ended does not. At the end
 -- of a round the record stays while the lane is held for (some units held) and its step
 -- is not complete; otherwise it moves to the first top held for, or is dropped.
 -- Why: when a tenant of large pods steps up (holds units while others' pods end), the
@@ -1156,15 +1167,12 @@ end
 -- order never changes for long, and the held units stay idle for good (bench seed 736:
 -- 16% of the capacity for the whole horizon). A hold that has lasted that long is such
 -- a standoff; leading the walk, the lane completes its step.
-local function note_hold(tier, now, best, held)
+local function note_hold(tier, now, best, held, record)
   local key = P .. 'fr'
-  local shape, tenant, base = unpack(redis.call('HMGET', key, tier .. ':cs', tier .. ':ct',
-                                                tier .. ':cu'))
-  local function stepped(D)
-    return usage_slices(usage_state(tenant)) >= tonumber(base) + pod_slices(D)
-  end
+  local shape, tenant, base = record.shape, record.tenant, record.base
   if best then
-    if shape and best.shape == shape and best.tenant == tenant and stepped(best.D) then
+    if shape and best.shape == shape and best.tenant == tenant
+       and stepped(usage_slices(usage_state(tenant)), base, best.D) then
       redis.call('HDEL', key, tier .. ':cs', tier .. ':ct', tier .. ':cu', tier .. ':ca')
     end
     return
@@ -1172,7 +1180,10 @@ local function note_hold(tier, now, best, held)
   local first = nil
   for _, top in ipairs(held) do
     if next(top.hold.i) or next(top.hold.t) or next(top.hold.b) then
-      if top.shape == shape and top.tenant == tenant and not stepped(top.D) then return end
+      if top.shape == shape and top.tenant == tenant
+         and not stepped(usage_slices(usage_state(tenant)), base, top.D) then
+        return
+      end
       first = first or top
     end
   end
@@ -1186,11 +1197,11 @@ end
 
 -- the next entry of a tier to release (a survey top), or nil; tidies (see survey)
 local function pick(tier, now)
-  local _, best, held = plan(tier, now, nil, nil, true)
+  local _, best, held, record = plan(tier, now, nil, nil, true)
   if halflife().life > 0 then
     -- the handover lasts one decision (note_freed writes it only with a half-life)
     redis.call('HDEL', P .. 'fr', tier .. ':s', tier .. ':t')
-    note_hold(tier, now, best, held)
+    note_hold(tier, now, best, held, record)
   end
   return best
 end
