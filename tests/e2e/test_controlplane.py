@@ -245,7 +245,7 @@ def test_pytest_says_what_a_cold_build_builds_and_how_long_before_it_starts(
     assert result.returncode == pytest.ExitCode.USAGE_ERROR, output
     announced = re.search(
         r"\[controlplane \d\d:\d\d:\d\d\] cold build of kube-apiserver kube-scheduler "
-        r"kube-controller-manager etcd into \S+: about 5 min .* up to 20 min", output)
+        r"kube-controller-manager etcd kubectl into \S+: about 5 min .* up to 20 min", output)
     assert announced, output
     failed = output.find("BUILD FAILED: cannot resolve k8s.io/kubernetes")
     assert failed > announced.start(), output

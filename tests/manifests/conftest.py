@@ -1,21 +1,32 @@
-"""Fixtures for the manifest tests: kubetool, built once, and the built manifests."""
+"""Fixtures for the manifest tests: kubetool, built once, and the built manifests; and
+the e2e harness's `kubectl` (tests marked `e2e` make the run build it first)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 from manifest_objects import MANIFESTS, TENANT_ADMIN, Obj, build_kubetool, find, kustomize_build
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+
+from harness.fixtures import kubectl
+from harness.fixtures import pytest_collection_finish as build_controlplane_if_e2e
+
+__all__ = ["kubectl"]
+
 _kubetool: Path | None = None
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Build kubetool before the first manifest test runs, outside any test timeout."""
+    """Build kubetool before the first manifest test runs, and the control plane's
+    binaries if an e2e test is selected, outside any test timeout."""
     global _kubetool
     here = Path(__file__).resolve().parent
     if any(here in Path(str(item.fspath)).resolve().parents for item in session.items):
         _kubetool = build_kubetool()
+    build_controlplane_if_e2e(session)
 
 
 @pytest.fixture(scope="session")

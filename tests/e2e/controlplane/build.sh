@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the e2e control plane (kube-apiserver, kube-scheduler, kube-controller-manager,
-# etcd) from Go modules.
+# etcd) and the kubectl of the same release from Go modules.
 #
 # Usage: bash tests/e2e/controlplane/build.sh [--force]
 #
@@ -13,7 +13,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cache=${FAIRGATE_CP_CACHE:-$HOME/.cache/fairgate-controlplane}
 bin="$cache/bin"
-binaries=(kube-apiserver kube-scheduler kube-controller-manager etcd)
+binaries=(kube-apiserver kube-scheduler kube-controller-manager etcd kubectl)
 force=0
 [[ ${1:-} == --force ]] && force=1
 
@@ -77,6 +77,7 @@ build etcd ./cmd/etcd
 build kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler
 build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
 build kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager
+build kubectl k8s.io/kubernetes/cmd/kubectl
 
 mkdir -p "$bin"
 for b in "${binaries[@]}"; do mv -f "$out/$b" "$bin/$b"; done

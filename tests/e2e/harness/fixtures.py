@@ -6,7 +6,7 @@ run, before any test starts, if any selected test is marked `e2e`: see
 tests/e2e/controlplane/build.sh. Then one session-wide control plane (etcd,
 kube-apiserver, kube-scheduler) per conftest directory runs on loopback with fake GPU
 nodes and a fake kubelet; tests that need fairgate get it installed and running from
-the `fairgate` fixture.
+the `fairgate` fixture. `kubectl` is the kubectl of the same release.
 """
 
 from __future__ import annotations
@@ -39,13 +39,21 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """Build the control plane before the first e2e test, outside any test timeout,
     showing build.sh's progress (a cold build takes minutes) on the terminal."""
     global _bin_dir
-    if any(_is_e2e(item) for item in session.items):
+    if _bin_dir is None and any(_is_e2e(item) for item in session.items):
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         progress = reporter.write_line if reporter is not None else None
         try:
             _bin_dir = build_controlplane(progress)
         except ControlPlaneError as error:
             raise pytest.UsageError(str(error)) from error
+
+
+@pytest.fixture(scope="session")
+def kubectl() -> Path:
+    """The kubectl of the control plane's Kubernetes release, built with it."""
+    if _bin_dir is None:
+        raise ControlPlaneError("control plane binaries were not built at collection time")
+    return _bin_dir / "kubectl"
 
 
 @pytest.fixture(scope="session")
