@@ -2,7 +2,7 @@
 through the real Lua queue in a real Redis: a small sample for CI; the 1,000-trace run
 is ``python bench/fairness.py`` (results in BENCHMARKS.md). The traces meet the three
 conditions under which the share target is reachable (bench/fairness.py, "Three
-conditions"): every tenant's entitlement covers 20 of its longest pods over the
+conditions"): every tenant's entitlement covers 22 of its longest pods over the
 horizon, the usage history spans the horizon, and whole pods can fill the training
 capacity (inference has a unit of its own)."""
 
