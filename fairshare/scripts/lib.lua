@@ -1170,20 +1170,20 @@ end
 local function note_hold(tier, now, best, held, record)
   local key = P .. 'fr'
   local shape, tenant, base = record.shape, record.tenant, record.base
+  -- whether `top` is an entry of the committed lane; whether its tenant's step is done
+  local function of_lane(top) return shape and top.shape == shape and top.tenant == tenant end
+  local function step_done(top) return stepped(usage_slices(usage_state(tenant)), base, top.D) end
+  local function drop()
+    redis.call('HDEL', key, tier .. ':cs', tier .. ':ct', tier .. ':cu', tier .. ':ca')
+  end
   if best then
-    if shape and best.shape == shape and best.tenant == tenant
-       and stepped(usage_slices(usage_state(tenant)), base, best.D) then
-      redis.call('HDEL', key, tier .. ':cs', tier .. ':ct', tier .. ':cu', tier .. ':ca')
-    end
+    if of_lane(best) and step_done(best) then drop() end
     return
   end
   local first = nil
   for _, top in ipairs(held) do
     if next(top.hold.i) or next(top.hold.t) or next(top.hold.b) then
-      if top.shape == shape and top.tenant == tenant
-         and not stepped(usage_slices(usage_state(tenant)), base, top.D) then
-        return
-      end
+      if of_lane(top) and not step_done(top) then return end
       first = first or top
     end
   end
@@ -1191,7 +1191,7 @@ local function note_hold(tier, now, best, held, record)
     redis.call('HSET', key, tier .. ':cs', first.shape, tier .. ':ct', first.tenant,
                tier .. ':cu', usage_slices(usage_state(first.tenant)), tier .. ':ca', now)
   elseif shape then
-    redis.call('HDEL', key, tier .. ':cs', tier .. ':ct', tier .. ':cu', tier .. ':ca')
+    drop()
   end
 end
 
