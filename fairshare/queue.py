@@ -322,6 +322,15 @@ class FairQueue:
         raw = self._client.lrange(f"{self._keys[0]}q:{tenant}:{shape}", start, stop)
         return [text(v) for v in raw]
 
+    def gang_members(self, gangs: Sequence[str]) -> list[list[str]]:
+        """The queued members' tickets of each gang id, in arrival order (``[]`` for a
+        gang no longer known), in one round trip (the console's queue page)."""
+        with self._client.pipeline(transaction=False) as pipe:
+            for gang in gangs:
+                pipe.hget(f"{self._keys[0]}g:{gang}", "m")
+            raw = pipe.execute()
+        return [[t for t in text(m).split(",") if t] if m is not None else [] for m in raw]
+
     def ticket_namespaces(self, tickets: Sequence[str]) -> list[str | None]:
         """The namespace each ticket was admitted in (None for an unknown ticket or a
         gang entry), in one read of the ticket records."""

@@ -327,6 +327,40 @@ def test_a_complete_gang_waits_as_one_row_and_filters_by_its_namespace(
     assert elsewhere["total"] == 0
 
 
+def test_the_queue_page_renders_a_waiting_gang_in_headless_chromium(
+        tmp_path: Path, driver: WebDriver) -> None:
+    """A complete gang waiting as one entry has a row with its class, members and wait,
+    on /queue and /queue?tenant=..., over HTTP and in a browser (it answered 500)."""
+    config = write_config(tmp_path / "config")
+    with local_redis() as url:
+        client = redis.Redis.from_url(url)
+        queue = FairQueue(client)
+        queue.sync_config(load_config_dir(config), {"gpu": 8})
+        for i in range(2):  # 2 x 1 GPU: team-b's nominal is 1 GPU, so the gang waits
+            ticket = str(uuid.uuid4())
+            queue.admit(PodRequest(ticket, "team-b", "team-b-dev", f"g-{i}", "training",
+                                   {"gpu": 1}, group="g", group_size=2,
+                                   submitted_at=time.time() - 90 + i), time.time())
+            queue.confirm(ticket, str(uuid.uuid4()), "team-b-dev", f"g-{i}")
+        client.close()
+        with ConsoleProcess(url, config, tmp_path / "console.log") as console:
+            for params in ({}, {"tenant": "team-b"}):
+                page = _get(console, "/queue", **params)
+                assert page.status_code == 200, page.text
+                assert "gang team-b-dev/g" in page.text
+            (row,) = _get(console, "/api/queue").json()["rows"]
+            assert row["class"] == "training" and row["members"] == 2
+            assert 90 <= row["waitedSeconds"] < 150
+            _open(driver, console, "queue")
+            cells = driver.find_element(By.CSS_SELECTOR, 'tr[data-pod="team-b-dev/g"]')
+            texts = [c.text for c in cells.find_elements(By.CSS_SELECTOR, "th, td")]
+    assert texts[0] == "gang team-b-dev/g (2 pods)"
+    assert texts[1:4] == ["team-b", "-", "training"]
+    assert "gpu" in texts[4]
+    assert texts[5].startswith("1m ")
+    assert texts[6].startswith("gang team-b-dev/g: complete")
+
+
 def _wait_pod(queue: FairQueue, tenant: str, namespace: str, name: str) -> None:
     """Queue one 1-GPU training pod (confirmed, so it does not expire)."""
     ticket = str(uuid.uuid4())

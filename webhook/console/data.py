@@ -12,8 +12,9 @@ Contract:
   tenant (by name), then by lane (shape), FIFO within a lane, paginated; each pod row says
   what ``fairgate why`` says (:func:`fairshare.status.status_why`), with ``position`` /
   ``queueLength`` among its tenant's pods of its class and ``waitedSeconds``. A complete
-  gang waiting as one entry is one row (``gang``). Gang members still waiting for their
-  gang to be complete are not listed (``fairgate why`` explains them). Filters:
+  gang waiting as one entry is one row (``gang``, ``members``, its ``class`` and
+  ``waitedSeconds`` since its first member was created). Gang members still waiting for
+  their gang to be complete are not listed (``fairgate why`` explains them). Filters:
   ``tenant``, ``namespace``: exactly the entries whose pods are in the namespace, read
   from the lanes of the tenants the :class:`~webhook.console.namespaces.NamespaceIndex`
   names for it (every lane while it has not scanned yet, or without one).
@@ -163,9 +164,14 @@ class ConsoleData:
         else:
             total = sum(n for _t, _s, n in lanes)
             chosen = self._slice(lanes, start, per_page)
+        gangs = [entry[1:] for _t, _s, entry in chosen if entry.startswith("@")]
+        members = dict(zip(gangs, self.queue.gang_members(gangs), strict=True))
         tickets = [entry for _t, _s, entry in chosen if not entry.startswith("@")]
+        tickets += [m for gang in gangs for m in members[gang]]
         statuses = dict(zip(tickets, self.queue.ticket_statuses(tickets, at), strict=True))
-        rows = [self._row(t, shape, entry, statuses.get(entry), at)
+        rows = [self._gang_row(t, shape, entry[1:],
+                               [statuses.get(m) for m in members[entry[1:]]], at)
+                if entry.startswith("@") else self._row(statuses.get(entry), at)
                 for t, shape, entry in chosen]
         for row in rows:
             if row is not None:
@@ -212,13 +218,22 @@ class ConsoleData:
         return [(t, s, e) for t, s, e in everything
                 if (e[1:].split("/", 1)[0] if e.startswith("@") else spaces[e]) == namespace]
 
-    def _row(self, tenant: str, shape: str, entry: str, status: TicketStatus | None,
-             now: float) -> dict[str, Any] | None:
-        if entry.startswith("@"):
-            gang = entry[1:]
-            return {"pod": gang, "gang": gang, "tenant": tenant, "shape": shape,
-                    "why": f"gang {gang}: complete, waiting to be released as one entry "
-                           f"({shape}) in fair-share order"}
+    @staticmethod
+    def _gang_row(tenant: str, shape: str, gang: str, members: list[TicketStatus | None],
+                  now: float) -> dict[str, Any]:
+        """A complete gang's row: its class is its members' (one class per gang), it has
+        waited since its first member was created."""
+        known = [m for m in members if m is not None]
+        return {"pod": gang, "gang": gang, "tenant": tenant, "shape": shape,
+                "class": known[0].pod_class if known else None,
+                "members": len(members),
+                "waitedSeconds": round(max(0.0, now - min(m.submitted_at for m in known)), 1)
+                if known else None,
+                "why": f"gang {gang}: complete, waiting to be released as one entry "
+                       f"({shape}) in fair-share order"}
+
+    @staticmethod
+    def _row(status: TicketStatus | None, now: float) -> dict[str, Any] | None:
         if status is None:  # released or forgotten since the lanes were read
             return None
         report = status_why(status, f"{status.namespace}/{status.name}")
