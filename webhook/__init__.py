@@ -9,4 +9,5 @@
 - :mod:`webhook.dispatch`: ``fairgate dispatch`` (dispatcher against a real cluster).
 - :mod:`webhook.cli`: the ``fairgate`` command; :mod:`webhook.demo`: ``fairgate demo``.
 - :mod:`webhook.process`: ``fairgate serve`` as a child process (demo, tests, bench).
+- :mod:`webhook.child`: the command line of any child process fairgate starts.
 """

@@ -6,7 +6,8 @@ event loop it delays every pod admission behind it; done in a thread it still ho
 GIL. So :func:`tenants.configmaps.review_configmap` runs in one child process.
 
 Contract:
-- :class:`ConfigMapChecker` keeps one child (``python -m webhook.checker``, niced by
+- :class:`ConfigMapChecker` keeps one child (``python -P -m webhook.checker``, see
+  :func:`webhook.child.module_command`; niced by
   :data:`NICENESS` so that it yields the CPU to the webhook), started by :meth:`start`,
   which waits for it (the webhook's start-up), and killed by :meth:`stop`. Checks run one
   at a time, in order. A check that finds no child starts one; the wait (about a second
@@ -39,6 +40,7 @@ from types import FrameType
 from typing import IO, Any
 
 from tenants.configmaps import ConfigMapVerdict, review_configmap
+from webhook.child import module_command
 
 log = logging.getLogger("fairgate.webhook")
 
@@ -154,7 +156,7 @@ class ConfigMapChecker:
             if child is not None and child.poll() is None:
                 return child
             child = subprocess.Popen(
-                [sys.executable, "-m", "webhook.checker"],
+                module_command("webhook.checker"),
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             )
             self._child = child

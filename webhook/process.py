@@ -1,7 +1,8 @@
 """``fairgate serve`` as a child process on loopback, for the demo, tests and benchmarks.
 
-Contract: :class:`ServeProcess` starts ``python -m webhook.cli serve`` on 127.0.0.1 and
-a free port with the given cert dir, config dir and Redis (a URL or a
+Contract: :class:`ServeProcess` starts ``python -P -m webhook.cli serve``
+(:func:`webhook.child.module_command`: the working directory is not on its import path)
+on 127.0.0.1 and a free port with the given cert dir, config dir and Redis (a URL or a
 :class:`fairshare.connection.RedisTarget`: its password reaches the child in
 ``$REDIS_PASSWORD``, never on the command line), waits until ``/healthz``
 answers over HTTPS verified against the cert dir's ``ca.crt`` (raising
@@ -16,7 +17,6 @@ import os
 import signal
 import ssl
 import subprocess
-import sys
 import time
 from pathlib import Path
 from types import TracebackType
@@ -25,6 +25,7 @@ import httpx
 
 from fairshare.connection import PASSWORD_ENV, RedisTarget
 from fairshare.localredis import free_port
+from webhook.child import module_command
 
 HOST = "127.0.0.1"
 
@@ -86,13 +87,13 @@ class ServeProcess:
     def start(self) -> None:
         """Start the child and wait until it answers ``/healthz``."""
         url, password = self.redis.apart()
-        command = [
-            sys.executable, "-m", "webhook.cli", "serve",
+        command = module_command(
+            "webhook.cli", "serve",
             "--cert-dir", str(self.cert_dir), "--port", str(self.port), "--host", HOST,
             "--redis-url", url, "--config-dir", str(self.config_dir),
             "--workers", str(self.workers),
             "--wait-for-rebuild" if self.wait_for_rebuild else "--no-wait-for-rebuild",
-        ]
+        )
         if self.redis.ca_file is not None:
             command += ["--redis-ca-file", str(self.redis.ca_file)]
         env = {k: v for k, v in os.environ.items()

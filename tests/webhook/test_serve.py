@@ -49,6 +49,23 @@ def test_a_quota_edit_takes_effect_without_a_restart(
     assert _decision(server, "team-b-dev", "two") == "admit"
 
 
+def test_children_start_whatever_directories_the_working_directory_holds(
+    start_server: ServerFactory, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``fairgate serve`` (the demo's child) and its ConfigMap worker start from the
+    installed packages: the working directory is not on their import path, so a
+    ``./certs`` written by ``fairgate certs generate --out ./certs`` or a user's own
+    packages named like fairgate's hide nothing."""
+    work = tmp_path / "work"
+    write_bundle(work / "certs", extra_sans=("127.0.0.1",))
+    for package in ("audit", "tenants", "webhook", "fairshare"):
+        (work / package).mkdir()
+        (work / package / "__init__.py").write_text("raise ImportError('the wrong one')\n")
+    monkeypatch.chdir(work)
+    server = start_server(redis_url, cert_dir=Path("certs"))
+    assert _decision(server, "team-b-dev", "one") == "admit"
+
+
 def test_a_broken_config_edit_keeps_the_last_good_one_and_is_reported(
     start_server: ServerFactory, redis_url: str
 ) -> None:
