@@ -62,6 +62,9 @@ ASYNC_MAX_CONNECTIONS = 1000  # the asyncio pool's bound (redis-py's default is 
 PRIMARY_RECHECK_SECONDS = 0.5  # the asyncio client asks the sentinels this often at most
 SENTINEL_FORM = "redis+sentinel://[USER:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]/MASTER[/DB]"
 _MASTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# What Redis answers a client that did not authenticate (or gave a wrong password).
+_AUTH_REFUSED = re.compile(r"NOAUTH|WRONGPASS|HELLO must be called with the client already "
+                           r"authenticated|Authentication required|invalid password")
 # URL query parameters redis-py turns into connection arguments that are secrets.
 _SECRET_QUERY_KEYS = frozenset({"password", "ssl_password"})
 
@@ -321,6 +324,23 @@ class RedisTarget:
             for form in {secret, quote(secret, safe=""), unquote(secret)}:
                 text = text.replace(form, REDACTED)
         return text
+
+    def problem(self, exc: BaseException) -> str:
+        """What went wrong reaching this Redis (``exc``, scrubbed) and what to check: for a
+        Redis that wants a password none was given for, where to give it."""
+        text = self.scrub(str(exc))
+        if isinstance(exc, redis.AuthenticationError) or _AUTH_REFUSED.search(text):
+            _url, password = self.apart()
+            hint = (("it requires a password and none was given" if password is None
+                     else "it refused the password") + ": give it with "
+                    "--redis-password-file PATH, $" + PASSWORD_ENV
+                    + " or redis://:PASSWORD@HOST in the URL")
+        elif "CERTIFICATE_VERIFY_FAILED" in text:
+            hint = ("the server's TLS certificate did not verify: give the CA that signed it "
+                    "with --redis-ca-file / $REDIS_CA_FILE, and a host name it names")
+        else:
+            hint = "check --redis-url / $REDIS_URL"
+        return f"cannot reach Redis at {self} ({text}): {hint}"
 
     def client_options(self) -> dict[str, Any]:
         """Keyword arguments for redis-py's ``from_url`` (password, TLS settings)."""

@@ -425,7 +425,7 @@ def _audit_records(client: redis.Redis) -> Iterable[AuditRecord]:
 
 
 def _unreadable(target: RedisTarget, error: Exception) -> str:
-    return f"fairgate: error: cannot read the queue at {target}: {target.scrub(str(error))}\n"
+    return f"fairgate: error: {target.problem(error)}\n"
 
 
 def status_command(

@@ -222,10 +222,11 @@ class ClusterConfigSource(ConfigSource):
             return self._state.set_platform(data)
         return self._state.set_quota(name, data, labels)
 
-    def _with_metadata(self, failed: Mapping[str, str]) -> list[tuple[str, str, Any]]:
-        """(object, message, its ConfigMap's metadata if it still exists) per failure."""
+    def _with_metadata(self, failed: Mapping[str, str]) -> list[tuple[str, str, bool, Any]]:
+        """(object, message, whether a good version of it stays in use, its ConfigMap's
+        metadata if it still exists) per failure."""
         prefix = f"{self.namespace}/"
-        return [(obj, message, self._known.get(obj.removeprefix(prefix)))
+        return [(obj, message, self._state.in_use(obj), self._known.get(obj.removeprefix(prefix)))
                 for obj, message in failed.items()]
 
     def _recovered(self, kind: str) -> None:
@@ -244,9 +245,9 @@ class ClusterConfigSource(ConfigSource):
         else:
             self._set_errors(errors)
 
-    def _report(self, failed: Iterable[tuple[str, str, Any]]) -> None:
-        for obj, message, meta in failed:
-            report_failure(obj, message)
+    def _report(self, failed: Iterable[tuple[str, str, bool, Any]]) -> None:
+        for obj, message, kept, meta in failed:
+            report_failure(obj, message, kept)
             if meta is not None:
                 self._post_event(meta, message)
 

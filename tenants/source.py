@@ -114,10 +114,15 @@ class ConfigSource:
             self._errors = dict(errors)
 
 
-def report_failure(obj: str, message: str) -> None:
-    """Count and log that ``obj``'s new version could not be used."""
+def report_failure(obj: str, message: str, kept: bool) -> None:
+    """Count and log that ``obj``'s new version could not be used (``kept``: an earlier
+    good version of it stays in use)."""
     RELOAD_FAILURES.labels(configmap=obj).inc()
-    log.warning("config %s not reloaded, keeping the last good version: %s", obj, message)
+    if kept:
+        log.warning("config %s not reloaded, keeping the last good version: %s", obj, message)
+    else:
+        log.warning("config %s cannot be used, and no earlier version of it was: %s",
+                    obj, message)
 
 
 class ConfigAssembler:
@@ -135,6 +140,7 @@ class ConfigAssembler:
         self.namespaces: dict[str, dict[str, str]] = {}
         self.errors: dict[str, str] = {}
         self._platform_seen = False
+        self._platform_good = False
         self._quota_sources: dict[str, tuple[str | None, Mapping[str, str]]] = {}
 
     def object_name(self, configmap: str) -> str:
@@ -152,6 +158,7 @@ class ConfigAssembler:
         self._platform_seen = True
         if data is None:
             self.platform = PlatformConfig()
+            self._platform_good = False
             self.errors[obj] = "not found: create it (only platform admins may)"
             return self._revalidate_quotas()
         try:
@@ -161,8 +168,16 @@ class ConfigAssembler:
             self.platform = parse_platform(text, f"ConfigMap {obj} key {PLATFORM_KEY}")
         except ConfigError as exc:
             return self._fail(obj, exc)
+        self._platform_good = True
         self.errors.pop(obj, None)
         return self._revalidate_quotas()
+
+    def in_use(self, obj: str) -> bool:
+        """Whether a good version of ``obj`` (as :meth:`object_name` names it) is in use."""
+        name = obj.removeprefix(f"{self.namespace}/")
+        if name == PLATFORM_CONFIGMAP:
+            return self._platform_good
+        return name.removeprefix(QUOTA_CONFIGMAP_PREFIX) in self.quotas
 
     def platform_missing(self) -> bool:
         """Whether no ``fairgate-platform`` has been applied at all."""
@@ -288,7 +303,7 @@ class LocalDirSource(ConfigSource):
 
     def _failed(self, source: str, message: str) -> bool:
         if self.last_error.get(source) != message:
-            report_failure(source, message)
+            report_failure(source, message, kept=self.ready)
         self._set_errors({source: message})
         return False
 

@@ -665,7 +665,7 @@ def _console(args: argparse.Namespace) -> int:
         return run_console(options)
     except ConsoleError as exc:
         print(f"fairgate: error: {exc}", file=sys.stderr)
-        return 1
+        return 2
 
 
 def _hours_kept(text: str) -> float:
@@ -727,21 +727,6 @@ def _port_or_zero(text: str) -> int:
 
 
 
-def _redis_problem(target: RedisTarget | None, exc: redis.RedisError) -> str:
-    """What went wrong reaching Redis and what to check, without the password."""
-    text = str(exc) if target is None else target.scrub(str(exc))
-    where = "" if target is None else f" at {target}"
-    if isinstance(exc, redis.AuthenticationError):
-        hint = ("give the right password: --redis-password-file PATH, $" + PASSWORD_ENV
-                + " or redis://:PASSWORD@HOST in the URL")
-    elif "CERTIFICATE_VERIFY_FAILED" in text:
-        hint = ("the server's TLS certificate did not verify: give the CA that signed it "
-                "with --redis-ca-file / $REDIS_CA_FILE, and a host name it names")
-    else:
-        hint = "check --redis-url / $REDIS_URL"
-    return f"cannot reach Redis{where} ({text}): {hint}"
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``fairgate``."""
     parser = argparse.ArgumentParser(
@@ -782,8 +767,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, CertError) as exc:
         print(f"fairgate: error: {exc}", file=sys.stderr)
         return 2
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        problem = _redis_problem(getattr(args, "redis", None), exc)
+    except redis.RedisError as exc:
+        target: RedisTarget | None = getattr(args, "redis", None)
+        problem = target.problem(exc) if target is not None else f"cannot reach Redis ({exc})"
         print(f"fairgate: error: {problem}", file=sys.stderr)
         return 1
     except OSError as exc:

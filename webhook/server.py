@@ -243,6 +243,9 @@ def _run_uvicorn(options: ServeOptions, sock: socket.socket | None) -> None:
             lifespan="on",
         )
 
+        if sock is None:  # one process; a supervisor of workers says it serves itself
+            log.info("serving https://%s:%d (mutate, validate)", options.host, options.port)
+
         async def main() -> None:
             try:
                 await serve_https(server, reloader, [sock] if sock is not None else None)
@@ -317,7 +320,6 @@ def serve(options: ServeOptions) -> None:
         if options.config_dir is None:
             _bootstrap_certificates(options.cert_dir, stop)
         if options.workers == 1:
-            log.info("serving https://%s:%d (mutate, validate)", options.host, options.port)
             _run_uvicorn(options, None)
             return
         if options.config_dir is not None:

@@ -158,7 +158,7 @@ def test_status_shows_what_the_dispatcher_left_out_of_capacity(
 def test_status_command_reports_an_unreachable_redis() -> None:
     err = io.StringIO()
     assert status_command("redis://127.0.0.1:1/0", True, out=io.StringIO(), err=err) == 1
-    assert "cannot read the queue at redis://127.0.0.1:1/0" in err.getvalue()
+    assert "cannot reach Redis at redis://127.0.0.1:1/0" in err.getvalue()
 
 
 def _audit(client: redis.Redis) -> AuditLog:

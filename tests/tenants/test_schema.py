@@ -117,6 +117,67 @@ def test_missing_platform_file_says_what_to_create(tmp_path: Path) -> None:
         load_config_dir(tmp_path)
 
 
+def test_missing_platform_file_names_the_files_and_no_missing_doc(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config_dir(tmp_path)
+    assert "quota-<tenant>.yaml" in str(info.value) and "namespaces.yaml" in str(info.value)
+    assert "docs/configuration.md" not in str(info.value)
+
+
+def test_a_missing_config_directory_is_named_as_such(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"config: directory not found: give --config-dir"):
+        load_config_dir(tmp_path / "config")
+    (tmp_path / "file").write_text(PLATFORM)
+    with pytest.raises(ConfigError, match=r"file: not a directory"):
+        load_config_dir(tmp_path / "file")
+
+
+@pytest.mark.parametrize(("name", "meant"), [
+    ("quota_team-a.yaml", "rename it to quota-team-a.yaml"),
+    ("quota-team-a.yml", "rename it to quota-team-a.yaml"),
+    ("Quota-team-a.yaml", "rename it to quota-team-a.yaml"),
+    ("quotateam-a.yaml", "rename it to quota-team-a.yaml"),
+    ("Platform.yaml", "rename it to platform.yaml"),
+    ("namespaces.yml", "rename it to namespaces.yaml"),
+    ("tenants.json", "rename or remove it"),
+])
+def test_a_misnamed_yaml_file_is_refused_with_the_name_it_needs(
+        tmp_path: Path, name: str, meant: str) -> None:
+    """A quota file fairgate does not read would leave its tenant without quota."""
+    (tmp_path / "platform.yaml").write_text(PLATFORM)
+    (tmp_path / name).write_text(QUOTA)
+    with pytest.raises(ConfigError) as info:
+        load_config_dir(tmp_path)
+    assert info.value.source == str(tmp_path / name)
+    assert meant in str(info.value) and "platform.yaml, quota-<tenant>.yaml" in str(info.value)
+
+
+def test_other_files_are_warned_about_and_hidden_ones_skipped(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "platform.yaml").write_text(PLATFORM)
+    (tmp_path / "quota-team-a.yaml").write_text(QUOTA)
+    (tmp_path / "README.md").write_text("our quotas\n")
+    (tmp_path / ".quota-team-a.yaml.swp").write_text("x")
+    (tmp_path / "..data").mkdir()  # a mounted ConfigMap's own directory
+    with caplog.at_level("WARNING", logger="tenants.localdir"):
+        config = load_config_dir(tmp_path)
+    assert config.tenant("team-a") is not None
+    (warning,) = caplog.messages
+    assert warning.startswith(f"{tmp_path / 'README.md'}: not a config file, ignored")
+
+
+def test_a_namespace_of_an_undefined_tenant_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "platform.yaml").write_text(PLATFORM)
+    (tmp_path / "namespaces.yaml").write_text(
+        "team-a-dev: {fairgate.io/tenant: team-a}\nteam-c-dev: {fairgate.io/tenant: team-c}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config_dir(tmp_path)
+    assert info.value.source == str(tmp_path / "namespaces.yaml")
+    assert str(info.value).endswith(
+        "team-c-dev.fairgate.io/tenant: tenant 'team-c' is not defined in platform.yaml (its "
+        "tenants: team-a, team-b): fix the name or add the tenant")
+
+
 def test_unreadable_quota_file_names_the_file(tmp_path: Path) -> None:
     (tmp_path / "platform.yaml").write_text(PLATFORM)
     (tmp_path / "quota-team-a.yaml").write_bytes(b"nominal: {gpu: \xff}")

@@ -132,6 +132,44 @@ def test_start_local_source_names_the_problem_or_returns_a_loaded_source(
         source.close()
 
 
+def test_a_failed_load_speaks_of_a_last_good_version_only_when_there_is_one(
+        config_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    platform = config_dir / "platform.yaml"
+    good = platform.read_text()
+    platform.write_text("tenants: [oops\n")
+    with caplog.at_level("WARNING", logger="tenants.source"):
+        source = LocalDirSource(config_dir)
+        source.start()
+        assert not source.ready
+        platform.write_text(good)
+        assert source.reload()
+        platform.write_text("tenants: [still oops\n")
+        assert not source.reload()
+    first, later = caplog.messages
+    assert first.startswith(f"config {platform} cannot be used, and no earlier version of it "
+                            "was: ")
+    assert later.startswith(f"config {platform} not reloaded, keeping the last good version: ")
+
+
+def test_in_use_says_whether_a_good_version_of_an_object_is_used() -> None:
+    state = ConfigAssembler()
+    assert not state.in_use("fairgate-system/fairgate-platform")
+    assert state.set_platform({"platform.yaml": "tenants: [oops"}) != {}
+    assert not state.in_use("fairgate-system/fairgate-platform")
+    assert state.set_platform({"platform.yaml": PLATFORM}) == {}
+    assert state.in_use("fairgate-system/fairgate-platform")
+    assert state.set_quota("quota-team-a", {"quota.yaml": "nominal: {gpu: x}"},
+                           QUOTA_LABELS) != {}
+    assert not state.in_use("fairgate-system/quota-team-a")
+    assert state.set_quota("quota-team-a", {"quota.yaml": "nominal: {gpu: 1}"},
+                           QUOTA_LABELS) == {}
+    assert state.set_quota("quota-team-a", {"quota.yaml": "nominal: {gpu: x}"},
+                           QUOTA_LABELS) != {}
+    assert state.in_use("fairgate-system/quota-team-a")
+    state.set_platform(None)
+    assert not state.in_use("fairgate-system/fairgate-platform")
+
+
 def test_not_ready_until_the_first_good_load(tmp_path: Path) -> None:
     source = LocalDirSource(tmp_path)
     source.start()

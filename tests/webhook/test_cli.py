@@ -15,6 +15,7 @@ from cryptography import x509
 from webhook_helpers import gpu_pod, review
 
 from audit.log import Retention
+from fairshare.localredis import local_redis
 from webhook.cli import build_parser, main
 from webhook.process import ServeProcess
 
@@ -469,3 +470,48 @@ def test_redis_over_tls_needs_the_ca_file(
         assert main(["audit", "verify", "--redis-url", url]) == 1
         err = capsys.readouterr().err
         assert "--redis-ca-file" in err and SECRET not in err
+
+
+@pytest.mark.parametrize("command", ["serve", "console", "dispatch"])
+def test_a_missing_config_dir_is_one_clear_error_and_exit_2(
+        tmp_path: Path, command: str) -> None:
+    """Nothing says it serves first, nothing speaks of a last good version there never
+    was, nothing names a doc that does not exist; each command exits 2."""
+    extra = {"serve": ["--cert-dir", str(tmp_path), "--port", "8443", "--host", "127.0.0.1"],
+             "console": ["--port", "0"], "dispatch": []}[command]
+    with local_redis() as url:
+        result = subprocess.run(
+            [sys.executable, "-m", "webhook.cli", command, *extra, "--redis-url", url,
+             "--config-dir", str(tmp_path / "config")],
+            capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output
+    assert f"fairgate: error: cannot load the config in {tmp_path / 'config'}: " \
+        f"{tmp_path / 'config'}: directory not found: give --config-dir the directory " \
+        "holding platform.yaml" in result.stderr
+    for wrong in ("serving", "last good", "docs/configuration.md", "Traceback"):
+        assert wrong not in output
+
+
+def test_a_redis_that_wants_a_password_none_was_given_for_says_where_to_give_it(
+        tmp_path: Path) -> None:
+    import os
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("REDIS_URL", "REDIS_PASSWORD", "REDIS_PASSWORD_FILE")}
+    hint = ("it requires a password and none was given: give it with --redis-password-file "
+            "PATH, $REDIS_PASSWORD or redis://:PASSWORD@HOST in the URL")
+    with local_redis(password="s3cret-pass") as url:
+        for args in (["status"], ["why", "team-a-dev/p"], ["audit", "verify"], ["report"],
+                     ["console", "--port", "0"]):
+            result = subprocess.run(
+                [sys.executable, "-m", "webhook.cli", *args, "--redis-url", url],
+                capture_output=True, text=True, timeout=60, check=False, env=env)
+            assert result.returncode == 1, (args, result.stderr)
+            assert result.stderr.startswith(f"fairgate: error: cannot reach Redis at {url} ")
+            assert result.stderr.rstrip().endswith(hint), (args, result.stderr)
+        env["REDIS_PASSWORD"] = "not-it"
+        wrong = subprocess.run([sys.executable, "-m", "webhook.cli", "status", "--redis-url", url],
+                               capture_output=True, text=True, timeout=60, check=False, env=env)
+    assert "it refused the password: give it with --redis-password-file" in wrong.stderr
+    assert "not-it" not in wrong.stderr

@@ -485,7 +485,7 @@ def test_plain_http_is_refused_off_loopback_unless_a_proxy_is_said_to_terminate_
         [sys.executable, "-m", "webhook.cli", "console", "--redis-url", redis_server_url,
          "--host", "0.0.0.0", "--port", "0"],
         capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert refused.returncode == 1
+    assert refused.returncode == 2  # a usage error, as serve's and dispatch's
     assert "refusing to serve plain HTTP on 0.0.0.0" in refused.stderr
     assert "--cert-dir" in refused.stderr and "--plain-http" in refused.stderr
     assert refused.stdout == ""
