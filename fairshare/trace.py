@@ -28,6 +28,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
 from tenants import placement, resources
+from tenants.localdir import read_config_file
 from tenants.models import (
     FairgateConfig,
     FairShareSpec,
@@ -274,7 +275,7 @@ def load_trace(path: Path) -> Trace:
     """Read and validate a trace YAML file."""
     if not path.is_file():
         raise ConfigError(str(path), [Problem("", "file not found: check the path")])
-    return parse_trace(load_yaml_mapping(path.read_text(), str(path)), str(path))
+    return parse_trace(load_yaml_mapping(read_config_file(path), str(path)), str(path))
 
 
 __all__ = ["Arrival", "Trace", "TracePod", "TraceTenant", "load_trace", "parse_trace"]

@@ -47,14 +47,14 @@ def load_config_dir(directory: Path) -> FairgateConfig:
         raise ConfigError(str(platform_path), [Problem(
             "", f"file not found: create it ({_LAYOUT}; README.md, 'Configuring tenants', "
             "shows each)")])
-    platform = parse_platform(_read(platform_path), str(platform_path))
+    platform = parse_platform(read_config_file(platform_path), str(platform_path))
     quotas: dict[str, QuotaSpec] = {}
     for path in sorted(directory.iterdir()):
         if path.name in (PLATFORM_FILE, NAMESPACES_FILE) or path.name.startswith("."):
             continue
         if path.name.startswith(QUOTA_CONFIGMAP_PREFIX) and path.suffix == ".yaml":
             tenant = path.stem.removeprefix(QUOTA_CONFIGMAP_PREFIX)
-            quotas[tenant] = parse_quota(_read(path), tenant, platform, str(path))
+            quotas[tenant] = parse_quota(read_config_file(path), tenant, platform, str(path))
         elif path.suffix.lower() in _CONFIG_SUFFIXES:
             raise ConfigError(str(path), [Problem("", _misnamed(path.name))])
         elif not path.is_dir():
@@ -92,7 +92,7 @@ def write_config_dir(
 def _load_namespaces(path: Path, platform: PlatformConfig) -> dict[str, dict[str, str]]:
     if not path.is_file():
         return {}
-    data = load_yaml_mapping(_read(path), str(path))
+    data = load_yaml_mapping(read_config_file(path), str(path))
     problems = [
         Problem(str(ns), "must map label names to string values")
         for ns, labels in data.items()
@@ -113,7 +113,8 @@ def _load_namespaces(path: Path, platform: PlatformConfig) -> dict[str, dict[str
     return {str(ns): dict(labels) for ns, labels in data.items()}
 
 
-def _read(path: Path) -> str:
+def read_config_file(path: Path) -> str:
+    """The text of a config file (UTF-8); a ConfigError naming it when it cannot be read."""
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

@@ -10,6 +10,7 @@ Bad input (missing files, broken config, unreachable Redis) ends with a one-line
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import redis
 
+from audit import DECISIONS
 from audit.log import DEFAULT_RETENTION, MAX_AGE, MAXLEN, Retention
 from certs import CertError, write_bundle
 from fairshare.budget import DEFAULT_BUDGET_EVERY
@@ -135,7 +137,14 @@ def _subparser(
 
 
 def _certs_generate(args: argparse.Namespace) -> int:
-    paths = write_bundle(Path(args.out), args.service, args.namespace, tuple(args.san))
+    out = Path(args.out)
+    if (out / "__init__.py").exists():
+        print(f"fairgate: error: {out} is a Python package (it holds __init__.py; from "
+              "fairgate's own source tree, ./certs is fairgate's certs package): a CA key "
+              "does not belong there, choose another --out, e.g. --out ./tls",
+              file=sys.stderr)
+        return 2
+    paths = write_bundle(out, args.service, args.namespace, tuple(args.san))
     print(f"wrote {paths.ca_cert}, {paths.cert}, {paths.key} (and {paths.ca_key}, keep it private)")
     print(f"caBundle for the webhook configurations: base64 of {paths.ca_cert}")
     return 0
@@ -423,9 +432,8 @@ def _add_audit(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "  fairgate audit query --user alice@example.com --json\n",
     )
     query.add_argument("--tenant", help="only this tenant")
-    query.add_argument("--decision",
-                       help="only this decision (admit, queue, deny, dispatch, release, "
-                       "quota-change)")
+    query.add_argument("--decision", choices=DECISIONS, metavar="DECISION",
+                       help="only this decision: " + ", ".join(DECISIONS))
     query.add_argument("--user", help="only requests by this user")
     query.add_argument("--since", metavar="WHEN", help="only records at or after WHEN")
     query.add_argument("--until", metavar="WHEN", help="only records before WHEN")
@@ -736,6 +744,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EPILOG_MAIN,
         formatter_class=_Formatter,
     )
+    parser.add_argument("--version", action="version",
+                        version=f"fairgate {importlib.metadata.version('fairgate')}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_demo(subparsers)
     _add_certs(subparsers)

@@ -515,3 +515,54 @@ def test_a_redis_that_wants_a_password_none_was_given_for_says_where_to_give_it(
                                capture_output=True, text=True, timeout=60, check=False, env=env)
     assert "it refused the password: give it with --redis-password-file" in wrong.stderr
     assert "not-it" not in wrong.stderr
+
+
+def test_version_prints_the_installed_package_version(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.metadata
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out == f"fairgate {importlib.metadata.version('fairgate')}\n"
+
+
+def test_audit_query_refuses_an_unknown_decision_listing_every_one(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from audit import DECISIONS
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["audit", "query", "--decision", "bogus", "--redis-url", "redis://127.0.0.1:1/0"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'bogus' (choose from " + ", ".join(
+        repr(d) for d in DECISIONS) in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["audit", "query", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "only this decision: " + ", ".join(DECISIONS) in help_text
+
+
+def test_a_trace_that_is_not_utf8_is_a_clear_error(tmp_path: Path) -> None:
+    trace = tmp_path / "latin1.yaml"
+    trace.write_bytes(_SMALL_TRACE.encode() + b"# caf\xe9\n")
+    result = subprocess.run([sys.executable, "-m", "webhook.cli", "simulate", str(trace)],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2
+    assert f"fairgate: error: {trace}: not UTF-8 text (byte " in result.stderr
+    assert "save it as UTF-8" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_certs_generate_refuses_to_write_into_a_python_package(tmp_path: Path) -> None:
+    """From fairgate's source tree ``--out ./certs`` is the certs package itself."""
+    root = Path(__file__).resolve().parents[2]
+    before = sorted(p.name for p in (root / "certs").iterdir())
+    result = subprocess.run([sys.executable, "-m", "webhook.cli", "certs", "generate",
+                             "--out", "./certs"], capture_output=True, text=True, timeout=60,
+                            check=False, cwd=root)
+    assert result.returncode == 2
+    assert result.stderr.startswith("fairgate: error: certs is a Python package (it holds "
+                                    "__init__.py")
+    assert "choose another --out" in result.stderr
+    assert sorted(p.name for p in (root / "certs").iterdir()) == before
+    elsewhere = main(["certs", "generate", "--out", str(tmp_path / "certs")])
+    assert elsewhere == 0 and (tmp_path / "certs" / "ca.key").is_file()
