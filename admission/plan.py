@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from admission import pods
 from admission.classes import ClassError, resolve_class
@@ -89,10 +89,14 @@ class NotOurs:
 
 @dataclass(frozen=True)
 class Denied:
-    """The pod is refused. ``message`` is for the user; ``code`` is a short audit tag."""
+    """The pod is refused. ``message`` is for the user; ``code`` is a short audit tag;
+    ``pod_class`` and ``demand`` are what was known of the pod when it was refused
+    (``""`` and ``{}`` before that)."""
 
     code: str
     message: str
+    pod_class: str = ""
+    demand: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -157,7 +161,7 @@ def plan_create(
     try:
         return _plan(pod, namespace, request_uid, config, demand)
     except _Refusal as refusal:
-        return refusal.denied
+        return replace(refusal.denied, demand=demand)
     except pods.PodError as exc:
         return _denied("malformed-pod", f"malformed pod: {exc}")
 
@@ -179,8 +183,12 @@ def _plan(
         raise _Refusal("no-class", str(exc)) from exc
     priority_classes = config.platform.priority_classes
     warnings = [choice.reason] if choice.overridden else []
-    warnings += _check_priority_class(pod, choice.pod_class, priority_classes)
-    _check_fit(tenant, choice.pod_class, demand)
+    try:
+        warnings += _check_priority_class(pod, choice.pod_class, priority_classes)
+        _check_fit(tenant, choice.pod_class, demand)
+    except _Refusal as refusal:
+        refusal.denied = replace(refusal.denied, pod_class=choice.pod_class)
+        raise
     ticket = _ticket(pod, labels, annotations, tenant, demand, priority_classes)
     return PodPlan(
         tenant=tenant,

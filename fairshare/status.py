@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import sys
 import time
 from collections.abc import Iterable, Mapping
@@ -65,6 +66,9 @@ from fairshare.model import Hold, TenantStatus, TicketStatus
 from fairshare.queue import FairQueue
 from tenants.placement import placement_of_key
 from tenants.resources import SLICES_PER_GPU, format_counts, gpu_equivalents, total_slices
+
+# A denial's audited reason is "<tag>: <the message the user got>" (webhook.service).
+_TAG = re.compile(r"[a-z][a-z-]*")
 
 Verdict = Literal["unknown", "denied", "queued", "reserved", "running", "ended"]
 
@@ -324,8 +328,11 @@ def why_report(
     last = mine[-1]
     tickets = [r.uid for r in mine if r.decision in (ADMIT, QUEUE, DISPATCH, RELEASE) and r.uid]
     if last.decision == DENY or not tickets:
-        return WhyReport(str(ref), "denied", f"denied at admission: {last.reason}",
-                         tenant=last.tenant or None, history=history)
+        tag, _, message = last.reason.partition(": ")
+        told = f"{message} ({tag})" if message and _TAG.fullmatch(tag) else last.reason
+        return WhyReport(str(ref), "denied", f"denied at admission: {told}",
+                         tenant=last.tenant or None, pod_class=last.pod_class or None,
+                         demand=last.demand or None, history=history)
     ticket = tickets[-1]
     status = queue.ticket_status(ticket, now)
     common: dict[str, Any] = {

@@ -31,7 +31,9 @@ Contract (asynchronous; :mod:`webhook.app` awaits it on the event loop under a d
 - Every decision on a GPU pod (admit, queue, deny) and every denial or accepted quota
   change is audited (:mod:`audit`, written off the request path) and counted in
   ``fairgate_admission_decisions_total``. Responses carry ``auditAnnotations``
-  ``decision``, ``tenant``, ``reason``.
+  ``decision``, ``tenant``, ``reason`` (a short tag such as ``never-fits``); a denial's
+  audit record keeps class and demand when known, and its reason is the tag, ``: `` and
+  the message the user got.
 """
 
 from __future__ import annotations
@@ -144,6 +146,14 @@ class _Decision:
     pod_class: str = ""
     demand: str = ""
     diff: Mapping[str, Mapping[str, Any]] | None = None
+    message: str = ""  # a denial's: what the user was told
+
+    @property
+    def audited_reason(self) -> str:
+        """The audit record's reason: the tag, then the message the user got, if other."""
+        if not self.message or self.message == self.reason:
+            return self.reason
+        return f"{self.reason}: {self.message}"
 
 
 def _planned(verdict: str, reason: str, plan: PodPlan | None) -> _Decision:
@@ -366,8 +376,9 @@ class AdmissionService:
             return allow(request.uid)
         if isinstance(plan, Denied):
             tenant = config.tenant_of_namespace(request.namespace) or ""
-            return self._deny(request, progress, _Decision(DENY, plan.code, tenant=tenant),
-                              plan.message)
+            decision = _Decision(DENY, plan.code, tenant=tenant, pod_class=plan.pod_class,
+                                 demand=resources.format_counts(plan.demand))
+            return self._deny(request, progress, decision, plan.message)
         progress.plan = plan
         try:
             queued = PodRequest(
@@ -555,7 +566,7 @@ class AdmissionService:
         reason: str = "Forbidden",
         warnings: Sequence[str] = (),
     ) -> AdmissionReviewResponse:
-        audit = self._record(request, decision, progress)
+        audit = self._record(request, replace(decision, message=message), progress)
         return deny(request.uid, message, code=code, reason=reason, warnings=warnings,
                     audit=audit)
 
@@ -587,7 +598,7 @@ class AdmissionService:
                 name=request.name or _generate_name(request.object),
                 pod_class=decision.pod_class,
                 demand=decision.demand,
-                reason=decision.reason,
+                reason=decision.audited_reason,
                 latency_ms=latency_ms,
                 diff=decision.diff,
             )

@@ -238,7 +238,8 @@ def test_audit_commands_read_and_verify_the_webhooks_records(
         query = _fairgate("audit", "query", "--decision", "deny", "--json",
                           "--redis-url", redis_url)
     records = [json.loads(line) for line in query.stdout.splitlines()]
-    assert any(r["namespace"] == "sandbox" and r["reason"] == "no-tenant" for r in records)
+    assert any(r["namespace"] == "sandbox" and r["reason"].startswith(
+        "no-tenant: namespace sandbox has no fairgate.io/tenant label") for r in records)
     verify = _fairgate("audit", "verify", "--redis-url", redis_url)
     assert verify.returncode == 0, verify.stdout
     assert verify.stdout.startswith("OK")
@@ -566,3 +567,30 @@ def test_certs_generate_refuses_to_write_into_a_python_package(tmp_path: Path) -
     assert sorted(p.name for p in (root / "certs").iterdir()) == before
     elsewhere = main(["certs", "generate", "--out", str(tmp_path / "certs")])
     assert elsewhere == 0 and (tmp_path / "certs" / "ca.key").is_file()
+
+
+def test_a_denial_explains_itself_in_the_audit_log_and_in_why(
+    server: ServeProcess, redis_url: str
+) -> None:
+    body = review(gpu_pod("team-b-dev", "big", limits={"nvidia.com/gpu": "2"}))
+    with server.client() as client:
+        response = client.post("/mutate", json=body).json()["response"]
+    told = response["status"]["message"]
+    assert response["allowed"] is False
+    assert told.startswith("pod asks for gpu=2 (2.00 GPU-eq) but team-b may hold at most")
+    assert response["auditAnnotations"]["reason"] == "never-fits"  # the API server's: a tag
+    deadline = time.monotonic() + 5
+    records: list[dict[str, Any]] = []
+    while not records and time.monotonic() < deadline:
+        query = _fairgate("audit", "query", "--decision", "deny", "--json", env_redis=redis_url)
+        records = [r for r in map(json.loads, query.stdout.splitlines()) if r["name"] == "big"]
+        time.sleep(0.1)
+    (record,) = records
+    assert (record["class"], record["demand"]) == ("training", "gpu=2")
+    assert record["reason"] == f"never-fits: {told}"
+    why = _fairgate("why", "team-b-dev/big", env_redis=redis_url)
+    assert why.returncode == 0, why.stderr
+    assert f"denied at admission: {told} (never-fits)" in " ".join(why.stdout.split())
+    answer = json.loads(_fairgate("why", "team-b-dev/big", "--json", env_redis=redis_url).stdout)
+    assert answer["summary"] == f"denied at admission: {told} (never-fits)"
+    assert (answer["class"], answer["demand"]) == ("training", "gpu=2")
