@@ -9,7 +9,8 @@ Contract:
 - :class:`ConfigMapChecker` keeps one child (``python -P -m webhook.checker``, see
   :func:`webhook.child.module_command`; niced by
   :data:`NICENESS` so that it yields the CPU to the webhook), started by :meth:`start`,
-  which waits for it (the webhook's start-up), and killed by :meth:`stop`. Checks run one
+  which waits for it (the webhook's start-up), and killed by :meth:`stop` (it ignores
+  SIGINT: a Ctrl-C of ``fairgate serve`` stops it through the webhook). Checks run one
   at a time, in order. A check that finds no child starts one; the wait (about a second
   of imports) counts against its budget, so it is refused unless the child is quick.
 - :meth:`ConfigMapChecker.review` returns the verdict within ``budget_seconds`` of the
@@ -227,6 +228,8 @@ def _serve(requests: IO[bytes], replies: IO[bytes]) -> None:
 def main() -> None:
     """Entry point of ``python -m webhook.checker`` (started by ConfigMapChecker)."""
     os.nice(NICENESS)
+    # Ctrl-C reaches the whole process group: the webhook stops this child itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     replies = sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing else may write into the reply stream
     _serve(sys.stdin.buffer, replies)

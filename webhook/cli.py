@@ -40,13 +40,13 @@ Handler = Callable[[argparse.Namespace], int]
 _EPILOG_MAIN = """\
 examples:
   fairgate demo                                   # everything, locally, in under a minute
-  fairgate certs generate --out ./certs
-  fairgate serve --cert-dir ./certs --port 8443 --redis-url redis://127.0.0.1:6379/0 \\
-      --config-dir ./config
-  fairgate status --redis-url redis://127.0.0.1:6379/0
+  fairgate simulate examples/weights-1-2-3.yaml --json
+  export REDIS_URL=redis://127.0.0.1:6379/0       # the Redis of the commands below
+  fairgate certs generate --out ./tls
+  fairgate serve --cert-dir ./tls --port 8443 --config-dir examples/config
+  fairgate status
   fairgate why team-a-dev/trainer-0
   fairgate audit verify
-  fairgate simulate examples/weights-1-2-3.yaml --json
   fairgate report --since 2026-03-01 --until 2026-04-01
 
 Run `fairgate <command> --help` for the details of a command.
@@ -154,7 +154,7 @@ def _add_certs(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     certs = _subparser(
         subparsers, "certs", "create the webhook's CA and serving certificate",
         "Certificates for the webhook's HTTPS endpoint.",
-        "  fairgate certs generate --out ./certs\n",
+        "  fairgate certs generate --out ./tls\n",
     )
     certs_sub = certs.add_subparsers(dest="certs_command", required=True, metavar="COMMAND")
     gen = _subparser(
@@ -163,9 +163,9 @@ def _add_certs(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "<svc>, <svc>.<ns>, <svc>.<ns>.svc, <svc>.<ns>.svc.cluster.local (plus --san).\n"
         "Writes ca.crt (the caBundle), ca.key (keep private), tls.crt and tls.key.\n"
         "In a cluster, `fairgate serve` creates and renews these itself.",
-        "  fairgate certs generate --out ./certs\n"
-        "  fairgate certs generate --out ./certs --service gpu-gate --namespace platform\n"
-        "  fairgate certs generate --out ./certs --san localhost --san 127.0.0.1\n",
+        "  fairgate certs generate --out ./tls\n"
+        "  fairgate certs generate --out ./tls --service gpu-gate --namespace platform\n"
+        "  fairgate certs generate --out ./tls --san localhost --san 127.0.0.1\n",
     )
     gen.add_argument("--out", required=True, metavar="DIR", help="directory to write into")
     gen.add_argument("--service", default="fairgate-webhook",
@@ -301,8 +301,8 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "changes. With --config-dir the tenant config is read from that directory\n"
         "(platform.yaml, quota-<tenant>.yaml, namespaces.yaml); without it, from the\n"
         "cluster's ConfigMaps and Namespaces. SIGTERM finishes requests in flight.",
-        "  fairgate serve --cert-dir ./certs --port 8443 --redis-url redis://127.0.0.1:6379/0 "
-        "--config-dir ./config\n"
+        "  fairgate serve --cert-dir ./tls --port 8443 --redis-url redis://127.0.0.1:6379/0 "
+        "--config-dir examples/config\n"
         "  REDIS_URL=redis://fairgate-redis:6379/0 fairgate serve --cert-dir /certs --port 8443\n"
         "  fairgate serve --cert-dir /certs --port 8443 --workers 2   # two processes\n",
     )
@@ -358,7 +358,7 @@ def _add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "MIG, a gang, over-quota pods, an unlabeled namespace), then print per tenant\n"
         "what was admitted, queued and denied. Cleans up after itself.",
         "  fairgate demo\n  fairgate demo --console   # then open the printed URL\n"
-        "  REDIS_URL=redis://127.0.0.1:6379/0 fairgate demo\n",
+        "  REDIS_URL=redis://127.0.0.1:6379/1 fairgate demo   # a Redis with no fairgate keys\n",
     )
     _redis_url_argument(demo, required=False,
                         purpose="use this Redis (it must hold no fairgate keys) instead of "
@@ -407,6 +407,7 @@ def _add_audit(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "Every admission, queue, deny, dispatch, release and quota change is one record in\n"
         "the hash-chained Redis Stream fairgate:audit (and a JSON line on the writer's\n"
         "stdout).",
+        "  export REDIS_URL=redis://127.0.0.1:6379/0\n"
         "  fairgate audit tail\n  fairgate audit query --tenant team-a --decision deny\n"
         "  fairgate audit verify\n",
     )
@@ -415,6 +416,7 @@ def _add_audit(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         audit_sub, "tail", "print the newest records, then follow new ones",
         "Print the last --last records as JSON lines, then new records as they arrive\n"
         "(Ctrl-C to stop) unless --no-follow.",
+        "  export REDIS_URL=redis://127.0.0.1:6379/0\n"
         "  fairgate audit tail\n  fairgate audit tail --last 100 --no-follow | jq .reason\n",
     )
     tail.add_argument("--last", type=int, default=10, metavar="N",
@@ -428,6 +430,7 @@ def _add_audit(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "Print records matching every filter given, oldest first, as a table or JSON lines.\n"
         "Times are RFC 3339 (2026-01-31T12:00:00Z), a date (2026-01-31, UTC) or an age\n"
         "(30s, 15m, 2h, 7d, 1w).",
+        "  export REDIS_URL=redis://127.0.0.1:6379/0\n"
         "  fairgate audit query --tenant team-a --decision deny --since 2h\n"
         "  fairgate audit query --user alice@example.com --json\n",
     )
@@ -444,7 +447,7 @@ def _add_audit(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         audit_sub, "verify", "check the hash chain; name the first broken record",
         "Verify every record's hash and link. Exit 0 when intact; 1 naming the first\n"
         "edited, removed or reordered record.",
-        "  fairgate audit verify\n",
+        "  export REDIS_URL=redis://127.0.0.1:6379/0\n  fairgate audit verify\n",
     )
     _redis_url_argument(verify)
     verify.set_defaults(handler=_audit_verify)
@@ -479,7 +482,8 @@ def _add_dispatch(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
         "on a timer. Talks to the cluster with in-cluster credentials or $KUBECONFIG.\n"
         "Several replicas may run at once. SIGTERM stops it.",
         "  fairgate dispatch --redis-url redis://fairgate-redis:6379/0\n"
-        "  KUBECONFIG=~/.kube/config fairgate dispatch --config-dir ./config --metrics-port 9090\n",
+        "  KUBECONFIG=~/.kube/config fairgate dispatch --config-dir examples/config "
+        "--metrics-port 9090\n",
     )
     _redis_url_argument(dispatch)
     dispatch.add_argument("--config-dir", metavar="DIR",
@@ -538,6 +542,7 @@ def _add_report(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         "from its time on, never retroactively; a MIG slice costs slices/7 of its GPU.\n"
         "Times: RFC 3339, a date (UTC) or an age such as 7d. Default window: this calendar\n"
         "month (UTC) until now. JSON carries OpenCost's names too (gpuHours, gpuCost).",
+        "  export REDIS_URL=redis://127.0.0.1:6379/0\n"
         "  fairgate report\n"
         "  fairgate report --since 2026-03-01 --until 2026-04-01 --csv > march.csv\n"
         "  fairgate report --since 7d --json | jq '.rows[] | {tenant, cost}'\n"
@@ -590,7 +595,7 @@ def _add_status(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         "past --unschedulable-grace (JSON: capacityNotes.withheld, .unschedulable).\n"
         "From the queue in Redis.",
         "  fairgate status --redis-url redis://127.0.0.1:6379/0\n"
-        "  fairgate status --json | jq '.tenants'\n",
+        "  REDIS_URL=redis://127.0.0.1:6379/0 fairgate status --json | jq '.tenants'\n",
     )
     _redis_url_argument(status)
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -609,6 +614,7 @@ def _add_why(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "Say in plain words whether a pod is not fairgate's business, was denied (and\n"
         "why), is queued (position, and what it waits for: tenant quota, inference\n"
         "reserve, cluster capacity, gang members) or was released (when, after how long).",
+        "  export REDIS_URL=redis://127.0.0.1:6379/0\n"
         "  fairgate why team-a-dev/trainer-0\n  fairgate why team-a-dev/trainer-0 --json\n",
     )
     why.add_argument("pod", metavar="NAMESPACE/POD", help="the pod, e.g. team-a-dev/trainer-0")
@@ -640,8 +646,9 @@ def _add_simulate(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
         "the capacity split by weight among tenants with pods running or waiting) every\n"
         "N virtual seconds as CSV; --plot draws them (needs pip install 'fairgate[plot]').",
         "  fairgate simulate examples/weights-1-2-3.yaml\n"
-        "  fairgate simulate trace.yaml --json | jq .jain_index\n"
-        "  fairgate simulate trace.yaml --timeline out.csv --timeline-every 30 --plot out.png\n",
+        "  fairgate simulate examples/gangs.yaml --json | jq .jain_index\n"
+        "  fairgate simulate examples/weights-1-2-3.yaml --timeline out.csv --timeline-every 30 "
+        "--plot out.png\n",
     )
     simulate.add_argument("trace", metavar="TRACE.yaml", help="the trace file")
     simulate.add_argument("--json", action="store_true", help="print one JSON object")
@@ -700,7 +707,8 @@ def _add_console(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
         "With --cert-dir it serves HTTPS; plain HTTP only on a loopback address (or with\n"
         "--plain-http behind a TLS-terminating proxy).",
         "  fairgate console --redis-url redis://127.0.0.1:6379/0\n"
-        "  fairgate console --config-dir ./config --port 9000\n"
+        "  REDIS_URL=redis://127.0.0.1:6379/0 fairgate console --config-dir examples/config "
+        "--port 9000\n"
         "  fairgate console --auth kubernetes --host 0.0.0.0 --cert-dir /tls  # in a cluster\n",
     )
     _redis_url_argument(console)
