@@ -124,7 +124,7 @@ def under_callgrind(process: subprocess.Popen[bytes], client: redis.Redis,
 
 
 def uid_bound(queue_type: type[Any]) -> bool:
-    """Whether this checkout's ``FairQueue.release`` takes the pod uid (issue 12)."""
+    """Whether this checkout's ``FairQueue.release`` takes the pod uid."""
     return "uid" in inspect.signature(queue_type.release).parameters
 
 
