@@ -64,3 +64,19 @@ def test_no_tracked_file_names_an_issue_or_points_outside_the_repository() -> No
         if (found := offences(path.read_text(encoding="utf-8")))
     }
     assert not bad, bad
+
+
+def test_benchmarks_is_a_results_page_and_every_cited_section_exists() -> None:
+    """BENCHMARKS.md stays a page of today's figures (under 400 lines), and every
+    ``BENCHMARKS.md, "<section>"`` a file cites names one of its headings."""
+    page = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8")
+    assert len(page.splitlines()) < 400
+    headings = {line.lstrip("#").strip() for line in page.splitlines() if line.startswith("#")}
+    cite = re.compile(r"BENCHMARKS\.md`?,?\s+\(?\"([^\"]+)\"", re.MULTILINE)
+    cited = {
+        (str(path.relative_to(ROOT)), " ".join(name.split()))
+        for path in tracked_text_files()
+        for name in cite.findall(path.read_text(encoding="utf-8"))
+    }
+    assert cited, "no citation found: the pattern is stale"
+    assert not {(where, name) for where, name in cited if name not in headings}
