@@ -1,4 +1,4 @@
-"""Admission latency and throughput of the webhook over HTTPS on loopback (issue 7).
+"""Admission latency and throughput of the webhook over HTTPS on loopback.
 
 Run (from the repository root):
 

@@ -18,7 +18,7 @@ while this thread, standing for the event loop, sleeps 0.5 ms four times between
 records per script call, how late its wake-ups are less its wait for a CPU (so: the GIL
 held by the writer thread), also with bursts of 512 and with the writer idle, and the
 CPU of submit and of the writer per record. ``writer_at_1500_per_s``: the same writer
-fed 1,500 records/s evenly (issue 7's rate): records per script call, CPU per record of
+fed 1,500 records/s evenly: records per script call, CPU per record of
 submit, the writer thread and Redis.
 """
 

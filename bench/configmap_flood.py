@@ -1,5 +1,5 @@
 """Pod admission latency while a tenant admin floods /validate with hostile quota UPDATEs
-(issue 12, "Quota integrity": a 215 KiB quota once stalled every GPU admission 6.6 s).
+("Quota integrity": a 215 KiB quota once stalled every GPU admission 6.6 s).
 
 Run (from the repository root; needs ``wrk`` and ``redis-server``, as bench.admission):
 

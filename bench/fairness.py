@@ -5,7 +5,7 @@
 
 Each trace runs through ``fairgate simulate``'s engine (the real Lua queue in a real
 redis-server, the real dispatcher, the simulated cluster) and is checked against
-DESIGN.md invariant 3 (see :func:`check`). Random traces (:func:`random_trace`): one
+invariant 3 in docs/reference.md (see :func:`check`). Random traces (:func:`random_trace`): one
 resource per trace, whole GPUs (16-32) or ``mig-1g.5gb`` slices (28-56); 2-6 training
 tenants, weights 1-5, each with one pod size from {1, 2, 4, 8} units and pods of
 durations 60-900 s (five streams per tenant, each with its own duration); every tenant's

@@ -1,4 +1,4 @@
-"""Fuzz the webhook and the quota validator with 100,000+ hostile examples (issue 7).
+"""Fuzz the webhook and the quota validator with 100,000+ hostile examples.
 
 Run (from the repository root):
 

@@ -2,7 +2,7 @@
 
     python bench/instructions.py admit --cases fast-10-training queue-100-training gang-4
     python bench/instructions.py dispatch --tenants 1000 --queued 100000 --decisions 100
-    python bench/instructions.py --code /tmp/base4c dispatch     # an old commit's checkout
+    python bench/instructions.py --code DIR dispatch  # DIR: another commit's worktree
 
 Time measured on a shared machine moves by 20-40% between runs of the same code; the
 number of instructions does not. This counts them with valgrind's callgrind tool
@@ -124,7 +124,7 @@ def under_callgrind(process: subprocess.Popen[bytes], client: redis.Redis,
 
 
 def uid_bound(queue_type: type[Any]) -> bool:
-    """Whether this checkout's ``FairQueue.release`` takes the pod uid (issue 12)."""
+    """Whether this checkout's ``FairQueue.release`` takes the pod uid."""
     return "uid" in inspect.signature(queue_type.release).parameters
 
 

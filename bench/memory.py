@@ -1,4 +1,4 @@
-"""Webhook memory (RSS) idle and under load, and Redis bytes per queued pod (issue 7).
+"""Webhook memory (RSS) idle and under load, and Redis bytes per queued pod.
 
 Run (from the repository root):
 

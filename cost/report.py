@@ -5,12 +5,13 @@ refuses (exit 1, the reason on ``err``) when it does not verify; otherwise it bi
 window (:func:`cost.billing.bill`) and prints a table per tenant and class (rich), CSV or
 JSON on ``out``, exit 0. ``since``/``until`` are RFC 3339 times, dates (UTC midnight) or
 ages (``7d``); the default window is this calendar month (UTC) so far; ``until`` is
-never later than now (the future is not billed). A bad time is exit 2. When retention
-removed records the window needs (the oldest record left is younger than ``since``), the
-bill is marked incomplete: a warning (under the table; on ``err`` with CSV and JSON) and
-``complete: false`` in JSON. Retention is by the stream's append time (``--audit-retention``
-of serve and dispatch): keep it above the longest window billed plus the longest pod run,
-since a pod whose ``start`` record was trimmed is not billed at all.
+never later than now: a later one is cut back to now, with a note on ``err``. A bad time
+is exit 2. When retention removed records the window needs (the oldest record left is
+younger than ``since``), the bill is marked incomplete: a warning (under the table; on
+``err`` with CSV and JSON) and ``complete: false`` in JSON. Retention is by the stream's
+append time (``--audit-retention`` of serve and dispatch): keep it above the longest window
+billed plus the longest pod run, since a pod whose ``start`` record was trimmed
+is not billed at all.
 CSV rows: one per tenant and class, then ``total``, then ``(idle)`` (the cluster's
 capacity not used, with its cost at the default price; empty when unknown).
 """
@@ -63,8 +64,12 @@ def report_command(client: redis.Redis, out: TextIO, *, since: str | None = None
                    err: TextIO | None = None) -> int:
     """Verify, bill and print (see the module contract); returns the exit code."""
     errors = err or sys.stderr
+    moment = now or datetime.now(UTC)
     try:
-        start, end = window(since, until, now)
+        start, end = window(since, until, moment)
+        if until and parse_when(until, moment) > moment:
+            errors.write(f"note: --until {until} is in the future: the report is cut back "
+                         f"to now ({_text(moment)}); the future is not billed\n")
     except ValueError as exc:
         errors.write(f"error: {exc}\n")
         return 2

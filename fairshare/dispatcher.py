@@ -26,7 +26,7 @@ Contract:
   cluster's :class:`~fairshare.cluster.CapacityReport` (nodes left out and why, GPUs held
   by pods fairgate does not manage) for ``fairgate status``
   (:meth:`FairQueue.write_capacity_notes`).
-- Unschedulable releases (issue 13): a released pod that is not bound and that the
+- Unschedulable releases: a released pod that is not bound and that the
   scheduler reports ``Unschedulable`` (:attr:`GpuPod.unschedulable`) for longer than
   ``unschedulable_grace`` seconds (timed from when this dispatcher first saw it so) is
   *caught*: it gets a ``Unschedulable`` Warning Event saying why and what fairgate does,

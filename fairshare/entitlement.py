@@ -1,4 +1,4 @@
-"""Weighted fair entitlements by water-filling (DESIGN.md invariant 3).
+"""Weighted fair entitlements by water-filling (invariant 3 in docs/reference.md).
 
 Contract:
 - :func:`water_fill` divides ``capacity`` among tenants in proportion to their weights,

@@ -1,6 +1,6 @@
 """Rebuild the queue's usage and backlog from the pods that exist in the cluster.
 
-Contract: the cluster is the truth (DESIGN.md "The queue"): a pod still carrying the
+Contract: the cluster is the truth (docs/reference.md, "The queue"): a pod still carrying the
 ``fairgate.io/queue`` gate is queued, a released pod that has not ended holds usage.
 :func:`cluster_truth` turns a list of :class:`~fairshare.cluster.GpuPod` into the
 records :meth:`FairQueue.rebuild` takes; :func:`reconcile` applies them in one atomic

@@ -9,7 +9,7 @@ Contract:
   and completions are events, and after every event the dispatcher runs until nothing
   changes. Keys live under a private prefix that is deleted afterwards, so a shared
   Redis is never disturbed.
-- The :class:`SimulationReport` (``to_json`` is the ``--json`` object of DESIGN.md):
+- The :class:`SimulationReport` (``to_json`` is the ``--json`` object of docs/reference.md):
   ``jain_index``: Jain's index of x_i = (tenant i's mean usage in slices while it is
   backlogged) / weight_i, counting only the time when at least two tenants are
   backlogged (a tenant is backlogged while it has a pod waiting); 1.0 when that never
@@ -119,7 +119,7 @@ class SimulationReport:
     timeline: list[TimelineRow] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        """The ``--json`` object: exactly the keys of DESIGN.md."""
+        """The ``--json`` object: exactly the keys of docs/reference.md."""
         return {
             "jain_index": round(self.jain_index, 4),
             "utilization": round(self.utilization, 4),

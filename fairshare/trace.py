@@ -1,6 +1,6 @@
 """The simulation trace: capacity, tenants and pod arrivals (``fairgate simulate``).
 
-Contract (format in DESIGN.md, "Simulation trace"):
+Contract (format in docs/reference.md, "Simulation trace"):
 - :func:`load_trace` / :func:`parse_trace` return a validated :class:`Trace` or raise
   :class:`~tenants.schema.ConfigError` whose problems name the field path
   (``arrivals.3.demand``), what is wrong and how to fix it.

@@ -641,7 +641,7 @@ def _add_simulate(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
         "trace (capacity, tenants with weights and quotas, pod arrivals) and report\n"
         "each tenant's share / weight, Jain's index, wait percentiles per class and\n"
         "utilisation. Starts its own redis-server unless --redis-url / $REDIS_URL is\n"
-        "given. Trace format: see DESIGN.md, 'Simulation trace', and examples/.\n"
+        "given. Trace format: docs/reference.md ('Simulation trace') and examples/.\n"
         "--timeline writes each tenant's allocation and entitlement (its fair share:\n"
         "the capacity split by weight among tenants with pods running or waiting) every\n"
         "N virtual seconds as CSV; --plot draws them (needs pip install 'fairgate[plot]').",

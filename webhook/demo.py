@@ -13,7 +13,10 @@ answer's JSON Patch decides the pod's ticket, priority band and gate, and the re
 :class:`~fairshare.dispatcher.Dispatcher` releases gated pods as running pods finish.
 It shows progress, then per tenant what was admitted at once, queued, denied and
 released later, with wait times per class, verifies the audit chain and ends with the
-cost table billed from it (:mod:`cost.billing`, the demo's virtual time). With
+cost table billed from it (:mod:`cost.billing`, the window of ``fairgate report``: this
+month up to now). The virtual clock starts :data:`HORIZON` before the real start and the
+pods run to their end up to now, so no record lies in the future and ``fairgate report``
+and the console bill the same. It prints how to point other commands at its Redis. With
 ``web_console`` (``fairgate demo --console``) it then keeps everything running and serves
 ``fairgate console`` on it (its ``console: <url>`` line printed) until Ctrl-C. Everything it
 started or wrote on disk is removed at the end. Exit code 0 when every request got a
@@ -35,7 +38,6 @@ import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +51,7 @@ from rich.table import Table
 from audit import AuditLog
 from certs import write_bundle
 from cost.billing import bill
-from cost.report import bill_table, idle_line
+from cost.report import bill_table, idle_line, window
 from fairshare.connection import RedisTarget, connect_redis
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
 from fairshare.localredis import local_redis
@@ -484,6 +486,13 @@ def _redis(given: RedisTarget | str | None) -> Iterator[RedisTarget]:
         client.close()
 
 
+def redis_env(target: RedisTarget) -> str:
+    """The environment that points a ``fairgate`` command at ``target``: ``REDIS_URL``
+    (without the password) and ``REDIS_PASSWORD`` when there is one."""
+    url, password = target.apart()
+    return f"REDIS_URL={url}" + (f" REDIS_PASSWORD={password}" if password else "")
+
+
 ARRIVAL_GAP = 5.0  # virtual seconds between pod creations
 HORIZON = 4 * 3600.0  # virtual seconds the demo runs at most
 
@@ -507,6 +516,10 @@ def run_demo(redis_url: RedisTarget | str | None = None, pods: int = 120,
         out.print(f"[bold]fairgate demo[/bold]: Redis at {target}"
                   + (" (password required)" if target.apart()[1] else "")
                   + f", work dir {workdir}")
+        out.print("while the demo runs, point the other commands (status, why, audit, "
+                  "report) at its Redis:")
+        out.print(f"  {redis_env(target)} fairgate status", markup=False, highlight=False,
+                  soft_wrap=True)
         write_bundle(workdir / "certs", extra_sans=("127.0.0.1", "localhost"))
         config = write_demo_config(workdir / "config")
         out.print("certificates and a three-tenant config written; starting fairgate serve...")
@@ -518,7 +531,9 @@ def run_demo(redis_url: RedisTarget | str | None = None, pods: int = 120,
         client = connect_redis(target, timeout=None)
         stack.callback(client.close)
         http = stack.enter_context(server.client())
-        demo = DemoCluster(WebhookClient(http, config), config, client, time.time())
+        # The virtual run ends by the moment it starts in real time, so no audit record
+        # lies in the future (`fairgate report` and the console bill up to now).
+        demo = DemoCluster(WebhookClient(http, config), config, client, time.time() - HORIZON)
         stream = demo_stream(pods)
         try:
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -532,6 +547,7 @@ def run_demo(redis_url: RedisTarget | str | None = None, pods: int = 120,
                     progress.advance(task)
                 drain = progress.add_task("dispatcher draining the queues", total=None)
                 demo.finish(start + HORIZON)
+                demo.advance_to(time.time())  # the pods end, up to now: what the bill sees
                 progress.update(drain, total=1, completed=1)
         except (DemoError, httpx.HTTPError) as exc:
             out.print(f"[red]demo failed:[/red] {exc}\n--- fairgate serve log ---\n"
@@ -548,10 +564,10 @@ def run_demo(redis_url: RedisTarget | str | None = None, pods: int = 120,
         )
         if not result.ok:
             return 1
-        billed = bill((e.record for e in entries if e.record is not None),
-                      datetime.fromtimestamp(start, UTC), datetime.fromtimestamp(demo.clock(), UTC))
-        out.print(bill_table(billed, f"cost from the verified audit log, {billed.currency} "
-                                     f"(what `fairgate report` prints)"))
+        since, until = window(None, None)  # `fairgate report`'s and the console's window
+        billed = bill((e.record for e in entries if e.record is not None), since, until)
+        out.print(bill_table(billed, f"cost from the verified audit log, {billed.currency}, "
+                                     f"this month so far (what `fairgate report` prints)"))
         out.print(idle_line(billed))
         if web_console:
             return _web_console(target, workdir / "config", out, console_port)

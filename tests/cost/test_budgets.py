@@ -1,4 +1,4 @@
-"""Budgets (issue 15): the real queue in a real redis-server, the real dispatcher on the
+"""Budgets: the real queue in a real redis-server, the real dispatcher on the
 simulated cluster, and month-to-date spend billed from the real audit stream holding a
 synthetic priced history. Prices: 1 USD per GPU-hour, so one GPU for an hour spends 1."""
 

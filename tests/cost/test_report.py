@@ -124,6 +124,15 @@ def test_the_window_defaults_to_this_month_and_never_bills_the_future() -> None:
     assert window("7d", None, NOW)[0] == NOW - timedelta(days=7)
 
 
+def test_an_until_in_the_future_says_it_is_cut_back_to_now(redis_client: redis.Redis) -> None:
+    _fill(redis_client)
+    code, out, err = _run(redis_client, until="2027-01-01", output="json")
+    assert code == 0 and json.loads(out)["until"] == "2026-03-20T12:00:00Z"
+    assert "--until 2027-01-01 is in the future" in err and "cut back to now" in err
+    code, _, err = _run(redis_client, until="2026-03-10", output="json")
+    assert code == 0 and "future" not in err
+
+
 def test_bad_times_and_empty_windows_are_usage_errors(redis_client: redis.Redis) -> None:
     code, _, err = _run(redis_client, since="last tuesday")
     assert code == 2 and "cannot read time 'last tuesday'" in err

@@ -1,4 +1,4 @@
-"""Budgets end to end (issue 15): under the real API server and scheduler, a tenant whose
+"""Budgets end to end: under the real API server and scheduler, a tenant whose
 month-to-date spend (billed by `fairgate dispatch` from the audit stream) reaches its
 budget keeps its nominal quota, but its training may no longer borrow: a pod beyond
 nominal is stamped `fairgate-training` and stays gated although GPUs are idle."""

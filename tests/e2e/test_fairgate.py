@@ -807,7 +807,7 @@ def test_a_rolling_update_at_the_quota_edge_completes_and_never_runs_above_quota
         assert state["used"] == 4.0 and not any(state["queued"].values()), state
 
 
-# placement classes (issue 13) ----------------------------------------------------------
+# placement classes ----------------------------------------------------------
 
 SINGLE_MIG_NODE = GpuNode(
     "gpu-mig-single", "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb", "single", {"nvidia.com/gpu": 56},
@@ -825,7 +825,7 @@ def test_a_whole_gpu_backlog_is_released_only_onto_whole_gpus_and_single_mig_pod
     fairgate: FairgateStack,
     tenant_pods: None,
 ) -> None:
-    """The headline of issue 13: 8 whole GPUs plus a node with 56 MIG devices under the
+    """The headline case: 8 whole GPUs plus a node with 56 MIG devices under the
     `single` strategy (also `nvidia.com/gpu`) is not 64 GPUs. Whole-GPU pods are
     released only up to the 8 GPUs their affinity can reach (none is left Pending
     without a gate); pods labelled `fairgate.io/mig-profile: 1g.5gb` run on the MIG node."""

@@ -1,4 +1,4 @@
-"""Node lifecycle and unschedulable releases end to end (issue 13): a private control
+"""Node lifecycle and unschedulable releases end to end: a private control
 plane (with the real scheduler and node lifecycle controller) whose fake nodes include a
 cordoned one and one whose kubelet starts reporting NotReady; fairgate installed from
 manifests/ with `fairgate dispatch --unschedulable-grace 4 --not-ready-grace 20`.

@@ -1,4 +1,4 @@
-"""Placement classes against the real scheduler, with the harness's node kinds (issue 13):
+"""Placement classes against the real scheduler, with the harness's node kinds:
 a node pool node (`fairgate.io/node-pool=pool-a`, team-b's `nodePool`) and a `single`
 strategy MIG node (56 x 1g.5gb as `nvidia.com/gpu`) beside the default nodes; fairgate
 installed from manifests/ (`fairgate dispatch --not-ready-grace 10`); the MIG node joins

@@ -1,5 +1,5 @@
 """Capacity follows the nodes' lifecycle and the pods fairgate does not manage, on a real
-kube-apiserver (and scheduler) with the fake kubelet's GPU nodes (issue 13).
+kube-apiserver (and scheduler) with the fake kubelet's GPU nodes.
 
 One extra GPU node, ``gpu-spare`` (4 GPUs, no kubelet behind it: nothing rewrites its
 status), is cordoned, tainted and made NotReady; foreign GPU pods run on a kubelet node.

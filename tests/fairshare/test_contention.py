@@ -1,4 +1,4 @@
-"""The contention traces of issue 11 (examples/contention/) meet their expected
+"""The contention traces (examples/contention/) meet their expected
 outcomes, through the real queue, dispatcher and simulated cluster."""
 
 from __future__ import annotations

@@ -179,7 +179,7 @@ def test_holds_never_sum_beyond_the_free_capacity(
 
 def test_an_owed_entry_behind_another_on_one_resource_holds_its_other_resources(
         redis_client: redis.Redis) -> None:
-    """The shrunk stateful-test case (issue 11, holdfix): 1 GPU and 2 MIG slices, all
+    """The shrunk stateful-test case (holdfix): 1 GPU and 2 MIG slices, all
     c's. b (a GPU pod) and a (a GPU + MIG-slice pod) are owed, b first (older head).
     When c's MIG pod ends, no GPU is free, so b holds none and a none of the GPU, but a
     holds 1 of the 2 free MIG slices: c, far above its share, may not take them with a

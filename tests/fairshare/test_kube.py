@@ -139,7 +139,7 @@ def test_backoff_grows_exponentially_and_stays_bounded() -> None:
 
 
 def test_demand_comes_from_the_spec_when_the_annotation_was_edited() -> None:
-    """Issue 12: the demand annotation is a copy; the pod's spec (immutable after CREATE
+    """The demand annotation is a copy; the pod's spec (immutable after CREATE
     for extended resources) is what it can use. An edited annotation changes nothing."""
     pod = copy.deepcopy(STAMPED)
     pod["metadata"]["annotations"]["fairgate.io/demand"] = "gpu=0"  # edited after admission
@@ -149,7 +149,7 @@ def test_demand_comes_from_the_spec_when_the_annotation_was_edited() -> None:
     assert pod_from_manifest(pod, PRIORITY, pod_demand) is None  # unreadable: not tracked
 
 
-# -- node lifecycle and foreign pods (issue 13) -------------------------------------------
+# -- node lifecycle and foreign pods -------------------------------------------
 
 NOW = datetime.datetime(2026, 12, 1, 9, 0, 0, tzinfo=datetime.UTC).timestamp()
 

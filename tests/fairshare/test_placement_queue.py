@@ -125,7 +125,7 @@ def test_a_pool_tenant_never_takes_another_pools_capacity_not_even_borrowing(
 
 
 def test_a_hold_for_one_class_does_not_block_another(redis_client: redis.Redis) -> None:
-    """Issue 11's hold (capacity owed to the tenant first in order) is per class."""
+    """The hold (capacity owed to the tenant first in order) is per class."""
     q = queue(redis_client, {"gpu": 4, "mig-1g.5gb#single": 7},
               {"a": tenant(32), "b": tenant(32)},
               {"a": {"nominal": {"gpu": 4}}, "b": {"nominal": {"gpu": 4, "mig-1g.5gb": 7}}})

@@ -109,7 +109,7 @@ def test_band_counts_training_queued_ahead(redis_client: redis.Redis, pods: Pods
 
 def test_orphan_queue_entries_never_count_as_queued_ahead_and_expire(
         redis_client: redis.Redis, pods: Pods) -> None:
-    """Issue 12 "orphans": pods fairgate queued but a later admission step refused
+    """Orphans: pods fairgate queued but a later admission step refused
     (ResourceQuota, PodSecurity) never come to exist. Until a pod is seen its entry does
     not push others into the borrowed band, and it expires after the TTL."""
     q = queue_with(redis_client, {"gpu": 1}, a={"nominal": {"gpu": 2}, "borrow": 2})

@@ -50,7 +50,7 @@ def test_timeline_samples_allocation_and_entitlement(redis_url: str, trace_path:
     for t in times[6:]:  # after one pod duration, the allocation follows
         assert at[(t, "team-a")][0] == pytest.approx(1.0)
         assert at[(t, "team-b")][0] == pytest.approx(3.0)
-    # DESIGN's keys only: the timeline stays out of the report
+    # the documented keys only: the timeline stays out of the report
     assert report.to_json().keys() == {"jain_index", "utilization", "wait_seconds", "tenants",
                                        "preemption"}
 

@@ -1,4 +1,4 @@
-"""Released pods the scheduler cannot place (issue 13): caught after the grace, told
+"""Released pods the scheduler cannot place: caught after the grace, told
 with a Warning Event, counted in metrics, kept against quota, their demand withheld from
 the capacity the queue releases into; freed exactly once when they go.
 

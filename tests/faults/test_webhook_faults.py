@@ -125,7 +125,7 @@ def _storm_config(directory: Path) -> Path:
 
 
 def _violations(tickets: dict[str, Ticket]) -> list[str]:
-    """Quota breaches in one atomic snapshot of the live tickets (DESIGN invariant 1 and
+    """Quota breaches in one atomic snapshot of the live tickets (invariants 1 and
     the queue's rules: per resource, non-borrowed <= nominal; training <= nominal minus
     the inference reserve; borrowed <= borrow limit; inference <= cluster capacity)."""
     problems = []

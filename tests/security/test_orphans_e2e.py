@@ -1,4 +1,4 @@
-"""Attack (issue 12, "orphans"): pods that fairgate queued but a later admission step
+"""Attack ("orphans"): pods that fairgate queued but a later admission step
 refused push a tenant's legitimate pods into the permanent, preemptible borrowed band.
 
 A private control plane with fairgate installed from manifests/ (harness.private): the

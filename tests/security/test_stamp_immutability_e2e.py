@@ -1,6 +1,6 @@
 """fairgate's stamps are immutable after CREATE, enforced by the API server itself.
 
-The attacks of issue 12, each on the real kube-apiserver with fairgate installed from
+The quota integrity attacks, each on the real kube-apiserver with fairgate installed from
 manifests/: the ValidatingAdmissionPolicy `fairgate-stamps` (manifests/admission-policy.yaml)
 refuses them, including on finished and terminating pods that the validating webhook
 never sees, and with the webhook down. What must keep working (finalizer removal, the

@@ -1,4 +1,4 @@
-"""Quota integrity attacks (issue 12, DESIGN invariant 7) on a real kube-apiserver.
+"""Quota integrity attacks (invariant 7 in docs/reference.md) on a real kube-apiserver.
 
 The dispatcher (real `Dispatcher` + `KubeCluster` watching a real API server, real Redis,
 fake kubelet) must keep usage exact whatever a tenant does to its pods after admission.

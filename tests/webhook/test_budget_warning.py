@@ -1,4 +1,4 @@
-"""Budget warnings (issue 15) through ``fairgate serve`` over real TLS with real
+"""Budget warnings through ``fairgate serve`` over real TLS with real
 AdmissionReview v1 JSON: the dispatcher's budget states in the real redis-server reach
 the admissions of the tenant as ``warnings`` (what kubectl prints)."""
 

@@ -8,7 +8,7 @@ apply): it marks pods bound to its nodes Running, finishes them on request, keep
 node Lease and Ready condition fresh and completes graceful deletions, which is what the
 scheduler's preemption waits for.
 
-Node kinds (issue 13), made by :func:`whole_gpu_node` (optionally in a node pool, label
+Node kinds, made by :func:`whole_gpu_node` (optionally in a node pool, label
 `fairgate.io/node-pool`, or cordoned from the start) and :func:`single_mig_node` (MIG
 `single` strategy: `nvidia.com/gpu` counts MIG devices, `nvidia.com/gpu.product` names
 the profile). :meth:`FakeKubelet.add_node` registers one more node on a running kubelet;
