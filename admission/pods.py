@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from tenants.models import MAX_GENERATED_PREFIX
+
 JsonObject = Mapping[str, Any]
 
 
@@ -46,6 +48,20 @@ def _strings(value: object, where: str) -> dict[str, str]:
 def metadata(pod: object) -> JsonObject:
     """``metadata`` of the pod."""
     return mapping(mapping(pod, "pod").get("metadata"), "metadata")
+
+
+def admitted_name(meta: JsonObject) -> str:
+    """The name a pod CREATE is admitted under: ``metadata.name`` when set, else
+    ``<prefix>*`` where prefix is ``metadata.generateName`` cut as the API server cuts it
+    (:data:`MAX_GENERATED_PREFIX`), so that the pod's generated name is exactly the
+    prefix plus :data:`GENERATED_SUFFIX` characters; '' when the pod has neither."""
+    name = meta.get("name")
+    if isinstance(name, str) and name:
+        return name
+    prefix = meta.get("generateName")
+    if isinstance(prefix, str) and prefix:
+        return prefix[:MAX_GENERATED_PREFIX] + "*"
+    return ""
 
 
 def spec(pod: object) -> JsonObject:

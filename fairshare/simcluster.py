@@ -41,7 +41,7 @@ from fairshare.cluster import (
     LiftOutcome,
     PodRef,
 )
-from tenants.models import PodClass, PriorityBand, PriorityClasses
+from tenants.models import GENERATED_SUFFIX, PodClass, PriorityBand, PriorityClasses
 
 Clock = Callable[[], float]
 _Method = TypeVar("_Method", bound=Callable[..., Any])
@@ -461,8 +461,12 @@ def _fits(demand: Mapping[str, int], free: Mapping[str, int]) -> bool:
 
 def _pod_name(name: str, seq: int) -> str:
     """The name of the pod created from a spec named ``name`` (``<generateName>*``: the
-    prefix plus a suffix unique per pod, as the API server generates one)."""
-    return f"{name[:-1]}{seq:05x}" if name.endswith("*") else name
+    prefix plus 5 characters unique per pod, as the API server generates them)."""
+    if not name.endswith("*"):
+        return name
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    suffix = "".join(digits[seq // 36**i % 36] for i in reversed(range(GENERATED_SUFFIX)))
+    return name[:-1] + suffix
 
 
 def _next_name(name: str) -> str:

@@ -47,6 +47,11 @@ GPU_TOLERATION: Mapping[str, str] = {"key": GPU_TAINT_KEY, "operator": "Exists",
                                      "effect": "NoSchedule"}
 """The toleration the webhook adds to every GPU pod (and the only one the dispatcher
 assumes when it decides which nodes count as capacity)."""
+MAX_GENERATED_PREFIX = 58
+"""How much of ``metadata.generateName`` the API server keeps: it cuts the prefix to 58
+characters, then appends :data:`GENERATED_SUFFIX` random ones (63 in all)."""
+GENERATED_SUFFIX = 5
+
 
 NonNegativeInt = Annotated[StrictInt, Field(ge=0)]
 

@@ -50,6 +50,7 @@ import redis.asyncio
 from admission.demand import pod_demand
 from admission.mutation import build_patch
 from admission.plan import Denied, NotOurs, PodPlan, plan_create
+from admission.pods import admitted_name
 from admission.reviews import (
     AdmissionRequest,
     AdmissionReview,
@@ -636,10 +637,7 @@ def _pod(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
 
 
 def _generate_name(obj: Mapping[str, Any] | None) -> str:
-    """``metadata.generateName`` + ``*`` for pods created by controllers (no name yet)."""
+    """The name a pod is admitted under (:func:`admission.pods.admitted_name`): its
+    ``metadata.name``, or ``<generateName as the API server cuts it>*``."""
     metadata = obj.get("metadata") if isinstance(obj, Mapping) else None
-    if isinstance(metadata, Mapping):
-        name = metadata.get("name") or metadata.get("generateName")
-        if isinstance(name, str):
-            return name if metadata.get("name") else name + "*"
-    return ""
+    return admitted_name(metadata) if isinstance(metadata, Mapping) else ""

@@ -1,8 +1,9 @@
 -- confirm: the dispatcher (or a rebuild) sees the pod of ticket ARGV[1]: uid ARGV[2],
 -- namespace ARGV[3], name ARGV[4]. The first pod seen with a ticket owns it: the
 -- ticket is bound to its uid, a reservation no longer expires, a queued entry now
--- counts as queued demand, and a name admitted as `<generateName>*` becomes the pod's
--- own name. Returns 1 (confirmed), 0 (unknown ticket) or -1 (the ticket belongs to
+-- counts as queued demand, and a name admitted as `<prefix>*` becomes the pod's own
+-- name (the API server's: the prefix, already cut to 58 characters by the webhook, plus
+-- exactly 5 generated ones). Returns 1 (confirmed), 0 (unknown ticket) or -1 (the ticket belongs to
 -- another pod: a different uid, namespace or name presents it; nothing changes).
 local ticket, uid, ns, name = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local rec = get_rec(ticket)
@@ -15,7 +16,7 @@ local stored = rec[F_NAME]
 local pattern = string.sub(stored, -1) == '*'
 if rec[F_NS] ~= ns or (stored ~= name and not (pattern
     and string.sub(name, 1, #stored - 1) == string.sub(stored, 1, -2)
-    and #name > #stored - 1)) then
+    and #name == #stored - 1 + GENERATED_SUFFIX)) then
   return -1
 end
 redis.call('ZREM', K_RESV, ticket)

@@ -13,6 +13,8 @@ local PRIO = {i = 3, t = 2, b = 1}
 local BAND_ORDER = {'i', 't', 'b'}
 local TIERS = BAND_ORDER  -- dispatch serves tiers (the lowest band of a shape) in this order
 local SEP = '|'
+-- characters the API server appends to a pod's cut generateName (admission/pods.py)
+local GENERATED_SUFFIX = 5
 -- ticket record fields; F_UID is the uid of the pod the ticket is bound to ('' until
 -- the dispatcher or a rebuild has seen that pod: the entry is "unseen")
 local F_STATE, F_TENANT, F_CLASS, F_BAND, F_DEMAND, F_NS, F_NAME = 1, 2, 3, 4, 5, 6, 7

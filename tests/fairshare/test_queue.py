@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import redis
 
+from admission.pods import admitted_name
 from fairshare.calls import TicketConflictError, UnknownTenantError
 from fairshare.model import Admission, GatedPod, InvalidRequestError, PodRequest, RunningPod
 from fairshare.queue import FairQueue
@@ -709,3 +710,30 @@ def test_tied_tenants_go_in_order_of_their_heads_creation(redis_client: redis.Re
             assert q.requeue(running, now=10.0)
             assert released(q, now=10.5, limit=1) == [running]
     assert order == [ticket[t] for t in sorted(submitted, key=submitted.__getitem__)]
+
+
+def _generated(prefix: str, suffix: str = "x7k2p") -> str:
+    """The name the API server gives a pod with ``generateName: prefix``."""
+    return prefix[:58] + suffix
+
+
+@pytest.mark.parametrize("length", [1, 5, 46, 57, 58, 59, 63, 64, 120, 253])
+def test_a_long_generate_name_is_confirmed_as_the_api_server_names_the_pod(
+    redis_client: redis.Redis, length: int
+) -> None:
+    """A Deployment of 47+ characters gives its pods a generateName past 58: the API
+    server cuts it there. The pod's real name confirms its ticket (it is counted); a
+    name that is not that prefix plus exactly 5 characters is another pod's."""
+    q = queue_with(redis_client, {"gpu": 8}, a={"nominal": {"gpu": 4}})
+    prefix = ("d" * length)[: length - 1] + "-"
+    admitted = admitted_name({"generateName": prefix})
+    assert admitted == prefix[:58] + "*"
+    req = PodRequest(f"t{length}", "a", "ns-a", admitted, "training", {"gpu": 1})
+    assert q.admit(req, 0.0).outcome == "reserved"
+    for other in (_generated(prefix, "x7k2"), _generated(prefix, "x7k2pq"),
+                  "e" + _generated(prefix)[1:]):
+        assert q.confirm(req.ticket, "uid-other", "ns-a", other) == "conflict"
+    assert seen(q, req, _generated(prefix)) == "confirmed"
+    # confirmed: the reservation no longer expires, whatever the TTL
+    assert q.expire(10**6) == []
+    assert q.tenant_status()[0].used_slices == 7
