@@ -884,3 +884,45 @@ def test_a_whole_gpu_backlog_is_released_only_onto_whole_gpus_and_single_mig_pod
         admin.delete_node(SINGLE_MIG_NODE.name)
         client.CoordinationV1Api(controlplane.admin).delete_namespaced_lease(
             SINGLE_MIG_NODE.name, "kube-node-lease")
+
+
+# A Deployment named with 47+ characters gives its pods a generateName of 59+ (name, "-",
+# the pod-template hash, "-"); the API server cuts it to 58 before adding 5 characters.
+LONG_NAME = "inference-server-for-the-recommendation-team-eu-west"  # 52 characters; its Job 60
+
+
+def test_controllers_with_long_names_are_counted_and_queued_like_any_other(
+    controlplane: ControlPlane,
+    kubelet: FakeKubelet,
+    fairgate: FairgateStack,
+    tenant_pods: None,
+) -> None:
+    ns = tenant_namespace("team-b")  # nominal 4 GPUs, no borrowing
+    core = pods_api(controlplane, "team-b")
+    apps: Any = client.AppsV1Api(controlplane.admin)
+    batch: Any = client.BatchV1Api(controlplane.admin)
+    deployment = _deployment(LONG_NAME, 3, {"nvidia.com/gpu": 1})
+    job = _job(LONG_NAME + "-trainer", 3, {"nvidia.com/gpu": 1}, backoff_limit=6,
+               labels={"app": "long-job"})
+    with _workload(apps, "deployment", ns, deployment), _workload(batch, "job", ns, job):
+        # 6 pods of 1 GPU on a 4-GPU quota: 4 run and 2 wait, whoever created them
+        running, gated = _wait_pods(
+            core, ns, "app", lambda r, g: (r, g) if len(r) == 4 and len(g) == 2 else None,
+            90, "4 pods running and 2 gated",
+        )
+        assert all(len(name) == 63 for name in running + gated), running + gated
+        wait_for(lambda: fairgate.tenant_state("team-b").get("used") == 4.0, 30,
+                 "fairgate to count the 4 running pods")
+        # each pod owns its ticket: no pod is taken for another's copy, and usage stays
+        # counted past the reservation TTL (an unconfirmed reservation would expire)
+        time.sleep(40)  # the 30 s TTL and the dispatcher's next expiry pass
+        assert fairgate.tenant_state("team-b")["used"] == 4.0
+        for name in running + gated:
+            assert event_message(core, ns, name, "TicketConflict") is None, name
+            report = _why(fairgate, ns, name)
+            assert report["verdict"] == ("running" if name in running else "queued"), report
+        # a running pod ends: a waiting one is released into its GPU, never more than 4
+        core.delete_namespaced_pod(running[0], ns, grace_period_seconds=0)
+        _wait_pods(core, ns, "app", lambda r, g: True if len(r) == 4 and len(g) <= 2
+                   and running[0] not in r else None, 60, "a waiting pod released")
+        assert fairgate.tenant_state("team-b")["used"] == 4.0
