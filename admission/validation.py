@@ -11,7 +11,8 @@ Contract:
   :mod:`admission.plan`); a ``fairgate.io/class`` label the tenant allows; a
   priorityClassName of fairgate's band for that class (inference: the inference class;
   training: the training or borrowed class); and ``fairgate.io/borrowed: "true"`` exactly
-  when the class is the borrowed one.
+  when the class is the borrowed one. Such a pod's verdict names its ticket: the webhook
+  claims it for the pod's uid before the pod is stored (:meth:`fairshare.queue.FairQueue.bind`).
 - :func:`validate_update` judges a pod UPDATE: removing the ``fairgate.io/queue`` gate is
   denied to anyone but :data:`~tenants.models.DISPATCHER_USER`; adding, changing or
   removing any ``fairgate.io/*`` label or annotation is denied to anyone but fairgate's
@@ -55,11 +56,14 @@ FAIRGATE_USERS = frozenset({WEBHOOK_USER, DISPATCHER_USER})
 
 @dataclass(frozen=True)
 class Verdict:
-    """Allowed or not, why, and warnings for the user."""
+    """Allowed or not, why, and warnings for the user; ``ticket`` is the fairgate ticket
+    an allowed GPU pod CREATE presents, which the webhook must then claim for the pod's
+    uid (a second pod presenting it is a copy), '' otherwise."""
 
     allowed: bool
     reason: str
     warnings: tuple[str, ...] = ()
+    ticket: str = ""
 
 
 def _allow(reason: str, warnings: Sequence[str] = ()) -> Verdict:
@@ -142,7 +146,8 @@ def validate_create(pod: object, namespace: str, config: FairgateConfig) -> Verd
             f'annotation {BORROWED_ANNOTATION}="true" must be set exactly when '
             f"priorityClassName is {classes.borrowed.name}: leave both to fairgate"
         )
-    return _allow(f"GPU pod of {result.tenant.name} ({label}, {band})", result.warnings)
+    return Verdict(True, f"GPU pod of {result.tenant.name} ({label}, {band})",
+                   tuple(result.warnings), result.ticket)
 
 
 def _fairgate_keys(values: Mapping[str, str]) -> dict[str, str]:

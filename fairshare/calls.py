@@ -80,7 +80,7 @@ class TicketConflictError(ValueError):
 # Every operation of the queue: ``fairshare/scripts/<op>.lua``, each a function of the
 # library. The read-only ones are registered ``no-writes`` (Redis refuses a write from
 # them) and called with FCALL_RO.
-OPERATIONS = ("sync", "admit", "confirm", "dispatch", "forget", "expire", "requeue",
+OPERATIONS = ("sync", "admit", "bind", "confirm", "dispatch", "forget", "expire", "requeue",
               "rebuild", "status", "why", "find", "demand", "holds", "budget")
 READ_ONLY = frozenset({"status", "why", "find", "demand", "holds"})
 
@@ -207,6 +207,23 @@ def admission(raw: Sequence[Any], req: PodRequest) -> Admission:
         waiting_for=explain(reason, req.tenant, req.pod_class) if queued else None,
         duplicate=dup == "1",
     )
+
+
+# -- bind ---------------------------------------------------------------------------
+
+
+def bind_args(ticket: str, uid: str, namespace: str, name: str, dry_run: bool) -> Args:
+    """ARGV of ``bind.lua``."""
+    return [ticket, uid, namespace, name, 1 if dry_run else 0]
+
+
+def claimed(raw: Sequence[Any], ticket: str) -> bool:
+    """The reply of ``bind.lua``: True when the ticket is now this pod's, False when the
+    queue does not know it; raises :class:`TicketConflictError` when another pod owns it."""
+    fields = [text(v) for v in raw]
+    if fields[0] == "-1":
+        raise TicketConflictError(ticket, "claimed", fields[1], fields[2])
+    return fields[0] == "1"
 
 
 # -- status -------------------------------------------------------------------------

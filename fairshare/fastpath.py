@@ -27,6 +27,8 @@ from fairshare.budget import BudgetStatus, read_budgets
 from fairshare.calls import (
     admission,
     admit_args,
+    bind_args,
+    claimed,
     queue_error,
     sync_args,
     tenant_statuses,
@@ -105,6 +107,12 @@ class AsyncFairQueue:
         else:
             raw = await self._run("admit", *args)
         return admission(raw, req)
+
+    async def bind(self, ticket: str, uid: str, namespace: str, name: str,
+                   dry_run: bool = False) -> bool:
+        """As :meth:`fairshare.queue.FairQueue.bind`."""
+        return claimed(await self._run("bind", *bind_args(ticket, uid, namespace, name,
+                                                          dry_run)), ticket)
 
     async def budgets(self) -> dict[str, BudgetStatus]:
         """As :meth:`fairshare.queue.FairQueue.budgets` (one HGETALL)."""

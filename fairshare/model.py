@@ -27,7 +27,7 @@ Outcome = Literal["reserved", "queued"]
 # what `confirm` found: the ticket is (now) bound to this pod, is unknown, or belongs
 # to another pod (a twin carrying a copied ticket)
 Confirmation = Literal["confirmed", "unknown", "conflict"]
-TicketState = Literal["queued", "gang-waiting", "reserved", "running"]
+TicketState = Literal["queued", "gang-waiting", "reserved", "running", "claimed"]
 BANDS: tuple[PriorityBand, ...] = ("inference", "training", "borrowed")
 
 _TICKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")

@@ -41,6 +41,8 @@ from fairshare.calls import (
     STATE_NAME,
     admission,
     admit_args,
+    bind_args,
+    claimed,
     explain,
     holds,
     num,
@@ -130,6 +132,20 @@ class FairQueue:
         """
         raw = self._run("admit", *admit_args(req, now, dry_run, self.wait_for_rebuild))
         return admission(raw, req)
+
+    def bind(self, ticket: str, uid: str, namespace: str, name: str,
+             dry_run: bool = False) -> bool:
+        """A pod CREATE presenting ``ticket`` passes validation, before it is stored:
+        ``uid``, ``namespace``/``name`` (its final name).
+
+        The first uid to present an unclaimed ticket claims it: no other pod can then
+        present it (:class:`TicketConflictError`, raised for every later uid) nor
+        confirm it. The reservation still expires unless :meth:`confirm` sees that pod.
+        False when the ticket is unknown (expired, or Redis lost it); ``dry_run``
+        changes nothing.
+        """
+        return claimed(self._run("bind", *bind_args(ticket, uid, namespace, name, dry_run)),
+                       ticket)
 
     def confirm(self, ticket: str, uid: str, namespace: str, name: str) -> Confirmation:
         """A pod presenting ``ticket`` exists: ``uid``, ``namespace``/``name``.

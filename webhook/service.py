@@ -480,7 +480,7 @@ class AdmissionService:
         self, request: AdmissionRequest, progress: Progress
     ) -> AdmissionReviewResponse:
         if _is_pod(request) and request.operation in ("CREATE", "UPDATE"):
-            return self._validate_pod(request, progress)
+            return await self._validate_pod(request, progress)
         if _is_configmap(request):
             return await self._validate_configmap(request, progress)
         return allow(request.uid)
@@ -530,7 +530,7 @@ class AdmissionService:
         except (*_UNAVAILABLE, redis.ResponseError):
             return None
 
-    def _validate_pod(
+    async def _validate_pod(
         self, request: AdmissionRequest, progress: Progress
     ) -> AdmissionReviewResponse:
         config = self.current_config()
@@ -547,12 +547,36 @@ class AdmissionService:
             verdict = validate_update(
                 request.old_object, request.object, user.username, tuple(user.groups), config
             )
+        if verdict.allowed and request.operation == "CREATE" and verdict.ticket:
+            return await self._claim(request, progress, verdict.ticket, verdict.warnings)
         if verdict.allowed:
             return allow(request.uid, verdict.warnings)
         tenant = config.tenant_of_namespace(request.namespace) or ""
         decision = _Decision(DENY, verdict.reason, tenant=tenant)
         return self._deny(request, progress, decision, verdict.reason,
                           warnings=verdict.warnings)
+
+    async def _claim(
+        self, request: AdmissionRequest, progress: Progress, ticket: str,
+        warnings: Sequence[str],
+    ) -> AdmissionReviewResponse:
+        """Claim ``ticket`` for the pod being created (its uid, before it is stored), or
+        refuse the pod when another pod owns the ticket (copied stamps)."""
+        metadata = _metadata(request.object)
+        uid = str(metadata.get("uid") or "")
+        name = request.name or str(metadata.get("name") or "")
+        if not uid or not name:  # the API server sets both before validation
+            return allow(request.uid, warnings)
+        try:
+            await self.queue.bind(ticket, uid, request.namespace, name, request.dry_run)
+        except TicketConflictError as exc:
+            tenant = (self.current_config() or progress.config)
+            decision = _Decision(DENY, "copied-ticket", tenant=(
+                tenant.tenant_of_namespace(request.namespace) or "") if tenant else "")
+            return self._deny(request, progress, decision, f"fairgate refuses this pod: {exc}")
+        except _UNAVAILABLE as exc:
+            return self._redis_unavailable(request, progress, exc)
+        return allow(request.uid, warnings)
 
     # -- answers -------------------------------------------------------------------
 

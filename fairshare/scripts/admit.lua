@@ -22,7 +22,7 @@ end
 local existing = get_rec(ticket)
 if existing then
   local t, c = existing[F_TENANT], existing[F_CLASS]
-  if existing[F_STATE] == 'A' or uid_of(existing) ~= '' or existing[F_NS] ~= ns or existing[F_NAME] ~= name
+  if existing[F_STATE] == 'A' or owner_of(existing) ~= '' or existing[F_NS] ~= ns or existing[F_NAME] ~= name
       or t ~= tenant or c ~= cls or existing[F_DEMAND] ~= format_counts(parse_counts(demand)) then
     return {0, 'conflict', existing[F_STATE], existing[F_NS], existing[F_NAME]}
   end

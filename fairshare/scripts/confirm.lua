@@ -4,7 +4,8 @@
 -- counts as queued demand, and a name admitted as `<prefix>*` becomes the pod's own
 -- name (the API server's: the prefix, already cut to 58 characters by the webhook, plus
 -- exactly 5 generated ones). Returns 1 (confirmed), 0 (unknown ticket) or -1 (the ticket belongs to
--- another pod: a different uid, namespace or name presents it; nothing changes).
+-- another pod: a different uid, namespace or name presents it, or another uid claimed
+-- it at validation; nothing changes).
 local ticket, uid, ns, name = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local rec = get_rec(ticket)
 if not rec then return 0 end
@@ -12,13 +13,11 @@ local bound = uid_of(rec)
 if bound ~= '' then
   return bound == uid and 1 or -1
 end
-local stored = rec[F_NAME]
-local pattern = string.sub(stored, -1) == '*'
-if rec[F_NS] ~= ns or (stored ~= name and not (pattern
-    and string.sub(name, 1, #stored - 1) == string.sub(stored, 1, -2)
-    and #name == #stored - 1 + GENERATED_SUFFIX)) then
+local claim = rec[F_CLAIM] or ''
+if (claim ~= '' and claim ~= uid) or rec[F_NS] ~= ns or not name_fits(rec[F_NAME], name) then
   return -1
 end
+local stored = rec[F_NAME]
 redis.call('ZREM', K_RESV, ticket)
 if stored ~= name then
   unindex_name(ticket, rec)

@@ -19,6 +19,10 @@ local GENERATED_SUFFIX = 5
 -- the dispatcher or a rebuild has seen that pod: the entry is "unseen")
 local F_STATE, F_TENANT, F_CLASS, F_BAND, F_DEMAND, F_NS, F_NAME = 1, 2, 3, 4, 5, 6, 7
 local F_GANG, F_GSIZE, F_SUBMITTED, F_SEQ, F_AT, F_UID = 8, 9, 10, 11, 12, 13
+-- F_CLAIM: the uid of the pod the validating webhook saw CREATE with this ticket, before
+-- the pod was stored ('' until then; a record without it has 13 fields): no other pod
+-- can ever present the ticket, and only that uid can confirm it
+local F_CLAIM = 14
 
 local K_TICKETS = P .. 'tk'
 local K_RESV = P .. 'resv'
@@ -444,6 +448,24 @@ end
 -- before uids were recorded has 12 fields: unseen)
 local function uid_of(rec)
   return rec[F_UID] or ''
+end
+
+-- the uid that owns a ticket: the one it is bound to (seen), else the one that claimed it
+-- at validation, else ''
+local function owner_of(rec)
+  local uid = uid_of(rec)
+  if uid ~= '' then return uid end
+  return rec[F_CLAIM] or ''
+end
+
+-- whether `name` is the pod name a record admitted as `stored` can get: itself, or for
+-- `<prefix>*` (a generateName, already cut as the API server cuts it) the prefix plus
+-- exactly GENERATED_SUFFIX characters
+local function name_fits(stored, name)
+  if stored == name then return true end
+  local prefix = string.sub(stored, 1, -2)
+  return string.sub(stored, -1) == '*' and #name == #prefix + GENERATED_SUFFIX
+    and string.sub(name, 1, #prefix) == prefix
 end
 
 -- name index (fairgate why <ns>/<pod>): NAME_BUCKETS small hashes nm:<b> (small

@@ -737,3 +737,43 @@ def test_a_long_generate_name_is_confirmed_as_the_api_server_names_the_pod(
     # confirmed: the reservation no longer expires, whatever the TTL
     assert q.expire(10**6) == []
     assert q.tenant_status()[0].used_slices == 7
+
+
+def test_a_ticket_is_claimed_by_the_first_pod_validated_with_it_and_by_no_other(
+    redis_client: redis.Redis, pods: Pods
+) -> None:
+    """Copies of one ticket created at once all look like the same admission to the
+    mutating webhook (nothing is stored yet); validation sees each pod's uid before it is
+    stored, and only the first may present the ticket."""
+    q = queue_with(redis_client, {"gpu": 8}, a={"nominal": {"gpu": 4}})
+    req = dataclasses.replace(pods("a"), name="train-*")
+    assert q.admit(req, 0.0).outcome == "reserved"
+    for _ in range(8):  # reinvocations, or copies racing the first pod's creation
+        assert q.admit(req, 0.5).duplicate
+    assert q.bind(req.ticket, "uid-dry", "ns-a", "train-aaaaa", dry_run=True)  # no claim
+    assert q.bind(req.ticket, "uid-1", "ns-a", "train-x7k2p")
+    assert q.bind(req.ticket, "uid-1", "ns-a", "train-x7k2p")  # validation retried
+    for uid, name in [("uid-2", "train-b8m3q"), ("uid-3", "train-x7k2p"),
+                      ("uid-dry", "train-aaaaa")]:
+        with pytest.raises(TicketConflictError, match="train-x7k2p"):
+            q.bind(req.ticket, uid, "ns-a", name)
+    # the claimed ticket: no later copy is the same admission, no other uid confirms it
+    with pytest.raises(TicketConflictError):
+        q.admit(req, 1.0)
+    assert q.confirm(req.ticket, "uid-2", "ns-a", "train-x7k2p") == "conflict"
+    assert q.confirm(req.ticket, "uid-1", "ns-a", "train-x7k2p") == "confirmed"
+    assert q.tenant_status()[0].used_slices == 7
+    assert not q.bind("never-admitted", "uid-4", "ns-a", "p")  # unknown: the caller decides
+
+
+def test_a_claimed_but_never_stored_pod_still_frees_its_reservation(
+    redis_client: redis.Redis, pods: Pods
+) -> None:
+    """A later admission step (ResourceQuota) may refuse a pod after fairgate validated
+    it: the claim alone keeps nothing for ever."""
+    q = queue_with(redis_client, {"gpu": 8}, a={"nominal": {"gpu": 4}})
+    req = pods("a")
+    assert q.admit(req, 0.0).outcome == "reserved"
+    assert q.bind(req.ticket, "uid-1", req.namespace, req.name)
+    assert q.expire(q.reservation_ttl + 1) == [req.ticket]
+    assert q.tenant_status()[0].used_slices == 0
