@@ -17,11 +17,7 @@ if rec[F_NS] ~= ns or not name_fits(rec[F_NAME], name) then
   return {-1, rec[F_NS], rec[F_NAME]}
 end
 if dry then return {1} end
-if rec[F_NAME] ~= name then
-  unindex_name(ticket, rec)
-  rec[F_NAME] = name
-  index_name(ticket, rec)
-end
+take_name(ticket, rec, name)
 for i = #rec + 1, F_UID do rec[i] = '' end
 rec[F_CLAIM] = uid
 put_rec(ticket, rec)

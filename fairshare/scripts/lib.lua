@@ -520,6 +520,15 @@ local function unindex_name(ticket, rec)
   end
 end
 
+-- the record takes the pod's own name (admitted as `<prefix>*`), in the name index too
+local function take_name(ticket, rec, name)
+  if rec[F_NAME] ~= name then
+    unindex_name(ticket, rec)
+    rec[F_NAME] = name
+    index_name(ticket, rec)
+  end
+end
+
 local function single_shape(rec)
   return rec[F_BAND] .. '/' .. rec[F_DEMAND]
 end
