@@ -103,7 +103,7 @@ from fairshare.cluster import (
 from fairshare.metrics import DispatcherMetrics
 from fairshare.model import Release, TenantStatus
 from fairshare.queue import FairQueue
-from fairshare.reconcile import reconcile
+from fairshare.reconcile import reconcile, twin_ticket
 from tenants.models import FairgateConfig, PodClass
 from tenants.resources import SLICES_PER_GPU, format_counts
 
@@ -339,7 +339,8 @@ class Dispatcher:
         self._last_budget = float("-inf")
         listed_at = self.clock()  # before listing: what is reserved after it is kept
         pods = self.cluster.list_pods()
-        summary = reconcile(self.queue, pods, listed_at=listed_at)
+        summary = reconcile(self.queue, pods, listed_at=listed_at,
+                            bound={t: p.uid for t, p in self.pods.items()})
         self.pods = summary.owners
         for twin in summary.twins:
             self._twin(twin)
@@ -379,7 +380,10 @@ class Dispatcher:
     def _seen(self, pod: GpuPod) -> None:
         known = self.pods.get(pod.ticket)
         if known is not None and known.uid != pod.uid:
-            self._twin(pod)
+            if pod.ended:
+                self._twin_gone(pod, f"pod {pod.phase}" if pod.finished else "pod deleted")
+            else:
+                self._twin(pod)
             return
         if pod.ended:
             self._free(pod, f"pod {pod.phase}" if pod.finished else "pod deleted before it ran")
@@ -406,18 +410,33 @@ class Dispatcher:
         if pod.uid in self._twins:
             return
         self._twins.add(pod.uid)
-        log.warning("pod presents a ticket another pod owns: ignored",
-                    extra={"fields": _fields(pod)})
+        if pod.holds_capacity:  # it may run: counted as its own pod from this step on
+            self._need_reconcile = True
+            self.metrics.twins.labels(pod.tenant).inc()
+            told = (f"this pod is counted against {pod.tenant} as a pod of its own, which "
+                    f"may put {pod.tenant} over quota: its next pods wait until it is back "
+                    f"under")
+        else:
+            told = "this pod is not counted and will never be released"
+        log.warning("pod presents a ticket another pod owns", extra={"fields": _fields(pod)})
         self.cluster.post_event(
             pod, "TicketConflict",
             f"fairgate ticket {pod.ticket} belongs to another pod (its fairgate.io/* stamps "
-            f"were copied): this pod is not counted and will never be released; delete it "
-            f"and create it without fairgate.io/* labels and annotations",
+            f"were copied): {told}; delete it and create it without fairgate.io/* labels "
+            f"and annotations",
             "Warning",
         )
 
+    def _twin_gone(self, pod: GpuPod, why: str) -> None:
+        """A twin ended or was deleted: free what it was counted for, if anything."""
+        if pod.uid in self._twins:
+            self._twins.discard(pod.uid)
+            self._free(replace(pod, ticket=twin_ticket(pod)), why)
+
     def _gone(self, pod: GpuPod) -> None:
-        self._twins.discard(pod.uid)
+        if pod.uid in self._twins:
+            self._twin_gone(pod, "pod deleted")
+            return
         if pod.gated and self.queue.remove(pod.ticket, pod.uid, self.clock()):
             self._forget_pod(pod)
             return

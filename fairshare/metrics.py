@@ -122,6 +122,11 @@ class DispatcherMetrics:
             "fairgate_redis_primary_changes_total",
             "Times another Redis primary answered than at the step before (a failover or "
             "a restart); each is followed by a reconcile.", registry=r)
+        self.twins = Counter(
+            "fairgate_ticket_twins_total",
+            "Pods found presenting a ticket another pod owns (copied fairgate.io/* stamps) "
+            "that may run, by tenant: each is counted against its tenant as a pod of its "
+            "own.", ["tenant"], registry=r)
         self.expired = Counter("fairgate_expired_reservations_total",
                                "Reservations freed because no pod confirmed them in time.",
                                registry=r)

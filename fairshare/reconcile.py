@@ -8,15 +8,16 @@ script. Queue order is the pods' creation time (then ticket), which is the
 ``submitted_at`` the webhook queued them with, so after a Redis flush the rebuilt queue
 and usage equal those before (invariant 6). Pods that cannot be represented (a malformed
 annotation someone forged) are skipped and counted, and so are twins: pods carrying a
-ticket an older pod owns (copied stamps, invariant 7). The caller must have synced the
+ticket an older pod owns (copied stamps, invariant 7) that hold nothing (gated); a twin
+that holds capacity is counted as its own pod (:func:`twin_ticket`). The caller must have synced the
 config into the queue first (``rebuild`` keeps config, a flushed Redis has none).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 
 from fairshare.cluster import GpuPod
 from fairshare.model import GatedPod, InvalidRequestError, PodRequest, RunningPod
@@ -49,16 +50,27 @@ class ReconcileSummary:
     twins: list[GpuPod]
 
 
-def ticket_owners(pods: Iterable[GpuPod]) -> tuple[dict[str, GpuPod], list[GpuPod]]:
+def twin_ticket(pod: GpuPod) -> str:
+    """The ticket a twin that holds capacity is counted under (its own, by its uid): a
+    pod runs counted whatever ticket it presents, and never as its ticket's owner."""
+    return f"{pod.ticket[:40]}.twin.{pod.uid}"
+
+
+def ticket_owners(
+    pods: Iterable[GpuPod], bound: Mapping[str, str] | None = None
+) -> tuple[dict[str, GpuPod], list[GpuPod]]:
     """Which pod owns each ticket, and the twins that present a ticket they do not own.
 
     Pods that have ended (:attr:`GpuPod.ended`) are left out. A ticket belongs to
-    one pod: when several carry it (copied stamps), the oldest (creation time, then
-    uid) owns it.
+    one pod: when several carry it (copied stamps), the one ``bound`` (ticket -> uid:
+    the pods the dispatcher saw own their tickets) names owns it, else the oldest
+    (creation time, then uid: a copy made within the same second may be older).
     """
     owners: dict[str, GpuPod] = {}
     twins: list[GpuPod] = []
-    for pod in sorted(pods, key=lambda p: (p.created, p.uid)):
+    known = bound or {}
+    for pod in sorted(pods, key=lambda p: (known.get(p.ticket, p.uid) != p.uid, p.created,
+                                           p.uid)):
         if pod.ended:
             continue
         if pod.ticket in owners:
@@ -68,16 +80,22 @@ def ticket_owners(pods: Iterable[GpuPod]) -> tuple[dict[str, GpuPod], list[GpuPo
     return owners, twins
 
 
-def cluster_truth(pods: Iterable[GpuPod]) -> ClusterTruth:
-    """Usage and queue records for the owners of ``pods``' tickets (:func:`ticket_owners`);
-    twins are skipped and counted."""
+def cluster_truth(pods: Iterable[GpuPod], bound: Mapping[str, str] | None = None
+                  ) -> ClusterTruth:
+    """Usage and queue records for the owners of ``pods``' tickets (:func:`ticket_owners`)
+    and for the twins that hold capacity (:func:`twin_ticket`); gated twins are skipped
+    and counted."""
     running: list[RunningPod] = []
     gated: list[GatedPod] = []
-    owners, twins = ticket_owners(pods)
-    skipped = len(twins)
+    owners, twins = ticket_owners(pods, bound)
+    skipped = 0
+    counted = [replace(pod, ticket=twin_ticket(pod)) for pod in twins if pod.holds_capacity]
     for pod in twins:
-        log.warning("pod %s skipped by reconcile: its ticket belongs to an older pod", pod.ref)
-    for pod in owners.values():
+        if not pod.holds_capacity:
+            skipped += 1
+            log.warning("pod %s skipped by reconcile: its ticket belongs to an older pod",
+                        pod.ref)
+    for pod in [*owners.values(), *counted]:
         try:
             if pod.gated:
                 request = PodRequest(
@@ -100,7 +118,8 @@ def cluster_truth(pods: Iterable[GpuPod]) -> ClusterTruth:
 
 
 def reconcile(
-    queue: FairQueue, pods: Iterable[GpuPod], listed_at: float | None = None
+    queue: FairQueue, pods: Iterable[GpuPod], listed_at: float | None = None,
+    bound: Mapping[str, str] | None = None,
 ) -> ReconcileSummary:
     """Replace the queue's usage and backlog with what ``pods`` say (atomically).
 
@@ -109,7 +128,7 @@ def reconcile(
     before or after it are kept (see :meth:`FairQueue.rebuild`). ``None`` only when
     nothing can have been reserved or dispatched since the listing.
     """
-    truth = cluster_truth(pods)
+    truth = cluster_truth(pods, bound)
     queue.rebuild(truth.running, truth.gated, listed_at)
     return ReconcileSummary(len(truth.running), len(truth.gated), truth.skipped,
                             truth.owners, truth.twins)

@@ -119,3 +119,26 @@ def test_reconcile_from_a_listing_keeps_what_was_dispatched_since(redis_url: str
     assert status is not None and status.state == "running"
     assert queue.tenant_status()[0].used == {"gpu": 1}
     assert queue.dispatch(22.0) == []  # not released (and counted) twice
+
+
+def _stamped(name: str, uid: str, created: float, gated: bool = False) -> GpuPod:
+    return GpuPod(ref=PodRef("ns-a", name), uid=uid, ticket="t1", tenant="a",
+                  pod_class="training", band="training", demand={"gpu": 2}, group=None,
+                  group_size=1, phase="Pending" if gated else "Running", gated=gated,
+                  node=None if gated else "node-1", created=created)
+
+
+def test_a_twin_that_runs_is_counted_as_its_own_pod_and_never_as_the_owner() -> None:
+    """Two pods with one ticket created within the same second (creation times have
+    whole seconds): the one the dispatcher saw own it stays the owner, whatever the uids
+    say; the other holds GPUs too, so it is counted under a ticket of its own; a gated
+    twin holds nothing and is skipped."""
+    owner, twin = _stamped("owner", "uid-b", 100.0), _stamped("copy", "uid-a", 100.0)
+    truth = cluster_truth([twin, owner], bound={"t1": "uid-b"})
+    assert truth.owners["t1"].uid == "uid-b" and truth.twins == [twin]
+    assert sorted((p.ticket, p.uid) for p in truth.running) == [
+        ("t1", "uid-b"), ("t1.twin.uid-a", "uid-a")]
+    assert truth.skipped == 0
+    gated = _stamped("gated-copy", "uid-c", 101.0, gated=True)
+    truth = cluster_truth([twin, owner, gated], bound={"t1": "uid-b"})
+    assert len(truth.running) == 2 and truth.skipped == 1

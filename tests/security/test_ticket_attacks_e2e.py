@@ -331,3 +331,28 @@ def test_pod_deleted_and_recreated_with_the_same_name_is_counted_once(rig: Rig) 
     assert rig.used_gpus("team-b") == rig.running_gpus("team-b") == 2
     rig.rebuild()
     assert rig.used_gpus("team-b") == 2
+
+
+def test_an_ungated_twin_that_runs_is_counted_against_its_tenant(
+    rig: Rig, kubelet: FakeKubelet
+) -> None:
+    """A pod that got past the webhooks with another pod's copied stamps and no gate runs
+    as soon as the scheduler binds it: it is counted as a pod of its own within a step
+    (the tenant may go over quota, so its next pods wait), and freed when it is gone."""
+    ns = rig.namespace("team-a")
+    _, manifest, owner = rig.create(ns, "team-a", "owner", 2)
+    rig.settle(lambda: rig.phase(ns, owner) == "Running", "the owner runs")
+    manifest["metadata"]["name"] = "twin"
+    rig.core.create_namespaced_pod(ns, manifest)
+    rig.settle(lambda: rig.phase(ns, "twin") == "Running"
+               and rig.used_gpus("team-a") == rig.running_gpus("team-a") == 4,
+               "the twin runs and is counted")
+    events = rig.core.list_namespaced_event(
+        ns, field_selector="involvedObject.name=twin,reason=TicketConflict").items
+    assert events and "counted against team-a" in events[0].message
+    # the owner's ticket still frees only the owner; the twin frees its own count
+    rig.core.delete_namespaced_pod("twin", ns, grace_period_seconds=0)
+    rig.settle(lambda: rig.used_gpus("team-a") == rig.running_gpus("team-a") == 2,
+               "the twin's GPUs freed")
+    rig.dispatcher.reconcile()
+    assert rig.used_gpus("team-a") == 2
