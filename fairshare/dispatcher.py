@@ -9,8 +9,10 @@ Contract:
 - Pod changes: a pod first seen with a ticket is confirmed (the ticket is bound to its
   uid); a pod that ended (``Succeeded``/``Failed``) or was deleted frees its usage
   (``release``); a gated pod that was deleted leaves the queue (``remove``). A pod
-  presenting a ticket another pod owns (copied stamps) is a twin: never counted, freed
-  or released, and told so with a ``TicketConflict`` Warning Event (invariant 7). A pod
+  presenting a ticket another pod owns (copied stamps) is a twin: never its ticket's
+  owner, never released, told so with a ``TicketConflict`` Warning Event; one that is
+  not gated is counted as a pod of its own (reconcile's ``twin_ticket``) from the step
+  that found it until it ends, whatever that does to its tenant's quota. A pod
   that is deleted before it ever ran frees what it held at once. A pod the queue does
   not know (Redis lost data, or a reservation expired before the pod appeared), or a queue that
   holds less usage or fewer queued pods than the pods seen (checked every status pass),
