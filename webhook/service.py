@@ -548,7 +548,9 @@ class AdmissionService:
                 request.old_object, request.object, user.username, tuple(user.groups), config
             )
         if verdict.allowed and request.operation == "CREATE" and verdict.ticket:
-            return await self._claim(request, progress, verdict.ticket, verdict.warnings)
+            tenant = config.tenant_of_namespace(request.namespace) or ""
+            return await self._claim(request, progress, tenant, verdict.ticket,
+                                     verdict.warnings)
         if verdict.allowed:
             return allow(request.uid, verdict.warnings)
         tenant = config.tenant_of_namespace(request.namespace) or ""
@@ -557,11 +559,11 @@ class AdmissionService:
                           warnings=verdict.warnings)
 
     async def _claim(
-        self, request: AdmissionRequest, progress: Progress, ticket: str,
+        self, request: AdmissionRequest, progress: Progress, tenant: str, ticket: str,
         warnings: Sequence[str],
     ) -> AdmissionReviewResponse:
-        """Claim ``ticket`` for the pod being created (its uid, before it is stored), or
-        refuse the pod when another pod owns the ticket (copied stamps)."""
+        """Claim ``ticket`` for the pod of ``tenant`` being created (its uid, before it is
+        stored), or refuse the pod when another pod owns the ticket (copied stamps)."""
         metadata = _metadata(request.object)
         uid = str(metadata.get("uid") or "")
         name = request.name or str(metadata.get("name") or "")
@@ -570,10 +572,8 @@ class AdmissionService:
         try:
             await self.queue.bind(ticket, uid, request.namespace, name, request.dry_run)
         except TicketConflictError as exc:
-            tenant = (self.current_config() or progress.config)
-            decision = _Decision(DENY, "copied-ticket", tenant=(
-                tenant.tenant_of_namespace(request.namespace) or "") if tenant else "")
-            return self._deny(request, progress, decision, f"fairgate refuses this pod: {exc}")
+            return self._deny(request, progress, _Decision(DENY, "copied-ticket", tenant=tenant),
+                              f"fairgate refuses this pod: {exc}")
         except _UNAVAILABLE as exc:
             return self._redis_unavailable(request, progress, exc)
         return allow(request.uid, warnings)
