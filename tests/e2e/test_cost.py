@@ -26,7 +26,7 @@ CLUSTER_GPUS = sum(n.devices.get("nvidia.com/gpu", 0) for n in DEFAULT_GPU_NODES
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateCluster]:
-    """A cluster of its own (the session-wide `fairgate` fixture serves one module)."""
+    """A cluster of its own (the shared `fairgate` fixture has fixed nodes and namespaces)."""
     with private_cluster(tmp_path_factory.mktemp("cost"), DEFAULT_GPU_NODES) as cluster:
         yield cluster
 

@@ -33,6 +33,11 @@ def create_namespace(core: Any, name: str, labels: Mapping[str, str] | None = No
     its `default` ServiceAccount (the ServiceAccount admission plugin refuses pods until
     then)."""
     core.create_namespace({"metadata": {"name": name, "labels": dict(labels or {})}})
+    wait_for_default_account(core, name)
+
+
+def wait_for_default_account(core: Any, name: str) -> None:
+    """Return once namespace `name` has its `default` ServiceAccount."""
 
     def has_default() -> bool:
         accounts = core.list_namespaced_service_account(

@@ -28,7 +28,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from .api import create_namespace
+from .api import wait_for_default_account
 from .controlplane import REPO, ControlPlane, Process, free_port, wait_until_ok
 from .manifests import WEBHOOK_KINDS, Manifest, apply, load_kustomization, with_ca_bundle
 from .pods import pod_manifest
@@ -176,26 +176,31 @@ class FairgateStack:
             name: base64.b64encode((self.cert_dir / name).read_bytes()).decode()
             for name in ("ca.crt", "ca.key", "tls.crt", "tls.key")
         }
-        core: Any = client.CoreV1Api(self.cp.admin)
-        core.create_namespaced_secret(
-            SYSTEM_NAMESPACE,
-            {
-                "metadata": {"name": "fairgate-webhook-tls"},
-                "type": "kubernetes.io/tls",
-                "data": data,
-            },
-        )
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "fairgate-webhook-tls", "namespace": SYSTEM_NAMESPACE},
+            "type": "kubernetes.io/tls",
+            "data": data,
+        }
+        apply(self.cp.admin, [secret])
 
     def _create_tenant_namespace(self, tenant: str) -> None:
+        """The tenant's namespace and its users' Role (applied: a later module's install
+        finds them from an earlier one and takes them over)."""
         namespace = tenant_namespace(tenant)
-        core: Any = client.CoreV1Api(self.cp.admin)
-        create_namespace(core, namespace, {"fairgate.io/tenant": tenant})
         _, groups = tenant_user(tenant)
-        rbac: Any = client.RbacAuthorizationV1Api(self.cp.admin)
-        rbac.create_namespaced_role(
-            namespace,
+        rbac = "rbac.authorization.k8s.io"
+        apply(self.cp.admin, [
             {
-                "metadata": {"name": "gpu-user"},
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": namespace, "labels": {"fairgate.io/tenant": tenant}},
+            },
+            {
+                "apiVersion": f"{rbac}/v1",
+                "kind": "Role",
+                "metadata": {"name": "gpu-user", "namespace": namespace},
                 "rules": [
                     {
                         "apiGroups": [""],
@@ -205,21 +210,15 @@ class FairgateStack:
                     {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]},
                 ],
             },
-        )
-        rbac.create_namespaced_role_binding(
-            namespace,
             {
-                "metadata": {"name": "gpu-user"},
-                "roleRef": {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "Role",
-                    "name": "gpu-user",
-                },
-                "subjects": [
-                    {"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": groups[0]}
-                ],
+                "apiVersion": f"{rbac}/v1",
+                "kind": "RoleBinding",
+                "metadata": {"name": "gpu-user", "namespace": namespace},
+                "roleRef": {"apiGroup": rbac, "kind": "Role", "name": "gpu-user"},
+                "subjects": [{"apiGroup": rbac, "kind": "Group", "name": groups[0]}],
             },
-        )
+        ])
+        wait_for_default_account(client.CoreV1Api(self.cp.admin), namespace)
 
     # -- processes ---------------------------------------------------------------------
 

@@ -90,7 +90,8 @@ def fairgate(
 
     It has its own redis-server (`fairgate.redis`). Module-scoped: after the module the webhook
     configurations are removed, so tests elsewhere see a cluster without fairgate. It
-    installs into fixed namespaces, so only one module per session can use it.
+    installs into fixed namespaces by server-side apply: the next module to use it takes
+    over what the last one left (with a Redis of its own, so nothing queued carries over).
     """
     stack = FairgateStack(controlplane, tmp_path_factory.mktemp("fairgate"))
     try:

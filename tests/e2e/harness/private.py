@@ -3,7 +3,7 @@ scheduler and controllers, node lifecycle included), the fake kubelet serving th
 the module asks for, and fairgate installed from manifests/ with the module's platform
 config and `fairgate dispatch` flags (its metrics served on a port of its own).
 
-Unlike the session-wide `fairgate` fixture (fixed nodes, one module per session), a
+Unlike the session-wide `fairgate` fixture (fixed nodes and namespaces), a
 module can shape nodes and flags freely; the cost is one more control plane start.
 """
 
