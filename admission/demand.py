@@ -1,9 +1,11 @@
 """A pod's GPU demand, following Kubernetes' effective-request rule.
 
 Contract:
-- Only NVIDIA extended resources count (``nvidia.com/gpu`` and ``nvidia.com/mig-<profile>``);
-  everything else (cpu, memory, other vendors) is ignored.
-- Per container, a resource's amount comes from ``limits``; if only ``requests`` names it,
+- NVIDIA extended resources count (``nvidia.com/gpu`` and ``nvidia.com/mig-<profile>``),
+  and so do GPUs through DRA (:mod:`admission.dra`: DeviceClass extended resources in
+  containers, ResourceClaimTemplates and ResourceClaims); everything else (cpu, memory,
+  other vendors) is ignored.
+- Per container and resource name, the amount comes from ``limits``; if only ``requests`` names it,
   from ``requests``; if both name it they must be equal. Amounts are Kubernetes quantities
   and must be whole, non-negative numbers (GPUs and MIG devices are whole devices).
 - Per resource, the pod's demand is the larger of
@@ -32,11 +34,19 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from admission import pods
+from admission.dra import (
+    DraContext,
+    DraError,
+    claims_demand,
+    class_resource,
+    container_resource_class,
+)
 from admission.quantity import QuantityError, parse_quantity
 from tenants import placement, resources
 from tenants.resources import ResourceCounts
 
 SIDECAR_RESTART_POLICY = "Always"
+NO_DRA = DraContext()
 MAX_DEVICES = 1_000_000
 
 
@@ -44,7 +54,10 @@ class DemandError(pods.PodError):
     """A pod whose GPU demand cannot be determined; the message says what to fix."""
 
 
-def _resource_name(name: str, where: str) -> str | None:
+def _resource_name(name: str, where: str, dra: DraContext) -> str | None:
+    device_class = container_resource_class(name, dra)
+    if device_class is not None:
+        return class_resource(device_class, dra, where)
     short = resources.short_name(name)
     if short is None:
         return None
@@ -59,15 +72,6 @@ def _resource_name(name: str, where: str) -> str | None:
         f"{where}: unknown NVIDIA resource {name!r}: fairgate accounts nvidia.com/gpu and "
         "nvidia.com/mig-<profile> (e.g. nvidia.com/mig-1g.10gb)"
     )
-
-
-def _amounts(section: Mapping[str, Any], where: str) -> dict[str, tuple[str, Any]]:
-    found: dict[str, tuple[str, Any]] = {}
-    for name, value in section.items():
-        short = _resource_name(name, where)
-        if short is not None:
-            found[short] = (name, value)
-    return found
 
 
 def _count(name: str, value: Any, where: str) -> int:
@@ -87,28 +91,27 @@ def _count(name: str, value: Any, where: str) -> int:
     return int(amount)
 
 
-def _container_demand(container: Mapping[str, Any], where: str) -> ResourceCounts:
+def _container_demand(container: Mapping[str, Any], where: str,
+                      dra: DraContext) -> ResourceCounts:
     spec = pods.mapping(container.get("resources"), f"{where}: resources")
-    limits = _amounts(pods.mapping(spec.get("limits"), f"{where}: resources.limits"), where)
-    requests = _amounts(pods.mapping(spec.get("requests"), f"{where}: resources.requests"), where)
+    limits = pods.mapping(spec.get("limits"), f"{where}: resources.limits")
+    requests = pods.mapping(spec.get("requests"), f"{where}: resources.requests")
     demand: ResourceCounts = {}
-    for short in sorted(limits.keys() | requests.keys()):
-        if short in limits:
-            name, value = limits[short]
-            count = _count(name, value, where)
-            if short in requests:
-                req_name, req_value = requests[short]
-                req_count = _count(req_name, req_value, where)
-                if req_count != count:
-                    raise DemandError(
-                        f"{where}: {name} requests ({req_value}) differ from limits ({value}): "
-                        "for GPUs set them equal, or set only limits"
-                    )
+    for name in sorted(limits.keys() | requests.keys()):
+        short = _resource_name(name, where, dra)
+        if short is None:
+            continue
+        if name in limits:
+            count = _count(name, limits[name], where)
+            if name in requests and _count(name, requests[name], where) != count:
+                raise DemandError(
+                    f"{where}: {name} requests ({requests[name]}) differ from limits "
+                    f"({limits[name]}): for GPUs set them equal, or set only limits"
+                )
         else:
-            name, value = requests[short]
-            count = _count(name, value, where)
+            count = _count(name, requests[name], where)
         if count:
-            demand[short] = count
+            demand[short] = demand.get(short, 0) + count
     return demand
 
 
@@ -153,9 +156,10 @@ def _effective_demand(
     return {name: n for name, n in total.items() if n}
 
 
-def pod_demand(pod: object) -> ResourceCounts:
-    """The pod's accounted GPU demand by short resource name (positive counts only)."""
-    raw = _device_demand(pod)
+def pod_demand(pod: object, dra: DraContext = NO_DRA) -> ResourceCounts:
+    """The pod's accounted GPU demand by short resource name (positive counts only):
+    device-plugin resources and DRA devices (:mod:`admission.dra`), looked up in ``dra``."""
+    raw = _device_demand(pod, dra)
     try:
         profile = pods.labels_of(pod).get(placement.MIG_PROFILE_LABEL)
     except pods.PodError:
@@ -168,20 +172,25 @@ def pod_demand(pod: object) -> ResourceCounts:
         raise DemandError(str(exc)) from exc
 
 
-def _device_demand(pod: object) -> ResourceCounts:
-    """The pod's effective ``nvidia.com/*`` demand by short resource name (positive
-    counts only), as the scheduler counts it on a node (no label applied)."""
+def _device_demand(pod: object, dra: DraContext) -> ResourceCounts:
+    """The pod's effective demand by short resource name (positive counts only), as the
+    scheduler counts it on a node (no label applied): containers' resources under the
+    effective-request rule, plus the devices of its resource claims."""
     try:
         app = [
-            _container_demand(c, _label(c, "containers", i))
+            _container_demand(c, _label(c, "containers", i), dra)
             for i, c in enumerate(pods.containers(pod, "containers"))
         ]
         init = [
-            (_container_demand(c, _label(c, "initContainers", i)), _is_sidecar(c))
+            (_container_demand(c, _label(c, "initContainers", i), dra), _is_sidecar(c))
             for i, c in enumerate(pods.containers(pod, "initContainers"))
         ]
+        demand = _effective_demand(app, init)
+        _add(demand, claims_demand(pod, dra))
     except DemandError:
         raise
+    except DraError as exc:
+        raise DemandError(str(exc)) from exc
     except pods.PodError as exc:
         raise DemandError(f"malformed pod: {exc}") from exc
-    return _effective_demand(app, init)
+    return demand

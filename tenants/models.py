@@ -51,6 +51,23 @@ MAX_GENERATED_PREFIX = 58
 """How much of ``metadata.generateName`` the API server keeps: it cuts the prefix to 58
 characters, then appends :data:`GENERATED_SUFFIX` random ones (63 in all)."""
 GENERATED_SUFFIX = 5
+NONE_RULE = "none"
+MIG_RULE = "mig"
+DEFAULT_DEVICE_CLASSES: Mapping[str, str] = {
+    "gpu.nvidia.com": resources.GPU, "mig.nvidia.com": MIG_RULE,
+}
+"""How the NVIDIA DRA driver's DeviceClasses count (platform ``deviceClasses`` adds to it)."""
+
+
+def device_class_rule_problem(rule: str) -> str | None:
+    """Why ``rule`` is not a DeviceClass rule (None: it is): ``gpu`` (whole GPUs),
+    ``mig`` (the profile the claim selects), ``mig-<profile>`` or ``none`` (not a GPU)."""
+    if rule in (resources.GPU, MIG_RULE, NONE_RULE):
+        return None
+    if rule.startswith(resources.MIG_PREFIX) and resources.is_known(rule):
+        return None
+    return (f"unknown DeviceClass rule {rule!r}: write gpu, mig (profile from the claim's "
+            "selector), mig-<profile> (e.g. mig-1g.5gb) or none (not a GPU)")
 
 
 NonNegativeInt = Annotated[StrictInt, Field(ge=0)]
@@ -225,7 +242,7 @@ class PricingSpec(_Strict):
 
 class PlatformConfig(_Strict):
     """``platform.yaml``: platform admins, capacity override, tenants, failure mode,
-    priority classes, fair-share measure, pricing (optional)."""
+    priority classes, fair-share measure, pricing (optional), DeviceClass rules (DRA)."""
 
     platform_admins: Principals = Field(Principals(), alias="platformAdmins")
     capacity: dict[str, NonNegativeInt] = {}
@@ -234,6 +251,22 @@ class PlatformConfig(_Strict):
     priority_classes: PriorityClasses = Field(PriorityClasses(), alias="priorityClasses")
     fair_share: FairShareSpec = Field(FairShareSpec(), alias="fairShare")
     pricing: PricingSpec | None = None
+    device_classes: dict[str, str] = Field({}, alias="deviceClasses")
+
+    @field_validator("device_classes")
+    @classmethod
+    def _known_rules(cls, value: dict[str, str]) -> dict[str, str]:
+        """Each DeviceClass maps to a rule (:func:`device_class_rule_problem`)."""
+        for device_class, rule in value.items():
+            problem = device_class_rule_problem(resources.normalise(rule))
+            if problem is not None:
+                raise ValueError(f"{device_class}: {problem}")
+        return {k: resources.normalise(v) for k, v in value.items()}
+
+    @cached_property
+    def device_class_rules(self) -> dict[str, str]:
+        """:data:`DEFAULT_DEVICE_CLASSES` with ``deviceClasses`` on top."""
+        return {**DEFAULT_DEVICE_CLASSES, **self.device_classes}
 
     @field_validator("capacity")
     @classmethod
