@@ -380,10 +380,10 @@ def connect_redis(
     address = resolved.sentinel
     if address is not None:
         options = resolved.sentinel_options(address)
-        sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        sentinel = redis.sentinel.Sentinel(
             address.sentinels, sentinel_kwargs=_sentinel_kwargs(options, timeout),
             socket_timeout=timeout, socket_connect_timeout=timeout, **options)
-        client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+        client: redis.Redis = sentinel.master_for(
             address.master, db=address.db, retry=retry)
         return client
     return redis.Redis.from_url(
@@ -440,7 +440,7 @@ def connect_redis_async(
     address = resolved.sentinel
     if address is not None:
         options = resolved.sentinel_options(address)
-        sentinel = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        sentinel = redis.asyncio.sentinel.Sentinel(
             address.sentinels,
             sentinel_kwargs={**_sentinel_kwargs(options, timeout),
                              "max_connections": ASYNC_MAX_CONNECTIONS},
