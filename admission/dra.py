@@ -120,6 +120,23 @@ def claims_demand(pod: object, context: DraContext) -> ResourceCounts:
     return {k: v for k, v in total.items() if v}
 
 
+def referenced_objects(pod: object) -> tuple[frozenset[str], frozenset[str]]:
+    """The ResourceClaimTemplate names and ResourceClaim names the pod's
+    ``spec.resourceClaims`` refer to (entries that are not well formed are skipped here:
+    :func:`claims_demand` refuses them)."""
+    spec = pod.get("spec") if isinstance(pod, Mapping) else None
+    entries = spec.get("resourceClaims") if isinstance(spec, Mapping) else None
+    templates: set[str] = set()
+    claims: set[str] = set()
+    for entry in entries if isinstance(entries, list) else []:
+        if isinstance(entry, Mapping):
+            if isinstance(entry.get("resourceClaimTemplateName"), str):
+                templates.add(entry["resourceClaimTemplateName"])
+            if isinstance(entry.get("resourceClaimName"), str):
+                claims.add(entry["resourceClaimName"])
+    return frozenset(templates), frozenset(claims)
+
+
 def _rule(device_class: str, context: DraContext, where: str) -> str:
     rule = context.rules.get(device_class)
     if rule is not None:

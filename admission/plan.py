@@ -42,6 +42,7 @@ from dataclasses import dataclass, field, replace
 from admission import pods
 from admission.classes import ClassError, resolve_class
 from admission.demand import DemandError, pod_demand
+from admission.dra import NO_OBJECTS, DraContext, DraObjects
 from admission.reviews import one_line
 from tenants import resources
 from tenants.models import (
@@ -149,11 +150,13 @@ class _Refusal(Exception):
 
 
 def plan_create(
-    pod: object, namespace: str, request_uid: str, config: FairgateConfig
+    pod: object, namespace: str, request_uid: str, config: FairgateConfig,
+    dra: DraObjects = NO_OBJECTS,
 ) -> PlanResult:
-    """Decide tenant, class, demand, ticket and gang of a pod CREATE, or refuse it."""
+    """Decide tenant, class, demand, ticket and gang of a pod CREATE, or refuse it; its
+    GPUs through DRA are counted with the cluster's objects ``dra``."""
     try:
-        demand = pod_demand(pod)
+        demand = pod_demand(pod, DraContext(namespace, config.platform.device_class_rules, dra))
     except DemandError as exc:
         return _denied("invalid-demand", str(exc))
     if not demand:

@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from admission import pods
+from admission.dra import NO_OBJECTS, DraObjects
 from admission.plan import (
     BANDS_OF_CLASS,
     MAX_MESSAGE_CHARS,
@@ -96,9 +97,10 @@ def _fairgate_only_markers(pod: object) -> list[str]:
     return markers
 
 
-def validate_create(pod: object, namespace: str, config: FairgateConfig) -> Verdict:
-    """Verdict on a mutated pod CREATE in ``namespace``."""
-    result = plan_create(pod, namespace, "", config)
+def validate_create(pod: object, namespace: str, config: FairgateConfig,
+                    dra: DraObjects = NO_OBJECTS) -> Verdict:
+    """Verdict on a mutated pod CREATE in ``namespace`` (DRA objects ``dra``)."""
+    result = plan_create(pod, namespace, "", config, dra)
     if isinstance(result, NotOurs):
         forged = _fairgate_only_markers(pod)
         if forged:

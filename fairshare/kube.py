@@ -34,18 +34,16 @@ import datetime
 import json
 import logging
 import queue
-import random
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
-from kubernetes.watch.watch import iter_resp_lines
 
 from fairshare.cluster import (
     DEFAULT_NOT_READY_GRACE,
@@ -60,6 +58,8 @@ from fairshare.cluster import (
     PodPhase,
     PodRef,
 )
+from fairshare.dra import DraWatch
+from fairshare.watching import Backoff, list_all, watch
 from tenants import placement, resources
 from tenants.models import (
     BORROWED_ANNOTATION,
@@ -81,7 +81,6 @@ JSON_PATCH = "application/json-patch+json"
 EVENT_COMPONENT = "fairgate-dispatcher"
 _PHASES: frozenset[str] = frozenset({"Pending", "Running", "Succeeded", "Failed", "Unknown"})
 _RETRIABLE = frozenset({409, 422, 429, 500, 502, 503, 504})
-_WATCH_SECONDS = 240
 BOUND_UNFINISHED = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 # The watches whose first list must have arrived before the watched state is trusted.
 WATCHED = frozenset({"nodes", "foreign"})
@@ -98,24 +97,6 @@ def preempted_by_scheduler(status: Mapping[str, Any]) -> bool:
         for c in status.get("conditions") or [] if isinstance(c, Mapping)
     )
 """Field selector of the pods that may hold GPUs on a node."""
-_iter_lines: Callable[[Any], Iterator[str]] = iter_resp_lines
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Exponential backoff with full jitter: ``attempts`` tries, delays up to ``maximum``."""
-
-    initial: float = 0.05
-    factor: float = 2.0
-    maximum: float = 2.0
-    attempts: int = 6
-
-    def delays(self) -> Iterator[float]:
-        """The sleeps between consecutive attempts (``attempts - 1`` of them)."""
-        delay = self.initial
-        for _ in range(self.attempts - 1):
-            yield random.uniform(0, delay)
-            delay = min(delay * self.factor, self.maximum)
 
 
 def api_client(kubeconfig: Path | None = None) -> client.ApiClient:
@@ -159,8 +140,10 @@ def pod_from_manifest(
 
     A pod without tenant label, ticket or a parsable demand annotation is not tracked.
     The demand is ``demand_of(obj)``, the pod's effective GPU demand computed from its
-    spec, which no one can change after CREATE: an annotation that disagrees (edited
-    after admission) is logged and ignored. The demand is keyed by the pod's
+    spec (and the DRA objects it names), which no one can change after CREATE: an
+    annotation that disagrees (edited after admission) is logged and ignored. A spec whose
+    demand cannot be computed any more (a ResourceClaimTemplate deleted since) counts
+    as the annotation says, what was admitted. The demand is keyed by the pod's
     placement class (:func:`tenants.placement.pod_placement` of it, its
     ``fairgate.io/mig-profile`` label and the pool in its ``fairgate.io/node-pool``
     annotation, all immutable after CREATE).
@@ -182,10 +165,11 @@ def pod_from_manifest(
         return None
     try:
         from_spec = demand_of(obj)
-    except ValueError as error:
-        log.warning("pod %s/%s: demand from its spec: %s; ignored",
-                    meta.get("namespace"), meta.get("name"), error)
-        return None
+    except ValueError as error:  # e.g. its ResourceClaimTemplate was deleted since
+        log.warning("pod %s/%s: demand from its spec: %s; counted as admitted (%s)",
+                    meta.get("namespace"), meta.get("name"), error,
+                    resources.format_counts(demand))
+        from_spec = demand
     if from_spec != demand:
         log.warning("pod %s/%s: fairgate.io/demand %r disagrees with its spec (%s); "
                     "the spec counts", meta.get("namespace"), meta.get("name"),
@@ -386,10 +370,13 @@ def foreign_pod(
 
 def capacity_report(
     nodes: Iterable[NodeGpus], foreign: Iterable[ForeignPod], now: float, grace: float,
+    published: Mapping[str, Mapping[str, int]] | None = None,
 ) -> CapacityReport:
     """What fairgate's pods can use at ``now``, by capacity key: every node's GPUs in its
     placement class unless :meth:`NodeGpus.excluded`, less what foreign pods bound to it
-    hold (never below 0)."""
+    hold (never below 0). A node's GPUs are, per resource, the larger of its allocatable
+    and what its DRA ResourceSlices publish (``published``, by node: the same GPUs may
+    show in both, through a DeviceClass's ``extendedResourceName``)."""
     on_node: dict[str, list[ForeignPod]] = {}
     for pod in foreign:
         on_node.setdefault(pod.node, []).append(pod)
@@ -397,6 +384,10 @@ def capacity_report(
     excluded: list[NodeExclusion] = []
     held: list[ForeignHold] = []
     for node in sorted(nodes, key=lambda n: n.name):
+        slices = (published or {}).get(node.name) or {}
+        if slices:
+            node = replace(node, gpus={name: max(node.gpus.get(name, 0), slices.get(name, 0))
+                                       for name in {*node.gpus, *slices}})
         if not node.gpus:
             continue
         reason = node.excluded(now, grace)
@@ -437,13 +428,15 @@ class KubeCluster:
         not_ready_grace: float = DEFAULT_NOT_READY_GRACE,
         clock: Callable[[], float] = time.time,
         tick: float = 1.0,
+        dra: DraWatch | None = None,
     ) -> None:
         """Talk to the API server through ``api``; nothing happens until a call.
 
         ``demand_of``: a pod's GPU demand from its spec (see :func:`pod_from_manifest`),
         for fairgate's pods and for the GPUs held by pods fairgate does not manage.
         ``not_ready_grace``: seconds a node may be not Ready and still count;
-        ``tick``: how often the watch re-checks the capacity for expired graces.
+        ``tick``: how often the watch re-checks the capacity for expired graces;
+        ``dra``: the DRA objects (with slices), whose published GPUs add to capacity.
         """
         if not_ready_grace < 0 or tick <= 0:
             raise ValueError("not_ready_grace must be >= 0 and tick > 0 (seconds)")
@@ -455,6 +448,9 @@ class KubeCluster:
         self._grace = not_ready_grace
         self._clock = clock
         self._tick = tick
+        self._dra = dra
+        if dra is not None:
+            dra.on_change = self._publish
         self._changes: queue.Queue[ClusterChange] = queue.Queue()
         self._nodes: dict[str, NodeGpus] = {}
         self._foreign: dict[str, ForeignPod] = {}  # pod uid -> the GPUs it holds
@@ -467,21 +463,9 @@ class KubeCluster:
 
     # -- reads ---------------------------------------------------------------------------
 
-    def _list(self, lister: Callable[..., Any], **kwargs: Any) -> tuple[list[Any], str]:
-        items: list[Any] = []
-        token: str | None = None
-        while True:
-            response = lister(limit=500, _continue=token, _preload_content=False, **kwargs)
-            body = json.loads(response.data)
-            items.extend(body.get("items") or [])
-            meta = body.get("metadata") or {}
-            token = meta.get("continue") or None
-            if token is None:
-                return items, str(meta.get("resourceVersion", ""))
-
     def list_pods(self) -> list[GpuPod]:
         """Every pod labelled ``fairgate.io/tenant`` that carries a ticket."""
-        items, _ = self._list(self._core.list_pod_for_all_namespaces, label_selector=TENANT_LABEL)
+        items, _ = list_all(self._core.list_pod_for_all_namespaces, label_selector=TENANT_LABEL)
         found = (self._remember(item) for item in items)
         return [pod for pod in found if pod is not None]
 
@@ -493,19 +477,26 @@ class KubeCluster:
         """:func:`capacity_report` of the nodes and foreign pods: as the watches see
         them once they have listed, else listed now."""
         with self._lock:
-            if self._threads and self._listed >= WATCHED:
+            if self._threads and self._watched():
                 return self._report()
-        nodes, _ = self._list(self._core.list_node)
-        pods, _ = self._list(self._core.list_pod_for_all_namespaces,
+        nodes, _ = list_all(self._core.list_node)
+        pods, _ = list_all(self._core.list_pod_for_all_namespaces,
                              field_selector=BOUND_UNFINISHED)
         foreign = [p for p in (self._foreign_pod(obj) for obj in pods) if p is not None]
         return capacity_report((node_gpus(n) for n in nodes), foreign, self._clock(),
-                               self._grace)
+                               self._grace, self._published_gpus())
 
     def _report(self) -> CapacityReport:
         """The report from the watches' state (caller holds the lock)."""
         return capacity_report(self._nodes.values(), self._foreign.values(), self._clock(),
-                               self._grace)
+                               self._grace, self._published_gpus())
+
+    def _published_gpus(self) -> Mapping[str, Mapping[str, int]]:
+        return {} if self._dra is None else self._dra.node_gpus()
+
+    def _watched(self) -> bool:
+        """Whether every watch the capacity depends on has listed (caller holds the lock)."""
+        return self._listed >= WATCHED and (self._dra is None or self._dra.ready)
 
     def _foreign_pod(self, obj: Mapping[str, Any]) -> ForeignPod | None:
         return foreign_pod(obj, self._demand_of, self._priority_classes)
@@ -542,59 +533,22 @@ class KubeCluster:
                                  daemon=True),
             ]
             threads = list(self._threads)
+        if self._dra is not None:
+            self._dra.start()
         for thread in threads:
             thread.start()
 
     def stop(self) -> None:
         """Ask the watch threads to stop; they end at their next event or timeout."""
         self._stop.set()
+        if self._dra is not None:
+            self._dra.stop()
         with self._lock:
             self._threads = []
 
-    def _stream(
-        self, lister: Callable[..., Any], rv: str, **kwargs: Any
-    ) -> Iterator[dict[str, Any]]:
-        response = lister(
-            watch=True, resource_version=rv, allow_watch_bookmarks=True,
-            timeout_seconds=_WATCH_SECONDS, _preload_content=False,
-            _request_timeout=(10, _WATCH_SECONDS + 30), **kwargs,
-        )
-        try:
-            lines: Iterator[str] = _iter_lines(response)
-            for line in lines:
-                if self._stop.is_set():
-                    return
-                if line:
-                    yield json.loads(line)
-        finally:
-            response.close()
-            response.release_conn()
-
-    def _watch(
-        self, lister: Callable[..., Any], on_list: Callable[[list[Any]], None],
-        on_event: Callable[[str, dict[str, Any]], None], **kwargs: Any,
-    ) -> None:
-        delays: Iterator[float] = iter(())
-        while not self._stop.is_set():
-            try:
-                items, rv = self._list(lister, **kwargs)
-                on_list(items)
-                delays = self._backoff.delays()
-                while not self._stop.is_set():
-                    for event in self._stream(lister, rv, **kwargs):
-                        obj = event.get("object") or {}
-                        if event.get("type") == "ERROR":
-                            raise ApiException(status=obj.get("code"), reason=obj.get("message"))
-                        rv = str((obj.get("metadata") or {}).get("resourceVersion", rv))
-                        if event.get("type") != "BOOKMARK":
-                            on_event(str(event.get("type")), obj)
-            except ApiException as error:
-                if error.status != 410:
-                    log.warning("watch failed (HTTP %s %s); relisting", error.status, error.reason)
-                    self._stop.wait(next(delays, self._backoff.maximum))
-            except Exception as error:  # a watch thread must survive anything
-                log.warning("watch failed (%s); relisting", error)
-                self._stop.wait(next(delays, self._backoff.maximum))
+    def _watch(self, lister: Callable[..., Any], on_list: Callable[[list[Any]], None],
+               on_event: Callable[[str, dict[str, Any]], None], **kwargs: Any) -> None:
+        watch(lister, on_list, on_event, self._stop, self._backoff, **kwargs)
 
     def _watch_pods(self) -> None:
         def on_list(_: list[Any]) -> None:
@@ -613,7 +567,7 @@ class KubeCluster:
         """Queue a CAPACITY change when the capacity differs from the last one published
         (only once every watch has listed: a half-known cluster is not reported)."""
         with self._lock:
-            if not self._listed >= WATCHED:
+            if not self._watched():
                 return
             total = self._report().total
             if total == self._published:

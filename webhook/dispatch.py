@@ -20,9 +20,10 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from kubernetes.client import ApiClient
 from kubernetes.config import ConfigException
@@ -31,6 +32,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from admission.demand import pod_demand
+from admission.dra import DraContext
 from audit import AuditLog
 from audit.log import DEFAULT_RETENTION, Retention
 from cost.budget import AuditSpend
@@ -38,10 +40,17 @@ from fairshare.budget import DEFAULT_BUDGET_EVERY
 from fairshare.cluster import DEFAULT_NOT_READY_GRACE, DEFAULT_UNSCHEDULABLE_GRACE
 from fairshare.connection import RedisTarget, connect_redis
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
+from fairshare.dra import DraWatch
 from fairshare.kube import KubeCluster, api_client
 from fairshare.metrics import DispatcherMetrics
 from fairshare.queue import FairQueue
-from tenants.models import CONTROL_NAMESPACE, FairgateConfig, PriorityClasses
+from tenants.models import (
+    CONTROL_NAMESPACE,
+    DEFAULT_DEVICE_CLASSES,
+    FairgateConfig,
+    PriorityClasses,
+)
+from tenants.resources import ResourceCounts
 from tenants.source import ConfigNotReadyError, ConfigSource, start_local_source
 
 log = logging.getLogger("fairgate.dispatch")
@@ -89,6 +98,18 @@ def _current(source: ConfigSource) -> FairgateConfig | None:
         return None
 
 
+def _demand_of(source: ConfigSource,
+               dra: DraWatch) -> Callable[[Mapping[str, Any]], ResourceCounts]:
+    """A pod manifest's GPU demand, DRA included, by the platform's device class rules."""
+    def demand_of(pod: Mapping[str, Any]) -> ResourceCounts:
+        config = _current(source)
+        rules = config.platform.device_class_rules if config else DEFAULT_DEVICE_CLASSES
+        namespace = str((pod.get("metadata") or {}).get("namespace", ""))
+        return pod_demand(pod, DraContext(namespace, rules, dra.objects()))
+
+    return demand_of
+
+
 def run_dispatch(redis_target: RedisTarget | str, config_dir: Path | None = None,
                  metrics_port: int | None = None,
                  not_ready_grace: float = DEFAULT_NOT_READY_GRACE,
@@ -109,8 +130,10 @@ def run_dispatch(redis_target: RedisTarget | str, config_dir: Path | None = None
                            retry=Retry(ExponentialBackoff(cap=2.0), 3))
     config = _current(source)
     priority_classes = config.platform.priority_classes if config else PriorityClasses()
-    cluster = KubeCluster(_api(api_client), priority_classes, demand_of=pod_demand,
-                          not_ready_grace=not_ready_grace)
+    api = _api(api_client)
+    dra = DraWatch(api, slices=True)
+    cluster = KubeCluster(api, priority_classes, demand_of=_demand_of(source, dra),
+                          not_ready_grace=not_ready_grace, dra=dra)
     metrics = DispatcherMetrics()
     if metrics_port is not None:
         start_http_server(metrics_port, registry=metrics.registry)

@@ -63,6 +63,8 @@ if TYPE_CHECKING:
     from kubernetes.client import ApiClient
     from starlette.types import ASGIApp
 
+    from fairshare.dra import DraWatch
+
 log = logging.getLogger("fairgate.webhook.server")
 
 WEBHOOK_CONFIGURATION = "fairgate"
@@ -167,6 +169,17 @@ def _config_source(options: ServeOptions) -> ConfigSource:
     return source
 
 
+def _dra_source(options: ServeOptions) -> DraWatch | None:
+    """The cluster's DRA objects, watched (None with a local config dir: no cluster)."""
+    if options.config_dir is not None:
+        return None
+    from fairshare.dra import DraWatch
+
+    watch = DraWatch(_cluster_api())
+    watch.start()
+    return watch
+
+
 def listen(host: str, port: int, backlog: int) -> socket.socket:
     """A TCP socket listening on ``host:port`` (IPv6 when ``host`` has a colon; port 0: a
     free one); raises OSError, with nothing left open, when it cannot bind."""
@@ -216,6 +229,7 @@ async def serve_https(server: uvicorn.Server, reloader: CertReloader,
 def _run_uvicorn(options: ServeOptions, sock: socket.socket | None) -> None:
     """Serve in this process until SIGTERM/SIGINT (on ``sock`` if given)."""
     source = _config_source(options)
+    dra = _dra_source(options)
     client = connect_redis(options.redis, options.redis_timeout)
     decisions_client = connect_redis_async(options.redis, options.redis_timeout)
     try:
@@ -228,6 +242,7 @@ def _run_uvicorn(options: ServeOptions, sock: socket.socket | None) -> None:
             replicas=(options.replica_acks if options.replica_acks is not None
                       else int(options.redis.replicated)),
             replica_timeout=options.replica_ack_timeout,
+            dra=dra,
         )
         app = create_app(service, deadline_seconds=options.deadline_seconds)
         server, reloader = https_server(

@@ -38,16 +38,18 @@ Contract (asynchronous; :mod:`webhook.app` awaits it on the event loop under a d
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import redis
 import redis.asyncio
 
 from admission.demand import pod_demand
+from admission.dra import NO_OBJECTS, DraContext, DraObjects, referenced_objects
 from admission.mutation import build_patch
 from admission.plan import Denied, NotOurs, PodPlan, plan_create
 from admission.pods import admitted_name
@@ -178,18 +180,21 @@ def _is_configmap(request: AdmissionRequest) -> bool:
     return request.kind.group == "" and request.kind.kind == "ConfigMap"
 
 
-def _refused_when_undecided(webhook: Webhook, request: AdmissionRequest) -> bool:
-    """Whether a request fairgate could not decide must be refused: a GPU pod (or one
-    fairgate cannot read) and, at /validate, a ConfigMap; anything else passes."""
-    if _is_pod(request):
-        return _asks_for_gpu(request.object or request.old_object)
-    return _is_configmap(request) and webhook == "validate"
+class DraSource(Protocol):
+    """The cluster's DRA objects, as :class:`fairshare.dra.DraWatch` keeps them."""
+
+    def objects(self) -> DraObjects:
+        """The objects seen now (never blocks)."""
+
+    def objects_for(self, pod: object, namespace: str) -> DraObjects:
+        """The objects seen now, completed with what ``pod`` names (may read the API)."""
 
 
-def _asks_for_gpu(pod: object) -> bool:
-    """Whether a pod asks for GPUs; a pod that cannot be read counts as asking."""
+def _asks_for_gpu(pod: object, namespace: str, dra: DraObjects) -> bool:
+    """Whether a pod asks for GPUs (DRA classes by the default rules); a pod that cannot
+    be read counts as asking."""
     try:
-        return bool(pod_demand(pod))
+        return bool(pod_demand(pod, DraContext(namespace, objects=dra)))
     except Exception:
         return True
 
@@ -225,6 +230,7 @@ class AdmissionService:
         replicas: int = 0,
         replica_timeout: float = REPLICA_ACK_TIMEOUT,
         budget_refresh: float = BUDGET_REFRESH_SECONDS,
+        dra: DraSource | None = None,
     ) -> None:
         """Decide with ``config`` and the queue in Redis ``client``.
 
@@ -238,9 +244,11 @@ class AdmissionService:
         A reservation is answered only once ``replicas`` replicas hold it, waiting at
         most ``replica_timeout`` seconds (see :class:`fairshare.fastpath.AsyncFairQueue`).
         The tenants' budget states (the dispatcher's) are read at most every
-        ``budget_refresh`` seconds.
+        ``budget_refresh`` seconds. A pod's GPUs through DRA are counted with the
+        objects of ``dra`` (None: a cluster without DRA objects, e.g. a local config dir).
         """
         self.config = config
+        self.dra = dra
         self.client = client
         self.queue = AsyncFairQueue(client, wait_for_rebuild=wait_for_rebuild,
                                     replicas=replicas, replica_timeout=replica_timeout)
@@ -291,6 +299,28 @@ class AdmissionService:
             redis_ok = False
         return config_ok and redis_ok, detail
 
+    # -- DRA ---------------------------------------------------------------------
+
+    def _dra_now(self) -> DraObjects:
+        return NO_OBJECTS if self.dra is None else self.dra.objects()
+
+    async def _dra_for(self, pod: object, namespace: str) -> DraObjects:
+        """The DRA objects ``pod``'s demand depends on (reads the API only for a
+        template or claim the watches have not delivered yet, off the event loop)."""
+        if self.dra is None:
+            return NO_OBJECTS
+        if not any(referenced_objects(pod)):
+            return self.dra.objects()
+        return await asyncio.to_thread(self.dra.objects_for, pod, namespace)
+
+    def _refused_when_undecided(self, webhook: Webhook, request: AdmissionRequest) -> bool:
+        """Whether a request fairgate could not decide must be refused: a GPU pod (or one
+        fairgate cannot read) and, at /validate, a ConfigMap; anything else passes."""
+        if _is_pod(request):
+            return _asks_for_gpu(request.object or request.old_object, request.namespace,
+                                 self._dra_now())
+        return _is_configmap(request) and webhook == "validate"
+
     # -- entry points --------------------------------------------------------------
 
     async def review(
@@ -317,7 +347,7 @@ class AdmissionService:
         request = review.request
         self.metrics.overdue.labels(webhook).inc()
         log.warning("no decision within %g s for /%s uid=%s", seconds, webhook, request.uid)
-        if not _refused_when_undecided(webhook, request):
+        if not self._refused_when_undecided(webhook, request):
             return allow(request.uid)
         if webhook == "mutate" and request.operation == "CREATE":
             return self._redis_unavailable(request, progress, TimeoutError("deadline"))
@@ -343,7 +373,7 @@ class AdmissionService:
             webhook, request.uid, request.kind.kind, request.namespace,
             exc_info=(type(error), error, error.__traceback__),
         )
-        if not _refused_when_undecided(webhook, request):
+        if not self._refused_when_undecided(webhook, request):
             return allow(request.uid)
         message = INTERNAL_ERROR_MESSAGE.format(uid=request.uid)
         plan = progress.plan
@@ -365,14 +395,15 @@ class AdmissionService:
             return allow(request.uid)
         pod = request.object
         config = self.current_config()
+        dra = await self._dra_for(pod, request.namespace)
         if config is None:
-            if not _asks_for_gpu(pod):
+            if not _asks_for_gpu(pod, request.namespace, dra):
                 return allow(request.uid)
             return self._deny(request, progress, _Decision(DENY, "config not loaded"),
                               NO_CONFIG_MESSAGE,
                               code=503, reason="ServiceUnavailable")
         progress.config = config
-        plan = plan_create(pod, request.namespace, request.uid, config)
+        plan = plan_create(pod, request.namespace, request.uid, config, dra)
         if isinstance(plan, NotOurs):
             return allow(request.uid)
         if isinstance(plan, Denied):
@@ -534,15 +565,16 @@ class AdmissionService:
         self, request: AdmissionRequest, progress: Progress
     ) -> AdmissionReviewResponse:
         config = self.current_config()
+        dra = await self._dra_for(request.object, request.namespace)
         if config is None:
-            if not _asks_for_gpu(request.object):
+            if not _asks_for_gpu(request.object, request.namespace, dra):
                 return allow(request.uid)
             return self._deny(request, progress, _Decision(DENY, "config not loaded"),
                               NO_CONFIG_MESSAGE,
                               code=503, reason="ServiceUnavailable")
         user = request.user_info
         if request.operation == "CREATE":
-            verdict = validate_create(request.object, request.namespace, config)
+            verdict = validate_create(request.object, request.namespace, config, dra)
         else:
             verdict = validate_update(
                 request.old_object, request.object, user.username, tuple(user.groups), config

@@ -145,8 +145,19 @@ def test_demand_comes_from_the_spec_when_the_annotation_was_edited() -> None:
     pod["metadata"]["annotations"]["fairgate.io/demand"] = "gpu=0"  # edited after admission
     read = pod_from_manifest(pod, PRIORITY, pod_demand)
     assert read is not None and dict(read.demand) == {"gpu#mixed": 2, "mig-1g.5gb": 1}
-    pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "half"}}
-    assert pod_from_manifest(pod, PRIORITY, pod_demand) is None  # unreadable: not tracked
+
+
+
+def test_a_pod_whose_demand_cannot_be_computed_any_more_counts_as_admitted() -> None:
+    """A pod's ResourceClaimTemplate deleted after admission: its demand cannot be read
+    from the spec any more, and the pod still runs; it counts as the (immutable)
+    annotation says, never as nothing."""
+    pod = copy.deepcopy(STAMPED)
+    pod["metadata"]["annotations"]["fairgate.io/demand"] = "gpu=4"
+    pod["spec"]["containers"][0]["resources"] = {}
+    pod["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": "gone"}]
+    read = pod_from_manifest(pod, PRIORITY, pod_demand)
+    assert read is not None and dict(read.demand) == {"gpu": 4}
 
 
 # -- node lifecycle and foreign pods -------------------------------------------
