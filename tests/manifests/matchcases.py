@@ -63,6 +63,7 @@ def pod(
     gates: list[str] | None = None,
     deleting: bool = False,
     phase: str | None = None,
+    claims: list[Obj] | None = None,
 ) -> Obj:
     """A pod, with only the fields given (absent fields stay absent)."""
     meta: Obj = {"name": "p", "namespace": "team-a-dev"}
@@ -77,6 +78,8 @@ def pod(
         spec["initContainers"] = init_containers
     if gates is not None:
         spec["schedulingGates"] = [{"name": g} for g in gates]
+    if claims is not None:
+        spec["resourceClaims"] = claims
     obj: Obj = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
     if phase is not None:
         obj["status"] = {"phase": phase}
@@ -99,6 +102,9 @@ def configmap(name: str | None = None, generate_name: str | None = None,
 GPU1 = {"nvidia.com/gpu": "1"}
 MIG = {"nvidia.com/mig-1g.5gb": "2"}
 CPU = {"cpu": "500m", "memory": "1Gi"}
+DRA_GPU = {"deviceclass.resource.kubernetes.io/gpu.nvidia.com": "2"}
+TEMPLATE_CLAIM = {"name": "gpus", "resourceClaimTemplateName": "eight-gpus"}
+SHARED_CLAIM = {"name": "gpus", "resourceClaimName": "team-gpus"}
 
 # A large pod: 60 app containers and 20 init containers, each naming 8
 # resources. Evaluating it must stay within the API server's CEL cost budget
@@ -148,6 +154,18 @@ GPU_PODS: list[tuple[str, Obj, bool]] = [
         False,
     ),
     ("no-spec", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}, False),
+    ("dra-implicit-extended-resource", pod([container(limits=DRA_GPU)]), True),
+    ("dra-extended-resource-in-init-requests",
+     pod([container()], [container("init", requests=DRA_GPU)]), True),
+    ("dra-claim-from-template", pod([container()], claims=[TEMPLATE_CLAIM]), True),
+    ("dra-shared-claim", pod([container(limits=CPU)], claims=[SHARED_CLAIM]), True),
+    ("empty-resource-claims", pod([container(limits=CPU)], claims=[]), False),
+    (
+        "null-resource-claims",
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {},
+         "spec": {"containers": [container()], "resourceClaims": None}},
+        False,
+    ),
     ("wide-pod-gpu-last", wide_pod(True), True),
     ("wide-pod-no-gpu", wide_pod(False), False),
 ]
@@ -183,6 +201,10 @@ def _cases() -> list[Case]:
     v("create-cpu-other-gate", "CREATE", pod(gates=["example.com/hold"]), None, False)
 
     # UPDATE: what the validating webhook must see.
+    dra = pod([container()], claims=[TEMPLATE_CLAIM])
+    v("update-dra-gate-removed", "UPDATE", dra,
+      pod([container()], gates=[QUEUE_GATE], claims=[TEMPLATE_CLAIM]), True)
+    v("update-dra-old-object-only", "UPDATE", pod([container()]), dra, True)
     v(
         "update-gpu-gate-removed",
         "UPDATE",
