@@ -76,6 +76,9 @@ COMMON: set[Grant] = (
     | _read("", "nodes")
     | _read("", "namespaces")
     | _read("scheduling.k8s.io", "priorityclasses")
+    | _read("resource.k8s.io", "deviceclasses")
+    | _read("resource.k8s.io", "resourceclaimtemplates")
+    | _read("resource.k8s.io", "resourceclaims")
     | {(NS, "", "configmaps", v, None) for v in ("get", "list", "watch")}
     | {(None, g, "events", v, None) for g in ("", "events.k8s.io") for v in ("create", "patch")}
 )
@@ -89,7 +92,8 @@ EXPECTED: dict[Subject, set[Grant]] = {
     | {(NS, "", "secrets", "create", None)}
     | {(NS, "", "secrets", v, s) for v in ("get", "update", "patch")
        for s in ("fairgate-webhook-tls", "fairgate-redis-auth")},
-    DISPATCHER: COMMON | {(None, "", "pods", "patch", None)},
+    DISPATCHER: COMMON | {(None, "", "pods", "patch", None)}
+    | {(None, "resource.k8s.io", "resourceslices", v, None) for v in ("list", "watch")},
     # TokenReview and SubjectAccessReview, and reads: the console's access checks.
     CONSOLE: {(None, "authentication.k8s.io", "tokenreviews", "create", None),
               (None, "authorization.k8s.io", "subjectaccessreviews", "create", None)}
