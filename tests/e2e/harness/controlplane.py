@@ -42,7 +42,8 @@ ADMISSION_PLUGINS = (
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 # The kube-controller-manager controllers the e2e cluster runs: what Deployments,
 # StatefulSets and Jobs need, plus namespace deletion, `default` ServiceAccounts, garbage
-# collection of owned objects and node lifecycle (the not-ready taint).
+# collection of owned objects, node lifecycle (the not-ready taint) and the ResourceClaims
+# of pods that name a ResourceClaimTemplate (DRA).
 NODE_LIFECYCLE = "node-lifecycle-controller"
 CONTROLLERS = (
     "replicaset-controller",
@@ -52,6 +53,7 @@ CONTROLLERS = (
     "garbage-collector-controller",
     "namespace-controller",
     "serviceaccount-controller",
+    "resourceclaim-controller",
     NODE_LIFECYCLE,
 )
 

@@ -76,7 +76,8 @@ def tenant_namespace(tenant: str) -> str:
 
 
 def tenant_user(tenant: str) -> tuple[str, list[str]]:
-    """A plain (non-admin) user of `tenant`: name and groups; may manage pods in its namespace."""
+    """A plain (non-admin) user of `tenant`: name and groups; may manage pods, ResourceClaims
+    and ResourceClaimTemplates in its namespace."""
     return f"dev@{tenant}.example.com", [f"{tenant}-devs"]
 
 
@@ -208,6 +209,11 @@ class FairgateStack:
                         "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
                     },
                     {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]},
+                    {
+                        "apiGroups": ["resource.k8s.io"],
+                        "resources": ["resourceclaims", "resourceclaimtemplates"],
+                        "verbs": ["get", "list", "watch", "create", "delete"],
+                    },
                 ],
             },
             {
