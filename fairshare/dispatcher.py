@@ -344,6 +344,7 @@ class Dispatcher:
         summary = reconcile(self.queue, pods, listed_at=listed_at,
                             bound={t: p.uid for t, p in self.pods.items()})
         self.pods = summary.owners
+        self._twins &= {twin.uid for twin in summary.twins}  # the others own their tickets
         for twin in summary.twins:
             self._twin(twin)
         for ticket, stuck in list(self._stuck.items()):
@@ -381,8 +382,8 @@ class Dispatcher:
 
     def _seen(self, pod: GpuPod) -> None:
         known = self.pods.get(pod.ticket)
-        if known is not None and known.uid != pod.uid:
-            if pod.ended:
+        if pod.uid in self._twins or (known is not None and known.uid != pod.uid):
+            if pod.ended:  # also once its ticket's owner is gone: it was counted as a twin
                 self._twin_gone(pod, f"pod {pod.phase}" if pod.finished else "pod deleted")
             else:
                 self._twin(pod)
