@@ -371,6 +371,23 @@ class FairQueue:
             if cursor == 0:
                 return found
 
+    def twin_counts(self, chunk: int = 1000) -> dict[str, int]:
+        """Per tenant, the ticket twins counted now: the pods that present a ticket
+        another pod owns and hold capacity, each counted as a pod of its own under
+        ``<ticket>.twin.<uid>`` (:func:`fairshare.reconcile.twin_ticket`). Read with
+        ``HSCAN`` ``chunk`` records at a time; tenants without twins are left out."""
+        found: dict[str, int] = {}
+        cursor = 0
+        while True:
+            cursor, records = self._client.hscan(self._keys[0] + "tk", cursor,
+                                                 match="*.twin.*", count=chunk)
+            assert isinstance(records, dict)  # without no_values, HSCAN answers a mapping
+            for raw in records.values():
+                tenant = text(raw).split("|", 2)[1]
+                found[tenant] = found.get(tenant, 0) + 1
+            if cursor == 0:
+                return found
+
     # -- budgets -------------------------------------------------------------------
 
     def write_budgets(self, statuses: Iterable[BudgetStatus]) -> list[tuple[str, str, str]]:

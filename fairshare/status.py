@@ -5,8 +5,10 @@ Contract:
   returns plain data (JSON-ready): per tenant ``weight``, ``nominal`` (per resource and in
   GPU-equivalents), ``borrowLimit``, ``used``, ``borrowed`` (GPU-equivalents),
   ``queued`` by class, ``weightedShare`` (GPU-equivalents used per unit of weight),
-  ``entitlement`` (its fair share in GPU-equivalents) and ``ofEntitlement`` (used /
-  entitlement, null when entitled to nothing); and for the cluster ``capacity``
+  ``entitlement`` (its fair share in GPU-equivalents), ``ofEntitlement`` (used /
+  entitlement, null when entitled to nothing) and ``ticketTwins`` (the pods presenting a
+  ticket another pod owns that are counted against it as pods of their own,
+  :meth:`FairQueue.twin_counts`; :func:`twin_lines` prints them); and for the cluster ``capacity``
   (GPU-equivalents), ``capacityByClass`` (per capacity key, :mod:`tenants.placement`:
   ``key``, ``class`` in words, ``resource``, ``capacity`` and ``used`` in units of the
   resource, all bands; :func:`class_lines` prints it), ``capacityNotes`` (the
@@ -77,8 +79,9 @@ def _gpu_eq(slices: int) -> float:
     return round(slices / SLICES_PER_GPU, 2)
 
 
-def tenant_row(status: TenantStatus, fair: TenantFairness) -> dict[str, Any]:
-    """One tenant's line of ``fairgate status`` as plain data."""
+def tenant_row(status: TenantStatus, fair: TenantFairness, twins: int = 0) -> dict[str, Any]:
+    """One tenant's line of ``fairgate status`` as plain data (``twins``: the ticket
+    twins counted against it, :meth:`FairQueue.twin_counts`)."""
     ratio = fair.of_entitlement
     return {
         "weight": status.weight,
@@ -93,6 +96,7 @@ def tenant_row(status: TenantStatus, fair: TenantFairness) -> dict[str, Any]:
         "weightedShare": round(fair.weighted_share, 4),
         "entitlement": round(fair.entitlement, 2),
         "ofEntitlement": round(ratio, 4) if ratio is not None else None,
+        "ticketTwins": twins,
     }
 
 
@@ -117,13 +121,15 @@ def status_report(queue: FairQueue, now: float | None = None) -> dict[str, Any]:
     snapshot = queue.snapshot()
     fair = snapshot_fairness(snapshot)
     holds = queue.holds(time.time() if now is None else now)
+    twins = queue.twin_counts()
     return {
         "capacity": round(fair.capacity, 2),
         "capacityByClass": class_rows(snapshot.capacity, queue.class_usage()),
         "capacityNotes": queue.capacity_notes(),
         "jainIndex": round(fair.jain_index, 4),
         "held": [hold_row(h) for h in holds],
-        "tenants": {s.tenant: tenant_row(s, fair.tenants[s.tenant]) for s in snapshot.tenants},
+        "tenants": {s.tenant: tenant_row(s, fair.tenants[s.tenant], twins.get(s.tenant, 0))
+                    for s in snapshot.tenants},
         "budgets": {name: b.to_json() for name, b in sorted(queue.budgets().items())},
     }
 
@@ -163,6 +169,14 @@ def held_lines(held: list[dict[str, Any]]) -> list[str]:
         entry = f"gang {row['group']} ({row['pod']} first)" if row["group"] else row["pod"]
         lines.append(f"  {row['tenant']}: {amounts} held for {entry} ({row['band']})")
     return lines
+
+
+def twin_lines(tenants: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The tenants' ``ticketTwins`` as one line, e.g. ``ticket twins counted (...):
+    team-a 1, team-b 0``."""
+    counts = ", ".join(f"{name} {row.get('ticketTwins', 0)}" for name, row in tenants.items())
+    return ["ticket twins counted (pods presenting a ticket another pod owns, each counted "
+            f"as a pod of its own until it ends): {counts}"]
 
 
 def capacity_lines(notes: Mapping[str, Any] | None) -> list[str]:
@@ -246,7 +260,8 @@ def render_status(report: dict[str, Any], console: Console) -> None:
         "split by weight among tenants with demand, each capped at used + queued and at "
         "nominal + borrowLimit.", highlight=False,
     )
-    for line in (class_lines(report["capacityByClass"]) + held_lines(report["held"])
+    for line in (twin_lines(report["tenants"]) + class_lines(report["capacityByClass"])
+                 + held_lines(report["held"])
                  + budget_lines(report.get("budgets") or {})
                  + capacity_lines(report.get("capacityNotes"))):
         console.print(line, highlight=False, markup=False)

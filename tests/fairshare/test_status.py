@@ -10,9 +10,10 @@ import pytest
 import redis
 
 from audit import ADMIT, DENY, DISPATCH, QUEUE, RELEASE, AuditLog
-from fairshare.cluster import CapacityReport, ForeignHold, NodeExclusion, PodRef
+from fairshare.cluster import CapacityReport, ForeignHold, GpuPod, NodeExclusion, PodRef
 from fairshare.model import PodRequest
 from fairshare.queue import FairQueue
+from fairshare.reconcile import reconcile
 from fairshare.status import (
     capacity_lines,
     status_command,
@@ -72,7 +73,7 @@ def test_status_reports_quota_usage_backlog_and_share(queue: FairQueue) -> None:
         "weight": 2.0, "nominal": {"gpu": 4, "mig-1g.5gb": 7}, "nominalGpuEquivalents": 5.0,
         "borrowLimit": 2.0, "inferenceReserve": 1.0, "used": 3.14, "borrowed": 0.0,
         "queued": {"inference": 0, "training": 2}, "weightedShare": round(22 / 7 / 2, 4),
-        "entitlement": 3.33, "ofEntitlement": round(22 / 7 / (10 / 3), 4),
+        "entitlement": 3.33, "ofEntitlement": round(22 / 7 / (10 / 3), 4), "ticketTwins": 0,
     }
     assert b["used"] == 1.0 and b["queued"] == {"inference": 0, "training": 1}
     assert b["weightedShare"] == 1.0
@@ -352,3 +353,27 @@ def test_status_shows_capacity_and_usage_per_placement_class(
     out = io.StringIO()
     assert status_command(redis_url, False, out=out) == 0
     assert "MIG single 1g.5gb: mig-1g.5gb 3 used of 56" in out.getvalue()
+
+
+def test_status_counts_the_ticket_twins_of_each_tenant(queue: FairQueue, redis_url: str) -> None:
+    """A pod running with a copied ticket is counted as a pod of its own (a twin entry)
+    and ``fairgate status`` says how many each tenant has, in JSON and in text."""
+    def pod(uid: str, name: str) -> GpuPod:
+        return GpuPod(ref=PodRef("team-b-dev", name), uid=uid, ticket="b-run", tenant="team-b",
+                      pod_class="training", band="training", demand={"gpu": 1}, group=None,
+                      group_size=1, phase="Running", gated=False, node="n1", created=NOW)
+
+    assert status_report(queue)["tenants"]["team-b"]["ticketTwins"] == 0
+    reconcile(queue, [pod(pod_uid("b-run"), "b-run"), pod("uid-copy", "copy")],
+              bound={"b-run": pod_uid("b-run")})
+    assert queue.twin_counts() == {"team-b": 1}
+    out = io.StringIO()
+    assert status_command(redis_url, True, out=out) == 0
+    tenants = json.loads(out.getvalue())["tenants"]
+    assert {name: row["ticketTwins"] for name, row in tenants.items()} == {
+        "team-a": 0, "team-b": 1}
+    assert tenants["team-b"]["used"] == 2.0  # the owner and its twin
+    table = io.StringIO()
+    assert status_command(redis_url, False, out=table) == 0
+    line = next(t for t in table.getvalue().splitlines() if t.startswith("ticket twins"))
+    assert line.endswith(": team-a 0, team-b 1")
