@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 
@@ -82,11 +82,21 @@ class Rig:
 
     def settle(self) -> None:
         """Step the dispatcher until nothing changes."""
-        for _ in range(1000):
-            result = self.dispatcher.step()
-            if not result.released and not self.cluster.has_changes():
-                return
-        raise AssertionError("dispatcher did not settle")
+        settle(self.dispatcher, self.cluster, 1000)
+
+
+class _Changing(Protocol):
+    def has_changes(self) -> bool: ...
+
+
+def settle(dispatcher: Dispatcher, cluster: _Changing, steps: int) -> None:
+    """Step ``dispatcher`` until it releases nothing more and ``cluster`` has no change
+    left for it; fails after ``steps`` steps."""
+    for _ in range(steps):
+        result = dispatcher.step()
+        if not result.released and not cluster.has_changes():
+            return
+    raise AssertionError("dispatcher did not settle")
 
 
 def make_rig(redis_url: str, tenants: dict[str, dict[str, Any]], capacity: dict[str, int],

@@ -49,7 +49,7 @@ from fairshare.model import PodRequest
 from fairshare.queue import FairQueue
 from fairshare.simcluster import PostedEvent, VirtualClock
 from tenants.models import GENERATED_SUFFIX, PriorityBand
-from tests.fairshare.simkit import make_config
+from tests.fairshare.simkit import make_config, settle
 
 TENANTS = ("a", "b")
 CAPACITY = {"gpu": 6}
@@ -216,11 +216,7 @@ class TicketMachine(RuleBasedStateMachine):
 
     def settle(self) -> None:
         """Step the dispatcher until it has seen every change and released nothing more."""
-        for _ in range(100):
-            result = self.dispatcher.step()
-            if not result.released and not self.cluster.has_changes():
-                return
-        raise AssertionError("dispatcher did not settle")
+        settle(self.dispatcher, self.cluster, 100)
 
     def creates(self, tenant: str, copies: int, length: int, generate: bool,
                 ticket: str | None) -> list[Create]:
