@@ -28,7 +28,9 @@ also carry ``fairgate.io/demand`` equal to the pod's demand (as formatted by
 ``tenants.resources.format_counts``) and the ``fairgate.io/tenant`` label of its namespace,
 and ``fairgate.io/borrowed`` may only be ``"true"`` on a pod whose priorityClassName is the
 borrowed class. The plan then reuses that ticket (``reused_ticket``), so the queue's
-per-ticket idempotency keeps the reservation single. A ``fairgate.io/demand`` or
+per-ticket idempotency keeps the reservation single; the queue refuses a reused ticket
+it holds no admission for (one chosen by hand, or copied from a pod whose admission has
+ended), so only a ticket fairgate minted can be reused. A ``fairgate.io/demand`` or
 ``fairgate.io/borrowed`` annotation without a ticket, or a ticket that does not meet these
 conditions, is refused. Otherwise the ticket is the request uid.
 """

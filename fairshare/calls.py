@@ -77,6 +77,21 @@ class TicketConflictError(ValueError):
         )
 
 
+class UnmintedTicketError(ValueError):
+    """A pod CREATE presents a ``fairgate.io/ticket`` the queue holds no admission for:
+    fairgate did not mint it for this pod (it was chosen by hand, or copied from a pod
+    whose admission has ended), so it reserves and counts nothing."""
+
+    def __init__(self, ticket: str) -> None:
+        self.ticket = ticket
+        super().__init__(
+            f"this pod presents the ticket {ticket} (annotation fairgate.io/ticket), which "
+            f"fairgate did not issue for it: fairgate sets fairgate.io/ticket, "
+            f"fairgate.io/demand and fairgate.io/borrowed itself; remove them from the pod "
+            f"(or from the template it was made from) and create it again"
+        )
+
+
 # Every operation of the queue: ``fairshare/scripts/<op>.lua``, each a function of the
 # library. The read-only ones are registered ``no-writes`` (Redis refuses a write from
 # them) and called with FCALL_RO.
@@ -170,7 +185,7 @@ def sync_args(config: FairgateConfig, capacity: Mapping[str, int] | None) -> Arg
 
 
 def admit_args(
-    req: PodRequest, now: float, dry_run: bool, wait_for_rebuild: bool,
+    req: PodRequest, now: float, dry_run: bool, wait_for_rebuild: bool, presented: bool,
 ) -> Args:
     """ARGV of ``admit.lua``."""
     return [
@@ -186,12 +201,16 @@ def admit_args(
         req.group_size if req.gang else 1,
         num(req.submitted_at),
         1 if wait_for_rebuild else 0,
+        1 if presented else 0,
     ]
 
 
 def admission(raw: Sequence[Any], req: PodRequest) -> Admission:
-    """The reply of ``admit.lua`` for ``req``; raises :class:`TicketConflictError`."""
+    """The reply of ``admit.lua`` for ``req``; raises :class:`TicketConflictError` or
+    :class:`UnmintedTicketError`."""
     fields = [text(v) for v in raw]
+    if fields[1] == "unminted":
+        raise UnmintedTicketError(req.ticket)
     if fields[1] == "conflict":
         _, _, state, owner_ns, owner_name = fields
         raise TicketConflictError(req.ticket, STATE_NAME[state], owner_ns, owner_name)

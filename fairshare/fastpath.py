@@ -98,10 +98,11 @@ class AsyncFairQueue:
         """As :meth:`fairshare.queue.FairQueue.sync_config`."""
         await self._run("sync", *sync_args(config, capacity))
 
-    async def admit(self, req: PodRequest, now: float, dry_run: bool = False) -> Admission:
+    async def admit(self, req: PodRequest, now: float, dry_run: bool = False,
+                    presented: bool = False) -> Admission:
         """As :meth:`fairshare.queue.FairQueue.admit`; with :attr:`replicas`, answered
         only once that many replicas hold the write (see the module contract)."""
-        args = admit_args(req, now, dry_run, self.wait_for_rebuild)
+        args = admit_args(req, now, dry_run, self.wait_for_rebuild, presented)
         if self.replicas and not dry_run:
             raw = await self._replicated("admit", *args)
         else:

@@ -116,7 +116,8 @@ class FairQueue:
 
     # -- the webhook's fast path ---------------------------------------------------
 
-    def admit(self, req: PodRequest, now: float, dry_run: bool = False) -> Admission:
+    def admit(self, req: PodRequest, now: float, dry_run: bool = False,
+              presented: bool = False) -> Admission:
         """Reserve ``req`` now if it may run, else queue it; decide its priority band.
 
         Idempotent per ticket: the same admission again (the API server reinvoking or
@@ -129,8 +130,14 @@ class FairQueue:
         :class:`TicketConflictError`, and nothing changes. ``dry_run`` evaluates the
         same decision and writes nothing. Raises :class:`UnknownTenantError` for an
         unconfigured tenant.
+
+        ``presented``: the pod arrived carrying ``req.ticket`` itself (the reinvocation
+        rule of :mod:`admission.plan`). Such a ticket must be one this queue minted for
+        this admission; one it holds no record of raises :class:`UnmintedTicketError`
+        and changes nothing (not checked on a dry run, which never records its ticket).
         """
-        raw = self._run("admit", *admit_args(req, now, dry_run, self.wait_for_rebuild))
+        raw = self._run("admit", *admit_args(req, now, dry_run, self.wait_for_rebuild,
+                                             presented))
         return admission(raw, req)
 
     def bind(self, ticket: str, uid: str, namespace: str, name: str,

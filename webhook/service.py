@@ -65,7 +65,7 @@ from admission.reviews import (
 from admission.validation import validate_create, validate_update
 from audit import ADMIT, DENY, QUEUE, QUOTA_CHANGE, AuditLog
 from fairshare.budget import BudgetStatus, budget_warning
-from fairshare.calls import TicketConflictError, UnknownTenantError
+from fairshare.calls import TicketConflictError, UnknownTenantError, UnmintedTicketError
 from fairshare.fastpath import REPLICA_ACK_TIMEOUT, AsyncFairQueue, NotReplicatedError
 from fairshare.model import Admission, InvalidRequestError, PodRequest
 from tenants import resources
@@ -424,7 +424,7 @@ class AdmissionService:
                 group_size=plan.group.size if plan.group else 1,
                 submitted_at=self._clock(),
             )
-            admission = await self._admit(config, queued, request.dry_run)
+            admission = await self._admit(config, queued, request.dry_run, plan.reused_ticket)
         except InvalidRequestError as exc:  # e.g. a gang mixing classes or tenants
             return self._deny(request, progress, _planned(DENY, "invalid-request", plan),
                               f"fairgate cannot queue this pod: {exc}")
@@ -432,6 +432,9 @@ class AdmissionService:
             return self._redis_unavailable(request, progress, exc)
         except TicketConflictError as exc:
             return self._deny(request, progress, _planned(DENY, "copied-ticket", plan),
+                              f"fairgate refuses this pod: {exc}")
+        except UnmintedTicketError as exc:
+            return self._deny(request, progress, _planned(DENY, "unminted-ticket", plan),
                               f"fairgate refuses this pod: {exc}")
         gated = admission.outcome == "queued"
         ops = build_patch(_pod(pod), plan, admission.band, gated,
@@ -448,17 +451,20 @@ class AdmissionService:
         return with_patch(request.uid, ops, warnings, self._record(request, decision, progress))
 
     async def _admit(
-        self, config: FairgateConfig, queued: PodRequest, dry_run: bool
+        self, config: FairgateConfig, queued: PodRequest, dry_run: bool, presented: bool
     ) -> Admission:
-        """Ask the queue, syncing the config into Redis first when it is new to it."""
+        """Ask the queue, syncing the config into Redis first when it is new to it;
+        ``presented``: the pod carries its ticket itself (see ``FairQueue.admit``)."""
         if self._synced is not config:
             await self._sync(config)
         try:
-            return await self.queue.admit(queued, queued.submitted_at, dry_run=dry_run)
+            return await self.queue.admit(queued, queued.submitted_at, dry_run=dry_run,
+                                          presented=presented)
         except UnknownTenantError:
             # Redis lost its state (restarted empty, flushed): give it the config again.
             await self._sync(config)
-            return await self.queue.admit(queued, queued.submitted_at, dry_run=dry_run)
+            return await self.queue.admit(queued, queued.submitted_at, dry_run=dry_run,
+                                          presented=presented)
 
     async def _budget_warning(self, tenant: str) -> str | None:
         """The budget warning of ``tenant`` (:func:`fairshare.budget.budget_warning`),

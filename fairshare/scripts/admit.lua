@@ -7,10 +7,12 @@
 -- (state R, Q or G, not bound to a uid) and namespace, name, tenant, class and demand
 -- are identical; anything else is a copied ticket: {0, 'conflict', state, namespace,
 -- name}. A queued entry, like a reservation, expires unless its pod is seen.
+-- ARGV[13] = 1: the pod presented this ticket itself (a reinvocation); unless dry, a
+-- ticket with no record was not minted here and is refused: {0, 'unminted'}.
 local now, dry = tonumber(ARGV[1]), ARGV[2] == '1'
 local ticket, tenant, ns, name, cls, demand = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local gid, gsize, submitted = ARGV[9], ARGV[10], ARGV[11]
-local wait_for_rebuild = ARGV[12] == '1'
+local wait_for_rebuild, presented = ARGV[12] == '1', ARGV[13] == '1'
 NOW = now
 
 local function reply(dup, outcome, band, position, length, free, nominal, reason)
@@ -33,6 +35,10 @@ if existing then
   local d = describe_queued(ticket, existing, now)
   return reply(1, 'queued', existing[F_BAND], d[1], d[2], free_slices(t), cfg_of(t).ns,
                {unpack(d, 3)})
+end
+
+if presented and not dry then
+  return {0, 'unminted'}
 end
 
 local cfg = cfg_of(tenant)

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from admission.pods import admitted_name
-from fairshare.calls import TicketConflictError, UnknownTenantError
+from fairshare.calls import TicketConflictError, UnknownTenantError, UnmintedTicketError
 from fairshare.model import Admission, GatedPod, InvalidRequestError, PodRequest, RunningPod
 from fairshare.queue import FairQueue
 from tenants.models import FairgateConfig, PlatformConfig, PodClass, QuotaSpec
@@ -764,6 +764,31 @@ def test_a_ticket_is_claimed_by_the_first_pod_validated_with_it_and_by_no_other(
     assert q.confirm(req.ticket, "uid-1", "ns-a", "train-x7k2p") == "confirmed"
     assert q.tenant_status()[0].used_slices == 7
     assert not q.bind("never-admitted", "uid-4", "ns-a", "p")  # unknown: the caller decides
+
+
+def test_a_presented_ticket_is_accepted_only_when_the_queue_minted_it(
+    redis_client: redis.Redis, pods: Pods
+) -> None:
+    """A pod carrying its ticket on CREATE is a reinvocation only if the queue holds that
+    ticket's admission; a ticket chosen by hand, or left by an admission that ended, is
+    refused and reserves nothing, copies at once included."""
+    q = queue_with(redis_client, {"gpu": 8}, a={"nominal": {"gpu": 4}})
+    minted = pods("a")
+    assert q.admit(minted, 0.0).outcome == "reserved"
+    assert q.admit(minted, 0.5, presented=True).duplicate  # the reinvocation
+    before = dump_all(redis_client)
+    chosen = pods("a")
+    for _ in range(8):
+        with pytest.raises(UnmintedTicketError, match=chosen.ticket):
+            q.admit(chosen, 1.0, presented=True)
+    assert dump_all(redis_client) == before
+    assert q.admit(chosen, 1.0, presented=True, dry_run=True).outcome == "reserved"
+    assert dump_all(redis_client) == before
+    assert seen(q, minted) == "confirmed"
+    assert q.release(minted.ticket, pod_uid(minted.ticket), 2.0)
+    with pytest.raises(UnmintedTicketError):  # the ended admission's ticket, copied
+        q.admit(dataclasses.replace(minted, name="copy"), 2.0, presented=True)
+    assert q.tenant_status()[0].used_slices == 0
 
 
 def test_a_claimed_but_never_stored_pod_still_frees_its_reservation(

@@ -34,7 +34,7 @@ from hypothesis.stateful import (
 )
 
 from admission.pods import admitted_name
-from fairshare.calls import TicketConflictError
+from fairshare.calls import TicketConflictError, UnmintedTicketError
 from fairshare.cluster import (
     CapacityReport,
     ChangeKind,
@@ -116,6 +116,7 @@ class Create:
     final_name: str  # what the API server names the pod before validation
     ticket: str
     gpus: int
+    presented: bool = False  # the manifest carries the ticket (chosen or copied)
     gated: bool = False
     band: PriorityBand = "training"
     refused: bool = False
@@ -183,8 +184,8 @@ class TicketMachine(RuleBasedStateMachine):
             demand={"gpu": create.gpus}, submitted_at=self.clock(),
         )
         try:
-            admission = self.queue.admit(request, self.clock())
-        except TicketConflictError:
+            admission = self.queue.admit(request, self.clock(), presented=create.presented)
+        except (TicketConflictError, UnmintedTicketError):
             create.refused = True
             return
         create.admitted = True
@@ -229,7 +230,7 @@ class TicketMachine(RuleBasedStateMachine):
             if i and generate:
                 final = self.generated(metadata["generateName"])
             made.append(Create(uid, tenant, metadata, final, ticket or f"tk-{uid}",
-                               gpus=1 + len(made) % 2))
+                               gpus=1 + len(made) % 2, presented=ticket is not None))
         return made
 
     # -- rules ---------------------------------------------------------------------
@@ -252,7 +253,7 @@ class TicketMachine(RuleBasedStateMachine):
         if ticket is None and copies > 1:  # the manifest carries a chosen ticket
             ticket = f"chosen-{self._next()}"
             for create in made:
-                create.ticket = ticket
+                create.ticket, create.presented = ticket, True
         steps = [(i, phase) for i in range(len(made)) for phase in (0, 1)]
         order.shuffle(steps)  # type: ignore[attr-defined]
         done: dict[int, int] = {}

@@ -1,10 +1,12 @@
 """A tenant user creating pods with a ticket it chose or copied, at once, through the
 real API server and fairgate's webhooks (mutating and validating) and dispatcher.
 
-The mutating webhook cannot tell copies racing each other apart (none is stored yet),
-so the validating webhook claims each ticket for the uid of the first pod it sees with
-it, before that pod is stored, and refuses every other pod presenting it. Whatever the
-creates, the GPUs of the tenant's live pods never exceed what fairgate charges it.
+The mutating webhook refuses a ticket the queue never minted (chosen by hand, or copied
+from a pod whose admission has ended). Copies of a minted ticket racing each other are
+not stored yet, so the validating webhook claims each ticket for the uid of the first
+pod it sees with it, before that pod is stored, and refuses every other pod presenting
+it. Whatever the creates, the GPUs of the tenant's live pods never exceed what fairgate
+charges it.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def _charged(fairgate: FairgateStack) -> float:
     return float(fairgate.tenant_state("team-b").get("used") or 0.0)
 
 
-def test_concurrent_creates_with_one_chosen_ticket_store_at_most_one_pod(
+def test_concurrent_creates_with_one_chosen_ticket_store_no_pod(
     controlplane: ControlPlane, kubelet: FakeKubelet, fairgate: FairgateStack,
     tenant_pods: None,
 ) -> None:
@@ -70,10 +72,39 @@ def test_concurrent_creates_with_one_chosen_ticket_store_at_most_one_pod(
     core = pods_api(controlplane, "team-b")
     ticket = str(uuid.uuid4())  # the user's choice, never minted by fairgate
     stored = _create_all(core, ns, [_copy(f"copy-{i}", ticket, 2) for i in range(COPIES)])
-    assert len(stored) <= 1, stored
-    wait_for(lambda: _charged(fairgate) == _live_gpus(core, ns), 30,
-             "fairgate to charge what runs")
-    assert _live_gpus(core, ns) <= 4
+    assert stored == []
+    assert _charged(fairgate) == 0.0 == _live_gpus(core, ns)
+
+
+def test_a_chosen_ticket_is_refused_saying_what_to_remove(
+    controlplane: ControlPlane, kubelet: FakeKubelet, fairgate: FairgateStack,
+    tenant_pods: None,
+) -> None:
+    ns = tenant_namespace("team-b")
+    core = pods_api(controlplane, "team-b")
+    with pytest.raises(ApiException) as refused:
+        core.create_namespaced_pod(ns, _copy("chosen", str(uuid.uuid4()), 1))
+    assert refused.value.status == 403
+    assert "did not issue" in refused.value.body
+    assert "remove them" in refused.value.body
+    core.create_namespaced_pod(ns, pod_manifest("plain", {"nvidia.com/gpu": 1}))
+    wait_for(lambda: _charged(fairgate) == 1.0 == _live_gpus(core, ns), 30,
+             "fairgate to charge the one pod it admitted")
+
+
+def test_a_ticket_copied_from_a_deleted_pod_is_refused(
+    controlplane: ControlPlane, kubelet: FakeKubelet, fairgate: FairgateStack,
+    tenant_pods: None,
+) -> None:
+    ns = tenant_namespace("team-b")
+    core = pods_api(controlplane, "team-b")
+    first = core.create_namespaced_pod(ns, pod_manifest("first", {"nvidia.com/gpu": 2}))
+    ticket = first.metadata.annotations["fairgate.io/ticket"]
+    core.delete_namespaced_pod("first", ns, grace_period_seconds=0)
+    wait_for(lambda: _charged(fairgate) == 0.0, 30, "fairgate to forget the deleted pod")
+    stored = _create_all(core, ns, [_copy(f"late-{i}", ticket, 2) for i in range(COPIES)])
+    assert stored == []
+    assert _live_gpus(core, ns) == 0
 
 
 def test_copies_of_a_running_pods_stamps_are_refused(

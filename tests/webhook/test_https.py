@@ -286,6 +286,40 @@ def test_the_same_uid_twice_reserves_once(server: ServeProcess) -> None:
     assert other["auditAnnotations"]["decision"] == "queue"
 
 
+def test_a_reinvocation_on_the_mutated_pod_keeps_its_ticket_and_reserves_once(
+    server: ServeProcess,
+) -> None:
+    """The API server calls the webhook again (reinvocationPolicy IfNeeded) with a new
+    request uid and the pod as the first call patched it."""
+    first_body = review(gpu_pod("team-b-dev", "again"))
+    first = mutate(server, first_body)
+    stamped = patched(first_body["request"]["object"], first)
+    second = mutate(server, review(stamped))
+    assert second["allowed"] is True, second
+    assert "patch" not in second  # the pod already holds everything fairgate sets
+    assert stamped["metadata"]["annotations"]["fairgate.io/ticket"] == \
+        first_body["request"]["uid"]
+    other = mutate(server, review(gpu_pod("team-b-dev", "other")))  # nominal: one GPU
+    assert other["auditAnnotations"]["decision"] == "queue"
+
+
+def test_a_ticket_fairgate_did_not_issue_is_refused(server: ServeProcess) -> None:
+    """Every field a reinvocation carries, but a ticket chosen by the user."""
+    body = review(gpu_pod("team-b-dev", "mine"))
+    stamped = patched(body["request"]["object"], mutate(server, review(
+        gpu_pod("team-b-dev", "mine"), dry_run=True)))
+    chosen = str(uuid.uuid4())
+    stamped["metadata"]["annotations"]["fairgate.io/ticket"] = chosen
+    response = mutate(server, review(stamped))
+    assert response["allowed"] is False
+    assert response["status"]["code"] == 403
+    assert chosen in response["status"]["message"]
+    assert "did not issue" in response["status"]["message"]
+    assert response["auditAnnotations"]["reason"] == "unminted-ticket"
+    plain = mutate(server, review(gpu_pod("team-b-dev", "plain")))  # nothing was reserved
+    assert plain["auditAnnotations"]["decision"] == "admit"
+
+
 def test_anything_but_a_pod_create_passes_mutate_untouched(server: ServeProcess) -> None:
     pod = gpu_pod("team-a-dev", "p")
     response = mutate(server, review(pod, operation="UPDATE", old=pod))
