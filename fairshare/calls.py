@@ -96,8 +96,9 @@ class UnmintedTicketError(ValueError):
 # library. The read-only ones are registered ``no-writes`` (Redis refuses a write from
 # them) and called with FCALL_RO.
 OPERATIONS = ("sync", "admit", "bind", "confirm", "dispatch", "forget", "expire", "requeue",
-              "rebuild", "status", "why", "find", "demand", "holds", "budget")
-READ_ONLY = frozenset({"status", "why", "find", "demand", "holds"})
+              "rebuild", "status", "why", "find", "demand", "holds", "budget", "service",
+              "restore")
+READ_ONLY = frozenset({"status", "why", "find", "demand", "holds", "service"})
 
 
 @dataclass(frozen=True)
@@ -166,10 +167,11 @@ def queue_error(error: Exception) -> Exception | None:
 
 
 def sync_args(config: FairgateConfig, capacity: Mapping[str, int] | None) -> Args:
-    """ARGV of ``sync.lua``: capacity (None keeps), the usage half-life, every tenant's
-    weight and quota."""
+    """ARGV of ``sync.lua``: capacity (None keeps), the usage half-life (-1: virtual
+    time), every tenant's weight and quota."""
     args: Args = ["0", ""] if capacity is None else ["1", format_counts(capacity)]
-    args.append(num(config.platform.fair_share.usage_half_life))
+    half_life = config.platform.fair_share.usage_half_life
+    args.append(num(-1.0 if half_life is None else half_life))
     for tenant in config.tenants():
         args += [
             tenant.name,

@@ -103,7 +103,7 @@ from fairshare.cluster import (
     LiftOutcome,
 )
 from fairshare.metrics import DispatcherMetrics
-from fairshare.model import Release, TenantStatus
+from fairshare.model import Release, ServiceSnapshot, TenantStatus
 from fairshare.queue import FairQueue
 from fairshare.reconcile import reconcile, twin_ticket
 from tenants.models import FairgateConfig, PodClass
@@ -132,6 +132,7 @@ class DispatcherSettings:
     lift_workers: int = 8  # gates lifted in parallel (1: in order, in the caller's thread)
     unschedulable_grace: float = DEFAULT_UNSCHEDULABLE_GRACE  # released, Unschedulable: caught
     budget_every: float = DEFAULT_BUDGET_EVERY  # month-to-date spend billed again (with spend)
+    service_every: float = 5.0  # service counters kept to restore after a Redis loss
 
 
 @dataclass
@@ -210,6 +211,8 @@ class Dispatcher:
         self._last_expire = float("-inf")
         self._last_reconcile = float("-inf")
         self._last_status = float("-inf")
+        self._last_service = float("-inf")
+        self._service: ServiceSnapshot | None = None  # as last read, for a Redis loss
         self._posted: dict[str, _Posted] = {}
         self._twins: set[str] = set()  # uids of pods told that their ticket is another's
         self._unseen: dict[str, tuple[Release, float]] = {}  # released, pod not seen yet
@@ -287,6 +290,7 @@ class Dispatcher:
             elif self._borrowing_changed:  # a budget switched borrowing on (or off)
                 self._dispatch(result)
             self._borrowing_changed = False
+            self._keep_service()
         except UnknownTenantError as error:
             log.warning("queue lost its config (%s): syncing and reconciling", error)
             self._synced = None
@@ -334,15 +338,34 @@ class Dispatcher:
             self.reconcile()
             result.reconciled = True
 
+    def _keep_service(self) -> None:
+        """Read the queue's service counters every ``service_every`` seconds, while
+        Redis holds a rebuilt queue (never the empty state a loss leaves)."""
+        now = self.clock()
+        if now - self._last_service < self.settings.service_every or \
+                self._need_reconcile or not self.queue.is_rebuilt():
+            return
+        self._service = self.queue.service()
+        self._last_service = now
+
     def reconcile(self) -> None:
-        """Rebuild usage and queue from the cluster (after syncing config); the budget
-        states are computed again in this step's chores (Redis may have lost them)."""
+        """Rebuild usage and queue from the cluster (after syncing config); when Redis
+        lost its data, the service counters last read are given back first, so the
+        order resumes where it was. The budget states are computed again in this step's
+        chores (Redis may have lost them)."""
         self.sync(force=True)
+        if self._service is not None:
+            restored = self.queue.restore_service(self._service)
+            if restored:
+                log.warning("Redis lost the queue's service counters: restored those of "
+                            "%d tenants as read at most %.0f s before", restored,
+                            self.settings.service_every)
         self._last_budget = float("-inf")
         listed_at = self.clock()  # before listing: what is reserved after it is kept
         pods = self.cluster.list_pods()
         summary = reconcile(self.queue, pods, listed_at=listed_at,
-                            bound={t: p.uid for t, p in self.pods.items()})
+                            bound={t: p.uid for t, p in self.pods.items()},
+                            started=self._started)
         self.pods = summary.owners
         self._twins &= {twin.uid for twin in summary.twins}  # the others own their tickets
         for twin in summary.twins:

@@ -192,6 +192,7 @@ class RunningPod:
     uid: str
     group: str | None = None
     group_size: int = 1
+    started_at: float | None = None  # when its run began, if the caller saw it begin
 
     def __post_init__(self) -> None:
         _check_ticket(self.ticket)
@@ -288,3 +289,18 @@ class TicketStatus:
     submitted_at: float
     released_at: float | None
     group: str | None
+
+
+@dataclass(frozen=True)
+class ServiceSnapshot:
+    """The service counters the queue orders by (virtual time, or decayed usage), as
+    :meth:`fairshare.queue.FairQueue.service` read them: opaque to the caller, kept to
+    give back to :meth:`~fairshare.queue.FairQueue.restore_service` after a Redis loss.
+    ``fields`` is the exact text the queue stored (numbers read back exactly)."""
+
+    fields: tuple[str, ...]
+
+    @property
+    def tenants(self) -> int:
+        """How many tenants' counters it holds."""
+        return (len(self.fields) - 3) // 5

@@ -62,6 +62,7 @@ from fairshare.model import (
     QueueSnapshot,
     Release,
     RunningPod,
+    ServiceSnapshot,
     TenantStatus,
     TicketStatus,
 )
@@ -242,6 +243,18 @@ class FairQueue:
             "INFO", "server", "replication")
         return f"{info['run_id']}/{info['master_replid']}"
 
+    def service(self) -> ServiceSnapshot:
+        """Every tenant's service counters (see :class:`ServiceSnapshot`), in one call."""
+        return ServiceSnapshot(tuple(text(v) for v in self._run("service")))
+
+    def restore_service(self, snapshot: ServiceSnapshot) -> int:
+        """Give back counters read before Redis lost its data, so the order resumes
+        where it was (virtual times survive the loss, as usage does through
+        :meth:`rebuild`). Does nothing once :meth:`rebuild` has run on this Redis, or
+        when the order mode changed since the snapshot; a tenant that holds more service
+        than the snapshot keeps its own. Returns how many tenants were restored."""
+        return int(self._run("restore", *snapshot.fields))
+
     def is_rebuilt(self) -> bool:
         """Whether :meth:`rebuild` has run on this Redis since it was last emptied."""
         return bool(self._client.exists(self._keys[0] + "rebuilt"))
@@ -261,7 +274,9 @@ class FairQueue:
         (the list cannot show them yet) and are kept with their usage, also when the
         list shows their pod gated or not at all; an unconfirmed one still expires.
         With ``listed_at=None`` the lists are taken as complete (nothing reserved or
-        dispatched since): every other ticket is dropped. Configuration is kept.
+        dispatched since): every other ticket is dropped. Configuration is kept. A
+        running pod's run began when its ticket was released, or at ``started_at``
+        when Redis no longer knows the ticket (the expected run time learns from it).
         """
         cutoff = "" if listed_at is None else num(listed_at - self.reservation_ttl)
         args: list[str | int | float] = [cutoff]
@@ -269,7 +284,8 @@ class FairQueue:
             args += ["A", pod.ticket, pod.tenant, pod.namespace, pod.name,
                      CLASS_CODE[pod.pod_class], BAND_CODE[pod.band],
                      format_counts(pod.demand), pod.gang or "",
-                     pod.group_size if pod.gang else 1, num(0.0), pod.uid]
+                     pod.group_size if pod.gang else 1, num(0.0), pod.uid,
+                     "" if pod.started_at is None else num(pod.started_at)]
         ordered = sorted(gated, key=lambda g: (g.request.submitted_at, g.request.ticket))
         for gated_pod in ordered:
             req = gated_pod.request
@@ -277,7 +293,7 @@ class FairQueue:
                      CLASS_CODE[req.pod_class], BAND_CODE[gated_pod.band],
                      format_counts(req.demand), req.gang or "",
                      req.group_size if req.gang else 1, num(req.submitted_at),
-                     gated_pod.uid]
+                     gated_pod.uid, ""]
         self._run("rebuild", *args)
 
     # -- snapshots -----------------------------------------------------------------

@@ -119,16 +119,20 @@ def cluster_truth(pods: Iterable[GpuPod], bound: Mapping[str, str] | None = None
 
 def reconcile(
     queue: FairQueue, pods: Iterable[GpuPod], listed_at: float | None = None,
-    bound: Mapping[str, str] | None = None,
+    bound: Mapping[str, str] | None = None, started: Mapping[str, float] | None = None,
 ) -> ReconcileSummary:
     """Replace the queue's usage and backlog with what ``pods`` say (atomically).
 
     ``listed_at`` is when ``pods`` were listed (taken *before* the list call, on the
     clock the webhook and dispatcher use): reservations and dispatches made shortly
     before or after it are kept (see :meth:`FairQueue.rebuild`). ``None`` only when
-    nothing can have been reserved or dispatched since the listing.
+    nothing can have been reserved or dispatched since the listing. ``started``:
+    ticket -> when the caller saw its pod start running (a run's beginning, for the
+    tickets Redis lost).
     """
     truth = cluster_truth(pods, bound)
-    queue.rebuild(truth.running, truth.gated, listed_at)
+    began = started or {}
+    running = [replace(pod, started_at=began.get(pod.ticket)) for pod in truth.running]
+    queue.rebuild(running, truth.gated, listed_at)
     return ReconcileSummary(len(truth.running), len(truth.gated), truth.skipped,
                             truth.owners, truth.twins)

@@ -182,17 +182,21 @@ def parse_duration(value: object) -> float:
 class FairShareSpec(_Strict):
     """``fairShare`` of ``platform.yaml``: how the queue measures a tenant's share.
 
-    ``usageHalfLife`` (seconds once parsed; written ``1h``, ``30m``, ``90s``): order
-    tenants by usage history decayed with this half-life instead of current usage;
-    0 (the default) is current usage only.
+    Unset (the default, None): virtual time. A tenant's share is the service (GPU slice
+    seconds) it received while active, per unit of weight; a tenant that becomes active
+    starts at the smallest virtual time of the active tenants, so idle time earns no
+    credit and what a tenant took ahead of the others it repays.
+    ``usageHalfLife`` (seconds once parsed; written ``1h``, ``30m``, ``90s``): instead,
+    usage history decayed with this half-life, Slurm-like: a tenant that was idle is
+    owed credit when it returns. 0: current usage only (ties go to the oldest backlog).
     """
 
-    usage_half_life: float = Field(0.0, alias="usageHalfLife")
+    usage_half_life: float | None = Field(None, alias="usageHalfLife")
 
     @field_validator("usage_half_life", mode="before")
     @classmethod
-    def _duration(cls, value: object) -> float:
-        return parse_duration(value)
+    def _duration(cls, value: object) -> float | None:
+        return None if value is None else parse_duration(value)
 
 
 class PricingSpec(_Strict):

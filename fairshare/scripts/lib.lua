@@ -216,18 +216,23 @@ local function bump_state(tenant, deltas, st)
   redis.call('HSET', key, unpack(args))
 end
 
--- decayed usage (fairShare.usageHalfLife) ---------------------------------------------
+-- service received: virtual time (the default) or decayed usage (fairShare.usageHalfLife)
 -- NOW: the caller's clock when the script knows it (scripts set it from ARGV), else nil.
--- du:<tenant> hash {v = decayed slice-seconds as of t, t}: folded lazily, whenever the
--- tenant's usage changes (add_usage) with NOW known: D(now) = v * f + u * (1 - f) / L,
--- f = exp(-L * (now - t)), L = ln 2 / half-life, u = slices in use since t.
+-- du:<tenant> hash {v = slice-seconds of service as of t, t}: folded lazily, whenever the
+-- tenant's usage changes (add_usage) with NOW known, u = slices in use since t.
+-- Virtual time (hl < 0): D(now) = v + u * (now - t), the service received while active,
+-- and a tenant that becomes active starts no lower than the active tenants (see
+-- track_active): D / weight is its virtual time. Decayed usage (hl > 0):
+-- D(now) = v * f + u * (1 - f) / L, f = exp(-L * (now - t)), L = ln 2 / half-life.
+-- hl = 0: current usage only, no service is kept.
 local NOW = nil
-local HL = nil  -- {life = seconds (0: current usage only), rate = L}
+local HL = nil  -- {life = seconds (< 0 virtual time, 0 current usage), rate = L, accrues}
 
 local function halflife()
   if not HL then
     local life = tonumber(redis.call('GET', P .. 'hl') or '0')
-    HL = {life = life, rate = life > 0 and math.log(2) / life or 0}
+    HL = {life = life, rate = life > 0 and math.log(2) / life or 0, accrues = life ~= 0,
+          virtual = life < 0}
   end
   return HL
 end
@@ -282,44 +287,113 @@ local function du_of(tenant)
   return d
 end
 
--- the tenant's decayed usage at `now` (nil: as of its last fold), with usage st, and
--- its expected run time
+-- the expected run time of a tenant none of whose pods has ended yet: with virtual time
+-- the moving average of every tenant's run times (key rt), so a tenant that joins is
+-- charged like those it joins; else (or before any pod ended) DEFAULT_RUN
+local RUN = nil  -- false: no rt yet
+local function stored_run()
+  if RUN == nil then RUN = tonumber(redis.call('GET', P .. 'rt') or '') or false end
+  return RUN
+end
+local function cluster_run()
+  return halflife().virtual and stored_run() or DEFAULT_RUN
+end
+
+-- the tenant's service at `now` (nil: as of its last fold), with usage st, and its
+-- expected run time
 local function decayed(tenant, st, now)
   local d = du_of(tenant)
-  local v, t, r = d.v, d.t or now or 0, d.r or DEFAULT_RUN
+  local v, t, r = d.v, d.t or now or 0, d.r or cluster_run()
   if not now or now <= t then return v, r end
+  if halflife().virtual then return v + usage_slices(st) * (now - t), r end
   local f = math.exp(-halflife().rate * (now - t))
   return v * f + usage_slices(st) * (1 - f) / halflife().rate, r
 end
 
--- before the tenant's usage changes: fold its decayed usage up to NOW
+-- va: with virtual time, the active tenants (slices in use or a lane), scored by their
+-- virtual time as of their last fold: a lower bound of the current one, which only rises.
+local K_ACTIVE = P .. 'va'
+
+-- before the tenant's usage changes: fold its service up to NOW
 local function fold_decay(tenant, st)
-  if halflife().life <= 0 or not NOW then return end
+  if not halflife().accrues or not NOW then return end
   st = st or state_of(tenant)
   local v = decayed(tenant, st, NOW)
   redis.call('HSET', P .. 'du:' .. tenant, 'v', v, 't', NOW)
   local d = du_of(tenant)
   d.v, d.t = v, NOW
+  if halflife().virtual then redis.call('ZADD', K_ACTIVE, 'XX', v / cfg_of(tenant).w, tenant) end
+end
+
+-- the smallest virtual time at NOW of the active tenants other than `tenant`, or nil:
+-- members in stored order, until a stored bound cannot beat the best current value
+local function min_active(tenant)
+  local best, rank = nil, 0
+  while true do
+    local batch = redis.call('ZRANGE', K_ACTIVE, rank, rank + 15, 'WITHSCORES')
+    if #batch == 0 then return best end
+    for i = 1, #batch, 2 do
+      if best and tonumber(batch[i + 1]) >= best then return best end
+      local other = batch[i]
+      if other ~= tenant then
+        local v = decayed(other, usage_state(other), NOW) / cfg_of(other).w
+        if not best or v < best then best = v end
+      end
+    end
+    rank = rank + 16
+  end
+end
+
+-- With virtual time, keep va current for a tenant with usage st and `lanes` lanes (nil:
+-- counted here) whenever either changes: one that becomes active (NOW known) starts at
+-- the smallest virtual time of the active tenants if its own is lower, so idle time
+-- earns no credit while service taken ahead of the others is kept (repaid); one that
+-- is idle leaves va.
+local function track_active(tenant, st, lanes)
+  if not halflife().virtual then return end
+  local active = usage_slices(st) > 0
+    or (lanes or redis.call('SCARD', P .. 'tl:' .. tenant)) > 0
+  if active == (redis.call('ZSCORE', K_ACTIVE, tenant) ~= false) then return end
+  if not active then
+    redis.call('ZREM', K_ACTIVE, tenant)
+    return
+  end
+  if not NOW then return end  -- joined by the next refresh that knows the time
+  fold_decay(tenant, st)
+  local w, d = cfg_of(tenant).w, du_of(tenant)
+  local floor = min_active(tenant)
+  if floor and d.v < floor * w then
+    d.v = floor * w
+    redis.call('HSET', P .. 'du:' .. tenant, 'v', d.v)
+  end
+  redis.call('ZADD', K_ACTIVE, d.v / w, tenant)
 end
 
 -- a running pod of the tenant that started at `started` ended at NOW: fold its run time
 -- into the tenant's expected run time
 local function note_run(tenant, started)
-  if halflife().life <= 0 or not NOW or not started then return end
+  if not halflife().accrues or not NOW or not started then return end
   local d = du_of(tenant)
   local run = math.max(NOW - started, 0)
   d.r = d.r and d.r + RUN_WEIGHT * (run - d.r) or run
   redis.call('HSET', P .. 'du:' .. tenant, 'r', d.r)
+  if halflife().virtual then
+    local before = stored_run()
+    RUN = before and before + RUN_WEIGHT * (run - before) or run
+    redis.call('SET', P .. 'rt', RUN)
+  end
 end
 
 -- A score below every real one (no decayed usage yet); see share_of.
 local NO_USAGE = -1e18
 
 -- The tenant's fair-share score (queue order: lowest first). Current usage only:
--- slices used in all bands / weight. With a half-life: ln((D(now) + charge) / weight)
--- + L * now, charge = the slices it runs beyond guaranteed(tenant) x its expected run
--- time: a tenant is charged up front for running more than its guaranteed share, so it
--- cannot take every unit freed at one moment while its decayed usage has not risen yet.
+-- slices used in all bands / weight. Else ln((D(now) + charge) / weight) + L * now.
+-- Virtual time (L = 0): charge = the slices it runs x its expected run time, the
+-- virtual time it reaches when what runs now ends (start-time fair queuing's tag).
+-- With a half-life: charge = the slices it runs beyond guaranteed(tenant) x its
+-- expected run time. Either way a tenant is charged up front, so it cannot take every
+-- unit freed at one moment while its service has not risen yet.
 -- This orders tenants as (D(now) + charge) / weight does, and a tenant without running
 -- pods keeps it unchanged as time passes (decay is uniform), while running pods only
 -- raise it; the charge changes only with the tenant's own usage or run times (which
@@ -329,10 +403,12 @@ local NO_USAGE = -1e18
 -- many slices x the expected run time are taken off (handover, see favoured_tops).
 local function share_of(tenant, st, now, credit)
   local hl = halflife()
-  if hl.life <= 0 then return usage_slices(st) / cfg_of(tenant).w end
+  if not hl.accrues then return usage_slices(st) / cfg_of(tenant).w end
   now = now or NOW
   local d, run = decayed(tenant, st, now)
-  d = d + (math.max(usage_slices(st) - guaranteed(tenant), 0) - (credit or 0)) * run
+  local charged = usage_slices(st)
+  if not hl.virtual then charged = math.max(charged - guaranteed(tenant), 0) end
+  d = d + (charged - (credit or 0)) * run
   if d <= 0 then return NO_USAGE end
   local t = now or du_of(tenant).t or 0
   return math.log(d / cfg_of(tenant).w) + hl.rate * t
@@ -423,6 +499,7 @@ local function add_usage(tenant, band, d, sign, st)
     if USED[k] then USED[k][band] = now_used end
   end
   bump_state(tenant, deltas, st)
+  track_active(tenant, st or usage_state(tenant))
 end
 
 -- tickets ----------------------------------------------------------------------------
@@ -677,10 +754,12 @@ local NO_LANE = {}
 local function refresh(tenant, st, moved)
   local cfg = cfg_of(tenant)
   st = st or state_of(tenant)
-  local share = share_of(tenant, st)
   local lanes_key = P .. 'tl:' .. tenant
+  local lanes = redis.call('SMEMBERS', lanes_key)
+  track_active(tenant, st, #lanes)
+  local share = share_of(tenant, st)
   local tiers = {}
-  for _, shape in ipairs(redis.call('SMEMBERS', lanes_key)) do
+  for _, shape in ipairs(lanes) do
     local ready = P .. 'r:' .. shape
     local field = 'rk:' .. shape
     local old = st[field]
@@ -846,7 +925,7 @@ end
 -- favoured_tops). fr hash: '<tier>:s' lane shape, '<tier>:t' tenant of the last such pod.
 local HANDOVER = 0.5
 local function note_freed(rec)
-  if halflife().life <= 0 or rec[F_GANG] ~= '' then return end
+  if not halflife().accrues or rec[F_GANG] ~= '' then return end
   local shape = single_shape(rec)
   local tier = parse_shape(shape).tier
   redis.call('HSET', P .. 'fr', tier .. ':s', shape, tier .. ':t', rec[F_TENANT])
@@ -923,7 +1002,7 @@ end
 local WALK_BATCH = 64
 local function best_of(shape, D, now, tidy, check, after, scores)
   local key = P .. 'r:' .. shape
-  local decay = halflife().life > 0
+  local decay = halflife().accrues
   local best, rank = nil, 0
   -- with `tidy`, the current scores computed on the way replace the stored ones once the
   -- walk is over (still lower bounds: scores only rise until the tenant's next change,
@@ -1002,8 +1081,8 @@ local function below_share(top, tier, bw)
   if bw[tier] == nil then bw[tier] = tonumber(redis.call('HGET', P .. 'bw', tier) or '0') end
   local w = bw[tier]
   if w <= 0 then return false end
-  if halflife().life <= 0 then
-    -- without a half-life the top's score is slices in use / weight (refresh writes it
+  if not halflife().accrues then
+    -- with current usage only the top's score is slices in use / weight (refresh writes it
     -- at every change of either): it decides, unless the product's rounding could
     local margin = top.score * w - capacity
     if math.abs(margin) > 1e-9 * capacity then return margin < 0 end
@@ -1065,7 +1144,7 @@ end
 -- Also returns the commitment record as read ({shape, tenant, base}; fields nil without
 -- one), for note_hold.
 local function favoured_tops(tier, now)
-  if halflife().life <= 0 then return {}, {} end
+  if not halflife().accrues then return {}, {} end
   now = now or NOW
   local fs, ft, cs, ct, cu, ca = unpack(redis.call('HMGET', P .. 'fr', tier .. ':s',
                                                    tier .. ':t', tier .. ':cs', tier .. ':ct',
@@ -1129,7 +1208,7 @@ local function plan(tier, now, stop, counts, tidy)
   for _, top in ipairs(tops) do listed[top.shape .. ' ' .. top.member] = true end
   local G = {i = {}, t = {}, b = {}}
   local held, bw = {}, {}
-  local decay = halflife().life > 0
+  local decay = halflife().accrues
   local i = 1
   while i <= #tops do
     local top = tops[i]
@@ -1231,7 +1310,7 @@ end
 -- the next entry of a tier to release (a survey top), or nil; tidies (see survey)
 local function pick(tier, now)
   local _, best, held, record = plan(tier, now, nil, nil, true)
-  if halflife().life > 0 then
+  if halflife().accrues then
     -- the handover lasts one decision (note_freed writes it only with a half-life)
     redis.call('HDEL', P .. 'fr', tier .. ':s', tier .. ':t')
     note_hold(tier, now, best, held, record)

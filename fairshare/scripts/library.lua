@@ -20,7 +20,7 @@ local function instance(KEYS)
 local SHAPE_CALLS, calls = 1000, 0
 local function begin()
   CFG, USED, CAP, DU = {}, {}, {}, {}
-  NOW, HL, CAP_SLICES, TOTAL_WEIGHT = nil, nil, nil, nil
+  NOW, HL, RUN, CAP_SLICES, TOTAL_WEIGHT = nil, nil, nil, nil, nil
   calls = calls + 1
   if calls >= SHAPE_CALLS then SHAPES, calls = {}, 0 end
 end

@@ -3,24 +3,28 @@
 -- a reservation/release time F_AT) later than the cutoff are in flight, made after
 -- the pods were listed or too recently for the list to show them; they are kept with
 -- their usage (and reservation expiry), before the list is applied.
--- ARGV[2..]: records of 12 fields: kind ('A' running | 'Q' gated, gated in queue
+-- ARGV[2..]: records of 13 fields: kind ('A' running | 'Q' gated, gated in queue
 -- order), ticket, tenant, namespace, name, class, band, demand, gang id, gang size,
--- submitted, pod uid (the listed pods are seen: their tickets are bound to them). A
+-- submitted, pod uid (the listed pods are seen: their tickets are bound to them), when
+-- a running pod's run began ('' unknown; used when Redis no longer knows it). A
 -- listed ticket that is kept stays as it is (a listed running pod confirms a kept
 -- reservation, and binds it to its uid when it was unseen).
+-- A listed running pod whose ticket was held before keeps its reservation/release time
+-- (when its run began: the expected run time learns from it when it ends).
 local cutoff = tonumber(ARGV[1])
-local kept = {}
-if cutoff then
-  local flat = redis.call('HGETALL', K_TICKETS)
-  for i = 1, #flat, 2 do
-    local rec = split(flat[i + 1], SEP)
-    if (rec[F_STATE] == 'R' or rec[F_STATE] == 'A') and rec[F_AT] ~= ''
-        and tonumber(rec[F_AT]) > cutoff then
+local kept, began = {}, {}
+local flat = redis.call('HGETALL', K_TICKETS)
+for i = 1, #flat, 2 do
+  local rec = split(flat[i + 1], SEP)
+  if (rec[F_STATE] == 'R' or rec[F_STATE] == 'A') and rec[F_AT] ~= '' then
+    if cutoff and tonumber(rec[F_AT]) > cutoff then
       kept[#kept + 1] = {flat[i], rec}
+    else
+      began[flat[i]] = rec[F_AT]
     end
   end
-  table.sort(kept, function(a, b) return tonumber(a[2][F_SEQ]) < tonumber(b[2][F_SEQ]) end)
 end
+table.sort(kept, function(a, b) return tonumber(a[2][F_SEQ]) < tonumber(b[2][F_SEQ]) end)
 
 for _, tenant in ipairs(redis.call('SMEMBERS', K_TENANTS)) do
   for _, shape in ipairs(redis.call('SMEMBERS', P .. 'tl:' .. tenant)) do
@@ -36,7 +40,7 @@ for _, tier in ipairs(TIERS) do
   redis.call('DEL', P .. 'sh:' .. tier)
 end
 for _, gid in ipairs(redis.call('SMEMBERS', K_GANGS)) do redis.call('DEL', P .. 'g:' .. gid) end
-redis.call('DEL', K_GANGS, K_TICKETS, K_RESV, K_USED, P .. 'bw', P .. 'bm', P .. 'fr')
+redis.call('DEL', K_GANGS, K_TICKETS, K_RESV, K_USED, P .. 'bw', P .. 'bm')
 for first = 0, NAME_BUCKETS - 1, 256 do
   local keys = {}
   for b = first, first + 255 do keys[#keys + 1] = P .. 'nm:' .. b end
@@ -68,13 +72,14 @@ for _, item in ipairs(kept) do
   item[2][F_SEQ] = seq
   hold(item[1], item[2])
 end
-for i = 2, #ARGV, 12 do
-  local kind, ticket, tenant, ns, name, cls, band, demand, gid, gsize, submitted, uid =
-    unpack(ARGV, i, i + 11)
+for i = 2, #ARGV, 13 do
+  local kind, ticket, tenant, ns, name, cls, band, demand, gid, gsize, submitted, uid, start =
+    unpack(ARGV, i, i + 12)
   local rec = get_rec(ticket)
   if not rec then
     seq = seq + 1
-    rec = {kind, tenant, cls, band, demand, ns, name, gid, gsize, submitted, seq, '', uid}
+    rec = {kind, tenant, cls, band, demand, ns, name, gid, gsize, submitted, seq,
+           kind == 'A' and (began[ticket] or start) or '', uid}
     if kind == 'A' then
       hold(ticket, rec)
     else

@@ -1,5 +1,6 @@
 -- sync: ARGV[1] '1' replaces the capacity with ARGV[2] (counts), '0' keeps the stored
--- one; ARGV[3]: fairShare.usageHalfLife in seconds (0: current usage only); then, per
+-- one; ARGV[3]: fairShare.usageHalfLife in seconds (0: current usage only, -1: virtual
+-- time, lib.lua halflife); then, per
 -- tenant, 5 fields: name, weight, borrow slices, reserve slices, nominal counts.
 -- Tenants not named lose their quota but keep their usage and queue. Readiness,
 -- shares and the backlogged weights (bw, bm) are computed again; tw is the summed
@@ -12,11 +13,12 @@ if ARGV[1] == '1' then
   for k, v in pairs(parse_counts(ARGV[2])) do redis.call('HSET', K_CAP, k, v) end
 end
 if redis.call('GET', P .. 'hl') ~= ARGV[3] then
-  -- another half-life: the decayed counters start again from current usage
-  local keys = {}
+  -- another half-life or order: the service counters start again from current usage
+  local keys = {K_ACTIVE, P .. 'rt'}
   for _, tenant in ipairs(redis.call('SMEMBERS', K_TENANTS)) do keys[#keys + 1] = P .. 'du:' .. tenant end
-  if #keys > 0 then redis.call('DEL', unpack(keys)) end
+  redis.call('DEL', unpack(keys))
   redis.call('SET', P .. 'hl', ARGV[3])
+  HL = nil
 end
 redis.call('DEL', P .. 'bw', P .. 'bm', P .. 'fr')
 local configured, total_weight = {}, 0

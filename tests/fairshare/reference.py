@@ -3,8 +3,10 @@
 It keeps plain lists and dicts and recomputes everything (usage, readiness, shares,
 holds) from the ticket records on every call, so it shares no bookkeeping with the
 Lua scripts: the stateful test drives both with the same operations and compares
-every answer. Shares are current usage / weight (no usage half-life: the decayed
-counters are tested on their own, in test_fair_order.py).
+every answer. Shares are current usage / weight (``usageHalfLife: 0``), the one order
+that follows from the records alone: virtual time and decayed usage depend on the
+service history, and are tested on their own (test_virtual_time.py, test_fair_order.py).
+Everything else (bands, quota, capacity, holds, gangs) is the same in every order.
 """
 
 from __future__ import annotations

@@ -146,8 +146,8 @@ def test_backlogged_tenants_share_by_weight(redis_client: redis.Redis) -> None:
     active = [s.ticket for s in running]
     totals = Counter[str]()
     for step in range(120):
-        for ticket in rng.sample(active, 3):  # three pods finish
-            queue.release(ticket, pod_uid(ticket))
+        for ticket in rng.sample(active, 3):  # three pods finish (now, as the dispatcher says)
+            queue.release(ticket, pod_uid(ticket), 2000.0 + step)
             active.remove(ticket)
         active += [r.ticket for r in queue.dispatch(2000.0 + step, 100)]
         for status in queue.tenant_status():

@@ -64,6 +64,7 @@ def make_config(quotas: dict[str, dict[str, float]]) -> FairgateConfig:
     platform = PlatformConfig.model_validate({
         "tenants": {t: {"weight": q["weight"], "ceiling": {"gpuEquivalents": 100}}
                     for t, q in quotas.items()},
+        "fairShare": {"usageHalfLife": 0},  # the order the reference computes from records
     })
     specs = {
         t: QuotaSpec.model_validate({
