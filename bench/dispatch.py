@@ -8,9 +8,9 @@ queues the backlog through the same path, and then repeats: one running pod ends
 including the loopback round trip). Memory per queued pod is the ``used_memory``
 delta of queueing the backlog divided by its size.
 
-``--half-life S`` sets ``fairShare.usageHalfLife`` (default 0: current usage only) so
-the decayed-usage path is timed: a decision then computes the current score of each
-ready-set member it walks and writes the ones that rose back (``best_of`` in
+``--half-life S`` sets ``fairShare.usageHalfLife`` (default 0: not set, the default
+order, virtual time) so the decayed-usage path is timed: a decision then computes the
+current score of each ready-set member it walks and writes the ones that rose back (``best_of`` in
 ``fairshare/scripts/lib.lua``). The clock advances 1 ms per decision and the release
 before it gets the same clock, as in ``bench/instructions.py dispatch``.
 
@@ -87,7 +87,8 @@ def make_config(tenants: int) -> tuple[FairgateConfig, ResourceCounts, list[str]
 
 def with_half_life(config: FairgateConfig, half_life: float) -> FairgateConfig:
     """``config`` with ``fairShare.usageHalfLife`` = ``half_life`` seconds (0: unchanged,
-    current usage only). Also used by ``bench/instructions.py dispatch --half-life``."""
+    the default order: virtual time). Also used by ``bench/instructions.py dispatch
+    --half-life``."""
     if not half_life:
         return config
     fair_share = FairShareSpec.model_validate({"usageHalfLife": half_life})
@@ -200,8 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queued", type=int, nargs="+", default=[1000, 10_000, 100_000])
     parser.add_argument("--decisions", type=int, default=2000)
     parser.add_argument("--half-life", type=float, default=0.0, metavar="SECONDS",
-                        help="fairShare.usageHalfLife in seconds (default 0: current usage "
-                        "only); times the decayed-usage walk of the ready sets, whose "
+                        help="fairShare.usageHalfLife in seconds (default 0: not set, "
+                        "virtual time); times the decayed-usage walk of the ready sets, whose "
                         "current scores a decision computes and writes back")
     parser.add_argument("--redis-url", help="use this Redis (keys under 'bench:' are "
                         "deleted) instead of starting a private redis-server")

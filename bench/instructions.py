@@ -384,8 +384,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="cases of bench/redis_scripts.py (none: only --cluster)")
     admit.add_argument("--count", type=int, default=200)
     admit.add_argument("--half-life", type=float, default=0.0, metavar="SECONDS",
-                       help="fairShare.usageHalfLife in seconds (default 0: current usage "
-                       "only, and the cases run as without this option). Counts the "
+                       help="fairShare.usageHalfLife in seconds (default 0: not set, the "
+                       "default order, virtual time, and the cases run as without this "
+                       "option). Counts the "
                        "decayed-usage admission: the survey walks each ready set of the "
                        "pod's tier (and of higher tiers) while a stored score, a lower "
                        "bound, could beat the best current one, and admission writes no "
@@ -409,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     dispatch.add_argument("--queued", type=int, default=100_000)
     dispatch.add_argument("--decisions", type=int, default=100)
     dispatch.add_argument("--half-life", type=float, default=0.0,
-                          help="fairShare.usageHalfLife in seconds (0: current usage only); "
+                          help="fairShare.usageHalfLife in seconds (0: not set, virtual time); "
                           "counts the decayed-usage walk of the ready sets")
     args = parser.parse_args(argv)
     for tool in ("valgrind", "callgrind_control", "redis-server"):

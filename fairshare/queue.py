@@ -201,8 +201,9 @@ class FairQueue:
 
         Only the pod the ticket is bound to (see :meth:`confirm`) frees it; a ticket
         no pod was seen with yet is freed by any. ``now``: when (the clock of
-        :meth:`dispatch`); with a usage half-life the tenant's decayed usage is counted
-        up to it (without it, up to the tenant's last change). Idempotent; returns False
+        :meth:`dispatch`); the tenant's service (virtual time, or decayed usage) is
+        counted up to it (without it, only up to the tenant's last change: pass it
+        whenever the time is known, as the dispatcher does). Idempotent; returns False
         when the ticket was unknown or belongs to another pod.
         """
         return bool(self._run("forget", ticket, "any", uid, *_clock(now)))

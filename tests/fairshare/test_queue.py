@@ -241,18 +241,18 @@ def test_capacity_is_held_for_the_tenant_first_in_order(redis_client: redis.Redi
     admit_all(q, [pods("small", at=2.0) for _ in range(4)])  # t6-t9 queue
     # big (share 0, below its 2 GPUs of weighted share) is first in order: the freed
     # GPUs are held for it, small pods no longer take them
-    q.release("t1", pod_uid("t1"))
+    q.release("t1", pod_uid("t1"), 3.0)
     assert released(q, now=3.0) == []
     status = q.ticket_status("t5", 3.0)
     assert status is not None and status.waiting_for == "capacity held for you: 1 of 4 GPUs"
     status = q.ticket_status("t6", 3.0)
     assert status is not None and status.waiting_for == (
         "gpu capacity held for big (ahead in fair-share order)")
-    q.release("t2", pod_uid("t2"))
-    q.release("t3", pod_uid("t3"))
+    q.release("t2", pod_uid("t2"), 4.0)
+    q.release("t3", pod_uid("t3"), 4.0)
     status = q.ticket_status("t5", 4.0)
     assert status is not None and status.waiting_for == "capacity held for you: 3 of 4 GPUs"
-    q.release("t4", pod_uid("t4"))
+    q.release("t4", pod_uid("t4"), 5.0)
     assert released(q, now=5.0, limit=1) == ["t5"]
 
 
@@ -299,9 +299,9 @@ def test_ties_go_to_the_older_head_not_the_name(redis_client: redis.Redis,
     q.admit(pods("a", demand={"gpu": 8}, at=0.0), 0.0)  # t1 runs
     q.admit(pods("b", demand={"gpu": 8}, at=1.0), 1.0)  # t2: b's head, older
     q.admit(pods("a", demand={"gpu": 8}, at=2.0), 2.0)  # t3
-    q.release("t1", pod_uid("t1"))  # both at share 0: b's head was created first
+    q.release("t1", pod_uid("t1"), 3.0)  # b waited since 1.0, a just ran: b goes first
     assert released(q, now=3.0) == ["t2"]
-    q.release("t2", pod_uid("t2"))
+    q.release("t2", pod_uid("t2"), 4.0)
     assert released(q, now=4.0) == ["t3"]
 
 
