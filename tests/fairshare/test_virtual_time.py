@@ -189,22 +189,26 @@ weights_st = st.lists(st.sampled_from([1, 2, 3, 5, 8]), min_size=2, max_size=5)
 @settings(max_examples=12, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(weights=weights_st, capacity=st.sampled_from([4, 8, 12]),
+       size=st.sampled_from([1, 2, 0]),  # GPUs per pod; 0: the whole cluster
        durations=st.lists(st.sampled_from([60, 120, 300, 600]), min_size=5, max_size=5),
-       joins=st.lists(st.sampled_from([0.0, 0.0, 450.5, 1_300.25]), min_size=5, max_size=5))
+       joins=st.lists(st.sampled_from([0.0, 0.0, 30.0, 450.5, 1_300.25]), min_size=5,
+                      max_size=5))
 def test_no_backlogged_tenant_falls_behind_its_entitlement_by_more_than_the_bound(
-    redis_url: str, weights: list[int], capacity: int, durations: list[int],
+    redis_url: str, weights: list[int], capacity: int, size: int, durations: list[int],
     joins: list[float],
 ) -> None:
-    """Tenants of one-GPU pods, each backlogged from the moment it joins: at every
-    moment, the GPU-time a tenant received since it joined is within C x D of the
-    entitlement it accrued (C GPUs, D the longest pod: the lag bound of docs/fairness.md),
-    however long it has waited. Current usage only has no such bound."""
+    """Tenants of pods of one size, each backlogged from the moment it joins: at every
+    moment, the GPU-time a tenant received since it joined is within 2 x C x D of the
+    entitlement it accrued (C GPUs, D the longest pod: the lag bound of
+    docs/fairness.md), however long it has waited. Ordered by current usage, two equal
+    tenants of whole-cluster pods 30 s apart fall 3 x C x D behind in an hour."""
     tenants = {f"t{i}": float(w) for i, w in enumerate(weights)}
     horizon = 3_600.0
-    arrivals = [_training(joins[i], t, 1, durations[i],
-                          int(3 * horizon * capacity / durations[i]) + 5)
+    gpus = size or capacity
+    arrivals = [_training(joins[i], t, gpus, durations[i],
+                          int(3 * horizon * capacity / gpus / durations[i]) + 5)
                 for i, t in enumerate(tenants)]
-    bound = capacity * max(durations[: len(tenants)])
+    bound = 2 * capacity * max(durations[: len(tenants)])
     data = _trace(capacity, tenants, arrivals, horizon)
     got = dict.fromkeys(tenants, 0.0)
     owed = dict.fromkeys(tenants, 0.0)
