@@ -12,11 +12,14 @@ a real AdmissionReview v1 sent over HTTPS (verified against the generated CA), t
 answer's JSON Patch decides the pod's ticket, priority band and gate, and the real
 :class:`~fairshare.dispatcher.Dispatcher` releases gated pods as running pods finish.
 It shows progress, then per tenant what was admitted at once, queued, denied and
-released later, with wait times per class, verifies the audit chain and ends with the
-cost table billed from it (:mod:`cost.billing`, the window of ``fairgate report``: this
-month up to now). The virtual clock starts :data:`HORIZON` before the real start and the
-pods run to their end up to now, so no record lies in the future and ``fairgate report``
-and the console bill the same. It prints how to point other commands at its Redis. With
+released later, with wait times per class, verifies the audit chain and ends with the cost
+table billed from it (:mod:`cost.billing`, the window of ``fairgate report``: this month up
+to now). The virtual clock starts :data:`HORIZON` before the
+real start and the pods run to their end up to now, so no record lies in the future and
+``fairgate report`` and the console bill the same. Over the run it writes the fairness
+samples the console would have taken (every :data:`SAMPLE_EVERY` virtual seconds,
+:class:`~webhook.console.history.FairnessHistory`), so the console's Fairness page shows
+the run. It prints how to point other commands at its Redis. With
 ``web_console`` (``fairgate demo --console``) it then keeps everything running and serves
 ``fairgate console`` on it (its ``console: <url>`` line printed) until Ctrl-C. Everything it
 started or wrote on disk is removed at the end. Exit code 0 when every request got a
@@ -68,6 +71,7 @@ from tenants.models import (
     FairgateConfig,
     PodClass,
 )
+from webhook.console.history import FairnessHistory
 from webhook.process import ServeProcess
 
 PLATFORM_YAML = """\
@@ -120,6 +124,8 @@ sandbox: {}
 
 NO_TENANT = "(no tenant)"
 KEY_PREFIX = "fairgate:"
+SAMPLE_EVERY = 60.0
+"""Virtual seconds between the fairness samples the demo writes for the console."""
 
 
 def write_demo_config(directory: Path) -> FairgateConfig:
@@ -323,6 +329,8 @@ class DemoCluster:
             settings=DispatcherSettings(reconcile_every=math.inf, queued_events_per_pass=0),
         )
         self.tallies = {t.name: TenantTally(t.weight, t.nominal_slices) for t in config.tenants()}
+        self.history = FairnessHistory(client, FairQueue(client), interval=SAMPLE_EVERY)
+        self._next_sample = start
         self.dispatcher.step()  # as at any start: sync the config, rebuild from the cluster
         self._prepared: dict[tuple[str, str], Placement] = {}
         self._pods: dict[tuple[str, str], DemoPod] = {}
@@ -386,11 +394,20 @@ class DemoCluster:
             if due is None or due > when:
                 break
             self._meter(due)
+            self._sample(due)
             self.clock.advance_to(due)
             self.cluster.advance()
             self.settle()
         self._meter(when)
+        self._sample(when)
         self.clock.advance_to(when)
+
+    def _sample(self, until: float) -> None:
+        """The fairness samples due up to ``until``: nothing changes between two events,
+        so each is the state now."""
+        while self._next_sample <= until:
+            self.history.sample(self._next_sample)
+            self._next_sample += SAMPLE_EVERY
 
     def _meter(self, until: float) -> None:
         elapsed = until - self.clock()
