@@ -12,9 +12,9 @@ a real AdmissionReview v1 sent over HTTPS (verified against the generated CA), t
 answer's JSON Patch decides the pod's ticket, priority band and gate, and the real
 :class:`~fairshare.dispatcher.Dispatcher` releases gated pods as running pods finish.
 It shows progress, then per tenant what was admitted at once, queued, denied and
-released later, with wait times per class, verifies the audit chain and ends with the cost
-table billed from it (:mod:`cost.billing`, the window of ``fairgate report``: this month up
-to now). The virtual clock starts :data:`HORIZON` before the
+released later, with wait times per class, verifies the audit chain, shows the cost table
+billed from it (:mod:`cost.billing`, the window of ``fairgate report``: this month up to
+now) and ends saying how long it took. The virtual clock starts :data:`HORIZON` before the
 real start and the pods run to their end up to now, so no record lies in the future and
 ``fairgate report`` and the console bill the same. Over the run it writes the fairness
 samples the console would have taken (every :data:`SAMPLE_EVERY` virtual seconds,
@@ -520,6 +520,7 @@ def run_demo(redis_url: RedisTarget | str | None = None, pods: int = 120,
     """Run the demo (see the module contract); returns the exit code. With
     ``web_console``, keep the stack up after the table and serve ``fairgate console``
     on it (``console_port``, or any free port when that one is taken) until Ctrl-C."""
+    began = time.monotonic()
     out = console or Console()
     if not out.is_terminal:
         out.width = max(out.width, 120)
@@ -586,6 +587,8 @@ def run_demo(redis_url: RedisTarget | str | None = None, pods: int = 120,
         out.print(bill_table(billed, f"cost from the verified audit log, {billed.currency}, "
                                      f"this month so far (what `fairgate report` prints)"))
         out.print(idle_line(billed))
+        out.print(f"{HORIZON / 3600:g} virtual hours replayed in "
+                  f"{time.monotonic() - began:.1f} s")
         if web_console:
             return _web_console(target, workdir / "config", out, console_port)
     return 0
