@@ -4,7 +4,8 @@ directories named like fairgate's packages), a gang waiting on the demo's stack,
 every route the console serves walked over HTTP and rendered in headless Chromium: no
 5xx, no error page, no message in the browser's console (a JavaScript error, a refused
 or failed load), the live updates connected, the gang on the Queue page and the demo's
-run on the Fairness page's charts, with their time axis.
+run on the Fairness page's charts, with their time axis. And every example trace of
+``examples/`` through ``fairgate simulate``, as the README and the help point at them.
 
 The demo is started as the ``fairgate`` entry point starts it: ``python -P`` keeps the
 working directory off the import path of the command itself (the console script's own
@@ -13,6 +14,7 @@ directory is its path entry), so only the demo's children can trip over it.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -271,3 +273,22 @@ def _check_fairness_charts(driver: WebDriver) -> None:
     points = (used.get_attribute("points") or "").split()
     assert len(points) > 10, points
     assert len({p.split(",")[1] for p in points}) > 2  # it went up and down over the run
+
+
+TRACES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "examples").rglob("*.yaml")
+                if "config" not in p.relative_to(ROOT / "examples").parts)
+
+
+def test_the_example_traces_are_all_there() -> None:
+    assert "examples/weights-1-2-3.yaml" in TRACES and len(TRACES) >= 10, TRACES
+
+
+@pytest.mark.parametrize("trace", TRACES)
+def test_every_example_trace_simulates_from_the_command_line(trace: str, tmp_path: Path) -> None:
+    """``fairgate simulate TRACE --json`` from the repository root, with its own Redis."""
+    result = subprocess.run(_fairgate("simulate", trace, "--json"), cwd=ROOT,
+                            env=_env(tmp_path), capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert 0 < report["jain_index"] <= 1 and report["tenants"], report
+    assert "Traceback" not in result.stderr
