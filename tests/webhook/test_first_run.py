@@ -45,7 +45,7 @@ from webhook.console.app import PAGES, create_app
 from webhook.console.data import ConsoleData
 from webhook.console.events import Broadcaster
 from webhook.console.history import FairnessHistory
-from webhook.demo import HORIZON, SAMPLE_EVERY, DemoPod, WebhookClient
+from webhook.demo import HORIZON, SAMPLE_EVERY, DemoPod, Denied, WebhookClient
 
 pytestmark = pytest.mark.slow
 
@@ -53,6 +53,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SHADOWS = ("audit", "cost", "tenants", "webhook", "fairshare", "admission")
 """Directories of the working directory named like fairgate's packages (and ./certs)."""
 GANG = "team-b-ml/ddp-new"
+TOO_BIG = "team-b-ml/too-big"
+"""A pod of 8 GPUs: above team-b's ceiling of 6, so it is refused (never-fits)."""
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoStack]:
 def gang_waiting(demo: DemoStack) -> str:
     """team-b's quota held by three 2-GPU pods (6 GPUs: its nominal 5 and its borrow
     limit 1), then a gang of two 1-GPU pods, all sent to the demo's webhook as real
-    AdmissionReviews; the gang waits. Each pod is confirmed
+    AdmissionReviews; the gang waits. Then :data:`TOO_BIG`, refused. Each pod is confirmed
     as the dispatcher confirms a pod it sees (so nothing expires)."""
     config = load_config_dir(demo.workdir / "config")
     context = ssl.create_default_context(cafile=str(demo.workdir / "certs" / "ca.crt"))
@@ -153,8 +155,12 @@ def gang_waiting(demo: DemoStack) -> str:
                 gated.append(placement.gated)
                 assert queue.confirm(placement.ticket, str(uuid.uuid4()), pod.namespace,
                                      pod.name) == "confirmed"
+            namespace, name = TOO_BIG.split("/")
+            with pytest.raises(Denied) as denied:
+                webhook.create(DemoPod(namespace, name, {"gpu": 8}, pod_class="training"))
+            assert denied.value.reason == "never-fits"
         deadline = time.monotonic() + 10  # the webhook appends audit records after it answers
-        while client.xlen(STREAM) < records + len(pods):
+        while client.xlen(STREAM) < records + len(pods) + 1:
             assert time.monotonic() < deadline, "the pods' audit records never arrived"
             time.sleep(0.1)
     finally:
@@ -255,6 +261,13 @@ def test_every_page_renders_in_headless_chromium_with_no_console_message(
             assert row.text.startswith(f"gang {gang_waiting} (2 pods)")
         if url == "/fairness":
             _check_fairness_charts(driver)
+        if url == "/audit?decision=deny":  # the denial in the words the user was told
+            row = next(r for r in driver.find_elements(By.CSS_SELECTOR, "tr[data-seq]")
+                       if TOO_BIG in r.text)
+            cells = [c.text for c in row.find_elements(By.TAG_NAME, "td")]
+            assert cells[2:7] == ["deny", "team-b", TOO_BIG, "training", "gpu=8"], cells
+            assert cells[8].startswith("never-fits: pod asks for gpu=8 (8.00 GPU-eq) but "
+                                       "team-b may hold at most"), cells
     assert rendered == {url: [] for url in pages}
 
 
