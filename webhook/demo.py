@@ -22,8 +22,11 @@ samples the console would have taken (every :data:`SAMPLE_EVERY` virtual seconds
 the run. It prints how to point other commands at its Redis. With
 ``web_console`` (``fairgate demo --console``) it then keeps everything running and serves
 ``fairgate console`` on it (its ``console: <url>`` line printed) until Ctrl-C. Everything it
-started or wrote on disk is removed at the end. Exit code 0 when every request got a
-valid answer, 1 otherwise (the server's log is shown).
+started or wrote on disk is removed at the end, also when the demo is stopped by Ctrl-C
+(its ``redis-server`` is not in the terminal's process group, so it outlives the console
+until the demo stops it), and by SIGTERM or SIGHUP (the terminal closed), which it takes
+as Ctrl-C (exit code 130). Exit code 0 when every request got a valid answer, 1
+otherwise (the server's log is shown).
 """
 
 from __future__ import annotations
@@ -34,14 +37,17 @@ import json
 import math
 import random
 import secrets
+import signal
 import statistics
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import httpx
@@ -510,6 +516,33 @@ def redis_env(target: RedisTarget) -> str:
     return f"REDIS_URL={url}" + (f" REDIS_PASSWORD={password}" if password else "")
 
 
+@contextmanager
+def _hangup_and_term_as_ctrl_c() -> Iterator[None]:
+    """While inside, SIGHUP and SIGTERM do what Ctrl-C does (SIGINT's handler: the
+    console's graceful stop, else KeyboardInterrupt; once: more of them are ignored while
+    the demo cleans up), so what the demo started is stopped and what it wrote removed (by
+    default Python dies on them at once). Only in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    stopping = (signal.SIGHUP, signal.SIGTERM)
+
+    def stop(_signum: int, frame: FrameType | None) -> None:
+        for each in stopping:
+            signal.signal(each, signal.SIG_IGN)
+        ctrl_c = signal.getsignal(signal.SIGINT)
+        if not callable(ctrl_c):  # SIGINT ignored (a background job) or not Python's
+            raise KeyboardInterrupt
+        ctrl_c(signal.SIGINT, frame)
+
+    previous = {each: signal.signal(each, stop) for each in stopping}
+    try:
+        yield
+    finally:
+        for each, handler in previous.items():
+            signal.signal(each, handler)
+
+
 ARRIVAL_GAP = 5.0  # virtual seconds between pod creations
 HORIZON = 4 * 3600.0  # virtual seconds the demo runs at most
 
@@ -525,6 +558,7 @@ def run_demo(redis_url: RedisTarget | str | None = None, pods: int = 120,
     if not out.is_terminal:
         out.width = max(out.width, 120)
     with ExitStack() as stack:
+        stack.enter_context(_hangup_and_term_as_ctrl_c())
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fairgate-demo-")))
         try:
             target = stack.enter_context(_redis(redis_url))

@@ -18,6 +18,7 @@ import json
 import os
 import re
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -86,7 +87,8 @@ def _fairgate(*args: str) -> list[str]:
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoStack]:
     """``fairgate demo --console --pods 40`` run from a directory holding ./certs (from
-    the help's own ``certs generate`` example) and packages that raise on import."""
+    the help's own ``certs generate`` example) and packages that raise on import; at the
+    end Ctrl-C stops it quietly, and it leaves nothing behind."""
     base = tmp_path_factory.mktemp("first-run")
     cwd, tmpdir = base / "work", base / "tmp"
     cwd.mkdir()
@@ -101,7 +103,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoStack]:
             f"raise ImportError('{name} from the working directory')\n")
     process = subprocess.Popen(_fairgate("demo", "--console", "--pods", "40"), cwd=cwd,
                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
+                               text=True, start_new_session=True)
     assert process.stdout is not None
     seen: list[str] = []
     try:
@@ -120,9 +122,10 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoStack]:
         yield DemoStack(output, console, token, serve.group(1), Path(workdir.group(1)),
                         RedisTarget(hint.group(1), hint.group(2)), cwd, tmpdir)
     finally:
-        process.send_signal(signal.SIGINT)
-        code = process.wait(30)
-    assert code == 130  # Ctrl-C
+        os.killpg(process.pid, signal.SIGINT)  # Ctrl-C, to the group as a terminal sends it
+        rest, _ = process.communicate(timeout=30)
+    assert process.returncode == 130, rest
+    assert rest == "", rest  # nothing failed on the way out (its Redis was still up)
     assert list(tmpdir.iterdir()) == []  # the demo removed what it wrote
     assert sorted(p.name for p in (cwd / "certs").iterdir()) == [
         "ca.crt", "ca.key", "tls.crt", "tls.key"]
@@ -305,3 +308,36 @@ def test_every_example_trace_simulates_from_the_command_line(trace: str, tmp_pat
     report = json.loads(result.stdout)
     assert 0 < report["jain_index"] <= 1 and report["tenants"], report
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("how", "signum"), [("the terminal closed", signal.SIGHUP),
+                                             ("kill", signal.SIGTERM)])
+def test_a_demo_stopped_any_way_leaves_nothing_behind(
+        how: str, signum: signal.Signals, tmp_path: Path) -> None:
+    """SIGHUP to its process group (a closed terminal) or SIGTERM to it alone (``kill``)
+    while it replays: it stops as on Ctrl-C (130), and its redis-server and files are
+    gone (Python died on the spot, leaving its temporary directory and its redis-server,
+    which ignores SIGHUP, and after a ``kill`` its fairgate serve too)."""
+    process = subprocess.Popen(_fairgate("demo", "--pods", "400"), cwd=tmp_path,
+                               env=_env(tmp_path), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    assert process.stdout is not None
+    seen: list[str] = []
+    try:
+        for line in process.stdout:
+            seen.append(line)
+            if "fairgate serve is up" in line:
+                break
+        port = re.search(r"Redis at redis://127\.0\.0\.1:(\d+)/0", "".join(seen))
+        assert port, "".join(seen)
+    finally:
+        if signum == signal.SIGHUP:
+            os.killpg(process.pid, signum)
+        else:
+            process.send_signal(signum)
+        rest, _ = process.communicate(timeout=60)
+    assert process.returncode == 130, rest
+    assert "Traceback" not in rest
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", int(port.group(1)))) != 0, "redis-server lives"
+    assert list(tmp_path.iterdir()) == []
