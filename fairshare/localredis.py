@@ -6,8 +6,10 @@ exits. With ``password`` every client must authenticate (``requirepass``, given 
 server on its stdin, never on its command line); with ``tls_dir`` (``tls.crt``,
 ``tls.key`` as ``fairgate certs generate`` writes them) it serves TLS only and the URL
 is ``rediss://``. The URL never holds the password: the caller passes it on (a
-:class:`fairshare.connection.RedisTarget`). Used by ``fairgate demo``, ``fairgate
-simulate`` and the tests.
+:class:`fairshare.connection.RedisTarget`). The server runs in a process group of its own,
+so a Ctrl-C at the terminal reaches only its caller, which stops it last, when the
+context exits (it does not die under a console or demo still using it). Used by
+``fairgate demo``, ``fairgate simulate`` and the tests.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ def local_redis(
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
+            process_group=0,  # Ctrl-C is for the caller, which stops it when done
         )
         assert process.stdin is not None
         if password is not None:

@@ -16,6 +16,10 @@ FORBIDDEN: dict[str, re.Pattern[str]] = {
     "an issue number": re.compile(r"\bissues?\s*#?\d+", re.IGNORECASE),
     "the design document kept outside the repository": re.compile(r"\bDESIGN\b"),
     "a path outside the repository": re.compile(r"\.\./shared\b|/work/(?:shared|main|wt-)"),
+    "the story of its development (a work session)": re.compile(
+        r"\b(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|\d+(?:st|nd|rd"
+        r"|th)|earlier|previous|later|next|last|this|that) (?:work )?session\b",
+        re.IGNORECASE),
 }
 
 
@@ -52,6 +56,7 @@ def test_the_patterns_catch_what_they_are_for() -> None:
     assert offences("the contract: ../shared/DESIGN.md")
     assert offences("see DESIGN invariant 7")
     assert offences("worktree /work/wt-bench")
+    assert offences("measured in the seventh session") and offences("the 3rd session's run")
     assert not offences("the design says so; the tissue 3 layer; a pytest session")
 
 

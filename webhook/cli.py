@@ -37,9 +37,13 @@ from tenants.schema import ConfigError
 
 Handler = Callable[[argparse.Namespace], int]
 
-_EPILOG_MAIN = """\
+DEMO_RUNTIME = "about 10 s for 4 virtual hours"
+"""How long ``fairgate demo`` takes (with its default pods), in the words every text uses
+(this help, ``fairgate demo --help`` and the README); the demo prints what it took."""
+
+_EPILOG_MAIN = f"""\
 examples:
-  fairgate demo                                   # everything, locally, in under a minute
+  fairgate demo                                   # everything, locally: {DEMO_RUNTIME}
   fairgate simulate examples/weights-1-2-3.yaml --json
   export REDIS_URL=redis://127.0.0.1:6379/0       # the Redis of the commands below
   fairgate certs generate --out ./tls
@@ -356,7 +360,8 @@ def _add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "config for three tenants, run `fairgate serve` over HTTPS and send it a mixed\n"
         "stream of real AdmissionReview requests (inference and training, whole GPUs and\n"
         "MIG, a gang, over-quota pods, an unlabeled namespace), then print per tenant\n"
-        "what was admitted, queued and denied. Cleans up after itself.",
+        "what was admitted, queued and denied. Cleans up after itself. Takes\n"
+        f"{DEMO_RUNTIME} (more pods take longer).",
         "  fairgate demo\n  fairgate demo --console   # then open the printed URL\n"
         "  REDIS_URL=redis://127.0.0.1:6379/1 fairgate demo   # a Redis with no fairgate keys\n",
     )

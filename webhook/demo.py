@@ -12,15 +12,21 @@ a real AdmissionReview v1 sent over HTTPS (verified against the generated CA), t
 answer's JSON Patch decides the pod's ticket, priority band and gate, and the real
 :class:`~fairshare.dispatcher.Dispatcher` releases gated pods as running pods finish.
 It shows progress, then per tenant what was admitted at once, queued, denied and
-released later, with wait times per class, verifies the audit chain and ends with the
-cost table billed from it (:mod:`cost.billing`, the window of ``fairgate report``: this
-month up to now). The virtual clock starts :data:`HORIZON` before the real start and the
-pods run to their end up to now, so no record lies in the future and ``fairgate report``
-and the console bill the same. It prints how to point other commands at its Redis. With
+released later, with wait times per class, verifies the audit chain, shows the cost table
+billed from it (:mod:`cost.billing`, the window of ``fairgate report``: this month up to
+now) and ends saying how long it took. The virtual clock starts :data:`HORIZON` before the
+real start and the pods run to their end up to now, so no record lies in the future and
+``fairgate report`` and the console bill the same. Over the run it writes the fairness
+samples the console would have taken (every :data:`SAMPLE_EVERY` virtual seconds,
+:class:`~webhook.console.history.FairnessHistory`), so the console's Fairness page shows
+the run. It prints how to point other commands at its Redis. With
 ``web_console`` (``fairgate demo --console``) it then keeps everything running and serves
 ``fairgate console`` on it (its ``console: <url>`` line printed) until Ctrl-C. Everything it
-started or wrote on disk is removed at the end. Exit code 0 when every request got a
-valid answer, 1 otherwise (the server's log is shown).
+started or wrote on disk is removed at the end, also when the demo is stopped by Ctrl-C
+(its ``redis-server`` is not in the terminal's process group, so it outlives the console
+until the demo stops it), and by SIGTERM or SIGHUP (the terminal closed), which it takes
+as Ctrl-C (exit code 130). Exit code 0 when every request got a valid answer, 1
+otherwise (the server's log is shown).
 """
 
 from __future__ import annotations
@@ -31,14 +37,17 @@ import json
 import math
 import random
 import secrets
+import signal
 import statistics
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import httpx
@@ -68,6 +77,7 @@ from tenants.models import (
     FairgateConfig,
     PodClass,
 )
+from webhook.console.history import FairnessHistory
 from webhook.process import ServeProcess
 
 PLATFORM_YAML = """\
@@ -120,6 +130,8 @@ sandbox: {}
 
 NO_TENANT = "(no tenant)"
 KEY_PREFIX = "fairgate:"
+SAMPLE_EVERY = 60.0
+"""Virtual seconds between the fairness samples the demo writes for the console."""
 
 
 def write_demo_config(directory: Path) -> FairgateConfig:
@@ -323,6 +335,8 @@ class DemoCluster:
             settings=DispatcherSettings(reconcile_every=math.inf, queued_events_per_pass=0),
         )
         self.tallies = {t.name: TenantTally(t.weight, t.nominal_slices) for t in config.tenants()}
+        self.history = FairnessHistory(client, FairQueue(client), interval=SAMPLE_EVERY)
+        self._next_sample = start
         self.dispatcher.step()  # as at any start: sync the config, rebuild from the cluster
         self._prepared: dict[tuple[str, str], Placement] = {}
         self._pods: dict[tuple[str, str], DemoPod] = {}
@@ -386,11 +400,20 @@ class DemoCluster:
             if due is None or due > when:
                 break
             self._meter(due)
+            self._sample(due)
             self.clock.advance_to(due)
             self.cluster.advance()
             self.settle()
         self._meter(when)
+        self._sample(when)
         self.clock.advance_to(when)
+
+    def _sample(self, until: float) -> None:
+        """The fairness samples due up to ``until``: nothing changes between two events,
+        so each is the state now."""
+        while self._next_sample <= until:
+            self.history.sample(self._next_sample)
+            self._next_sample += SAMPLE_EVERY
 
     def _meter(self, until: float) -> None:
         elapsed = until - self.clock()
@@ -493,6 +516,33 @@ def redis_env(target: RedisTarget) -> str:
     return f"REDIS_URL={url}" + (f" REDIS_PASSWORD={password}" if password else "")
 
 
+@contextmanager
+def _hangup_and_term_as_ctrl_c() -> Iterator[None]:
+    """While inside, SIGHUP and SIGTERM do what Ctrl-C does (SIGINT's handler: the
+    console's graceful stop, else KeyboardInterrupt; once: more of them are ignored while
+    the demo cleans up), so what the demo started is stopped and what it wrote removed (by
+    default Python dies on them at once). Only in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    stopping = (signal.SIGHUP, signal.SIGTERM)
+
+    def stop(_signum: int, frame: FrameType | None) -> None:
+        for each in stopping:
+            signal.signal(each, signal.SIG_IGN)
+        ctrl_c = signal.getsignal(signal.SIGINT)
+        if not callable(ctrl_c):  # SIGINT ignored (a background job) or not Python's
+            raise KeyboardInterrupt
+        ctrl_c(signal.SIGINT, frame)
+
+    previous = {each: signal.signal(each, stop) for each in stopping}
+    try:
+        yield
+    finally:
+        for each, handler in previous.items():
+            signal.signal(each, handler)
+
+
 ARRIVAL_GAP = 5.0  # virtual seconds between pod creations
 HORIZON = 4 * 3600.0  # virtual seconds the demo runs at most
 
@@ -503,10 +553,12 @@ def run_demo(redis_url: RedisTarget | str | None = None, pods: int = 120,
     """Run the demo (see the module contract); returns the exit code. With
     ``web_console``, keep the stack up after the table and serve ``fairgate console``
     on it (``console_port``, or any free port when that one is taken) until Ctrl-C."""
+    began = time.monotonic()
     out = console or Console()
     if not out.is_terminal:
         out.width = max(out.width, 120)
     with ExitStack() as stack:
+        stack.enter_context(_hangup_and_term_as_ctrl_c())
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fairgate-demo-")))
         try:
             target = stack.enter_context(_redis(redis_url))
@@ -569,6 +621,8 @@ def run_demo(redis_url: RedisTarget | str | None = None, pods: int = 120,
         out.print(bill_table(billed, f"cost from the verified audit log, {billed.currency}, "
                                      f"this month so far (what `fairgate report` prints)"))
         out.print(idle_line(billed))
+        out.print(f"{HORIZON / 3600:g} virtual hours replayed in "
+                  f"{time.monotonic() - began:.1f} s")
         if web_console:
             return _web_console(target, workdir / "config", out, console_port)
     return 0

@@ -98,7 +98,8 @@ class ConsoleProcess:
 
 
 def browser(size: str = "1400,900") -> WebDriver:
-    """Headless Debian Chromium driven by Debian's chromedriver (selenium)."""
+    """Headless Debian Chromium driven by Debian's chromedriver (selenium); its console
+    messages (JavaScript errors, refused loads) are kept for ``get_log("browser")``."""
     assert CHROMIUM is not None and CHROMEDRIVER is not None, (
         "install Debian's chromium and chromium-driver (see .ci/run)")
     options = webdriver.ChromeOptions()
@@ -106,4 +107,5 @@ def browser(size: str = "1400,900") -> WebDriver:
                      "--disable-dev-shm-usage", f"--window-size={size}"):
         options.add_argument(argument)
     options.binary_location = CHROMIUM
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     return webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))

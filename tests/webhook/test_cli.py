@@ -594,3 +594,27 @@ def test_a_denial_explains_itself_in_the_audit_log_and_in_why(
     answer = json.loads(_fairgate("why", "team-b-dev/big", "--json", env_redis=redis_url).stdout)
     assert answer["summary"] == f"denied at admission: {told} (never-fits)"
     assert (answer["class"], answer["demand"]) == ("training", "gpu=2")
+
+
+def test_the_demo_runtime_is_stated_one_way(capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's quick start, ``fairgate --help`` and ``fairgate demo --help`` say how
+    long the demo takes in the same words, which name the demo's virtual hours, and no
+    other duration (the demo prints what it took: tests/webhook/test_first_run.py)."""
+    import re
+
+    from webhook.cli import DEMO_RUNTIME
+    from webhook.demo import HORIZON
+
+    assert f"{HORIZON / 3600:g} virtual hours" in DEMO_RUNTIME
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    quick_start = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    texts = {"README.md quick start": quick_start}
+    for words in ([], ["demo"]):
+        with pytest.raises(SystemExit):
+            main([*words, "--help"])
+        texts["fairgate " + " ".join([*words, "--help"])] = capsys.readouterr().out
+    duration = re.compile(r"\b(?:about|under|in|takes) (?:a minute|a few seconds|\d+ ?s)\b")
+    for where, text in texts.items():
+        flat = " ".join(text.split())
+        assert DEMO_RUNTIME in flat, where
+        assert duration.findall(flat.replace(DEMO_RUNTIME, "")) == [], where

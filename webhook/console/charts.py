@@ -2,7 +2,9 @@
 
 Contract: :func:`line_chart` maps series of ``[t, value]`` points over ``[since,
 until]`` (whole pixels) into a ``width`` x ``height`` box with a margin for axis labels and returns
-the SVG ``points`` attribute per series plus y-axis ticks; values are clipped at 0 and
+the SVG ``points`` attribute per series plus y-axis ticks and a time axis (``xticks``: five
+``(x, label, anchor)`` from ``since`` to ``until``, UTC ``HH:MM``, ``MM-DD HH:MM`` over
+more than a day); values are clipped at 0 and
 the y range is ``[0, max(values, 1e-9)]`` rounded up to a "nice" number.
 :func:`split_series` splits the Fairness page's ``[t, used, entitlement]`` samples.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 WIDTH, HEIGHT, LEFT, BOTTOM, TOP = 640, 180, 48, 22, 8
@@ -29,7 +32,8 @@ def nice_ceiling(value: float) -> float:
 
 def line_chart(series: Mapping[str, Sequence[Sequence[float]]], since: float,
                until: float) -> dict[str, Any]:
-    """``{"width", "height", "lines": {name: points}, "ticks": [(y, label)], "top"}``."""
+    """``{"width", "height", "left", "bottom", "lines": {name: points}, "ticks": [(y,
+    label)], "xticks": [(x, label, anchor)], "top"}``."""
     values = [p[1] for points in series.values() for p in points]
     top = nice_ceiling(max(values, default=0.0))
     span = max(until - since, 1e-9)
@@ -45,7 +49,22 @@ def line_chart(series: Mapping[str, Sequence[Sequence[float]]], since: float,
     lines = {name: points(pts) for name, pts in series.items()}
     ticks = [(TOP + plot_h - f * plot_h, f"{top * f:g}") for f in (0, 0.5, 1)]
     return {"width": WIDTH, "height": HEIGHT, "left": LEFT, "bottom": HEIGHT - BOTTOM,
-            "lines": lines, "ticks": ticks, "top": top}
+            "lines": lines, "ticks": ticks, "xticks": time_ticks(since, until), "top": top}
+
+
+def time_ticks(since: float, until: float) -> list[tuple[int, str, str]]:
+    """Five ``(x, label, text-anchor)`` marks of the time axis from ``since`` to ``until``
+    (unix seconds): UTC ``HH:MM``, or ``MM-DD HH:MM`` when the span exceeds a day; the
+    first label starts at its mark and the last ends at it, so both stay in the box."""
+    span = max(until - since, 1e-9)
+    form = "%H:%M" if span <= 24 * 3600 else "%m-%d %H:%M"
+    marks = []
+    for i in range(5):
+        at = since + span * i / 4
+        anchor = "start" if i == 0 else "end" if i == 4 else "middle"
+        label = datetime.fromtimestamp(at, UTC).strftime(form)
+        marks.append((round(LEFT + (WIDTH - LEFT) * i / 4), label, anchor))
+    return marks
 
 
 def split_series(points: Sequence[Sequence[float]]) -> tuple[list[list[float]], list[list[float]]]:

@@ -4,9 +4,11 @@ Contract:
 - :meth:`FairnessHistory.sample` takes one :func:`~fairshare.entitlement.snapshot_fairness`
   of the queue and appends, per tenant with usage or an entitlement, ``used`` and
   ``entitlement`` (GPU-equivalents) to the stream ``<prefix>fh:<tenant>``, and Jain's
-  index to ``<prefix>fh``. Each stream keeps about ``keep`` seconds of samples
-  (``XADD MAXLEN ~ keep / interval``), so memory is bounded: about 40 bytes per sample
-  per tenant (1,000 tenants, 6 h every 60 s: about 15 MB).
+  index to ``<prefix>fh``; a tenant this replica sampled last time that now has neither
+  gets one sample of zeros (its line ends at 0, not at its last use). Each stream keeps
+  about ``keep`` seconds of samples (``XADD MAXLEN ~ keep / interval``), so memory is
+  bounded: about 40 bytes per sample per tenant (1,000 tenants, 6 h every 60 s: about
+  15 MB).
 - At most one sample per ``interval`` is written per Redis, whatever the number of
   console replicas: a replica takes the slot with ``SET NX`` first. :meth:`due` says
   whether this replica should try.
@@ -44,6 +46,7 @@ class FairnessHistory:
         self.interval = interval
         self.keep = keep
         self._last_slot = -1
+        self._active: set[str] = set()
 
     @property
     def maxlen(self) -> int:
@@ -65,14 +68,17 @@ class FairnessHistory:
             return False
         fair = snapshot_fairness(self.queue.snapshot())
         stamp = f"{int(at * 1000)}-*"
+        rows = {tenant: (row.used, row.entitlement) for tenant, row in fair.tenants.items()
+                if row.used != 0 or row.entitlement != 0}
+        ended = self._active - rows.keys()
+        self._active = set(rows)
+        rows.update({tenant: (0.0, 0.0) for tenant in ended})
         with self.client.pipeline(transaction=False) as pipe:
             pipe.xadd(f"{self.prefix}fh", {"j": f"{fair.jain_index:.4f}"}, id=stamp,
                       maxlen=self.maxlen, approximate=True)
-            for tenant, row in fair.tenants.items():
-                if row.used == 0 and row.entitlement == 0:
-                    continue
+            for tenant, (used, entitlement) in rows.items():
                 pipe.xadd(f"{self.prefix}fh:{tenant}",
-                          {"u": f"{row.used:.2f}", "e": f"{row.entitlement:.2f}"},
+                          {"u": f"{used:.2f}", "e": f"{entitlement:.2f}"},
                           id=stamp, maxlen=self.maxlen, approximate=True)
             pipe.execute()
         return True

@@ -1,0 +1,51 @@
+"""The Fairness page's charts: a time axis on every chart and a line that ends at 0 when a
+tenant goes idle (``fairgate demo``'s run charted: tests/webhook/test_first_run.py)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+import redis
+from webhook_helpers import write_config
+
+from fairshare.model import PodRequest
+from fairshare.queue import FairQueue
+from tenants.localdir import load_config_dir
+from webhook.console.charts import WIDTH, line_chart, time_ticks
+from webhook.console.history import FairnessHistory
+
+
+def test_the_time_axis_spans_the_window_in_utc() -> None:
+    since = datetime(2026, 3, 1, 6, 0, tzinfo=UTC).timestamp()
+    marks = time_ticks(since, since + 6 * 3600)
+    assert [label for _, label, _ in marks] == ["06:00", "07:30", "09:00", "10:30", "12:00"]
+    assert [anchor for _, _, anchor in marks] == ["start", "middle", "middle", "middle", "end"]
+    xs = [x for x, _, _ in marks]
+    assert xs == sorted(xs) and xs[-1] == WIDTH
+    week = time_ticks(since, since + 7 * 86400)
+    assert week[0][1] == "03-01 06:00" and week[-1][1] == "03-08 06:00"
+    chart = line_chart({"used": [[since, 1.0], [since + 60, 2.0]]}, since, since + 3600)
+    assert chart["xticks"] == time_ticks(since, since + 3600)
+    assert chart["xticks"][-1][1] == "07:00"
+
+
+def test_a_tenant_that_goes_idle_gets_one_zero_sample(
+        redis_client: redis.Redis, tmp_path: Path) -> None:
+    queue = FairQueue(redis_client)
+    queue.sync_config(load_config_dir(write_config(tmp_path / "config")), {"gpu": 8})
+    history = FairnessHistory(redis_client, queue, interval=60)
+    ticket, uid = str(uuid.uuid4()), str(uuid.uuid4())
+    now = time.time()
+    queue.admit(PodRequest(ticket, "team-a", "team-a-dev", "p", "training", {"gpu": 1}), now)
+    queue.confirm(ticket, uid, "team-a-dev", "p")
+    assert history.sample(now)
+    assert queue.release(ticket, uid, now + 60)
+    for minute in (1, 2, 3):
+        assert history.sample(now + 60 * minute)
+    points = history.series(["team-a"], now - 1)["team-a"]
+    assert points[0][1] == 1.0
+    assert [p[1:] for p in points[1:]] == [[0.0, 0.0]]  # one sample of zeros, then none
+    assert len(history.jain(now - 1)) == 4
