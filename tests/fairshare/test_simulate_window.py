@@ -189,3 +189,17 @@ def test_timeline_times_stay_distinct_past_a_million_seconds(redis_url: str,
     with out.open(newline="") as handle:
         times = [row[0] for row in list(csv.reader(handle))[1:]]
     assert times == ["0", "1000000", "1000030.5"]  # %g wrote 1e+06 twice
+
+
+def test_the_text_report_has_the_window_table(redis_url: str, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # a wide terminal: no header wrapped in its cell
+    path = tmp_path / "join.yaml"
+    path.write_text(JOIN)
+    out = io.StringIO()
+    assert simulate_command(path, False, redis_url, out=out, err=io.StringIO(),
+                            window=Window(300.0)) == 0
+    text = out.getvalue()
+    assert "window 300-620 s: GPU-time against integrated entitlement" in text
+    for column in ("entitled GPU-s", "of entitlement", "backlogged s", "inference GPU-s"):
+        assert column in text
