@@ -2,6 +2,8 @@
 
     python bench/fairness.py --traces 1000 --out fairness.jsonl --resume  # the 1,000-trace run
     python bench/fairness.py --traces 20 --seed 7 --jobs 2                 # a quick look
+    python bench/fairness.py --unkind --jobs 2 --out unkind.jsonl --resume # 1,000 unkind traces
+    python bench/fairness.py --unkind --traces 1 --seed 75                 # replay one
 
 Each trace runs through ``fairgate simulate``'s engine (the real Lua queue in a real
 redis-server, the real dispatcher, the simulated cluster) and is checked against
@@ -53,6 +55,34 @@ fairness can be measured"), and the generator states them:
   (inference shares the drawn capacity), to measure that effect (BENCHMARKS.md: seed
   69).
 
+The unkind traces (``--unkind``, :func:`unkind_trace`, measured by
+:func:`check_window`) drop what makes the random traces kind (every tenant from t=0,
+steady streams, pods of all tenants interleaved). One situation per trace, the kind
+``KINDS[seed % 7]``: ``staggered`` (2-5 tenants join one after another, 5-40 min
+apart), ``burst-idle`` (all create their backlog at one instant, every: 0, into the
+idle cluster, in a random order), ``burst-busy`` (1-4 tenants burst at 20-60 min into
+a cluster the others keep full), ``idle-return`` (some tenants run a little work at
+t=0, go idle and come back at 1-3 h with a backlog), ``big-pods`` (one tenant's pods
+take half or all of the cluster, the others' 1-2 GPUs), ``uneven-weights`` (3-6
+tenants, weights at least 1:4, some entitlement not a whole number of its pods) and
+``inference`` (an inference stream sharing the cluster with a training backlog).
+Everywhere: 8, 12 or 16 whole GPUs; weights 1-8; pod sizes 1, 2 or 4 (1-2 on 8 GPUs);
+two durations per tenant; quotas that never bind; the default configuration (no
+usage history; ``--half-life`` sets ``fairShare.usageHalfLife``).
+Measured over the window in which every tenant is active, from the last join or return
+to the horizon, with ``fairgate simulate``'s window measures: each training tenant's
+GPU-time against its integrated entitlement (the fair-share gauge's water-filling at
+every instant, integrated). The window is 3-5 h, stretched so that every tenant's
+entitlement covers :data:`PODS_PER_ENTITLEMENT` of its longest pods (durations are
+cut first, to at least 30 s). Every training tenant is backlogged throughout the
+window whatever the order: its backlog (at once, or a cluster-full burst then a stream
+as fast as the whole cluster could run its shortest pods) holds more pods than it
+could start holding every GPU; the outcome records whether it held (``backlogged``).
+Targets: share within 5% of entitlement, Jain's index of share / entitlement >= 0.99,
+utilisation while backlogged >= 0.95, no inference pod waiting. The summary gives the
+pass rate per target and per kind, and the worst traces of each target with the
+command that replays them.
+
 Running it: ``--jobs N`` runs N traces at a time, each worker with its own
 redis-server (traces take 1-140 s each on a 2-core machine). With ``--out`` every
 finished trace is appended to a JSON Lines file at once (one :class:`Outcome` per
@@ -84,9 +114,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import redis
 
-from fairshare.entitlement import water_fill
+from fairshare.entitlement import jain_index, water_fill
 from fairshare.localredis import local_redis
-from fairshare.simulate import Simulation
+from fairshare.simulate import Simulation, Window
 from fairshare.trace import Trace, parse_trace
 from tenants.resources import slices_of
 
@@ -290,6 +320,317 @@ def summarize(outcomes: list[Outcome]) -> dict[str, Any]:
     }
 
 
+# -- the unkind generator ----------------------------------------------------------------
+
+KINDS = ("staggered", "burst-idle", "burst-busy", "idle-return", "big-pods",
+         "uneven-weights", "inference")
+WINDOW_SECONDS = (3 * 3600, 5 * 3600)  # the all-active window drawn, before stretching
+MIN_DURATION = 30
+
+
+@dataclass
+class _Tenant:
+    name: str
+    weight: int
+    size: int  # GPUs per pod
+    durations: list[int]
+    join: float = 0.0  # when its backlog starts (its last join or return)
+    burst: bool = True  # the backlog comes at once (every: 0), else as a stream
+
+
+def _entitled(capacity: float, tenants: list[_Tenant]) -> dict[str, float]:
+    """GPUs each training tenant is entitled to while all are backlogged
+    (:func:`~fairshare.entitlement.water_fill`, nobody capped)."""
+    return water_fill(capacity, {t.name: float(t.weight) for t in tenants}, {})
+
+
+def _backlog(t: _Tenant, capacity: int, horizon: float) -> list[dict[str, Any]]:
+    """Arrivals that keep ``t`` backlogged from ``t.join`` to ``horizon`` whatever the
+    order: its first stream alone holds more pods than it could start even holding the
+    whole cluster, pods of its shortest duration back to back; the others add
+    durations."""
+    shortest = min(t.durations)
+    at_once = capacity // t.size
+    need = at_once * (math.ceil((horizon - t.join) / shortest) + 1) + 1
+    arrivals = []
+    for index, duration in enumerate(t.durations):
+        count = need if index == 0 else max(1, need // 4)
+        base = {"tenant": t.name, "class": "training", "demand": {"gpu": t.size},
+                "duration": duration}
+        if t.burst or index > 0:
+            arrivals.append({**base, "at": t.join, "count": count})
+        else:  # a burst filling the cluster once, then a stream as fast as it could run
+            arrivals.append({**base, "at": t.join, "count": at_once + 1})
+            every = t.size * shortest / capacity
+            arrivals.append({**base, "at": t.join, "count": count,
+                             "every": round(every, 3)})
+    return arrivals
+
+
+def unkind_trace(seed: int, kind: str | None = None, half_life: str | None = None
+                 ) -> dict[str, Any]:
+    """An unkind contention trace (see bench/README.md): ``kind`` (default: the seed's,
+    ``KINDS[seed % len(KINDS)]``) picks the situation; the all-active window runs from
+    the last join or return to the horizon, and every training tenant is backlogged
+    throughout it whatever the order. ``_meta`` carries the window, the kind and each
+    tenant's pod size and durations."""
+    rng = random.Random(seed)
+    kind = kind or KINDS[seed % len(KINDS)]
+    capacity = rng.choice([8, 12, 16])
+    sizes = [1, 2, 4] if capacity >= 12 else [1, 2]
+
+    def tenant(i: int, size: int | None = None, weight: int | None = None) -> _Tenant:
+        d = rng.randint(120, 900)
+        return _Tenant(f"t{i}", weight or rng.randint(1, 8), size or rng.choice(sizes),
+                       [d, min(2 * d, d + rng.randint(0, 600))])
+
+    early: dict[str, int] = {}  # pods at t=0 of the tenants that go idle and return
+    inference: dict[str, Any] | None = None
+    if kind == "staggered":
+        tenants = [tenant(i) for i in range(rng.randint(2, 5))]
+        at = 0.0
+        for t in tenants:
+            t.join, t.burst = at, False
+            at += rng.randint(300, 2400)
+    elif kind == "burst-idle":
+        tenants = [tenant(i) for i in range(rng.randint(2, 5))]
+        start = float(rng.choice([0, rng.randint(60, 1200)]))
+        for t in tenants:
+            t.join = start
+    elif kind == "burst-busy":
+        tenants = [tenant(i) for i in range(rng.randint(2, 5))]
+        late = rng.randint(1, max(1, len(tenants) - 1))
+        start = float(rng.randint(1200, 3600))
+        for t in tenants[:-late]:
+            t.burst = rng.random() < 0.5
+        for t in tenants[-late:]:
+            t.join = start
+    elif kind == "idle-return":
+        tenants = [tenant(i) for i in range(rng.randint(2, 4))]
+        back = float(rng.randint(3600, 3 * 3600))
+        for t in tenants[-rng.randint(1, len(tenants) - 1):]:
+            # work for a while, idle, then back with a backlog
+            early[t.name] = capacity // t.size * rng.randint(1, 3)
+            t.join = back
+    elif kind == "big-pods":
+        tenants = [tenant(0, size=rng.choice([capacity // 2, capacity]))]
+        tenants += [tenant(i, size=rng.choice([1, 2])) for i in range(1, rng.randint(2, 4))]
+    elif kind == "uneven-weights":
+        while True:
+            tenants = [tenant(i) for i in range(rng.randint(3, 6))]
+            shares = _entitled(capacity, tenants)
+            if (max(t.weight for t in tenants) >= 4 * min(t.weight for t in tenants)
+                    and any(shares[t.name] % t.size > 1e-9 for t in tenants)):
+                break
+    elif kind == "inference":
+        tenants = [tenant(i, size=rng.choice([1, 2])) for i in range(rng.randint(2, 4))]
+        size = max(t.size for t in tenants)  # the units inference leaves, whole pods fill
+        duration = rng.randint(60, 600)
+        every = rng.randint(duration // 2 + 1, 1200)
+        inference = {"at": 300, "tenant": INFERENCE_TENANT, "class": "inference",
+                     "demand": {"gpu": size}, "duration": duration, "every": every}
+    else:
+        raise ValueError(f"unknown kind {kind!r}: one of {', '.join(KINDS)}")
+    start = max(t.join for t in tenants)
+    # the window: long enough for every tenant's entitlement to cover
+    # PODS_PER_ENTITLEMENT of its longest pods (quantisation, module docstring); the
+    # durations are cut to fit the drawn window, and the window stretched only where
+    # MIN_DURATION does not fit
+    training = capacity - (inference["demand"]["gpu"] if inference else 0)
+    shares = _entitled(training, tenants)
+    window = float(rng.randint(*WINDOW_SECONDS))
+    for t in tenants:
+        most = window * shares[t.name] / (PODS_PER_ENTITLEMENT * t.size)
+        if max(t.durations) > most:
+            t.durations = [max(MIN_DURATION, int(d * most / max(t.durations)))
+                           for d in t.durations]
+        window = max(window, PODS_PER_ENTITLEMENT * t.size * max(t.durations)
+                     / shares[t.name])
+    horizon = math.ceil(start + window)
+    arrivals = [{"at": 0, "tenant": t.name, "class": "training", "demand": {"gpu": t.size},
+                 "duration": t.durations[0], "count": early[t.name]}
+                for t in tenants if t.name in early]
+    arrivals += [a for t in tenants for a in _backlog(t, capacity, horizon)]
+    if inference is not None:
+        inference["count"] = max(1, math.ceil((horizon - 300) / inference["every"]))
+        arrivals.append(inference)
+    names = {t.name: {"weight": t.weight, "nominal": {"gpu": capacity}} for t in tenants}
+    if inference is not None:
+        names[INFERENCE_TENANT] = {"weight": 1, "nominal": {"gpu": capacity}}
+    data: dict[str, Any] = {
+        "capacity": {"gpu": capacity}, "tenants": names, "arrivals": arrivals,
+        "horizon": horizon,
+        "_meta": {"seed": seed, "kind": kind, "window": [start, horizon],
+                  "sizes": {t.name: t.size for t in tenants},
+                  "mean_durations": {t.name: sum(t.durations) / len(t.durations)
+                                     for t in tenants}},
+    }
+    if half_life is not None:
+        data["fairShare"] = {"usageHalfLife": half_life}
+    return data
+
+
+@dataclass(frozen=True)
+class WindowOutcome:
+    """One unkind trace measured over its all-active window (training tenants)."""
+
+    seed: int
+    kind: str
+    tenants: int
+    capacity: int
+    window: list[float]  # [from, to] seconds
+    share_error: float  # worst |GPU-time / integrated entitlement - 1| over tenants
+    jain: float  # Jain's index of GPU-time / integrated entitlement
+    utilization: float  # used / capacity over the window while pods wait
+    inference_waited: int  # inference pods that did not start at once (whole run)
+    has_inference: bool
+    backlogged: bool  # every training tenant had a pod waiting throughout the window
+    seconds: float
+    # per tenant: weight, size, of_entitlement, gpu_seconds, entitled_gpu_seconds and
+    # off_pods = (GPU-time - entitlement) / its mean pod's GPU-time
+    per_tenant: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+def check_window(data: dict[str, Any], client: redis.Redis) -> WindowOutcome:
+    """Run one unkind trace and measure it over its all-active window, with
+    ``fairgate simulate``'s window measures."""
+    meta = data["_meta"]
+    trace = parse_trace({k: v for k, v in data.items() if k != "_meta"})
+    client.flushall()
+    started = time.perf_counter()
+    report = Simulation(trace, client, "fairgate:", Window(*meta["window"])).run()
+    seconds = time.perf_counter() - started
+    window = report.window
+    assert window is not None
+    training = list(meta["sizes"])
+    length = window.end - window.start
+    measured = {n: window.tenants[n] for n in training}
+    ratios = {n: t.of_entitlement or 0.0 for n, t in measured.items()}
+    return WindowOutcome(
+        seed=meta["seed"], kind=meta["kind"], tenants=len(training),
+        capacity=int(trace.capacity["gpu"]), window=[window.start, window.end],
+        share_error=max(abs(r - 1) for r in ratios.values()),
+        jain=jain_index(ratios.values()), utilization=window.utilization,
+        inference_waited=report.waited.get("inference", 0),
+        has_inference=INFERENCE_TENANT in trace.tenants,
+        backlogged=all(t.backlogged_seconds >= length - 1e-6 for t in measured.values()),
+        seconds=seconds,
+        per_tenant={
+            n: {"weight": trace.tenants[n].weight, "size": meta["sizes"][n],
+                "of_entitlement": ratios[n], "gpu_seconds": t.gpu_seconds,
+                "entitled_gpu_seconds": t.entitled_gpu_seconds,
+                "off_pods": (t.gpu_seconds - t.entitled_gpu_seconds)
+                / (meta["sizes"][n] * meta["mean_durations"][n])}
+            for n, t in measured.items()
+        },
+    )
+
+
+# (name, target, test, applies): the targets over the all-active window
+WINDOW_TARGETS: tuple[tuple[str, str, Callable[[WindowOutcome], bool],
+                            Callable[[WindowOutcome], bool]], ...] = (
+    ("share vs integrated entitlement", "within 5%", lambda o: o.share_error <= 0.05,
+     lambda o: True),
+    ("Jain's index of share / entitlement", ">= 0.99", lambda o: o.jain >= 0.99,
+     lambda o: True),
+    ("utilisation while backlogged", ">= 0.95", lambda o: o.utilization >= 0.95,
+     lambda o: True),
+    ("inference first (pods that waited)", "0", lambda o: o.inference_waited == 0,
+     lambda o: o.has_inference),
+)
+
+
+def window_failures(o: WindowOutcome) -> list[str]:
+    """What an unkind outcome violates (empty when it meets every target)."""
+    problems = []
+    if not o.backlogged:
+        problems.append("the generator broke its promise: a tenant ran out of backlog")
+    if o.share_error > 0.05:
+        worst = max(o.per_tenant.items(), key=lambda kv: abs(kv[1]["of_entitlement"] - 1))
+        problems.append(f"share error {o.share_error:.3f} > 0.05 ({worst[0]}: "
+                        f"{worst[1]['of_entitlement']:.3f} of its entitlement)")
+    if o.jain < 0.99:
+        problems.append(f"Jain {o.jain:.4f} < 0.99")
+    if o.utilization < 0.95:
+        problems.append(f"utilisation {o.utilization:.3f} < 0.95")
+    if o.has_inference and o.inference_waited:
+        problems.append(f"{o.inference_waited} inference pods waited")
+    return problems
+
+
+def window_summary(outcomes: list[WindowOutcome], worst: int = 3) -> dict[str, Any]:
+    """Pass rates per target and per kind, and the worst traces of each target with
+    their seeds. ``outcomes`` must not be empty."""
+    def rates(group: list[WindowOutcome]) -> dict[str, Any]:
+        row: dict[str, Any] = {"traces": len(group),
+                               "pass": sum(1 for o in group if not window_failures(o)),
+                               "backlog_broken": sum(1 for o in group if not o.backlogged)}
+        for name, _, ok, applies in WINDOW_TARGETS:
+            mine = [o for o in group if applies(o)]
+            row[name] = [sum(1 for o in mine if ok(o)), len(mine)]
+        return row
+
+    measures: dict[str, Callable[[WindowOutcome], float]] = {
+        "share vs integrated entitlement": lambda o: o.share_error,
+        "Jain's index of share / entitlement": lambda o: -o.jain,
+        "utilisation while backlogged": lambda o: -o.utilization,
+        "inference first (pods that waited)": lambda o: o.inference_waited,
+    }
+    worst_cases = {}
+    for name, _, ok, applies in WINDOW_TARGETS:
+        bad = sorted((o for o in outcomes if applies(o) and not ok(o)),
+                     key=measures[name], reverse=True)[:worst]
+        worst_cases[name] = [{"seed": o.seed, "kind": o.kind, "share_error": o.share_error,
+                              "jain": o.jain, "utilization": o.utilization,
+                              "inference_waited": o.inference_waited,
+                              "problems": window_failures(o)} for o in bad]
+    return {
+        "all": rates(outcomes),
+        "kinds": {kind: rates([o for o in outcomes if o.kind == kind])
+                  for kind in KINDS if any(o.kind == kind for o in outcomes)},
+        "worst": worst_cases,
+        "failed_seeds": sorted(o.seed for o in outcomes if window_failures(o)),
+    }
+
+
+def window_table(summary: dict[str, Any], replay: str) -> str:
+    """Pass rates per kind and target, then the worst cases with the command that
+    replays each (``replay`` with ``{seed}``), as Markdown."""
+    names = [name for name, *_ in WINDOW_TARGETS]
+    targets = [target for _, target, *_ in WINDOW_TARGETS]
+    lines = ["| kind | traces | all targets | "
+             + " | ".join(f"{n} ({t})" for n, t in zip(names, targets, strict=True)) + " |",
+             "|---" * (3 + len(names)) + "|"]
+
+    def cell(met: int, of: int) -> str:
+        return f"{met}/{of} ({met / of:.0%})" if of else "-"
+
+    for kind, row in [*summary["kinds"].items(), ("all", summary["all"])]:
+        lines.append(f"| {kind} | {row['traces']} | {cell(row['pass'], row['traces'])} | "
+                     + " | ".join(cell(*row[n]) for n in names) + " |")
+    broken = summary["all"]["backlog_broken"]
+    lines.append("")
+    lines.append(f"backlog promise broken in {broken} trace(s)" if broken else
+                 "every training tenant was backlogged throughout its window in every trace")
+    for name in names:
+        cases = summary["worst"][name]
+        if cases:
+            lines.append(f"worst for {name}:")
+            for case in cases:
+                lines.append(f"  seed {case['seed']} ({case['kind']}): "
+                             f"{'; '.join(case['problems'])}  "
+                             f"[{replay.format(seed=case['seed'])}]")
+    return "\n".join(lines)
+
+
+def window_progress_line(o: WindowOutcome) -> str:
+    bad = window_failures(o)
+    return (f"seed {o.seed} {o.kind}: {o.tenants} tenants {o.capacity} gpu window "
+            f"{o.window[0]:.0f}-{o.window[1]:.0f} err {o.share_error:.4f} jain {o.jain:.4f} "
+            f"util {o.utilization:.3f} inf {o.inference_waited} {o.seconds:.1f}s"
+            + (f"  FAIL: {'; '.join(bad)}" if bad else ""))
+
+
 def summary_table(summary: dict[str, Any]) -> str:
     """The summary as the Markdown table BENCHMARKS.md records."""
     n = summary["traces"]
@@ -317,7 +658,8 @@ def progress_line(o: Outcome) -> str:
             + (f"  FAIL: {'; '.join(bad)}" if bad else ""))
 
 
-def read_outcomes(path: Path) -> list[Outcome]:
+def read_outcomes(path: Path, generator: Generator | None = None
+                  ) -> list[Outcome | WindowOutcome]:
     """The outcomes in a JSON Lines results file. A last line cut short by an
     interrupted run (no newline at its end) is removed from the file: its trace runs
     again, and new lines are appended after the complete ones."""
@@ -330,36 +672,55 @@ def read_outcomes(path: Path) -> list[Outcome]:
     outcomes = []
     for number, line in enumerate(text.splitlines(), 1):
         try:
-            outcomes.append(Outcome(**json.loads(line)))
+            outcomes.append((generator or Generator()).outcome(json.loads(line)))
         except (json.JSONDecodeError, TypeError) as error:
             raise SystemExit(f"{path}:{number}: not an outcome line ({error}); "
                              "remove the line or start a new --out file") from error
     return outcomes
 
 
+@dataclass(frozen=True)
+class Generator:
+    """Which traces a run makes: the kind random traces (``unkind`` False, with
+    ``pods_per_entitlement`` and ``shared_inference``) or the unkind ones (with
+    ``kind``, None for every kind by seed, and ``half_life``)."""
+
+    unkind: bool = False
+    pods_per_entitlement: int = PODS_PER_ENTITLEMENT
+    shared_inference: bool = False
+    kind: str | None = None
+    half_life: str | None = None
+
+    def measure(self, seed: int, client: redis.Redis) -> dict[str, Any]:
+        if self.unkind:
+            return asdict(check_window(unkind_trace(seed, self.kind, self.half_life), client))
+        data = random_trace(seed, self.pods_per_entitlement, self.shared_inference)
+        return asdict(check(data, client))
+
+    def outcome(self, fields: dict[str, Any]) -> Outcome | WindowOutcome:
+        return WindowOutcome(**fields) if self.unkind else Outcome(**fields)
+
+
 def _worker(seeds: multiprocessing.Queue[int | None],
-            results: multiprocessing.Queue[dict[str, Any]], pods_per_entitlement: int,
-            shared_inference: bool) -> None:
+            results: multiprocessing.Queue[dict[str, Any]], generator: Generator) -> None:
     """Run traces from ``seeds`` on a private redis-server until a None arrives."""
     with local_redis() as url:
         client = redis.Redis.from_url(url)
         while (seed := seeds.get()) is not None:
-            data = random_trace(seed, pods_per_entitlement, shared_inference)
-            results.put(asdict(check(data, client)))
+            results.put(generator.measure(seed, client))
 
 
-def run_parallel(seeds: list[int], jobs: int,
-                 pods_per_entitlement: int = PODS_PER_ENTITLEMENT,
-                 shared_inference: bool = False) -> Iterable[Outcome]:
+def run_parallel(seeds: list[int], jobs: int, generator: Generator | None = None
+                 ) -> Iterable[Outcome | WindowOutcome]:
     """Run the traces of ``seeds`` on ``jobs`` worker processes; yields each outcome
     as it finishes (not in seed order)."""
+    generator = generator or Generator()
     seed_queue: multiprocessing.Queue[int | None] = multiprocessing.Queue()
     results: multiprocessing.Queue[dict[str, Any]] = multiprocessing.Queue()
     for seed in seeds:
         seed_queue.put(seed)
     workers = [multiprocessing.Process(target=_worker, daemon=True,
-                                       args=(seed_queue, results, pods_per_entitlement,
-                                             shared_inference))
+                                       args=(seed_queue, results, generator))
                for _ in range(jobs)]
     for worker in workers:
         seed_queue.put(None)
@@ -367,7 +728,7 @@ def run_parallel(seeds: list[int], jobs: int,
     for _ in seeds:
         while True:
             try:
-                yield Outcome(**results.get(timeout=5))
+                yield generator.outcome(results.get(timeout=5))
                 break
             except queue.Empty:
                 if not any(worker.is_alive() for worker in workers):
@@ -395,16 +756,32 @@ def main(argv: list[str] | None = None) -> int:
                         help="inference shares the drawn capacity (drops the third "
                         "reachability condition: measures packing around inference); "
                         "use a new --out file")
+    unkind = parser.add_argument_group(
+        "unkind traces", "staggered joins, bursts into idle and busy clusters, idle and "
+        "return, big pods, uneven weights, inference over a training backlog; measured "
+        "over the window in which every tenant is active (bench/README.md)")
+    unkind.add_argument("--unkind", action="store_true",
+                        help=f"run the unkind generator (kind: seed %% {len(KINDS)}, in "
+                        f"the order {', '.join(KINDS)})")
+    unkind.add_argument("--kind", choices=KINDS, help="only this kind (with --unkind)")
+    unkind.add_argument("--half-life", metavar="DURATION",
+                        help="fairShare.usageHalfLife of every trace, e.g. 1h (with "
+                        "--unkind; default: none, the default configuration)")
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.traces < 1 or args.pods_per_entitlement < 1:
         parser.error("--jobs, --traces and --pods-per-entitlement must be at least 1")
+    if (args.kind or args.half_life) and not args.unkind:
+        parser.error("--kind and --half-life go with --unkind")
     if args.resume and args.out is None:
         parser.error("--resume needs --out (the results file to resume)")
     if args.out is not None and args.out.exists() and args.out.stat().st_size and not args.resume:
         parser.error(f"{args.out} already has results: pass --resume to continue that run, "
                      "or choose another --out file")
+    generator = Generator(args.unkind, args.pods_per_entitlement, args.shared_inference,
+                          args.kind, args.half_life)
     wanted = range(args.seed, args.seed + args.traces)
-    outcomes = [o for o in read_outcomes(args.out) if o.seed in wanted] if args.resume else []
+    outcomes = ([o for o in read_outcomes(args.out, generator) if o.seed in wanted]
+                if args.resume else [])
     done = {o.seed for o in outcomes}
     todo = [seed for seed in wanted if seed not in done]
     print(f"{len(done)} of {args.traces} traces already in {args.out}; running {len(todo)} "
@@ -413,19 +790,27 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         sink = stack.enter_context(open(args.out, "a")) if args.out else None
-        for count, o in enumerate(run_parallel(todo, args.jobs, args.pods_per_entitlement,
-                                                      args.shared_inference), 1):
+        for count, o in enumerate(run_parallel(todo, args.jobs, generator), 1):
             if sink is not None:
                 sink.write(json.dumps(asdict(o)) + "\n")
                 sink.flush()
             outcomes.append(o)
             elapsed = time.monotonic() - started
+            line = (window_progress_line(o) if isinstance(o, WindowOutcome)
+                    else progress_line(o))
             print(f"[{len(outcomes)}/{args.traces}, {elapsed:.0f} s, about "
-                  f"{elapsed / count * (len(todo) - count):.0f} s left] {progress_line(o)}",
-                  flush=True)
+                  f"{elapsed / count * (len(todo) - count):.0f} s left] {line}", flush=True)
     outcomes.sort(key=lambda o: o.seed)
-    summary = summarize(outcomes)
-    print(summary_table(summary))
+    if args.unkind:
+        unkind_outcomes = [o for o in outcomes if isinstance(o, WindowOutcome)]
+        summary = window_summary(unkind_outcomes)
+        replay = "python bench/fairness.py --unkind --traces 1 --seed {seed}" + "".join(
+            f" {flag} {value}" for flag, value in (("--kind", args.kind),
+                                                   ("--half-life", args.half_life)) if value)
+        print(window_table(summary, replay))
+    else:
+        summary = summarize([o for o in outcomes if isinstance(o, Outcome)])
+        print(summary_table(summary))
     print(json.dumps(summary))
     if args.json:
         args.json.write_text(json.dumps(

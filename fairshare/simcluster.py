@@ -155,6 +155,7 @@ class SimulatedCluster:
         self._running: dict[str, _SimPod] = {}
         self._used: Counter[str] = Counter()  # units of each resource held by running pods
         self._tenant_slices: Counter[str] = Counter()  # slices held by running pods
+        self._class_slices: Counter[tuple[str, PodClass]] = Counter()  # same, by class
         self._waiting_tenants: Counter[str] = Counter()
         self._waiting_slices: Counter[str] = Counter()  # slices asked by waiting pods
         self._waiting_resources: Counter[str] = Counter()
@@ -287,6 +288,11 @@ class SimulatedCluster:
         return {name: n for name, n in self._tenant_slices.items() if n}
 
     @_locked
+    def running_slices_by_class(self) -> dict[tuple[str, PodClass], int]:
+        """Slices held by running pods, per (tenant, class)."""
+        return {key: n for key, n in self._class_slices.items() if n}
+
+    @_locked
     def waiting_tenants(self) -> set[str]:
         """Tenants with a pod that is not running yet (gated, or released and pending)."""
         return {name for name, n in self._waiting_tenants.items() if n}
@@ -334,6 +340,7 @@ class SimulatedCluster:
         del self._running[sim.pod.uid]
         self._used.subtract(sim.pod.demand)
         self._tenant_slices[sim.pod.tenant] -= sim.pod.slices
+        self._class_slices[sim.pod.tenant, sim.pod.pod_class] -= sim.pod.slices
 
     def _remove(self, sim: _SimPod) -> None:
         """Take ``sim`` out of the cluster, whatever its state."""
@@ -387,6 +394,7 @@ class SimulatedCluster:
         self._running[sim.pod.uid] = sim
         self._used.update(sim.pod.demand)
         self._tenant_slices[sim.pod.tenant] += sim.pod.slices
+        self._class_slices[sim.pod.tenant, sim.pod.pod_class] += sim.pod.slices
         heapq.heappush(self._ends, (sim.ends, sim.seq, sim.pod.uid))
         self.history[sim.pod.uid].started = now
         self._set(sim, replace(sim.pod, phase="Running", node="sim-node"))

@@ -21,17 +21,28 @@ Contract:
   hours at the trace's ``pricing`` default price, the trace's GPUs having no product;
   None without ``pricing``); ``preemption``: ``pods`` preempted by the modelled
   scheduler and ``gpu_hours_lost``, the GPU-equivalent hours they had run when
-  preempted. Extra attributes for tests and capacity planning: ``backlogged_utilization``
+  preempted; ``waited``: per class, how many pods did not start the instant they were
+  created (still waiting at the horizon included); ``window``: the window measures
+  below. Extra attributes for tests and capacity planning: ``backlogged_utilization``
   (utilisation of the resources that waiting pods ask for, while they wait),
   ``gang_violations``, ``quota_violations`` (invariant 1, checked after every event, the
   first ten), ``preemptions``, and ``timeline`` when asked for (``timeline_every``).
 - The timeline samples every tenant at 0, N, 2N, ... virtual seconds and at the horizon,
-  after the events of that instant: ``allocated`` is what its running pods hold, and
-  ``entitlement`` its fair share at that instant (:func:`fairshare.entitlement.fairness`
-  over the capacity, among tenants with running or waiting pods, each capped at running
-  + waiting and at nominal + borrow limit). See :mod:`fairshare.timeline`.
+  after the events of that instant: ``allocated`` is what its running pods hold (and
+  ``by_class``, the same per class), and ``entitlement`` its fair share at that instant
+  (:func:`fairshare.entitlement.fairness` over the capacity, among tenants with running
+  or waiting pods, each capped at running + waiting and at nominal + borrow limit: the
+  definition of the ``fairgate_tenant_fair_share`` gauge). See :mod:`fairshare.timeline`.
+- The window measures (:class:`WindowReport`, over a :class:`Window`, default the whole
+  run) integrate, between events (when nothing changes), per tenant: the GPU-seconds
+  its running pods hold, by class; that same entitlement (so ``entitled_gpu_seconds``
+  is the integral of the timeline's ``entitlement``: idle time earns nothing); the
+  seconds it had a pod waiting (``backlogged_seconds``: equal to the window's length
+  when it was backlogged throughout). Plus utilisation while a pod waits and Jain's
+  index of GPU-seconds / entitled GPU-seconds. A pod's GPU-time counts where it runs,
+  so a pod running across a window edge counts in part.
 - :func:`simulate_command` is the CLI entry: trace path, ``--json``, ``--redis-url``,
-  ``--timeline out.csv``, ``--timeline-every N``, ``--plot out.png``.
+  ``--timeline out.csv``, ``--timeline-every N``, ``--plot out.png``, ``--window FROM:TO``.
 """
 
 from __future__ import annotations
@@ -54,7 +65,7 @@ from rich.table import Table
 from fairshare.cluster import GpuPod
 from fairshare.connection import RedisTarget, connect_redis
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
-from fairshare.entitlement import TenantLoad, fairness, jain_index
+from fairshare.entitlement import Fairness, TenantLoad, fairness, jain_index
 from fairshare.localredis import local_redis
 from fairshare.model import PodRequest
 from fairshare.queue import FairQueue
@@ -118,6 +129,8 @@ class SimulationReport:
     preempted_gpu_hours: float = 0.0
     horizon: float = 0.0
     timeline: list[TimelineRow] = field(default_factory=list)
+    waited: dict[str, int] = field(default_factory=dict)  # pods per class that waited
+    window: WindowReport | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` object: exactly the keys of docs/reference.md."""
@@ -136,18 +149,98 @@ class SimulationReport:
             },
             "preemption": {"pods": self.preemptions,
                            "gpu_hours_lost": round(self.preempted_gpu_hours, 4)},
+            "waited": dict(self.waited),
+            "window": None if self.window is None else _window_json(self.window),
         }
 
 
-class _Meter:
-    """Integrates usage, busy time and backlog over virtual time."""
+def _window_json(window: WindowReport) -> dict[str, Any]:
+    def ratio(value: float | None) -> float | None:
+        return None if value is None else round(value, 4)
 
-    def __init__(self, trace: Trace) -> None:
+    return {
+        "from": window.start, "to": window.end,
+        "utilization": round(window.utilization, 4),
+        "jain_index": round(window.jain_index, 4),
+        "tenants": {
+            name: {"gpu_seconds": round(t.gpu_seconds, 3),
+                   "gpu_seconds_by_class": {cls: round(v, 3)
+                                            for cls, v in t.gpu_seconds_by_class.items()},
+                   "entitled_gpu_seconds": round(t.entitled_gpu_seconds, 3),
+                   "of_entitlement": ratio(t.of_entitlement),
+                   "backlogged_seconds": round(t.backlogged_seconds, 3)}
+            for name, t in window.tenants.items()
+        },
+    }
+
+
+@dataclass(frozen=True)
+class Window:
+    """The span of virtual time the window measures cover: ``start`` to ``end`` seconds
+    (``end`` None: the horizon)."""
+
+    start: float = 0.0
+    end: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.start >= 0 or (self.end is not None and not self.end > self.start):
+            raise ValueError(f"a window needs 0 <= FROM < TO, got {self.start:g}:"
+                             f"{'' if self.end is None else f'{self.end:g}'}")
+
+
+@dataclass(frozen=True)
+class TenantWindow:
+    """One tenant over the window: GPU-seconds (GPU-equivalents x seconds) its running
+    pods held, by class; the integral of its entitlement; seconds it had a pod waiting."""
+
+    gpu_seconds_by_class: dict[str, float]
+    entitled_gpu_seconds: float
+    backlogged_seconds: float
+
+    @property
+    def gpu_seconds(self) -> float:
+        return sum(self.gpu_seconds_by_class.values())
+
+    @property
+    def of_entitlement(self) -> float | None:
+        """GPU-seconds / entitled GPU-seconds (None when entitled to nothing)."""
+        entitled = self.entitled_gpu_seconds
+        return self.gpu_seconds / entitled if entitled > 0 else None
+
+
+@dataclass(frozen=True)
+class WindowReport:
+    """Every tenant against its integrated entitlement over ``start`` .. ``end``.
+
+    ``utilization``: used / capacity over the time in the window when a pod waited (1.0
+    when none did); ``jain_index``: Jain's index of ``of_entitlement`` over the tenants
+    entitled to something (1.0 when all got exactly their entitlement)."""
+
+    start: float
+    end: float
+    tenants: dict[str, TenantWindow]
+    utilization: float
+    jain_index: float
+
+
+def _gpu(slices: float) -> float:
+    return slices / resources.SLICES_PER_GPU
+
+
+class _Meter:
+    """Integrates usage, busy time and backlog over virtual time, and over the window
+    each tenant's usage by class, entitlement and backlogged time."""
+
+    def __init__(self, trace: Trace, config: FairgateConfig, window: Window) -> None:
         self.capacity = resources.total_slices(trace.capacity)
         self.capacity_of = {
             name: n * resources.slices_of(name) for name, n in trace.capacity.items()
         }
         self.weights = {name: t.weight for name, t in trace.tenants.items()}
+        self.limits: dict[str, int | None] = {}
+        for name in trace.tenants:
+            tenant = config.tenant(name)
+            self.limits[name] = tenant.nominal_slices + tenant.borrow_slices if tenant else None
         self.used_seconds = dict.fromkeys(self.weights, 0.0)  # slice-seconds
         self.backlog_used = dict.fromkeys(self.weights, 0.0)  # slice-seconds while contended
         self.backlog_time = dict.fromkeys(self.weights, 0.0)
@@ -155,8 +248,30 @@ class _Meter:
         self.busy_used = 0.0
         self.waiting_capacity = 0.0  # slice-seconds of resources that pods waited for
         self.waiting_used = 0.0
+        self.window_start = float(window.start)
+        self.window_end = trace.horizon if window.end is None else min(float(window.end),
+                                                                        trace.horizon)
+        # over the window: slice-seconds by (tenant, class), entitled GPU-seconds,
+        # seconds with a pod waiting; used and capacity slice-seconds while pods wait
+        self.window_used: dict[tuple[str, str], float] = {}
+        self.window_entitled = dict.fromkeys(self.weights, 0.0)
+        self.window_backlogged = dict.fromkeys(self.weights, 0.0)
+        self.window_waiting_used = 0.0
+        self.window_waiting_time = 0.0
 
-    def interval(self, dt: float, cluster: SimulatedCluster) -> None:
+    def fairness(self, cluster: SimulatedCluster) -> Fairness:
+        """Every tenant's allocation and entitlement now (see the module docstring)."""
+        running, waiting = cluster.running_slices(), cluster.waiting_slices()
+        loads = {
+            name: TenantLoad(weight, running.get(name, 0), waiting.get(name, 0),
+                             self.limits[name])
+            for name, weight in self.weights.items()
+        }
+        return fairness(self.capacity, loads)
+
+    def interval(self, start: float, end: float, cluster: SimulatedCluster) -> None:
+        """Account for ``start`` .. ``end``, over which ``cluster`` did not change."""
+        dt = end - start
         if dt <= 0:
             return
         usage = cluster.running_slices()
@@ -175,6 +290,40 @@ class _Meter:
             for tenant in waiting:
                 self.backlog_used[tenant] += usage.get(tenant, 0) * dt
                 self.backlog_time[tenant] += dt
+        inside = min(end, self.window_end) - max(start, self.window_start)
+        if inside > 0:
+            self._window(inside, cluster, waiting, total)
+
+    def _window(self, dt: float, cluster: SimulatedCluster, waiting: set[str],
+                total: int) -> None:
+        for key, used in cluster.running_slices_by_class().items():
+            self.window_used[key] = self.window_used.get(key, 0.0) + used * dt
+        for name, share in self.fairness(cluster).tenants.items():
+            self.window_entitled[name] += share.entitlement * dt
+        for tenant in waiting:
+            self.window_backlogged[tenant] += dt
+        if waiting:
+            self.window_waiting_time += dt
+            self.window_waiting_used += total * dt
+
+    def window(self) -> WindowReport:
+        tenants = {
+            name: TenantWindow(
+                gpu_seconds_by_class={
+                    cls: _gpu(self.window_used.get((name, cls), 0.0)) for cls in CLASSES
+                },
+                entitled_gpu_seconds=self.window_entitled[name],
+                backlogged_seconds=self.window_backlogged[name],
+            )
+            for name in self.weights
+        }
+        busy = self.capacity * self.window_waiting_time
+        ratios = [r for t in tenants.values() if (r := t.of_entitlement) is not None]
+        return WindowReport(
+            start=self.window_start, end=self.window_end, tenants=tenants,
+            utilization=self.window_waiting_used / busy if busy else 1.0,
+            jain_index=jain_index(ratios),
+        )
 
     def jain(self) -> float:
         xs = [
@@ -254,6 +403,7 @@ def _report(
 ) -> SimulationReport:
     end = trace.horizon
     waits: dict[str, list[float]] = {cls: [] for cls in CLASSES}
+    waited: dict[str, int] = dict.fromkeys(CLASSES, 0)
     admitted = dict.fromkeys(trace.tenants, 0)
     waiting = dict.fromkeys(trace.tenants, 0)
     for record in cluster.history.values():
@@ -261,10 +411,14 @@ def _report(
         if record.released is not None:
             admitted[spec.tenant] += 1
         if record.started is not None:
-            waits[spec.pod_class].append(record.started - record.created)
+            wait = record.started - record.created
         elif record.ended is None:
             waiting[spec.tenant] += 1
-            waits[spec.pod_class].append(end - record.created)
+            wait = end - record.created
+        else:
+            continue  # deleted before it started
+        waits[spec.pod_class].append(wait)
+        waited[spec.pod_class] += wait > 0
     total_used = sum(meter.used_seconds.values())
     lost = sum((r.ended - r.started) * resources.total_slices(r.spec.demand)
                for r in cluster.history.values()
@@ -299,6 +453,8 @@ def _report(
         preempted_gpu_hours=gpu_hours(lost),
         horizon=end,
         timeline=timeline,
+        waited=waited,
+        window=meter.window(),
     )
 
 
@@ -314,8 +470,10 @@ def _redis(redis_target: RedisTarget | str | None) -> Iterator[RedisTarget]:
 class Simulation:
     """One run of a trace; :meth:`run` drives it to the horizon."""
 
-    def __init__(self, trace: Trace, client: redis.Redis, prefix: str) -> None:
-        """Set up queue, dispatcher and cluster on ``client`` under ``prefix``."""
+    def __init__(self, trace: Trace, client: redis.Redis, prefix: str,
+                 window: Window | None = None) -> None:
+        """Set up queue, dispatcher and cluster on ``client`` under ``prefix``;
+        ``window``: what the window measures cover (default: the whole run)."""
         self.trace = trace
         self.clock = VirtualClock(0.0)
         self.queue = FairQueue(client, prefix=prefix)
@@ -323,7 +481,7 @@ class Simulation:
         self.cluster = SimulatedCluster(dict(trace.capacity), self._admit, self.clock)
         self.dispatcher = Dispatcher(self.queue, self.cluster, lambda: config,
                                      clock=self.clock, settings=_SETTINGS)
-        self.meter = _Meter(trace)
+        self.meter = _Meter(trace, config, window or Window())
         self.config = config
         self.quota_violations: list[str] = []
         self._arrivals = trace.pods()
@@ -358,7 +516,7 @@ class Simulation:
                        next_end if next_end is not None else math.inf)
             if when > until:
                 break
-            self.meter.interval(when - self.clock(), self.cluster)
+            self.meter.interval(self.clock(), when, self.cluster)
             self.clock.advance_to(when)
             self.cluster.advance()
             while self._next < len(self._arrivals) and self._arrivals[self._next].at <= when:
@@ -372,21 +530,18 @@ class Simulation:
                 ]
             if progress is not None:
                 progress(when)
-        self.meter.interval(until - self.clock(), self.cluster)
+        self.meter.interval(self.clock(), until, self.cluster)
         self.clock.advance_to(until)
 
     def sample(self) -> list[TimelineRow]:
         """Every tenant's allocation and entitlement now (see the module docstring)."""
-        running, waiting = self.cluster.running_slices(), self.cluster.waiting_slices()
-        loads = {}
-        for name, spec in self.trace.tenants.items():
-            tenant = self.config.tenant(name)
-            limit = tenant.nominal_slices + tenant.borrow_slices if tenant else None
-            loads[name] = TenantLoad(spec.weight, running.get(name, 0), waiting.get(name, 0),
-                                     limit)
-        fair = fairness(self.meter.capacity, loads)
+        by_class = self.cluster.running_slices_by_class()
         now = self.clock()
-        return [TimelineRow(now, name, t.used, t.entitlement) for name, t in fair.tenants.items()]
+        return [
+            TimelineRow(now, name, t.used, t.entitlement,
+                        {cls: _gpu(by_class.get((name, cls), 0)) for cls in CLASSES})
+            for name, t in self.meter.fairness(self.cluster).tenants.items()
+        ]
 
     def run(
         self, progress: ProgressHook | None = None, timeline_every: float | None = None
@@ -419,14 +574,16 @@ def _spec(pod: TracePod) -> PodSpec:
 def run_simulation(
     trace: Trace, redis_target: RedisTarget | str | None = None,
     progress: ProgressHook | None = None, timeline_every: float | None = None,
+    window: Window | None = None,
 ) -> SimulationReport:
     """Simulate ``trace`` (starting a private redis-server when ``redis_target`` is None);
-    ``timeline_every``: see :meth:`Simulation.run`."""
+    ``timeline_every``: see :meth:`Simulation.run`; ``window``: the span the window
+    measures cover (default: the whole run)."""
     with _redis(redis_target) as target:
         client = connect_redis(target, timeout=None)
         prefix = f"fairgate:sim:{uuid.uuid4().hex[:12]}:"
         try:
-            return Simulation(trace, client, prefix).run(progress, timeline_every)
+            return Simulation(trace, client, prefix, window).run(progress, timeline_every)
         finally:
             for keys in _batches(client.scan_iter(match=f"{prefix}*", count=1000), 500):
                 client.delete(*keys)
@@ -472,6 +629,25 @@ def render_report(report: SimulationReport, console: Console) -> None:
                         str(t.admitted), str(t.waiting), f"{t.gpu_hours:.2f}",
                         "-" if t.cost is None else f"{t.cost:,.2f}")
     console.print(tenants)
+    if report.window is not None:
+        render_window(report.window, console)
+
+
+def render_window(window: WindowReport, console: Console) -> None:
+    """The window measures as a table for humans."""
+    table = Table(title=f"window {window.start:g}-{window.end:g} s: GPU-time against "
+                  f"integrated entitlement (Jain {window.jain_index:.4f}, utilisation "
+                  f"while pods wait {window.utilization:.1%})")
+    for column in ("tenant", "GPU-s", *(f"{cls} GPU-s" for cls in CLASSES),
+                   "entitled GPU-s", "of entitlement", "backlogged s"):
+        table.add_column(column, justify="left" if column == "tenant" else "right")
+    for name, t in window.tenants.items():
+        ratio = t.of_entitlement
+        table.add_row(name, f"{t.gpu_seconds:,.0f}",
+                      *(f"{t.gpu_seconds_by_class[cls]:,.0f}" for cls in CLASSES),
+                      f"{t.entitled_gpu_seconds:,.0f}", "-" if ratio is None else f"{ratio:.3f}",
+                      f"{t.backlogged_seconds:,.0f}")
+    console.print(table)
 
 
 DEFAULT_TIMELINE_EVERY = 60.0
@@ -499,10 +675,12 @@ def simulate_command(
     path: Path, json_out: bool, redis_target: RedisTarget | str | None,
     out: TextIO | None = None, err: TextIO | None = None, timeline: Path | None = None,
     timeline_every: float | None = None, plot_path: Path | None = None,
+    window: Window | None = None,
 ) -> int:
     """``fairgate simulate``: 0 on success, 2 for a bad trace or option (also ``--plot``
-    without matplotlib), 1 when Redis fails. With ``timeline`` / ``plot_path`` the run is
-    sampled every ``timeline_every`` (default 60) virtual seconds and written there."""
+    without matplotlib, a ``window`` that starts at or after the horizon or ends after
+    it), 1 when Redis fails. With ``timeline`` / ``plot_path`` the run is sampled every
+    ``timeline_every`` (default 60) virtual seconds and written there."""
     stdout = out or sys.stdout
     stderr = err or sys.stderr
     problem = _output_problem(timeline, timeline_every, plot_path)
@@ -517,14 +695,22 @@ def simulate_command(
     except ConfigError as error:
         stderr.write(f"fairgate: error: {error}\n")
         return 2
+    if window is not None and (window.start >= trace.horizon
+                               or (window.end is not None and window.end > trace.horizon)):
+        stderr.write(f"fairgate: error: --window {window.start:g}:"
+                     f"{'' if window.end is None else f'{window.end:g}'} is not inside the "
+                     f"trace's horizon 0:{trace.horizon:g}: give FROM < TO <= {trace.horizon:g}"
+                     "\n")
+        return 2
     try:
         if json_out:
-            report = run_simulation(trace, redis_target, timeline_every=every)
+            report = run_simulation(trace, redis_target, timeline_every=every, window=window)
         else:
             with Progress(console=Console(file=stderr), transient=True) as bar:
                 task = bar.add_task("simulating", total=trace.horizon)
                 report = run_simulation(
-                    trace, redis_target, lambda now: bar.update(task, completed=now), every
+                    trace, redis_target, lambda now: bar.update(task, completed=now), every,
+                    window,
                 )
     except (redis.RedisError, OSError) as error:
         message = str(error) if redis_target is None else RedisTarget.of(redis_target).scrub(

@@ -2,12 +2,16 @@
 
 Contract:
 - A :class:`TimelineRow` is one tenant at one virtual instant: the GPU-equivalents its
-  running pods hold (``allocated``) and its entitlement (``entitlement``, from
+  running pods hold (``allocated``), the same split by class (``by_class``: inference,
+  training; they sum to ``allocated``) and its entitlement (``entitlement``, from
   :func:`fairshare.entitlement.fairness`: the capacity water-filled by weight among the
   tenants with demand at that instant, each capped at running + waiting and at nominal +
   borrow limit).
-- :func:`write_csv` writes ``time,tenant,allocated_gpu_eq,entitlement_gpu_eq`` (one row
-  per tenant per instant, in time order).
+- :func:`write_csv` writes ``time,tenant,allocated_gpu_eq,entitlement_gpu_eq,
+  inference_gpu_eq,training_gpu_eq`` (one row per tenant per instant, in time order).
+  ``time`` is written by :func:`format_seconds`: the shortest decimal that reads back as
+  the same float, never in exponent notation, so distinct instants stay distinct rows
+  at any magnitude (``%g`` wrote 1000000 and 1000030 both as ``1e+06``).
 - :func:`plot` draws each tenant's allocation (solid) and entitlement (dashed, same
   colour, wide and pale, under the allocation) over time into a PNG with matplotlib's
   Agg backend (no display needed).
@@ -18,10 +22,13 @@ Contract:
 from __future__ import annotations
 
 import csv
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
+
+from tenants.models import CLASSES, PodClass
 
 INSTALL_HINT = "pip install 'fairgate[plot]'"
 
@@ -38,16 +45,30 @@ class TimelineRow:
     tenant: str
     allocated: float
     entitlement: float
+    by_class: Mapping[PodClass, float] = field(default_factory=dict)  # missing: 0
+
+
+HEADER = ["time", "tenant", "allocated_gpu_eq", "entitlement_gpu_eq",
+          *(f"{cls}_gpu_eq" for cls in CLASSES)]
+
+
+def format_seconds(value: float) -> str:
+    """``value`` as a plain decimal: the shortest that reads back as the same float,
+    without exponent and without a trailing ``.0`` (``1000030``, ``0.25``, ``1e-07`` as
+    ``0.0000001``)."""
+    text = format(Decimal(repr(float(value))), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def write_csv(rows: Sequence[TimelineRow], path: Path) -> None:
-    """Write ``rows`` as CSV with the header ``time,tenant,allocated_gpu_eq,entitlement_gpu_eq``."""
+    """Write ``rows`` as CSV with the header :data:`HEADER`."""
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["time", "tenant", "allocated_gpu_eq", "entitlement_gpu_eq"])
+        writer.writerow(HEADER)
         for row in rows:
-            writer.writerow([f"{row.time:g}", row.tenant, f"{row.allocated:.4f}",
-                             f"{row.entitlement:.4f}"])
+            writer.writerow([format_seconds(row.time), row.tenant, f"{row.allocated:.4f}",
+                             f"{row.entitlement:.4f}",
+                             *(f"{row.by_class.get(cls, 0.0):.4f}" for cls in CLASSES)])
 
 
 def require_matplotlib() -> Any:

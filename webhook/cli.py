@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -268,6 +269,21 @@ def _positive_seconds(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"{text!r} must be a number of seconds > 0")
     return value
+
+
+def _window(text: str) -> tuple[float, float | None]:
+    """``FROM:TO`` seconds, 0 <= FROM < TO (either side may be empty: 0, the horizon)."""
+    start_text, colon, end_text = text.partition(":")
+    if not colon:
+        raise argparse.ArgumentTypeError(f"{text!r} is not FROM:TO (seconds, e.g. 1800:7200)")
+    try:
+        start = float(start_text) if start_text.strip() else 0.0
+        end = float(end_text) if end_text.strip() else None
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: FROM and TO must be seconds") from None
+    if not (0 <= start < math.inf) or (end is not None and not (start < end < math.inf)):
+        raise argparse.ArgumentTypeError(f"{text!r}: give 0 <= FROM < TO, in finite seconds")
+    return start, end
 
 
 def _port(text: str) -> int:
@@ -629,13 +645,14 @@ def _add_why(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from fairshare.simulate import simulate_command
+    from fairshare.simulate import Window, simulate_command
 
     return simulate_command(
         Path(args.trace), args.json, args.redis,
         timeline=Path(args.timeline) if args.timeline else None,
         timeline_every=args.timeline_every,
         plot_path=Path(args.plot) if args.plot else None,
+        window=None if args.window is None else Window(*args.window),
     )
 
 
@@ -649,22 +666,40 @@ def _add_simulate(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
         "given. Trace format: docs/reference.md ('Simulation trace') and examples/.\n"
         "--timeline writes each tenant's allocation and entitlement (its fair share:\n"
         "the capacity split by weight among tenants with pods running or waiting) every\n"
-        "N virtual seconds as CSV; --plot draws them (needs pip install 'fairgate[plot]').",
+        "N virtual seconds as CSV, with the allocation also split by class (inference,\n"
+        "training); --plot draws them (needs pip install 'fairgate[plot]').\n"
+        "The window measures judge fairness over time: per tenant, the GPU-seconds it\n"
+        "held (by class) against its entitlement integrated over the window (what it\n"
+        "would have had following its fair share at every instant; idle time earns\n"
+        "nothing), and the seconds it had a pod waiting (the whole window when it was\n"
+        "backlogged throughout), plus Jain's index of GPU-seconds / entitlement and\n"
+        "utilisation while pods wait. --window FROM:TO (seconds of trace time; FROM: or\n"
+        ":TO for an open end) sets the window, default the whole run; pick the span in\n"
+        "which every tenant has work, e.g. from the last tenant's first pod to the end.\n"
+        "JSON: window.tenants.<name>.gpu_seconds, .entitled_gpu_seconds,\n"
+        ".of_entitlement, .gpu_seconds_by_class, .backlogged_seconds; and waited.inference:\n"
+        "how many inference pods did not start the instant they were created.",
         "  fairgate simulate examples/weights-1-2-3.yaml\n"
         "  fairgate simulate examples/gangs.yaml --json | jq .jain_index\n"
         "  fairgate simulate examples/weights-1-2-3.yaml --timeline out.csv --timeline-every 30 "
-        "--plot out.png\n",
+        "--plot out.png\n"
+        "  fairgate simulate examples/contention/5-staggered-join.yaml --window 3600: --json \\\n"
+        "    | jq '.window.tenants | map_values(.of_entitlement)'\n",
     )
     simulate.add_argument("trace", metavar="TRACE.yaml", help="the trace file")
     simulate.add_argument("--json", action="store_true", help="print one JSON object")
     simulate.add_argument("--timeline", metavar="OUT.csv",
-                          help="write time,tenant,allocated_gpu_eq,entitlement_gpu_eq rows")
+                          help="write time,tenant,allocated_gpu_eq,entitlement_gpu_eq,"
+                          "inference_gpu_eq,training_gpu_eq rows")
     simulate.add_argument("--timeline-every", type=_positive_seconds, metavar="N",
                           help="seconds of virtual time between timeline rows "
                           "(default: 60; needs --timeline or --plot)")
     simulate.add_argument("--plot", metavar="OUT.png",
                           help="draw allocation (solid) and entitlement (dashed) per tenant "
                           "over time (needs matplotlib: pip install 'fairgate[plot]')")
+    simulate.add_argument("--window", type=_window, metavar="FROM:TO",
+                          help="seconds of trace time the window measures cover "
+                          "(default: 0 to the horizon; FROM: runs to the horizon)")
     _redis_url_argument(simulate, required=False)
     simulate.set_defaults(handler=_simulate)
 

@@ -103,7 +103,15 @@ def test_json_output_has_exactly_the_designed_keys(redis_url: str, tmp_path: Pat
     out = io.StringIO()
     assert simulate_command(trace, True, redis_url, out=out) == 0
     data = json.loads(out.getvalue())
-    assert set(data) == {"jain_index", "utilization", "wait_seconds", "tenants", "preemption"}
+    assert set(data) == {"jain_index", "utilization", "wait_seconds", "tenants", "preemption",
+                         "waited", "window"}
+    assert set(data["window"]) == {"from", "to", "utilization", "jain_index", "tenants"}
+    assert set(data["window"]["tenants"]["team-b"]) == {
+        "gpu_seconds", "gpu_seconds_by_class", "entitled_gpu_seconds", "of_entitlement",
+        "backlogged_seconds"}
+    assert data["window"]["tenants"]["team-b"]["gpu_seconds_by_class"] == {
+        "inference": 2 * 5.0, "training": 0.0}
+    assert data["waited"] == {"inference": 0, "training": 6}
     assert set(data["wait_seconds"]) == {"inference", "training"}
     assert set(data["wait_seconds"]["training"]) == {"p50", "p99", "max"}
     assert set(data["tenants"]["team-a"]) == {"weight", "share", "admitted", "waiting",

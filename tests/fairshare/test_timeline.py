@@ -52,7 +52,9 @@ def test_timeline_samples_allocation_and_entitlement(redis_url: str, trace_path:
         assert at[(t, "team-b")][0] == pytest.approx(3.0)
     # the documented keys only: the timeline stays out of the report
     assert report.to_json().keys() == {"jain_index", "utilization", "wait_seconds", "tenants",
-                                       "preemption"}
+                                       "preemption", "waited", "window"}
+    for row in report.timeline:  # all training: the class split is the allocation
+        assert row.by_class == {"inference": 0.0, "training": row.allocated}
 
 
 def test_timeline_command_writes_the_csv(redis_url: str, trace_path: Path,
@@ -62,13 +64,14 @@ def test_timeline_command_writes_the_csv(redis_url: str, trace_path: Path,
                             timeline_every=200) == 0
     with out.open(newline="") as handle:
         rows = list(csv.reader(handle))
-    assert rows[0] == ["time", "tenant", "allocated_gpu_eq", "entitlement_gpu_eq"]
+    assert rows[0] == ["time", "tenant", "allocated_gpu_eq", "entitlement_gpu_eq",
+                       "inference_gpu_eq", "training_gpu_eq"]
     assert [r[:2] for r in rows[1:]] == [
         [t, tenant] for t in ("0", "200", "400", "600", "620")
         for tenant in ("team-a", "team-b", "team-c")
     ]
-    assert rows[1] == ["0", "team-a", "4.0000", "4.0000"]
-    assert rows[11][2:] == ["3.0000", "3.0000"]  # t=600, team-b
+    assert rows[1] == ["0", "team-a", "4.0000", "4.0000", "0.0000", "4.0000"]
+    assert rows[11][2:] == ["3.0000", "3.0000", "0.0000", "3.0000"]  # t=600, team-b
 
 
 @pytest.mark.parametrize(("options", "message"), [

@@ -272,9 +272,11 @@ def test_simulate_writes_a_timeline_and_a_plot(tmp_path: Path) -> None:
                        "--timeline-every", "25", "--plot", str(png))
     assert result.returncode == 0, result.stderr
     lines = csv_path.read_text().splitlines()
-    assert lines[0] == "time,tenant,allocated_gpu_eq,entitlement_gpu_eq"
+    assert lines[0] == ("time,tenant,allocated_gpu_eq,entitlement_gpu_eq,inference_gpu_eq,"
+                        "training_gpu_eq")
     assert len(lines) == 1 + 2 * 13  # t = 0, 25, ..., 300 for two tenants
-    assert "0,team-a,2.0000,2.0000" in lines and "0,team-b,0.0000,0.0000" in lines
+    assert "0,team-a,2.0000,2.0000,0.0000,2.0000" in lines
+    assert "0,team-b,0.0000,0.0000,0.0000,0.0000" in lines
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert png.stat().st_size > 10_000  # a drawn figure, not an empty canvas
 
