@@ -6,9 +6,10 @@ that window with ``fairgate simulate``'s window measures; the summary counts pas
 rates per target and per kind and names the worst seeds.
 
 The targets themselves (GPU-time within 5% of the integrated entitlement, Jain >= 0.99,
-utilisation >= 0.95, inference first) are not met by the queue's order today, which
-orders by current usage; ``test_each_kind_meets_every_target`` is expected to fail
-(strict) for those kinds until the queue orders by virtual time."""
+utilisation >= 0.95, inference first) are met by the default order, virtual time, on
+the first trace of each kind but two, whose pods of different sizes make the cluster
+drain (``test_each_kind_meets_every_target``, strict xfail for those two: fair between
+tenants, short on utilisation)."""
 
 from __future__ import annotations
 
@@ -37,9 +38,11 @@ from fairshare.entitlement import water_fill
 from fairshare.localredis import local_redis
 from fairshare.trace import parse_trace
 
-USAGE_ORDER = ("the queue orders by current usage: a tenant that joins, returns or bursts "
-               "is not brought to its entitlement over time (fair once it orders by "
-               "virtual time)")
+DRAINS = ("virtual time shares these traces fairly (Jain's index 0.9998 and 1.0000), but "
+          "the capacity held while the cluster drains for a larger pod stays idle "
+          "(utilisation 0.92 and 0.72), so GPU-time falls more than 5% short of an "
+          "entitlement that assumes every GPU is used: it needs backfill of pods that end "
+          "before the drain does")
 
 
 def starts(data: dict[str, Any]) -> dict[str, list[tuple[float, float]]]:
@@ -178,8 +181,9 @@ def test_every_tenant_stays_backlogged_throughout_its_window(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=USAGE_ORDER)
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", [
+    pytest.param(kind, marks=pytest.mark.xfail(strict=True, reason=DRAINS))
+    if kind in ("staggered", "big-pods") else kind for kind in KINDS])
 def test_each_kind_meets_every_target(measured: Callable[[str], WindowOutcome],
                                       kind: str) -> None:
     assert not window_failures(measured(kind))
