@@ -17,7 +17,11 @@ per request; a real ``redis-server`` on 127.0.0.1):
 - ``mutate-fast``: ``/mutate`` for a GPU pod of a tenant with room (reserved at once).
 - ``mutate-queue``: ``/mutate`` for a GPU pod of a tenant whose quota is full (queued
   behind a growing backlog: one Lua script each, gate + warning in the answer).
-- ``validate``: ``/validate`` for the CREATE of a pod as ``/mutate`` stamped it.
+- ``validate``: ``/validate`` for the CREATE of a pod as ``/mutate`` stamped it (one
+  stamp for every request, no pod uid: the ticket is not claimed).
+- ``validate-bind``: ``/validate`` as the API server sends it after ``/mutate``: each
+  request's pod carries the ``fairgate.io/ticket`` a prior ``/mutate`` of this run minted
+  and a ``metadata.uid``, so the webhook claims that ticket for the pod (``bind``).
 
 Each at a fixed rate (``--rate``, paced by the Lua script: Debian has no wrk2) and at
 saturation (closed loop, ``--connections``). Redis is emptied before every run.
@@ -38,12 +42,13 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import ssl
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -312,6 +317,9 @@ class Scenario:
     name: str
     path: str
     body: str  # JSON with UID_PLACEHOLDER for the request uid
+    # True: UID_PLACEHOLDER is also the pod's ticket (and uid), minted before the run by
+    # /mutate requests whose uids the measured run's uids repeat (see :func:`measure`)
+    minted: bool = False
 
 
 def _stamped(server: Server, obj: dict[str, Any]) -> dict[str, Any]:
@@ -324,17 +332,32 @@ def _stamped(server: Server, obj: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def _bound(server: Server, obj: dict[str, Any]) -> str:
+    """The review ``/validate`` gets for ``obj`` after ``/mutate``: stamped, its ticket
+    (the mutating request's uid) and its ``metadata.uid`` both UID_PLACEHOLDER."""
+    stamp = "6b0c9a52-2f1e-4d8a-9e57-3c2d1b0a9f88"
+    stamped = _stamped(server, obj)
+    stamped["metadata"]["uid"] = UID
+    body = json.dumps(review(stamped))
+    if f'"fairgate.io/ticket": "{stamp}"' not in body:
+        raise RuntimeError(f"/mutate stamped no ticket {stamp}: {body}")
+    return body.replace(stamp, UID)
+
+
 def scenarios(server: Server) -> list[Scenario]:
-    """Baseline, /mutate fast path, /mutate queue path, /validate."""
+    """Baseline, /mutate fast path, /mutate queue path, /validate (one stamp, no pod
+    uid) and /validate with a minted ticket and a pod uid."""
     fast = json.dumps(review(pod("fast-dev", "trainer-0")))
     queued = json.dumps(review(pod("queue-dev", "trainer-0")))
     validate = json.dumps(review(_stamped(server, pod("fast-dev", "trainer-0"))))
+    bound = _bound(server, pod("fast-dev", "trainer-0"))
     return [
         Scenario("baseline", BASELINE_PATH, fast),
         Scenario("baseline-redis", REDIS_BASELINE_PATH, fast),
         Scenario("mutate-fast", "/mutate", fast),
         Scenario("mutate-queue", "/mutate", queued),
         Scenario("validate", "/validate", validate),
+        Scenario("validate-bind", "/validate", bound, minted=True),
     ]
 
 
@@ -393,19 +416,33 @@ def _redis_cpu(client: redis.Redis) -> float:
 
 def run_wrk(server: Server, scenario: Scenario, *, rate: int, duration: float,
             connections: int, threads: int, workdir: Path,
-            redis_client: redis.Redis | None = None) -> LoadResult:
+            redis_client: redis.Redis | None = None, tag: str = "",
+            until: Callable[[], bool] | None = None) -> LoadResult:
     """Load ``scenario`` with wrk (``rate`` 0: saturation) and parse its JSON summary;
     CPU per request is measured on the server's processes and on ``redis_client``'s
-    server (0 without one)."""
+    server (0 without one). ``tag``: the run tag of the request uids (8 hex digits;
+    random by default); ``until``: polled every 0.1 s, wrk is stopped (SIGINT: it still
+    prints its summary) once it is true."""
     template = workdir / f"{scenario.name}.json"
     template.write_text(scenario.body)
     command = ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{duration:g}s",
                "--timeout", "5s", "-s", str(WRK_SCRIPT), server.base_url + scenario.path,
-               "--", str(template), str(rate), secrets.token_hex(4), str(threads)]
+               "--", str(template), str(rate), tag or secrets.token_hex(4), str(threads)]
     cpu_before = server.cpu_seconds()
     redis_before = _redis_cpu(redis_client) if redis_client is not None else 0.0
-    done = subprocess.run(command, capture_output=True, text=True, timeout=duration + 60,
-                          check=False)
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as process:
+        deadline = time.monotonic() + duration + 60
+        while until is not None and process.poll() is None and not until():
+            time.sleep(0.1)
+        if until is not None and process.poll() is None:
+            process.send_signal(signal.SIGINT)
+        try:
+            out, err = process.communicate(timeout=max(deadline - time.monotonic(), 1))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise
+    done = subprocess.CompletedProcess(command, process.returncode, out, err)
     if done.returncode != 0:
         raise RuntimeError(f"wrk exited with {done.returncode}:\n{done.stdout}\n{done.stderr}")
     cpu = server.cpu_seconds() - cpu_before
@@ -445,12 +482,51 @@ class LoadPlan:
     threads: int = 1
 
 
+# Tickets minted for a saturation run of a minted scenario: this many times what the
+# warm-up's pace would send in the run (the run's count of bound tickets shows a shortfall).
+MINT_MARGIN = 1.5
+
+
+def mint(env: BenchEnvironment, server: Server, source: Scenario, tag: str, count: int,
+         connections: int, threads: int) -> LoadResult:
+    """``count`` (or a few more) ``/mutate`` answers for ``source`` with request uids of
+    run tag ``tag`` (from ``threads`` wrk threads, as the run that repeats them): each an
+    admission whose ticket is its request uid; then wait until the server is idle."""
+    tickets = env.redis.hlen("fairgate:tk")  # the queue tenant's holder
+    minted = run_wrk(server, source, rate=0, duration=600, connections=connections,
+                     threads=threads, workdir=env.workdir, tag=tag,
+                     until=lambda: env.redis.hlen("fairgate:tk") >= tickets + count)
+    quiesce(env)
+    made = env.redis.hlen("fairgate:tk") - tickets
+    if made < count or minted.non_2xx or minted.errors or any(
+            n for decision, n in minted.decisions.items() if decision != "admit"):
+        raise RuntimeError(f"minted {made} of {count} tickets: {minted}")
+    return minted
+
+
+def bound_tickets(env: BenchEnvironment, tag: str, prefix: str = "fairgate:") -> int:
+    """How many tickets of run tag ``tag`` were claimed for a pod uid at validation
+    (``bind``; a record's 14th field)."""
+    count = 0
+    for _, raw in env.redis.hscan_iter(prefix + "tk", match=f"{tag}-*", count=1000):
+        fields = raw.decode().split("|")
+        count += len(fields) >= 14 and fields[13] != ""
+    return count
+
+
 def measure(env: BenchEnvironment, server: Server, plan: LoadPlan,
             only: Sequence[str] = (), modes: Sequence[str] = ("rate", "saturation"),
             ) -> list[LoadResult]:
-    """Every scenario (or those named in ``only``) in every mode, Redis reset before each."""
+    """Every scenario (or those named in ``only``) in every mode, Redis reset before each.
+
+    A minted scenario's run repeats the request uids of ``/mutate`` requests (the fast
+    path) sent after its warm-up with the same run tag, one per request it may send (at
+    saturation: the warm-up's pace, :data:`MINT_MARGIN` times over); its decisions then
+    also count the tickets the run bound (``bound``)."""
     results = []
-    for scenario in scenarios(server):
+    every = scenarios(server)
+    source = next(s for s in every if s.name == "mutate-fast")
+    for scenario in every:
         if only and scenario.name not in only:
             continue
         for mode in modes:
@@ -458,11 +534,21 @@ def measure(env: BenchEnvironment, server: Server, plan: LoadPlan,
             rate = plan.rate if mode == "rate" else 0
             connections = plan.rate_connections if rate else plan.saturation_connections
             # A short warm-up on the same path, not counted.
-            run_wrk(server, scenario, rate=0, duration=1, connections=connections,
-                    threads=plan.threads, workdir=env.workdir)
-            results.append(run_wrk(server, scenario, rate=rate, duration=plan.duration,
-                                   connections=connections, threads=plan.threads,
-                                   workdir=env.workdir, redis_client=env.redis))
+            warm = run_wrk(server, scenario, rate=0, duration=1, connections=connections,
+                           threads=plan.threads, workdir=env.workdir)
+            tag = secrets.token_hex(4)
+            if scenario.minted:
+                pace = rate or warm.rps * MINT_MARGIN
+                mint(env, server, source, tag, int(pace * (plan.duration + 1)) + connections,
+                     plan.saturation_connections, plan.threads)
+            result = run_wrk(server, scenario, rate=rate, duration=plan.duration,
+                             connections=connections, threads=plan.threads,
+                             workdir=env.workdir, redis_client=env.redis, tag=tag)
+            if scenario.minted:
+                quiesce(env)
+                result = LoadResult(**{**asdict(result), "decisions": {
+                    **result.decisions, "bound": bound_tickets(env, tag)}})
+            results.append(result)
     return results
 
 
@@ -481,7 +567,7 @@ def verdicts(results: Sequence[LoadResult]) -> dict[str, Any]:
     base = by.get(("baseline", "rate"))
     redis_base = by.get(("baseline-redis", "rate"))
     out: dict[str, Any] = {}
-    for name in ("mutate-fast", "mutate-queue", "validate"):
+    for name in ("mutate-fast", "mutate-queue", "validate", "validate-bind"):
         fixed, sat = by.get((name, "rate")), by.get((name, "saturation"))
         if fixed is not None:
             out[f"{name} p99 at fixed rate <= {TARGET_P99_MS} ms"] = {
@@ -757,7 +843,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help="connections at saturation (32)")
         p.add_argument("--only", action="append", default=[],
                        choices=["baseline", "baseline-redis", "mutate-fast", "mutate-queue",
-                                "validate"],
+                                "validate", "validate-bind"],
                        help="only this scenario (repeatable)")
         p.add_argument("--audit-off", action="store_true",
                        help="what-if: audit records in memory only (measures audit's cost)")
