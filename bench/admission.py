@@ -50,7 +50,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -407,6 +407,15 @@ class LoadResult:
     decisions: dict[str, int]
     server_cpu_ms: float  # server CPU time per request (all its processes)
     redis_cpu_ms: float  # redis-server CPU time per request
+    # commands redis-server ran per request, by name (INFO commandstats; the bench's own
+    # INFO calls left out): what the server's requests cost in Redis calls, at any load
+    redis_calls: dict[str, float] = field(default_factory=dict)
+
+
+def _redis_calls(client: redis.Redis) -> dict[str, int]:
+    stats = client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()
+            if name != "cmdstat_info"}
 
 
 def _redis_cpu(client: redis.Redis) -> float:
@@ -430,6 +439,7 @@ def run_wrk(server: Server, scenario: Scenario, *, rate: int, duration: float,
                "--", str(template), str(rate), tag or secrets.token_hex(4), str(threads)]
     cpu_before = server.cpu_seconds()
     redis_before = _redis_cpu(redis_client) if redis_client is not None else 0.0
+    calls_before = _redis_calls(redis_client) if redis_client is not None else {}
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True) as process:
         deadline = time.monotonic() + duration + 60
@@ -447,6 +457,7 @@ def run_wrk(server: Server, scenario: Scenario, *, rate: int, duration: float,
         raise RuntimeError(f"wrk exited with {done.returncode}:\n{done.stdout}\n{done.stderr}")
     cpu = server.cpu_seconds() - cpu_before
     redis_cpu = _redis_cpu(redis_client) - redis_before if redis_client is not None else 0.0
+    calls = _redis_calls(redis_client) if redis_client is not None else {}
     line = next((x for x in done.stdout.splitlines() if x.startswith("WRK_JSON ")), None)
     if line is None:
         raise RuntimeError(f"wrk printed no summary:\n{done.stdout}\n{done.stderr}")
@@ -468,6 +479,9 @@ def run_wrk(server: Server, scenario: Scenario, *, rate: int, duration: float,
         decisions=raw["decisions"],
         server_cpu_ms=round(1000 * cpu / max(raw["requests"], 1), 3),
         redis_cpu_ms=round(1000 * redis_cpu / max(raw["requests"], 1), 3),
+        redis_calls={name: round((n - calls_before.get(name, 0)) / max(raw["requests"], 1), 3)
+                     for name, n in sorted(calls.items())
+                     if n > calls_before.get(name, 0)},
     )
 
 
@@ -588,14 +602,16 @@ def verdicts(results: Sequence[LoadResult]) -> dict[str, Any]:
 def table(results: Sequence[LoadResult]) -> str:
     """A Markdown table of ``results``."""
     lines = ["| scenario | load | conns | req/s | p50 ms | p99 ms | p99.9 ms | max ms | "
-             "errors | non-2xx | server CPU ms/req | Redis CPU ms/req | decisions |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "errors | non-2xx | server CPU ms/req | Redis CPU ms/req | Redis calls/req | "
+             "decisions |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         decisions = ", ".join(f"{k} {v}" for k, v in r.decisions.items() if v)
+        calls = ", ".join(f"{k} {v:.2f}" for k, v in r.redis_calls.items() if v >= 0.005)
         lines.append(f"| {r.scenario} | {r.mode} | {r.connections} | {r.rps:.0f} | "
                      f"{r.p50_ms:.2f} | {r.p99_ms:.2f} | {r.p999_ms:.2f} | {r.max_ms:.1f} | "
                      f"{r.errors} | {r.non_2xx} | {r.server_cpu_ms:.2f} | {r.redis_cpu_ms:.3f} | "
-                     f"{decisions} |")
+                     f"{calls} | {decisions} |")
     return "\n".join(lines)
 
 
