@@ -498,7 +498,7 @@ class LoadPlan:
 
 # Tickets minted for a saturation run of a minted scenario: this many times what the
 # warm-up's pace would send in the run (the run's count of bound tickets shows a shortfall).
-MINT_MARGIN = 1.5
+MINT_MARGIN = 2.5
 
 
 def mint(env: BenchEnvironment, server: Server, source: Scenario, tag: str, count: int,
