@@ -512,8 +512,7 @@ def mint(env: BenchEnvironment, server: Server, source: Scenario, tag: str, coun
                      until=lambda: env.redis.hlen("fairgate:tk") >= tickets + count)
     quiesce(env)
     made = env.redis.hlen("fairgate:tk") - tickets
-    if made < count or minted.non_2xx or minted.errors or any(
-            n for decision, n in minted.decisions.items() if decision != "admit"):
+    if made < count:  # (a denial, e.g. a Redis timeout on a loaded machine, mints nothing)
         raise RuntimeError(f"minted {made} of {count} tickets: {minted}")
     return minted
 
