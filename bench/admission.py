@@ -17,7 +17,11 @@ per request; a real ``redis-server`` on 127.0.0.1):
 - ``mutate-fast``: ``/mutate`` for a GPU pod of a tenant with room (reserved at once).
 - ``mutate-queue``: ``/mutate`` for a GPU pod of a tenant whose quota is full (queued
   behind a growing backlog: one Lua script each, gate + warning in the answer).
-- ``validate``: ``/validate`` for the CREATE of a pod as ``/mutate`` stamped it.
+- ``validate``: ``/validate`` for the CREATE of a pod as ``/mutate`` stamped it (one
+  stamp for every request, no pod uid: the ticket is not claimed).
+- ``validate-bind``: ``/validate`` as the API server sends it after ``/mutate``: each
+  request's pod carries the ``fairgate.io/ticket`` a prior ``/mutate`` of this run minted
+  and a ``metadata.uid``, so the webhook claims that ticket for the pod (``bind``).
 
 Each at a fixed rate (``--rate``, paced by the Lua script: Debian has no wrk2) and at
 saturation (closed loop, ``--connections``). Redis is emptied before every run.
@@ -38,14 +42,15 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import ssl
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -312,6 +317,9 @@ class Scenario:
     name: str
     path: str
     body: str  # JSON with UID_PLACEHOLDER for the request uid
+    # True: UID_PLACEHOLDER is also the pod's ticket (and uid), minted before the run by
+    # /mutate requests whose uids the measured run's uids repeat (see :func:`measure`)
+    minted: bool = False
 
 
 def _stamped(server: Server, obj: dict[str, Any]) -> dict[str, Any]:
@@ -324,17 +332,32 @@ def _stamped(server: Server, obj: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def _bound(server: Server, obj: dict[str, Any]) -> str:
+    """The review ``/validate`` gets for ``obj`` after ``/mutate``: stamped, its ticket
+    (the mutating request's uid) and its ``metadata.uid`` both UID_PLACEHOLDER."""
+    stamp = "6b0c9a52-2f1e-4d8a-9e57-3c2d1b0a9f88"
+    stamped = _stamped(server, obj)
+    stamped["metadata"]["uid"] = UID
+    body = json.dumps(review(stamped))
+    if f'"fairgate.io/ticket": "{stamp}"' not in body:
+        raise RuntimeError(f"/mutate stamped no ticket {stamp}: {body}")
+    return body.replace(stamp, UID)
+
+
 def scenarios(server: Server) -> list[Scenario]:
-    """Baseline, /mutate fast path, /mutate queue path, /validate."""
+    """Baseline, /mutate fast path, /mutate queue path, /validate (one stamp, no pod
+    uid) and /validate with a minted ticket and a pod uid."""
     fast = json.dumps(review(pod("fast-dev", "trainer-0")))
     queued = json.dumps(review(pod("queue-dev", "trainer-0")))
     validate = json.dumps(review(_stamped(server, pod("fast-dev", "trainer-0"))))
+    bound = _bound(server, pod("fast-dev", "trainer-0"))
     return [
         Scenario("baseline", BASELINE_PATH, fast),
         Scenario("baseline-redis", REDIS_BASELINE_PATH, fast),
         Scenario("mutate-fast", "/mutate", fast),
         Scenario("mutate-queue", "/mutate", queued),
         Scenario("validate", "/validate", validate),
+        Scenario("validate-bind", "/validate", bound, minted=True),
     ]
 
 
@@ -384,6 +407,15 @@ class LoadResult:
     decisions: dict[str, int]
     server_cpu_ms: float  # server CPU time per request (all its processes)
     redis_cpu_ms: float  # redis-server CPU time per request
+    # commands redis-server ran per request, by name (INFO commandstats; the bench's own
+    # INFO calls left out): what the server's requests cost in Redis calls, at any load
+    redis_calls: dict[str, float] = field(default_factory=dict)
+
+
+def _redis_calls(client: redis.Redis) -> dict[str, int]:
+    stats = client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()
+            if name != "cmdstat_info"}
 
 
 def _redis_cpu(client: redis.Redis) -> float:
@@ -393,23 +425,39 @@ def _redis_cpu(client: redis.Redis) -> float:
 
 def run_wrk(server: Server, scenario: Scenario, *, rate: int, duration: float,
             connections: int, threads: int, workdir: Path,
-            redis_client: redis.Redis | None = None) -> LoadResult:
+            redis_client: redis.Redis | None = None, tag: str = "",
+            until: Callable[[], bool] | None = None) -> LoadResult:
     """Load ``scenario`` with wrk (``rate`` 0: saturation) and parse its JSON summary;
     CPU per request is measured on the server's processes and on ``redis_client``'s
-    server (0 without one)."""
+    server (0 without one). ``tag``: the run tag of the request uids (8 hex digits;
+    random by default); ``until``: polled every 0.1 s, wrk is stopped (SIGINT: it still
+    prints its summary) once it is true."""
     template = workdir / f"{scenario.name}.json"
     template.write_text(scenario.body)
     command = ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{duration:g}s",
                "--timeout", "5s", "-s", str(WRK_SCRIPT), server.base_url + scenario.path,
-               "--", str(template), str(rate), secrets.token_hex(4), str(threads)]
+               "--", str(template), str(rate), tag or secrets.token_hex(4), str(threads)]
     cpu_before = server.cpu_seconds()
     redis_before = _redis_cpu(redis_client) if redis_client is not None else 0.0
-    done = subprocess.run(command, capture_output=True, text=True, timeout=duration + 60,
-                          check=False)
+    calls_before = _redis_calls(redis_client) if redis_client is not None else {}
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as process:
+        deadline = time.monotonic() + duration + 60
+        while until is not None and process.poll() is None and not until():
+            time.sleep(0.1)
+        if until is not None and process.poll() is None:
+            process.send_signal(signal.SIGINT)
+        try:
+            out, err = process.communicate(timeout=max(deadline - time.monotonic(), 1))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise
+    done = subprocess.CompletedProcess(command, process.returncode, out, err)
     if done.returncode != 0:
         raise RuntimeError(f"wrk exited with {done.returncode}:\n{done.stdout}\n{done.stderr}")
     cpu = server.cpu_seconds() - cpu_before
     redis_cpu = _redis_cpu(redis_client) - redis_before if redis_client is not None else 0.0
+    calls = _redis_calls(redis_client) if redis_client is not None else {}
     line = next((x for x in done.stdout.splitlines() if x.startswith("WRK_JSON ")), None)
     if line is None:
         raise RuntimeError(f"wrk printed no summary:\n{done.stdout}\n{done.stderr}")
@@ -431,6 +479,9 @@ def run_wrk(server: Server, scenario: Scenario, *, rate: int, duration: float,
         decisions=raw["decisions"],
         server_cpu_ms=round(1000 * cpu / max(raw["requests"], 1), 3),
         redis_cpu_ms=round(1000 * redis_cpu / max(raw["requests"], 1), 3),
+        redis_calls={name: round((n - calls_before.get(name, 0)) / max(raw["requests"], 1), 3)
+                     for name, n in sorted(calls.items())
+                     if n > calls_before.get(name, 0)},
     )
 
 
@@ -445,12 +496,50 @@ class LoadPlan:
     threads: int = 1
 
 
+# Tickets minted for a saturation run of a minted scenario: this many times what the
+# warm-up's pace would send in the run (the run's count of bound tickets shows a shortfall).
+MINT_MARGIN = 2.5
+
+
+def mint(env: BenchEnvironment, server: Server, source: Scenario, tag: str, count: int,
+         connections: int, threads: int) -> LoadResult:
+    """``count`` (or a few more) ``/mutate`` answers for ``source`` with request uids of
+    run tag ``tag`` (from ``threads`` wrk threads, as the run that repeats them): each an
+    admission whose ticket is its request uid; then wait until the server is idle."""
+    tickets = env.redis.hlen("fairgate:tk")  # the queue tenant's holder
+    minted = run_wrk(server, source, rate=0, duration=600, connections=connections,
+                     threads=threads, workdir=env.workdir, tag=tag,
+                     until=lambda: env.redis.hlen("fairgate:tk") >= tickets + count)
+    quiesce(env)
+    made = env.redis.hlen("fairgate:tk") - tickets
+    if made < count:  # (a denial, e.g. a Redis timeout on a loaded machine, mints nothing)
+        raise RuntimeError(f"minted {made} of {count} tickets: {minted}")
+    return minted
+
+
+def bound_tickets(env: BenchEnvironment, tag: str, prefix: str = "fairgate:") -> int:
+    """How many tickets of run tag ``tag`` were claimed for a pod uid at validation
+    (``bind``; a record's 14th field)."""
+    count = 0
+    for _, raw in env.redis.hscan_iter(prefix + "tk", match=f"{tag}-*", count=1000):
+        fields = raw.decode().split("|")
+        count += len(fields) >= 14 and fields[13] != ""
+    return count
+
+
 def measure(env: BenchEnvironment, server: Server, plan: LoadPlan,
             only: Sequence[str] = (), modes: Sequence[str] = ("rate", "saturation"),
             ) -> list[LoadResult]:
-    """Every scenario (or those named in ``only``) in every mode, Redis reset before each."""
+    """Every scenario (or those named in ``only``) in every mode, Redis reset before each.
+
+    A minted scenario's run repeats the request uids of ``/mutate`` requests (the fast
+    path) sent after its warm-up with the same run tag, one per request it may send (at
+    saturation: the warm-up's pace, :data:`MINT_MARGIN` times over); its decisions then
+    also count the tickets the run bound (``bound``)."""
     results = []
-    for scenario in scenarios(server):
+    every = scenarios(server)
+    source = next(s for s in every if s.name == "mutate-fast")
+    for scenario in every:
         if only and scenario.name not in only:
             continue
         for mode in modes:
@@ -458,11 +547,21 @@ def measure(env: BenchEnvironment, server: Server, plan: LoadPlan,
             rate = plan.rate if mode == "rate" else 0
             connections = plan.rate_connections if rate else plan.saturation_connections
             # A short warm-up on the same path, not counted.
-            run_wrk(server, scenario, rate=0, duration=1, connections=connections,
-                    threads=plan.threads, workdir=env.workdir)
-            results.append(run_wrk(server, scenario, rate=rate, duration=plan.duration,
-                                   connections=connections, threads=plan.threads,
-                                   workdir=env.workdir, redis_client=env.redis))
+            warm = run_wrk(server, scenario, rate=0, duration=1, connections=connections,
+                           threads=plan.threads, workdir=env.workdir)
+            tag = secrets.token_hex(4)
+            if scenario.minted:
+                pace = rate or warm.rps * MINT_MARGIN
+                mint(env, server, source, tag, int(pace * (plan.duration + 1)) + connections,
+                     plan.saturation_connections, plan.threads)
+            result = run_wrk(server, scenario, rate=rate, duration=plan.duration,
+                             connections=connections, threads=plan.threads,
+                             workdir=env.workdir, redis_client=env.redis, tag=tag)
+            if scenario.minted:
+                quiesce(env)
+                result = LoadResult(**{**asdict(result), "decisions": {
+                    **result.decisions, "bound": bound_tickets(env, tag)}})
+            results.append(result)
     return results
 
 
@@ -481,7 +580,7 @@ def verdicts(results: Sequence[LoadResult]) -> dict[str, Any]:
     base = by.get(("baseline", "rate"))
     redis_base = by.get(("baseline-redis", "rate"))
     out: dict[str, Any] = {}
-    for name in ("mutate-fast", "mutate-queue", "validate"):
+    for name in ("mutate-fast", "mutate-queue", "validate", "validate-bind"):
         fixed, sat = by.get((name, "rate")), by.get((name, "saturation"))
         if fixed is not None:
             out[f"{name} p99 at fixed rate <= {TARGET_P99_MS} ms"] = {
@@ -502,14 +601,16 @@ def verdicts(results: Sequence[LoadResult]) -> dict[str, Any]:
 def table(results: Sequence[LoadResult]) -> str:
     """A Markdown table of ``results``."""
     lines = ["| scenario | load | conns | req/s | p50 ms | p99 ms | p99.9 ms | max ms | "
-             "errors | non-2xx | server CPU ms/req | Redis CPU ms/req | decisions |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "errors | non-2xx | server CPU ms/req | Redis CPU ms/req | Redis calls/req | "
+             "decisions |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         decisions = ", ".join(f"{k} {v}" for k, v in r.decisions.items() if v)
+        calls = ", ".join(f"{k} {v:.2f}" for k, v in r.redis_calls.items() if v >= 0.005)
         lines.append(f"| {r.scenario} | {r.mode} | {r.connections} | {r.rps:.0f} | "
                      f"{r.p50_ms:.2f} | {r.p99_ms:.2f} | {r.p999_ms:.2f} | {r.max_ms:.1f} | "
                      f"{r.errors} | {r.non_2xx} | {r.server_cpu_ms:.2f} | {r.redis_cpu_ms:.3f} | "
-                     f"{decisions} |")
+                     f"{calls} | {decisions} |")
     return "\n".join(lines)
 
 
@@ -757,7 +858,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help="connections at saturation (32)")
         p.add_argument("--only", action="append", default=[],
                        choices=["baseline", "baseline-redis", "mutate-fast", "mutate-queue",
-                                "validate"],
+                                "validate", "validate-bind"],
                        help="only this scenario (repeatable)")
         p.add_argument("--audit-off", action="store_true",
                        help="what-if: audit records in memory only (measures audit's cost)")
