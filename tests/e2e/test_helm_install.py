@@ -5,20 +5,33 @@ then upgraded and uninstalled as docs/install.md says, with `fairgate serve` and
 After the install, GPU pods of a tenant are stamped, admitted and gated exactly as with
 the kustomize base; an upgrade goes through fairgate's own ConfigMap validation and keeps
 the caBundle that `fairgate serve` injected; the uninstall removes every object of the
-release, webhook configurations first.
+release, webhook configurations first. The console's TLS sidecar command makes its
+certificate Secret with the console's own RBAC.
 """
 
 from __future__ import annotations
 
+import base64
+import os
+import ssl
+import subprocess
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
-from harness.controlplane import ControlPlane
-from harness.fairgate import SYSTEM_NAMESPACE, FairgateStack, pods_api, tenant_namespace
+from cryptography import x509
+from harness.controlplane import REPO, ControlPlane
+from harness.fairgate import (
+    SYSTEM_NAMESPACE,
+    FairgateStack,
+    fairgate_command,
+    pods_api,
+    tenant_namespace,
+)
 from harness.helm import CHART, helm_run
 from harness.kubelet import FakeKubelet
 from harness.manifests import WEBHOOK_KINDS
@@ -176,6 +189,58 @@ def test_upgrade_changes_a_tenant_through_fairgates_validation(
     quota = core.read_namespaced_config_map("quota-team-b", SYSTEM_NAMESPACE)
     assert yaml.safe_load(quota.data["quota.yaml"])["nominal"]["gpu"] == 4
     _helm(helm, helm_home, cluster, "rollback", "fairgate", "2", "-n", SYSTEM_NAMESPACE)
+
+
+def test_the_console_makes_its_own_certificate_and_serves_it(
+    stack: FairgateStack, cluster: ControlPlane, tmp_path: Path
+) -> None:
+    """The console's TLS sidecar command, as the console's ServiceAccount with the RBAC
+    the chart gave it: it creates fairgate-console-tls, writes it out, adopts it the
+    next time, and the console serves it; other Secrets stay out of its reach."""
+    kubeconfig = cluster.token_kubeconfig(SYSTEM_NAMESPACE, "fairgate-console")
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_NAMESPACE": SYSTEM_NAMESPACE,
+           "PYTHONPATH": str(REPO)}
+    cert_dir = tmp_path / "console-tls"
+    ensure = fairgate_command("certs", "ensure", "--secret", "fairgate-console-tls",
+                              "--service", "fairgate-console", "--cert-dir", str(cert_dir))
+    first = subprocess.run(ensure, env=env, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    issued = (cert_dir / "tls.crt").read_bytes()
+    core: Any = client.CoreV1Api(cluster.admin)
+    secret = core.read_namespaced_secret("fairgate-console-tls", SYSTEM_NAMESPACE)
+    assert secret.type == "kubernetes.io/tls"
+    assert secret.metadata.labels["app.kubernetes.io/component"] == "console-tls"
+    assert base64.b64decode(secret.data["tls.crt"]) == issued
+    names = x509.load_pem_x509_certificate(issued).extensions.get_extension_for_class(
+        x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert "fairgate-console.fairgate-system.svc" in names
+    again = subprocess.run(ensure, env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert (cert_dir / "tls.crt").read_bytes() == issued  # adopted, not replaced
+    as_console: Any = client.CoreV1Api(cluster.client_for(
+        "system:serviceaccount:fairgate-system:fairgate-console",
+        ["system:serviceaccounts", "system:serviceaccounts:fairgate-system"]))
+    with pytest.raises(ApiException) as refused:
+        as_console.read_namespaced_secret("fairgate-webhook-tls", SYSTEM_NAMESPACE)
+    assert refused.value.status == 403
+    console = subprocess.Popen(
+        fairgate_command("console", "--redis-url", stack.redis_url, "--auth", "kubernetes",
+                         "--host", "127.0.0.1", "--port", "0", "--cert-dir", str(cert_dir)),
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert console.stdout is not None
+        line = console.stdout.readline().strip()
+        assert line.startswith("console: https://127.0.0.1:"), line
+        # the chain is checked against the Secret's CA; the name is the Service's, not
+        # 127.0.0.1 (a client in the cluster checks it)
+        trust = ssl.create_default_context(cadata=base64.b64decode(secret.data["ca.crt"]).decode())
+        trust.check_hostname = False
+        url = line.removeprefix("console: ").rstrip("/")
+        answer = httpx.get(f"{url}/healthz", verify=trust, timeout=30)
+        assert answer.status_code == 200
+    finally:
+        console.terminate()
+        console.wait(10)
 
 
 def test_uninstall_validating_webhook_first_removes_the_release(
