@@ -39,8 +39,8 @@ if (( !force )) && [[ -x $bin/helm && -f $bin/stamp && $(cat "$bin/stamp") == "$
   exit 0
 fi
 
-say "cold build of helm $helm_version into $bin: a few minutes on 2 cores with Go's build" \
-  "cache empty; cached afterwards (stamp ${stamp:0:12})"
+say "cold build of helm $helm_version into $bin: about 5-7 min on 2 busy cores with Go's" \
+  "build cache empty (downloads included); cached afterwards (stamp ${stamp:0:12})"
 started=$SECONDS
 out=$(mktemp -d "$cache/helm-build.XXXXXX")
 trap 'rm -rf "$out"' EXIT
