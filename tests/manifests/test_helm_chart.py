@@ -363,3 +363,13 @@ def test_appversion_is_the_package_version() -> None:
     kustomization = yaml.safe_load((REPO / "manifests" / "kustomization.yaml").read_text())
     assert kustomization["images"] == [{"name": "fairgate", "newTag": chart["appVersion"]}]
 
+
+
+def test_clusters_older_than_the_docs_minimum_are_refused(helm: Path, helm_home: Path) -> None:
+    """docs/install.md: Kubernetes 1.30 or newer (matchConditions and the
+    ValidatingAdmissionPolicy GA, the console's native sidecar on by default)."""
+    args = ["template", "fairgate", str(CHART), "-n", "fairgate-system"]
+    old = _run(helm, helm_home, *args, "--kube-version", "1.29.9")
+    assert old.returncode != 0
+    assert "chart requires kubeVersion: >=1.30.0-0" in old.stderr
+    assert _run(helm, helm_home, *args, "--kube-version", "1.30.0").returncode == 0
