@@ -40,6 +40,8 @@ from harness.waiting import wait_for
 from kubernetes import client, dynamic
 from kubernetes.client.exceptions import ApiException
 
+from certs.redis_secret import acl_file
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
@@ -189,6 +191,27 @@ def test_upgrade_changes_a_tenant_through_fairgates_validation(
     quota = core.read_namespaced_config_map("quota-team-b", SYSTEM_NAMESPACE)
     assert yaml.safe_load(quota.data["quota.yaml"])["nominal"]["gpu"] == 4
     _helm(helm, helm_home, cluster, "rollback", "fairgate", "2", "-n", SYSTEM_NAMESPACE)
+
+
+def test_a_generated_redis_password_survives_upgrades(
+    stack: FairgateStack, helm: Path, helm_home: Path, cluster: ControlPlane
+) -> None:
+    """`redis.generatePassword`: the chart makes the Secret once; a later upgrade reads the
+    password back from the cluster instead of making a new one."""
+    core: Any = client.CoreV1Api(cluster.admin)
+
+    def password() -> bytes:
+        secret = core.read_namespaced_secret("fairgate-redis-auth", SYSTEM_NAMESPACE)
+        assert base64.b64decode(secret.data["users.acl"]).decode() == acl_file(
+            base64.b64decode(secret.data["password"]).decode())
+        return base64.b64decode(secret.data["password"])
+
+    upgrade = ["upgrade", "fairgate", str(CHART), "-n", SYSTEM_NAMESPACE, "--reuse-values"]
+    _helm(helm, helm_home, cluster, *upgrade, "--set", "redis.generatePassword=true")
+    first = password()
+    assert len(first) == 43
+    _helm(helm, helm_home, cluster, *upgrade, "--set", "dispatcher.replicas=1")
+    assert password() == first
 
 
 def test_the_console_makes_its_own_certificate_and_serves_it(

@@ -154,6 +154,7 @@ def test_template_output_validates_strictly(helm: Path, helm_home: Path) -> None
         "everything": render(
             helm, helm_home, "serviceMonitor.enabled=true", "redis.password=s3cret",
             "redis.storageClassName=fast", "console.tls.mode=cert-manager",
+            "redis.generatePassword=true",
             "console.tls.certManager.issuerRef.name=ca", "webhook.failurePolicy=Ignore"),
         "minimal": render(
             helm, helm_home, "console.enabled=false", "networkPolicies.enabled=false",
@@ -233,6 +234,18 @@ def test_a_chart_made_redis_password_matches_redis_secret(helm: Path, helm_home:
                                     "users.acl": acl_file("correct-horse")}
     assert hashlib.sha256(b"correct-horse").hexdigest() in secret["stringData"]["users.acl"]
     assert not of_kind(render(helm, helm_home), "Secret")
+
+
+def test_a_chart_generated_redis_password_is_random_and_matches_its_acl(
+    helm: Path, helm_home: Path
+) -> None:
+    secrets = [find(render(helm, helm_home, "redis.generatePassword=true"), "Secret",
+                    "fairgate-redis-auth")["stringData"] for _ in range(2)]
+    for data in secrets:
+        assert len(data["password"]) == 43 and data["password"].isalnum()
+        assert data["users.acl"] == acl_file(data["password"])
+    # without a cluster to read an earlier one from, each rendering makes a new one
+    assert secrets[0]["password"] != secrets[1]["password"]
 
 
 def test_console_tls_modes(helm: Path, helm_home: Path) -> None:
