@@ -65,7 +65,6 @@ DEFAULT_SECRET = "fairgate-webhook-tls"
 _ATTEMPTS = 8
 _TIMEOUT = 10.0
 _MERGE_PATCH = "application/merge-patch+json"
-_LABELS = {"app.kubernetes.io/name": "fairgate", "app.kubernetes.io/component": "webhook-tls"}
 
 
 class BootstrapError(RuntimeError):
@@ -84,6 +83,8 @@ class WebhookTarget:
     extra_sans: tuple[str, ...] = ()
     ca_validity: dt.timedelta = CA_VALIDITY
     serving_validity: dt.timedelta = SERVING_VALIDITY
+    # The Secret's label app.kubernetes.io/component (the console's: console-tls).
+    component: str = "webhook-tls"
 
 
 def _error(exc: ApiException, action: str) -> BootstrapError:
@@ -159,7 +160,10 @@ def ensure_secret(
                 raise _error(exc, f"reading {source}") from exc
             bundle = wanted(None)
             body = V1Secret(
-                metadata=V1ObjectMeta(name=name, namespace=ns, labels=_LABELS),
+                metadata=V1ObjectMeta(name=name, namespace=ns, labels={
+                    "app.kubernetes.io/name": "fairgate",
+                    "app.kubernetes.io/component": target.component,
+                }),
                 type="kubernetes.io/tls",
                 data=_secret_data(bundle),
             )

@@ -155,6 +155,40 @@ def _certs_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _certs_ensure(args: argparse.Namespace) -> int:
+    import logging
+    import threading
+
+    from kubernetes.config import ConfigException
+    from urllib3.exceptions import HTTPError
+
+    from certs.bootstrap import BootstrapError, WebhookTarget, ensure_certificates
+    from tenants.cluster import api_client_from_environment
+
+    target = WebhookTarget(namespace=args.namespace, service=args.service,
+                           secret_name=args.secret, extra_sans=tuple(args.san),
+                           component=args.component)
+    where = f"Secret {args.namespace}/{args.secret}"
+    try:
+        api = api_client_from_environment()
+        bundle = ensure_certificates(api, target, Path(args.cert_dir))
+    except (ConfigException, BootstrapError, CertError, HTTPError, OSError) as exc:
+        print(f"fairgate: error: cannot ensure {where} ({type(exc).__name__}: {exc}): "
+              "run in the cluster or set KUBECONFIG", file=sys.stderr)
+        return 1
+    print(f"{where}: serving certificate for {args.service}.{args.namespace}.svc until "
+          f"{bundle.cert.not_valid_after_utc:%Y-%m-%d}, written to {args.cert_dir}", flush=True)
+    if args.every is None:
+        return 0
+    from certs.bootstrap import maintain_certificates
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # Runs until the pod stops it (SIGTERM ends the process).
+    maintain_certificates(api, target, Path(args.cert_dir), stop=threading.Event(),
+                          interval=args.every)
+    return 0
+
+
 def _add_certs(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     certs = _subparser(
         subparsers, "certs", "create the webhook's CA and serving certificate",
@@ -180,6 +214,36 @@ def _add_certs(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     gen.add_argument("--san", action="append", default=[], metavar="NAME",
                      help="extra DNS name or IP address for the certificate (repeatable)")
     gen.set_defaults(handler=_certs_generate)
+    ensure = _subparser(
+        certs_sub, "ensure", "keep a certificate Secret in the cluster and its files in a dir",
+        "Make sure the kubernetes.io/tls Secret --secret in --namespace holds a CA and a\n"
+        "serving certificate for the Service --service (created when absent, renewed\n"
+        "with two-thirds of its lifetime gone or when its names no longer match), and\n"
+        "write ca.crt, ca.key, tls.crt and tls.key into --cert-dir. Safe from many pods\n"
+        "at once: they end up with one CA. With --every it stays running and does this\n"
+        "again every SECONDS (the console's TLS sidecar). `fairgate serve` does the same\n"
+        "for the webhook by itself.",
+        "  fairgate certs ensure --secret fairgate-console-tls --service fairgate-console \\\n"
+        "      --cert-dir /etc/fairgate/console-tls\n"
+        "  fairgate certs ensure --secret fairgate-console-tls --service fairgate-console \\\n"
+        "      --cert-dir /etc/fairgate/console-tls --every 3600\n",
+    )
+    ensure.add_argument("--secret", required=True, help="name of the kubernetes.io/tls Secret")
+    ensure.add_argument("--service", required=True,
+                        help="the Service the certificate names (its DNS names are the SANs)")
+    ensure.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", CONTROL_NAMESPACE),
+                        help="namespace of the Secret and the Service (default: $POD_NAMESPACE "
+                        f"or {CONTROL_NAMESPACE})")
+    ensure.add_argument("--cert-dir", required=True, metavar="DIR",
+                        help="directory to write the four PEM files into")
+    ensure.add_argument("--san", action="append", default=[], metavar="NAME",
+                        help="extra DNS name or IP address for the certificate (repeatable)")
+    ensure.add_argument("--component", default="console-tls",
+                        help="the Secret's app.kubernetes.io/component label "
+                        "(default: %(default)s)")
+    ensure.add_argument("--every", type=_positive_seconds, metavar="SECONDS",
+                        help="keep running and check again every SECONDS")
+    ensure.set_defaults(handler=_certs_ensure)
 
 
 def _redis_secret(args: argparse.Namespace) -> int:

@@ -6,6 +6,8 @@ They live in harness.fixtures, shared with tests/security/: see there.
 from harness.fixtures import (
     controlplane,
     fairgate,
+    helm,
+    kubectl,
     kubelet,
     make_namespace,
     pytest_collection_finish,
@@ -15,6 +17,8 @@ from harness.fixtures import (
 __all__ = [
     "controlplane",
     "fairgate",
+    "helm",
+    "kubectl",
     "kubelet",
     "make_namespace",
     "pytest_collection_finish",

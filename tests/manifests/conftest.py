@@ -1,5 +1,6 @@
 """Fixtures for the manifest tests: kubetool, built once, and the built manifests; and
-the e2e harness's `kubectl` (tests marked `e2e` make the run build it first)."""
+the e2e harness's `kubectl` (tests marked `e2e` make the run build it first) and `helm`
+(built first when a selected test uses it)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from manifest_objects import MANIFESTS, TENANT_ADMIN, Obj, build_kubetool, find,
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 
-from harness.fixtures import kubectl
+from harness.fixtures import helm, kubectl
 from harness.fixtures import pytest_collection_finish as build_controlplane_if_e2e
 
-__all__ = ["kubectl"]
+__all__ = ["helm", "kubectl"]
 
 _kubetool: Path | None = None
 

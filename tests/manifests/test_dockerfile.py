@@ -197,7 +197,7 @@ def _packages() -> list[str]:
 def test_context_leaves_out_tests_and_manifests(tmp_path: Path) -> None:
     build_context(tmp_path)
     assert (tmp_path / "pyproject.toml").is_file()
-    for gone in ("tests", "manifests", ".git", "docs"):
+    for gone in ("tests", "manifests", "charts", "image", "overlays", ".git", "docs"):
         assert not (tmp_path / gone).exists(), gone
 
 

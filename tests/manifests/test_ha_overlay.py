@@ -22,7 +22,9 @@ from fairshare.connection import RedisTarget
 HA = REPO / "overlays" / "ha"
 SERVERS = ("StatefulSet", "fairgate-redis")
 SENTINELS = ("StatefulSet", "fairgate-sentinel")
-CLIENTS = [("Deployment", "fairgate-webhook"), ("Deployment", "fairgate-dispatcher")]
+# Every pod of fairgate that talks to Redis: the console too (it writes fairness samples).
+CLIENTS = [("Deployment", "fairgate-webhook"), ("Deployment", "fairgate-dispatcher"),
+           ("Deployment", "fairgate-console")]
 
 
 @pytest.fixture(scope="module")

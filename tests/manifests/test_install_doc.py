@@ -85,6 +85,44 @@ def test_uninstall_deletes_webhook_configurations_first(kind: str) -> None:
     assert block[first_delete:].startswith("kubectl delete validatingwebhookconfiguration fairgate")
 
 
+def test_helm_uninstall_deletes_webhook_configurations_first() -> None:
+    (block,) = [b for b in fenced_blocks("sh") if "helm uninstall" in b]
+    first_delete = block.index("kubectl delete ")
+    assert block[first_delete:].startswith(
+        "kubectl delete validatingwebhookconfiguration fairgate\n"
+        "kubectl delete mutatingwebhookconfiguration fairgate\n")
+    assert block.index("mutatingwebhookconfiguration") < block.index("helm uninstall")
+
+
+def test_helm_values_example_renders(helm: Path, tmp_path: Path) -> None:
+    """The doc's values file installs: `helm template` with it passes the chart's schema
+    and fairgate's own config check."""
+    from harness.helm import CHART, helm_run
+
+    values = tmp_path / "my-values.yaml"
+    values.write_text(block_starting("yaml", "# my-values.yaml"))
+    proc = helm_run(helm, ["template", "fairgate", str(CHART), "-n", "fairgate-system",
+                           "-f", str(values)], tmp_path / "home", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    objs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    platform = parse_platform(find(objs, "ConfigMap", "fairgate-platform")["data"]["platform.yaml"])
+    assert set(platform.tenants) == {"team-a", "team-b"}
+    for tenant in platform.tenants:
+        parse_quota(find(objs, "ConfigMap", f"quota-{tenant}")["data"]["quota.yaml"], tenant,
+                    platform)
+    (container,) = find(objs, "Deployment", "fairgate-webhook")["spec"]["template"]["spec"][
+        "containers"]
+    assert container["image"] == "registry.example.com/fairgate:0.1.0"
+
+
+def test_the_helm_namespace_matches_the_base(base: list[Obj]) -> None:
+    """The labels the doc puts on the namespace it creates are the base's Namespace's."""
+    block = block_starting("sh", "kubectl create namespace fairgate-system")
+    command = block.split("kubectl label namespace fairgate-system", 1)[1].split("\nhelm", 1)[0]
+    labels = dict(word.split("=", 1) for word in command.replace("\\\n", " ").split())
+    assert labels == find(base, "Namespace", "fairgate-system")["metadata"]["labels"]
+
+
 def test_tenant_admin_template_instantiates(kubetool: Path, tmp_path: Path) -> None:
     """`cp -r manifests/tenant-admin ...` and `sed s/team-a/team-c/g`, as documented."""
     block = block_starting("sh", "cp -r manifests/tenant-admin")

@@ -94,11 +94,14 @@ EXPECTED: dict[Subject, set[Grant]] = {
        for s in ("fairgate-webhook-tls", "fairgate-redis-auth")},
     DISPATCHER: COMMON | {(None, "", "pods", "patch", None)}
     | {(None, "resource.k8s.io", "resourceslices", v, None) for v in ("list", "watch")},
-    # TokenReview and SubjectAccessReview, and reads: the console's access checks.
+    # TokenReview and SubjectAccessReview, and reads: the console's access checks; its
+    # own certificate Secret (the TLS sidecar creates and renews it).
     CONSOLE: {(None, "authentication.k8s.io", "tokenreviews", "create", None),
               (None, "authorization.k8s.io", "subjectaccessreviews", "create", None)}
     | _read("", "namespaces")
-    | {(NS, "", "configmaps", v, None) for v in ("get", "list", "watch")},
+    | {(NS, "", "configmaps", v, None) for v in ("get", "list", "watch")}
+    | {(NS, "", "secrets", "create", None)}
+    | {(NS, "", "secrets", v, "fairgate-console-tls") for v in ("get", "update", "patch")},
 }
 
 
@@ -165,6 +168,12 @@ def test_secrets(base: list[Obj]) -> None:
     assert can(base, WEBHOOK, "get", "secrets", name=redis_auth, namespace=NS)
     assert can(base, WEBHOOK, "patch", "secrets", name=redis_auth, namespace=NS)
     assert not can(base, DISPATCHER, "get", "secrets", name=redis_auth, namespace=NS)
+    console_tls = "fairgate-console-tls"  # created by the console's TLS sidecar
+    assert can(base, CONSOLE, "patch", "secrets", name=console_tls, namespace=NS)
+    for other in (tls, redis_auth):
+        assert not can(base, CONSOLE, "get", "secrets", name=other, namespace=NS)
+    assert not can(base, CONSOLE, "list", "secrets", namespace=NS)
+    assert not can(base, WEBHOOK, "get", "secrets", name=console_tls, namespace=NS)
 
 
 def test_configmaps_read_only_in_fairgate_system(base: list[Obj]) -> None:

@@ -155,11 +155,23 @@ def test_console_deployment_and_service(base: list[Obj]) -> None:
                                                "scheme": "HTTPS"}
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert "emptyDir" in volumes["tmp"]
-    # the serving certificate comes from its Secret, mounted read-only where --cert-dir reads
-    assert volumes["tls"]["secret"]["secretName"] == "fairgate-console-tls"
+    # the serving certificate: written by the TLS sidecar into an in-memory dir, mounted
+    # read-only where --cert-dir reads
+    assert volumes["tls"] == {"name": "tls", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     assert mounts["tls"] == {"name": "tls", "mountPath": TLS_DIR, "readOnly": True}
     service = find(base, "Service", "fairgate-console")
+    (sidecar,) = spec["initContainers"]
+    # a native sidecar: started before the console, kept running (renewals)
+    assert sidecar["restartPolicy"] == "Always"
+    assert sidecar["command"] == ["fairgate", "certs", "ensure",
+                                  "--secret", "fairgate-console-tls",
+                                  "--service", service["metadata"]["name"],
+                                  "--cert-dir", TLS_DIR, "--every", "3600"]
+    assert {m["name"]: m["mountPath"] for m in sidecar["volumeMounts"]}["tls"] == TLS_DIR
+    # the console starts once the certificate (written after its key) is there
+    assert sidecar["startupProbe"]["exec"]["command"] == ["test", "-s", f"{TLS_DIR}/tls.crt"]
+    assert sidecar["resources"]["limits"] and sidecar["resources"]["requests"]
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
     (port,) = service["spec"]["ports"]
     assert (port["port"], port["targetPort"]) == (443, "https")

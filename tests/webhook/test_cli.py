@@ -22,7 +22,7 @@ from webhook.process import ServeProcess
 SUBCOMMANDS = [
     ["demo"], ["certs"], ["certs", "generate"], ["serve"], ["dispatch"], ["status"], ["why"],
     ["audit"], ["audit", "tail"], ["audit", "query"], ["audit", "verify"], ["simulate"],
-    ["redis-secret"], ["console"],
+    ["redis-secret"], ["console"], ["certs", "ensure"],
 ]
 REDIS_COMMANDS = [
     ["serve"], ["dispatch"], ["status"], ["why"], ["audit", "tail"], ["audit", "query"],
@@ -377,6 +377,27 @@ def test_cluster_mode_without_a_cluster_says_how_to_fix(
     assert result.returncode == 2
     assert "KUBECONFIG" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_certs_ensure_without_a_cluster_says_how_to_fix(tmp_path: Path) -> None:
+    """The console's TLS sidecar command outside a cluster: one line that says what to
+    do, exit 1 (a runtime error), nothing written."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+    env["KUBECONFIG"] = str(tmp_path / "missing-kubeconfig")
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])  # this checkout's fairgate
+    result = subprocess.run(
+        [sys.executable, "-m", "webhook.cli", "certs", "ensure", "--secret", "fairgate-console-tls",
+         "--service", "fairgate-console", "--cert-dir", str(tmp_path / "tls")],
+        capture_output=True, text=True, timeout=60, check=False, env=env, cwd=tmp_path,
+    )
+    assert result.returncode == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("fairgate: error: cannot ensure Secret "
+                           "fairgate-system/fairgate-console-tls")
+    assert "KUBECONFIG" in line
+    assert not (tmp_path / "tls").exists()
 
 
 @pytest.mark.parametrize("argv", [

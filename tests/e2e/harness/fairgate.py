@@ -159,10 +159,40 @@ class FairgateStack:
         self._webhooks = [o for o in objects if o["kind"] in WEBHOOK_KINDS]
         apply(self.cp.admin, [o for o in objects if o not in self._webhooks])
         self._store_tls_secret()
+        self._install_tenants()
+        self.install_webhooks()
+
+    def install_with_helm(self, helm: Path, helm_home: Path) -> None:
+        """What `install` does, with fairgate's objects from `helm install` of the chart
+        charts/fairgate as docs/install.md gives it: the namespace fairgate-system made
+        first (with its Pod Security labels), the e2e tenants as values. The webhook
+        configurations come without caBundle (as in a cluster): `fairgate serve` patches
+        it in when it starts, from the Secret fairgate-webhook-tls stored here."""
+        from .helm import CHART, helm_run
+
+        self.redis.start()
+        self.run_cli("certs", "generate", "--out", str(self.cert_dir))
+        namespace = next(o for o in load_kustomization(REPO / "manifests")
+                         if o["kind"] == "Namespace")
+        apply(self.cp.admin, [namespace])
+        self._store_tls_secret()
+        values = self.work_dir / "e2e-values.yaml"
+        values.write_text(yaml.safe_dump({
+            "platform": yaml.safe_load(self.platform_yaml),
+            "quotas": {tenant: yaml.safe_load(quota) for tenant, quota in QUOTA_YAML.items()},
+        }))
+        result = helm_run(helm, [
+            "install", "fairgate", str(CHART), "--namespace", SYSTEM_NAMESPACE,
+            "--values", str(values),
+        ], helm_home, self.cp.admin_kubeconfig)
+        if result.returncode != 0:
+            raise RuntimeError(f"helm install failed:\n{result.stdout}\n{result.stderr}")
+        self._install_tenants()
+
+    def _install_tenants(self) -> None:
         for tenant in QUOTA_YAML:
             apply(self.cp.admin, _tenant_admin_objects(tenant))
             self._create_tenant_namespace(tenant)
-        self.install_webhooks()
         for component in ("webhook", "dispatcher"):
             kubeconfig = self.cp.token_kubeconfig(SYSTEM_NAMESPACE, f"fairgate-{component}")
             self._env[component] = {

@@ -24,11 +24,13 @@ from kubernetes.client.exceptions import ApiException
 from .api import MERGE_PATCH, create_namespace
 from .controlplane import ControlPlane, ControlPlaneError, build_controlplane
 from .fairgate import QUOTA_YAML, FairgateStack, tenant_namespace
+from .helm import build_helm
 from .kubelet import FakeKubelet
 from .pods import no_pods
 from .waiting import wait_for
 
 _bin_dir: Path | None = None
+_helm: Path | None = None
 
 
 def _is_e2e(item: pytest.Item) -> bool:
@@ -36,16 +38,31 @@ def _is_e2e(item: pytest.Item) -> bool:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Build the control plane before the first e2e test, outside any test timeout,
-    showing build.sh's progress (a cold build takes minutes) on the terminal."""
-    global _bin_dir
+    """Build the control plane before the first e2e test, and helm before the first test
+    that uses the `helm` fixture, outside any test timeout, showing the build scripts'
+    progress (a cold build takes minutes) on the terminal."""
+    global _bin_dir, _helm
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    progress = reporter.write_line if reporter is not None else None
     if _bin_dir is None and any(_is_e2e(item) for item in session.items):
-        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        progress = reporter.write_line if reporter is not None else None
         try:
             _bin_dir = build_controlplane(progress)
         except ControlPlaneError as error:
             raise pytest.UsageError(str(error)) from error
+    uses_helm = any("helm" in getattr(item, "fixturenames", ()) for item in session.items)
+    if _helm is None and uses_helm:
+        try:
+            _helm = build_helm(progress)
+        except ControlPlaneError as error:
+            raise pytest.UsageError(str(error)) from error
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    """The helm binary (tests/e2e/controlplane/build-helm.sh), built at collection time."""
+    if _helm is None:
+        raise ControlPlaneError("helm was not built at collection time")
+    return _helm
 
 
 @pytest.fixture(scope="session")
