@@ -92,9 +92,11 @@ def fairgate_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "webhook.cli", *args]
 
 
-def _with_e2e_config(objects: Sequence[Manifest], platform_yaml: str) -> list[Manifest]:
+def _with_e2e_config(
+    objects: Sequence[Manifest], platform_yaml: str, quotas: Mapping[str, str]
+) -> list[Manifest]:
     """The base's objects with the example tenant config replaced by the e2e tenants'
-    (`platform_yaml`, and QUOTA_YAML)."""
+    (`platform_yaml`, and `quotas`: tenant -> quota.yaml)."""
     result: list[Manifest] = []
     for obj in objects:
         name = obj["metadata"]["name"]
@@ -103,7 +105,7 @@ def _with_e2e_config(objects: Sequence[Manifest], platform_yaml: str) -> list[Ma
         if obj["kind"] == "ConfigMap" and name == "fairgate-platform":
             obj = {**obj, "data": {"platform.yaml": platform_yaml}}
         result.append(obj)
-    for tenant, quota in QUOTA_YAML.items():
+    for tenant, quota in quotas.items():
         result.append(
             {
                 "apiVersion": "v1",
@@ -125,16 +127,60 @@ def _tenant_admin_objects(tenant: str) -> list[Manifest]:
     return [o for o in yaml.safe_load_all(text.replace("team-a", tenant)) if o]
 
 
+def create_tenant_namespace(controlplane: ControlPlane, tenant: str) -> None:
+    """The tenant's namespace (labelled `fairgate.io/tenant`) and its users' Role (applied:
+    a later module's install finds them from an earlier one and takes them over)."""
+    namespace = tenant_namespace(tenant)
+    _, groups = tenant_user(tenant)
+    rbac = "rbac.authorization.k8s.io"
+    apply(controlplane.admin, [
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": namespace, "labels": {"fairgate.io/tenant": tenant}},
+        },
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "Role",
+            "metadata": {"name": "gpu-user", "namespace": namespace},
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["pods"],
+                    "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
+                },
+                {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]},
+                {
+                    "apiGroups": ["resource.k8s.io"],
+                    "resources": ["resourceclaims", "resourceclaimtemplates"],
+                    "verbs": ["get", "list", "watch", "create", "delete"],
+                },
+            ],
+        },
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "gpu-user", "namespace": namespace},
+            "roleRef": {"apiGroup": rbac, "kind": "Role", "name": "gpu-user"},
+            "subjects": [{"apiGroup": rbac, "kind": "Group", "name": groups[0]}],
+        },
+    ])
+    wait_for_default_account(client.CoreV1Api(controlplane.admin), namespace)
+
+
 class FairgateStack:
     """fairgate in the cluster; see the module docstring."""
 
     def __init__(
-        self, controlplane: ControlPlane, work_dir: Path, platform_yaml: str = PLATFORM_YAML
+        self, controlplane: ControlPlane, work_dir: Path, platform_yaml: str = PLATFORM_YAML,
+        quotas: Mapping[str, str] = QUOTA_YAML,
     ) -> None:
         """`platform_yaml`: the platform config to install (the e2e tenants of QUOTA_YAML,
-        e.g. PLATFORM_YAML with a `nodePool` for one of them)."""
+        e.g. PLATFORM_YAML with a `nodePool` for one of them); `quotas`: each tenant's
+        quota.yaml (a platform config naming other tenants brings its own)."""
         self.cp = controlplane
         self.platform_yaml = platform_yaml
+        self.quotas = dict(quotas)
         self.work_dir = work_dir
         self.redis = RedisServer(work_dir / "redis", controlplane.log_dir)
         self.redis_url = self.redis.url
@@ -153,7 +199,8 @@ class FairgateStack:
         self.run_cli("certs", "generate", "--out", str(self.cert_dir))
         ca_bundle = base64.b64encode((self.cert_dir / "ca.crt").read_bytes()).decode()
         objects = with_ca_bundle(
-            _with_e2e_config(load_kustomization(REPO / "manifests"), self.platform_yaml),
+            _with_e2e_config(load_kustomization(REPO / "manifests"), self.platform_yaml,
+                             self.quotas),
             ca_bundle,
         )
         self._webhooks = [o for o in objects if o["kind"] in WEBHOOK_KINDS]
@@ -179,7 +226,7 @@ class FairgateStack:
         values = self.work_dir / "e2e-values.yaml"
         values.write_text(yaml.safe_dump({
             "platform": yaml.safe_load(self.platform_yaml),
-            "quotas": {tenant: yaml.safe_load(quota) for tenant, quota in QUOTA_YAML.items()},
+            "quotas": {tenant: yaml.safe_load(quota) for tenant, quota in self.quotas.items()},
         }))
         result = helm_run(helm, [
             "install", "fairgate", str(CHART), "--namespace", SYSTEM_NAMESPACE,
@@ -190,9 +237,9 @@ class FairgateStack:
         self._install_tenants()
 
     def _install_tenants(self) -> None:
-        for tenant in QUOTA_YAML:
+        for tenant in self.quotas:
             apply(self.cp.admin, _tenant_admin_objects(tenant))
-            self._create_tenant_namespace(tenant)
+            create_tenant_namespace(self.cp, tenant)
         for component in ("webhook", "dispatcher"):
             kubeconfig = self.cp.token_kubeconfig(SYSTEM_NAMESPACE, f"fairgate-{component}")
             self._env[component] = {
@@ -215,46 +262,6 @@ class FairgateStack:
             "data": data,
         }
         apply(self.cp.admin, [secret])
-
-    def _create_tenant_namespace(self, tenant: str) -> None:
-        """The tenant's namespace and its users' Role (applied: a later module's install
-        finds them from an earlier one and takes them over)."""
-        namespace = tenant_namespace(tenant)
-        _, groups = tenant_user(tenant)
-        rbac = "rbac.authorization.k8s.io"
-        apply(self.cp.admin, [
-            {
-                "apiVersion": "v1",
-                "kind": "Namespace",
-                "metadata": {"name": namespace, "labels": {"fairgate.io/tenant": tenant}},
-            },
-            {
-                "apiVersion": f"{rbac}/v1",
-                "kind": "Role",
-                "metadata": {"name": "gpu-user", "namespace": namespace},
-                "rules": [
-                    {
-                        "apiGroups": [""],
-                        "resources": ["pods"],
-                        "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
-                    },
-                    {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]},
-                    {
-                        "apiGroups": ["resource.k8s.io"],
-                        "resources": ["resourceclaims", "resourceclaimtemplates"],
-                        "verbs": ["get", "list", "watch", "create", "delete"],
-                    },
-                ],
-            },
-            {
-                "apiVersion": f"{rbac}/v1",
-                "kind": "RoleBinding",
-                "metadata": {"name": "gpu-user", "namespace": namespace},
-                "roleRef": {"apiGroup": rbac, "kind": "Role", "name": "gpu-user"},
-                "subjects": [{"apiGroup": rbac, "kind": "Group", "name": groups[0]}],
-            },
-        ])
-        wait_for_default_account(client.CoreV1Api(self.cp.admin), namespace)
 
     # -- processes ---------------------------------------------------------------------
 
@@ -313,7 +320,7 @@ class FairgateStack:
         """A 1-GPU pod of the first tenant created with dry run (nothing changes in Redis)."""
         core: Any = client.CoreV1Api(self.cp.admin)
         return core.create_namespaced_pod(
-            tenant_namespace(next(iter(QUOTA_YAML))),
+            tenant_namespace(next(iter(self.quotas))),
             pod_manifest("probe", {"nvidia.com/gpu": 1}),
             dry_run="All",
         )
@@ -433,7 +440,7 @@ class FairgateStack:
         """Wait until fairgate reports no usage and nothing queued for any tenant."""
 
         def busy() -> dict[str, Any]:
-            rows = {t: self.tenant_state(t) for t in QUOTA_YAML}
+            rows = {t: self.tenant_state(t) for t in self.quotas}
             return {
                 t: row
                 for t, row in rows.items()

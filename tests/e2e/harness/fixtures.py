@@ -26,11 +26,13 @@ from .controlplane import ControlPlane, ControlPlaneError, build_controlplane
 from .fairgate import QUOTA_YAML, FairgateStack, tenant_namespace
 from .helm import build_helm
 from .kubelet import FakeKubelet
+from .kueue import build_kueue
 from .pods import no_pods
 from .waiting import wait_for
 
 _bin_dir: Path | None = None
 _helm: Path | None = None
+_kueue_home: Path | None = None
 
 
 def _is_e2e(item: pytest.Item) -> bool:
@@ -38,10 +40,10 @@ def _is_e2e(item: pytest.Item) -> bool:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Build the control plane before the first e2e test, and helm before the first test
-    that uses the `helm` fixture, outside any test timeout, showing the build scripts'
-    progress (a cold build takes minutes) on the terminal."""
-    global _bin_dir, _helm
+    """Build the control plane before the first e2e test, and helm (Kueue) before the first
+    test that uses the `helm` (`kueue_home`) fixture, outside any test timeout, showing the
+    build scripts' progress (a cold build takes minutes) on the terminal."""
+    global _bin_dir, _helm, _kueue_home
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     progress = reporter.write_line if reporter is not None else None
     if _bin_dir is None and any(_is_e2e(item) for item in session.items):
@@ -55,6 +57,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             _helm = build_helm(progress)
         except ControlPlaneError as error:
             raise pytest.UsageError(str(error)) from error
+    uses_kueue = any("kueue_home" in getattr(item, "fixturenames", ()) for item in session.items)
+    if _kueue_home is None and uses_kueue:
+        try:
+            _kueue_home = build_kueue()
+        except ControlPlaneError as error:
+            raise pytest.UsageError(str(error)) from error
 
 
 @pytest.fixture(scope="session")
@@ -63,6 +71,15 @@ def helm() -> Path:
     if _helm is None:
         raise ControlPlaneError("helm was not built at collection time")
     return _helm
+
+
+@pytest.fixture(scope="session")
+def kueue_home() -> Path:
+    """The Kueue manager and its module's config (tests/e2e/controlplane/build_kueue.sh),
+    built at collection time like the control plane."""
+    if _kueue_home is None:
+        raise ControlPlaneError("Kueue was not built at collection time")
+    return _kueue_home
 
 
 @pytest.fixture(scope="session")
