@@ -119,7 +119,8 @@ def percentile(samples: Sequence[float], q: float) -> float:
 
 
 def jain(values: Sequence[float]) -> float:
-    return sum(values) ** 2 / (len(values) * sum(v * v for v in values)) if values else 0.0
+    squares = sum(v * v for v in values)
+    return sum(values) ** 2 / (len(values) * squares) if squares else 0.0
 
 
 @dataclass
@@ -231,8 +232,11 @@ class System:
     """fairgate or Kueue on a control plane: install, and how a pod of a class looks."""
 
     def __init__(self, name: str, cp: ControlPlane, work_dir: Path, capacity: int,
-                 tenants: Sequence[Tenant], stack: contextlib.ExitStack) -> None:
+                 tenants: Sequence[Tenant], stack: contextlib.ExitStack,
+                 largest: dict[str, int] | None = None) -> None:
+        """`largest`: each tenant's largest pod, in GPUs (see _install_fairgate)."""
         self.name = name
+        self.largest = dict(largest or {})
         self.cp = cp
         self.tenants = tuple(tenants)
         self.capacity = capacity
@@ -248,14 +252,19 @@ class System:
             self._install_kueue()
 
     def _install_fairgate(self) -> None:
+        """Same weights and nominal quotas as Kueue, the rest of the cluster as borrow
+        limit; but fairgate admits a pod whole within its nominal quota or whole within
+        its borrow limit, so a nominal smaller than the tenant's largest pod is raised to
+        it (head-start: nominal 8 of 8 GPUs each, as the simulator's traces have it)."""
         lines = ["platformAdmins: {groups: [platform-team], users: []}", "capacity: {}",
                  "tenants:"]
         quotas = {}
         for t in self.tenants:
+            nominal = max(t.nominal, self.largest.get(t.name, 0))
             lines.append(f"  {t.name}: {{weight: {t.weight}, ceiling: {{gpuEquivalents: "
                          f"{self.capacity}}}, admins: {{groups: [{t.name}-admins], users: []}}}}")
-            quotas[t.name] = (f"nominal: {{gpu: {t.nominal}}}\n"
-                              f"borrowLimit: {{gpuEquivalents: {self.capacity - t.nominal}}}\n"
+            quotas[t.name] = (f"nominal: {{gpu: {nominal}}}\n"
+                              f"borrowLimit: {{gpuEquivalents: {self.capacity - nominal}}}\n"
                               "inferenceReserve: {gpuEquivalents: 0}\ndefaultClass: training\n")
         lines.append("onRedisUnavailable: deny")
         (self.work_dir / "fairgate").mkdir(parents=True, exist_ok=True)
@@ -302,7 +311,8 @@ class System:
 
 @contextlib.contextmanager
 def cluster(system: str, nodes: Sequence[GpuNode], tenants: Sequence[Tenant],
-            work_dir: Path) -> Iterator[tuple[ControlPlane, FakeKubelet, System, PodLog]]:
+            work_dir: Path, largest: dict[str, int] | None = None,
+            ) -> Iterator[tuple[ControlPlane, FakeKubelet, System, PodLog]]:
     """A fresh control plane with `nodes` and the fake kubelet, `system` not yet
     installed, and a PodLog watching every pod."""
     with contextlib.ExitStack() as stack:
@@ -313,8 +323,10 @@ def cluster(system: str, nodes: Sequence[GpuNode], tenants: Sequence[Tenant],
         kubelet.register_nodes()
         kubelet.start()
         stack.callback(kubelet.stop)
+        for tenant in tenants:  # each user's certificate, before threads share the client
+            pods_api(cp, tenant.name)
         capacity = sum(n.devices.get(GPU, 0) for n in nodes)
-        peer = System(system, cp, work_dir, capacity, tenants, stack)
+        peer = System(system, cp, work_dir, capacity, tenants, stack, largest)
         log = PodLog(client.CoreV1Api(cp.admin), kubelet,
                      {tenant_namespace(t.name): t.name for t in tenants})
         log.start()
@@ -336,7 +348,12 @@ def create(cp: ControlPlane, peer: System, log: PodLog, tenant: str, name: str, 
 
 
 def run_trace(system: str, scenario: Scenario, work_dir: Path) -> dict[str, Any]:
-    with cluster(system, scenario.nodes, scenario.tenants, work_dir) as (cp, _, peer, log):
+    largest: dict[str, int] = {}
+    for stream in scenario.streams:
+        largest[stream.tenant] = max(largest.get(stream.tenant, 0), stream.gpus)
+    with cluster(system, scenario.nodes, scenario.tenants, work_dir, largest) as (
+        cp, _, peer, log
+    ):
         peer.install()
         began = time.perf_counter()
         with ThreadPoolExecutor(8) as pool:
@@ -408,7 +425,7 @@ def run_release(system: str, backlog: int, work_dir: Path, samples: int = 30) ->
     a backlog."""
     nodes = (whole_gpu_node("gpu-0", 100), whole_gpu_node("gpu-1", 100))
     tenants = (Tenant("team-a", 1, 200),)
-    with cluster(system, nodes, tenants, work_dir) as (cp, kubelet, peer, log):
+    with cluster(system, nodes, tenants, work_dir, {"team-a": 100}) as (cp, kubelet, peer, log):
         core: Any = client.CoreV1Api(cp.admin)
         create_tenant_namespace(cp, "team-a")
         namespace = tenant_namespace("team-a")

@@ -2,20 +2,22 @@
 as a local process.
 
 `KueueStack.install()` applies the CRDs of the Kueue module (`config/components/crd/bases`,
-built and copied by `tests/e2e/controlplane/build_kueue.sh`), issues the webhook's
-serving certificate from the control plane's CA for the Service name
-`kueue-webhook-service.kueue-system.svc` (Kueue's internal certificate management is
-off: it would need the manager to run in the cluster), and registers the module's own
-webhook configurations for Pods and Kueue's objects with that CA, their `service`
-clientConfig reached through the control plane's service proxy as fairgate's is. The
+built and copied by `tests/e2e/controlplane/build_kueue.sh`) with the conversion webhooks
+of the module's kustomization, the Secret that Kueue's internal certificate management
+fills, and the module's own webhook configurations for Pods and Kueue's objects. As in
+a cluster, Kueue signs a certificate for `kueue-webhook-service.kueue-system.svc` and
+injects its CA into those configurations and CRDs; the harness copies the Secret into
+the manager's certDir, as the kubelet's Secret volume would; the API server reaches the `service`
+clientConfig through the control plane's service proxy, as it reaches fairgate's. The
 pod webhooks only see namespaces labelled `fairgate.io/tenant`, which is also the
 manager's `managedJobsNamespaceSelector`.
 
 `start()` runs `kueue --config` against the API server (as a cluster admin: Kueue's RBAC
 is not what is compared), with the `pod` integration only, fair sharing
-(`fairSharing.preemptionStrategies`), Admission Fair Sharing and the visibility server
-off (it would need an APIService). `configure(tenants, flavor)` creates one ResourceFlavor,
-one ClusterQueue per tenant in cohort `tenants` (nominal quota, unlimited borrowing,
+(`fairSharing.preemptionStrategies`), Admission Fair Sharing on, and the visibility
+server off (it would need an APIService). `configure(tenants, namespaces)` creates one
+ResourceFlavor, one ClusterQueue per tenant in cohort `tenants` (nominal quota, unlimited
+borrowing,
 `fairSharing.weight`, reclaim within the cohort and preemption of lower priority within
 the queue) and a LocalQueue named `default` in each tenant namespace, so a pod needs no
 queue label (LocalQueueDefaulting).
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import base64
 import os
-import shutil
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ from .waiting import wait_for
 BUILD_SCRIPT = REPO / "tests" / "e2e" / "controlplane" / "build_kueue.sh"
 NAMESPACE = "kueue-system"
 SERVICE = "kueue-webhook-service"
+SECRET = "kueue-webhook-server-cert"
 GATE = "kueue.x-k8s.io/admission"
 GROUP = "kueue.x-k8s.io"
 VERSION = "v1beta2"
@@ -77,7 +79,7 @@ class Tenant:
     nominal: int
 
 
-def _webhook_configurations(config: Path, ca_bundle: str) -> list[Manifest]:
+def _webhook_configurations(config: Path) -> list[Manifest]:
     """The module's webhook configurations, only the webhooks for Pods and Kueue's own
     objects (the other integrations are off), named and routed as kustomize would."""
     result = []
@@ -91,7 +93,6 @@ def _webhook_configurations(config: Path, ca_bundle: str) -> list[Manifest]:
             if resources != ["pods"] and GROUP not in groups:
                 continue
             hook["clientConfig"]["service"].update(name=SERVICE, namespace=NAMESPACE)
-            hook["clientConfig"]["caBundle"] = ca_bundle
             if resources == ["pods"]:
                 hook["namespaceSelector"] = {
                     "matchExpressions": [{"key": TENANT_LABEL, "operator": "Exists"}]
@@ -110,16 +111,31 @@ class KueueStack:
         self.cp = controlplane
         self.work_dir = work_dir
         self.home = home
-        self.cert_dir = work_dir / "certs"
+        self.cert_dir = work_dir / "certs"  # Kueue writes its certificates here
         self.port = free_port()
         self.health_port = free_port()
         self.process: Process | None = None
         self.webhooks: list[Manifest] = []
 
     def install(self) -> None:
-        """CRDs, namespace, serving certificate and webhook configurations."""
+        """CRDs (with the conversion webhooks of the module's kustomization), namespace,
+        the Secret the certificates go in, and the webhook configurations."""
+        config = self.home / "config"
+        converted = {yaml.safe_load((config / "crd" / p["path"]).read_text())["metadata"]["name"]
+                     for p in yaml.safe_load((config / "crd" / "kustomization.yaml").read_text())
+                     ["patches"]}
         crds = [yaml.safe_load(p.read_text())
-                for p in sorted((self.home / "config" / "crd" / "bases").glob("*.yaml"))]
+                for p in sorted((config / "crd" / "bases").glob("*.yaml"))]
+        for crd in crds:
+            if crd["metadata"]["name"] in converted:
+                crd["spec"]["conversion"] = {
+                    "strategy": "Webhook",
+                    "webhook": {
+                        "clientConfig": {"service": {"name": SERVICE, "namespace": NAMESPACE,
+                                                     "path": "/convert"}},
+                        "conversionReviewVersions": ["v1"],
+                    },
+                }
         apply(self.cp.admin, crds)
         extensions: Any = client.ApiextensionsV1Api(self.cp.admin)
 
@@ -132,16 +148,14 @@ class KueueStack:
             return True
 
         wait_for(established, 60, "Kueue's CRDs to be established")
-        apply(self.cp.admin, [{"apiVersion": "v1", "kind": "Namespace",
-                               "metadata": {"name": NAMESPACE}}])
-        host = f"{SERVICE}.{NAMESPACE}.svc"
-        pair = self.cp.ca.issue("kueue-webhook", host, server=True,
-                                dns_names=[host, f"{host}.cluster.local"])
-        self.cert_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copy(pair.cert, self.cert_dir / "tls.crt")
-        shutil.copy(pair.key, self.cert_dir / "tls.key")
-        ca_bundle = base64.b64encode(self.cp.ca.cert_file.read_bytes()).decode()
-        self.webhooks = _webhook_configurations(self.home / "config", ca_bundle)
+        apply(self.cp.admin, [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+            {"apiVersion": "v1", "kind": "Secret",
+             "metadata": {"name": SECRET, "namespace": NAMESPACE}},
+        ])
+        self.webhooks = _webhook_configurations(config)
+        for kind in WEBHOOK_KINDS:
+            apply(self.cp.admin, [o for o in self.webhooks if o["kind"] == kind])
 
     def config(self) -> dict[str, Any]:
         """The manager's Configuration (config.kueue.x-k8s.io/v1beta2)."""
@@ -153,7 +167,10 @@ class KueueStack:
             "metrics": {"bindAddress": "0"},
             "webhook": {"port": self.port, "host": "127.0.0.1", "certDir": str(self.cert_dir)},
             "leaderElection": {"leaderElect": False},
-            "internalCertManagement": {"enable": False},
+            "internalCertManagement": {
+                "enable": True, "webhookServiceName": SERVICE,
+                "webhookSecretName": SECRET,
+            },
             "clientConnection": {"qps": 50, "burst": 100},
             "managedJobsNamespaceSelector": {
                 "matchExpressions": [{"key": TENANT_LABEL, "operator": "Exists"}]
@@ -180,10 +197,23 @@ class KueueStack:
             self.cp.log_dir,
             env={**os.environ, "KUBECONFIG": str(self.cp.admin_kubeconfig)},
         )
+        wait_for(self._mount_secret, timeout, "Kueue to fill its certificate Secret")
         wait_until_ok(f"http://127.0.0.1:{self.health_port}/readyz", None, [self.process],
                       timeout)
-        for kind in WEBHOOK_KINDS:
-            apply(self.cp.admin, [o for o in self.webhooks if o["kind"] == kind])
+
+    def _mount_secret(self) -> bool:
+        """Play the kubelet's Secret volume: once Kueue has written its serving certificate
+        into the Secret, put the Secret's files in the webhook's certDir (key first: Kueue
+        waits for tls.crt)."""
+        self.check_alive()
+        core: Any = client.CoreV1Api(self.cp.admin)
+        data = core.read_namespaced_secret(SECRET, NAMESPACE).data or {}
+        if "tls.crt" not in data or "tls.key" not in data:
+            return False
+        self.cert_dir.mkdir(parents=True, exist_ok=True)
+        for name in sorted(data, key=lambda n: n == "tls.crt"):
+            (self.cert_dir / name).write_bytes(base64.b64decode(data[name]))
+        return True
 
     def configure(self, tenants: list[Tenant], namespaces: Mapping[str, str],
                   timeout: float = 60.0) -> None:
