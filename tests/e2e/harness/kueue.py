@@ -13,7 +13,8 @@ pod webhooks only see namespaces labelled `fairgate.io/tenant`, which is also th
 manager's `managedJobsNamespaceSelector`.
 
 `start()` runs `kueue --config` against the API server (as a cluster admin: Kueue's RBAC
-is not what is compared), with the `pod` integration only, fair sharing
+is not what is compared), with the module's shipped Configuration and the `pod`
+integration only, fair sharing
 (`fairSharing.preemptionStrategies`), Admission Fair Sharing on, and the visibility
 server off (it would need an APIService). `configure(tenants, namespaces)` creates one
 ResourceFlavor, one ClusterQueue per tenant in cohort `tenants` (nominal quota, unlimited
@@ -158,20 +159,20 @@ class KueueStack:
             apply(self.cp.admin, [o for o in self.webhooks if o["kind"] == kind])
 
     def config(self) -> dict[str, Any]:
-        """The manager's Configuration (config.kueue.x-k8s.io/v1beta2)."""
-        return {
-            "apiVersion": f"config.{GROUP}/{VERSION}",
-            "kind": "Configuration",
+        """The manager's Configuration: the module's shipped one
+        (`config/manager/controller_manager_config.yaml`: client QPS 50 / burst 100,
+        reconcile concurrency per kind) with what runs it here and the bench's choices."""
+        shipped = self.home / "config" / "manager" / "controller_manager_config.yaml"
+        config: dict[str, Any] = yaml.safe_load(shipped.read_text())
+        config.update({
             "namespace": NAMESPACE,
             "health": {"healthProbeBindAddress": f"127.0.0.1:{self.health_port}"},
             "metrics": {"bindAddress": "0"},
             "webhook": {"port": self.port, "host": "127.0.0.1", "certDir": str(self.cert_dir)},
             "leaderElection": {"leaderElect": False},
             "internalCertManagement": {
-                "enable": True, "webhookServiceName": SERVICE,
-                "webhookSecretName": SECRET,
+                "enable": True, "webhookServiceName": SERVICE, "webhookSecretName": SECRET,
             },
-            "clientConnection": {"qps": 50, "burst": 100},
             "managedJobsNamespaceSelector": {
                 "matchExpressions": [{"key": TENANT_LABEL, "operator": "Exists"}]
             },
@@ -184,7 +185,8 @@ class KueueStack:
                 "resourceWeights": {GPU: 1},
             },
             "featureGates": {"VisibilityOnDemand": False},
-        }
+        })
+        return config
 
     def start(self, timeout: float = 120.0) -> None:
         """Run the manager; return once its webhook gates a pod in a tenant namespace."""
