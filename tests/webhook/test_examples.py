@@ -13,8 +13,8 @@ pasted them in order.
 A command that serves (``serve``, ``console``, ``demo --console``, ``audit tail``
 following) passes when it is still running after a few seconds and then ends on Ctrl-C
 (SIGINT to its process group, as a terminal sends it) with 0 or 130 and no traceback.
-Examples that need a cluster (``dispatch``, ``redis-secret``, ``serve`` without
-``--config-dir``, ``console --auth kubernetes``) are checked by argument parsing only,
+Examples that need a cluster (``dispatch``, ``redis-secret``, ``certs ensure``, ``serve``
+without ``--config-dir``, ``console --auth kubernetes``) are checked by argument parsing only,
 with ``$REDIS_URL`` set as the manifests set it in a cluster.
 """
 
@@ -109,6 +109,7 @@ def _words(command: str) -> list[str]:
 def _needs_a_cluster(argv: list[str]) -> bool:
     command = argv[0] if argv else ""
     return (command in ("dispatch", "redis-secret")
+            or argv[:2] == ["certs", "ensure"]  # writes a Secret through the API server
             or (command == "serve" and "--config-dir" not in argv)
             or (command == "console" and "kubernetes" in argv))
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from .controlplane import ControlPlane
 from .fairgate import tenant_user
@@ -143,10 +144,16 @@ class ClaimsApi:
         self._api.create_namespaced_custom_object(GROUP, VERSION, self.namespace, plural, obj)
 
     def delete_all(self) -> None:
-        """Delete every claim and template of the namespace (as the admin: cleanup)."""
+        """Delete every claim and template of the namespace (as the admin: cleanup). A
+        claim generated for a pod may be gone by then: the resourceclaim-controller
+        deletes it with its pod."""
         for plural in ("resourceclaimtemplates", "resourceclaims"):
             found = self._admin.list_namespaced_custom_object(GROUP, VERSION, self.namespace,
                                                               plural)
             for item in found.get("items", []):
-                self._admin.delete_namespaced_custom_object(
-                    GROUP, VERSION, self.namespace, plural, item["metadata"]["name"])
+                try:
+                    self._admin.delete_namespaced_custom_object(
+                        GROUP, VERSION, self.namespace, plural, item["metadata"]["name"])
+                except ApiException as error:
+                    if error.status != 404:
+                        raise
