@@ -62,18 +62,16 @@ class ControlPlaneError(RuntimeError):
     """The control plane could not be built or started; the message says which part and why."""
 
 
-def build_controlplane(progress: Callable[[str], None] | None = None) -> Path:
-    """Build (or reuse the cached) control plane binaries and return their directory.
-
-    `progress` gets each line build.sh prints as it prints it (what it builds, how long
-    a cold build takes, each binary done), so a caller can show a long build's progress.
-    """
+def run_build(script: Path, progress: Callable[[str], None] | None = None) -> Path:
+    """Run a build script of tests/e2e/controlplane/ (each caches what it builds and is
+    a no-op when up to date) and return the cache directory they share; `progress` gets
+    each line the script prints as it prints it."""
     cache = Path(
         os.environ.get("FAIRGATE_CP_CACHE", Path.home() / ".cache" / "fairgate-controlplane")
     )
     lines: list[str] = []
     with subprocess.Popen(
-        ["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        ["bash", str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True,
     ) as build:
         assert build.stdout is not None
@@ -84,10 +82,19 @@ def build_controlplane(progress: Callable[[str], None] | None = None) -> Path:
     if build.returncode != 0:
         output = "\n".join(lines)[-8000:]
         raise ControlPlaneError(
-            f"{BUILD_SCRIPT} failed (exit {build.returncode}); it needs Go 1.26+ and the Go "
+            f"{script} failed (exit {build.returncode}); it needs Go 1.26+ and the Go "
             f"module proxy.\n{output}"
         )
-    return cache / "bin"
+    return cache
+
+
+def build_controlplane(progress: Callable[[str], None] | None = None) -> Path:
+    """Build (or reuse the cached) control plane binaries and return their directory.
+
+    `progress` gets each line build.sh prints as it prints it (what it builds, how long
+    a cold build takes, each binary done), so a caller can show a long build's progress.
+    """
+    return run_build(BUILD_SCRIPT, progress) / "bin"
 
 
 def free_port() -> int:

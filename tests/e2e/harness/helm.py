@@ -12,7 +12,7 @@ import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .controlplane import REPO, ControlPlaneError
+from .controlplane import REPO, run_build
 
 BUILD_SCRIPT = REPO / "tests" / "e2e" / "controlplane" / "build-helm.sh"
 CHART = REPO / "charts" / "fairgate"
@@ -21,26 +21,7 @@ CHART = REPO / "charts" / "fairgate"
 def build_helm(progress: Callable[[str], None] | None = None) -> Path:
     """Build (or reuse the cached) helm and return its path; `progress` gets each line
     the build script prints."""
-    cache = Path(
-        os.environ.get("FAIRGATE_CP_CACHE", Path.home() / ".cache" / "fairgate-controlplane")
-    )
-    lines: list[str] = []
-    with subprocess.Popen(
-        ["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True,
-    ) as build:
-        assert build.stdout is not None
-        for line in build.stdout:
-            lines.append(line.rstrip("\n"))
-            if progress is not None:
-                progress(lines[-1])
-    if build.returncode != 0:
-        output = "\n".join(lines)[-8000:]
-        raise ControlPlaneError(
-            f"{BUILD_SCRIPT} failed (exit {build.returncode}); it needs Go 1.26+ and the Go "
-            f"module proxy.\n{output}"
-        )
-    return cache / "helm" / "helm"
+    return run_build(BUILD_SCRIPT, progress) / "helm" / "helm"
 
 
 def helm_env(home: Path, kubeconfig: Path | None = None) -> dict[str, str]:
