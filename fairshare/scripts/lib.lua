@@ -243,8 +243,17 @@ end
 
 -- the tenant's state with only its usage fields (what share_of and usage_slices read)
 local function usage_state(tenant)
-  local u = redis.call('HMGET', P .. 'ts:' .. tenant, 'ui', 'ut', 'ub')
-  return {ui = u[1], ut = u[2], ub = u[3]}
+  local u = redis.call('HMGET', P .. 'ts:' .. tenant, 'ui', 'ut', 'ub', 'rb')
+  return {ui = u[1], ut = u[2], ub = u[3], rb = u[4]}
+end
+
+-- With virtual time, ts:<tenant> field rb = the sum over the tenant's running slices of
+-- when each began (slices x start time), so that the service its running pods received
+-- so far is usage_slices x now - rb (see share_of).
+local function elapsed_service(st, now)
+  local u = usage_slices(st)
+  if u == 0 or not now then return 0 end
+  return math.max(u * now - num(st, 'rb'), 0)
 end
 
 -- Start charge (see share_of): a tenant's expected run time is this (seconds) until one
@@ -407,8 +416,14 @@ local function share_of(tenant, st, now, credit)
   now = now or NOW
   local d, run = decayed(tenant, st, now)
   local charged = usage_slices(st)
-  if not hl.virtual then charged = math.max(charged - guaranteed(tenant), 0) end
-  d = d + (charged - (credit or 0)) * run
+  if hl.virtual then
+    -- start-time fair queuing: what runs is charged its whole expected run time at
+    -- its start, so the service it received since is not counted twice
+    d = d + math.max(charged * run - elapsed_service(st, now), 0) - (credit or 0) * run
+  else
+    charged = math.max(charged - guaranteed(tenant), 0)
+    d = d + (charged - (credit or 0)) * run
+  end
   if d <= 0 then return NO_USAGE end
   local t = now or du_of(tenant).t or 0
   return math.log(d / cfg_of(tenant).w) + hl.rate * t
@@ -487,7 +502,9 @@ local function cap_check(D, G, empty)
 end
 
 -- `st`: see bump_state
-local function add_usage(tenant, band, d, sign, st)
+-- `started`: when the usage being added (sign 1) or removed (-1) began; nil: NOW when
+-- adding
+local function add_usage(tenant, band, d, sign, st, started)
   fold_decay(tenant, st)
   local deltas = {['u' .. band] = sign * slices(d)}
   for k, v in pairs(d) do
@@ -499,6 +516,20 @@ local function add_usage(tenant, band, d, sign, st)
     if USED[k] then USED[k][band] = now_used end
   end
   bump_state(tenant, deltas, st)
+  if halflife().virtual then
+    local key = P .. 'ts:' .. tenant
+    local rb
+    if (st and usage_slices(st) or usage_slices(usage_state(tenant))) == 0 then
+      rb = 0
+      redis.call('HDEL', key, 'rb')
+    else
+      -- usage that began at an unknown time (rebuilt without it) is left out both ways
+      local at = started
+      if at == nil and sign > 0 then at = NOW end
+      if at then rb = tonumber(redis.call('HINCRBYFLOAT', key, 'rb', sign * slices(d) * at)) end
+    end
+    if st and rb then st.rb = rb end
+  end
   track_active(tenant, st or usage_state(tenant))
 end
 
@@ -950,7 +981,8 @@ local function forget(ticket, rec)
       note_run(rec[F_TENANT], tonumber(rec[F_AT]))
       note_freed(rec)
     end
-    add_usage(rec[F_TENANT], rec[F_BAND], parse_counts(rec[F_DEMAND]), -1)
+    add_usage(rec[F_TENANT], rec[F_BAND], parse_counts(rec[F_DEMAND]), -1, nil,
+              tonumber(rec[F_AT]))
     redis.call('HDEL', K_TICKETS, ticket)
     changed = gang_running(rec[F_GANG], -1)
   else

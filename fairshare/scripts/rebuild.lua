@@ -53,7 +53,8 @@ local function hold(ticket, rec)
   redis.call('SADD', K_TENANTS, rec[F_TENANT])
   put_rec(ticket, rec)
   index_name(ticket, rec)
-  add_usage(rec[F_TENANT], rec[F_BAND], parse_counts(rec[F_DEMAND]), 1)
+  add_usage(rec[F_TENANT], rec[F_BAND], parse_counts(rec[F_DEMAND]), 1, nil,
+            tonumber(rec[F_AT]))
   if uid_of(rec) == '' then redis.call('ZADD', K_RESV, rec[F_AT], ticket) end
   local gid = rec[F_GANG]
   if gid ~= '' then
