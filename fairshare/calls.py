@@ -277,11 +277,15 @@ def tenant_statuses(raw: Sequence[Any]) -> list[TenantStatus]:
     return result
 
 
-def queued_demand(raw: Sequence[Any]) -> tuple[dict[str, int], dict[str, int]]:
-    """The reply of ``demand.lua``: (stored capacity in units, tenant -> queued slices)."""
-    capacity, *pairs = (text(v) for v in raw)
-    queued = {tenant: int(n) for tenant, n in zip(pairs[::2], pairs[1::2], strict=True)}
-    return parse_counts(capacity), queued
+def queued_demand(raw: Sequence[Any]
+                  ) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+    """The reply of ``demand.lua``: (stored capacity in units, tenant -> queued slices,
+    tenant -> the queued slices of its inference pods)."""
+    capacity, *rows = (text(v) for v in raw)
+    tenants, queued, inference = rows[::3], rows[1::3], rows[2::3]
+    return (parse_counts(capacity),
+            {t: int(n) for t, n in zip(tenants, queued, strict=True)},
+            {t: int(n) for t, n in zip(tenants, inference, strict=True)})
 
 
 def holds(raw: Sequence[Any]) -> list[Hold]:

@@ -18,8 +18,9 @@ Contract: every :class:`DispatcherMetrics` owns its own ``CollectorRegistry``.
   ``fairgate status``): ``fairgate_tenant_weighted_share{tenant}``, GPU-equivalents used
   per unit of weight (all bands); ``fairgate_tenant_fair_share{tenant}``, the tenant's
   entitlement in GPU-equivalents (the capacity water-filled by weight among tenants with
-  demand, each capped at its usage + queued demand and at nominal + borrow limit; 0
-  without demand); ``fairgate_fairness_jain_index``, Jain's index of usage / entitlement
+  demand, each capped at its usage + queued demand and at nominal + borrow limit, and
+  given at least its inference usage + queued demand, which goes first; 0 without
+  demand); ``fairgate_fairness_jain_index``, Jain's index of usage / entitlement
   over the tenants entitled to something (1 = every one holds exactly its fair share).
 - ``fairgate_cluster_capacity{resource}``: GPU capacity the queue dispatches against, per
   capacity key (a resource in one placement class, e.g. ``gpu``, ``mig-1g.5gb#single``).

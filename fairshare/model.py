@@ -247,12 +247,13 @@ class TenantStatus:
 @dataclass(frozen=True)
 class QueueSnapshot:
     """Every tenant's status, its queued slices (all bands, gang members waiting for
-    their gang included) and the capacity the queue dispatches against, read at one
-    instant."""
+    their gang included), the capacity the queue dispatches against, and the part of the
+    queued slices that is inference, read at one instant."""
 
     tenants: tuple[TenantStatus, ...]
     queued_slices: Mapping[str, int]
     capacity: ResourceCounts
+    queued_inference_slices: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

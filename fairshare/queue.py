@@ -308,8 +308,8 @@ class FairQueue:
         capacity, all read in one transaction (what fair-share entitlements need)."""
         status_raw, demand_raw = self._functions.pipelined(
             [("status", ()), ("demand", ())], transaction=True)
-        capacity, queued = queued_demand(demand_raw)
-        return QueueSnapshot(tuple(tenant_statuses(status_raw)), queued, capacity)
+        capacity, queued, inference = queued_demand(demand_raw)
+        return QueueSnapshot(tuple(tenant_statuses(status_raw)), queued, capacity, inference)
 
     def holds(self, now: float) -> list[Hold]:
         """The capacity held at ``now`` and for whom (``fairgate status``): the entries

@@ -158,6 +158,7 @@ class SimulatedCluster:
         self._class_slices: Counter[tuple[str, PodClass]] = Counter()  # same, by class
         self._waiting_tenants: Counter[str] = Counter()
         self._waiting_slices: Counter[str] = Counter()  # slices asked by waiting pods
+        self._waiting_class_slices: Counter[tuple[str, PodClass]] = Counter()  # same, by class
         self._waiting_resources: Counter[str] = Counter()
         self._ends: list[tuple[float, int, str]] = []  # heap of running pods' end times
         self._changes: list[ClusterChange] = []
@@ -303,6 +304,14 @@ class SimulatedCluster:
         return {name: n for name, n in self._waiting_slices.items() if n}
 
     @_locked
+    def inference_slices(self) -> dict[str, int]:
+        """Slices held or asked for by inference pods, per tenant."""
+        held = Counter({t: n for (t, c), n in self._class_slices.items() if c == "inference"})
+        held.update({t: n for (t, c), n in self._waiting_class_slices.items()
+                     if c == "inference"})
+        return {name: n for name, n in held.items() if n}
+
+    @_locked
     def wanted_resources(self) -> set[str]:
         """Resources that waiting pods ask for."""
         return {name for name, n in self._waiting_resources.items() if n}
@@ -333,6 +342,7 @@ class SimulatedCluster:
             self._unscheduled.pop(sim.pod.uid, None)
         self._waiting_tenants[sim.pod.tenant] += sign
         self._waiting_slices[sim.pod.tenant] += sign * sim.pod.slices
+        self._waiting_class_slices[sim.pod.tenant, sim.pod.pod_class] += sign * sim.pod.slices
         for name in sim.pod.demand:
             self._waiting_resources[name] += sign
 

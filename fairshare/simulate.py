@@ -262,9 +262,10 @@ class _Meter:
     def fairness(self, cluster: SimulatedCluster) -> Fairness:
         """Every tenant's allocation and entitlement now (see the module docstring)."""
         running, waiting = cluster.running_slices(), cluster.waiting_slices()
+        inference = cluster.inference_slices()
         loads = {
             name: TenantLoad(weight, running.get(name, 0), waiting.get(name, 0),
-                             self.limits[name])
+                             self.limits[name], inference.get(name, 0))
             for name, weight in self.weights.items()
         }
         return fairness(self.capacity, loads)
