@@ -223,3 +223,21 @@ def test_a_running_pod_is_charged_once_so_long_pods_are_not_held_back(seed: int)
         finally:
             client.close()
     assert not window_failures(outcome), outcome.per_tenant
+
+
+@pytest.mark.slow
+def test_inference_ahead_of_training_is_not_counted_against_the_training_tenants() -> None:
+    """Inference goes first: a weight-1 tenant serving 2 GPUs of 12 is entitled to them,
+    and the training tenants to the other 10 by weight. Entitled by weight alone (0.86
+    GPUs to inference), all three training tenants looked 5-6% short of an entitlement
+    to GPUs that inference held, at utilisation 0.99."""
+    data = unkind_trace(41)
+    assert data["_meta"]["kind"] == "inference"
+    with local_redis() as url:
+        client = redis.Redis.from_url(url)
+        try:
+            outcome = check_window(data, client)
+        finally:
+            client.close()
+    assert outcome.inference_waited == 0
+    assert not window_failures(outcome), outcome.per_tenant
