@@ -64,10 +64,14 @@ local d = parse_counts(demand)
 local ds = slices(d)
 
 -- the band: inference; training within nominal (counting training queued ahead);
--- else borrowed within the borrow limit (counting borrowed queued ahead); else the
--- band in which the pod can fit at all (training first; by the configured borrow limit,
--- so a pod larger than nominal admitted while the budget is exhausted waits as borrowed
--- for borrowing to be allowed again).
+-- else borrowed within the borrow limit (counting borrowed queued ahead); else, when
+-- both bands could hold it, the one whose lane of its demand drains first for its room
+-- (entries queued in the lane / room; entries of pods not seen yet count: a burst of
+-- creates is split as it arrives), so that a backlog beyond both keeps nominal and
+-- borrow room in use;
+-- else the band in which the pod can fit at all (training first; by the configured
+-- borrow limit, so a pod larger than nominal admitted while the budget is exhausted
+-- waits as borrowed for borrowing to be allowed again).
 local band = 'i'
 if cls == 't' then
   local training_room = cfg.ns - cfg.rs
@@ -81,6 +85,11 @@ if cls == 't' then
     band = 't'
   elseif cfg.b > 0 and num(st, 'ub') + num(st, 'qs:b') + ds <= cfg.b then
     band = 'b'
+  elseif alone and ds <= cfg.b then
+    local counts = format_counts(d)
+    local lt = redis.call('LLEN', lane_key(tenant, 't/' .. counts))
+    local lb = redis.call('LLEN', lane_key(tenant, 'b/' .. counts))
+    band = (lb + 1) * training_room < (lt + 1) * cfg.b and 'b' or 't'
   elseif alone or ds > cfg.bc then
     band = 't'
   else

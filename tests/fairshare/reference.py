@@ -479,6 +479,10 @@ class Reference:
                 band = "t"
             elif cfg.b > 0 and u["ub"] + qs_b + ds <= cfg.b:
                 band = "b"
+            elif alone and ds <= cfg.b:  # the band whose lane drains first for its room
+                lt = len(self.lanes.get((tenant, f"t/{format_counts(d)}"), []))
+                lb = len(self.lanes.get((tenant, f"b/{format_counts(d)}"), []))
+                band = "b" if (lb + 1) * room < (lt + 1) * cfg.b else "t"
             elif alone or ds > cfg.b:
                 band = "t"
             else:

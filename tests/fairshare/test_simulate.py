@@ -89,6 +89,27 @@ def test_mig_pods_do_not_wait_behind_whole_gpu_pods(redis_url: str) -> None:
     assert report.tenants["team-a"].admitted == 2 + 3  # both GPUs and all three MIG pods
 
 
+def test_a_backlog_beyond_nominal_and_borrow_limit_keeps_using_both(redis_url: str) -> None:
+    """One tenant alone on 8 GPUs, nominal 4 and borrow limit 4, creates 40 pods at once:
+    8 start (4 within nominal, 4 borrowed), and the 32 beyond both are stamped training
+    or borrowed, by which band's queue drains first for its room, so when the first
+    borrowed pods end more borrowed pods follow. Stamped training all (what the first
+    pod of each band alone fits), the borrowed room stayed idle after the first wave:
+    utilisation 0.6."""
+    trace = parse_trace({
+        "capacity": {"gpu": 8},
+        "tenants": {"team-a": {"weight": 1, "nominal": {"gpu": 4},
+                               "borrowLimit": {"gpuEquivalents": 4}}},
+        "arrivals": [{"at": 0, "tenant": "team-a", "class": "training",
+                      "demand": {"gpu": 1}, "duration": 100, "count": 40}],
+        "horizon": 500,
+    })
+    report = run_simulation(trace, redis_url)
+    assert report.quota_violations == []
+    assert report.utilization == pytest.approx(1.0)
+    assert report.tenants["team-a"].admitted == 40
+
+
 def test_json_output_has_exactly_the_designed_keys(redis_url: str, tmp_path: Path) -> None:
     trace = tmp_path / "t.yaml"
     trace.write_text(
