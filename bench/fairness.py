@@ -114,8 +114,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import redis
 
-from fairshare.entitlement import jain_index, water_fill
 from fairshare.localredis import local_redis
+from fairshare.queue.entitlement import jain_index, water_fill
 from fairshare.simulate import Simulation, Window
 from fairshare.trace import Trace, parse_trace
 from tenants.resources import slices_of
@@ -340,7 +340,7 @@ class _Tenant:
 
 def _entitled(capacity: float, tenants: list[_Tenant]) -> dict[str, float]:
     """GPUs each training tenant is entitled to while all are backlogged
-    (:func:`~fairshare.entitlement.water_fill`, nobody capped)."""
+    (:func:`~fairshare.queue.entitlement.water_fill`, nobody capped)."""
     return water_fill(capacity, {t.name: float(t.weight) for t in tenants}, {})
 
 

@@ -177,7 +177,7 @@ def report(label: str, counts: list[int], calls: list[dict[str, int]],
 def measure_admit(cases: list[str], count: int, half_life: float, live: bool) -> None:
     from bench import redis_scripts
     from bench.dispatch import PREFIX, make_config
-    from fairshare.queue import FairQueue
+    from fairshare.queue.fairqueue import FairQueue
 
     for name in cases:
         case = next((c for c in redis_scripts.CASES if c.name == name), None)
@@ -285,7 +285,7 @@ def end_one(queue: Any, running: list[str], rng: random.Random, now: float) -> i
 
 def measure_admit_cluster(tenants: int, queued: int, count: int, half_life: float) -> None:
     from bench.dispatch import PREFIX, make_config, pod_uid, with_half_life
-    from fairshare.queue import FairQueue
+    from fairshare.queue.fairqueue import FairQueue
 
     with tempfile.TemporaryDirectory(prefix="fairgate-instr-") as tmp:
         workdir = Path(tmp)
@@ -328,7 +328,7 @@ def measure_admit_cluster(tenants: int, queued: int, count: int, half_life: floa
 
 def measure_dispatch(tenants: int, queued: int, decisions: int, half_life: float) -> None:
     from bench.dispatch import PREFIX, make_config
-    from fairshare.queue import FairQueue
+    from fairshare.queue.fairqueue import FairQueue
 
     bound = uid_bound(FairQueue)
 

@@ -48,7 +48,7 @@ Contract:
   ("Queued: position 3 of 12 for team-a/training, waiting for ...") when a gated pod is
   first seen and again only when its position has at least halved or what it waits for
   changed, at most once per ``queued_event_interval`` per pod (a borrowed pod of a tenant
-  whose budget is exhausted: with :func:`fairshare.budget.held_note`).
+  whose budget is exhausted: with :func:`fairshare.queue.budget.held_note`).
 - Audit (when an :class:`audit.AuditLog` is given), each record stamped with the
   dispatcher's clock: ``dispatch`` for every lifted gate; ``start`` when a pod is first
   seen Running (``diff.pod``: band, node, GPU product), again after a restart for pods
@@ -85,14 +85,6 @@ from audit.usage import (
     pricing_detail,
     start_detail,
 )
-from fairshare.budget import (
-    DEFAULT_BUDGET_EVERY,
-    BudgetStatus,
-    SpendSource,
-    budget_line,
-    held_note,
-)
-from fairshare.calls import UnknownTenantError
 from fairshare.cluster import (
     DEFAULT_UNSCHEDULABLE_GRACE,
     CapacityReport,
@@ -103,8 +95,16 @@ from fairshare.cluster import (
     LiftOutcome,
 )
 from fairshare.metrics import DispatcherMetrics
-from fairshare.model import Release, ServiceSnapshot, TenantStatus
-from fairshare.queue import FairQueue
+from fairshare.queue.budget import (
+    DEFAULT_BUDGET_EVERY,
+    BudgetStatus,
+    SpendSource,
+    budget_line,
+    held_note,
+)
+from fairshare.queue.calls import UnknownTenantError
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.model import Release, ServiceSnapshot, TenantStatus
 from fairshare.reconcile import reconcile, twin_ticket
 from tenants.models import FairgateConfig, PodClass
 from tenants.resources import SLICES_PER_GPU, format_counts

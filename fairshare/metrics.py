@@ -14,7 +14,7 @@ Contract: every :class:`DispatcherMetrics` owns its own ``CollectorRegistry``.
   ``kueue_cluster_queue_nominal_quota``); ``fairgate_tenant_borrowing_limit{tenant}`` and
   ``fairgate_tenant_borrowed{tenant}`` in GPU-equivalents (Kueue:
   ``kueue_cluster_queue_borrowing_limit``).
-- Fairness (one computation, :func:`fairshare.entitlement.fairness`, shared with
+- Fairness (one computation, :func:`fairshare.queue.entitlement.fairness`, shared with
   ``fairgate status``): ``fairgate_tenant_weighted_share{tenant}``, GPU-equivalents used
   per unit of weight (all bands); ``fairgate_tenant_fair_share{tenant}``, the tenant's
   entitlement in GPU-equivalents (the capacity water-filled by weight among tenants with
@@ -52,9 +52,9 @@ from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from fairshare.budget import BudgetStatus
-from fairshare.entitlement import snapshot_fairness
-from fairshare.model import QueueSnapshot
+from fairshare.queue.budget import BudgetStatus
+from fairshare.queue.entitlement import snapshot_fairness
+from fairshare.queue.model import QueueSnapshot
 from tenants.models import CLASSES
 from tenants.resources import SLICES_PER_GPU, base_of, slices_of
 

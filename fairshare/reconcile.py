@@ -20,8 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from fairshare.cluster import GpuPod
-from fairshare.model import GatedPod, InvalidRequestError, PodRequest, RunningPod
-from fairshare.queue import FairQueue
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.model import GatedPod, InvalidRequestError, PodRequest, RunningPod
 
 log = logging.getLogger("fairgate.reconcile")
 

@@ -1,7 +1,7 @@
 """``fairgate simulate``: replay a trace through the real queue on a virtual clock.
 
 Contract:
-- :func:`run_simulation` runs the real :class:`~fairshare.queue.FairQueue` (its Lua
+- :func:`run_simulation` runs the real :class:`~fairshare.queue.fairqueue.FairQueue` (its Lua
   scripts, in a real Redis: ``redis_target``, or a private ``redis-server`` started for the
   run) behind the real :class:`~fairshare.dispatcher.Dispatcher`, against a
   :class:`~fairshare.simcluster.SimulatedCluster` (pods run for their duration; the
@@ -30,7 +30,7 @@ Contract:
 - The timeline samples every tenant at 0, N, 2N, ... virtual seconds and at the horizon,
   after the events of that instant: ``allocated`` is what its running pods hold (and
   ``by_class``, the same per class), and ``entitlement`` its fair share at that instant
-  (:func:`fairshare.entitlement.fairness` over the capacity, among tenants with running
+  (:func:`fairshare.queue.entitlement.fairness` over the capacity, among tenants with running
   or waiting pods, each capped at running + waiting and at nominal + borrow limit: the
   definition of the ``fairgate_tenant_fair_share`` gauge). See :mod:`fairshare.timeline`.
 - The window measures (:class:`WindowReport`, over a :class:`Window`, default the whole
@@ -65,10 +65,10 @@ from rich.table import Table
 from fairshare.cluster import GpuPod
 from fairshare.connection import RedisTarget, connect_redis
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
-from fairshare.entitlement import Fairness, TenantLoad, fairness, jain_index
 from fairshare.localredis import local_redis
-from fairshare.model import PodRequest
-from fairshare.queue import FairQueue
+from fairshare.queue.entitlement import Fairness, TenantLoad, fairness, jain_index
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.model import PodRequest
 from fairshare.simcluster import Placement, PodHistory, PodSpec, SimulatedCluster, VirtualClock
 from fairshare.timeline import (
     PlotUnavailableError,

@@ -4,7 +4,7 @@ Contract:
 - A :class:`TimelineRow` is one tenant at one virtual instant: the GPU-equivalents its
   running pods hold (``allocated``), the same split by class (``by_class``: inference,
   training; they sum to ``allocated``) and its entitlement (``entitlement``, from
-  :func:`fairshare.entitlement.fairness`: the capacity water-filled by weight among the
+  :func:`fairshare.queue.entitlement.fairness`: the capacity water-filled by weight among the
   tenants with demand at that instant, each capped at running + waiting and at nominal +
   borrow limit).
 - :func:`write_csv` writes ``time,tenant,allocated_gpu_eq,entitlement_gpu_eq,

@@ -64,7 +64,7 @@ from cost.report import bill_table, idle_line, window
 from fairshare.connection import RedisTarget, connect_redis
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
 from fairshare.localredis import local_redis
-from fairshare.queue import FairQueue
+from fairshare.queue.fairqueue import FairQueue
 from fairshare.simcluster import Placement, PodSpec, SimulatedCluster, VirtualClock
 from tenants import resources
 from tenants.localdir import load_config_dir, write_config_dir

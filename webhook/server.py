@@ -53,7 +53,7 @@ from fairshare.connection import (
     connect_redis,
     connect_redis_async,
 )
-from fairshare.fastpath import REPLICA_ACK_TIMEOUT
+from fairshare.queue.fastpath import REPLICA_ACK_TIMEOUT
 from tenants.models import CONTROL_NAMESPACE
 from tenants.source import ConfigNotReadyError, ConfigSource, start_local_source
 from webhook.app import create_app

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fairshare.calls import TicketConflictError, explain
-from fairshare.model import Admission, PodRequest, Release, TicketState
+from fairshare.queue.calls import TicketConflictError, explain
+from fairshare.queue.model import Admission, PodRequest, Release, TicketState
 from tenants.models import FairgateConfig, PodClass, PriorityBand
 from tenants.resources import ResourceCounts, format_counts, slices_of, total_slices
 

@@ -8,11 +8,11 @@ from typing import Any, Protocol
 import redis
 
 from audit import AuditLog
-from fairshare.calls import UnknownTenantError
 from fairshare.cluster import GpuPod
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
-from fairshare.model import PodRequest
-from fairshare.queue import FairQueue
+from fairshare.queue.calls import UnknownTenantError
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.model import PodRequest
 from fairshare.simcluster import Placement, PodSpec, SimulatedCluster, VirtualClock
 from tenants.models import FairgateConfig, PlatformConfig, PodClass, QuotaSpec
 

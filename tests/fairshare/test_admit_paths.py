@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import redis
 
-from fairshare.model import PodRequest
-from fairshare.queue import FairQueue
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.model import PodRequest
 from tenants.models import FairgateConfig, PlatformConfig, QuotaSpec
 from tenants.resources import ResourceCounts
 from tests.fairshare.tickets import pod_uid

@@ -23,7 +23,7 @@ from admission.demand import pod_demand
 from fairshare.cluster import ChangeKind, ClusterChange
 from fairshare.dispatcher import Dispatcher
 from fairshare.kube import KubeCluster
-from fairshare.queue import FairQueue
+from fairshare.queue.fairqueue import FairQueue
 from fairshare.status import capacity_lines, status_report
 from tenants.resources import SLICES_PER_GPU, total_slices
 from tests.e2e.harness.api import create_namespace

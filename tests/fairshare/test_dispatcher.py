@@ -20,8 +20,8 @@ from fairshare.cluster import (
     LiftOutcome,
 )
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
-from fairshare.model import PodRequest
-from fairshare.queue import FairQueue
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.model import PodRequest
 from fairshare.simcluster import PodSpec, SimulatedCluster, VirtualClock
 from tests.fairshare.simkit import admit_hook, make_config, make_rig
 

@@ -1,4 +1,4 @@
-"""Water-filling entitlements and Jain's index (fairshare.entitlement)."""
+"""Water-filling entitlements and Jain's index (fairshare.queue.entitlement)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fairshare.entitlement import TenantLoad, fairness, jain_index, water_fill
+from fairshare.queue.entitlement import TenantLoad, fairness, jain_index, water_fill
 
 
 def test_uncapped_tenants_share_by_weight() -> None:

@@ -9,8 +9,8 @@ import math
 
 import redis
 
-from fairshare.model import PodRequest
-from fairshare.queue import FairQueue
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.model import PodRequest
 from tenants.models import FairgateConfig, PlatformConfig, QuotaSpec
 from tests.fairshare.tickets import pod_uid
 

@@ -13,10 +13,10 @@ import redis
 import redis.asyncio
 from test_queue import Pods, config
 
-from fairshare.calls import TicketConflictError, UnknownTenantError
-from fairshare.fastpath import AsyncFairQueue, NotReplicatedError
-from fairshare.model import Admission, InvalidRequestError, PodRequest
-from fairshare.queue import FairQueue
+from fairshare.queue.calls import TicketConflictError, UnknownTenantError
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.fastpath import AsyncFairQueue, NotReplicatedError
+from fairshare.queue.model import Admission, InvalidRequestError, PodRequest
 
 TENANTS = config(
     a={"nominal": {"gpu": 3}, "borrow": 1, "reserve": 1, "weight": 2},

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import redis
 
-from fairshare.calls import text
-from fairshare.model import GatedPod, InvalidRequestError, PodRequest
-from fairshare.queue import FairQueue
+from fairshare.queue.calls import text
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.model import GatedPod, InvalidRequestError, PodRequest
 from tests.fairshare.test_queue import queue_with
 from tests.fairshare.tickets import pod_uid
 

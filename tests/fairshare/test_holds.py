@@ -13,8 +13,8 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fairshare.model import Admission, Hold, PodRequest
-from fairshare.queue import FairQueue
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.model import Admission, Hold, PodRequest
 from tenants.models import FairgateConfig, PlatformConfig, QuotaSpec
 from tests.fairshare.reference import Reference, waiting_for
 from tests.fairshare.tickets import pod_uid

@@ -1,4 +1,4 @@
-"""The queue's Lua as one Redis Function library (fairshare/functions.py), on real
+"""The queue's Lua as one Redis Function library (fairshare/queue/functions.py), on real
 redis-servers: loaded again whenever Redis lacks it, kept by FLUSHALL and replicas, one
 library per fairgate version, per-call state cleared between calls, the ACL it needs."""
 
@@ -16,11 +16,11 @@ import pytest
 import redis
 import redis.asyncio
 
-from fairshare.calls import OPERATIONS, READ_ONLY, Library, library
-from fairshare.fastpath import AsyncFairQueue
-from fairshare.functions import LibraryLoadError, QueueFunctions
-from fairshare.model import GatedPod, PodRequest, RunningPod
-from fairshare.queue import FairQueue
+from fairshare.queue.calls import OPERATIONS, READ_ONLY, Library, library
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.fastpath import AsyncFairQueue
+from fairshare.queue.functions import LibraryLoadError, QueueFunctions
+from fairshare.queue.model import GatedPod, PodRequest, RunningPod
 from tenants.models import FairgateConfig, PlatformConfig, QuotaSpec
 from tests.fairshare.test_queue import Pods, config, queue_with
 from tests.fairshare.tickets import pod_uid, seen
@@ -60,7 +60,7 @@ def _version(name: str, **edits: str) -> Library:
 
 
 def _lua(name: str) -> str:
-    text = resources.files("fairshare.scripts").joinpath(f"{name}.lua").read_text()
+    text = resources.files("fairshare.queue.scripts").joinpath(f"{name}.lua").read_text()
     return re.sub(r"--.*", "", text)  # comments out
 
 

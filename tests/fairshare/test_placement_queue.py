@@ -12,8 +12,8 @@ import random
 
 import redis
 
-from fairshare.model import PodRequest
-from fairshare.queue import FairQueue
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.model import PodRequest
 from tenants.models import FairgateConfig, PlatformConfig, QuotaSpec
 from tenants.placement import Placement, pod_placement
 from tests.fairshare.tickets import pod_uid, seen

@@ -11,9 +11,9 @@ import pytest
 import redis
 
 from admission.pods import admitted_name
-from fairshare.calls import TicketConflictError, UnknownTenantError, UnmintedTicketError
-from fairshare.model import Admission, GatedPod, InvalidRequestError, PodRequest, RunningPod
-from fairshare.queue import FairQueue
+from fairshare.queue.calls import TicketConflictError, UnknownTenantError, UnmintedTicketError
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.model import Admission, GatedPod, InvalidRequestError, PodRequest, RunningPod
 from tenants.models import FairgateConfig, PlatformConfig, PodClass, QuotaSpec
 from tenants.resources import ResourceCounts
 from tests.fairshare.tickets import pod_uid, seen

@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import redis
 
-from fairshare.model import Admission, PodRequest
-from fairshare.queue import FairQueue
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.model import Admission, PodRequest
 from tests.fairshare.test_queue import config, dump_all
 from tests.fairshare.tickets import pod_uid
 

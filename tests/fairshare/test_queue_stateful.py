@@ -22,9 +22,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from fairshare.calls import TicketConflictError
-from fairshare.model import GatedPod, PodRequest, RunningPod
-from fairshare.queue import FairQueue
+from fairshare.queue.calls import TicketConflictError
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.model import GatedPod, PodRequest, RunningPod
 from tenants.models import FairgateConfig, PlatformConfig, PodClass, QuotaSpec
 from tenants.resources import ResourceCounts
 from tests.fairshare.reference import (

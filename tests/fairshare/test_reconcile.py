@@ -10,8 +10,8 @@ import pytest
 import redis
 
 from fairshare.cluster import GpuPod, PodRef
-from fairshare.model import PodRequest
-from fairshare.queue import FairQueue
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.model import PodRequest
 from fairshare.reconcile import cluster_truth, reconcile
 from fairshare.simulate import Simulation
 from fairshare.trace import load_trace

@@ -34,7 +34,6 @@ from hypothesis.stateful import (
 )
 
 from admission.pods import admitted_name
-from fairshare.calls import TicketConflictError, UnmintedTicketError
 from fairshare.cluster import (
     CapacityReport,
     ChangeKind,
@@ -45,8 +44,9 @@ from fairshare.cluster import (
     PodRef,
 )
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
-from fairshare.model import PodRequest
-from fairshare.queue import FairQueue
+from fairshare.queue.calls import TicketConflictError, UnmintedTicketError
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.model import PodRequest
 from fairshare.simcluster import PostedEvent, VirtualClock
 from tenants.models import GENERATED_SUFFIX, PriorityBand
 from tests.fairshare.simkit import make_config, settle

@@ -34,8 +34,8 @@ from bench.fairness import (
     window_summary,
     window_table,
 )
-from fairshare.entitlement import water_fill
 from fairshare.localredis import local_redis
+from fairshare.queue.entitlement import water_fill
 from fairshare.trace import parse_trace
 
 DRAINS = ("virtual time shares these traces fairly (Jain's index 0.9998 and 1.0000), but "

@@ -20,7 +20,7 @@ from audit import RELEASE, AuditLog
 from fairshare.cluster import CapacityReport, ChangeKind, ClusterChange, GpuPod, PodRef
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
 from fairshare.kube import pod_from_manifest, unschedulable
-from fairshare.queue import FairQueue
+from fairshare.queue.fairqueue import FairQueue
 from fairshare.simcluster import SimulatedCluster, VirtualClock
 from fairshare.status import capacity_lines, status_report, why_report
 from tenants.models import FairgateConfig, PlatformConfig, PriorityClasses, QuotaSpec

@@ -17,8 +17,8 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fairshare.model import PodRequest
-from fairshare.queue import FairQueue
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.model import PodRequest
 from fairshare.simulate import Simulation, run_simulation
 from fairshare.trace import parse_trace
 from tenants.models import FairgateConfig, PlatformConfig, QuotaSpec

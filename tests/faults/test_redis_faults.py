@@ -29,7 +29,7 @@ from webhook_helpers import gpu_pod, review
 from admission.demand import pod_demand
 from fairshare.cluster import GpuPod
 from fairshare.kube import pod_from_manifest
-from fairshare.queue import FairQueue
+from fairshare.queue.fairqueue import FairQueue
 from fairshare.reconcile import reconcile
 from tenants.localdir import load_config_dir
 from tenants.models import FairgateConfig

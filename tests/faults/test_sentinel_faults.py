@@ -44,7 +44,7 @@ from test_webhook_faults import _storm_config, _storm_pod, _violations
 
 from fairshare.cluster import GpuPod
 from fairshare.connection import RedisTarget, connect_redis
-from fairshare.queue import FairQueue
+from fairshare.queue.fairqueue import FairQueue
 from fairshare.reconcile import reconcile
 from tenants.localdir import load_config_dir
 from tenants.resources import format_counts

@@ -1,10 +1,10 @@
 """Calling the fair queue's operations: ``FCALL`` of its Redis Function library.
 
-Contract (shared by :class:`fairshare.queue.FairQueue`, synchronous, and the webhook's
-:class:`fairshare.fastpath.AsyncFairQueue`):
+Contract (shared by :class:`fairshare.queue.fairqueue.FairQueue`, synchronous, and the webhook's
+:class:`fairshare.queue.fastpath.AsyncFairQueue`):
 
 - :class:`QueueFunctions` / :class:`AsyncQueueFunctions` call an operation of
-  :func:`fairshare.calls.library` with the key prefix as its one key: ``FCALL``, or
+  :func:`fairshare.queue.calls.library` with the key prefix as its one key: ``FCALL``, or
   ``FCALL_RO`` for the read-only ones. No call is made to check or load the library
   beforehand: when Redis answers that the function does not exist (this version's
   first call, a Redis restarted without persistence, ``FUNCTION FLUSH``; functions
@@ -27,7 +27,7 @@ from typing import Any
 import redis
 import redis.asyncio
 
-from fairshare.calls import READ_ONLY, Library, library
+from fairshare.queue.calls import READ_ONLY, Library, library
 
 ACL_NEEDED = "+fcall +fcall_ro +function|load"
 
@@ -68,7 +68,7 @@ def _arguments(
 
 class QueueFunctions:
     """The queue's operations on ``client`` with keys under ``prefix``, in ``lib``
-    (default: :func:`fairshare.calls.library`, this fairgate's)."""
+    (default: :func:`fairshare.queue.calls.library`, this fairgate's)."""
 
     def __init__(self, client: redis.Redis, prefix: str, lib: Library | None = None) -> None:
         self._client = client

@@ -1,6 +1,6 @@
 #!lua name=--[[library]]
 -- fairgate's fair queue as one Redis Function library (Redis >= 7.0), assembled by
--- fairshare/calls.py (library()) from this frame, lib.lua and the operation
+-- fairshare/queue/calls.py (library()) from this frame, lib.lua and the operation
 -- files (<op>.lua): the markers --[[...]] are replaced, nothing else is.
 --
 -- lib.lua was written to run once per call (EVALSHA ran it before every operation);

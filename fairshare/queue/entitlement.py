@@ -24,7 +24,7 @@ Contract:
   share (GPU-equivalents used per unit of weight), and Jain's index of allocation /
   entitlement over tenants entitled to something (1.0 when every such tenant holds
   exactly its entitlement, whatever the weights or caps).
-  :func:`snapshot_fairness` applies it to a :class:`~fairshare.model.QueueSnapshot`.
+  :func:`snapshot_fairness` applies it to a :class:`~fairshare.queue.model.QueueSnapshot`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from fairshare.model import QueueSnapshot
+from fairshare.queue.model import QueueSnapshot
 from tenants.resources import SLICES_PER_GPU, total_slices
 
 

@@ -1,6 +1,6 @@
 -- budget: store the dispatcher's budget states (hash <prefix>budget: tenant -> JSON of
--- fairshare.budget.BudgetStatus). ARGV: per tenant with a budget, 3 fields: name, JSON,
--- state. Tenants not named lose their entry (their budget was removed).
+-- fairshare.queue.budget.BudgetStatus). ARGV: per tenant with a budget, 3 fields: name,
+-- JSON, state. Tenants not named lose their entry (their budget was removed).
 -- Returns a flat list of 3 fields per tenant whose state changed: name, state before
 -- ('' when it had none), state after ('' when its entry was removed).
 local key = P .. 'budget'

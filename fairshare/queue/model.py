@@ -295,8 +295,8 @@ class TicketStatus:
 @dataclass(frozen=True)
 class ServiceSnapshot:
     """The service counters the queue orders by (virtual time, or decayed usage), as
-    :meth:`fairshare.queue.FairQueue.service` read them: opaque to the caller, kept to
-    give back to :meth:`~fairshare.queue.FairQueue.restore_service` after a Redis loss.
+    :meth:`fairshare.queue.fairqueue.FairQueue.service` read them: opaque to the caller, kept to
+    give back to :meth:`~fairshare.queue.fairqueue.FairQueue.restore_service` after a Redis loss.
     ``fields`` is the exact text the queue stored (numbers read back exactly)."""
 
     fields: tuple[str, ...]

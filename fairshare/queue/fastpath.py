@@ -2,7 +2,7 @@
 
 Contract: :class:`AsyncFairQueue` offers the calls admission makes (``admit``,
 ``sync_config``, ``tenant_status``) with exactly the meaning, scripts and errors of
-the same methods of :class:`fairshare.queue.FairQueue` (see there), awaited on the
+the same methods of :class:`fairshare.queue.fairqueue.FairQueue` (see there), awaited on the
 event loop instead of blocking a thread. Any number of them and of ``FairQueue``s may
 share one Redis. Cancelling a call (a deadline) may leave its script applied; an
 unconfirmed reservation expires like any other.
@@ -23,8 +23,8 @@ from typing import Any
 import redis
 import redis.asyncio
 
-from fairshare.budget import BudgetStatus, read_budgets
-from fairshare.calls import (
+from fairshare.queue.budget import BudgetStatus, read_budgets
+from fairshare.queue.calls import (
     admission,
     admit_args,
     bind_args,
@@ -33,8 +33,8 @@ from fairshare.calls import (
     sync_args,
     tenant_statuses,
 )
-from fairshare.functions import AsyncQueueFunctions
-from fairshare.model import Admission, PodRequest, TenantStatus
+from fairshare.queue.functions import AsyncQueueFunctions
+from fairshare.queue.model import Admission, PodRequest, TenantStatus
 from tenants.models import FairgateConfig
 
 # How long WAIT may block by default: under the webhook's 0.5 s Redis socket timeout, with
@@ -95,12 +95,12 @@ class AsyncFairQueue:
     async def sync_config(
         self, config: FairgateConfig, capacity: Mapping[str, int] | None
     ) -> None:
-        """As :meth:`fairshare.queue.FairQueue.sync_config`."""
+        """As :meth:`fairshare.queue.fairqueue.FairQueue.sync_config`."""
         await self._run("sync", *sync_args(config, capacity))
 
     async def admit(self, req: PodRequest, now: float, dry_run: bool = False,
                     presented: bool = False) -> Admission:
-        """As :meth:`fairshare.queue.FairQueue.admit`; with :attr:`replicas`, answered
+        """As :meth:`fairshare.queue.fairqueue.FairQueue.admit`; with :attr:`replicas`, answered
         only once that many replicas hold the write (see the module contract)."""
         args = admit_args(req, now, dry_run, self.wait_for_rebuild, presented)
         if self.replicas and not dry_run:
@@ -111,14 +111,14 @@ class AsyncFairQueue:
 
     async def bind(self, ticket: str, uid: str, namespace: str, name: str,
                    dry_run: bool = False) -> bool:
-        """As :meth:`fairshare.queue.FairQueue.bind`."""
+        """As :meth:`fairshare.queue.fairqueue.FairQueue.bind`."""
         return claimed(await self._run("bind", *bind_args(ticket, uid, namespace, name,
                                                           dry_run)), ticket)
 
     async def budgets(self) -> dict[str, BudgetStatus]:
-        """As :meth:`fairshare.queue.FairQueue.budgets` (one HGETALL)."""
+        """As :meth:`fairshare.queue.fairqueue.FairQueue.budgets` (one HGETALL)."""
         return read_budgets(await self._client.hgetall(self._budget_key))
 
     async def tenant_status(self) -> list[TenantStatus]:
-        """As :meth:`fairshare.queue.FairQueue.tenant_status`."""
+        """As :meth:`fairshare.queue.fairqueue.FairQueue.tenant_status`."""
         return tenant_statuses(await self._run("status"))

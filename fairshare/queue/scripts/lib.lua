@@ -1350,7 +1350,7 @@ local function pick(tier, now)
   return best
 end
 
--- reasons (see fairshare/queue.py _explain) ------------------------------------------
+-- reasons (see fairshare/queue/calls.py explain) -------------------------------------
 
 -- Why the tenant's quota holds an entry of shape D on top of its state st:
 -- {'never'}, {'quota', slices} or {'borrow', slices}; nil when the quota allows it.

@@ -1,19 +1,19 @@
 """The fair queue's Lua scripts as calls: their source, their arguments, their replies.
 
-Contract (pure: no I/O; shared by the synchronous :class:`fairshare.queue.FairQueue`
-and the webhook's :class:`fairshare.fastpath.AsyncFairQueue`, so both speak to the
+Contract (pure: no I/O; shared by the synchronous :class:`fairshare.queue.fairqueue.FairQueue`
+and the webhook's :class:`fairshare.queue.fastpath.AsyncFairQueue`, so both speak to the
 same scripts in exactly the same way):
 
 - :func:`library` is the one Redis Function library holding every operation
   (``scripts/library.lua`` framing ``lib.lua`` and each ``<op>.lua``), named after a hash
   of those sources; :meth:`Library.function` is the function an operation is called by
   (``FCALL``, or ``FCALL_RO`` for the :data:`READ_ONLY` ones). Loading and calling it is
-  :mod:`fairshare.functions`.
+  :mod:`fairshare.queue.functions`.
 - ``*_args`` build a script's ARGV; the matching reply readers turn its reply into the
-  typed values of :mod:`fairshare.model`, raising :class:`TicketConflictError` where the
+  typed values of :mod:`fairshare.queue.model`, raising :class:`TicketConflictError` where the
   reply says so.
 - :func:`queue_error` turns a script's error reply into the queue's own exception
-  (:class:`UnknownTenantError`, :class:`~fairshare.model.InvalidRequestError`) or
+  (:class:`UnknownTenantError`, :class:`~fairshare.queue.model.InvalidRequestError`) or
   returns None for an error that is not the queue's (a bug: re-raise it).
 """
 
@@ -27,7 +27,7 @@ from functools import cache
 from importlib import resources as importlib_resources
 from typing import Any
 
-from fairshare.model import (
+from fairshare.queue.model import (
     Admission,
     Hold,
     InvalidRequestError,
@@ -92,7 +92,7 @@ class UnmintedTicketError(ValueError):
         )
 
 
-# Every operation of the queue: ``fairshare/scripts/<op>.lua``, each a function of the
+# Every operation of the queue: ``fairshare/queue/scripts/<op>.lua``, each a function of the
 # library. The read-only ones are registered ``no-writes`` (Redis refuses a write from
 # them) and called with FCALL_RO.
 OPERATIONS = ("sync", "admit", "bind", "confirm", "dispatch", "forget", "expire", "requeue",
@@ -119,7 +119,7 @@ class Library:
 @cache
 def library() -> Library:
     """The library of this fairgate's Lua sources (see ``scripts/library.lua``)."""
-    scripts = importlib_resources.files("fairshare.scripts")
+    scripts = importlib_resources.files("fairshare.queue.scripts")
 
     def read(name: str) -> str:
         return scripts.joinpath(f"{name}.lua").read_text()

@@ -1,8 +1,8 @@
 """The weighted-fair GPU queue, held in Redis.
 
 Contract (rules in ``fairshare/README.md``; key layout there too):
-- Every state change is one Lua operation (``fairshare/scripts/<op>.lua``, a function
-  of one Redis Function library: :mod:`fairshare.functions`), so any number of webhooks
+- Every state change is one Lua operation (``fairshare/queue/scripts/<op>.lua``, a function
+  of one Redis Function library: :mod:`fairshare.queue.functions`), so any number of webhooks
   and dispatchers may call a :class:`FairQueue` on the same Redis at once.
 - :meth:`FairQueue.admit` reserves a pod now (fast path) or queues it, and picks its
   priority band; it is idempotent per ticket, and ``dry_run`` writes nothing.
@@ -32,8 +32,8 @@ from typing import Any
 
 import redis
 
-from fairshare.budget import BudgetStatus, read_budgets
-from fairshare.calls import (
+from fairshare.queue.budget import BudgetStatus, read_budgets
+from fairshare.queue.calls import (
     BAND_CODE,
     BAND_NAME,
     CLASS_CODE,
@@ -52,8 +52,8 @@ from fairshare.calls import (
     tenant_statuses,
     text,
 )
-from fairshare.functions import QueueFunctions
-from fairshare.model import (
+from fairshare.queue.functions import QueueFunctions
+from fairshare.queue.model import (
     Admission,
     Confirmation,
     GatedPod,

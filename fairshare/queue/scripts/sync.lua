@@ -6,7 +6,7 @@
 -- shares and the backlogged weights (bw, bm) are computed again; tw is the summed
 -- weight of the named tenants (lib.lua guaranteed). A tenant whose budget
 -- the dispatcher found exhausted (hash <prefix>budget, JSON with state 'exhausted';
--- fairshare/budget.py) gets a borrow limit b of 0: it may not borrow, nominal is kept;
+-- fairshare/queue/budget.py) gets a borrow limit b of 0: it may not borrow, nominal is kept;
 -- bc keeps the configured limit (admit: the band a pod can fit in at all).
 if ARGV[1] == '1' then
   redis.call('DEL', K_CAP)
