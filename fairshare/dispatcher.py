@@ -25,7 +25,7 @@ Contract:
 - Capacity is the platform's ``capacity`` override if set, else the cluster's; config and
   capacity are pushed again on every status pass and reconcile (a flush, or another
   writer, may have changed them). Whenever it reads the cluster's capacity it stores the
-  cluster's :class:`~fairshare.cluster.CapacityReport` (nodes left out and why, GPUs held
+  cluster's :class:`~fairshare.cluster.cluster.CapacityReport` (nodes left out and why, GPUs held
   by pods fairgate does not manage) for ``fairgate status``
   (:meth:`FairQueue.write_capacity_notes`).
 - Unschedulable releases: a released pod that is not bound and that the
@@ -85,7 +85,7 @@ from audit.usage import (
     pricing_detail,
     start_detail,
 )
-from fairshare.cluster import (
+from fairshare.cluster.cluster import (
     DEFAULT_UNSCHEDULABLE_GRACE,
     CapacityReport,
     ChangeKind,
@@ -94,6 +94,7 @@ from fairshare.cluster import (
     GpuPod,
     LiftOutcome,
 )
+from fairshare.cluster.reconcile import reconcile, twin_ticket
 from fairshare.metrics import DispatcherMetrics
 from fairshare.queue.budget import (
     DEFAULT_BUDGET_EVERY,
@@ -105,7 +106,6 @@ from fairshare.queue.budget import (
 from fairshare.queue.calls import UnknownTenantError
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import Release, ServiceSnapshot, TenantStatus
-from fairshare.reconcile import reconcile, twin_ticket
 from tenants.models import FairgateConfig, PodClass
 from tenants.resources import SLICES_PER_GPU, format_counts
 

@@ -24,7 +24,8 @@ Contract: every :class:`DispatcherMetrics` owns its own ``CollectorRegistry``.
   over the tenants entitled to something (1 = every one holds exactly its fair share).
 - ``fairgate_cluster_capacity{resource}``: GPU capacity the queue dispatches against, per
   capacity key (a resource in one placement class, e.g. ``gpu``, ``mig-1g.5gb#single``).
-- ``fairgate_gate_lifts_total{outcome}``: gate lifts by :class:`~fairshare.cluster.LiftOutcome`.
+- ``fairgate_gate_lifts_total{outcome}``: gate lifts by
+  :class:`~fairshare.cluster.cluster.LiftOutcome`.
 - ``fairgate_admission_attempt_duration_seconds``: one dispatch pass (Kueue:
   ``kueue_admission_attempt_duration_seconds``).
 - ``fairgate_reconcile_total{result}``, ``fairgate_expired_reservations_total``.

@@ -1,4 +1,4 @@
-"""An in-memory :class:`~fairshare.cluster.Cluster` for the demo and the simulator.
+"""An in-memory :class:`~fairshare.cluster.cluster.Cluster` for the demo and the simulator.
 
 Contract:
 - Capacity is one pool per resource (no nodes). Time comes from a clock callable, virtual
@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
 
-from fairshare.cluster import (
+from fairshare.cluster.cluster import (
     CapacityReport,
     ChangeKind,
     ClusterChange,

@@ -62,7 +62,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from fairshare.cluster import GpuPod
+from fairshare.cluster.cluster import GpuPod
 from fairshare.connection import RedisTarget, connect_redis
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
 from fairshare.localredis import local_redis

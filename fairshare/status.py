@@ -12,7 +12,7 @@ Contract:
   (GPU-equivalents), ``capacityByClass`` (per capacity key, :mod:`tenants.placement`:
   ``key``, ``class`` in words, ``resource``, ``capacity`` and ``used`` in units of the
   resource, all bands; :func:`class_lines` prints it), ``capacityNotes`` (the
-  dispatcher's last :class:`~fairshare.cluster.CapacityReport` as JSON plus ``at``,
+  dispatcher's last :class:`~fairshare.cluster.cluster.CapacityReport` as JSON plus ``at``,
   ``override``, ``withheld`` (capacity withheld for released pods the scheduler cannot
   place, by capacity key) and ``unschedulable`` (those pods: ``pod``, ``ticket``,
   ``tenant``, ``demand``, ``since``, ``message``), or null; :func:`capacity_lines` prints
@@ -60,7 +60,7 @@ from rich.console import Console
 from rich.table import Table
 
 from audit import ADMIT, DENY, DISPATCH, QUEUE, RELEASE, AuditLog, AuditRecord
-from fairshare.cluster import CapacityReport, PodRef
+from fairshare.cluster.cluster import CapacityReport, PodRef
 from fairshare.connection import COMMAND_TIMEOUT, RedisTarget, connect_redis
 from fairshare.queue.budget import BudgetStatus, held_note, money, percent
 from fairshare.queue.entitlement import TenantFairness, snapshot_fairness

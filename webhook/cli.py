@@ -22,7 +22,7 @@ import redis
 from audit import DECISIONS
 from audit.log import DEFAULT_RETENTION, MAX_AGE, MAXLEN, Retention
 from certs import CertError, write_bundle
-from fairshare.cluster import DEFAULT_NOT_READY_GRACE, DEFAULT_UNSCHEDULABLE_GRACE
+from fairshare.cluster.cluster import DEFAULT_NOT_READY_GRACE, DEFAULT_UNSCHEDULABLE_GRACE
 from fairshare.connection import (
     COMMAND_TIMEOUT,
     PASSWORD_ENV,

@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from kubernetes.client import ApiClient
     from starlette.types import ASGIApp
 
-    from fairshare.dra import DraWatch
+    from fairshare.cluster.dra import DraWatch
 
 log = logging.getLogger("fairgate.webhook.server")
 
@@ -173,7 +173,7 @@ def _dra_source(options: ServeOptions) -> DraWatch | None:
     """The cluster's DRA objects, watched (None with a local config dir: no cluster)."""
     if options.config_dir is not None:
         return None
-    from fairshare.dra import DraWatch
+    from fairshare.cluster.dra import DraWatch
 
     watch = DraWatch(_cluster_api())
     watch.start()

@@ -181,7 +181,7 @@ def _is_configmap(request: AdmissionRequest) -> bool:
 
 
 class DraSource(Protocol):
-    """The cluster's DRA objects, as :class:`fairshare.dra.DraWatch` keeps them."""
+    """The cluster's DRA objects, as :class:`fairshare.cluster.dra.DraWatch` keeps them."""
 
     def objects(self) -> DraObjects:
         """The objects seen now (never blocks)."""

@@ -398,7 +398,7 @@ class FairQueue:
     def twin_counts(self, chunk: int = 1000) -> dict[str, int]:
         """Per tenant, the ticket twins counted now: the pods that present a ticket
         another pod owns and hold capacity, each counted as a pod of its own under
-        ``<ticket>.twin.<uid>`` (:func:`fairshare.reconcile.twin_ticket`). Read with
+        ``<ticket>.twin.<uid>`` (:func:`fairshare.cluster.reconcile.twin_ticket`). Read with
         ``HSCAN`` ``chunk`` records at a time; tenants without twins are left out."""
         found: dict[str, int] = {}
         cursor = 0

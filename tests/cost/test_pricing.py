@@ -13,7 +13,7 @@ from admission.demand import pod_demand
 from audit.chain import AuditRecord, format_time
 from audit.usage import start_detail
 from cost.billing import bill
-from fairshare.kube import node_gpus, pod_from_manifest
+from fairshare.cluster.kube import node_gpus, pod_from_manifest
 from tenants.configmaps import field_diff
 from tenants.models import PriorityClasses
 from tenants.schema import ConfigError, load_yaml_mapping, parse_platform

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 import redis
 
 from audit import AuditLog
-from fairshare.cluster import GpuPod
+from fairshare.cluster.cluster import GpuPod
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
 from fairshare.queue.calls import UnknownTenantError
 from fairshare.queue.fairqueue import FairQueue

@@ -20,9 +20,9 @@ import redis
 from kubernetes import client
 
 from admission.demand import pod_demand
-from fairshare.cluster import ChangeKind, ClusterChange
+from fairshare.cluster.cluster import ChangeKind, ClusterChange
+from fairshare.cluster.kube import KubeCluster
 from fairshare.dispatcher import Dispatcher
-from fairshare.kube import KubeCluster
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.status import capacity_lines, status_report
 from tenants.resources import SLICES_PER_GPU, total_slices

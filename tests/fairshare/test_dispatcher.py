@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from audit import CAPACITY, DISPATCH, RELEASE, START, AuditLog
-from fairshare.cluster import (
+from fairshare.cluster.cluster import (
     CapacityReport,
     ChangeKind,
     ClusterChange,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fairshare.dra import published_gpus
-from fairshare.kube import capacity_report, node_gpus
+from fairshare.cluster.dra import published_gpus
+from fairshare.cluster.kube import capacity_report, node_gpus
 from tests.fairshare.test_kube import NOW, gpu_node
 
 

@@ -12,8 +12,8 @@ import json
 from typing import Any
 
 from admission.demand import pod_demand
-from fairshare.cluster import CapacityReport
-from fairshare.kube import (
+from fairshare.cluster.cluster import CapacityReport
+from fairshare.cluster.kube import (
     Backoff,
     ForeignPod,
     capacity_report,

@@ -15,8 +15,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from admission.demand import pod_demand
-from fairshare.cluster import ChangeKind, ClusterChange, GpuPod, LiftOutcome
-from fairshare.kube import JSON_PATCH, KubeCluster
+from fairshare.cluster.cluster import ChangeKind, ClusterChange, GpuPod, LiftOutcome
+from fairshare.cluster.kube import JSON_PATCH, KubeCluster
 from tests.e2e.harness.api import create_namespace
 from tests.e2e.harness.controlplane import ControlPlane, build_controlplane
 from tests.e2e.harness.kubelet import DEFAULT_GPU_NODES, FakeKubelet

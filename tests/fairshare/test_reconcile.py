@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import redis
 
-from fairshare.cluster import GpuPod, PodRef
+from fairshare.cluster.cluster import GpuPod, PodRef
+from fairshare.cluster.reconcile import cluster_truth, reconcile
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import PodRequest
-from fairshare.reconcile import cluster_truth, reconcile
 from fairshare.simulate import Simulation
 from fairshare.trace import load_trace
 from tests.fairshare.test_queue import config as make_config

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from fairshare.cluster import GpuPod, PodRef
+from fairshare.cluster.cluster import GpuPod, PodRef
 from fairshare.simulate import Simulation, quota_violations, run_simulation, simulate_command
 from fairshare.trace import load_trace, parse_trace
 from tenants.models import PriorityBand

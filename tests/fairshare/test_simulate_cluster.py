@@ -4,7 +4,7 @@ preempted pods."""
 
 from __future__ import annotations
 
-from fairshare.cluster import ChangeKind, LiftOutcome
+from fairshare.cluster.cluster import ChangeKind, LiftOutcome
 from fairshare.simcluster import Placement, PodSpec, SimulatedCluster, VirtualClock
 from tenants.models import PodClass, PriorityBand
 

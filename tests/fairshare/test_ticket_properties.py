@@ -34,7 +34,7 @@ from hypothesis.stateful import (
 )
 
 from admission.pods import admitted_name
-from fairshare.cluster import (
+from fairshare.cluster.cluster import (
     CapacityReport,
     ChangeKind,
     ClusterChange,
@@ -60,7 +60,7 @@ DIGITS = string.digits + string.ascii_lowercase
 
 
 class DrivenCluster:
-    """A :class:`~fairshare.cluster.Cluster` whose pods the test stores, runs, finishes
+    """A :class:`~fairshare.cluster.cluster.Cluster` whose pods the test stores, runs, finishes
     and deletes one by one; lifting a gate only removes it."""
 
     def __init__(self) -> None:

@@ -17,9 +17,9 @@ import redis
 
 from admission.demand import pod_demand
 from audit import RELEASE, AuditLog
-from fairshare.cluster import CapacityReport, ChangeKind, ClusterChange, GpuPod, PodRef
+from fairshare.cluster.cluster import CapacityReport, ChangeKind, ClusterChange, GpuPod, PodRef
+from fairshare.cluster.kube import pod_from_manifest, unschedulable
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
-from fairshare.kube import pod_from_manifest, unschedulable
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.simcluster import SimulatedCluster, VirtualClock
 from fairshare.status import capacity_lines, status_report, why_report

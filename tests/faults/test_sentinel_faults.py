@@ -42,10 +42,10 @@ from sentinel_kit import DOWN_AFTER_MS, PASSWORD, SentinelCluster
 from test_redis_faults import cluster_pod
 from test_webhook_faults import _storm_config, _storm_pod, _violations
 
-from fairshare.cluster import GpuPod
+from fairshare.cluster.cluster import GpuPod
+from fairshare.cluster.reconcile import reconcile
 from fairshare.connection import RedisTarget, connect_redis
 from fairshare.queue.fairqueue import FairQueue
-from fairshare.reconcile import reconcile
 from tenants.localdir import load_config_dir
 from tenants.resources import format_counts
 from webhook.process import ServeProcess

@@ -27,8 +27,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from admission.demand import pod_demand
+from fairshare.cluster.kube import KubeCluster
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
-from fairshare.kube import KubeCluster
 from fairshare.queue.calls import TicketConflictError
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import Admission, PodRequest

@@ -1,4 +1,4 @@
-"""A :class:`~fairshare.cluster.Cluster` backed by a real Kubernetes API server.
+"""A :class:`~fairshare.cluster.cluster.Cluster` backed by a real Kubernetes API server.
 
 Contract:
 - Uses the official ``kubernetes`` client and reads raw JSON (no model round trips).
@@ -45,7 +45,7 @@ from typing import Any, cast
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from fairshare.cluster import (
+from fairshare.cluster.cluster import (
     DEFAULT_NOT_READY_GRACE,
     CapacityReport,
     ChangeKind,
@@ -58,8 +58,8 @@ from fairshare.cluster import (
     PodPhase,
     PodRef,
 )
-from fairshare.dra import DraWatch
-from fairshare.watching import Backoff, list_all, watch
+from fairshare.cluster.dra import DraWatch
+from fairshare.cluster.watching import Backoff, list_all, watch
 from tenants import placement, resources
 from tenants.models import (
     BORROWED_ANNOTATION,

@@ -2,7 +2,7 @@
 
 Contract: the cluster is the truth (docs/reference.md, "The queue"): a pod still carrying the
 ``fairgate.io/queue`` gate is queued, a released pod that has not ended holds usage.
-:func:`cluster_truth` turns a list of :class:`~fairshare.cluster.GpuPod` into the
+:func:`cluster_truth` turns a list of :class:`~fairshare.cluster.cluster.GpuPod` into the
 records :meth:`FairQueue.rebuild` takes; :func:`reconcile` applies them in one atomic
 script. Queue order is the pods' creation time (then ticket), which is the
 ``submitted_at`` the webhook queued them with, so after a Redis flush the rebuilt queue
@@ -19,7 +19,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from fairshare.cluster import GpuPod
+from fairshare.cluster.cluster import GpuPod
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import GatedPod, InvalidRequestError, PodRequest, RunningPod
 

@@ -31,7 +31,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from admission.dra import DraObjects, referenced_objects
-from fairshare.watching import Backoff, watch
+from fairshare.cluster.watching import Backoff, watch
 from tenants import resources
 
 log = logging.getLogger("fairgate.dra")
