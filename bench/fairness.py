@@ -116,8 +116,8 @@ import redis
 
 from fairshare.localredis import local_redis
 from fairshare.queue.entitlement import jain_index, water_fill
-from fairshare.simulate import Simulation, Window
-from fairshare.trace import Trace, parse_trace
+from fairshare.sim.simulate import Simulation, Window
+from fairshare.sim.trace import Trace, parse_trace
 from tenants.resources import slices_of
 
 SIZES = (1, 2, 4, 8)

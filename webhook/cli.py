@@ -709,7 +709,7 @@ def _add_why(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from fairshare.simulate import Window, simulate_command
+    from fairshare.sim.simulate import Window, simulate_command
 
     return simulate_command(
         Path(args.trace), args.json, args.redis,

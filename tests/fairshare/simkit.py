@@ -13,7 +13,7 @@ from fairshare.dispatcher import Dispatcher, DispatcherSettings
 from fairshare.queue.calls import UnknownTenantError
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import PodRequest
-from fairshare.simcluster import Placement, PodSpec, SimulatedCluster, VirtualClock
+from fairshare.sim.simcluster import Placement, PodSpec, SimulatedCluster, VirtualClock
 from tenants.models import FairgateConfig, PlatformConfig, PodClass, QuotaSpec
 
 

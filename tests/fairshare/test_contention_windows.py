@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from fairshare.simulate import Window, WindowReport, run_simulation
-from fairshare.trace import load_trace
+from fairshare.sim.simulate import Window, WindowReport, run_simulation
+from fairshare.sim.trace import load_trace
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "contention"
 

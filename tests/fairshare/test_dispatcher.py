@@ -22,7 +22,7 @@ from fairshare.cluster.cluster import (
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import PodRequest
-from fairshare.simcluster import PodSpec, SimulatedCluster, VirtualClock
+from fairshare.sim.simcluster import PodSpec, SimulatedCluster, VirtualClock
 from tests.fairshare.simkit import admit_hook, make_config, make_rig
 
 TEAM_A = {"team-a": {"weight": 1, "nominal": {"gpu": 4}}}

@@ -13,8 +13,8 @@ from fairshare.cluster.cluster import GpuPod, PodRef
 from fairshare.cluster.reconcile import cluster_truth, reconcile
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import PodRequest
-from fairshare.simulate import Simulation
-from fairshare.trace import load_trace
+from fairshare.sim.simulate import Simulation
+from fairshare.sim.trace import load_trace
 from tests.fairshare.test_queue import config as make_config
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -10,8 +10,8 @@ import pytest
 import redis
 
 from fairshare.cluster.cluster import GpuPod, PodRef
-from fairshare.simulate import Simulation, quota_violations, run_simulation, simulate_command
-from fairshare.trace import load_trace, parse_trace
+from fairshare.sim.simulate import Simulation, quota_violations, run_simulation, simulate_command
+from fairshare.sim.trace import load_trace, parse_trace
 from tenants.models import PriorityBand
 from tenants.schema import ConfigError
 

@@ -5,7 +5,7 @@ preempted pods."""
 from __future__ import annotations
 
 from fairshare.cluster.cluster import ChangeKind, LiftOutcome
-from fairshare.simcluster import Placement, PodSpec, SimulatedCluster, VirtualClock
+from fairshare.sim.simcluster import Placement, PodSpec, SimulatedCluster, VirtualClock
 from tenants.models import PodClass, PriorityBand
 
 

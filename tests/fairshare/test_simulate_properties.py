@@ -11,8 +11,8 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fairshare.simulate import Simulation
-from fairshare.trace import parse_trace
+from fairshare.sim.simulate import Simulation
+from fairshare.sim.trace import parse_trace
 
 TENANTS = ("team-a", "team-b", "team-c")
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from fairshare.simulate import SimulationReport, Window, run_simulation, simulate_command
-from fairshare.trace import parse_trace
+from fairshare.sim.simulate import SimulationReport, Window, run_simulation, simulate_command
+from fairshare.sim.trace import parse_trace
 from webhook.cli import main
 
 # 4 GPUs; team-a (weight 1) alone until team-b (weight 3) arrives at t=200 with far more

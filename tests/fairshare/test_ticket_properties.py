@@ -47,7 +47,7 @@ from fairshare.dispatcher import Dispatcher, DispatcherSettings
 from fairshare.queue.calls import TicketConflictError, UnmintedTicketError
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import PodRequest
-from fairshare.simcluster import PostedEvent, VirtualClock
+from fairshare.sim.simcluster import PostedEvent, VirtualClock
 from tenants.models import GENERATED_SUFFIX, PriorityBand
 from tests.fairshare.simkit import make_config, settle
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fairshare.simulate import run_simulation, simulate_command
-from fairshare.trace import load_trace
+from fairshare.sim.simulate import run_simulation, simulate_command
+from fairshare.sim.trace import load_trace
 
 # 4 GPUs; team-a (weight 1) alone until team-b (weight 3) arrives at t=200 with far more
 # work than fits; team-c (weight 2) never sends a pod. 1-GPU pods of 100 s.

@@ -36,7 +36,7 @@ from bench.fairness import (
 )
 from fairshare.localredis import local_redis
 from fairshare.queue.entitlement import water_fill
-from fairshare.trace import parse_trace
+from fairshare.sim.trace import parse_trace
 
 DRAINS = ("virtual time shares these traces fairly (Jain's index 0.9998 and 1.0000), but "
           "the capacity held while the cluster drains for a larger pod stays idle "

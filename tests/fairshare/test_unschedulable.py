@@ -21,7 +21,7 @@ from fairshare.cluster.cluster import CapacityReport, ChangeKind, ClusterChange,
 from fairshare.cluster.kube import pod_from_manifest, unschedulable
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
 from fairshare.queue.fairqueue import FairQueue
-from fairshare.simcluster import SimulatedCluster, VirtualClock
+from fairshare.sim.simcluster import SimulatedCluster, VirtualClock
 from fairshare.status import capacity_lines, status_report, why_report
 from tenants.models import FairgateConfig, PlatformConfig, PriorityClasses, QuotaSpec
 from tests.fairshare.simkit import Rig, admit_hook, make_config

@@ -1,7 +1,7 @@
 """The default order, virtual time: a tenant's share is the service it received while
 active, per unit of weight; a tenant that becomes active starts at the smallest virtual
 time of the active tenants. Run through the real queue (Lua in a real redis-server) and
-dispatcher on a virtual clock (``fairshare.simulate``), on traces that are not kind:
+dispatcher on a virtual clock (``fairshare.sim.simulate``), on traces that are not kind:
 backlogs created at different times, a tenant that took the idle cluster, a tenant that
 goes idle and comes back, and random joins, weights and pod lengths for the lag bound.
 """
@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import PodRequest
-from fairshare.simulate import Simulation, run_simulation
-from fairshare.trace import parse_trace
+from fairshare.sim.simulate import Simulation, run_simulation
+from fairshare.sim.trace import parse_trace
 from tenants.models import FairgateConfig, PlatformConfig, QuotaSpec
 from tests.fairshare.tickets import pod_uid
 

@@ -4,7 +4,7 @@ Contract:
 - :func:`run_simulation` runs the real :class:`~fairshare.queue.fairqueue.FairQueue` (its Lua
   scripts, in a real Redis: ``redis_target``, or a private ``redis-server`` started for the
   run) behind the real :class:`~fairshare.dispatcher.Dispatcher`, against a
-  :class:`~fairshare.simcluster.SimulatedCluster` (pods run for their duration; the
+  :class:`~fairshare.sim.simcluster.SimulatedCluster` (pods run for their duration; the
   kube-scheduler's preemption is modelled). Time is virtual and event-driven: arrivals
   and completions are events, and after every event the dispatcher runs until nothing
   changes. Keys live under a private prefix that is deleted afterwards, so a shared
@@ -32,7 +32,7 @@ Contract:
   ``by_class``, the same per class), and ``entitlement`` its fair share at that instant
   (:func:`fairshare.queue.entitlement.fairness` over the capacity, among tenants with running
   or waiting pods, each capped at running + waiting and at nominal + borrow limit: the
-  definition of the ``fairgate_tenant_fair_share`` gauge). See :mod:`fairshare.timeline`.
+  definition of the ``fairgate_tenant_fair_share`` gauge). See :mod:`fairshare.sim.timeline`.
 - The window measures (:class:`WindowReport`, over a :class:`Window`, default the whole
   run) integrate, between events (when nothing changes), per tenant: the GPU-seconds
   its running pods hold, by class; that same entitlement (so ``entitled_gpu_seconds``
@@ -69,15 +69,15 @@ from fairshare.localredis import local_redis
 from fairshare.queue.entitlement import Fairness, TenantLoad, fairness, jain_index
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import PodRequest
-from fairshare.simcluster import Placement, PodHistory, PodSpec, SimulatedCluster, VirtualClock
-from fairshare.timeline import (
+from fairshare.sim.simcluster import Placement, PodHistory, PodSpec, SimulatedCluster, VirtualClock
+from fairshare.sim.timeline import (
     PlotUnavailableError,
     TimelineRow,
     plot,
     require_matplotlib,
     write_csv,
 )
-from fairshare.trace import Trace, TracePod, load_trace
+from fairshare.sim.trace import Trace, TracePod, load_trace
 from tenants import resources
 from tenants.models import CLASSES, FairgateConfig
 from tenants.schema import ConfigError
