@@ -20,7 +20,7 @@ from fairshare.connection import RedisTarget, connect_redis, connect_redis_async
 from fairshare.queue.calls import library
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import PodRequest
-from tests.fairshare.test_queue import config
+from tests.fairshare.queue.test_queue import config
 
 pytestmark = pytest.mark.slow
 

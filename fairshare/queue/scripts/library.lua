@@ -9,7 +9,7 @@
 -- with a prefix and kept. What lib.lua keeps during one operation (its per-call
 -- caches and the clock) is cleared by `begin` before every operation, so an operation
 -- sees what it saw as a script. A top-level local of lib.lua that an operation assigns
--- or fills must be cleared in `begin` (tests/fairshare/test_library.py checks it).
+-- or fills must be cleared in `begin` (tests/fairshare/queue/test_library.py checks it).
 
 local function instance(KEYS)
 --[[lib]]

@@ -6,7 +6,7 @@ from typing import Any
 
 from fairshare.cluster.dra import published_gpus
 from fairshare.cluster.kube import capacity_report, node_gpus
-from tests.fairshare.test_kube import NOW, gpu_node
+from tests.fairshare.cluster.test_kube import NOW, gpu_node
 
 
 def gpu_slice(node: str, devices: list[dict[str, Any]], *, generation: int = 1,

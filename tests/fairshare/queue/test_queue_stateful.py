@@ -1,7 +1,7 @@
 """Random interleavings of every queue operation, checked against the reference model.
 
 Each step runs the same operation on a real FairQueue (Lua in a real redis-server)
-and on tests/fairshare/reference.py, and compares the answers exactly; invariants
+and on tests/fairshare/queue/reference.py, and compares the answers exactly; invariants
 1 (quota and capacity safety), 2 (class priority), 4 (work conservation) and
 5 (idempotency, dry run writes nothing) are checked on the real state.
 """
@@ -27,7 +27,7 @@ from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import GatedPod, PodRequest, RunningPod
 from tenants.models import FairgateConfig, PlatformConfig, PodClass, QuotaSpec
 from tenants.resources import ResourceCounts
-from tests.fairshare.reference import (
+from tests.fairshare.queue.reference import (
     BAND_CODE,
     BAND_NAME,
     BANDS,
@@ -37,7 +37,7 @@ from tests.fairshare.reference import (
     empty_shape,
     waiting_for,
 )
-from tests.fairshare.test_queue import dump_all
+from tests.fairshare.queue.test_queue import dump_all
 from tests.fairshare.tickets import pod_uid
 
 TENANTS = ("a", "b", "c")

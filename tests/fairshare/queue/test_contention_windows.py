@@ -22,7 +22,7 @@ import pytest
 from fairshare.sim.simulate import Window, WindowReport, run_simulation
 from fairshare.sim.trace import load_trace
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "contention"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "contention"
 
 DRAINS = ("draining the cluster for each whole-cluster pod leaves GPUs idle (utilisation "
           "0.89): every tenant gets 0.86-0.91 of its entitlement; it needs backfill")

@@ -22,7 +22,7 @@ from fairshare.queue.fastpath import AsyncFairQueue
 from fairshare.queue.functions import LibraryLoadError, QueueFunctions
 from fairshare.queue.model import GatedPod, PodRequest, RunningPod
 from tenants.models import FairgateConfig, PlatformConfig, QuotaSpec
-from tests.fairshare.test_queue import Pods, config, queue_with
+from tests.fairshare.queue.test_queue import Pods, config, queue_with
 from tests.fairshare.tickets import pod_uid, seen
 
 CAPACITY = {"gpu": 4, "mig-1g.5gb": 4}

@@ -10,7 +10,7 @@ import pytest
 from fairshare.sim.simulate import SimulationReport, run_simulation
 from fairshare.sim.trace import load_trace
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "contention"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "contention"
 
 
 def simulate(name: str, redis_url: str) -> SimulationReport:

@@ -15,9 +15,9 @@ from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import PodRequest
 from fairshare.sim.simulate import Simulation
 from fairshare.sim.trace import load_trace
-from tests.fairshare.test_queue import config as make_config
+from tests.fairshare.queue.test_queue import config as make_config
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
 def _snapshot(sim: Simulation, client: redis.Redis | None = None) -> dict[str, Any]:

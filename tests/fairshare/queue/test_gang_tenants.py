@@ -12,7 +12,7 @@ import redis
 from fairshare.queue.calls import text
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import GatedPod, InvalidRequestError, PodRequest
-from tests.fairshare.test_queue import queue_with
+from tests.fairshare.queue.test_queue import queue_with
 from tests.fairshare.tickets import pod_uid
 
 PREFIX = "fairgate:"

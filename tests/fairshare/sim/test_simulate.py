@@ -15,7 +15,7 @@ from fairshare.sim.trace import load_trace, parse_trace
 from tenants.models import PriorityBand
 from tenants.schema import ConfigError
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ import redis
 
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import Admission, PodRequest
-from tests.fairshare.test_queue import config, dump_all
+from tests.fairshare.queue.test_queue import config, dump_all
 from tests.fairshare.tickets import pod_uid
 
 THREADS = 32

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import Admission, Hold, PodRequest
 from tenants.models import FairgateConfig, PlatformConfig, QuotaSpec
-from tests.fairshare.reference import Reference, waiting_for
+from tests.fairshare.queue.reference import Reference, waiting_for
 from tests.fairshare.tickets import pod_uid
 
 BANDS = ("i", "t", "b")
