@@ -17,7 +17,7 @@ only the weights decide). One extra tenant, ``serve``, sends a 1-unit inference 
 every 600 s from t = 300 s, each 600 s long (back to back: it keeps the unit of its own,
 see below, from then on; with ``--shared-inference``, 300 s long: half the time).
 
-Three conditions make the share target reachable at all (fairshare/README.md, "What
+Three conditions make the share target reachable at all (fairshare/queue/README.md, "What
 fairness can be measured"), and the generator states them:
 - the horizon is at least 20x the trace's mean duration *and* long enough for every
   tenant's entitlement to cover :data:`PODS_PER_ENTITLEMENT` of its *longest* pods
@@ -149,7 +149,7 @@ class Outcome:
 def bound(durations_max: float, weights: list[float]) -> float:
     """Longest a backlogged tenant may go without a pod starting: the longest pod
     duration x (2 x the number of tenants + (W - w) / w), W the summed weight, w the
-    lowest (fairshare/README.md, "Wait bound", derives it; the second term is the
+    lowest (fairshare/queue/README.md, "Wait bound", derives it; the second term is the
     payback of a tenant that took the idle cluster at the start)."""
     lowest, total = min(weights), sum(weights)
     return durations_max * (2 * len(weights) + (total - lowest) / lowest)

@@ -27,7 +27,7 @@ a plain ``redis-server``, saved, and loaded into one under callgrind; then
 ``--decisions`` times a random running pod ends (uncounted) and one
 ``dispatch(limit=1)`` is counted. Loading the code into Redis is never counted: the
 setup's calls load the scripts or the function library (and, for a library, make its
-per-prefix instance: ``fairshare/README.md``, "Redis Functions"). ``--code DIR`` puts
+per-prefix instance: ``fairshare/queue/README.md``, "Redis Functions"). ``--code DIR`` puts
 another checkout first on the import path (the queue, its Lua and the bench helpers all
 come from it); it works with checkouts from before the uid-bound
 ``confirm``/``release`` API and with those that run the queue as scripts;

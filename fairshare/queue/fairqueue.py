@@ -1,6 +1,6 @@
 """The weighted-fair GPU queue, held in Redis.
 
-Contract (rules in ``fairshare/README.md``; key layout there too):
+Contract (rules in ``fairshare/queue/README.md``; key layout there too):
 - Every state change is one Lua operation (``fairshare/queue/scripts/<op>.lua``, a function
   of one Redis Function library: :mod:`fairshare.queue.functions`), so any number of webhooks
   and dispatchers may call a :class:`FairQueue` on the same Redis at once.
@@ -13,7 +13,7 @@ Contract (rules in ``fairshare/README.md``; key layout there too):
   head pod was created first), then FIFO; gangs all at once. The entries in that
   order that do not fit yet are owed the capacity they lack while their tenants are
   below their weighted share: the free capacity is held for the first of them, what is
-  left for the next (``fairshare/README.md``, "Holding").
+  left for the next (``fairshare/queue/README.md``, "Holding").
 - Quota safety holds at every instant: per tenant, non-borrowed usage per resource
   <= nominal, non-borrowed training slices <= nominal - inference reserve, borrowed
   slices <= borrow limit; cluster capacity per band (lower bands count as free).

@@ -1,6 +1,6 @@
 -- Shared helpers of the fair queue. The operations (<op>.lua) run on top of this file,
 -- all in one Redis Function library (library.lua: this file runs once per key prefix,
--- KEYS[1]). Key layout, rules and the library: fairshare/README.md.
+-- KEYS[1]). Key layout, rules and the library: fairshare/queue/README.md.
 --
 -- Codes: class i|t (inference, training); band i|t|b (inference, training, borrowed);
 -- ticket state Q (in a lane) | G (member of an incomplete gang) | R (reserved, not
@@ -1204,7 +1204,7 @@ local function favoured_tops(tier, now)
   return out, {shape = cs, tenant = ct, base = cu}
 end
 
--- The next entry of the tier to release, and the capacity held (see fairshare/README.md
+-- The next entry of the tier to release, and the capacity held (see fairshare/queue/README.md
 -- "Holding"). Walks the tier's tops (survey) in queue order, up to (not including)
 -- entry `stop` (all with nil). A top that does not fit, given the holds of the tops
 -- before it, is owed capacity when its tenant is below its weighted share and the

@@ -1,4 +1,4 @@
-"""A small, slow, pure-Python model of the fair queue's rules (fairshare/README.md).
+"""A small, slow, pure-Python model of the fair queue's rules (fairshare/queue/README.md).
 
 It keeps plain lists and dicts and recomputes everything (usage, readiness, shares,
 holds) from the ticket records on every call, so it shares no bookkeeping with the

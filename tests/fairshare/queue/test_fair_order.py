@@ -1,7 +1,7 @@
 """Decayed usage (fairShare.usageHalfLife) orders tenants by usage history, on the real
 Lua in a real Redis; the expected order comes from an independent integration of each
 tenant's usage over time, plus the start charge and the handover credit
-(fairshare/README.md, "Fair-share score")."""
+(fairshare/queue/README.md, "Fair-share score")."""
 
 from __future__ import annotations
 
@@ -300,7 +300,7 @@ def held_for(q: FairQueue, tenant: str, now: float) -> int:
 
 def test_a_hold_that_lasts_half_a_run_time_leads_until_its_step_is_done(
         redis_client: redis.Redis) -> None:
-    """The standoff (fairshare/README.md, "Commitment"): from 200 s GPUs are held for
+    """The standoff (fairshare/queue/README.md, "Commitment"): from 200 s GPUs are held for
     big. Small's usage falls as its pods end, so at each later end it passes big a
     little (with the handover credit) and takes the freed GPU back; the 2 GPUs held for
     big stay idle. Held since 200 s, big's lane commits at 500 s (half of its expected

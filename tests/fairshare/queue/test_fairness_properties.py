@@ -34,7 +34,7 @@ def test_backlogged_tenants_share_by_weight_and_nobody_starves(
 @pytest.mark.parametrize("seed", [197, 736, 866])
 def test_a_tenant_of_large_pods_steps_up_past_small_ones(redis_client: redis.Redis,
                                                          seed: int) -> None:
-    """The standoff traces (fairshare/README.md, "Commitment"): a tenant of 8-unit pods
+    """The standoff traces (fairshare/queue/README.md, "Commitment"): a tenant of 8-unit pods
     entitled to more than a multiple of 8 must run one pod more part of the time, and
     the small-pod tenants it waits on took the freed units back whenever they passed it
     a little; the units held for it stayed idle for the whole horizon (utilisation

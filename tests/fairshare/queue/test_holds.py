@@ -1,4 +1,4 @@
-"""Capacity held for the entries owed it (fairshare/README.md "Holding"), on the real Lua
+"""Capacity held for the entries owed it (fairshare/queue/README.md "Holding"), on the real Lua
 in a real Redis: every owed entry below its weighted share holds the free capacity not
 held for the entries before it, so holds never add up beyond the free capacity and the
 first owed entry is served first; with a half-life, a tenant first in (decayed) order
