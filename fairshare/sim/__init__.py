@@ -1,2 +1,2 @@
 """The simulator: traces, the virtual cluster and clock, and the timelines of
-``fairgate simulate`` (see README.md here)."""
+``fairgate simulate`` (see fairshare/README.md)."""
