@@ -3,7 +3,9 @@
 Each step runs the same operation on a real FairQueue (Lua in a real redis-server)
 and on tests/fairshare/reference.py, and compares the answers exactly; invariants
 1 (quota and capacity safety), 2 (class priority), 4 (work conservation) and
-5 (idempotency, dry run writes nothing) are checked on the real state.
+5 (idempotency, dry run writes nothing) are checked on the real state. Both orders run:
+current usage (``usageHalfLife: 0``) and virtual time (the default), on a clock that
+advances (the operations get ``now`` as the dispatcher passes it).
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ from tests.fairshare.reference import (
     BAND_NAME,
     BANDS,
     PRIO,
+    STALE_BOUNDS,
+    STALE_FLOOR,
+    STALE_LANES,
     Rec,
     Reference,
     empty_shape,
@@ -40,6 +45,7 @@ from tests.fairshare.reference import (
 from tests.fairshare.test_queue import dump_all
 from tests.fairshare.tickets import pod_uid
 
+LUA_BUGS = frozenset({STALE_BOUNDS, STALE_FLOOR, STALE_LANES})
 TENANTS = ("a", "b", "c")
 RESOURCES = ("gpu", "mig-1g.5gb", "mig-3g.40gb")
 DEMANDS: tuple[ResourceCounts, ...] = (
@@ -60,11 +66,13 @@ capacity_st = st.fixed_dictionaries({
 })
 
 
-def make_config(quotas: dict[str, dict[str, float]]) -> FairgateConfig:
+def make_config(quotas: dict[str, dict[str, float]], virtual_time: bool) -> FairgateConfig:
+    """The tenants' quotas; the order: virtual time (the default, fairShare unset) or
+    current usage (usageHalfLife: 0)."""
     platform = PlatformConfig.model_validate({
         "tenants": {t: {"weight": q["weight"], "ceiling": {"gpuEquivalents": 100}}
                     for t, q in quotas.items()},
-        "fairShare": {"usageHalfLife": 0},  # the order the reference computes from records
+        **({} if virtual_time else {"fairShare": {"usageHalfLife": 0}}),
     })
     specs = {
         t: QuotaSpec.model_validate({
@@ -88,12 +96,14 @@ class Listing:
 
 class QueueMachine(RuleBasedStateMachine):
     client: redis.Redis
+    virtual_time = False  # the order: current usage, or virtual time (the default)
+    lua_bugs = LUA_BUGS  # known bugs of the scripts the reference repeats (reference.py)
 
     def __init__(self) -> None:
         super().__init__()
         self.client.flushall()
         self.queue = FairQueue(self.client)
-        self.ref = Reference()
+        self.ref = Reference(virtual_time=self.virtual_time, lua_bugs=self.lua_bugs)
         self.now = 1000.0
         self.count = 0
         self.tickets: list[str] = []
@@ -151,7 +161,7 @@ class QueueMachine(RuleBasedStateMachine):
 
     @rule(quotas=st.fixed_dictionaries({t: quota_st for t in TENANTS}), cap=capacity_st)
     def configure(self, quotas: dict[str, dict[str, float]], cap: ResourceCounts) -> None:
-        config = make_config(quotas)
+        config = make_config(quotas, self.virtual_time)
         self.cap = cap
         self.queue.sync_config(config, cap)
         self.ref.sync(config, cap)
@@ -246,20 +256,34 @@ class QueueMachine(RuleBasedStateMachine):
         if limit == 100:
             self.check_nothing_fits()
 
+    @rule(count=st.integers(1, 3), limit=st.sampled_from([1, 100]))
+    def pods_end(self, count: int, limit: int) -> None:
+        """The dispatcher's loop: the running pods that began first end, and it
+        dispatches (so the queue order decides who gets what they freed)."""
+        running = sorted((rec.at, ticket) for ticket, rec in self.ref.recs.items()
+                         if rec.state == "A" and rec.at is not None)
+        for _, ticket in running[:count]:
+            uid = pod_uid(ticket)
+            assert self.queue.release(ticket, uid, self.now) == \
+                self.ref.release(ticket, False, uid, self.now)
+        self.dispatch(limit)
+
     @rule(index=st.integers(0, 10_000), states=st.just("QGRA"))
     def release(self, index: int, states: str) -> None:
         ticket = self.pick(index, states)
         if ticket is not None:
             uid = pod_uid(ticket)
-            assert self.queue.release(ticket, uid) == self.ref.release(ticket, False, uid)
-            assert not self.queue.release(ticket, uid)
+            assert self.queue.release(ticket, uid, self.now) == \
+                self.ref.release(ticket, False, uid, self.now)
+            assert not self.queue.release(ticket, uid, self.now)
 
     @rule(index=st.integers(0, 10_000))
     def remove(self, index: int) -> None:
         ticket = self.pick(index, "QGA")
         if ticket is not None:
             uid = pod_uid(ticket)
-            assert self.queue.remove(ticket, uid) == self.ref.release(ticket, True, uid)
+            assert self.queue.remove(ticket, uid, self.now) == \
+                self.ref.release(ticket, True, uid, self.now)
 
     @rule(index=st.integers(0, 10_000))
     def confirm(self, index: int) -> None:
@@ -270,6 +294,17 @@ class QueueMachine(RuleBasedStateMachine):
             uid = pod_uid(ticket)
             assert self.queue.confirm(ticket, uid, ns, name) == \
                 self.ref.confirm(ticket, uid, ns, name)
+
+    @rule()
+    def see_pods(self) -> None:
+        """The dispatcher sees every pod admitted so far (each confirms its ticket):
+        reservations run and queue entries stay queued, nothing of them expires."""
+        for ticket in self.tickets:
+            rec = self.ref.recs.get(ticket)
+            if rec is not None and not rec.uid:
+                uid = pod_uid(ticket)
+                assert self.queue.confirm(ticket, uid, rec.ns, rec.name) == \
+                    self.ref.confirm(ticket, uid, rec.ns, rec.name)
 
     @rule(index=st.integers(0, 10_000), copy=st.sampled_from(["uid", "namespace", "name"]))
     def twin_presents_ticket(self, index: int, copy: str) -> None:
@@ -293,7 +328,7 @@ class QueueMachine(RuleBasedStateMachine):
     def requeue(self, index: int) -> None:
         ticket = self.pick(index, "RAQ")
         if ticket is not None:
-            assert self.queue.requeue(ticket) == self.ref.requeue(ticket)
+            assert self.queue.requeue(ticket, self.now) == self.ref.requeue(ticket, self.now)
 
     def listing(self, pods_of_reserved: bool) -> Listing:
         """The pods the cluster shows now: running (released, confirmed and, with
@@ -346,7 +381,13 @@ class QueueMachine(RuleBasedStateMachine):
     def tick_and_expire(self, seconds: float) -> None:
         self.now += seconds
         got = self.queue.expire(self.now)
-        assert got == self.ref.expire(self.now - self.queue.reservation_ttl)
+        assert got == self.ref.expire(self.now - self.queue.reservation_ttl, self.now)
+
+    @rule(seconds=st.sampled_from([0.5, 2.0, 7.0, 30.0, 90.0, 300.0, 650.0]))
+    def advance(self, seconds: float) -> None:
+        """Time passes (pods run, service accrues), nothing expires yet. Multiples of
+        0.5 s: the service sums stay exact (reference.py, "Floating point")."""
+        self.now += seconds
 
     @rule(index=st.integers(0, 10_000))
     def why(self, index: int) -> None:
@@ -372,7 +413,7 @@ class QueueMachine(RuleBasedStateMachine):
     def check_nothing_fits(self) -> None:
         """Invariants 2 and 4: after a full dispatch no queued pod could be released."""
         for tier in BANDS:
-            guards, _, _ = self.ref.plan(self.ref.survey(tier), tier)
+            guards, _, _, _ = self.ref.plan(tier, self.now)
             for rec in self.ref.recs.values():
                 if rec.state != "Q" or rec.gang or rec.band != tier:
                     continue
@@ -433,12 +474,16 @@ class QueueMachine(RuleBasedStateMachine):
 
 
 @pytest.mark.slow
-def test_queue_matches_reference_model(redis_client: redis.Redis) -> None:
+@pytest.mark.parametrize("virtual_time", [False, True], ids=["current-usage", "virtual-time"])
+def test_queue_matches_reference_model(redis_client: redis.Redis, virtual_time: bool) -> None:
     class Machine(QueueMachine):
         client = redis_client
+
+    Machine.virtual_time = virtual_time
 
     run_state_machine_as_test(
         Machine,
         settings=settings(max_examples=80, stateful_step_count=40, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow]),
     )
+
