@@ -487,3 +487,127 @@ def test_queue_matches_reference_model(redis_client: redis.Redis, virtual_time: 
                           suppress_health_check=[HealthCheck.too_slow]),
     )
 
+
+# -- known bugs of the scripts -----------------------------------------------------------
+# Each is a falsifying example of the virtual-time machine, shrunk by hand: with the
+# reference repeating the bug (LUA_BUGS) the steps pass; against the rule they fail, as
+# strict xfails, until the scripts are fixed (then drop the bug from LUA_BUGS).
+
+
+def _quotas(**weights: float) -> dict[str, dict[str, float]]:
+    """Every tenant may run 4 GPUs; weight 1 unless given."""
+    return {t: {"weight": weights.get(t, 1.0), "gpu": 4, "mig-1g.5gb": 1, "mig-3g.40gb": 0,
+                "borrow": 0, "reserve": 0} for t in TENANTS}
+
+
+def _gpus(n: int) -> ResourceCounts:
+    return {"gpu": n, "mig-1g.5gb": 1, "mig-3g.40gb": 0}
+
+
+def _pod(tenant: str, gpus: int = 1) -> dict[str, object]:
+    """A training pod of 1 or 2 GPUs (DEMANDS[0], DEMANDS[1])."""
+    return {"tenant": tenant, "pod_class": "training", "demand": gpus - 1, "gang": 0}
+
+
+Steps = list[tuple[str, dict[str, object]]]
+
+KNOWN_BUGS: dict[str, tuple[str, Steps]] = {
+    "idle-tenant-stays-active": (STALE_LANES, [
+        ("first_config", {"quotas": _quotas(), "cap": _gpus(2)}),
+        ("admit", _pod("b", gpus=2)),
+        ("admit", _pod("a")),  # a waits...
+        ("remove", {"index": 0}),  # ...its pod is deleted: a is idle, yet stays in va (0)
+        ("admit", _pod("b")),  # b waits for a GPU
+        ("advance", {"seconds": 90.0}),
+        ("admit", _pod("c")),  # c joins at a's virtual time 0, not b's 1260
+        ("see_pods", {}),
+        ("finish", {"index": 0}),  # b's 2-GPU pod ends
+        # the scripts release c's pod; the rule: b's (both at 1260, b's created first)
+        ("dispatch", {"limit": 1}),
+    ]),
+    "stored-score-above-current-when-rt-falls": (STALE_BOUNDS, [
+        ("first_config", {"quotas": _quotas(), "cap": _gpus(3)}),
+        ("admit", _pod("c", gpus=2)),
+        ("admit", _pod("a")),
+        ("confirm", {"index": 0}),  # c's pod is seen: its end teaches a run time
+        ("admit", _pod("a")),  # a waits, scored with the 600 s default: 7 x 600
+        ("advance", {"seconds": 90.0}),
+        ("finish", {"index": 0}),  # c's pod ends: rt 90, a's score falls to 7 x 90
+        ("admit", _pod("c")),  # c waits, at 14 x 90 (its stored score: below a's)
+        # the scripts release c's pod (the walk stops at a's stored 4200); the rule: a's
+        ("dispatch", {"limit": 1}),
+    ]),
+    "stored-score-above-current-after-sync": (STALE_BOUNDS, [
+        ("first_config", {"quotas": _quotas(a=2), "cap": _gpus(3)}),
+        ("admit", _pod("a")),
+        ("advance", {"seconds": 90.0}),
+        ("admit", _pod("a")),  # a's service is folded: 630
+        ("admit", _pod("b")),  # b joins at a's virtual time: 315
+        ("admit", _pod("b")),  # b waits: (315 + 7 x 600) / 1 = 4515
+        ("admit", _pod("a")),  # a waits: (630 + 14 x 600 - 630) / 2 = 4200
+        # sync stores a's score without the time: (630 + 14 x 600) / 2 = 4515
+        ("configure", {"quotas": _quotas(a=2), "cap": _gpus(4)}),
+        # the scripts release b's pod (stored tie, b's head first, a's not looked at);
+        # the rule: a's
+        ("dispatch", {"limit": 1}),
+    ]),
+    "floor-from-stale-va-after-weight-change": (STALE_FLOOR, [
+        ("first_config", {"quotas": _quotas(), "cap": _gpus(2)}),
+        ("admit", _pod("a")),
+        ("admit", _pod("b")),
+        ("admit", _pod("a")),
+        ("admit", _pod("b")),
+        ("see_pods", {}),
+        ("advance", {"seconds": 90.0}),
+        ("finish", {"index": 0}),
+        ("finish", {"index": 0}),  # both ran 630, and wait: active
+        # b's weight triples: its virtual time is 210, va still holds 630
+        ("configure", {"quotas": _quotas(b=3), "cap": _gpus(0)}),
+        ("admit", _pod("c")),  # c joins at 630 (a's), not at b's 210
+        ("configure", {"quotas": _quotas(b=3), "cap": _gpus(2)}),
+        # the scripts release b's and a's pods; the rule: b's and c's (c at 210, ahead
+        # of a at 630)
+        ("dispatch", {"limit": 100}),
+    ]),
+}
+
+
+def replay(client: redis.Redis, steps: Steps, lua_bugs: frozenset[str],
+           machine: QueueMachine | None = None) -> QueueMachine:
+    """Run the virtual-time machine's rules in order, its invariants after each."""
+    if machine is None:
+        class Machine(QueueMachine):
+            pass
+
+        Machine.client, Machine.virtual_time, Machine.lua_bugs = client, True, lua_bugs
+        machine = Machine()
+    for rule_name, arguments in steps:
+        getattr(machine, rule_name)(**arguments)
+        machine.quota_safety()
+        machine.usage_matches_reference()
+    return machine
+
+
+@pytest.mark.parametrize("case", list(KNOWN_BUGS))
+def test_reference_repeats_known_lua_bug(redis_client: redis.Redis, case: str) -> None:
+    """What the machine runs with: the reference repeating the bug agrees with the
+    scripts on its falsifying example."""
+    replay(redis_client, KNOWN_BUGS[case][1], LUA_BUGS)
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param(case, marks=pytest.mark.xfail(
+        strict=True, raises=AssertionError,
+        reason=f"lib.lua bug {bug} (tests/fairshare/reference.py): the scripts break the "
+               "virtual-time rule"))
+    for case, (bug, _) in KNOWN_BUGS.items()
+])
+def test_known_lua_bug_against_the_rule(redis_client: redis.Redis, case: str) -> None:
+    """The falsifying example against the rule (the reference without the bug): the
+    steps agree up to the last, which the scripts answer otherwise."""
+    bug, steps = KNOWN_BUGS[case]
+    try:
+        machine = replay(redis_client, steps[:-1], LUA_BUGS - {bug})
+    except AssertionError as exc:  # not this bug: fail, do not xfail
+        raise RuntimeError(f"{case} disagrees before its last step") from exc
+    replay(redis_client, steps[-1:], LUA_BUGS - {bug}, machine)
