@@ -84,6 +84,12 @@ STALE_BOUNDS = "stale-bounds"
 # when a weight changes, so after a weight rises a joining tenant's floor can be taken
 # from another tenant than the one with the smallest virtual time (it starts higher).
 STALE_FLOOR = "stale-floor"
+# UNJOINED_ENTRY: admit scores the entry of a tenant that is not active yet with its
+# virtual time before it joins (track_active runs after the decision), so the first pod
+# of a tenant back from idle goes before the waiting pods of tenants at the virtual time
+# it joins at (by the fast path when capacity is free), though ties go to the pod
+# created first.
+UNJOINED_ENTRY = "unjoined-entry"
 
 
 def shape_key(shape: Shape) -> str:
@@ -335,6 +341,22 @@ class Reference:
                 if best is None or v < best:
                     best = v
         return best
+
+    def entry_share(self, tenant: str, now: float) -> float:
+        """The score a new entry of the tenant joins the order with: with virtual time,
+        a tenant not active yet is scored as it will be once it joins (at the floor),
+        unless UNJOINED_ENTRY is repeated."""
+        if not self.virtual or tenant in self.active or self.bug(UNJOINED_ENTRY):
+            return self.share(tenant, now)
+        s = self.du.setdefault(tenant, Service())
+        saved = s.v, s.t
+        self.fold(tenant, now)
+        floor, w = self.min_active(tenant, now), self.cfg_of(tenant).w
+        if floor is not None and s.v < floor * w:
+            s.v = floor * w
+        score = self.share(tenant, now)
+        s.v, s.t = saved
+        return score
 
     def refresh(self, tenant: str, now: float | None) -> None:
         """lib.lua refresh, after the tenant's usage, lanes or quota changed: va
@@ -893,14 +915,14 @@ class Reference:
                 reason = self.quota_blocker(tenant, gshape)
                 if reason is None:
                     tier = shape_tier(gshape)
-                    me = (self.share(tenant, now), req.submitted_at, float("inf"))
+                    me = (self.entry_share(tenant, now), req.submitted_at, float("inf"))
                     guards, _, held, _ = self.plan(tier, now, me, {})
                     reason = self.capacity_blocker(gshape, guards, held) or ["turn"]
         else:
             reason = self.quota_blocker(tenant, shape)
             ahead = None
             if reason is None:
-                me = (self.share(tenant, now), req.submitted_at, float("inf"))
+                me = (self.entry_share(tenant, now), req.submitted_at, float("inf"))
                 guards, ahead, held, _ = self.plan(band, now, me, d)
                 reason = self.capacity_blocker(shape, guards, held)
             if reason is None and any(

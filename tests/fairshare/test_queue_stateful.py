@@ -37,6 +37,7 @@ from tests.fairshare.reference import (
     STALE_BOUNDS,
     STALE_FLOOR,
     STALE_LANES,
+    UNJOINED_ENTRY,
     Rec,
     Reference,
     empty_shape,
@@ -45,7 +46,7 @@ from tests.fairshare.reference import (
 from tests.fairshare.test_queue import dump_all
 from tests.fairshare.tickets import pod_uid
 
-LUA_BUGS = frozenset({STALE_BOUNDS, STALE_FLOOR, STALE_LANES})
+LUA_BUGS = frozenset({STALE_BOUNDS, STALE_FLOOR, STALE_LANES, UNJOINED_ENTRY})
 TENANTS = ("a", "b", "c")
 RESOURCES = ("gpu", "mig-1g.5gb", "mig-3g.40gb")
 DEMANDS: tuple[ResourceCounts, ...] = (
@@ -568,6 +569,17 @@ KNOWN_BUGS: dict[str, tuple[str, Steps]] = {
         # the scripts release b's and a's pods; the rule: b's and c's (c at 210, ahead
         # of a at 630)
         ("dispatch", {"limit": 100}),
+    ]),
+    "first-pod-back-from-idle-scored-before-joining": (UNJOINED_ENTRY, [
+        ("first_config", {"quotas": _quotas(), "cap": _gpus(1)}),
+        ("admit", _pod("b")),
+        ("admit", _pod("b")),  # b waits
+        ("see_pods", {}),
+        ("advance", {"seconds": 90.0}),
+        ("finish", {"index": 0}),  # b's pod ends: the GPU is free, b's at 630
+        # a joins at 630, but the scripts score its pod at 0 and reserve it; the rule:
+        # it queues behind b's pod (created first)
+        ("admit", _pod("a")),
     ]),
 }
 
