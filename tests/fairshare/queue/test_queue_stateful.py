@@ -3,7 +3,9 @@
 Each step runs the same operation on a real FairQueue (Lua in a real redis-server)
 and on tests/fairshare/queue/reference.py, and compares the answers exactly; invariants
 1 (quota and capacity safety), 2 (class priority), 4 (work conservation) and
-5 (idempotency, dry run writes nothing) are checked on the real state.
+5 (idempotency, dry run writes nothing) are checked on the real state. Both orders run:
+current usage (``usageHalfLife: 0``) and virtual time (the default), on a clock that
+advances (the operations get ``now`` as the dispatcher passes it).
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ from tests.fairshare.queue.reference import (
     BAND_NAME,
     BANDS,
     PRIO,
+    STALE_BOUNDS,
+    STALE_FLOOR,
+    STALE_LANES,
+    UNJOINED_ENTRY,
     Rec,
     Reference,
     empty_shape,
@@ -40,6 +46,7 @@ from tests.fairshare.queue.reference import (
 from tests.fairshare.queue.test_queue import dump_all
 from tests.fairshare.tickets import pod_uid
 
+LUA_BUGS = frozenset({STALE_BOUNDS, STALE_FLOOR, STALE_LANES, UNJOINED_ENTRY})
 TENANTS = ("a", "b", "c")
 RESOURCES = ("gpu", "mig-1g.5gb", "mig-3g.40gb")
 DEMANDS: tuple[ResourceCounts, ...] = (
@@ -60,11 +67,13 @@ capacity_st = st.fixed_dictionaries({
 })
 
 
-def make_config(quotas: dict[str, dict[str, float]]) -> FairgateConfig:
+def make_config(quotas: dict[str, dict[str, float]], virtual_time: bool) -> FairgateConfig:
+    """The tenants' quotas; the order: virtual time (the default, fairShare unset) or
+    current usage (usageHalfLife: 0)."""
     platform = PlatformConfig.model_validate({
         "tenants": {t: {"weight": q["weight"], "ceiling": {"gpuEquivalents": 100}}
                     for t, q in quotas.items()},
-        "fairShare": {"usageHalfLife": 0},  # the order the reference computes from records
+        **({} if virtual_time else {"fairShare": {"usageHalfLife": 0}}),
     })
     specs = {
         t: QuotaSpec.model_validate({
@@ -88,12 +97,14 @@ class Listing:
 
 class QueueMachine(RuleBasedStateMachine):
     client: redis.Redis
+    virtual_time = False  # the order: current usage, or virtual time (the default)
+    lua_bugs = LUA_BUGS  # known bugs of the scripts the reference repeats (reference.py)
 
     def __init__(self) -> None:
         super().__init__()
         self.client.flushall()
         self.queue = FairQueue(self.client)
-        self.ref = Reference()
+        self.ref = Reference(virtual_time=self.virtual_time, lua_bugs=self.lua_bugs)
         self.now = 1000.0
         self.count = 0
         self.tickets: list[str] = []
@@ -151,7 +162,7 @@ class QueueMachine(RuleBasedStateMachine):
 
     @rule(quotas=st.fixed_dictionaries({t: quota_st for t in TENANTS}), cap=capacity_st)
     def configure(self, quotas: dict[str, dict[str, float]], cap: ResourceCounts) -> None:
-        config = make_config(quotas)
+        config = make_config(quotas, self.virtual_time)
         self.cap = cap
         self.queue.sync_config(config, cap)
         self.ref.sync(config, cap)
@@ -246,20 +257,34 @@ class QueueMachine(RuleBasedStateMachine):
         if limit == 100:
             self.check_nothing_fits()
 
+    @rule(count=st.integers(1, 3), limit=st.sampled_from([1, 100]))
+    def pods_end(self, count: int, limit: int) -> None:
+        """The dispatcher's loop: the running pods that began first end, and it
+        dispatches (so the queue order decides who gets what they freed)."""
+        running = sorted((rec.at, ticket) for ticket, rec in self.ref.recs.items()
+                         if rec.state == "A" and rec.at is not None)
+        for _, ticket in running[:count]:
+            uid = pod_uid(ticket)
+            assert self.queue.release(ticket, uid, self.now) == \
+                self.ref.release(ticket, False, uid, self.now)
+        self.dispatch(limit)
+
     @rule(index=st.integers(0, 10_000), states=st.just("QGRA"))
     def release(self, index: int, states: str) -> None:
         ticket = self.pick(index, states)
         if ticket is not None:
             uid = pod_uid(ticket)
-            assert self.queue.release(ticket, uid) == self.ref.release(ticket, False, uid)
-            assert not self.queue.release(ticket, uid)
+            assert self.queue.release(ticket, uid, self.now) == \
+                self.ref.release(ticket, False, uid, self.now)
+            assert not self.queue.release(ticket, uid, self.now)
 
     @rule(index=st.integers(0, 10_000))
     def remove(self, index: int) -> None:
         ticket = self.pick(index, "QGA")
         if ticket is not None:
             uid = pod_uid(ticket)
-            assert self.queue.remove(ticket, uid) == self.ref.release(ticket, True, uid)
+            assert self.queue.remove(ticket, uid, self.now) == \
+                self.ref.release(ticket, True, uid, self.now)
 
     @rule(index=st.integers(0, 10_000))
     def confirm(self, index: int) -> None:
@@ -270,6 +295,17 @@ class QueueMachine(RuleBasedStateMachine):
             uid = pod_uid(ticket)
             assert self.queue.confirm(ticket, uid, ns, name) == \
                 self.ref.confirm(ticket, uid, ns, name)
+
+    @rule()
+    def see_pods(self) -> None:
+        """The dispatcher sees every pod admitted so far (each confirms its ticket):
+        reservations run and queue entries stay queued, nothing of them expires."""
+        for ticket in self.tickets:
+            rec = self.ref.recs.get(ticket)
+            if rec is not None and not rec.uid:
+                uid = pod_uid(ticket)
+                assert self.queue.confirm(ticket, uid, rec.ns, rec.name) == \
+                    self.ref.confirm(ticket, uid, rec.ns, rec.name)
 
     @rule(index=st.integers(0, 10_000), copy=st.sampled_from(["uid", "namespace", "name"]))
     def twin_presents_ticket(self, index: int, copy: str) -> None:
@@ -293,7 +329,7 @@ class QueueMachine(RuleBasedStateMachine):
     def requeue(self, index: int) -> None:
         ticket = self.pick(index, "RAQ")
         if ticket is not None:
-            assert self.queue.requeue(ticket) == self.ref.requeue(ticket)
+            assert self.queue.requeue(ticket, self.now) == self.ref.requeue(ticket, self.now)
 
     def listing(self, pods_of_reserved: bool) -> Listing:
         """The pods the cluster shows now: running (released, confirmed and, with
@@ -346,7 +382,13 @@ class QueueMachine(RuleBasedStateMachine):
     def tick_and_expire(self, seconds: float) -> None:
         self.now += seconds
         got = self.queue.expire(self.now)
-        assert got == self.ref.expire(self.now - self.queue.reservation_ttl)
+        assert got == self.ref.expire(self.now - self.queue.reservation_ttl, self.now)
+
+    @rule(seconds=st.sampled_from([0.5, 2.0, 7.0, 30.0, 90.0, 300.0, 650.0]))
+    def advance(self, seconds: float) -> None:
+        """Time passes (pods run, service accrues), nothing expires yet. Multiples of
+        0.5 s: the service sums stay exact (reference.py, "Floating point")."""
+        self.now += seconds
 
     @rule(index=st.integers(0, 10_000))
     def why(self, index: int) -> None:
@@ -372,7 +414,7 @@ class QueueMachine(RuleBasedStateMachine):
     def check_nothing_fits(self) -> None:
         """Invariants 2 and 4: after a full dispatch no queued pod could be released."""
         for tier in BANDS:
-            guards, _, _ = self.ref.plan(self.ref.survey(tier), tier)
+            guards, _, _, _ = self.ref.plan(tier, self.now)
             for rec in self.ref.recs.values():
                 if rec.state != "Q" or rec.gang or rec.band != tier:
                     continue
@@ -433,12 +475,151 @@ class QueueMachine(RuleBasedStateMachine):
 
 
 @pytest.mark.slow
-def test_queue_matches_reference_model(redis_client: redis.Redis) -> None:
+@pytest.mark.parametrize("virtual_time", [False, True], ids=["current-usage", "virtual-time"])
+def test_queue_matches_reference_model(redis_client: redis.Redis, virtual_time: bool) -> None:
     class Machine(QueueMachine):
         client = redis_client
+
+    Machine.virtual_time = virtual_time
 
     run_state_machine_as_test(
         Machine,
         settings=settings(max_examples=80, stateful_step_count=40, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow]),
     )
+
+
+# -- known bugs of the scripts -----------------------------------------------------------
+# Each is a falsifying example of the virtual-time machine, shrunk by hand: with the
+# reference repeating the bug (LUA_BUGS) the steps pass; against the rule they fail, as
+# strict xfails, until the scripts are fixed (then drop the bug from LUA_BUGS).
+
+
+def _quotas(**weights: float) -> dict[str, dict[str, float]]:
+    """Every tenant may run 4 GPUs; weight 1 unless given."""
+    return {t: {"weight": weights.get(t, 1.0), "gpu": 4, "mig-1g.5gb": 1, "mig-3g.40gb": 0,
+                "borrow": 0, "reserve": 0} for t in TENANTS}
+
+
+def _gpus(n: int) -> ResourceCounts:
+    return {"gpu": n, "mig-1g.5gb": 1, "mig-3g.40gb": 0}
+
+
+def _pod(tenant: str, gpus: int = 1) -> dict[str, object]:
+    """A training pod of 1 or 2 GPUs (DEMANDS[0], DEMANDS[1])."""
+    return {"tenant": tenant, "pod_class": "training", "demand": gpus - 1, "gang": 0}
+
+
+Steps = list[tuple[str, dict[str, object]]]
+
+KNOWN_BUGS: dict[str, tuple[str, Steps]] = {
+    "idle-tenant-stays-active": (STALE_LANES, [
+        ("first_config", {"quotas": _quotas(), "cap": _gpus(2)}),
+        ("admit", _pod("b", gpus=2)),
+        ("admit", _pod("a")),  # a waits...
+        ("remove", {"index": 0}),  # ...its pod is deleted: a is idle, yet stays in va (0)
+        ("admit", _pod("b")),  # b waits for a GPU
+        ("advance", {"seconds": 90.0}),
+        ("admit", _pod("c")),  # c joins at a's virtual time 0, not b's 1260
+        ("see_pods", {}),
+        ("finish", {"index": 0}),  # b's 2-GPU pod ends
+        # the scripts release c's pod; the rule: b's (both at 1260, b's created first)
+        ("dispatch", {"limit": 1}),
+    ]),
+    "stored-score-above-current-when-rt-falls": (STALE_BOUNDS, [
+        ("first_config", {"quotas": _quotas(), "cap": _gpus(3)}),
+        ("admit", _pod("c", gpus=2)),
+        ("admit", _pod("a")),
+        ("confirm", {"index": 0}),  # c's pod is seen: its end teaches a run time
+        ("admit", _pod("a")),  # a waits, scored with the 600 s default: 7 x 600
+        ("advance", {"seconds": 90.0}),
+        ("finish", {"index": 0}),  # c's pod ends: rt 90, a's score falls to 7 x 90
+        ("admit", _pod("c")),  # c waits, at 14 x 90 (its stored score: below a's)
+        # the scripts release c's pod (the walk stops at a's stored 4200); the rule: a's
+        ("dispatch", {"limit": 1}),
+    ]),
+    "stored-score-above-current-after-sync": (STALE_BOUNDS, [
+        ("first_config", {"quotas": _quotas(a=2), "cap": _gpus(3)}),
+        ("admit", _pod("a")),
+        ("advance", {"seconds": 90.0}),
+        ("admit", _pod("a")),  # a's service is folded: 630
+        ("admit", _pod("b")),  # b joins at a's virtual time: 315
+        ("admit", _pod("b")),  # b waits: (315 + 7 x 600) / 1 = 4515
+        ("admit", _pod("a")),  # a waits: (630 + 14 x 600 - 630) / 2 = 4200
+        # sync stores a's score without the time: (630 + 14 x 600) / 2 = 4515
+        ("configure", {"quotas": _quotas(a=2), "cap": _gpus(4)}),
+        # the scripts release b's pod (stored tie, b's head first, a's not looked at);
+        # the rule: a's
+        ("dispatch", {"limit": 1}),
+    ]),
+    "floor-from-stale-va-after-weight-change": (STALE_FLOOR, [
+        ("first_config", {"quotas": _quotas(), "cap": _gpus(2)}),
+        ("admit", _pod("a")),
+        ("admit", _pod("b")),
+        ("admit", _pod("a")),
+        ("admit", _pod("b")),
+        ("see_pods", {}),
+        ("advance", {"seconds": 90.0}),
+        ("finish", {"index": 0}),
+        ("finish", {"index": 0}),  # both ran 630, and wait: active
+        # b's weight triples: its virtual time is 210, va still holds 630
+        ("configure", {"quotas": _quotas(b=3), "cap": _gpus(0)}),
+        ("admit", _pod("c")),  # c joins at 630 (a's), not at b's 210
+        ("configure", {"quotas": _quotas(b=3), "cap": _gpus(2)}),
+        # the scripts release b's and a's pods; the rule: b's and c's (c at 210, ahead
+        # of a at 630)
+        ("dispatch", {"limit": 100}),
+    ]),
+    "first-pod-back-from-idle-scored-before-joining": (UNJOINED_ENTRY, [
+        ("first_config", {"quotas": _quotas(), "cap": _gpus(1)}),
+        ("admit", _pod("b")),
+        ("admit", _pod("b")),  # b waits
+        ("see_pods", {}),
+        ("advance", {"seconds": 90.0}),
+        ("finish", {"index": 0}),  # b's pod ends: the GPU is free, b's at 630
+        # a joins at 630, but the scripts score its pod at 0 and reserve it; the rule:
+        # it queues behind b's pod (created first)
+        ("admit", _pod("a")),
+    ]),
+}
+
+
+def replay(client: redis.Redis, steps: Steps, lua_bugs: frozenset[str],
+           machine: QueueMachine | None = None) -> QueueMachine:
+    """Run the virtual-time machine's rules in order, its invariants after each."""
+    if machine is None:
+        class Machine(QueueMachine):
+            pass
+
+        Machine.client, Machine.virtual_time, Machine.lua_bugs = client, True, lua_bugs
+        machine = Machine()
+    for rule_name, arguments in steps:
+        getattr(machine, rule_name)(**arguments)
+        machine.quota_safety()
+        machine.usage_matches_reference()
+    return machine
+
+
+@pytest.mark.parametrize("case", list(KNOWN_BUGS))
+def test_reference_repeats_known_lua_bug(redis_client: redis.Redis, case: str) -> None:
+    """What the machine runs with: the reference repeating the bug agrees with the
+    scripts on its falsifying example."""
+    replay(redis_client, KNOWN_BUGS[case][1], LUA_BUGS)
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param(case, marks=pytest.mark.xfail(
+        strict=True, raises=AssertionError,
+        reason=f"lib.lua bug {bug} (tests/fairshare/reference.py): the scripts break the "
+               "virtual-time rule"))
+    for case, (bug, _) in KNOWN_BUGS.items()
+])
+def test_known_lua_bug_against_the_rule(redis_client: redis.Redis, case: str) -> None:
+    """The falsifying example against the rule (the reference without the bug): the
+    steps agree up to the last, which the scripts answer otherwise."""
+    bug, steps = KNOWN_BUGS[case]
+    try:
+        machine = replay(redis_client, steps[:-1], LUA_BUGS - {bug})
+    except AssertionError as exc:  # not this bug: fail, do not xfail
+        raise RuntimeError(f"{case} disagrees before its last step") from exc
+    replay(redis_client, steps[-1:], LUA_BUGS - {bug}, machine)
