@@ -610,7 +610,7 @@ def test_reference_repeats_known_lua_bug(redis_client: redis.Redis, case: str) -
 @pytest.mark.parametrize("case", [
     pytest.param(case, marks=pytest.mark.xfail(
         strict=True, raises=AssertionError,
-        reason=f"lib.lua bug {bug} (tests/fairshare/reference.py): the scripts break the "
+        reason=f"lib.lua bug {bug} (tests/fairshare/queue/reference.py): the scripts break the "
                "virtual-time rule"))
     for case, (bug, _) in KNOWN_BUGS.items()
 ])
