@@ -491,9 +491,16 @@ class AdmissionService:
     ) -> AdmissionReviewResponse:
         config = progress.config or self.current_config()
         policy = config.platform.on_redis_unavailable if config is not None else "deny"
-        self.metrics.redis_unavailable.labels(policy).inc()
         plan = progress.plan
-        log.warning("Redis unavailable for uid=%s (%s): policy %s", request.uid, error, policy)
+        if progress.abandoned:
+            # The deadline fallback answered this request already (and counted and logged
+            # it): this late answer is discarded, so it is neither counted nor logged as one.
+            log.info("late decision for uid=%s, answered at the deadline, also found Redis "
+                     "unavailable (%s)", request.uid, error)
+        else:
+            self.metrics.redis_unavailable.labels(policy).inc()
+            log.warning("Redis unavailable for uid=%s (%s): policy %s", request.uid, error,
+                        policy)
         if policy == "allow" and plan is not None and config is not None:
             band: PriorityBand = "inference" if plan.pod_class == "inference" else "training"
             ops = build_patch(
