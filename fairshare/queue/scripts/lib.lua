@@ -787,15 +787,23 @@ local function refresh(tenant, st, moved)
   st = st or state_of(tenant)
   local lanes_key = P .. 'tl:' .. tenant
   local lanes = redis.call('SMEMBERS', lanes_key)
-  track_active(tenant, st, #lanes)
+  -- each lane's head (true: the remembered member's entry, not read); the tenant is
+  -- active by the lanes left once the emptied ones are dropped
+  local heads, live = {}, 0
+  for i, shape in ipairs(lanes) do
+    local known = st['rk:' .. shape] and moved and not moved[shape]
+    heads[i] = known or redis.call('LINDEX', lane_key(tenant, shape), 0)
+    if heads[i] then live = live + 1 end
+  end
+  track_active(tenant, st, live)
   local share = share_of(tenant, st)
   local tiers = {}
-  for _, shape in ipairs(lanes) do
+  for i, shape in ipairs(lanes) do
     local ready = P .. 'r:' .. shape
     local field = 'rk:' .. shape
     local old = st[field]
     local known = old and moved and not moved[shape]
-    local head = known or redis.call('LINDEX', lane_key(tenant, shape), 0)
+    local head = heads[i]
     local new = nil
     if not head then
       redis.call('SREM', lanes_key, shape)

@@ -64,12 +64,6 @@ COMMIT_AFTER = 0.5  # of the tenant's expected run time: a hold becomes a commit
 # Known bugs of the scripts, which the model repeats only when asked (Reference's
 # lua_bugs), so the stateful test can go on checking everything else; each one has a
 # strict xfail in test_queue_stateful.py replaying it against the rule.
-# STALE_LANES: with virtual time, the refresh after a queue entry is removed counts the
-# tenant's lanes before dropping the emptied ones (lib.lua refresh -> track_active), so
-# a tenant whose last entry was removed, expired or released, and that runs nothing,
-# stays in va: it keeps its old virtual time when it becomes active again (idle time
-# earns credit), and counts as active for others that join.
-STALE_LANES = "stale-lanes"
 # STALE_BOUNDS: with virtual time a decision walks a ready set from its lowest stored
 # score and stops at the first stored score that cannot beat the best current one
 # (lib.lua best_of), which is right only if stored scores are lower bounds. They are
@@ -296,21 +290,18 @@ class Reference:
         if tenant in self.active:
             self.va_bound[tenant] = v / self.cfg_of(tenant).w
 
-    def has_lane(self, tenant: str, emptied: bool = False) -> bool:
-        """Whether the tenant has a lane; ``emptied``: counting lanes emptied by this
-        operation (still listed until it ends) when the scripts' bug STALE_LANES is
-        emulated."""
-        stale = emptied and self.bug(STALE_LANES)
-        return any(entries or stale for (t, _), entries in self.lanes.items() if t == tenant)
+    def has_lane(self, tenant: str) -> bool:
+        """Whether the tenant has a queue entry in some lane."""
+        return any(entries for (t, _), entries in self.lanes.items() if t == tenant)
 
-    def track(self, tenant: str, now: float | None, emptied: bool = False) -> None:
+    def track(self, tenant: str, now: float | None) -> None:
         """After the tenant's usage or lanes changed: an active tenant (slices in use or
         a lane) that was not starts at the smallest virtual time of the other active
         tenants if its own is lower (only when ``now`` is known: else it joins at its
-        next change that knows it); an idle one leaves. ``emptied``: see has_lane."""
+        next change that knows it); an idle one leaves."""
         if not self.virtual:
             return
-        active = self.used_slices(tenant) > 0 or self.has_lane(tenant, emptied)
+        active = self.used_slices(tenant) > 0 or self.has_lane(tenant)
         if active == (tenant in self.active):
             return
         if not active:
@@ -359,11 +350,10 @@ class Reference:
         return score
 
     def refresh(self, tenant: str, now: float | None) -> None:
-        """lib.lua refresh, after the tenant's usage, lanes or quota changed: va
-        (counting lanes this operation emptied, see STALE_LANES) and, with
-        STALE_BOUNDS, the score stored for each of its ready lanes (its score at
+        """lib.lua refresh, after the tenant's usage, lanes or quota changed: va and,
+        with STALE_BOUNDS, the score stored for each of its ready lanes (its score at
         ``now``; None: as of its last fold, as sync and rebuild write it)."""
-        self.track(tenant, now, emptied=True)
+        self.track(tenant, now)
         if not self.bug(STALE_BOUNDS):
             return
         score = self.share(tenant, now)
