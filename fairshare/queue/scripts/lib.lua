@@ -429,6 +429,23 @@ local function share_of(tenant, st, now, credit)
   return math.log(d / cfg_of(tenant).w) + hl.rate * t
 end
 
+-- The score a new entry of the tenant (usage st) joins the order with at NOW: with
+-- virtual time, a tenant not in va yet is scored at the virtual time it joins at
+-- (track_active, which runs once the entry is queued or reserved), without joining.
+local function entry_share(tenant, st)
+  if not halflife().virtual or not NOW or redis.call('ZSCORE', K_ACTIVE, tenant) then
+    return share_of(tenant, st, NOW)
+  end
+  local d, w = du_of(tenant), cfg_of(tenant).w
+  local v, t = d.v, d.t
+  d.v, d.t = decayed(tenant, st, NOW), NOW
+  local floor = min_active(tenant)
+  if floor and d.v < floor * w then d.v = floor * w end
+  local score = share_of(tenant, st, NOW)
+  d.v, d.t = v, t
+  return score
+end
+
 -- nil when the tenant's quota admits shape D (parse_shape) on top of state st, else
 -- {code, slices}
 local function quota_check(cfg, st, D)

@@ -78,12 +78,6 @@ STALE_BOUNDS = "stale-bounds"
 # when a weight changes, so after a weight rises a joining tenant's floor can be taken
 # from another tenant than the one with the smallest virtual time (it starts higher).
 STALE_FLOOR = "stale-floor"
-# UNJOINED_ENTRY: admit scores the entry of a tenant that is not active yet with its
-# virtual time before it joins (track_active runs after the decision), so the first pod
-# of a tenant back from idle goes before the waiting pods of tenants at the virtual time
-# it joins at (by the fast path when capacity is free), though ties go to the pod
-# created first.
-UNJOINED_ENTRY = "unjoined-entry"
 
 
 def shape_key(shape: Shape) -> str:
@@ -335,9 +329,8 @@ class Reference:
 
     def entry_share(self, tenant: str, now: float) -> float:
         """The score a new entry of the tenant joins the order with: with virtual time,
-        a tenant not active yet is scored as it will be once it joins (at the floor),
-        unless UNJOINED_ENTRY is repeated."""
-        if not self.virtual or tenant in self.active or self.bug(UNJOINED_ENTRY):
+        a tenant not active yet is scored as it will be once it joins (at the floor)."""
+        if not self.virtual or tenant in self.active:
             return self.share(tenant, now)
         s = self.du.setdefault(tenant, Service())
         saved = s.v, s.t
