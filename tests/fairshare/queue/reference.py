@@ -73,11 +73,6 @@ COMMIT_AFTER = 0.5  # of the tenant's expected run time: a hold becomes a commit
 # time (the service of running pods up to the last fold is counted twice). A tenant
 # whose current score is the lowest is then passed over.
 STALE_BOUNDS = "stale-bounds"
-# STALE_FLOOR: va holds each active tenant's virtual time as of its last fold, with the
-# weight of then; min_active walks it the same way, and sync does not write it again
-# when a weight changes, so after a weight rises a joining tenant's floor can be taken
-# from another tenant than the one with the smallest virtual time (it starts higher).
-STALE_FLOOR = "stale-floor"
 
 
 def shape_key(shape: Shape) -> str:
@@ -201,7 +196,6 @@ class Reference:
         self.du: dict[str, Service] = {}
         self.rt: float | None = None  # the cluster's expected run time
         self.active: set[str] = set()  # va: the active tenants, as the scripts know them
-        self.va_bound: dict[str, float] = {}  # STALE_FLOOR: their scores in va
         self.stored: dict[tuple[str, str], float] = {}  # STALE_BOUNDS: ready-set scores
         self.handover: dict[str, tuple[str, str]] = {}  # tier -> (lane shape, tenant)
         self.commit: dict[str, Commitment] = {}  # tier -> the committed lane
@@ -281,8 +275,6 @@ class Reference:
         v, _ = self.service(tenant, now)
         s = self.du[tenant]
         s.v, s.t = v, now
-        if tenant in self.active:
-            self.va_bound[tenant] = v / self.cfg_of(tenant).w
 
     def has_lane(self, tenant: str) -> bool:
         """Whether the tenant has a queue entry in some lane."""
@@ -300,7 +292,6 @@ class Reference:
             return
         if not active:
             self.active.discard(tenant)
-            self.va_bound.pop(tenant, None)
             return
         if now is None:
             return
@@ -310,22 +301,12 @@ class Reference:
         if floor is not None and s.v < floor * w:
             s.v = floor * w
         self.active.add(tenant)
-        self.va_bound[tenant] = s.v / w
 
     def min_active(self, tenant: str, now: float) -> float | None:
-        """The smallest virtual time at ``now`` of the active tenants but ``tenant``
-        (with STALE_FLOOR: walked as the scripts do, until a stored bound in va cannot
-        beat the best current value)."""
-        best: float | None = None
-        for other in sorted(self.active, key=lambda t: (self.va_bound[t], t)):
-            if self.bug(STALE_FLOOR) and best is not None \
-                    and self.va_bound[other] >= best:
-                return best
-            if other != tenant:
-                v = self.service(other, now)[0] / self.cfg_of(other).w
-                if best is None or v < best:
-                    best = v
-        return best
+        """The smallest virtual time at ``now`` of the active tenants but ``tenant``."""
+        times = [self.service(other, now)[0] / self.cfg_of(other).w
+                 for other in self.active if other != tenant]
+        return min(times) if times else None
 
     def entry_share(self, tenant: str, now: float) -> float:
         """The score a new entry of the tenant joins the order with: with virtual time,
