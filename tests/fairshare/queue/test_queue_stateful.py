@@ -489,7 +489,8 @@ def test_queue_matches_reference_model(redis_client: redis.Redis, virtual_time: 
 # -- known bugs of the scripts -----------------------------------------------------------
 # Each is a falsifying example of the virtual-time machine, shrunk by hand: with the
 # reference repeating the bug (LUA_BUGS) the steps pass; against the rule they fail, as
-# strict xfails, until the scripts are fixed (then drop the bug from LUA_BUGS).
+# strict xfails, until the scripts are fixed (then drop the bug from LUA_BUGS and the
+# reference, and move its example to FIXED_BUGS).
 
 
 def _quotas(**weights: float) -> dict[str, dict[str, float]]:
