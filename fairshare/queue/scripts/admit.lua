@@ -121,7 +121,7 @@ if gid ~= '' then
     reason = quota_blocker(tenant, gang_shape, st)
     if reason == nil then
       -- the holds of the entries ahead of the gang's (it joins its tier's order now)
-      local me = {score = share_of(tenant, st, now),
+      local me = {score = entry_share(tenant, st),
                   key = head_key(tonumber(submitted), math.huge)}
       local G, _, held = plan(gang_shape.tier, now, me, EMPTY)
       reason = capacity_blocker(gang_shape, G, held) or {'turn'}
@@ -133,7 +133,7 @@ else
   -- it would join its tier's order as {its tenant's score, submitted, last admitted}
   local ahead = nil
   if reason == nil then
-    local me = {score = share_of(tenant, st, now),
+    local me = {score = entry_share(tenant, st),
                 key = head_key(tonumber(submitted), math.huge)}
     local G, held
     G, ahead, held = plan(band, now, me, d)

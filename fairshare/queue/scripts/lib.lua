@@ -429,6 +429,23 @@ local function share_of(tenant, st, now, credit)
   return math.log(d / cfg_of(tenant).w) + hl.rate * t
 end
 
+-- The score a new entry of the tenant (usage st) joins the order with at NOW: with
+-- virtual time, a tenant not in va yet is scored at the virtual time it joins at
+-- (track_active, which runs once the entry is queued or reserved), without joining.
+local function entry_share(tenant, st)
+  if not halflife().virtual or not NOW or redis.call('ZSCORE', K_ACTIVE, tenant) then
+    return share_of(tenant, st, NOW)
+  end
+  local d, w = du_of(tenant), cfg_of(tenant).w
+  local v, t = d.v, d.t
+  d.v, d.t = decayed(tenant, st, NOW), NOW
+  local floor = min_active(tenant)
+  if floor and d.v < floor * w then d.v = floor * w end
+  local score = share_of(tenant, st, NOW)
+  d.v, d.t = v, t
+  return score
+end
+
 -- nil when the tenant's quota admits shape D (parse_shape) on top of state st, else
 -- {code, slices}
 local function quota_check(cfg, st, D)
@@ -787,15 +804,23 @@ local function refresh(tenant, st, moved)
   st = st or state_of(tenant)
   local lanes_key = P .. 'tl:' .. tenant
   local lanes = redis.call('SMEMBERS', lanes_key)
-  track_active(tenant, st, #lanes)
+  -- each lane's head (true: the remembered member's entry, not read); the tenant is
+  -- active by the lanes left once the emptied ones are dropped
+  local heads, live = {}, 0
+  for i, shape in ipairs(lanes) do
+    local known = st['rk:' .. shape] and moved and not moved[shape]
+    heads[i] = known or redis.call('LINDEX', lane_key(tenant, shape), 0)
+    if heads[i] then live = live + 1 end
+  end
+  track_active(tenant, st, live)
   local share = share_of(tenant, st)
   local tiers = {}
-  for _, shape in ipairs(lanes) do
+  for i, shape in ipairs(lanes) do
     local ready = P .. 'r:' .. shape
     local field = 'rk:' .. shape
     local old = st[field]
     local known = old and moved and not moved[shape]
-    local head = known or redis.call('LINDEX', lane_key(tenant, shape), 0)
+    local head = heads[i]
     local new = nil
     if not head then
       redis.call('SREM', lanes_key, shape)

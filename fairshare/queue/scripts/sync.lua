@@ -42,6 +42,13 @@ for i = 4, #ARGV, 5 do
   redis.call('SADD', K_TENANTS, tenant)
 end
 redis.call('SET', P .. 'tw', total_weight)
+-- weights may have changed: va's scores are each active tenant's v as of its last fold
+-- over its weight now (still lower bounds of its virtual time, which min_active walks by)
+if halflife().virtual then
+  for _, tenant in ipairs(redis.call('ZRANGE', K_ACTIVE, 0, -1)) do
+    redis.call('ZADD', K_ACTIVE, 'XX', du_of(tenant).v / cfg_of(tenant).w, tenant)
+  end
+end
 for _, tenant in ipairs(redis.call('SMEMBERS', K_TENANTS)) do
   if not configured[tenant] then redis.call('DEL', P .. 'tc:' .. tenant) end
   redis.call('HDEL', P .. 'ts:' .. tenant, 'bt')  -- bw and bm are counted again

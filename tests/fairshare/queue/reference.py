@@ -64,12 +64,6 @@ COMMIT_AFTER = 0.5  # of the tenant's expected run time: a hold becomes a commit
 # Known bugs of the scripts, which the model repeats only when asked (Reference's
 # lua_bugs), so the stateful test can go on checking everything else; each one has a
 # strict xfail in test_queue_stateful.py replaying it against the rule.
-# STALE_LANES: with virtual time, the refresh after a queue entry is removed counts the
-# tenant's lanes before dropping the emptied ones (lib.lua refresh -> track_active), so
-# a tenant whose last entry was removed, expired or released, and that runs nothing,
-# stays in va: it keeps its old virtual time when it becomes active again (idle time
-# earns credit), and counts as active for others that join.
-STALE_LANES = "stale-lanes"
 # STALE_BOUNDS: with virtual time a decision walks a ready set from its lowest stored
 # score and stops at the first stored score that cannot beat the best current one
 # (lib.lua best_of), which is right only if stored scores are lower bounds. They are
@@ -79,17 +73,6 @@ STALE_LANES = "stale-lanes"
 # time (the service of running pods up to the last fold is counted twice). A tenant
 # whose current score is the lowest is then passed over.
 STALE_BOUNDS = "stale-bounds"
-# STALE_FLOOR: va holds each active tenant's virtual time as of its last fold, with the
-# weight of then; min_active walks it the same way, and sync does not write it again
-# when a weight changes, so after a weight rises a joining tenant's floor can be taken
-# from another tenant than the one with the smallest virtual time (it starts higher).
-STALE_FLOOR = "stale-floor"
-# UNJOINED_ENTRY: admit scores the entry of a tenant that is not active yet with its
-# virtual time before it joins (track_active runs after the decision), so the first pod
-# of a tenant back from idle goes before the waiting pods of tenants at the virtual time
-# it joins at (by the fast path when capacity is free), though ties go to the pod
-# created first.
-UNJOINED_ENTRY = "unjoined-entry"
 
 
 def shape_key(shape: Shape) -> str:
@@ -213,7 +196,6 @@ class Reference:
         self.du: dict[str, Service] = {}
         self.rt: float | None = None  # the cluster's expected run time
         self.active: set[str] = set()  # va: the active tenants, as the scripts know them
-        self.va_bound: dict[str, float] = {}  # STALE_FLOOR: their scores in va
         self.stored: dict[tuple[str, str], float] = {}  # STALE_BOUNDS: ready-set scores
         self.handover: dict[str, tuple[str, str]] = {}  # tier -> (lane shape, tenant)
         self.commit: dict[str, Commitment] = {}  # tier -> the committed lane
@@ -293,29 +275,23 @@ class Reference:
         v, _ = self.service(tenant, now)
         s = self.du[tenant]
         s.v, s.t = v, now
-        if tenant in self.active:
-            self.va_bound[tenant] = v / self.cfg_of(tenant).w
 
-    def has_lane(self, tenant: str, emptied: bool = False) -> bool:
-        """Whether the tenant has a lane; ``emptied``: counting lanes emptied by this
-        operation (still listed until it ends) when the scripts' bug STALE_LANES is
-        emulated."""
-        stale = emptied and self.bug(STALE_LANES)
-        return any(entries or stale for (t, _), entries in self.lanes.items() if t == tenant)
+    def has_lane(self, tenant: str) -> bool:
+        """Whether the tenant has a queue entry in some lane."""
+        return any(entries for (t, _), entries in self.lanes.items() if t == tenant)
 
-    def track(self, tenant: str, now: float | None, emptied: bool = False) -> None:
+    def track(self, tenant: str, now: float | None) -> None:
         """After the tenant's usage or lanes changed: an active tenant (slices in use or
         a lane) that was not starts at the smallest virtual time of the other active
         tenants if its own is lower (only when ``now`` is known: else it joins at its
-        next change that knows it); an idle one leaves. ``emptied``: see has_lane."""
+        next change that knows it); an idle one leaves."""
         if not self.virtual:
             return
-        active = self.used_slices(tenant) > 0 or self.has_lane(tenant, emptied)
+        active = self.used_slices(tenant) > 0 or self.has_lane(tenant)
         if active == (tenant in self.active):
             return
         if not active:
             self.active.discard(tenant)
-            self.va_bound.pop(tenant, None)
             return
         if now is None:
             return
@@ -325,28 +301,17 @@ class Reference:
         if floor is not None and s.v < floor * w:
             s.v = floor * w
         self.active.add(tenant)
-        self.va_bound[tenant] = s.v / w
 
     def min_active(self, tenant: str, now: float) -> float | None:
-        """The smallest virtual time at ``now`` of the active tenants but ``tenant``
-        (with STALE_FLOOR: walked as the scripts do, until a stored bound in va cannot
-        beat the best current value)."""
-        best: float | None = None
-        for other in sorted(self.active, key=lambda t: (self.va_bound[t], t)):
-            if self.bug(STALE_FLOOR) and best is not None \
-                    and self.va_bound[other] >= best:
-                return best
-            if other != tenant:
-                v = self.service(other, now)[0] / self.cfg_of(other).w
-                if best is None or v < best:
-                    best = v
-        return best
+        """The smallest virtual time at ``now`` of the active tenants but ``tenant``."""
+        times = [self.service(other, now)[0] / self.cfg_of(other).w
+                 for other in self.active if other != tenant]
+        return min(times) if times else None
 
     def entry_share(self, tenant: str, now: float) -> float:
         """The score a new entry of the tenant joins the order with: with virtual time,
-        a tenant not active yet is scored as it will be once it joins (at the floor),
-        unless UNJOINED_ENTRY is repeated."""
-        if not self.virtual or tenant in self.active or self.bug(UNJOINED_ENTRY):
+        a tenant not active yet is scored as it will be once it joins (at the floor)."""
+        if not self.virtual or tenant in self.active:
             return self.share(tenant, now)
         s = self.du.setdefault(tenant, Service())
         saved = s.v, s.t
@@ -359,11 +324,10 @@ class Reference:
         return score
 
     def refresh(self, tenant: str, now: float | None) -> None:
-        """lib.lua refresh, after the tenant's usage, lanes or quota changed: va
-        (counting lanes this operation emptied, see STALE_LANES) and, with
-        STALE_BOUNDS, the score stored for each of its ready lanes (its score at
+        """lib.lua refresh, after the tenant's usage, lanes or quota changed: va and,
+        with STALE_BOUNDS, the score stored for each of its ready lanes (its score at
         ``now``; None: as of its last fold, as sync and rebuild write it)."""
-        self.track(tenant, now, emptied=True)
+        self.track(tenant, now)
         if not self.bug(STALE_BOUNDS):
             return
         score = self.share(tenant, now)

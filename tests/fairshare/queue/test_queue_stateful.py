@@ -35,9 +35,6 @@ from tests.fairshare.queue.reference import (
     BANDS,
     PRIO,
     STALE_BOUNDS,
-    STALE_FLOOR,
-    STALE_LANES,
-    UNJOINED_ENTRY,
     Rec,
     Reference,
     empty_shape,
@@ -46,7 +43,7 @@ from tests.fairshare.queue.reference import (
 from tests.fairshare.queue.test_queue import dump_all
 from tests.fairshare.tickets import pod_uid
 
-LUA_BUGS = frozenset({STALE_BOUNDS, STALE_FLOOR, STALE_LANES, UNJOINED_ENTRY})
+LUA_BUGS = frozenset({STALE_BOUNDS})
 TENANTS = ("a", "b", "c")
 RESOURCES = ("gpu", "mig-1g.5gb", "mig-3g.40gb")
 DEMANDS: tuple[ResourceCounts, ...] = (
@@ -492,7 +489,8 @@ def test_queue_matches_reference_model(redis_client: redis.Redis, virtual_time: 
 # -- known bugs of the scripts -----------------------------------------------------------
 # Each is a falsifying example of the virtual-time machine, shrunk by hand: with the
 # reference repeating the bug (LUA_BUGS) the steps pass; against the rule they fail, as
-# strict xfails, until the scripts are fixed (then drop the bug from LUA_BUGS).
+# strict xfails, until the scripts are fixed (then drop the bug from LUA_BUGS and the
+# reference, and move its example to FIXED_BUGS).
 
 
 def _quotas(**weights: float) -> dict[str, dict[str, float]]:
@@ -513,19 +511,6 @@ def _pod(tenant: str, gpus: int = 1) -> dict[str, object]:
 Steps = list[tuple[str, dict[str, object]]]
 
 KNOWN_BUGS: dict[str, tuple[str, Steps]] = {
-    "idle-tenant-stays-active": (STALE_LANES, [
-        ("first_config", {"quotas": _quotas(), "cap": _gpus(2)}),
-        ("admit", _pod("b", gpus=2)),
-        ("admit", _pod("a")),  # a waits...
-        ("remove", {"index": 0}),  # ...its pod is deleted: a is idle, yet stays in va (0)
-        ("admit", _pod("b")),  # b waits for a GPU
-        ("advance", {"seconds": 90.0}),
-        ("admit", _pod("c")),  # c joins at a's virtual time 0, not b's 1260
-        ("see_pods", {}),
-        ("finish", {"index": 0}),  # b's 2-GPU pod ends
-        # the scripts release c's pod; the rule: b's (both at 1260, b's created first)
-        ("dispatch", {"limit": 1}),
-    ]),
     "stored-score-above-current-when-rt-falls": (STALE_BOUNDS, [
         ("first_config", {"quotas": _quotas(), "cap": _gpus(3)}),
         ("admit", _pod("c", gpus=2)),
@@ -552,7 +537,39 @@ KNOWN_BUGS: dict[str, tuple[str, Steps]] = {
         # the rule: a's
         ("dispatch", {"limit": 1}),
     ]),
-    "floor-from-stale-va-after-weight-change": (STALE_FLOOR, [
+}
+
+
+# Falsifying examples of bugs the scripts had (fixed since): they follow the rule.
+FIXED_BUGS: dict[str, Steps] = {
+    # stale-lanes: refresh counted a tenant's lanes before dropping the emptied ones
+    "idle-tenant-stays-active": [
+        ("first_config", {"quotas": _quotas(), "cap": _gpus(2)}),
+        ("admit", _pod("b", gpus=2)),
+        ("admit", _pod("a")),  # a waits...
+        ("remove", {"index": 0}),  # ...its pod is deleted: a is idle and leaves va
+        ("admit", _pod("b")),  # b waits for a GPU
+        ("advance", {"seconds": 90.0}),
+        ("admit", _pod("c")),  # c joins at b's virtual time 1260 (not at a's 0)
+        ("see_pods", {}),
+        ("finish", {"index": 0}),  # b's 2-GPU pod ends
+        # b's pod is released (both at 1260, b's created first)
+        ("dispatch", {"limit": 1}),
+    ],
+    # unjoined-entry: admit scored a tenant's entry before the tenant joined va
+    "first-pod-back-from-idle-scored-before-joining": [
+        ("first_config", {"quotas": _quotas(), "cap": _gpus(1)}),
+        ("admit", _pod("b")),
+        ("admit", _pod("b")),  # b waits
+        ("see_pods", {}),
+        ("advance", {"seconds": 90.0}),
+        ("finish", {"index": 0}),  # b's pod ends: the GPU is free, b's at 630
+        # a joins at 630, and its pod is scored there: it queues behind b's pod
+        # (created first)
+        ("admit", _pod("a")),
+    ],
+    # stale-floor: sync did not write va's scores again when a weight changed
+    "floor-from-stale-va-after-weight-change": [
         ("first_config", {"quotas": _quotas(), "cap": _gpus(2)}),
         ("admit", _pod("a")),
         ("admit", _pod("b")),
@@ -562,25 +579,13 @@ KNOWN_BUGS: dict[str, tuple[str, Steps]] = {
         ("advance", {"seconds": 90.0}),
         ("finish", {"index": 0}),
         ("finish", {"index": 0}),  # both ran 630, and wait: active
-        # b's weight triples: its virtual time is 210, va still holds 630
+        # b's weight triples: its virtual time is 210
         ("configure", {"quotas": _quotas(b=3), "cap": _gpus(0)}),
-        ("admit", _pod("c")),  # c joins at 630 (a's), not at b's 210
+        ("admit", _pod("c")),  # c joins at b's 210 (not at a's 630)
         ("configure", {"quotas": _quotas(b=3), "cap": _gpus(2)}),
-        # the scripts release b's and a's pods; the rule: b's and c's (c at 210, ahead
-        # of a at 630)
+        # b's and c's pods are released (c at 210, ahead of a at 630)
         ("dispatch", {"limit": 100}),
-    ]),
-    "first-pod-back-from-idle-scored-before-joining": (UNJOINED_ENTRY, [
-        ("first_config", {"quotas": _quotas(), "cap": _gpus(1)}),
-        ("admit", _pod("b")),
-        ("admit", _pod("b")),  # b waits
-        ("see_pods", {}),
-        ("advance", {"seconds": 90.0}),
-        ("finish", {"index": 0}),  # b's pod ends: the GPU is free, b's at 630
-        # a joins at 630, but the scripts score its pod at 0 and reserve it; the rule:
-        # it queues behind b's pod (created first)
-        ("admit", _pod("a")),
-    ]),
+    ],
 }
 
 
@@ -623,3 +628,9 @@ def test_known_lua_bug_against_the_rule(redis_client: redis.Redis, case: str) ->
     except AssertionError as exc:  # not this bug: fail, do not xfail
         raise RuntimeError(f"{case} disagrees before its last step") from exc
     replay(redis_client, steps[-1:], LUA_BUGS - {bug}, machine)
+
+
+@pytest.mark.parametrize("case", list(FIXED_BUGS))
+def test_fixed_lua_bug_follows_the_rule(redis_client: redis.Redis, case: str) -> None:
+    """A bug's falsifying example, now that the scripts follow the rule."""
+    replay(redis_client, FIXED_BUGS[case], LUA_BUGS)
