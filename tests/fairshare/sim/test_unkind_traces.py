@@ -206,6 +206,18 @@ def test_kind_and_half_life_need_unkind(capsys: pytest.CaptureFixture[str]) -> N
     assert "--kind and --half-life go with --unkind" in capsys.readouterr().err
 
 
+def measure_seed(seed: int, kind: str) -> WindowOutcome:
+    """The outcome of the unkind trace of ``seed``, which must be of ``kind``."""
+    data = unkind_trace(seed)
+    assert data["_meta"]["kind"] == kind
+    with local_redis() as url:
+        client = redis.Redis.from_url(url)
+        try:
+            return check_window(data, client)
+        finally:
+            client.close()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [58, 65])
 def test_a_running_pod_is_charged_once_so_long_pods_are_not_held_back(seed: int) -> None:
@@ -214,14 +226,7 @@ def test_a_running_pod_is_charged_once_so_long_pods_are_not_held_back(seed: int)
     tenants with the longest pods fell 7.4% and 8.3% short of their entitlement over the
     window (utilisation 0.94-0.95); charged once, start-time fair queuing's start tag,
     every target is met."""
-    data = unkind_trace(seed)
-    assert data["_meta"]["kind"] == "burst-busy"
-    with local_redis() as url:
-        client = redis.Redis.from_url(url)
-        try:
-            outcome = check_window(data, client)
-        finally:
-            client.close()
+    outcome = measure_seed(seed, "burst-busy")
     assert not window_failures(outcome), outcome.per_tenant
 
 
@@ -231,13 +236,6 @@ def test_inference_ahead_of_training_is_not_counted_against_the_training_tenants
     and the training tenants to the other 10 by weight. Entitled by weight alone (0.86
     GPUs to inference), all three training tenants looked 5-6% short of an entitlement
     to GPUs that inference held, at utilisation 0.99."""
-    data = unkind_trace(41)
-    assert data["_meta"]["kind"] == "inference"
-    with local_redis() as url:
-        client = redis.Redis.from_url(url)
-        try:
-            outcome = check_window(data, client)
-        finally:
-            client.close()
+    outcome = measure_seed(41, "inference")
     assert outcome.inference_waited == 0
     assert not window_failures(outcome), outcome.per_tenant
