@@ -113,3 +113,17 @@ def make_rig(redis_url: str, tenants: dict[str, dict[str, Any]], capacity: dict[
     dispatcher.sync(force=True)
     return Rig(client, queue, clock, cluster, dispatcher, config)
 
+
+# 4 GPUs; team-a (weight 1) alone until team-b (weight 3) arrives at t=200 with far more
+# work than fits; team-c (weight 2) never sends a pod. 1-GPU pods of 100 s.
+JOIN_TRACE = (
+    "capacity: {gpu: 4}\n"
+    "tenants:\n"
+    "  team-a: {weight: 1, nominal: {gpu: 4}}\n"
+    "  team-b: {weight: 3, nominal: {gpu: 4}}\n"
+    "  team-c: {weight: 2, nominal: {gpu: 4}}\n"
+    "arrivals:\n"
+    "  - {at: 0, tenant: team-a, class: training, demand: {gpu: 1}, duration: 100, count: 40}\n"
+    "  - {at: 200, tenant: team-b, class: training, demand: {gpu: 1}, duration: 100, count: 40}\n"
+    "horizon: 620\n"
+)

@@ -15,21 +15,8 @@ import yaml
 
 from fairshare.sim.simulate import SimulationReport, Window, run_simulation, simulate_command
 from fairshare.sim.trace import parse_trace
+from tests.fairshare.simkit import JOIN_TRACE
 from webhook.cli import main
-
-# 4 GPUs; team-a (weight 1) alone until team-b (weight 3) arrives at t=200 with far more
-# work than fits; team-c (weight 2) never sends a pod. 1-GPU pods of 100 s.
-JOIN = (
-    "capacity: {gpu: 4}\n"
-    "tenants:\n"
-    "  team-a: {weight: 1, nominal: {gpu: 4}}\n"
-    "  team-b: {weight: 3, nominal: {gpu: 4}}\n"
-    "  team-c: {weight: 2, nominal: {gpu: 4}}\n"
-    "arrivals:\n"
-    "  - {at: 0, tenant: team-a, class: training, demand: {gpu: 1}, duration: 100, count: 40}\n"
-    "  - {at: 200, tenant: team-b, class: training, demand: {gpu: 1}, duration: 100, count: 40}\n"
-    "horizon: 620\n"
-)
 
 
 def run(text: str, redis_url: str, window: Window | None = None,
@@ -47,7 +34,7 @@ def measures(report: SimulationReport) -> dict[str, tuple[float, float, float | 
 
 
 def test_the_entitlement_integrates_the_fair_share_over_the_window(redis_url: str) -> None:
-    whole = run(JOIN, redis_url)
+    whole = run(JOIN_TRACE, redis_url)
     assert whole.window is not None and (whole.window.start, whole.window.end) == (0.0, 620.0)
     got = measures(whole)
     # team-a is entitled to all 4 GPUs while alone (0-200), then to 1 of 4 (1:3)
@@ -61,13 +48,13 @@ def test_the_entitlement_integrates_the_fair_share_over_the_window(redis_url: st
     assert sum(v[0] for v in got.values()) == pytest.approx(4 * 620)
     assert whole.window.utilization == pytest.approx(1.0)
 
-    late = run(JOIN, redis_url, Window(300.0))  # both active: entitlement 1:3 of 4 GPUs
+    late = run(JOIN_TRACE, redis_url, Window(300.0))  # both active: entitlement 1:3 of 4 GPUs
     got_late = measures(late)
     assert late.window is not None and (late.window.start, late.window.end) == (300.0, 620.0)
     assert got_late["team-a"][1] == pytest.approx(320)
     assert got_late["team-b"][1] == pytest.approx(960)
     assert got_late["team-a"][3] == got_late["team-b"][3] == 320.0
-    early = measures(run(JOIN, redis_url, Window(0.0, 300.0)))
+    early = measures(run(JOIN_TRACE, redis_url, Window(0.0, 300.0)))
     for name in ("team-a", "team-b"):  # the windows split the run exactly
         assert early[name][0] + got_late[name][0] == pytest.approx(got[name][0])
         assert early[name][1] + got_late[name][1] == pytest.approx(got[name][1])
@@ -134,7 +121,7 @@ def _simulate_json(path: Path, redis_url: str, **options: Any) -> tuple[int, str
 
 def test_the_window_option_reaches_the_json(redis_url: str, tmp_path: Path) -> None:
     path = tmp_path / "join.yaml"
-    path.write_text(JOIN)
+    path.write_text(JOIN_TRACE)
     code, out, err = _simulate_json(path, redis_url, window=Window(200.0, 620.0))
     assert code == 0, err
     window = json.loads(out)["window"]
@@ -195,7 +182,7 @@ def test_the_text_report_has_the_window_table(redis_url: str, tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "200")  # a wide terminal: no header wrapped in its cell
     path = tmp_path / "join.yaml"
-    path.write_text(JOIN)
+    path.write_text(JOIN_TRACE)
     out = io.StringIO()
     assert simulate_command(path, False, redis_url, out=out, err=io.StringIO(),
                             window=Window(300.0)) == 0

@@ -11,26 +11,13 @@ import pytest
 
 from fairshare.sim.simulate import run_simulation, simulate_command
 from fairshare.sim.trace import load_trace
-
-# 4 GPUs; team-a (weight 1) alone until team-b (weight 3) arrives at t=200 with far more
-# work than fits; team-c (weight 2) never sends a pod. 1-GPU pods of 100 s.
-TRACE = (
-    "capacity: {gpu: 4}\n"
-    "tenants:\n"
-    "  team-a: {weight: 1, nominal: {gpu: 4}}\n"
-    "  team-b: {weight: 3, nominal: {gpu: 4}}\n"
-    "  team-c: {weight: 2, nominal: {gpu: 4}}\n"
-    "arrivals:\n"
-    "  - {at: 0, tenant: team-a, class: training, demand: {gpu: 1}, duration: 100, count: 40}\n"
-    "  - {at: 200, tenant: team-b, class: training, demand: {gpu: 1}, duration: 100, count: 40}\n"
-    "horizon: 620\n"
-)
+from tests.fairshare.simkit import JOIN_TRACE
 
 
 @pytest.fixture
 def trace_path(tmp_path: Path) -> Path:
     path = tmp_path / "arrive.yaml"
-    path.write_text(TRACE)
+    path.write_text(JOIN_TRACE)
     return path
 
 
