@@ -490,6 +490,16 @@ class WindowOutcome:
     # off_pods = (GPU-time - entitlement) / its mean pod's GPU-time
     per_tenant: dict[str, dict[str, float]] = field(default_factory=dict)
 
+    @property
+    def used_share_error(self) -> float:
+        """The worst |share of the GPU-time used / share of the entitlement - 1|: the
+        share error with idle capacity counted once (in utilisation), not also as every
+        tenant's shortfall."""
+        used = sum(t["gpu_seconds"] for t in self.per_tenant.values())
+        entitled = sum(t["entitled_gpu_seconds"] for t in self.per_tenant.values())
+        return max(abs(t["gpu_seconds"] / used * entitled / t["entitled_gpu_seconds"] - 1)
+                   for t in self.per_tenant.values())
+
 
 def check_window(data: dict[str, Any], client: redis.Redis) -> WindowOutcome:
     """Run one unkind trace and measure it over its all-active window, with
@@ -564,7 +574,9 @@ def window_summary(outcomes: list[WindowOutcome], worst: int = 3) -> dict[str, A
     def rates(group: list[WindowOutcome]) -> dict[str, Any]:
         row: dict[str, Any] = {"traces": len(group),
                                "pass": sum(1 for o in group if not window_failures(o)),
-                               "backlog_broken": sum(1 for o in group if not o.backlogged)}
+                               "backlog_broken": sum(1 for o in group if not o.backlogged),
+                               "used_share": sum(1 for o in group
+                                                 if o.used_share_error <= 0.05)}
         for name, _, ok, applies in WINDOW_TARGETS:
             mine = [o for o in group if applies(o)]
             row[name] = [sum(1 for o in mine if ok(o)), len(mine)]
@@ -610,6 +622,10 @@ def window_table(summary: dict[str, Any], replay: str) -> str:
                      + " | ".join(cell(*row[n]) for n in names) + " |")
     broken = summary["all"]["backlog_broken"]
     lines.append("")
+    lines.append("share of the GPU-time used within 5% of the entitlement's share (idle "
+                 "counted once, in utilisation): " + ", ".join(
+                     f"{kind} {row['used_share']}/{row['traces']}"
+                     for kind, row in [*summary["kinds"].items(), ("all", summary["all"])]))
     lines.append(f"backlog promise broken in {broken} trace(s)" if broken else
                  "every training tenant was backlogged throughout its window in every trace")
     for name in names:

@@ -122,13 +122,17 @@ def test_each_kind_makes_its_situation(kind: str) -> None:
 
 
 def _outcome(seed: int, kind: str, error: float, jain: float = 1.0, util: float = 1.0,
-             waited: int = 0, inference: bool = False) -> WindowOutcome:
+             waited: int = 0, inference: bool = False, idle: float = 0.0) -> WindowOutcome:
+    """t0 ``error`` over and t1 under an entitlement of 100 GPU-seconds each, both also
+    short by the fraction ``idle``."""
+    ratios = {"t0": (1 + error) * (1 - idle), "t1": (1 - error) * (1 - idle)}
     return WindowOutcome(seed=seed, kind=kind, tenants=2, capacity=8, window=[0.0, 1.0],
-                         share_error=error, jain=jain, utilization=util,
-                         inference_waited=waited, has_inference=inference, backlogged=True,
-                         seconds=0.0,
-                         per_tenant={"t0": {"of_entitlement": 1 + error},
-                                     "t1": {"of_entitlement": 1 - error}})
+                         share_error=max(abs(r - 1) for r in ratios.values()), jain=jain,
+                         utilization=util, inference_waited=waited,
+                         has_inference=inference, backlogged=True, seconds=0.0,
+                         per_tenant={n: {"of_entitlement": r, "gpu_seconds": 100 * r,
+                                         "entitled_gpu_seconds": 100.0}
+                                     for n, r in ratios.items()})
 
 
 def test_the_summary_counts_pass_rates_per_target_and_kind_and_names_the_worst() -> None:
@@ -152,6 +156,19 @@ def test_the_summary_counts_pass_rates_per_target_and_kind_and_names_the_worst()
     table = window_table(summary, "replay {seed}")
     assert "| staggered | 2 | 1/2 (50%) | 1/2 (50%) |" in table
     assert "seed 7 (staggered): share error 0.300" in table and "[replay 7]" in table
+
+
+def test_idle_capacity_is_counted_once_in_the_share_of_the_gpu_time_used() -> None:
+    """Both tenants 10% short because the cluster idled: the share error against the
+    integrated entitlement is 10%, the share of what was used is exact; a tenant over
+    its share by 8% stays 8% over however much idled."""
+    even, uneven = _outcome(0, "big-pods", 0.0, idle=0.1), _outcome(7, "big-pods", 0.08,
+                                                                     idle=0.1)
+    assert even.share_error == pytest.approx(0.1) and even.used_share_error == 0.0
+    assert uneven.used_share_error == pytest.approx(0.08)
+    summary = window_summary([even, uneven])
+    assert summary["all"]["used_share"] == 1
+    assert "big-pods 1/2, all 1/2" in window_table(summary, "replay {seed}")
 
 
 @pytest.fixture(scope="module")
@@ -239,3 +256,4 @@ def test_inference_ahead_of_training_is_not_counted_against_the_training_tenants
     outcome = measure_seed(41, "inference")
     assert outcome.inference_waited == 0
     assert not window_failures(outcome), outcome.per_tenant
+
