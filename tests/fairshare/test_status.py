@@ -268,10 +268,12 @@ def test_status_shows_capacity_held_and_for_whom(redis_client: redis.Redis,
     # owed the next capacity, none free yet
     assert [(h["tenant"], h["held"]) for h in status_report(q, NOW + 2)["held"]] == [
         ("team-b", {"gpu": 0})]
-    assert q.release("a0", pod_uid("a0"), NOW + 3)
-    assert q.release("a1", pod_uid("a1"), NOW + 3)
-    assert q.dispatch(NOW + 3) == []  # team-a's pod may not take the held GPUs
-    report = status_report(q, NOW + 3)
+    # a0 and a1 ran 700 s, so team-a's next pod is expected to run past when a2 and a3
+    # are expected to end (600 s, the default): it may not take the held GPUs (backfill)
+    assert q.release("a0", pod_uid("a0"), NOW + 700)
+    assert q.release("a1", pod_uid("a1"), NOW + 700)
+    assert q.dispatch(NOW + 700) == []
+    report = status_report(q, NOW + 700)
     assert report["held"] == [{
         "tenant": "team-b", "band": "training", "pod": "team-b-dev/big", "group": None,
         "demand": {"gpu": 4}, "held": {"gpu": 2}, "heldGpuEquivalents": 2.0,
@@ -284,10 +286,10 @@ def test_status_shows_capacity_held_and_for_whom(redis_client: redis.Redis,
     assert status_command(redis_url, False, out=table) == 0
     assert "team-b: 2 of 4 gpu held for team-b-dev/big (training)" in table.getvalue()
     # once team-b runs, team-a (nothing running, below its share) is owed the next GPU
-    assert q.release("a2", pod_uid("a2"), NOW + 4)
-    assert q.release("a3", pod_uid("a3"), NOW + 4)
-    assert [r.ticket for r in q.dispatch(NOW + 4)] == ["b-big"]
-    assert [(h["pod"], h["held"]) for h in status_report(q, NOW + 4)["held"]] == [
+    assert q.release("a2", pod_uid("a2"), NOW + 701)
+    assert q.release("a3", pod_uid("a3"), NOW + 701)
+    assert [r.ticket for r in q.dispatch(NOW + 701)] == ["b-big"]
+    assert [(h["pod"], h["held"]) for h in status_report(q, NOW + 701)["held"]] == [
         ("team-a-dev/more", {"gpu": 0})]
 
 

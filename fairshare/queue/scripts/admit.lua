@@ -166,6 +166,7 @@ if reason == nil then
   put_rec(ticket, {'R', tenant, cls, band, counts, ns, name, '', '1', submitted,
                    seq, ARGV[1], ''})
   add_usage(tenant, band, d, 1, st)
+  note_running(ticket, tenant, d, 1)
   index_name(ticket, {'R', tenant, cls, band, '', ns, name})
   redis.call('ZADD', K_RESV, now, ticket)
   redis.call('SADD', K_TENANTS, tenant)

@@ -550,6 +550,19 @@ local function add_usage(tenant, band, d, sign, st, started)
   track_active(tenant, st or usage_state(tenant))
 end
 
+-- Expected ends (backfill): each capacity key's running and reserved tickets in the
+-- sorted set re:<capacity key>, scored by when they are expected to end: their start
+-- plus their tenant's expected run time at that moment (the cluster's before one of
+-- its pods ended). Kept in every order; only virtual time reads it (backfills).
+local function note_running(ticket, tenant, d, sign, started)
+  if sign > 0 then
+    local ends = (started or NOW or 0) + (du_of(tenant).r or cluster_run())
+    for k, _ in pairs(d) do redis.call('ZADD', P .. 're:' .. k, ends, ticket) end
+  else
+    for k, _ in pairs(d) do redis.call('ZREM', P .. 're:' .. k, ticket) end
+  end
+end
+
 -- tickets ----------------------------------------------------------------------------
 
 local function get_rec(ticket)
@@ -1008,6 +1021,7 @@ local function forget(ticket, rec)
     end
     add_usage(rec[F_TENANT], rec[F_BAND], parse_counts(rec[F_DEMAND]), -1, nil,
               tonumber(rec[F_AT]))
+    note_running(ticket, rec[F_TENANT], parse_counts(rec[F_DEMAND]), -1)
     redis.call('HDEL', K_TICKETS, ticket)
     changed = gang_running(rec[F_GANG], -1)
   else
@@ -1244,6 +1258,68 @@ end
 -- if none; with `counts`, only a top sharing one of those resources counts, and the
 -- walk goes on past the others), the held tops and the commitment record as read
 -- (favoured_tops). `tidy`: see survey.
+-- The expected end by which `units` of capacity key `res` come free, as the running
+-- tickets of bands of priority >= `prio` end in their expected order (re:<res>): NOW
+-- when one that must end first has outrun its expected end; nil when they never free
+-- that many.
+local function drained_by(res, units, prio, now)
+  local got, first = 0, 0
+  while true do
+    local rows = redis.call('ZRANGE', P .. 're:' .. res, first, first + 63, 'WITHSCORES')
+    if #rows == 0 then return nil end
+    for j = 1, #rows, 2 do
+      local rec = get_rec(rows[j])
+      if rec and PRIO[rec[F_BAND]] >= prio then
+        got = got + (parse_counts(rec[F_DEMAND])[res] or 0)
+        if got >= units then return math.max(tonumber(rows[j + 1]), now) end
+      end
+    end
+    first = first + 64
+  end
+end
+
+-- Backfill (virtual time): whether `top`, which fits the free capacity but not what is
+-- held (plan), is expected to end (its tenant's expected run time from now) before
+-- each held top sharing one of its resources is expected to fit. A held top is
+-- expected to fit when, on each resource of its demand, the running tickets expected
+-- to end first have freed what it and the held tops before it still lack
+-- (drained_by); never before now, so nothing is backfilled once a ticket it waits for
+-- outruns its expected end.
+local function backfills(top, held, now)
+  if #held == 0 or not now or not halflife().virtual then return false end
+  local ends = now + (du_of(top.tenant).r or cluster_run())
+  local mine = {}
+  for _, band in ipairs(BAND_ORDER) do
+    for _, res in ipairs(top.D.keys[band]) do mine[res] = true end
+  end
+  local lacking = {}
+  for _, h in ipairs(held) do
+    local shared = false
+    for _, band in ipairs(BAND_ORDER) do
+      for _, res in ipairs(h.D.keys[band]) do
+        lacking[res] = (lacking[res] or 0) + h.D[band][res] - (h.hold[band][res] or 0)
+        shared = shared or mine[res]
+      end
+    end
+    if shared then
+      if h.fits_at == nil then
+        h.fits_at = now
+        for _, band in ipairs(BAND_ORDER) do
+          for _, res in ipairs(h.D.keys[band]) do
+            local at = h.fits_at
+            if at and lacking[res] > 0 then
+              at = drained_by(res, lacking[res], PRIO[h.D.tier], now)
+            end
+            if not at then h.fits_at = false elseif at > h.fits_at then h.fits_at = at end
+          end
+        end
+      end
+      if not h.fits_at or ends > h.fits_at then return false end
+    end
+  end
+  return true
+end
+
 local function plan(tier, now, stop, counts, tidy)
   -- current scores by tenant, shared by this plan's walks (see best_of)
   local scores = {}
@@ -1273,7 +1349,7 @@ local function plan(tier, now, stop, counts, tidy)
     -- nothing held yet: the survey's check without holds is the answer
     local blocked = top.blocked
     if not blocked and #held > 0 then blocked = cap_check(top.D, G, false) end
-    if not blocked then
+    if not blocked or (not top.blocked and backfills(top, held, now)) then
       if not counts or shares_resource(top.D, counts) then return G, top, held, record end
     elseif cap_check(top.D, nil, true) == nil then
       if below_share(top, tier, bw) then

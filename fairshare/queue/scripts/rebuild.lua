@@ -40,6 +40,11 @@ for _, tier in ipairs(TIERS) do
   redis.call('DEL', P .. 'sh:' .. tier)
 end
 for _, gid in ipairs(redis.call('SMEMBERS', K_GANGS)) do redis.call('DEL', P .. 'g:' .. gid) end
+-- expected ends (re:<capacity key>) of every key in use or in the capacity
+local in_use = {}
+for _, field in ipairs(redis.call('HKEYS', K_USED)) do in_use[field:sub(3)] = true end
+for _, key in ipairs(redis.call('HKEYS', K_CAP)) do in_use[key] = true end
+for key, _ in pairs(in_use) do redis.call('DEL', P .. 're:' .. key) end
 redis.call('DEL', K_GANGS, K_TICKETS, K_RESV, K_USED, P .. 'bw', P .. 'bm')
 for first = 0, NAME_BUCKETS - 1, 256 do
   local keys = {}
@@ -55,6 +60,7 @@ local function hold(ticket, rec)
   index_name(ticket, rec)
   add_usage(rec[F_TENANT], rec[F_BAND], parse_counts(rec[F_DEMAND]), 1, nil,
             tonumber(rec[F_AT]))
+  note_running(ticket, rec[F_TENANT], parse_counts(rec[F_DEMAND]), 1, tonumber(rec[F_AT]))
   if uid_of(rec) == '' then redis.call('ZADD', K_RESV, rec[F_AT], ticket) end
   local gid = rec[F_GANG]
   if gid ~= '' then

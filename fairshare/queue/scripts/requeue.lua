@@ -7,6 +7,7 @@ local rec = get_rec(ticket)
 if not rec or (rec[F_STATE] ~= 'R' and rec[F_STATE] ~= 'A') then return 0 end
 add_usage(rec[F_TENANT], rec[F_BAND], parse_counts(rec[F_DEMAND]), -1, nil,
           tonumber(rec[F_AT]))
+note_running(ticket, rec[F_TENANT], parse_counts(rec[F_DEMAND]), -1)
 -- a ticket whose pod was never seen keeps expiring (see expire)
 if uid_of(rec) ~= '' then redis.call('ZREM', K_RESV, ticket) end
 local changed = gang_running(rec[F_GANG], -1)

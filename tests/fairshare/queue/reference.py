@@ -127,6 +127,7 @@ class Rec:
     seq: int
     at: float | None = None  # reserved/released at (a running pod: when its run began)
     uid: str = ""  # the pod the ticket is bound to ("" while unseen)
+    ends: float | None = None  # holding usage: when it is expected to end (re:<key>)
 
 
 @dataclass
@@ -247,6 +248,53 @@ class Reference:
 
     def cluster_run(self) -> float:
         return self.rt if self.rt is not None else DEFAULT_RUN
+
+    def expected_run(self, tenant: str) -> float:
+        """The tenant's expected run time (the cluster's before one of its pods ended)."""
+        s = self.du.get(tenant)
+        return s.r if s is not None and s.r is not None else self.cluster_run()
+
+    def drained_by(self, res: str, units: int, prio: int, now: float) -> float | None:
+        """When ``units`` of ``res`` come free as the tickets holding it, of bands of
+        priority >= ``prio``, end in their expected order (never before ``now``); None
+        when they never free that many."""
+        got = 0
+        holding = sorted((r.ends, t) for t, r in self.recs.items()
+                         if r.ends is not None and res in r.demand)
+        for ends, ticket in holding:
+            rec = self.recs[ticket]
+            if PRIO[rec.band] >= prio:
+                got += rec.demand[res]
+                if got >= units:
+                    return max(ends, now)
+        return None
+
+    def backfills(self, top: Top, shape: Shape, held: list[Top], now: float) -> bool:
+        """Virtual time: whether ``top`` (fits the free capacity, not what is held) is
+        expected to end before each held top sharing one of its resources is expected
+        to fit: when the tickets expected to end first have freed, on each of its
+        resources, what it and the held tops before it still lack."""
+        if not held or not self.virtual:
+            return False
+        ends = now + self.expected_run(top.tenant)
+        mine = shape_resources(shape)
+        lacking: dict[str, int] = {}
+        for h in held:
+            hs = self.lane_shapes[h.key]
+            for b in BANDS:
+                for r, n in hs[b].items():
+                    if n:
+                        lacking[r] = lacking.get(r, 0) + n - h.hold[b].get(r, 0)
+            if not shape_resources(hs) & mine:
+                continue
+            fits_at: float | None = now
+            for r in sorted(shape_resources(hs)):
+                if fits_at is not None and lacking[r] > 0:
+                    at = self.drained_by(r, lacking[r], PRIO[shape_tier(hs)], now)
+                    fits_at = None if at is None else max(fits_at, at)
+            if fits_at is None or ends > fits_at:
+                return False
+        return True
 
     def service(self, tenant: str, now: float | None) -> tuple[float, float]:
         """The tenant's service at ``now`` (None: as of its last fold) and its expected
@@ -582,7 +630,9 @@ class Reference:
             if stop is not None and top.order >= stop:
                 break
             shape = self.lane_shapes[top.key]
-            if self.cap_check(shape, guards) is None:
+            if self.cap_check(shape, guards) is None or (
+                    self.cap_check(shape, None) is None
+                    and self.backfills(top, shape, held, now)):
                 if counts is None or shape_resources(shape) & {r for r, n in counts.items() if n}:
                     return guards, top, held, record
             elif self.cap_check(shape, None, idle=True) is None:
@@ -911,7 +961,8 @@ class Reference:
                 self.seq += 1
                 self.fold(tenant, now)
                 self.recs[req.ticket] = Rec("R", tenant, cls, band, d, req.namespace,
-                                            req.name, "", 1, req.submitted_at, self.seq, now)
+                                            req.name, "", 1, req.submitted_at, self.seq, now,
+                                            ends=now + self.expected_run(tenant))
                 self.resv[req.ticket] = now
                 self.tenants.add(tenant)
                 self.track(tenant, now)
@@ -946,6 +997,7 @@ class Reference:
                 rec = self.recs[t]
                 self.fold(rec.tenant, now)
                 rec.state, rec.at = "A", now
+                rec.ends = now + self.expected_run(rec.tenant)
                 if not rec.uid:
                     self.resv[t] = now
                 out.append(Release(t, rec.tenant, rec.ns, rec.name, BAND_NAME[rec.band],
@@ -1040,6 +1092,7 @@ class Reference:
     def hold(self, ticket: str, rec: Rec) -> None:
         """Put back a ticket holding usage (its gang counts it as running)."""
         self.recs[ticket] = rec
+        rec.ends = (rec.at or 0.0) + self.expected_run(rec.tenant)
         if rec.gang:
             g = self.gangs.setdefault(rec.gang, Gang(rec.tenant, rec.cls, rec.gsize))
             g.tenant, g.cls, g.size = rec.tenant, rec.cls, rec.gsize
@@ -1055,7 +1108,7 @@ class Reference:
         if rec.uid:
             self.resv.pop(ticket, None)
         changed = self.gang_running(rec.gang, -1)
-        rec.gang, rec.gsize, rec.at = "", 1, None
+        rec.gang, rec.gsize, rec.at, rec.ends = "", 1, None, None
         self.enqueue(ticket, rec, True)
         self.refresh(rec.tenant, now)
         if changed is not None and changed != rec.tenant:

@@ -185,9 +185,12 @@ def test_an_owed_entry_behind_another_on_one_resource_holds_its_other_resources(
     holds 1 of the 2 free MIG slices: c, far above its share, may not take them with a
     2-slice pod, neither by dispatch nor by the fast path. (The reference model still
     had the one-hold-per-resource rule: it skipped a, its GPU being b's, and released
-    c's pod.) Lua and reference model must agree, step by step."""
+    c's pod.) Lua and reference model must agree, step by step. Ordered by current
+    usage, as the model here is: with virtual time c's second MIG pod, expected to end
+    when a can start, would be backfilled at 6 s (test_backfill.py)."""
     platform = PlatformConfig.model_validate({
         "tenants": {t: {"weight": 1, "ceiling": {"gpuEquivalents": 100}} for t in "abc"},
+        "fairShare": {"usageHalfLife": "0s"},
     })
     quota = QuotaSpec.model_validate({"nominal": {"gpu": 4, "mig-1g.5gb": 4}})
     config = FairgateConfig(platform=platform, quotas={t: quota for t in "abc"})

@@ -8,8 +8,8 @@ rates per target and per kind and names the worst seeds.
 The targets themselves (GPU-time within 5% of the integrated entitlement, Jain >= 0.99,
 utilisation >= 0.95, inference first) are met by the default order, virtual time, on
 the first trace of each kind but two, whose pods of different sizes make the cluster
-drain (``test_each_kind_meets_every_target``, strict xfail for those two: fair between
-tenants, short on utilisation)."""
+drain (``test_each_kind_meets_every_target``, strict xfail for those two, ``MISSED``
+says why)."""
 
 from __future__ import annotations
 
@@ -38,11 +38,15 @@ from fairshare.localredis import local_redis
 from fairshare.queue.entitlement import water_fill
 from fairshare.sim.trace import parse_trace
 
-DRAINS = ("virtual time shares these traces fairly (Jain's index 0.9998 and 1.0000), but "
-          "the capacity held while the cluster drains for a larger pod stays idle "
-          "(utilisation 0.92 and 0.72), so GPU-time falls more than 5% short of an "
-          "entitlement that assumes every GPU is used: it needs backfill of pods that end "
-          "before the drain does")
+MISSED = {  # the first trace of these kinds misses a target, and why
+    "staggered": "12 GPUs drained for 4-GPU pods while every waiting pod is expected to "
+                 "run longer than the drain, so none is backfilled: utilisation 0.92, "
+                 "every tenant 7-9% short of an entitlement that assumes every GPU used",
+    "big-pods": "backfill keeps utilisation at 1.0 while the cluster drains for the "
+                "whole-cluster pods (0.72 without), but the weight-1 tenant of 1-GPU "
+                "pods, the only one whose pods fit a drain, ends 5.9% over its "
+                "entitlement (Jain's index 0.9989)",
+}
 
 
 def starts(data: dict[str, Any]) -> dict[str, list[tuple[float, float]]]:
@@ -199,8 +203,8 @@ def test_every_tenant_stays_backlogged_throughout_its_window(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", [
-    pytest.param(kind, marks=pytest.mark.xfail(strict=True, reason=DRAINS))
-    if kind in ("staggered", "big-pods") else kind for kind in KINDS])
+    pytest.param(kind, marks=pytest.mark.xfail(strict=True, reason=MISSED[kind]))
+    if kind in MISSED else kind for kind in KINDS])
 def test_each_kind_meets_every_target(measured: Callable[[str], WindowOutcome],
                                       kind: str) -> None:
     assert not window_failures(measured(kind))

@@ -1,0 +1,112 @@
+"""Backfill (fairshare/queue/README.md "Backfill"), on the real Lua in a real Redis and
+against the reference model, step by step: with virtual time, an entry that fits the
+free capacity but not what is held for an owed entry is released into the held
+capacity when it is expected to end before the owed entry is expected to fit; one
+expected to outlast that waits."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import redis
+
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.model import Admission, PodRequest, RunningPod
+from tenants.models import FairgateConfig, PlatformConfig, QuotaSpec
+from tests.fairshare.queue.reference import Reference, waiting_for
+from tests.fairshare.tickets import pod_uid
+
+
+class Both:
+    """The queue and the reference model, driven together; every answer compared."""
+
+    def __init__(self, client: redis.Redis, half_life: str | None = None) -> None:
+        platform = PlatformConfig.model_validate({
+            "tenants": {t: {"weight": 1, "ceiling": {"gpuEquivalents": 100}} for t in "abc"},
+            **({} if half_life is None else {"fairShare": {"usageHalfLife": half_life}}),
+        })
+        quota = QuotaSpec.model_validate({"nominal": {"gpu": 2}})
+        config = FairgateConfig(platform=platform, quotas={t: quota for t in "abc"})
+        self.q, self.ref = FairQueue(client), Reference(virtual_time=half_life is None)
+        self.q.sync_config(config, {"gpu": 2})
+        self.ref.sync(config, {"gpu": 2})
+
+    def admit(self, ticket: str, tenant: str, gpus: int, at: float) -> Admission:
+        req = PodRequest(ticket=ticket, tenant=tenant, namespace=f"ns-{tenant}",
+                         name=ticket, pod_class="training", demand={"gpu": gpus},
+                         submitted_at=at)
+        got = self.q.admit(req, at)
+        want, reason = self.ref.admit(req, at, False)
+        assert got == dataclasses.replace(
+            want, waiting_for=waiting_for(reason, tenant, "training"))
+        uid = pod_uid(ticket)
+        assert self.q.confirm(ticket, uid, f"ns-{tenant}", ticket) == "confirmed"
+        assert self.ref.confirm(ticket, uid, f"ns-{tenant}", ticket) == "confirmed"
+        return got
+
+    def end(self, ticket: str, at: float) -> None:
+        assert self.q.release(ticket, pod_uid(ticket), now=at)
+        assert self.ref.release(ticket, False, pod_uid(ticket), now=at)
+
+    def dispatch(self, at: float) -> list[str]:
+        got = self.q.dispatch(at, 10)
+        assert got == self.ref.dispatch(at, 10)
+        return [r.ticket for r in got]
+
+
+def drained_for_a(client: redis.Redis, b_runs: float, half_life: str | None = None) -> Both:
+    """2 GPUs, both running from t=0 (c1, b1: expected to end at 600 s, no pod having
+    ended yet); a's 2-GPU pod and b's next 1-GPU pod wait. b1 ends after ``b_runs``:
+    one GPU is free and held for a, which is owed it; b2 fits that GPU only."""
+    both = Both(client, half_life)
+    assert both.admit("c1", "c", 1, 0.0).outcome == "reserved"
+    assert both.admit("b1", "b", 1, 0.0).outcome == "reserved"
+    assert both.admit("a1", "a", 2, 1.0).outcome == "queued"
+    assert both.admit("b2", "b", 1, 2.0).outcome == "queued"
+    both.end("b1", b_runs)
+    return both
+
+
+def test_a_pod_expected_to_end_before_the_drain_is_backfilled(
+        redis_client: redis.Redis) -> None:
+    """b's pods run 50 s: b2 is expected to end at 100 s, c1 (what a still waits for) at
+    600 s, so b2 runs in the GPU held for a meanwhile."""
+    both = drained_for_a(redis_client, 50.0)
+    assert both.dispatch(50.0) == ["b2"]
+
+
+def test_a_pod_expected_to_outlast_the_drain_waits(redis_client: redis.Redis) -> None:
+    """b's pods run 500 s: b2 would be expected to end at 1,000 s, after c1 (600 s), and
+    delay a; the GPU stays held for a, and a starts when c1 ends."""
+    both = drained_for_a(redis_client, 500.0)
+    assert both.dispatch(500.0) == []
+    assert [(h.tenant, dict(h.held)) for h in both.q.holds(500.0)] == [
+        ("a", {"gpu": 1}), ("b", {})]  # b is owed too: nothing left to hold
+    both.end("c1", 610.0)
+    assert both.dispatch(610.0) == ["a1"]
+
+
+@pytest.mark.parametrize("half_life", ["0s", "1h"])
+def test_other_orders_do_not_backfill(redis_client: redis.Redis, half_life: str) -> None:
+    """Only virtual time backfills (the orders by current or decayed usage hold as
+    before)."""
+    both = drained_for_a(redis_client, 50.0, half_life)
+    assert both.dispatch(50.0) == []
+
+
+def test_expected_ends_are_kept_per_capacity_key_and_rebuilt_from_the_pods(
+        redis_client: redis.Redis) -> None:
+    """re:gpu holds the tickets holding GPUs by expected end; a rebuild replaces it from
+    the listed running pods, each from when its run began and its tenant's expected run
+    time then (c has no run of its own: the cluster's, 50 s since b1 ended)."""
+    both = drained_for_a(redis_client, 50.0)
+    assert redis_client.zrange("fairgate:re:gpu", 0, -1, withscores=True) == [
+        (b"c1", 600.0)]
+    assert both.dispatch(50.0) == ["b2"]
+    assert redis_client.zrange("fairgate:re:gpu", 0, -1, withscores=True) == [
+        (b"b2", 100.0), (b"c1", 600.0)]
+    both.q.rebuild([RunningPod("c1", "c", "ns-c", "c1", "training", "training", {"gpu": 1},
+                               pod_uid("c1"), started_at=0.0)], [])
+    assert redis_client.zrange("fairgate:re:gpu", 0, -1, withscores=True) == [
+        (b"c1", 50.0)]
