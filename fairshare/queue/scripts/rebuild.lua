@@ -40,7 +40,7 @@ for _, tier in ipairs(TIERS) do
   redis.call('DEL', P .. 'sh:' .. tier)
 end
 for _, gid in ipairs(redis.call('SMEMBERS', K_GANGS)) do redis.call('DEL', P .. 'g:' .. gid) end
-redis.call('DEL', K_GANGS, K_TICKETS, K_RESV, K_USED, P .. 'bw', P .. 'bm')
+redis.call('DEL', K_GANGS, K_TICKETS, K_RESV, K_USED, P .. 'bw', P .. 'bm', K_CHARGED)
 for first = 0, NAME_BUCKETS - 1, 256 do
   local keys = {}
   for b = first, first + 255 do keys[#keys + 1] = P .. 'nm:' .. b end
