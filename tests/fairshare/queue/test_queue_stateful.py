@@ -11,6 +11,7 @@ advances (the operations get ``now`` as the dispatcher passes it).
 from __future__ import annotations
 
 import dataclasses
+from typing import cast
 
 import pytest
 import redis
@@ -433,6 +434,20 @@ class QueueMachine(RuleBasedStateMachine):
                 assert ts.queued[pod_class] == want  # type: ignore[index]
 
     @invariant()
+    def stored_scores_are_lower_bounds(self) -> None:
+        """A decision walks a ready set from its lowest stored score and stops at the
+        first that cannot beat the best current one (lib.lua best_of): every stored
+        score is at most its tenant's current one (the rule's, at the clock now)."""
+        for key in self.client.scan_iter(match="fairgate:r:*"):
+            members = cast(list[tuple[bytes, float]],
+                           self.client.zrange(key, 0, -1, withscores=True))
+            for member, stored in members:
+                tenant = member.decode().rsplit(" ", 1)[-1]
+                current = self.ref.share(tenant, self.now)
+                assert float(stored) <= current + 1e-9 * max(1.0, abs(current)), (
+                    key, tenant, stored, current)
+
+    @invariant()
     def quota_safety(self) -> None:
         """Invariant 1: a tenant's limit may be exceeded only by lowering it, never by
         growth."""
@@ -604,6 +619,7 @@ def replay(client: redis.Redis, steps: Steps, lua_bugs: frozenset[str],
         getattr(machine, rule_name)(**arguments)
         machine.quota_safety()
         machine.usage_matches_reference()
+        machine.stored_scores_are_lower_bounds()
     return machine
 
 
