@@ -307,6 +307,8 @@ end
 local function cluster_run()
   return halflife().virtual and stored_run() or DEFAULT_RUN
 end
+-- rh: the highest rt since rt last fell (rescore_charged); none: unknown
+local K_HIGH_RUN = P .. 'rh'
 
 -- the tenant's service at `now` (nil: as of its last fold), with usage st, and its
 -- expected run time
@@ -379,18 +381,21 @@ local function track_active(tenant, st, lanes)
 end
 
 -- a running pod of the tenant that started at `started` ended at NOW: fold its run time
--- into the tenant's expected run time
+-- into the tenant's expected run time. Returns true when rt fell (see rescore_charged).
 local function note_run(tenant, started)
-  if not halflife().accrues or not NOW or not started then return end
+  if not halflife().accrues or not NOW or not started then return false end
   local d = du_of(tenant)
   local run = math.max(NOW - started, 0)
   d.r = d.r and d.r + RUN_WEIGHT * (run - d.r) or run
   redis.call('HSET', P .. 'du:' .. tenant, 'r', d.r)
-  if halflife().virtual then
-    local before = stored_run()
-    RUN = before and before + RUN_WEIGHT * (run - before) or run
-    redis.call('SET', P .. 'rt', RUN)
-  end
+  if not halflife().virtual then return false end
+  local before = stored_run()
+  RUN = before and before + RUN_WEIGHT * (run - before) or run
+  redis.call('SET', P .. 'rt', RUN)
+  if RUN < (before or DEFAULT_RUN) then return true end
+  local high = tonumber(redis.call('GET', K_HIGH_RUN) or '')
+  if high and RUN > high then redis.call('SET', K_HIGH_RUN, RUN) end
+  return false
 end
 
 -- A score below every real one (no decayed usage yet); see share_of.
@@ -405,22 +410,33 @@ local NO_USAGE = -1e18
 -- unit freed at one moment while its service has not risen yet.
 -- This orders tenants as (D(now) + charge) / weight does, and a tenant without running
 -- pods keeps it unchanged as time passes (decay is uniform), while running pods only
--- raise it; the charge changes only with the tenant's own usage or run times (which
--- refresh it) or at sync (which refreshes every tenant): a score written earlier is a
--- lower bound of the current one (survey relies on it).
+-- raise it (with virtual time the charge falls only as fast as the service rises).
 -- `now` nil: NOW, else as of the tenant's last fold. `credit` (slices, default 0): that
 -- many slices x the expected run time are taken off (handover, see favoured_tops).
-local function share_of(tenant, st, now, credit)
+-- `bound`: the score a ready set stores (refresh, a tidying walk; survey relies on it),
+-- a lower bound of the tenant's current score at every later time until its next
+-- refresh, when nothing but the time and rt change: the score at max(now, t), t its
+-- last fold (virtual time: the score falls as time goes back to t, where the elapsed
+-- service of its running pods is counted as of t, the time its service is counted to;
+-- a tenant never folded accrues no service, so its charge only falls: none), with its
+-- expected run time; when that is rt, a fall of rt writes the score again
+-- (rescore_charged). With a half-life the score never falls as time passes.
+local function share_of(tenant, st, now, credit, bound)
   local hl = halflife()
   if not hl.accrues then return usage_slices(st) / cfg_of(tenant).w end
   now = now or NOW
-  local d, run = decayed(tenant, st, now)
   local charged = usage_slices(st)
+  local d, run
   if hl.virtual then
+    local t = du_of(tenant).t
+    if not now or (bound and now < (t or now)) then now = t end
+    if bound and not t then charged = 0 end
+    d, run = decayed(tenant, st, now)
     -- start-time fair queuing: what runs is charged its whole expected run time at
     -- its start, so the service it received since is not counted twice
     d = d + math.max(charged * run - elapsed_service(st, now), 0) - (credit or 0) * run
   else
+    d, run = decayed(tenant, st, now)
     charged = math.max(charged - guaranteed(tenant), 0)
     d = d + (charged - (credit or 0)) * run
   end
@@ -746,6 +762,30 @@ local function mark_backlogged(tenant, w, tiers, st)
   end
 end
 
+-- rq: with virtual time, the tenants charged the cluster's expected run time rt (slices
+-- in use, none of their pods ended) that have a ready lane, scored by the mean start
+-- time of their running slices (rb / slices in use): their ready-set scores depend on rt
+-- while their charge lasts, i.e. until that mean is rt old, and are written again when
+-- rt falls (rescore_charged). `rq` in the tenant's state holds its score there, so an
+-- unchanged one costs no write. sync and rebuild refresh every tenant, which sets both
+-- again (rebuild deletes rq with the states).
+local K_CHARGED = P .. 'rq'
+local function mark_charged(tenant, st, ready)
+  local mean = nil
+  if ready and halflife().virtual and usage_slices(st) > 0 and not du_of(tenant).r then
+    mean = num(st, 'rb') / usage_slices(st)
+  end
+  if mean == (st.rq and tonumber(st.rq)) then return end
+  if mean then
+    redis.call('ZADD', K_CHARGED, mean, tenant)
+    redis.call('HSET', P .. 'ts:' .. tenant, 'rq', mean)
+  else
+    redis.call('ZREM', K_CHARGED, tenant)
+    redis.call('HDEL', P .. 'ts:' .. tenant, 'rq')
+  end
+  st.rq = mean
+end
+
 -- a gang's queued members (g: its g:<gid> hash), in arrival order
 local function gang_members(g)
   if (g.m or '') == '' then return {} end
@@ -826,7 +866,7 @@ local function refresh(tenant, st, moved)
     if heads[i] then live = live + 1 end
   end
   track_active(tenant, st, live)
-  local share = share_of(tenant, st)
+  local share = share_of(tenant, st, nil, 0, true)
   local tiers = {}
   for i, shape in ipairs(lanes) do
     local ready = P .. 'r:' .. shape
@@ -868,6 +908,35 @@ local function refresh(tenant, st, moved)
     end
   end
   mark_backlogged(tenant, cfg.w, tiers, st)
+  mark_charged(tenant, st, next(tiers) ~= nil)
+end
+
+-- Write the tenant's ready-set scores again (share_of's bound as of NOW, else as of its
+-- last fold), nothing else; `st`: its state (state_of).
+local function rescore(tenant, st)
+  local share = share_of(tenant, st, nil, 0, true)
+  for field, head in pairs(st) do
+    if string.sub(field, 1, 3) == 'rk:' then
+      redis.call('ZADD', P .. 'r:' .. string.sub(field, 4), 'XX', share,
+                 ready_member(head, tenant))
+    end
+  end
+end
+
+-- rt fell (note_run): the scores of the tenants in rq whose charge may still last (mean
+-- start of their running slices later than NOW less rh, the highest rt since the last
+-- such rescoring: no stored score used more) are written again with the new rt. Those
+-- whose charge is over would score the same with any rt not above the one they used:
+-- their score only grew since. So the work is per young tenant charged rt, not per
+-- tenant: at most the tenants none of whose pods ended yet. Without NOW or rh (none
+-- since rt was deleted): every tenant in rq.
+local function rescore_charged()
+  local high = NOW and tonumber(redis.call('GET', K_HIGH_RUN) or '')
+  local young = high
+    and redis.call('ZRANGEBYSCORE', K_CHARGED, string.format('%.17g', NOW - high), '+inf')
+    or redis.call('ZRANGE', K_CHARGED, 0, -1)
+  for _, tenant in ipairs(young) do rescore(tenant, state_of(tenant)) end
+  redis.call('SET', K_HIGH_RUN, cluster_run())
 end
 
 local function push_lane(tenant, shape, entry, at_head)
@@ -1016,7 +1085,7 @@ local function forget(ticket, rec)
   redis.call('ZREM', K_RESV, ticket)
   if state == 'R' or state == 'A' then
     if state == 'A' then
-      note_run(rec[F_TENANT], tonumber(rec[F_AT]))
+      if note_run(rec[F_TENANT], tonumber(rec[F_AT])) then rescore_charged() end
       note_freed(rec)
     end
     add_usage(rec[F_TENANT], rec[F_BAND], parse_counts(rec[F_DEMAND]), -1, nil,
@@ -1063,9 +1132,9 @@ end
 -- bounds (share_of), so the walk goes on while a stored (score, key) could still beat
 -- the best current one. `check` (the shape is blocked, so a top may be held for):
 -- members whose lane is empty are stale, skipped (dropped when `tidy`).
--- `scores` (optional): tenant -> current score at `now`, shared by the walks of one
--- plan (nothing it calls changes a tenant's usage), so a tenant waiting in several
--- ready sets is scored once.
+-- `scores` (optional): tenant -> {current score at `now`, its bound}, shared by the
+-- walks of one plan (nothing it calls changes a tenant's usage), so a tenant waiting in
+-- several ready sets is scored once.
 -- With a half-life the members are read in batches that double (up to WALK_BATCH):
 -- most walks stop after a member or two, a long one (every stored score stale, e.g.
 -- scores written while the tenants' decayed usage was still 0) costs a read per batch
@@ -1075,9 +1144,8 @@ local function best_of(shape, D, now, tidy, check, after, scores)
   local key = P .. 'r:' .. shape
   local decay = halflife().accrues
   local best, rank = nil, 0
-  -- with `tidy`, the current scores computed on the way replace the stored ones once the
-  -- walk is over (still lower bounds: scores only rise until the tenant's next change,
-  -- which writes them again), so the next walk starts from tighter bounds
+  -- with `tidy`, the bounds (share_of) computed on the way replace the stored ones once
+  -- the walk is over, so the next walk starts from tighter bounds
   local fresh = {}
   local batch, at, size = {}, 1, decay and 2 or 1
   while true do
@@ -1098,14 +1166,15 @@ local function best_of(shape, D, now, tidy, check, after, scores)
       rank = rank + 1
       if decay then
         local stored = top.score
-        local score = scores and scores[top.tenant]
-        if not score then
-          score = share_of(top.tenant, usage_state(top.tenant), now)
-          if scores then scores[top.tenant] = score end
+        local known = scores and scores[top.tenant]
+        if not known then
+          local st = usage_state(top.tenant)
+          known = {share_of(top.tenant, st, now), share_of(top.tenant, st, now, 0, true)}
+          if scores then scores[top.tenant] = known end
         end
-        top.score = score
-        if tidy and top.score > stored then
-          fresh[#fresh + 1] = top.score
+        top.score = known[1]
+        if tidy and known[2] > stored then
+          fresh[#fresh + 1] = known[2]
           fresh[#fresh + 1] = member
         end
       end

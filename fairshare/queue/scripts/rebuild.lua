@@ -45,7 +45,7 @@ local in_use = {}
 for _, field in ipairs(redis.call('HKEYS', K_USED)) do in_use[field:sub(3)] = true end
 for _, key in ipairs(redis.call('HKEYS', K_CAP)) do in_use[key] = true end
 for key, _ in pairs(in_use) do redis.call('DEL', P .. 're:' .. key) end
-redis.call('DEL', K_GANGS, K_TICKETS, K_RESV, K_USED, P .. 'bw', P .. 'bm')
+redis.call('DEL', K_GANGS, K_TICKETS, K_RESV, K_USED, P .. 'bw', P .. 'bm', K_CHARGED)
 for first = 0, NAME_BUCKETS - 1, 256 do
   local keys = {}
   for b = first, first + 255 do keys[#keys + 1] = P .. 'nm:' .. b end

@@ -2,10 +2,15 @@
 -- has lost its data (no rebuild since it was emptied: key rebuilt is missing), and only
 -- under the order mode they were read under; fr when Redis has none. A tenant's counters are restored unless
 -- it holds more service already (written after the loss, from less history); rt only
--- when unset. Returns the number of tenants restored.
+-- when unset. The ready-set scores of the tenants restored, and of those charged rt
+-- when it falls, are written again. Returns the number of tenants restored.
 if redis.call('EXISTS', K_REBUILT) == 1 then return 0 end
 if (redis.call('GET', P .. 'hl') or '') ~= ARGV[1] then return 0 end
-if ARGV[2] ~= '' and not redis.call('GET', P .. 'rt') then redis.call('SET', P .. 'rt', ARGV[2]) end
+local run = nil
+if ARGV[2] ~= '' and not redis.call('GET', P .. 'rt') then
+  run = ARGV[2]
+  redis.call('SET', P .. 'rt', run)
+end
 if ARGV[3] ~= '{}' and redis.call('EXISTS', P .. 'fr') == 0 then
   for k, v in pairs(cjson.decode(ARGV[3])) do redis.call('HSET', P .. 'fr', k, v) end
 end
@@ -20,6 +25,9 @@ for i = 4, #ARGV, 5 do
     if r ~= '' and not redis.call('HGET', key, 'r') then redis.call('HSET', key, 'r', r) end
     if active ~= '' then redis.call('ZADD', K_ACTIVE, active, tenant) end
     restored = restored + 1
+    -- what was admitted since the loss keeps lower bounds as scores (share_of)
+    rescore(tenant, state_of(tenant))
   end
 end
+if run and tonumber(run) < DEFAULT_RUN then rescore_charged() end
 return restored

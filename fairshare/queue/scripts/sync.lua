@@ -14,7 +14,7 @@ if ARGV[1] == '1' then
 end
 if redis.call('GET', P .. 'hl') ~= ARGV[3] then
   -- another half-life or order: the service counters start again from current usage
-  local keys = {K_ACTIVE, P .. 'rt'}
+  local keys = {K_ACTIVE, P .. 'rt', K_HIGH_RUN}
   for _, tenant in ipairs(redis.call('SMEMBERS', K_TENANTS)) do keys[#keys + 1] = P .. 'du:' .. tenant end
   redis.call('DEL', unpack(keys))
   redis.call('SET', P .. 'hl', ARGV[3])

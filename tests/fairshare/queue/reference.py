@@ -17,8 +17,8 @@ follow the synced ``fairShare``):
   lower), the handover credit and the commitment. The order is the rule itself: the
   lowest current score (ties: the head created first, then admitted first), computed
   for every ready tenant, not found by walking stored lower bounds as the scripts do;
-  where the scripts break a rule (the known bugs below) the model repeats them only
-  when asked (``lua_bugs``).
+  where the scripts break a rule (the known bugs below, none at present) the model
+  repeats them only when asked (``lua_bugs``).
 
 Decayed usage (a positive half-life) is not modelled (test_fair_order.py checks it
 against an independent integration). Everything else (bands, quota, capacity, holds,
@@ -63,16 +63,8 @@ COMMIT_AFTER = 0.5  # of the tenant's expected run time: a hold becomes a commit
 
 # Known bugs of the scripts, which the model repeats only when asked (Reference's
 # lua_bugs), so the stateful test can go on checking everything else; each one has a
-# strict xfail in test_queue_stateful.py replaying it against the rule.
-# STALE_BOUNDS: with virtual time a decision walks a ready set from its lowest stored
-# score and stops at the first stored score that cannot beat the best current one
-# (lib.lua best_of), which is right only if stored scores are lower bounds. They are
-# not: a tenant none of whose pods ended is charged the cluster's expected run time
-# (rt), which falls when another tenant's pod ends (600 s before the first one) without
-# its stored score being written again; and sync and rebuild write scores without the
-# time (the service of running pods up to the last fold is counted twice). A tenant
-# whose current score is the lowest is then passed over.
-STALE_BOUNDS = "stale-bounds"
+# strict xfail in test_queue_stateful.py replaying it against the rule. None at present
+# (a fixed one's example stays in test_queue_stateful.py as a regression replay).
 
 
 def shape_key(shape: Shape) -> str:
@@ -197,7 +189,6 @@ class Reference:
         self.du: dict[str, Service] = {}
         self.rt: float | None = None  # the cluster's expected run time
         self.active: set[str] = set()  # va: the active tenants, as the scripts know them
-        self.stored: dict[tuple[str, str], float] = {}  # STALE_BOUNDS: ready-set scores
         self.handover: dict[str, tuple[str, str]] = {}  # tier -> (lane shape, tenant)
         self.commit: dict[str, Commitment] = {}  # tier -> the committed lane
 
@@ -372,19 +363,10 @@ class Reference:
         return score
 
     def refresh(self, tenant: str, now: float | None) -> None:
-        """lib.lua refresh, after the tenant's usage, lanes or quota changed: va and,
-        with STALE_BOUNDS, the score stored for each of its ready lanes (its score at
-        ``now``; None: as of its last fold, as sync and rebuild write it)."""
+        """lib.lua refresh, after the tenant's usage, lanes or quota changed: va (the
+        scores the scripts store in ready sets are lower bounds of the current ones,
+        which the model computes instead)."""
         self.track(tenant, now)
-        if not self.bug(STALE_BOUNDS):
-            return
-        score = self.share(tenant, now)
-        for (t, key), entries in self.lanes.items():
-            if t == tenant:
-                if entries and self.quota_check(tenant, self.lane_shapes[key]) is None:
-                    self.stored[(t, key)] = score
-                else:
-                    self.stored.pop((t, key), None)
 
     def note_run(self, tenant: str, started: float | None, now: float | None) -> None:
         """A running pod of the tenant that began at ``started`` ended at ``now``."""
@@ -535,39 +517,21 @@ class Reference:
         seq, at = self.entry_info(self.lanes[(tenant, key)][0])
         return Top(key, tenant, self.share(tenant, now), at, seq, blocked)
 
-    def best_of(self, key: str, now: float, blocked: bool, after: Top | None = None,
-                tidy: bool = False) -> Top | None:
+    def best_of(self, key: str, now: float, blocked: bool, after: Top | None = None
+                ) -> Top | None:
         """The first ready tenant of shape ``key`` in queue order (after ``after``): the
-        lowest current score, then the oldest head. With STALE_BOUNDS as the scripts
-        find it: the ready set in stored order, until a stored score cannot beat the
-        best current one; ``tidy`` (a dispatch decision) stores the current scores
-        found above the stored ones."""
+        lowest current score, then the oldest head."""
         tenants = self.ready(shape_tier(self.lane_shapes[key])).get(key, [])
         heads = [self.head_top(key, t, now, blocked) for t in tenants]
-        if not self.bug(STALE_BOUNDS):
-            later = [top for top in heads if after is None or after.order < top.order]
-            return min(later, key=lambda top: top.order) if later else None
-        stored = {top.tenant: self.stored[(top.tenant, key)] for top in heads}
-        best: Top | None = None
-        fresh: dict[str, float] = {}
-        for top in sorted(heads, key=lambda top: (stored[top.tenant], top.at, top.seq)):
-            if best is not None and not (stored[top.tenant], top.at, top.seq) < best.order:
-                break
-            if tidy and top.score > stored[top.tenant]:
-                fresh[top.tenant] = top.score
-            if (after is None or after.order < top.order) and (
-                    best is None or top.order < best.order):
-                best = top
-        for tenant, score in fresh.items():
-            self.stored[(tenant, key)] = score
-        return best
+        later = [top for top in heads if after is None or after.order < top.order]
+        return min(later, key=lambda top: top.order) if later else None
 
-    def survey(self, tier: str, now: float, tidy: bool = False) -> list[Top]:
+    def survey(self, tier: str, now: float) -> list[Top]:
         """Per ready shape of the tier its first tenant (score, oldest head), in order."""
         tops: list[Top] = []
         for key in self.ready(tier):
             blocked = self.cap_check(self.lane_shapes[key], None) is not None
-            top = self.best_of(key, now, blocked, tidy=tidy)
+            top = self.best_of(key, now, blocked)
             assert top is not None
             tops.append(top)
         return sorted(tops, key=lambda top: top.order)
@@ -598,7 +562,7 @@ class Reference:
                    for b in BANDS for r, n in shape[b].items() if n)
 
     def plan(self, tier: str, now: float, stop: tuple[float, float, float] | None = None,
-             counts: ResourceCounts | None = None, tidy: bool = False
+             counts: ResourceCounts | None = None
              ) -> tuple[Shape, Top | None, list[Top], Commitment | None]:
         """Holds G, the first top that fits given the holds of the tops before it
         (sharing a resource with ``counts`` if given), the held tops and the tier's
@@ -611,7 +575,7 @@ class Reference:
         share, the next tenant of its shape in queue order takes its place in the walk
         (while some free capacity of the shape is not held yet), and the favoured tops
         (commitment, handover) take their places in the order."""
-        tops = self.survey(tier, now, tidy)
+        tops = self.survey(tier, now)
         record = self.commit.get(tier) if self.virtual else None
         if self.virtual:
             for favoured in self.favoured_tops(tier, now):
@@ -658,7 +622,7 @@ class Reference:
     def pick(self, tier: str, now: float) -> tuple[str, str] | None:
         """The next entry of the tier to release; with virtual time the decision ends
         the tier's handover and keeps its commitment (note_hold)."""
-        _, best, held, record = self.plan(tier, now, tidy=True)
+        _, best, held, record = self.plan(tier, now)
         if self.virtual:
             self.handover.pop(tier, None)
             self.note_hold(tier, now, best, held, record)
@@ -675,7 +639,6 @@ class Reference:
     def drop_empty(self) -> None:
         for k in [k for k, v in self.lanes.items() if not v]:
             del self.lanes[k]
-            self.stored.pop(k, None)
 
     def gang_unlink(self, gid: str) -> None:
         g = self.gangs[gid]
@@ -1062,7 +1025,6 @@ class Reference:
             if r.state in ("R", "A") and r.at is not None
             and not (cutoff is not None and r.at > cutoff)}
         self.recs, self.lanes, self.gangs, self.resv = {}, {}, {}, {}
-        self.stored = {}
         self.seq = 0
         for ticket, rec in kept:
             self.seq += 1

@@ -11,6 +11,7 @@ advances (the operations get ``now`` as the dispatcher passes it).
 from __future__ import annotations
 
 import dataclasses
+from typing import cast
 
 import pytest
 import redis
@@ -34,7 +35,6 @@ from tests.fairshare.queue.reference import (
     BAND_NAME,
     BANDS,
     PRIO,
-    STALE_BOUNDS,
     Rec,
     Reference,
     empty_shape,
@@ -43,7 +43,7 @@ from tests.fairshare.queue.reference import (
 from tests.fairshare.queue.test_queue import dump_all
 from tests.fairshare.tickets import pod_uid
 
-LUA_BUGS = frozenset({STALE_BOUNDS})
+LUA_BUGS: frozenset[str] = frozenset()
 TENANTS = ("a", "b", "c")
 RESOURCES = ("gpu", "mig-1g.5gb", "mig-3g.40gb")
 DEMANDS: tuple[ResourceCounts, ...] = (
@@ -434,6 +434,20 @@ class QueueMachine(RuleBasedStateMachine):
                 assert ts.queued[pod_class] == want  # type: ignore[index]
 
     @invariant()
+    def stored_scores_are_lower_bounds(self) -> None:
+        """A decision walks a ready set from its lowest stored score and stops at the
+        first that cannot beat the best current one (lib.lua best_of): every stored
+        score is at most its tenant's current one (the rule's, at the clock now)."""
+        for key in self.client.scan_iter(match="fairgate:r:*"):
+            members = cast(list[tuple[bytes, float]],
+                           self.client.zrange(key, 0, -1, withscores=True))
+            for member, stored in members:
+                tenant = member.decode().rsplit(" ", 1)[-1]
+                current = self.ref.share(tenant, self.now)
+                assert float(stored) <= current + 1e-9 * max(1.0, abs(current)), (
+                    key, tenant, stored, current)
+
+    @invariant()
     def quota_safety(self) -> None:
         """Invariant 1: a tenant's limit may be exceeded only by lowering it, never by
         growth."""
@@ -510,34 +524,7 @@ def _pod(tenant: str, gpus: int = 1) -> dict[str, object]:
 
 Steps = list[tuple[str, dict[str, object]]]
 
-KNOWN_BUGS: dict[str, tuple[str, Steps]] = {
-    "stored-score-above-current-when-rt-falls": (STALE_BOUNDS, [
-        ("first_config", {"quotas": _quotas(), "cap": _gpus(3)}),
-        ("admit", _pod("c", gpus=2)),
-        ("admit", _pod("a")),
-        ("confirm", {"index": 0}),  # c's pod is seen: its end teaches a run time
-        ("admit", _pod("a")),  # a waits, scored with the 600 s default: 7 x 600
-        ("advance", {"seconds": 90.0}),
-        ("finish", {"index": 0}),  # c's pod ends: rt 90, a's score falls to 7 x 90
-        ("admit", _pod("c")),  # c waits, at 14 x 90 (its stored score: below a's)
-        # the scripts release c's pod (the walk stops at a's stored 4200); the rule: a's
-        ("dispatch", {"limit": 1}),
-    ]),
-    "stored-score-above-current-after-sync": (STALE_BOUNDS, [
-        ("first_config", {"quotas": _quotas(a=2), "cap": _gpus(3)}),
-        ("admit", _pod("a")),
-        ("advance", {"seconds": 90.0}),
-        ("admit", _pod("a")),  # a's service is folded: 630
-        ("admit", _pod("b")),  # b joins at a's virtual time: 315
-        ("admit", _pod("b")),  # b waits: (315 + 7 x 600) / 1 = 4515
-        ("admit", _pod("a")),  # a waits: (630 + 14 x 600 - 630) / 2 = 4200
-        # sync stores a's score without the time: (630 + 14 x 600) / 2 = 4515
-        ("configure", {"quotas": _quotas(a=2), "cap": _gpus(4)}),
-        # the scripts release b's pod (stored tie, b's head first, a's not looked at);
-        # the rule: a's
-        ("dispatch", {"limit": 1}),
-    ]),
-}
+KNOWN_BUGS: dict[str, tuple[str, Steps]] = {}
 
 
 # Falsifying examples of bugs the scripts had (fixed since): they follow the rule.
@@ -586,6 +573,36 @@ FIXED_BUGS: dict[str, Steps] = {
         # b's and c's pods are released (c at 210, ahead of a at 630)
         ("dispatch", {"limit": 100}),
     ],
+    # stale-bounds: a tenant's score stored in a ready set could be above its current
+    # one, and a decision walks the set only while a stored score can beat the best
+    # current one; here rt fell without the stored score being written again
+    "stored-score-above-current-when-rt-falls": [
+        ("first_config", {"quotas": _quotas(), "cap": _gpus(3)}),
+        ("admit", _pod("c", gpus=2)),
+        ("admit", _pod("a")),
+        ("confirm", {"index": 0}),  # c's pod is seen: its end teaches a run time
+        ("admit", _pod("a")),  # a waits, scored with the 600 s default: 7 x 600
+        ("advance", {"seconds": 90.0}),
+        ("finish", {"index": 0}),  # c's pod ends: rt 90, a's score falls to 7 x 90
+        ("admit", _pod("c")),  # c waits, at 14 x 90
+        # a's pod is released (a's stored score fell with rt)
+        ("dispatch", {"limit": 1}),
+    ],
+    # stale-bounds: here sync wrote a score without the time, counting the service of
+    # a running pod up to the tenant's last fold twice
+    "stored-score-above-current-after-sync": [
+        ("first_config", {"quotas": _quotas(a=2), "cap": _gpus(3)}),
+        ("admit", _pod("a")),
+        ("advance", {"seconds": 90.0}),
+        ("admit", _pod("a")),  # a's service is folded: 630
+        ("admit", _pod("b")),  # b joins at a's virtual time: 315
+        ("admit", _pod("b")),  # b waits: (315 + 7 x 600) / 1 = 4515
+        ("admit", _pod("a")),  # a waits: (630 + 14 x 600 - 630) / 2 = 4200
+        # sync stores a's score as of its last fold: 4200 (not (630 + 14 x 600) / 2)
+        ("configure", {"quotas": _quotas(a=2), "cap": _gpus(4)}),
+        # a's pod is released (4200 < 4515)
+        ("dispatch", {"limit": 1}),
+    ],
 }
 
 
@@ -602,6 +619,7 @@ def replay(client: redis.Redis, steps: Steps, lua_bugs: frozenset[str],
         getattr(machine, rule_name)(**arguments)
         machine.quota_safety()
         machine.usage_matches_reference()
+        machine.stored_scores_are_lower_bounds()
     return machine
 
 

@@ -8,9 +8,10 @@ goes idle and comes back, and random joins, weights and pod lengths for the lag 
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -178,6 +179,37 @@ def test_service_survives_a_redis_loss_and_is_not_restored_over_a_rebuilt_queue(
     assert q.restore_service(snapshot) == 2
     assert {key: redis_client.hgetall(key) for key in before} == before
     assert redis_client.zrange("fairgate:va", 0, -1) == [b"b"]
+
+
+def test_scores_queued_after_a_redis_loss_are_written_again_with_the_restored_service(
+    redis_client: redis.Redis,
+) -> None:
+    """A decision relies on the scores stored in ready sets being lower bounds of the
+    current ones: restoring a shorter expected run time lowers the charge."""
+    q = FairQueue(redis_client)
+    q.sync_config(config(), {"gpu": 1})
+    q.admit(_pod("a1", "a", 0.0), 0.0)
+    q.confirm("a1", pod_uid("a1"), "ns-a", "a1")
+    q.release("a1", pod_uid("a1"), 60.0)  # a ran 7 x 60; expected run time (and rt): 60 s
+    snapshot = q.service()
+    redis_client.flushall()
+    q.sync_config(config(), {"gpu": 1})
+    q.admit(_pod("a2", "a", 100.0), 100.0)  # runs, charged 600 s: 7 x 600
+    q.admit(_pod("a3", "a", 100.0), 100.0)  # waits, scored 4200
+    assert redis_client.zscore("fairgate:r:t/gpu=1", _member(redis_client, "a")) == \
+        pytest.approx(math.log(4_200))
+    assert q.restore_service(snapshot) == 1
+    # as of a's restored fold (60 s): 420 + 7 x 60 (its current score at 100 s: 1120)
+    assert redis_client.zscore("fairgate:r:t/gpu=1", _member(redis_client, "a")) == \
+        pytest.approx(math.log(840))
+
+
+def _member(client: redis.Redis, tenant: str) -> bytes:
+    """The tenant's member in the ready set of one 1-GPU training pod."""
+    members = [m for m in cast(list[bytes], client.zrange("fairgate:r:t/gpu=1", 0, -1))
+               if m.endswith(b" " + tenant.encode())]
+    assert len(members) == 1
+    return members[0]
 
 
 # -- the lag bound --------------------------------------------------------------------
