@@ -16,9 +16,7 @@ follow the synced ``fairShare``):
   starts at the smallest virtual time of the other active tenants when its own is
   lower), the handover credit and the commitment. The order is the rule itself: the
   lowest current score (ties: the head created first, then admitted first), computed
-  for every ready tenant, not found by walking stored lower bounds as the scripts do;
-  where the scripts break a rule (the known bugs below, none at present) the model
-  repeats them only when asked (``lua_bugs``).
+  for every ready tenant, not found by walking stored lower bounds as the scripts do.
 
 Decayed usage (a positive half-life) is not modelled (test_fair_order.py checks it
 against an independent integration). Everything else (bands, quota, capacity, holds,
@@ -60,11 +58,6 @@ DEFAULT_RUN = 600.0  # the expected run time before any pod ended
 RUN_WEIGHT = 0.25  # the newest run's weight in the moving average of run times
 HANDOVER = 0.5  # of one pod's slices x expected run time: the handover credit
 COMMIT_AFTER = 0.5  # of the tenant's expected run time: a hold becomes a commitment
-
-# Known bugs of the scripts, which the model repeats only when asked (Reference's
-# lua_bugs), so the stateful test can go on checking everything else; each one has a
-# strict xfail in test_queue_stateful.py replaying it against the rule. None at present
-# (a fixed one's example stays in test_queue_stateful.py as a regression replay).
 
 
 def shape_key(shape: Shape) -> str:
@@ -172,10 +165,8 @@ class Commitment:
 class Reference:
     """The rules, naively."""
 
-    def __init__(self, virtual_time: bool = False,
-                 lua_bugs: frozenset[str] = frozenset()) -> None:
+    def __init__(self, virtual_time: bool = False) -> None:
         self.virtual = virtual_time
-        self.lua_bugs = lua_bugs  # known bugs of the scripts the model repeats (see above)
         self.cfg: dict[str, Cfg] = {}
         self.cap: ResourceCounts = {}
         self.tenants: set[str] = set()
@@ -232,10 +223,6 @@ class Reference:
         return math.log(d / self.cfg_of(tenant).w)
 
     # -- virtual time ---------------------------------------------------------------
-
-    def bug(self, name: str) -> bool:
-        """Whether to repeat the scripts' known bug ``name`` (all are virtual time's)."""
-        return self.virtual and name in self.lua_bugs
 
     def cluster_run(self) -> float:
         return self.rt if self.rt is not None else DEFAULT_RUN

@@ -5,7 +5,7 @@ run, rebuild, snapshots."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -128,7 +128,7 @@ def test_orphan_queue_entries_never_count_as_queued_ahead_and_expire(
     assert q.expire(1.0 + q.reservation_ttl + 100) == []  # seen pods never expire
     q.release(running.ticket, pod_uid(running.ticket))
     assert released(q) == [legit.ticket]
-    counters = redis_client.hgetall("fairgate:ts:a")
+    counters = cast(dict[bytes, bytes], redis_client.hgetall("fairgate:ts:a"))
     assert {k: v for k, v in counters.items() if k.startswith((b"q", b"u")) and v != b"0"} \
         == {b"ut": b"7", b"u:gpu": b"1"}  # only legit runs; nothing queued is left over
 

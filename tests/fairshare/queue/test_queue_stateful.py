@@ -43,7 +43,6 @@ from tests.fairshare.queue.reference import (
 from tests.fairshare.queue.test_queue import dump_all
 from tests.fairshare.tickets import pod_uid
 
-LUA_BUGS: frozenset[str] = frozenset()
 TENANTS = ("a", "b", "c")
 RESOURCES = ("gpu", "mig-1g.5gb", "mig-3g.40gb")
 DEMANDS: tuple[ResourceCounts, ...] = (
@@ -95,13 +94,12 @@ class Listing:
 class QueueMachine(RuleBasedStateMachine):
     client: redis.Redis
     virtual_time = False  # the order: current usage, or virtual time (the default)
-    lua_bugs = LUA_BUGS  # known bugs of the scripts the reference repeats (reference.py)
 
     def __init__(self) -> None:
         super().__init__()
         self.client.flushall()
         self.queue = FairQueue(self.client)
-        self.ref = Reference(virtual_time=self.virtual_time, lua_bugs=self.lua_bugs)
+        self.ref = Reference(virtual_time=self.virtual_time)
         self.now = 1000.0
         self.count = 0
         self.tickets: list[str] = []
@@ -500,11 +498,9 @@ def test_queue_matches_reference_model(redis_client: redis.Redis, virtual_time: 
     )
 
 
-# -- known bugs of the scripts -----------------------------------------------------------
-# Each is a falsifying example of the virtual-time machine, shrunk by hand: with the
-# reference repeating the bug (LUA_BUGS) the steps pass; against the rule they fail, as
-# strict xfails, until the scripts are fixed (then drop the bug from LUA_BUGS and the
-# reference, and move its example to FIXED_BUGS).
+# -- bugs the scripts had -----------------------------------------------------------
+# Each is a falsifying example of the virtual-time machine, shrunk by hand, replayed
+# step by step against the reference model (FIXED_BUGS).
 
 
 def _quotas(**weights: float) -> dict[str, dict[str, float]]:
@@ -523,9 +519,6 @@ def _pod(tenant: str, gpus: int = 1) -> dict[str, object]:
 
 
 Steps = list[tuple[str, dict[str, object]]]
-
-KNOWN_BUGS: dict[str, tuple[str, Steps]] = {}
-
 
 # Falsifying examples of bugs the scripts had (fixed since): they follow the rule.
 FIXED_BUGS: dict[str, Steps] = {
@@ -606,15 +599,13 @@ FIXED_BUGS: dict[str, Steps] = {
 }
 
 
-def replay(client: redis.Redis, steps: Steps, lua_bugs: frozenset[str],
-           machine: QueueMachine | None = None) -> QueueMachine:
+def replay(client: redis.Redis, steps: Steps) -> QueueMachine:
     """Run the virtual-time machine's rules in order, its invariants after each."""
-    if machine is None:
-        class Machine(QueueMachine):
-            pass
+    class Machine(QueueMachine):
+        pass
 
-        Machine.client, Machine.virtual_time, Machine.lua_bugs = client, True, lua_bugs
-        machine = Machine()
+    Machine.client, Machine.virtual_time = client, True
+    machine = Machine()
     for rule_name, arguments in steps:
         getattr(machine, rule_name)(**arguments)
         machine.quota_safety()
@@ -623,32 +614,7 @@ def replay(client: redis.Redis, steps: Steps, lua_bugs: frozenset[str],
     return machine
 
 
-@pytest.mark.parametrize("case", list(KNOWN_BUGS))
-def test_reference_repeats_known_lua_bug(redis_client: redis.Redis, case: str) -> None:
-    """What the machine runs with: the reference repeating the bug agrees with the
-    scripts on its falsifying example."""
-    replay(redis_client, KNOWN_BUGS[case][1], LUA_BUGS)
-
-
-@pytest.mark.parametrize("case", [
-    pytest.param(case, marks=pytest.mark.xfail(
-        strict=True, raises=AssertionError,
-        reason=f"lib.lua bug {bug} (tests/fairshare/queue/reference.py): the scripts break the "
-               "virtual-time rule"))
-    for case, (bug, _) in KNOWN_BUGS.items()
-])
-def test_known_lua_bug_against_the_rule(redis_client: redis.Redis, case: str) -> None:
-    """The falsifying example against the rule (the reference without the bug): the
-    steps agree up to the last, which the scripts answer otherwise."""
-    bug, steps = KNOWN_BUGS[case]
-    try:
-        machine = replay(redis_client, steps[:-1], LUA_BUGS - {bug})
-    except AssertionError as exc:  # not this bug: fail, do not xfail
-        raise RuntimeError(f"{case} disagrees before its last step") from exc
-    replay(redis_client, steps[-1:], LUA_BUGS - {bug}, machine)
-
-
 @pytest.mark.parametrize("case", list(FIXED_BUGS))
 def test_fixed_lua_bug_follows_the_rule(redis_client: redis.Redis, case: str) -> None:
     """A bug's falsifying example, now that the scripts follow the rule."""
-    replay(redis_client, FIXED_BUGS[case], LUA_BUGS)
+    replay(redis_client, FIXED_BUGS[case])
