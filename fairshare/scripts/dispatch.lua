@@ -16,7 +16,7 @@ local function release(ticket)
   rec[F_AT] = ARGV[1]
   put_rec(ticket, rec)
   -- a pod never seen expires reservation_ttl after its release (see expire)
-  if uid_of(rec) == '' then redis.call('ZADD', K_RESV, now, ticket) end
+  if uid_of(rec) == '' then resv_add(ticket, now) end
   for _, v in ipairs({ticket, rec[F_TENANT], rec[F_NS], rec[F_NAME], rec[F_BAND],
                       rec[F_DEMAND], rec[F_SUBMITTED]}) do
     out[#out + 1] = v

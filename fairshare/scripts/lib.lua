@@ -593,9 +593,10 @@ end
 -- positions of the first hex digit of each byte in a uuid string
 local UUID_BYTES = {1, 3, 5, 7, 10, 12, 15, 17, 20, 22, 25, 27, 29, 31, 33, 35}
 
-local function pack_ticket(ticket)
-  if not string.find(ticket, UUID) or ticket ~= string.lower(ticket) then
-    return 't' .. ticket
+-- the 16 bytes of a lowercase uuid ticket, nil for any other ticket
+local function uuid_bytes(ticket)
+  if #ticket ~= 36 or not string.find(ticket, UUID) or ticket ~= string.lower(ticket) then
+    return nil
   end
   local c = {string.byte(ticket, 1, 36)}
   local out = {}
@@ -604,16 +605,83 @@ local function pack_ticket(ticket)
     local hi, lo = c[i], c[i + 1]
     out[j] = (hi > 57 and hi - 87 or hi - 48) * 16 + (lo > 57 and lo - 87 or lo - 48)
   end
-  return 'u' .. string.char(unpack(out))
+  return string.char(unpack(out))
+end
+
+-- the uuid ticket of the 16 bytes at `from` .. `from` + 15 of `v`
+local UUID_FORMAT = string.rep('%02x', 4) .. '-' .. string.rep('%02x', 2) .. '-'
+  .. string.rep('%02x', 2) .. '-' .. string.rep('%02x', 2) .. '-' .. string.rep('%02x', 6)
+local function uuid_text(v, from)
+  return string.format(UUID_FORMAT, string.byte(v, from, from + 15))
+end
+
+local function pack_ticket(ticket)
+  local bytes = uuid_bytes(ticket)
+  if not bytes then return 't' .. ticket end
+  return 'u' .. bytes
 end
 
 local function unpack_ticket(v)
   if string.sub(v, 1, 1) == 't' then return string.sub(v, 2) end
-  local hex = {}
-  for i = 2, 17 do hex[#hex + 1] = string.format('%02x', string.byte(v, i)) end
-  local s = table.concat(hex)
-  return string.sub(s, 1, 8) .. '-' .. string.sub(s, 9, 12) .. '-' .. string.sub(s, 13, 16)
-    .. '-' .. string.sub(s, 17, 20) .. '-' .. string.sub(s, 21, 32)
+  return uuid_text(v, 2)
+end
+
+-- A ticket as a member of an unseen-ticket bucket (rv:<b>) or an entry of a lane: a
+-- lowercase uuid packed, PACKED and its 16 bytes (17 bytes, against 36); any other
+-- ticket, and a gang's lane entry '@<gang id>', as it is. PACKED (byte 255) begins no
+-- UTF-8 text, so a ticket written as text (by a version before packing, or not a uuid)
+-- never reads as packed.
+local PACKED = '\255'
+local function pack_entry(entry)
+  local bytes = uuid_bytes(entry)
+  if not bytes then return entry end
+  return PACKED .. bytes
+end
+
+local function unpack_entry(v)
+  if #v ~= 17 or string.sub(v, 1, 1) ~= PACKED then return v end
+  return uuid_text(v, 2)
+end
+
+-- Unseen tickets (no pod seen with them yet: reserved, queued or released), each with
+-- the time it expires after (its admission or release): RESV_BUCKETS small sorted sets
+-- rv:<b> (b from sha1 of the ticket; small enough for Redis' compact listpack encoding
+-- up to ~250k unseen tickets), member = pack_entry(ticket), score = that time. The
+-- sorted set rv indexes them: member b, score at most the lowest score in rv:<b> (adding
+-- lowers it; removing leaves it, a lower bound, and expire raises it to the lowest
+-- again). A version before buckets kept them all in one sorted set, `resv` (member =
+-- the ticket): expire still reads it (see expire.lua), nothing else writes it.
+local RESV_BUCKETS = 2048
+local K_UNSEEN = P .. 'rv'
+
+local function resv_bucket(ticket)
+  return tonumber(string.sub(redis.sha1hex(ticket), 1, 3), 16) % RESV_BUCKETS
+end
+
+-- the ticket expires after `at` unless its pod is seen first
+local function resv_add(ticket, at)
+  local b = resv_bucket(ticket)
+  redis.call('ZADD', K_UNSEEN .. ':' .. b, at, pack_entry(ticket))
+  redis.call('ZADD', K_UNSEEN, 'LT', at, b)
+end
+
+local function resv_remove(ticket)
+  redis.call('ZREM', K_UNSEEN .. ':' .. resv_bucket(ticket), pack_entry(ticket))
+end
+
+-- the time after which the ticket expires, nil when it does not (its pod was seen)
+local function resv_score(ticket)
+  return redis.call('ZSCORE', K_UNSEEN .. ':' .. resv_bucket(ticket), pack_entry(ticket))
+end
+
+-- forget every unseen ticket's expiry (rebuild)
+local function resv_clear()
+  for first = 0, RESV_BUCKETS - 1, 256 do
+    local keys = {}
+    for b = first, first + 255 do keys[#keys + 1] = K_UNSEEN .. ':' .. b end
+    redis.call('DEL', unpack(keys))
+  end
+  redis.call('DEL', K_UNSEEN, K_RESV)
 end
 
 local function index_name(ticket, rec)
@@ -975,7 +1043,7 @@ local function forget(ticket, rec)
   local state = rec[F_STATE]
   local changed
   unindex_name(ticket, rec)
-  redis.call('ZREM', K_RESV, ticket)
+  resv_remove(ticket)
   if state == 'R' or state == 'A' then
     if state == 'A' then
       note_run(rec[F_TENANT], tonumber(rec[F_AT]))

@@ -40,7 +40,8 @@ for _, tier in ipairs(TIERS) do
   redis.call('DEL', P .. 'sh:' .. tier)
 end
 for _, gid in ipairs(redis.call('SMEMBERS', K_GANGS)) do redis.call('DEL', P .. 'g:' .. gid) end
-redis.call('DEL', K_GANGS, K_TICKETS, K_RESV, K_USED, P .. 'bw', P .. 'bm')
+redis.call('DEL', K_GANGS, K_TICKETS, K_USED, P .. 'bw', P .. 'bm')
+resv_clear()
 for first = 0, NAME_BUCKETS - 1, 256 do
   local keys = {}
   for b = first, first + 255 do keys[#keys + 1] = P .. 'nm:' .. b end
@@ -55,7 +56,7 @@ local function hold(ticket, rec)
   index_name(ticket, rec)
   add_usage(rec[F_TENANT], rec[F_BAND], parse_counts(rec[F_DEMAND]), 1, nil,
             tonumber(rec[F_AT]))
-  if uid_of(rec) == '' then redis.call('ZADD', K_RESV, rec[F_AT], ticket) end
+  if uid_of(rec) == '' then resv_add(ticket, rec[F_AT]) end
   local gid = rec[F_GANG]
   if gid ~= '' then
     local key = P .. 'g:' .. gid
@@ -89,7 +90,7 @@ for i = 2, #ARGV, 13 do
       index_name(ticket, rec)
     end
   elseif kind == 'A' and uid_of(rec) == '' then
-    redis.call('ZREM', K_RESV, ticket)
+    resv_remove(ticket)
     unindex_name(ticket, rec)
     rec[F_STATE] = 'A'
     rec[F_NAME] = name

@@ -5,6 +5,7 @@ run, rebuild, snapshots."""
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from typing import Any
 
 import pytest
@@ -315,6 +316,39 @@ def test_expire_frees_unconfirmed_reservations(redis_client: redis.Redis, pods: 
     assert q.expire(40.0) == ["t2"]
     assert [t.used for t in q.tenant_status()] == [{"gpu": 1}]
     assert q.ticket_status("t2", 41.0) is None
+
+
+def as_before_buckets(client: redis.Redis) -> None:
+    """Rewrite the unseen tickets as a version before buckets kept them: one sorted set
+    ``resv``, member = the ticket (``rv:<b>`` packs a uuid: byte 255 and its 16 bytes)."""
+    for key in list(client.scan_iter("fairgate:rv:*")):
+        for member, score in client.zrange(key, 0, -1, withscores=True):
+            ticket = str(uuid.UUID(bytes=member[1:])) if member[:1] == b"\xff" else member
+            client.zadd("fairgate:resv", {ticket: score})
+        client.delete(key)
+    client.delete("fairgate:rv")
+
+
+def test_unseen_tickets_of_a_redis_written_before_buckets_still_expire(
+        redis_client: redis.Redis, pods: Pods) -> None:
+    q = queue_with(redis_client, {"gpu": 1}, a={"nominal": {"gpu": 8}})
+    made = [dataclasses.replace(pods("a"), ticket=str(uuid.UUID(int=n + 1)))
+            for n in range(5)]
+    running, started, queued, confirmed, deleted = made
+    assert [a.outcome for a in admit_all(q, made, now=10.0)] == ["reserved"] + ["queued"] * 4
+    as_before_buckets(redis_client)
+    assert redis_client.zcard("fairgate:resv") == 5
+    assert seen(q, confirmed) == "confirmed"  # seen since: never expires
+    assert q.remove(deleted.ticket, pod_uid(deleted.ticket))  # forgotten since
+    q.release(running.ticket, pod_uid(running.ticket), 20.0)
+    assert released(q, now=20.0, limit=1) == [started.ticket]  # a new time: 20 s
+    assert q.expire(39.0) == []
+    assert q.expire(40.0) == [queued.ticket]
+    assert not redis_client.exists("fairgate:resv")
+    assert q.expire(49.0) == []
+    assert q.expire(50.0) == [started.ticket]
+    assert [r.ticket for r in q.dispatch(60.0, 10)] == [confirmed.ticket]
+    assert q.expire(1000.0) == []
 
 
 def test_requeue_puts_a_ticket_back_at_the_head(redis_client: redis.Redis,
