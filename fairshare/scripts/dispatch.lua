@@ -51,7 +51,7 @@ while released < limit do
     for _, tenant in ipairs(others) do refresh(tenant, nil, NO_LANE) end
     released = released + 1
   else
-    release(entry)
+    release(unpack_entry(entry))
     released = released + 1
   end
   refresh(chosen.tenant, nil, {[chosen.shape] = true})

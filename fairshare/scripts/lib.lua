@@ -790,10 +790,11 @@ local function gang_members(g)
   return split(g.m, ',')
 end
 
--- seq and submitted time of a lane entry (a gang: its newest member)
+-- seq and submitted time of a lane entry, as stored (pack_entry) or not (a gang: its
+-- newest member)
 local function entry_info(entry)
   if string.sub(entry, 1, 1) ~= '@' then
-    local rec = get_rec(entry)
+    local rec = get_rec(unpack_entry(entry))
     return tonumber(rec[F_SEQ]), tonumber(rec[F_SUBMITTED])
   end
   local seq, at = 0, 0
@@ -842,8 +843,9 @@ end
 -- Put each of the tenant's lanes into the ready set of its shape (score = share_of,
 -- member = ready_member) when its head fits the tenant's quota, else take it out;
 -- drop empty lanes. The member in the set is remembered in
--- the tenant's state (`rk:<shape>`: head_key .. head entry; the head key of a single
--- pod entry never changes, so an unchanged head is not read again).
+-- the tenant's state (`rk:<shape>`: head_key .. head entry as the lane holds it, 49
+-- bytes for a uuid ticket, so the state stays a small listpack hash; the head key of a
+-- single pod entry never changes, so an unchanged head is not read again).
 -- `st`: the tenant's state if the caller holds it current (else read); kept current.
 -- `moved`: nil when any of the tenant's lanes may have changed since its last refresh;
 -- else the set {shape = true} of the lanes that may have (pushed, popped, removed
@@ -900,8 +902,9 @@ local function refresh(tenant, st, moved)
   mark_backlogged(tenant, cfg.w, tiers, st)
 end
 
+-- a lane holds its entries as pack_entry makes them: a uuid ticket in 17 bytes
 local function push_lane(tenant, shape, entry, at_head)
-  redis.call(at_head and 'LPUSH' or 'RPUSH', lane_key(tenant, shape), entry)
+  redis.call(at_head and 'LPUSH' or 'RPUSH', lane_key(tenant, shape), pack_entry(entry))
   redis.call('SADD', P .. 'tl:' .. tenant, shape)
 end
 
@@ -982,7 +985,10 @@ local function dequeue(ticket, rec)
   count_queued(rec, -1)
   local gid = rec[F_GANG]
   if gid == '' then
-    redis.call('LREM', lane_key(rec[F_TENANT], single_shape(rec)), 1, ticket)
+    local lane, entry = lane_key(rec[F_TENANT], single_shape(rec)), pack_entry(ticket)
+    if redis.call('LREM', lane, 1, entry) == 0 and entry ~= ticket then
+      redis.call('LREM', lane, 1, ticket)  -- a lane written before entries were packed
+    end
     count_lane(rec, -1)
     return rec[F_TENANT]
   end
@@ -1516,7 +1522,8 @@ local function describe_queued(ticket, rec, now)
   local D = parse_shape(shape)
   local st = state_of(tenant)
   local why = quota_blocker(tenant, D, st)
-  local head = redis.call('LINDEX', lane_key(tenant, shape), 0) == entry
+  local first = redis.call('LINDEX', lane_key(tenant, shape), 0)
+  local head = first and unpack_entry(first) == entry
   if why == nil then
     -- the holds of the entries up to this one (its own, when it is held for)
     local me = {score = share_of(tenant, st, now), key = head_key(at, seq + 0.5)}
