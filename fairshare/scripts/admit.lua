@@ -158,7 +158,7 @@ if reason == nil then
                    seq, ARGV[1], ''})
   add_usage(tenant, band, d, 1, st)
   index_name(ticket, {'R', tenant, cls, band, '', ns, name})
-  resv_add(ticket, now)
+  resv_add(ticket, ARGV[1])
   redis.call('SADD', K_TENANTS, tenant)
   -- usage changed: lanes (none were added) are re-evaluated on the new state (st)
   if #lanes > 0 then refresh(tenant, st, NO_LANE) end
@@ -171,7 +171,7 @@ if not dry then
                seq, '', ''}
   enqueue(ticket, rec, false, st)
   index_name(ticket, rec)
-  resv_add(ticket, now)
+  resv_add(ticket, ARGV[1])
   -- queueing changes no usage: st holds what readiness and share depend on; of the
   -- lanes, only a single pod's own changed (a gang's completion may move others)
   refresh(tenant, st, gid == '' and {[single_shape(rec)] = true} or nil)

@@ -18,7 +18,8 @@ end
 local due = {}
 local buckets = redis.call('ZRANGEBYSCORE', K_UNSEEN, '-inf', cutoff)
 for _, b in ipairs(buckets) do
-  local flat = redis.call('ZRANGEBYSCORE', K_UNSEEN .. ':' .. b, '-inf', cutoff, 'WITHSCORES')
+  local flat = redis.call('ZRANGEBYSCORE', K_UNSEEN .. ':' .. b, '-inf', cutoff,
+                          'WITHSCORES')
   for i = 1, #flat, 2 do
     due[#due + 1] = {tonumber(flat[i + 1]), unpack_entry(flat[i])}
   end

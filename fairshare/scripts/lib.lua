@@ -581,8 +581,6 @@ end
 -- sha1(namespace/name) as an integer, value = the ticket ('u' + 16 bytes for a
 -- lowercase uuid, else 't' + the ticket). A hash collision only makes `find` miss.
 local NAME_BUCKETS = 2048
-local UUID = '^' .. string.rep('%x', 8) .. '%-' .. string.rep('%x', 4) .. '%-'
-  .. string.rep('%x', 4) .. '%-' .. string.rep('%x', 4) .. '%-' .. string.rep('%x', 12) .. '$'
 
 local function name_slot(ns, name)
   local h = redis.sha1hex(ns .. '/' .. name)
@@ -592,20 +590,27 @@ end
 
 -- positions of the first hex digit of each byte in a uuid string
 local UUID_BYTES = {1, 3, 5, 7, 10, 12, 15, 17, 20, 22, 25, 27, 29, 31, 33, 35}
+-- two lowercase hex digits -> the byte they write
+local HEX_PAIR = (function()
+  local t = {}
+  for i = 0, 255 do t[string.format('%02x', i)] = string.char(i) end
+  return t
+end)()
 
 -- the 16 bytes of a lowercase uuid ticket, nil for any other ticket
 local function uuid_bytes(ticket)
-  if #ticket ~= 36 or not string.find(ticket, UUID) or ticket ~= string.lower(ticket) then
+  if #ticket ~= 36 or string.byte(ticket, 9) ~= 45 or string.byte(ticket, 14) ~= 45
+      or string.byte(ticket, 19) ~= 45 or string.byte(ticket, 24) ~= 45 then  -- '-'
     return nil
   end
-  local c = {string.byte(ticket, 1, 36)}
   local out = {}
-  for j, i in ipairs(UUID_BYTES) do
-    -- a lowercase hex digit: '0'-'9' are 48-57, 'a'-'f' are 97-102
-    local hi, lo = c[i], c[i + 1]
-    out[j] = (hi > 57 and hi - 87 or hi - 48) * 16 + (lo > 57 and lo - 87 or lo - 48)
+  for j = 1, 16 do
+    local i = UUID_BYTES[j]
+    local byte = HEX_PAIR[string.sub(ticket, i, i + 1)]
+    if not byte then return nil end
+    out[j] = byte
   end
-  return string.char(unpack(out))
+  return table.concat(out)
 end
 
 -- the uuid ticket of the 16 bytes at `from` .. `from` + 15 of `v`
@@ -615,27 +620,20 @@ local function uuid_text(v, from)
   return string.format(UUID_FORMAT, string.byte(v, from, from + 15))
 end
 
-local function pack_ticket(ticket)
-  local bytes = uuid_bytes(ticket)
-  if not bytes then return 't' .. ticket end
-  return 'u' .. bytes
-end
-
-local function unpack_ticket(v)
-  if string.sub(v, 1, 1) == 't' then return string.sub(v, 2) end
-  return uuid_text(v, 2)
-end
-
 -- A ticket as a member of an unseen-ticket bucket (rv:<b>) or an entry of a lane: a
 -- lowercase uuid packed, PACKED and its 16 bytes (17 bytes, against 36); any other
 -- ticket, and a gang's lane entry '@<gang id>', as it is. PACKED (byte 255) begins no
 -- UTF-8 text, so a ticket written as text (by a version before packing, or not a uuid)
--- never reads as packed.
+-- never reads as packed. An operation often packs one ticket several times (its lane,
+-- its bucket, the name index): the last one packed is kept (PACK_IN, PACK_OUT; cleared
+-- by begin()).
 local PACKED = '\255'
+local PACK_IN, PACK_OUT = nil, nil
 local function pack_entry(entry)
+  if entry == PACK_IN then return PACK_OUT end
   local bytes = uuid_bytes(entry)
-  if not bytes then return entry end
-  return PACKED .. bytes
+  PACK_IN, PACK_OUT = entry, bytes and (PACKED .. bytes) or entry
+  return PACK_OUT
 end
 
 local function unpack_entry(v)
@@ -643,42 +641,68 @@ local function unpack_entry(v)
   return uuid_text(v, 2)
 end
 
+-- the name index's form of a ticket: 'u' and its 16 bytes (a lowercase uuid), else 't'
+-- and the ticket
+local function pack_ticket(ticket)
+  local packed = pack_entry(ticket)
+  if packed == ticket then return 't' .. ticket end
+  return 'u' .. string.sub(packed, 2)
+end
+
+local function unpack_ticket(v)
+  if string.sub(v, 1, 1) == 't' then return string.sub(v, 2) end
+  return uuid_text(v, 2)
+end
+
 -- Unseen tickets (no pod seen with them yet: reserved, queued or released), each with
 -- the time it expires after (its admission or release): RESV_BUCKETS small sorted sets
--- rv:<b> (b from sha1 of the ticket; small enough for Redis' compact listpack encoding
--- up to ~250k unseen tickets), member = pack_entry(ticket), score = that time. The
--- sorted set rv indexes them: member b, score at most the lowest score in rv:<b> (adding
--- lowers it; removing leaves it, a lower bound, and expire raises it to the lowest
--- again). A version before buckets kept them all in one sorted set, `resv` (member =
--- the ticket): expire still reads it (see expire.lua), nothing else writes it.
+-- rv:<b> (small enough for Redis' compact listpack encoding up to ~250k unseen tickets),
+-- member = pack_entry(ticket), score = that time; b from the uuid's 3rd and 4th bytes
+-- (random in a v4 uuid, the fastest-changing of a v1's clock), else from sha1 of the
+-- ticket. The sorted set rv indexes them: member b, score at most the lowest score in
+-- rv:<b> (adding lowers it; removing leaves it, a lower bound, and expire raises it to
+-- the lowest again). A version before buckets kept them all in one sorted set, `resv`
+-- (member = the ticket): expire still reads it (see expire.lua), nothing else writes it.
 local RESV_BUCKETS = 2048
 local K_UNSEEN = P .. 'rv'
 
-local function resv_bucket(ticket)
-  return tonumber(string.sub(redis.sha1hex(ticket), 1, 3), 16) % RESV_BUCKETS
+-- the bucket (its number, as text) of a ticket packed as `entry` (pack_entry)
+local function resv_bucket(entry)
+  local b
+  if #entry == 17 and string.sub(entry, 1, 1) == PACKED then
+    local hi, lo = string.byte(entry, 4, 5)
+    b = (hi * 256 + lo) % RESV_BUCKETS
+  else
+    b = tonumber(string.sub(redis.sha1hex(entry), 1, 3), 16) % RESV_BUCKETS
+  end
+  return string.format('%d', b)
 end
 
--- the ticket expires after `at` unless its pod is seen first
-local function resv_add(ticket, at)
-  local b = resv_bucket(ticket)
-  redis.call('ZADD', K_UNSEEN .. ':' .. b, at, pack_entry(ticket))
+-- the ticket expires after `at` (a time, as text or a number) unless its pod is seen
+-- first; `entry`: pack_entry(ticket) if the caller has it
+local function resv_add(ticket, at, entry)
+  entry = entry or pack_entry(ticket)
+  local b = resv_bucket(entry)
+  redis.call('ZADD', K_UNSEEN .. ':' .. b, at, entry)
   redis.call('ZADD', K_UNSEEN, 'LT', at, b)
 end
 
 local function resv_remove(ticket)
-  redis.call('ZREM', K_UNSEEN .. ':' .. resv_bucket(ticket), pack_entry(ticket))
+  local entry = pack_entry(ticket)
+  redis.call('ZREM', K_UNSEEN .. ':' .. resv_bucket(entry), entry)
 end
 
 -- the time after which the ticket expires, nil when it does not (its pod was seen)
 local function resv_score(ticket)
-  return redis.call('ZSCORE', K_UNSEEN .. ':' .. resv_bucket(ticket), pack_entry(ticket))
+  local entry = pack_entry(ticket)
+  return redis.call('ZSCORE', K_UNSEEN .. ':' .. resv_bucket(entry), entry)
 end
 
 -- forget every unseen ticket's expiry (rebuild)
 local function resv_clear()
   for first = 0, RESV_BUCKETS - 1, 256 do
     local keys = {}
-    for b = first, first + 255 do keys[#keys + 1] = K_UNSEEN .. ':' .. b end
+    for b = first, first + 255 do keys[#keys + 1] = K_UNSEEN .. ':' .. string.format('%d', b) end
     redis.call('DEL', unpack(keys))
   end
   redis.call('DEL', K_UNSEEN, K_RESV)

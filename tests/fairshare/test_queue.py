@@ -400,12 +400,14 @@ def test_lanes_written_before_packing_answer_the_same(redis_client: redis.Redis,
                                                       pods: Pods) -> None:
     first = uuid_pods(pods, "a", 1, demand={"gpu": 2})
     made = uuid_pods(pods, "a", 4) + uuid_pods(pods, "b", 3, demand={"gpu": 2})
+    unseen = uuid_pods(pods, "a", 1)  # its pod never seen: it expires after its release
     answers = []
     for before_packing in (False, True):
         redis_client.flushdb()
         q = queue_with(redis_client, {"gpu": 2}, a={"nominal": {"gpu": 4}},
                        b={"nominal": {"gpu": 4}})
         admit_seen(q, first + made)
+        q.admit(unseen[0], 1.0)
         if before_packing:
             as_before_packing(redis_client)
             assert redis_client.lindex("fairgate:q:a:t/gpu=1", 0) == made[0].ticket.encode()
@@ -419,14 +421,16 @@ def test_lanes_written_before_packing_answer_the_same(redis_client: redis.Redis,
         running = [first[0].ticket]
         for step in range(6):
             for ticket in running:
-                q.release(ticket, pod_uid(ticket), 10.0 + step)
+                if ticket != unseen[0].ticket:  # never seen: it does not end, it expires
+                    q.release(ticket, pod_uid(ticket), 10.0 + step)
             running = [r.ticket for r in q.dispatch(10.0 + step, 10)]
             order.append(running)
-        got.append(order)
+        got += [order, q.expire(1000.0), q.expire(2000.0)]
         answers.append(got)
     assert answers[0] == answers[1]
-    assert sorted(t for step in answers[0][-1] for t in step) \
-        == sorted(r.ticket for r in made if r not in (made[1], made[5]))
+    assert sorted(t for step in answers[0][-3] for t in step) \
+        == sorted(r.ticket for r in made + unseen if r not in (made[1], made[5]))
+    assert answers[0][-2:] == [[unseen[0].ticket], []]
 
 
 def test_requeue_puts_a_ticket_back_at_the_head(redis_client: redis.Redis,
