@@ -702,7 +702,9 @@ end
 local function resv_clear()
   for first = 0, RESV_BUCKETS - 1, 256 do
     local keys = {}
-    for b = first, first + 255 do keys[#keys + 1] = K_UNSEEN .. ':' .. string.format('%d', b) end
+    for b = first, first + 255 do
+      keys[#keys + 1] = K_UNSEEN .. ':' .. string.format('%d', b)
+    end
     redis.call('DEL', unpack(keys))
   end
   redis.call('DEL', K_UNSEEN, K_RESV)
