@@ -657,25 +657,19 @@ end
 -- Unseen tickets (no pod seen with them yet: reserved, queued or released), each with
 -- the time it expires after (its admission or release): RESV_BUCKETS small sorted sets
 -- rv:<b> (small enough for Redis' compact listpack encoding up to ~250k unseen tickets),
--- member = pack_entry(ticket), score = that time; b from the uuid's 3rd and 4th bytes
--- (random in a v4 uuid, the fastest-changing of a v1's clock), else from sha1 of the
--- ticket. The sorted set rv indexes them: member b, score at most the lowest score in
+-- member = pack_entry(ticket), score = that time; b from sha1 of that member. The sorted
+-- set rv indexes them: member b, score at most the lowest score in
 -- rv:<b> (adding lowers it; removing leaves it, a lower bound, and expire raises it to
 -- the lowest again). A version before buckets kept them all in one sorted set, `resv`
 -- (member = the ticket): expire still reads it (see expire.lua), nothing else writes it.
 local RESV_BUCKETS = 2048
 local K_UNSEEN = P .. 'rv'
 
--- the bucket (its number, as text) of a ticket packed as `entry` (pack_entry)
+-- the bucket (its number, as text) of a ticket packed as `entry` (pack_entry): from
+-- sha1, since tickets need not be random (a time-ordered uuid, a counter in a test's)
 local function resv_bucket(entry)
-  local b
-  if #entry == 17 and string.sub(entry, 1, 1) == PACKED then
-    local hi, lo = string.byte(entry, 4, 5)
-    b = (hi * 256 + lo) % RESV_BUCKETS
-  else
-    b = tonumber(string.sub(redis.sha1hex(entry), 1, 3), 16) % RESV_BUCKETS
-  end
-  return string.format('%d', b)
+  return string.format('%d', tonumber(string.sub(redis.sha1hex(entry), 1, 3), 16)
+                             % RESV_BUCKETS)
 end
 
 -- the ticket expires after `at` (a time, as text or a number) unless its pod is seen
