@@ -12,7 +12,8 @@ Contract:
   priorityClassName of fairgate's band for that class (inference: the inference class;
   training: the training or borrowed class); and ``fairgate.io/borrowed: "true"`` exactly
   when the class is the borrowed one. Such a pod's verdict names its ticket: the webhook
-  claims it for the pod's uid before the pod is stored (:meth:`fairshare.queue.FairQueue.bind`).
+  claims it for the pod's uid before the pod is stored
+  (:meth:`fairshare.queue.fairqueue.FairQueue.bind`).
 - :func:`validate_update` judges a pod UPDATE: removing the ``fairgate.io/queue`` gate is
   denied to anyone but :data:`~tenants.models.DISPATCHER_USER`; adding, changing or
   removing any ``fairgate.io/*`` label or annotation is denied to anyone but fairgate's

@@ -650,9 +650,9 @@ def breakdown(env: BenchEnvironment, count: int = 2000) -> dict[str, float]:
     from admission.plan import PodPlan, plan_create
     from admission.reviews import parse_review, with_patch
     from audit import AuditLog, AuditRecord
-    from fairshare.fastpath import AsyncFairQueue
-    from fairshare.model import PodRequest
-    from fairshare.queue import FairQueue
+    from fairshare.queue.fairqueue import FairQueue
+    from fairshare.queue.fastpath import AsyncFairQueue
+    from fairshare.queue.model import PodRequest
     from tenants.localdir import load_config_dir
     from webhook.metrics import WebhookMetrics
 

@@ -45,7 +45,7 @@ from dispatch import make_config, pod_uid, pods
 
 from audit import STREAM, AuditLog
 from fairshare.localredis import local_redis
-from fairshare.queue import FairQueue
+from fairshare.queue.fairqueue import FairQueue
 from tenants.models import TENANT_LABEL, FairgateConfig
 from webhook.console.access import TokenAccess, Viewer
 from webhook.console.app import create_app

@@ -11,7 +11,7 @@ delta of queueing the backlog divided by its size.
 ``--half-life S`` sets ``fairShare.usageHalfLife`` (default 0: not set, the default
 order, virtual time) so the decayed-usage path is timed: a decision then computes the
 current score of each ready-set member it walks and writes the ones that rose back (``best_of`` in
-``fairshare/scripts/lib.lua``). The clock advances 1 ms per decision and the release
+``fairshare/queue/scripts/lib.lua``). The clock advances 1 ms per decision and the release
 before it gets the same clock, as in ``bench/instructions.py dispatch``.
 
     python bench/dispatch.py                      # full grid, own redis-server
@@ -38,8 +38,8 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fairshare.localredis import local_redis
-from fairshare.model import PodRequest
-from fairshare.queue import FairQueue
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.model import PodRequest
 from tenants.models import FairgateConfig, FairShareSpec, PlatformConfig, PodClass, QuotaSpec
 from tenants.resources import ResourceCounts
 

@@ -17,7 +17,7 @@ only the weights decide). One extra tenant, ``serve``, sends a 1-unit inference 
 every 600 s from t = 300 s, each 600 s long (back to back: it keeps the unit of its own,
 see below, from then on; with ``--shared-inference``, 300 s long: half the time).
 
-Three conditions make the share target reachable at all (fairshare/README.md, "What
+Three conditions make the share target reachable at all (fairshare/queue/README.md, "What
 fairness can be measured"), and the generator states them:
 - the horizon is at least 20x the trace's mean duration *and* long enough for every
   tenant's entitlement to cover :data:`PODS_PER_ENTITLEMENT` of its *longest* pods
@@ -114,10 +114,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import redis
 
-from fairshare.entitlement import jain_index, water_fill
 from fairshare.localredis import local_redis
-from fairshare.simulate import Simulation, Window
-from fairshare.trace import Trace, parse_trace
+from fairshare.queue.entitlement import jain_index, water_fill
+from fairshare.sim.simulate import Simulation, Window
+from fairshare.sim.trace import Trace, parse_trace
 from tenants.resources import slices_of
 
 SIZES = (1, 2, 4, 8)
@@ -149,7 +149,7 @@ class Outcome:
 def bound(durations_max: float, weights: list[float]) -> float:
     """Longest a backlogged tenant may go without a pod starting: the longest pod
     duration x (2 x the number of tenants + (W - w) / w), W the summed weight, w the
-    lowest (fairshare/README.md, "Wait bound", derives it; the second term is the
+    lowest (fairshare/queue/README.md, "Wait bound", derives it; the second term is the
     payback of a tenant that took the idle cluster at the start)."""
     lowest, total = min(weights), sum(weights)
     return durations_max * (2 * len(weights) + (total - lowest) / lowest)
@@ -340,7 +340,7 @@ class _Tenant:
 
 def _entitled(capacity: float, tenants: list[_Tenant]) -> dict[str, float]:
     """GPUs each training tenant is entitled to while all are backlogged
-    (:func:`~fairshare.entitlement.water_fill`, nobody capped)."""
+    (:func:`~fairshare.queue.entitlement.water_fill`, nobody capped)."""
     return water_fill(capacity, {t.name: float(t.weight) for t in tenants}, {})
 
 

@@ -23,8 +23,8 @@ import time
 import redis
 
 from bench.dispatch import PREFIX, clear, make_config, pods, server
-from fairshare.entitlement import snapshot_fairness
-from fairshare.queue import FairQueue
+from fairshare.queue.entitlement import snapshot_fairness
+from fairshare.queue.fairqueue import FairQueue
 
 
 def _function_usec(client: redis.Redis) -> float:

@@ -27,7 +27,7 @@ a plain ``redis-server``, saved, and loaded into one under callgrind; then
 ``--decisions`` times a random running pod ends (uncounted) and one
 ``dispatch(limit=1)`` is counted. Loading the code into Redis is never counted: the
 setup's calls load the scripts or the function library (and, for a library, make its
-per-prefix instance: ``fairshare/README.md``, "Redis Functions"). ``--code DIR`` puts
+per-prefix instance: ``fairshare/queue/README.md``, "Redis Functions"). ``--code DIR`` puts
 another checkout first on the import path (the queue, its Lua and the bench helpers all
 come from it); it works with checkouts from before the uid-bound
 ``confirm``/``release`` API and with those that run the queue as scripts;
@@ -123,6 +123,16 @@ def under_callgrind(process: subprocess.Popen[bytes], client: redis.Redis,
     return start_redis(workdir, callgrind=True)
 
 
+def fair_queue() -> type[Any]:
+    """The measured checkout's ``FairQueue``: ``fairshare/queue/fairqueue.py``, or
+    ``fairshare/queue.py`` in a checkout from before the queue had its own package."""
+    try:
+        from fairshare.queue.fairqueue import FairQueue
+    except ModuleNotFoundError:
+        from fairshare.queue import FairQueue  # type: ignore[attr-defined,no-redef]
+    return FairQueue
+
+
 def uid_bound(queue_type: type[Any]) -> bool:
     """Whether this checkout's ``FairQueue.release`` takes the pod uid."""
     return "uid" in inspect.signature(queue_type.release).parameters
@@ -177,8 +187,8 @@ def report(label: str, counts: list[int], calls: list[dict[str, int]],
 def measure_admit(cases: list[str], count: int, half_life: float, live: bool) -> None:
     from bench import redis_scripts
     from bench.dispatch import PREFIX, make_config
-    from fairshare.queue import FairQueue
 
+    FairQueue = fair_queue()
     for name in cases:
         case = next((c for c in redis_scripts.CASES if c.name == name), None)
         if case is None:
@@ -285,8 +295,8 @@ def end_one(queue: Any, running: list[str], rng: random.Random, now: float) -> i
 
 def measure_admit_cluster(tenants: int, queued: int, count: int, half_life: float) -> None:
     from bench.dispatch import PREFIX, make_config, pod_uid, with_half_life
-    from fairshare.queue import FairQueue
 
+    FairQueue = fair_queue()
     with tempfile.TemporaryDirectory(prefix="fairgate-instr-") as tmp:
         workdir = Path(tmp)
         process, client = start_redis(workdir, callgrind=False)
@@ -328,8 +338,8 @@ def measure_admit_cluster(tenants: int, queued: int, count: int, half_life: floa
 
 def measure_dispatch(tenants: int, queued: int, decisions: int, half_life: float) -> None:
     from bench.dispatch import PREFIX, make_config
-    from fairshare.queue import FairQueue
 
+    FairQueue = fair_queue()
     bound = uid_bound(FairQueue)
 
     def uid(ticket: str) -> str:

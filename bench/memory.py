@@ -37,7 +37,7 @@ from bench.admission import (
     run_wrk,
     scenarios,
 )
-from fairshare.queue import FairQueue
+from fairshare.queue.fairqueue import FairQueue
 
 TARGET_RSS_MB = 150.0
 AUDIT_STREAM = "fairgate:audit"

@@ -89,7 +89,10 @@ class Scenario:
     nodes: tuple[GpuNode, ...]
     tenants: tuple[Tenant, ...]
     streams: tuple[Stream, ...]
-    horizon: float  # seconds from the first create to the end of the measurement
+    # seconds from the first create to the end of the measurement: the shares window
+    # (from the last backlog's first pod) covers at least 30 pod lengths, the span over
+    # which fairness is defined (docs/fairness.md), and every backlog outlasts it
+    horizon: float
 
     @property
     def capacity(self) -> int:
@@ -101,12 +104,12 @@ def scenarios() -> dict[str, Scenario]:
     eight = (whole_gpu_node("gpu-0", 4), whole_gpu_node("gpu-1", 4))
     return {s.name: s for s in (
         Scenario("head-start", (whole_gpu_node("gpu-0", 8),), two,
-                 (Stream("team-a", 0, 40, 8, 4), Stream("team-b", 30, 40, 8, 4)), 120),
+                 (Stream("team-a", 0, 40, 8, 4), Stream("team-b", 30, 40, 8, 4)), 150),
         Scenario("weights-1-2-3", tuple(whole_gpu_node(f"gpu-{i}", 4) for i in range(3)),
                  (Tenant("team-a", 1, 2), Tenant("team-b", 2, 4), Tenant("team-c", 3, 6)),
-                 tuple(Stream(t, 0, 300, 1, 6) for t in ("team-a", "team-b", "team-c")), 100),
+                 tuple(Stream(t, 0, 300, 1, 6) for t in ("team-a", "team-b", "team-c")), 220),
         Scenario("mixed-sizes", eight, two,
-                 (Stream("team-a", 0, 40, 4, 5), Stream("team-b", 0, 160, 1, 5)), 70),
+                 (Stream("team-a", 0, 40, 4, 5), Stream("team-b", 0, 160, 1, 5)), 150),
         Scenario("inference", eight, two,
                  (Stream("team-a", 0, 100, 1, 30),
                   Stream("team-b", 10, 20, 1, 2, every=3, inference=True)), 75),

@@ -46,8 +46,8 @@ from pathlib import Path
 import redis
 
 from bench.dispatch import PREFIX, clear, make_config, pod_uid, server
-from fairshare.model import Admission, PodRequest
-from fairshare.queue import FairQueue
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.model import Admission, PodRequest
 from tenants.models import PodClass
 
 NOW = 1.0

@@ -35,9 +35,9 @@ import redis.asyncio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fairshare.fastpath import AsyncFairQueue
 from fairshare.localredis import local_redis
-from fairshare.model import PodRequest
+from fairshare.queue.fastpath import AsyncFairQueue
+from fairshare.queue.model import PodRequest
 from tenants.models import FairgateConfig, PlatformConfig, QuotaSpec
 
 PREFIX = "bench:"

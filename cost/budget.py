@@ -1,6 +1,6 @@
 """Month-to-date spend per tenant from the audit stream, for budgets (the dispatcher's).
 
-Contract: :class:`AuditSpend` is a :class:`fairshare.budget.SpendSource`. Each call of
+Contract: :class:`AuditSpend` is a :class:`fairshare.queue.budget.SpendSource`. Each call of
 :meth:`AuditSpend.spent` reads the records appended to the stream since its last call
 (so a pass costs the new records, not the whole stream), keeps those billing reads, and
 bills the window with :func:`cost.billing.bill`: the same computation, on the same

@@ -25,7 +25,7 @@ Contract:
 - Capacity is the platform's ``capacity`` override if set, else the cluster's; config and
   capacity are pushed again on every status pass and reconcile (a flush, or another
   writer, may have changed them). Whenever it reads the cluster's capacity it stores the
-  cluster's :class:`~fairshare.cluster.CapacityReport` (nodes left out and why, GPUs held
+  cluster's :class:`~fairshare.cluster.cluster.CapacityReport` (nodes left out and why, GPUs held
   by pods fairgate does not manage) for ``fairgate status``
   (:meth:`FairQueue.write_capacity_notes`).
 - Unschedulable releases: a released pod that is not bound and that the
@@ -48,7 +48,7 @@ Contract:
   ("Queued: position 3 of 12 for team-a/training, waiting for ...") when a gated pod is
   first seen and again only when its position has at least halved or what it waits for
   changed, at most once per ``queued_event_interval`` per pod (a borrowed pod of a tenant
-  whose budget is exhausted: with :func:`fairshare.budget.held_note`).
+  whose budget is exhausted: with :func:`fairshare.queue.budget.held_note`).
 - Audit (when an :class:`audit.AuditLog` is given), each record stamped with the
   dispatcher's clock: ``dispatch`` for every lifted gate; ``start`` when a pod is first
   seen Running (``diff.pod``: band, node, GPU product), again after a restart for pods
@@ -85,15 +85,7 @@ from audit.usage import (
     pricing_detail,
     start_detail,
 )
-from fairshare.budget import (
-    DEFAULT_BUDGET_EVERY,
-    BudgetStatus,
-    SpendSource,
-    budget_line,
-    held_note,
-)
-from fairshare.calls import UnknownTenantError
-from fairshare.cluster import (
+from fairshare.cluster.cluster import (
     DEFAULT_UNSCHEDULABLE_GRACE,
     CapacityReport,
     ChangeKind,
@@ -102,10 +94,18 @@ from fairshare.cluster import (
     GpuPod,
     LiftOutcome,
 )
+from fairshare.cluster.reconcile import reconcile, twin_ticket
 from fairshare.metrics import DispatcherMetrics
-from fairshare.model import Release, ServiceSnapshot, TenantStatus
-from fairshare.queue import FairQueue
-from fairshare.reconcile import reconcile, twin_ticket
+from fairshare.queue.budget import (
+    DEFAULT_BUDGET_EVERY,
+    BudgetStatus,
+    SpendSource,
+    budget_line,
+    held_note,
+)
+from fairshare.queue.calls import UnknownTenantError
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.model import Release, ServiceSnapshot, TenantStatus
 from tenants.models import FairgateConfig, PodClass
 from tenants.resources import SLICES_PER_GPU, format_counts
 

@@ -14,16 +14,18 @@ Contract: every :class:`DispatcherMetrics` owns its own ``CollectorRegistry``.
   ``kueue_cluster_queue_nominal_quota``); ``fairgate_tenant_borrowing_limit{tenant}`` and
   ``fairgate_tenant_borrowed{tenant}`` in GPU-equivalents (Kueue:
   ``kueue_cluster_queue_borrowing_limit``).
-- Fairness (one computation, :func:`fairshare.entitlement.fairness`, shared with
+- Fairness (one computation, :func:`fairshare.queue.entitlement.fairness`, shared with
   ``fairgate status``): ``fairgate_tenant_weighted_share{tenant}``, GPU-equivalents used
   per unit of weight (all bands); ``fairgate_tenant_fair_share{tenant}``, the tenant's
   entitlement in GPU-equivalents (the capacity water-filled by weight among tenants with
-  demand, each capped at its usage + queued demand and at nominal + borrow limit; 0
-  without demand); ``fairgate_fairness_jain_index``, Jain's index of usage / entitlement
+  demand, each capped at its usage + queued demand and at nominal + borrow limit, and
+  given at least its inference usage + queued demand, which goes first; 0 without
+  demand); ``fairgate_fairness_jain_index``, Jain's index of usage / entitlement
   over the tenants entitled to something (1 = every one holds exactly its fair share).
 - ``fairgate_cluster_capacity{resource}``: GPU capacity the queue dispatches against, per
   capacity key (a resource in one placement class, e.g. ``gpu``, ``mig-1g.5gb#single``).
-- ``fairgate_gate_lifts_total{outcome}``: gate lifts by :class:`~fairshare.cluster.LiftOutcome`.
+- ``fairgate_gate_lifts_total{outcome}``: gate lifts by
+  :class:`~fairshare.cluster.cluster.LiftOutcome`.
 - ``fairgate_admission_attempt_duration_seconds``: one dispatch pass (Kueue:
   ``kueue_admission_attempt_duration_seconds``).
 - ``fairgate_reconcile_total{result}``, ``fairgate_expired_reservations_total``.
@@ -51,9 +53,9 @@ from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from fairshare.budget import BudgetStatus
-from fairshare.entitlement import snapshot_fairness
-from fairshare.model import QueueSnapshot
+from fairshare.queue.budget import BudgetStatus
+from fairshare.queue.entitlement import snapshot_fairness
+from fairshare.queue.model import QueueSnapshot
 from tenants.models import CLASSES
 from tenants.resources import SLICES_PER_GPU, base_of, slices_of
 

@@ -12,7 +12,7 @@ Contract:
   (GPU-equivalents), ``capacityByClass`` (per capacity key, :mod:`tenants.placement`:
   ``key``, ``class`` in words, ``resource``, ``capacity`` and ``used`` in units of the
   resource, all bands; :func:`class_lines` prints it), ``capacityNotes`` (the
-  dispatcher's last :class:`~fairshare.cluster.CapacityReport` as JSON plus ``at``,
+  dispatcher's last :class:`~fairshare.cluster.cluster.CapacityReport` as JSON plus ``at``,
   ``override``, ``withheld`` (capacity withheld for released pods the scheduler cannot
   place, by capacity key) and ``unschedulable`` (those pods: ``pod``, ``ticket``,
   ``tenant``, ``demand``, ``since``, ``message``), or null; :func:`capacity_lines` prints
@@ -22,10 +22,10 @@ Contract:
   pod, a gang's first queued member), ``group`` (a gang's id, else null), ``demand`` and
   ``held`` (units per resource), ``heldGpuEquivalents`` and ``demandGpuEquivalents``;
   :func:`held_lines` prints it; ``budgets``: per tenant with a budget, its
-  :class:`~fairshare.budget.BudgetStatus` as the dispatcher last stored it (``tenant``,
+  :class:`~fairshare.queue.budget.BudgetStatus` as the dispatcher last stored it (``tenant``,
   ``monthly``, ``spent``, ``currency``, ``month``, ``at``, ``ratio``, ``state``);
   :func:`budget_lines` prints it.
-  Fair shares come from :func:`fairshare.entitlement.snapshot_fairness`, the
+  Fair shares come from :func:`fairshare.queue.entitlement.snapshot_fairness`, the
   computation behind the metrics.
   :func:`render_status` prints it as a table. :func:`status_command` is the CLI entry.
 - :func:`why_report` explains one pod (``<namespace>/<name>``) from the audit stream
@@ -40,7 +40,7 @@ Contract:
   ``running`` (released: when, after how long; ``unschedulable`` carries the scheduler's
   message when the dispatcher caught it Unschedulable past its grace) or ``ended`` (its
   usage was freed). A queued borrowed pod of a tenant whose budget is exhausted waits for
-  :func:`fairshare.budget.held_note`.
+  :func:`fairshare.queue.budget.held_note`.
   :func:`why_command` is the CLI entry. Times are the queue's clock (Unix seconds).
 """
 
@@ -60,12 +60,12 @@ from rich.console import Console
 from rich.table import Table
 
 from audit import ADMIT, DENY, DISPATCH, QUEUE, RELEASE, AuditLog, AuditRecord
-from fairshare.budget import BudgetStatus, held_note, money, percent
-from fairshare.cluster import CapacityReport, PodRef
+from fairshare.cluster.cluster import CapacityReport, PodRef
 from fairshare.connection import COMMAND_TIMEOUT, RedisTarget, connect_redis
-from fairshare.entitlement import TenantFairness, snapshot_fairness
-from fairshare.model import Hold, TenantStatus, TicketStatus
-from fairshare.queue import FairQueue
+from fairshare.queue.budget import BudgetStatus, held_note, money, percent
+from fairshare.queue.entitlement import TenantFairness, snapshot_fairness
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.model import Hold, TenantStatus, TicketStatus
 from tenants.placement import placement_of_key
 from tenants.resources import SLICES_PER_GPU, format_counts, gpu_equivalents, total_slices
 
@@ -368,7 +368,7 @@ def why_report(
 
 
 def _held_by_budget(report: WhyReport, status: TicketStatus, queue: FairQueue) -> WhyReport:
-    """``report`` waiting for :func:`~fairshare.budget.held_note` when it is a queued
+    """``report`` waiting for :func:`~fairshare.queue.budget.held_note` when it is a queued
     borrowed pod of a tenant whose budget is exhausted (borrowing is off)."""
     if report.verdict != "queued" or status.band != "borrowed":
         return report

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from fairshare import trace as trace_models
-from fairshare.simulate import run_simulation
-from fairshare.trace import parse_trace
+from fairshare.sim import trace as trace_models
+from fairshare.sim.simulate import run_simulation
+from fairshare.sim.trace import parse_trace
 from tenants import models
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,7 +20,7 @@ Contract (AdmissionReview v1, as the API server requires):
 
 Why everything on the event loop: a decision is tens of microseconds of pure Python
 (parse, plan, patch) around one awaited Redis script (``redis.asyncio`` with the
-hiredis parser, :class:`fairshare.fastpath.AsyncFairQueue`). A hop to a worker thread
+hiredis parser, :class:`fairshare.queue.fastpath.AsyncFairQueue`). A hop to a worker thread
 per request cost more than the decision itself (the hop, then the GIL hand-offs
 between the loop and up to 64 threads); see ``BENCHMARKS.md``. Audit records are
 written by one background thread (:mod:`webhook.auditing`). Redis sockets time out

@@ -22,8 +22,7 @@ import redis
 from audit import DECISIONS
 from audit.log import DEFAULT_RETENTION, MAX_AGE, MAXLEN, Retention
 from certs import CertError, write_bundle
-from fairshare.budget import DEFAULT_BUDGET_EVERY
-from fairshare.cluster import DEFAULT_NOT_READY_GRACE, DEFAULT_UNSCHEDULABLE_GRACE
+from fairshare.cluster.cluster import DEFAULT_NOT_READY_GRACE, DEFAULT_UNSCHEDULABLE_GRACE
 from fairshare.connection import (
     COMMAND_TIMEOUT,
     PASSWORD_ENV,
@@ -32,7 +31,8 @@ from fairshare.connection import (
     check_url,
     connect_redis,
 )
-from fairshare.fastpath import REPLICA_ACK_TIMEOUT
+from fairshare.queue.budget import DEFAULT_BUDGET_EVERY
+from fairshare.queue.fastpath import REPLICA_ACK_TIMEOUT
 from tenants.models import CONTROL_NAMESPACE
 from tenants.schema import ConfigError
 
@@ -709,7 +709,7 @@ def _add_why(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from fairshare.simulate import Window, simulate_command
+    from fairshare.sim.simulate import Window, simulate_command
 
     return simulate_command(
         Path(args.trace), args.json, args.redis,

@@ -7,7 +7,7 @@ the demo's keys are deleted at the end), writes a CA and
 serving certificate and an embedded three-tenant config into a temporary directory,
 runs ``fairgate serve`` as a child process over HTTPS on loopback, and replays a
 deterministic, realistic stream of pods on a simulated cluster
-(:class:`~fairshare.simcluster.SimulatedCluster`, virtual clock): every pod creation is
+(:class:`~fairshare.sim.simcluster.SimulatedCluster`, virtual clock): every pod creation is
 a real AdmissionReview v1 sent over HTTPS (verified against the generated CA), the
 answer's JSON Patch decides the pod's ticket, priority band and gate, and the real
 :class:`~fairshare.dispatcher.Dispatcher` releases gated pods as running pods finish.
@@ -64,8 +64,8 @@ from cost.report import bill_table, idle_line, window
 from fairshare.connection import RedisTarget, connect_redis
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
 from fairshare.localredis import local_redis
-from fairshare.queue import FairQueue
-from fairshare.simcluster import Placement, PodSpec, SimulatedCluster, VirtualClock
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.sim.simcluster import Placement, PodSpec, SimulatedCluster, VirtualClock
 from tenants import resources
 from tenants.localdir import load_config_dir, write_config_dir
 from tenants.models import (

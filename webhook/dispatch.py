@@ -36,14 +36,14 @@ from admission.dra import DraContext
 from audit import AuditLog
 from audit.log import DEFAULT_RETENTION, Retention
 from cost.budget import AuditSpend
-from fairshare.budget import DEFAULT_BUDGET_EVERY
-from fairshare.cluster import DEFAULT_NOT_READY_GRACE, DEFAULT_UNSCHEDULABLE_GRACE
+from fairshare.cluster.cluster import DEFAULT_NOT_READY_GRACE, DEFAULT_UNSCHEDULABLE_GRACE
+from fairshare.cluster.dra import DraWatch
+from fairshare.cluster.kube import KubeCluster, api_client
 from fairshare.connection import RedisTarget, connect_redis
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
-from fairshare.dra import DraWatch
-from fairshare.kube import KubeCluster, api_client
 from fairshare.metrics import DispatcherMetrics
-from fairshare.queue import FairQueue
+from fairshare.queue.budget import DEFAULT_BUDGET_EVERY
+from fairshare.queue.fairqueue import FairQueue
 from tenants.models import (
     CONTROL_NAMESPACE,
     DEFAULT_DEVICE_CLASSES,

@@ -53,7 +53,7 @@ from fairshare.connection import (
     connect_redis,
     connect_redis_async,
 )
-from fairshare.fastpath import REPLICA_ACK_TIMEOUT
+from fairshare.queue.fastpath import REPLICA_ACK_TIMEOUT
 from tenants.models import CONTROL_NAMESPACE
 from tenants.source import ConfigNotReadyError, ConfigSource, start_local_source
 from webhook.app import create_app
@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from kubernetes.client import ApiClient
     from starlette.types import ASGIApp
 
-    from fairshare.dra import DraWatch
+    from fairshare.cluster.dra import DraWatch
 
 log = logging.getLogger("fairgate.webhook.server")
 
@@ -173,7 +173,7 @@ def _dra_source(options: ServeOptions) -> DraWatch | None:
     """The cluster's DRA objects, watched (None with a local config dir: no cluster)."""
     if options.config_dir is not None:
         return None
-    from fairshare.dra import DraWatch
+    from fairshare.cluster.dra import DraWatch
 
     watch = DraWatch(_cluster_api())
     watch.start()

@@ -11,7 +11,7 @@ Contract (asynchronous; :mod:`webhook.app` awaits it on the event loop under a d
     is allowed untouched (no patch). A queued pod gets the gate and a warning saying
     why it waits. A pod of a tenant whose budget is at 80% or more this month gets a
     warning saying spent, budget, percent and what happens at 100%
-    (:mod:`fairshare.budget`). Anything else sent to ``/mutate`` is allowed untouched.
+    (:mod:`fairshare.queue.budget`). Anything else sent to ``/mutate`` is allowed untouched.
   * ``validate``: pod CREATE/UPDATE rules and quota ConfigMap edits; anything else is
     allowed. The check of a fairgate ConfigMap (YAML a tenant admin wrote) runs in a
     worker process under a time budget (:mod:`webhook.checker`): one over the budget is
@@ -20,7 +20,7 @@ Contract (asynchronous; :mod:`webhook.app` awaits it on the event loop under a d
     pods with :data:`REDIS_DOWN_MESSAGE`; ``allow`` admits them stamped but unreserved,
     with a warning, audited. With ``replicas`` (a Sentinel target) a reservation that
     no replica acknowledged in time counts as a Redis failure too
-    (:class:`~fairshare.fastpath.NotReplicatedError`).
+    (:class:`~fairshare.queue.fastpath.NotReplicatedError`).
 
 - :meth:`overdue` answers a request whose decision missed the deadline (a pod CREATE at
   /mutate as a Redis failure; otherwise :data:`OVERDUE_MESSAGE`, "overloaded") and
@@ -64,10 +64,10 @@ from admission.reviews import (
 )
 from admission.validation import validate_create, validate_update
 from audit import ADMIT, DENY, QUEUE, QUOTA_CHANGE, AuditLog
-from fairshare.budget import BudgetStatus, budget_warning
-from fairshare.calls import TicketConflictError, UnknownTenantError, UnmintedTicketError
-from fairshare.fastpath import REPLICA_ACK_TIMEOUT, AsyncFairQueue, NotReplicatedError
-from fairshare.model import Admission, InvalidRequestError, PodRequest
+from fairshare.queue.budget import BudgetStatus, budget_warning
+from fairshare.queue.calls import TicketConflictError, UnknownTenantError, UnmintedTicketError
+from fairshare.queue.fastpath import REPLICA_ACK_TIMEOUT, AsyncFairQueue, NotReplicatedError
+from fairshare.queue.model import Admission, InvalidRequestError, PodRequest
 from tenants import resources
 from tenants.configmaps import is_fairgate_configmap, quota_tenant, review_configmap
 from tenants.models import FairgateConfig, PriorityBand
@@ -181,7 +181,7 @@ def _is_configmap(request: AdmissionRequest) -> bool:
 
 
 class DraSource(Protocol):
-    """The cluster's DRA objects, as :class:`fairshare.dra.DraWatch` keeps them."""
+    """The cluster's DRA objects, as :class:`fairshare.cluster.dra.DraWatch` keeps them."""
 
     def objects(self) -> DraObjects:
         """The objects seen now (never blocks)."""
@@ -240,9 +240,9 @@ class AdmissionService:
         ``clock`` (epoch seconds) orders the queue. With
         ``wait_for_rebuild`` nothing is reserved at admission on a Redis whose usage the
         reconciler has not rebuilt (fresh, or restarted empty): GPU pods are queued
-        behind the gate until it has (see :class:`fairshare.queue.FairQueue`).
+        behind the gate until it has (see :class:`fairshare.queue.fairqueue.FairQueue`).
         A reservation is answered only once ``replicas`` replicas hold it, waiting at
-        most ``replica_timeout`` seconds (see :class:`fairshare.fastpath.AsyncFairQueue`).
+        most ``replica_timeout`` seconds (see :class:`fairshare.queue.fastpath.AsyncFairQueue`).
         The tenants' budget states (the dispatcher's) are read at most every
         ``budget_refresh`` seconds. A pod's GPUs through DRA are counted with the
         objects of ``dra`` (None: a cluster without DRA objects, e.g. a local config dir).
@@ -467,7 +467,7 @@ class AdmissionService:
                                           presented=presented)
 
     async def _budget_warning(self, tenant: str) -> str | None:
-        """The budget warning of ``tenant`` (:func:`fairshare.budget.budget_warning`),
+        """The budget warning of ``tenant`` (:func:`fairshare.queue.budget.budget_warning`),
         from the budget states read at most every :attr:`budget_refresh` seconds (one
         HGETALL, not one per admission). A failed read keeps the states last read."""
         now = time.monotonic()
@@ -491,9 +491,16 @@ class AdmissionService:
     ) -> AdmissionReviewResponse:
         config = progress.config or self.current_config()
         policy = config.platform.on_redis_unavailable if config is not None else "deny"
-        self.metrics.redis_unavailable.labels(policy).inc()
         plan = progress.plan
-        log.warning("Redis unavailable for uid=%s (%s): policy %s", request.uid, error, policy)
+        if progress.abandoned:
+            # The deadline fallback answered this request already (and counted and logged
+            # it): this late answer is discarded, so it is neither counted nor logged as one.
+            log.info("late decision for uid=%s, answered at the deadline, also found Redis "
+                     "unavailable (%s)", request.uid, error)
+        else:
+            self.metrics.redis_unavailable.labels(policy).inc()
+            log.warning("Redis unavailable for uid=%s (%s): policy %s", request.uid, error,
+                        policy)
         if policy == "allow" and plan is not None and config is not None:
             band: PriorityBand = "inference" if plan.pod_class == "inference" else "training"
             ops = build_patch(

@@ -15,10 +15,10 @@ from audit import BUDGET, RELEASE, START, AuditLog, AuditRecord
 from audit.chain import format_time
 from audit.usage import start_detail
 from cost.budget import AuditSpend
-from fairshare.budget import BudgetStatus, budget_warning, classify, percent
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
-from fairshare.queue import FairQueue
-from fairshare.simcluster import SimulatedCluster, VirtualClock
+from fairshare.queue.budget import BudgetStatus, budget_warning, classify, percent
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.sim.simcluster import SimulatedCluster, VirtualClock
 from fairshare.status import budget_lines, status_report, why_report
 from tenants.models import FairgateConfig, PlatformConfig, PricingSpec, QuotaSpec
 from tenants.schema import ConfigError, parse_platform

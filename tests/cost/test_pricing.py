@@ -13,11 +13,11 @@ from admission.demand import pod_demand
 from audit.chain import AuditRecord, format_time
 from audit.usage import start_detail
 from cost.billing import bill
-from fairshare.kube import node_gpus, pod_from_manifest
+from fairshare.cluster.kube import node_gpus, pod_from_manifest
 from tenants.configmaps import field_diff
 from tenants.models import PriorityClasses
 from tenants.schema import ConfigError, load_yaml_mapping, parse_platform
-from tests.fairshare.test_kube import STAMPED
+from tests.fairshare.cluster.test_kube import STAMPED
 
 T0 = datetime(2026, 5, 1, tzinfo=UTC)
 

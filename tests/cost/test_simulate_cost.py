@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fairshare.simulate import run_simulation
-from fairshare.trace import load_trace
+from fairshare.sim.simulate import run_simulation
+from fairshare.sim.trace import load_trace
 from tenants.models import GpuEquivalents
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "preemption-cost.yaml"

@@ -33,8 +33,8 @@ from kubernetes import client
 from audit import AuditLog
 from certs import write_bundle
 from fairshare.localredis import local_redis
-from fairshare.model import PodRequest
-from fairshare.queue import FairQueue
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.model import PodRequest
 from tenants.localdir import load_config_dir, write_config_dir
 
 pytestmark = pytest.mark.e2e

@@ -8,12 +8,12 @@ from typing import Any, Protocol
 import redis
 
 from audit import AuditLog
-from fairshare.calls import UnknownTenantError
-from fairshare.cluster import GpuPod
+from fairshare.cluster.cluster import GpuPod
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
-from fairshare.model import PodRequest
-from fairshare.queue import FairQueue
-from fairshare.simcluster import Placement, PodSpec, SimulatedCluster, VirtualClock
+from fairshare.queue.calls import UnknownTenantError
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.model import PodRequest
+from fairshare.sim.simcluster import Placement, PodSpec, SimulatedCluster, VirtualClock
 from tenants.models import FairgateConfig, PlatformConfig, PodClass, QuotaSpec
 
 
@@ -113,3 +113,17 @@ def make_rig(redis_url: str, tenants: dict[str, dict[str, Any]], capacity: dict[
     dispatcher.sync(force=True)
     return Rig(client, queue, clock, cluster, dispatcher, config)
 
+
+# 4 GPUs; team-a (weight 1) alone until team-b (weight 3) arrives at t=200 with far more
+# work than fits; team-c (weight 2) never sends a pod. 1-GPU pods of 100 s.
+JOIN_TRACE = (
+    "capacity: {gpu: 4}\n"
+    "tenants:\n"
+    "  team-a: {weight: 1, nominal: {gpu: 4}}\n"
+    "  team-b: {weight: 3, nominal: {gpu: 4}}\n"
+    "  team-c: {weight: 2, nominal: {gpu: 4}}\n"
+    "arrivals:\n"
+    "  - {at: 0, tenant: team-a, class: training, demand: {gpu: 1}, duration: 100, count: 40}\n"
+    "  - {at: 200, tenant: team-b, class: training, demand: {gpu: 1}, duration: 100, count: 40}\n"
+    "horizon: 620\n"
+)

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from audit import CAPACITY, DISPATCH, RELEASE, START, AuditLog
-from fairshare.cluster import (
+from fairshare.cluster.cluster import (
     CapacityReport,
     ChangeKind,
     ClusterChange,
@@ -20,9 +20,9 @@ from fairshare.cluster import (
     LiftOutcome,
 )
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
-from fairshare.model import PodRequest
-from fairshare.queue import FairQueue
-from fairshare.simcluster import PodSpec, SimulatedCluster, VirtualClock
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.model import PodRequest
+from fairshare.sim.simcluster import PodSpec, SimulatedCluster, VirtualClock
 from tests.fairshare.simkit import admit_hook, make_config, make_rig
 
 TEAM_A = {"team-a": {"weight": 1, "nominal": {"gpu": 4}}}

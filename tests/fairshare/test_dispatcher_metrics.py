@@ -7,8 +7,8 @@ import pytest
 import redis
 
 from fairshare.metrics import DispatcherMetrics
-from fairshare.model import PodRequest, QueueSnapshot, TenantStatus
-from fairshare.queue import FairQueue
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.model import PodRequest, QueueSnapshot, TenantStatus
 from tests.fairshare.simkit import make_config
 from tests.fairshare.tickets import pod_uid
 

@@ -10,10 +10,10 @@ import pytest
 import redis
 
 from audit import ADMIT, DENY, DISPATCH, QUEUE, RELEASE, AuditLog
-from fairshare.cluster import CapacityReport, ForeignHold, GpuPod, NodeExclusion, PodRef
-from fairshare.model import PodRequest
-from fairshare.queue import FairQueue
-from fairshare.reconcile import reconcile
+from fairshare.cluster.cluster import CapacityReport, ForeignHold, GpuPod, NodeExclusion, PodRef
+from fairshare.cluster.reconcile import reconcile
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.model import PodRequest
 from fairshare.status import (
     capacity_lines,
     status_command,

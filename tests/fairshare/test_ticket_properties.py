@@ -34,8 +34,7 @@ from hypothesis.stateful import (
 )
 
 from admission.pods import admitted_name
-from fairshare.calls import TicketConflictError, UnmintedTicketError
-from fairshare.cluster import (
+from fairshare.cluster.cluster import (
     CapacityReport,
     ChangeKind,
     ClusterChange,
@@ -45,9 +44,10 @@ from fairshare.cluster import (
     PodRef,
 )
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
-from fairshare.model import PodRequest
-from fairshare.queue import FairQueue
-from fairshare.simcluster import PostedEvent, VirtualClock
+from fairshare.queue.calls import TicketConflictError, UnmintedTicketError
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.model import PodRequest
+from fairshare.sim.simcluster import PostedEvent, VirtualClock
 from tenants.models import GENERATED_SUFFIX, PriorityBand
 from tests.fairshare.simkit import make_config, settle
 
@@ -60,7 +60,7 @@ DIGITS = string.digits + string.ascii_lowercase
 
 
 class DrivenCluster:
-    """A :class:`~fairshare.cluster.Cluster` whose pods the test stores, runs, finishes
+    """A :class:`~fairshare.cluster.cluster.Cluster` whose pods the test stores, runs, finishes
     and deletes one by one; lifting a gate only removes it."""
 
     def __init__(self) -> None:

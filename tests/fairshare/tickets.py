@@ -3,8 +3,8 @@ the uid of the first pod seen with it)."""
 
 from __future__ import annotations
 
-from fairshare.model import Confirmation, PodRequest
-from fairshare.queue import FairQueue
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.model import Confirmation, PodRequest
 
 
 def pod_uid(ticket: str) -> str:

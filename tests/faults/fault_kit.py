@@ -218,7 +218,7 @@ class Load:
 
 @dataclass(frozen=True)
 class Ticket:
-    """A ticket as the queue stores it (``fairgate:tk``; layout in fairshare/scripts/lib.lua:
+    """A ticket as the queue stores it (``fairgate:tk``; layout in fairshare/queue/scripts/lib.lua:
     ``state|tenant|class|band|demand|...``)."""
 
     state: str  # Q queued, G gang-waiting, R reserved, A running

@@ -27,10 +27,10 @@ from test_https import patched
 from webhook_helpers import gpu_pod, review
 
 from admission.demand import pod_demand
-from fairshare.cluster import GpuPod
-from fairshare.kube import pod_from_manifest
-from fairshare.queue import FairQueue
-from fairshare.reconcile import reconcile
+from fairshare.cluster.cluster import GpuPod
+from fairshare.cluster.kube import pod_from_manifest
+from fairshare.cluster.reconcile import reconcile
+from fairshare.queue.fairqueue import FairQueue
 from tenants.localdir import load_config_dir
 from tenants.models import FairgateConfig
 from webhook.service import FAIL_OPEN_WARNING, REDIS_DOWN_MESSAGE

@@ -16,11 +16,11 @@ import pytest
 import redis
 from sentinel_kit import PASSWORD, SentinelCluster
 
-from fairshare.calls import library
 from fairshare.connection import RedisTarget, connect_redis, connect_redis_async
-from fairshare.model import PodRequest
-from fairshare.queue import FairQueue
-from tests.fairshare.test_queue import config
+from fairshare.queue.calls import library
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.model import PodRequest
+from tests.fairshare.queue.test_queue import config
 
 pytestmark = pytest.mark.slow
 

@@ -35,7 +35,7 @@ from fault_kit import (
 )
 from webhook_helpers import gpu_pod, review
 
-from fairshare.queue import FairQueue
+from fairshare.queue.fairqueue import FairQueue
 from tenants.resources import parse_counts
 from tests.fairshare.tickets import pod_uid
 

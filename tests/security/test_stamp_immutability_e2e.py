@@ -590,7 +590,7 @@ def test_gpu_request_without_a_limit_is_refused(
     """Refused, not defaulted: an extended resource needs a limit (requests default to the
     limit, never the other way round). The API server validates after admission, so
     fairgate's mutating webhook has already reserved the demand: the unconfirmed
-    reservation expires (fairshare/README.md, reservation_ttl) and usage returns to zero."""
+    reservation expires (fairshare/queue/README.md, reservation_ttl) and usage returns to zero."""
     ns = tenant_namespace("team-a")
     core = pods_api(controlplane, "team-a")
     pod = pod_manifest("requests-only")

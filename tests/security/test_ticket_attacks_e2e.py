@@ -27,11 +27,11 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from admission.demand import pod_demand
-from fairshare.calls import TicketConflictError
+from fairshare.cluster.kube import KubeCluster
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
-from fairshare.kube import KubeCluster
-from fairshare.model import Admission, PodRequest
-from fairshare.queue import FairQueue
+from fairshare.queue.calls import TicketConflictError
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.model import Admission, PodRequest
 from tenants.models import FairgateConfig
 from tests.e2e.harness.api import create_namespace
 from tests.e2e.harness.controlplane import ControlPlane

@@ -11,8 +11,8 @@ import redis
 from test_https import mutate
 from webhook_helpers import gpu_pod, review
 
-from fairshare.budget import BudgetStatus
-from fairshare.queue import FairQueue
+from fairshare.queue.budget import BudgetStatus
+from fairshare.queue.fairqueue import FairQueue
 from webhook.process import ServeProcess
 from webhook.service import BUDGET_REFRESH_SECONDS
 

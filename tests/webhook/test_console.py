@@ -37,8 +37,8 @@ from audit.chain import format_time
 from audit.usage import start_detail
 from certs import write_bundle
 from fairshare.localredis import local_redis
-from fairshare.model import PodRequest
-from fairshare.queue import FairQueue
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.model import PodRequest
 from fairshare.status import why_command
 from tenants.localdir import load_config_dir
 from webhook.console.access import TokenAccess, Viewer

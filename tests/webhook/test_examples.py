@@ -37,7 +37,7 @@ import redis
 from webhook_helpers import gpu_pod, review
 
 from fairshare.localredis import free_port, local_redis
-from fairshare.queue import FairQueue
+from fairshare.queue.fairqueue import FairQueue
 from webhook.cli import build_parser
 from webhook.process import ServeProcess
 

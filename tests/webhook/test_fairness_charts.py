@@ -11,8 +11,8 @@ from pathlib import Path
 import redis
 from webhook_helpers import write_config
 
-from fairshare.model import PodRequest
-from fairshare.queue import FairQueue
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.model import PodRequest
 from tenants.localdir import load_config_dir
 from webhook.console.charts import WIDTH, line_chart, time_ticks
 from webhook.console.history import FairnessHistory

@@ -39,7 +39,7 @@ from starlette.routing import Route
 
 from audit import STREAM
 from fairshare.connection import RedisTarget, connect_redis
-from fairshare.queue import FairQueue
+from fairshare.queue.fairqueue import FairQueue
 from tenants.localdir import load_config_dir
 from webhook.console.access import TokenAccess
 from webhook.console.app import PAGES, create_app

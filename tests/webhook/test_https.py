@@ -24,7 +24,7 @@ import redis
 from webhook_helpers import ServerFactory, gpu_pod, review
 
 from fairshare.localredis import local_redis
-from fairshare.queue import FairQueue
+from fairshare.queue.fairqueue import FairQueue
 from webhook.auditing import DEFAULT_LINGER_SECONDS
 from webhook.process import ServeProcess, client_context
 from webhook.service import REDIS_DOWN_MESSAGE

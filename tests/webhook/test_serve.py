@@ -137,7 +137,7 @@ def test_the_webhook_keeps_the_capacity_the_dispatcher_stored(
 ) -> None:
     """In a cluster only the dispatcher knows the nodes' capacity: the webhook syncing
     its config must not wipe it (the pod would wait for capacity that exists)."""
-    from fairshare.queue import FairQueue
+    from fairshare.queue.fairqueue import FairQueue
     from tenants.localdir import load_config_dir
 
     server = start_server(redis_url, capacity=False)
@@ -235,7 +235,7 @@ def test_waiting_for_rebuild_keeps_quota_safe_across_a_redis_restart(
     run cannot exceed its quota; once usage is rebuilt, the fast path is back."""
     from webhook_helpers import write_config
 
-    from fairshare.queue import FairQueue
+    from fairshare.queue.fairqueue import FairQueue
 
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"

@@ -3,8 +3,10 @@ gives when a decision misses its deadline."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +16,7 @@ from webhook_helpers import gpu_pod, review, write_config
 
 from audit import AuditLog
 from fairshare.connection import connect_redis, connect_redis_async
+from fairshare.localredis import free_port
 from tenants.source import LocalDirSource
 from webhook.service import (
     OVERDUE_MESSAGE,
@@ -68,3 +71,33 @@ def test_an_overdue_request_fairgate_does_not_own_is_allowed(service: AdmissionS
     other = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s", "namespace": "x"}}
     response = _overdue(service, "validate", review(other, kind="Secret", resource="secrets"))
     assert response["allowed"] is True
+
+
+def test_a_decision_past_its_deadline_answer_is_not_a_second_redis_denial(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, redis_url: str
+) -> None:
+    # The deadline fallback answers; the decision still running then finds Redis down.
+    # Its answer is discarded: one denial counted and logged, not two (the fault tests
+    # read the log's cause per uid).
+    source = LocalDirSource(write_config(tmp_path / "config"))
+    source.start()
+    down = connect_redis_async(f"redis://127.0.0.1:{free_port()}/0", timeout=0.2)
+    client = connect_redis(redis_url)
+    service = AdmissionService(source, down, AuditLog(client, out=io.StringIO()))
+    service.start()
+    try:
+        body = json.dumps(review(gpu_pod("team-a-dev", "late"))).encode()
+        progress = Progress(time.perf_counter())
+        with caplog.at_level(logging.INFO, logger="fairgate.webhook"):
+            answered = service.overdue("mutate", body, progress, 1.0).to_json()["response"]
+            asyncio.run(service.review("mutate", body, progress))
+    finally:
+        service.stop()
+        client.close()
+    assert answered["status"]["message"] == REDIS_DOWN_MESSAGE
+    assert service.metrics.redis_unavailable.labels("deny")._value.get() == 1
+    denials = [r for r in caplog.records if "Redis unavailable for uid=" in r.getMessage()]
+    assert [r.getMessage() for r in denials] == [
+        f"Redis unavailable for uid={json.loads(body)['request']['uid']} (deadline): "
+        "policy deny"]
+    assert any("late decision" in r.getMessage() for r in caplog.records)

@@ -48,8 +48,8 @@ from audit import AuditLog, VerifyResult
 from audit.log import parse_entry
 from cost.billing import Bill, bill_bodies
 from cost.report import month_start
-from fairshare.model import TicketStatus
-from fairshare.queue import FairQueue
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.model import TicketStatus
 from fairshare.status import status_report, status_why
 from tenants.models import FairgateConfig
 from tenants.resources import SLICES_PER_GPU, format_counts

@@ -1,7 +1,7 @@
 """Fairness over time: samples of each tenant's usage and entitlement in Redis.
 
 Contract:
-- :meth:`FairnessHistory.sample` takes one :func:`~fairshare.entitlement.snapshot_fairness`
+- :meth:`FairnessHistory.sample` takes one :func:`~fairshare.queue.entitlement.snapshot_fairness`
   of the queue and appends, per tenant with usage or an entitlement, ``used`` and
   ``entitlement`` (GPU-equivalents) to the stream ``<prefix>fh:<tenant>``, and Jain's
   index to ``<prefix>fh``; a tenant this replica sampled last time that now has neither
@@ -26,8 +26,8 @@ from typing import Any
 
 import redis
 
-from fairshare.entitlement import snapshot_fairness
-from fairshare.queue import FairQueue
+from fairshare.queue.entitlement import snapshot_fairness
+from fairshare.queue.fairqueue import FairQueue
 
 DEFAULT_INTERVAL = 60.0
 DEFAULT_KEEP = 6 * 3600.0

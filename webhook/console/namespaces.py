@@ -9,11 +9,11 @@ Contract:
   (every tenant of a ticket record in it: queued, reserved or running; a complete gang
   waits in its members' namespace and tenant), or None until the first :meth:`scan`
   has finished (the caller reads every lane then).
-- :meth:`scan` reads every ticket record (:meth:`fairshare.queue.FairQueue.namespace_tenants`,
-  ``HSCAN`` in chunks), then the audit records appended while it read (a record written
-  during the read may be missing from it, but its admission's audit record is appended
-  after it), and replaces the index with that: namespaces whose records are all gone drop
-  out.
+- :meth:`scan` reads every ticket record
+  (:meth:`fairshare.queue.fairqueue.FairQueue.namespace_tenants`, ``HSCAN`` in chunks),
+  then the audit records appended while it read (a record written during the read may
+  be missing from it, but its admission's audit record is appended after it), and
+  replaces the index with that: namespaces whose records are all gone drop out.
 - :meth:`learn` adds one audit record's tenant and namespace: every admission is audited
   right after its ticket record is written (the webhook's audit writer waits at most
   10 ms plus an append), so the console's event producer, which calls it for every
@@ -34,7 +34,7 @@ from typing import Any
 import redis
 
 from audit.log import parse_entry
-from fairshare.queue import FairQueue
+from fairshare.queue.fairqueue import FairQueue
 
 DEFAULT_RESCAN = 300.0
 

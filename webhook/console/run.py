@@ -41,7 +41,7 @@ from kubernetes.client import ApiClient
 from audit import STREAM
 from certs import CertError
 from fairshare.connection import COMMAND_TIMEOUT, RedisTarget, connect_redis
-from fairshare.queue import FairQueue
+from fairshare.queue.fairqueue import FairQueue
 from tenants.models import CONTROL_NAMESPACE, FairgateConfig
 from tenants.source import ConfigNotReadyError, ConfigSource, start_local_source
 from webhook.console.access import Access, KubernetesAccess, TokenAccess

@@ -1,0 +1,356 @@
+"""The fair queue's Lua scripts as calls: their source, their arguments, their replies.
+
+Contract (pure: no I/O; shared by the synchronous :class:`fairshare.queue.fairqueue.FairQueue`
+and the webhook's :class:`fairshare.queue.fastpath.AsyncFairQueue`, so both speak to the
+same scripts in exactly the same way):
+
+- :func:`library` is the one Redis Function library holding every operation
+  (``scripts/library.lua`` framing ``lib.lua`` and each ``<op>.lua``), named after a hash
+  of those sources; :meth:`Library.function` is the function an operation is called by
+  (``FCALL``, or ``FCALL_RO`` for the :data:`READ_ONLY` ones). Loading and calling it is
+  :mod:`fairshare.queue.functions`.
+- ``*_args`` build a script's ARGV; the matching reply readers turn its reply into the
+  typed values of :mod:`fairshare.queue.model`, raising :class:`TicketConflictError` where the
+  reply says so.
+- :func:`queue_error` turns a script's error reply into the queue's own exception
+  (:class:`UnknownTenantError`, :class:`~fairshare.queue.model.InvalidRequestError`) or
+  returns None for an error that is not the queue's (a bug: re-raise it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources as importlib_resources
+from typing import Any
+
+from fairshare.queue.model import (
+    Admission,
+    Hold,
+    InvalidRequestError,
+    PodRequest,
+    TenantStatus,
+    TicketState,
+)
+from tenants.models import FairgateConfig, PodClass, PriorityBand
+from tenants.placement import placement_of_key
+from tenants.resources import format_counts, gpu_equivalents, parse_counts
+
+BAND_CODE: dict[PriorityBand, str] = {"inference": "i", "training": "t", "borrowed": "b"}
+BAND_NAME: dict[str, PriorityBand] = {code: band for band, code in BAND_CODE.items()}
+CLASS_CODE: dict[PodClass, str] = {"inference": "i", "training": "t"}
+CLASS_NAME: dict[str, PodClass] = {code: cls for cls, code in CLASS_CODE.items()}
+STATE_NAME: dict[str, TicketState] = {
+    "Q": "queued", "G": "gang-waiting", "R": "reserved", "A": "running",
+}
+
+Args = list[str | int | float]
+
+
+class UnknownTenantError(LookupError):
+    """The queue has no configuration for a tenant (``sync_config`` never named it)."""
+
+    def __init__(self, tenant: str) -> None:
+        self.tenant = tenant
+        super().__init__(
+            f"tenant {tenant!r} is not configured in the queue: add it to platform.yaml "
+            f"and call FairQueue.sync_config (the dispatcher does this on config changes)"
+        )
+
+
+class TicketConflictError(ValueError):
+    """A pod CREATE carries the ticket of another pod (its YAML was copied, with the
+    ``fairgate.io/ticket`` annotation, from a pod fairgate admitted): the stored
+    reservation or queue place belongs to that pod, never to this one."""
+
+    def __init__(self, ticket: str, state: TicketState, namespace: str, name: str) -> None:
+        self.ticket = ticket
+        self.state = state
+        self.namespace = namespace
+        self.name = name
+        super().__init__(
+            f"ticket {ticket} belongs to pod {namespace}/{name} ({state}): this pod's "
+            f"fairgate.io/* annotations were copied from it; remove them and create it again"
+        )
+
+
+class UnmintedTicketError(ValueError):
+    """A pod CREATE presents a ``fairgate.io/ticket`` the queue holds no admission for:
+    fairgate did not mint it for this pod (it was chosen by hand, or copied from a pod
+    whose admission has ended), so it reserves and counts nothing."""
+
+    def __init__(self, ticket: str) -> None:
+        self.ticket = ticket
+        super().__init__(
+            f"this pod presents the ticket {ticket} (annotation fairgate.io/ticket), which "
+            f"fairgate did not issue for it: fairgate sets fairgate.io/ticket, "
+            f"fairgate.io/demand and fairgate.io/borrowed itself; remove them from the pod "
+            f"(or from the template it was made from) and create it again"
+        )
+
+
+# Every operation of the queue: ``fairshare/queue/scripts/<op>.lua``, each a function of the
+# library. The read-only ones are registered ``no-writes`` (Redis refuses a write from
+# them) and called with FCALL_RO.
+OPERATIONS = ("sync", "admit", "bind", "confirm", "dispatch", "forget", "expire", "requeue",
+              "rebuild", "status", "why", "find", "demand", "holds", "budget", "service",
+              "restore")
+READ_ONLY = frozenset({"status", "why", "find", "demand", "holds", "service"})
+
+
+@dataclass(frozen=True)
+class Library:
+    """The queue's Redis Function library: ``name`` (``fairgate_`` + 16 hex digits of
+    the SHA-1 of every source it is made of, so each version of fairgate has its own
+    library and functions, and two versions can run side by side on one Redis) and
+    ``source``, the text for ``FUNCTION LOAD``."""
+
+    name: str
+    source: str
+
+    def function(self, op: str) -> str:
+        """The name of operation ``op``'s function in this library."""
+        return f"{self.name}_{op}"
+
+
+@cache
+def library() -> Library:
+    """The library of this fairgate's Lua sources (see ``scripts/library.lua``)."""
+    scripts = importlib_resources.files("fairshare.queue.scripts")
+
+    def read(name: str) -> str:
+        return scripts.joinpath(f"{name}.lua").read_text()
+
+    def flags(op: str) -> str:
+        return "{'no-writes'}" if op in READ_ONLY else "{}"
+
+    operations = "".join(
+        f"ops[{op!r}] = function(ARGV)\nbegin()\n{read(op)}\nend\n" for op in OPERATIONS)
+    registrations = "".join(f"register({op!r}, {flags(op)})\n" for op in OPERATIONS)
+    frame = read("library")
+    for marker, text in (("--[[lib]]", read("lib")), ("--[[operations]]", operations),
+                         ("--[[registrations]]", registrations)):
+        if frame.count(marker) != 1:
+            raise RuntimeError(f"scripts/library.lua must hold {marker} exactly once")
+        frame = frame.replace(marker, text)
+    name = "fairgate_" + hashlib.sha1(frame.encode()).hexdigest()[:16]
+    return Library(name, frame.replace("--[[library]]", name))
+
+
+def text(value: Any) -> str:
+    """A reply element as text."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# the first byte of a uuid ticket packed into 17 bytes in a lane (pack_entry in
+# scripts/lib.lua); no UTF-8 text begins with it
+PACKED = 0xFF
+
+
+def lane_entry(value: Any) -> str:
+    """A lane entry as text: a ticket (a lowercase uuid one is stored packed: byte 255
+    and its 16 bytes) or ``@<gang id>``."""
+    if isinstance(value, bytes) and len(value) == 17 and value[0] == PACKED:
+        return str(uuid.UUID(bytes=value[1:]))
+    return text(value)
+
+
+def num(value: float) -> str:
+    """A float as text that Lua's tonumber reads back exactly."""
+    if not math.isfinite(value):
+        raise InvalidRequestError(f"time/weight {value!r} must be a finite number")
+    return repr(float(value))
+
+
+def queue_error(error: Exception) -> Exception | None:
+    """The queue's exception for a script's error reply, or None if it is not one."""
+    message = str(error)
+    marker = "unknown tenant:"
+    if marker in message:
+        return UnknownTenantError(message.split(marker, 1)[1].split()[0].strip())
+    if "invalid: " in message:
+        return InvalidRequestError(message.split("invalid: ", 1)[1])
+    return None
+
+
+# -- sync ---------------------------------------------------------------------------
+
+
+def sync_args(config: FairgateConfig, capacity: Mapping[str, int] | None) -> Args:
+    """ARGV of ``sync.lua``: capacity (None keeps), the usage half-life (-1: virtual
+    time), every tenant's weight and quota."""
+    args: Args = ["0", ""] if capacity is None else ["1", format_counts(capacity)]
+    half_life = config.platform.fair_share.usage_half_life
+    args.append(num(-1.0 if half_life is None else half_life))
+    for tenant in config.tenants():
+        args += [
+            tenant.name,
+            num(tenant.weight),
+            tenant.borrow_slices,
+            tenant.reserve_slices,
+            format_counts(tenant.nominal),
+        ]
+    return args
+
+
+# -- admit --------------------------------------------------------------------------
+
+
+def admit_args(
+    req: PodRequest, now: float, dry_run: bool, wait_for_rebuild: bool, presented: bool,
+) -> Args:
+    """ARGV of ``admit.lua``."""
+    return [
+        num(now),
+        1 if dry_run else 0,
+        req.ticket,
+        req.tenant,
+        req.namespace,
+        req.name,
+        CLASS_CODE[req.pod_class],
+        format_counts(req.demand),
+        req.gang or "",
+        req.group_size if req.gang else 1,
+        num(req.submitted_at),
+        1 if wait_for_rebuild else 0,
+        1 if presented else 0,
+    ]
+
+
+def admission(raw: Sequence[Any], req: PodRequest) -> Admission:
+    """The reply of ``admit.lua`` for ``req``; raises :class:`TicketConflictError` or
+    :class:`UnmintedTicketError`."""
+    fields = [text(v) for v in raw]
+    if fields[1] == "unminted":
+        raise UnmintedTicketError(req.ticket)
+    if fields[1] == "conflict":
+        _, _, state, owner_ns, owner_name = fields
+        raise TicketConflictError(req.ticket, STATE_NAME[state], owner_ns, owner_name)
+    dup, outcome, band, position, length, free, nominal, *reason = fields
+    queued = outcome == "queued"
+    return Admission(
+        outcome="queued" if queued else "reserved",
+        band=BAND_NAME[band],
+        position=int(position) if queued and int(position) > 0 else None,
+        queue_length=int(length),
+        free_slices=int(free),
+        nominal_slices=int(nominal),
+        waiting_for=explain(reason, req.tenant, req.pod_class) if queued else None,
+        duplicate=dup == "1",
+    )
+
+
+# -- bind ---------------------------------------------------------------------------
+
+
+def bind_args(ticket: str, uid: str, namespace: str, name: str, dry_run: bool) -> Args:
+    """ARGV of ``bind.lua``."""
+    return [ticket, uid, namespace, name, 1 if dry_run else 0]
+
+
+def claimed(raw: Sequence[Any], ticket: str) -> bool:
+    """The reply of ``bind.lua``: True when the ticket is now this pod's, False when the
+    queue does not know it; raises :class:`TicketConflictError` when another pod owns it."""
+    fields = [text(v) for v in raw]
+    if fields[0] == "-1":
+        raise TicketConflictError(ticket, "claimed", fields[1], fields[2])
+    return fields[0] == "1"
+
+
+# -- status -------------------------------------------------------------------------
+
+
+def tenant_statuses(raw: Sequence[Any]) -> list[TenantStatus]:
+    """The reply of ``status.lua``: every known tenant, by name."""
+    result: list[TenantStatus] = []
+    for entry in raw:
+        fields = dict(zip(*[iter(text(v) for v in entry)] * 2, strict=True))
+        weight = float(fields["w"])
+        total = int(fields["ui"]) + int(fields["ut"]) + int(fields["ub"])
+        result.append(
+            TenantStatus(
+                tenant=fields["tenant"],
+                weight=weight,
+                nominal=parse_counts(fields["nominal"]),
+                nominal_slices=int(fields["ns"]),
+                borrow_limit_slices=int(fields["b"]),
+                inference_reserve_slices=int(fields["rs"]),
+                used=parse_counts(fields["used"]),
+                used_slices=total,
+                borrowed_slices=int(fields["ub"]),
+                training_slices=int(fields["ut"]),
+                inference_slices=int(fields["ui"]),
+                queued={"inference": int(fields["qci"]), "training": int(fields["qct"])},
+                weighted_share=total / weight,
+            )
+        )
+    return result
+
+
+def queued_demand(raw: Sequence[Any]
+                  ) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+    """The reply of ``demand.lua``: (stored capacity in units, tenant -> queued slices,
+    tenant -> the queued slices of its inference pods)."""
+    capacity, *rows = (text(v) for v in raw)
+    tenants, queued, inference = rows[::3], rows[1::3], rows[2::3]
+    return (parse_counts(capacity),
+            {t: int(n) for t, n in zip(tenants, queued, strict=True)},
+            {t: int(n) for t, n in zip(tenants, inference, strict=True)})
+
+
+def holds(raw: Sequence[Any]) -> list[Hold]:
+    """The reply of ``holds.lua``: the capacity held now, per tier in queue order."""
+    result: list[Hold] = []
+    for entry in raw:
+        tier, tenant, shape, held, head, ns, name = (text(v) for v in entry)
+        demand: dict[str, int] = {}
+        for part in shape.split("+"):  # "<band>/<counts>" per band of the entry
+            for res, units in parse_counts(part.partition("/")[2]).items():
+                demand[res] = demand.get(res, 0) + units
+        result.append(Hold(
+            tenant=tenant, band=BAND_NAME[tier], demand=demand, held=parse_counts(held),
+            namespace=ns, name=name, group=head[1:] if head.startswith("@") else None,
+        ))
+    return result
+
+
+def in_words(key: str) -> str:
+    """A capacity key for people: the resource, with its placement class unless it is
+    the default one (``mig-1g.5gb (MIG single 1g.5gb in pool a)``)."""
+    resource, where = placement_of_key(key)
+    return resource if key == resource else f"{resource} ({where.describe()})"
+
+
+def explain(reason: Sequence[str], tenant: str, pod_class: PodClass) -> str:
+    """Words for a reason code returned by the scripts (see lib.lua ``reason``)."""
+    code, *rest = reason
+    if code == "gang":
+        return f"gang {rest[0]}: {rest[1]} of {rest[2]} members queued"
+    if code == "never":
+        return "never fits: demand exceeds the tenant's nominal quota and borrow limit"
+    if code == "quota":
+        return f"{gpu_equivalents(int(rest[0]))} GPU-eq of tenant quota"
+    if code == "borrow":
+        return f"{gpu_equivalents(int(rest[0]))} GPU-eq of borrow limit"
+    if code == "capacity":
+        return f"{rest[1]} x {in_words(rest[0])} of cluster capacity"
+    if code == "held":
+        unit = "GPUs" if rest[0] == "gpu" else in_words(rest[0])
+        return f"capacity held for you: {rest[1]} of {rest[2]} {unit}"
+    if code == "guard":
+        return f"{in_words(rest[0])} capacity held for {rest[1]} (ahead in fair-share order)"
+    if code == "ahead":
+        return f"{rest[0]} {pod_class} pod(s) ahead in {tenant}"
+    if code == "inference":
+        return "inference pods released first"
+    if code == "priority":
+        return "training pods within nominal quota released first"
+    if code == "rebuild":
+        return "the dispatcher to restore usage from the cluster (Redis lost its data)"
+    if code == "turn":
+        return "its turn: tenants with a lower weighted share (or an older pod) go first"
+    return code

@@ -1,0 +1,182 @@
+"""Weighted fair entitlements by water-filling (invariant 3 in docs/reference.md).
+
+Contract:
+- :func:`water_fill` divides ``capacity`` among tenants in proportion to their weights,
+  except that no tenant gets more than its cap (what it asks for, or what its quota
+  lets it use); what a capped tenant leaves is shared again among the others, by
+  weight, until nobody is capped or nothing is left. The result sums to
+  ``min(capacity, sum of caps)`` (up to float rounding). With ``floors`` every tenant
+  first gets its floor (at most its cap; floors that do not fit are shared by weight,
+  each up to its floor), and only the rest is shared by weight: a tenant whose weighted
+  share is below its floor is entitled to its floor.
+- Entitlements are for reporting and checking fairness (metrics, ``status``,
+  ``simulate``, the property tests): floats are fine here; quota arithmetic stays in
+  integer slices elsewhere.
+- :func:`jain_index` is Jain's fairness index of the given values: 1.0 when all are
+  equal, 1/n when one value takes everything; 1.0 for no values or all zero.
+- :func:`fairness` is the one computation behind the fairness gauges, ``fairgate
+  status`` and ``fairgate simulate --timeline``: from each tenant's :class:`TenantLoad`
+  (usage, queued demand, quota limit, weight) and the cluster capacity, per tenant its
+  entitlement (GPU-equivalents, water-filled over the capacity among tenants with
+  demand, each capped at what it uses plus what it has queued, and at nominal plus
+  borrow limit; inference goes ahead of training, so a tenant's inference demand, held
+  or queued, is its floor, and the tenants share the rest by weight), its weighted
+  share (GPU-equivalents used per unit of weight), and Jain's index of allocation /
+  entitlement over tenants entitled to something (1.0 when every such tenant holds
+  exactly its entitlement, whatever the weights or caps).
+  :func:`snapshot_fairness` applies it to a :class:`~fairshare.queue.model.QueueSnapshot`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from fairshare.queue.model import QueueSnapshot
+from tenants.resources import SLICES_PER_GPU, total_slices
+
+
+def water_fill(
+    capacity: float, weights: Mapping[str, float], caps: Mapping[str, float | None],
+    floors: Mapping[str, float] | None = None,
+) -> dict[str, float]:
+    """Each tenant's entitlement out of ``capacity``.
+
+    ``weights``: tenant -> weight (> 0); ``caps``: tenant -> the most it can use
+    (``None`` or missing: no limit); ``floors``: tenant -> what it gets before the rest
+    is shared by weight (missing: 0). Raises ValueError for a weight <= 0 or a negative
+    capacity, cap or floor.
+    """
+    if floors:
+        if any(f < 0 for f in floors.values()):
+            raise ValueError(f"floors must be >= 0, got {dict(floors)}")
+        least = {t: min(floors.get(t, 0.0), c) if (c := caps.get(t)) is not None
+                 else floors.get(t, 0.0) for t in weights}
+        if sum(least.values()) >= capacity:
+            return water_fill(capacity, weights, least)
+        # raise every tenant whose weighted share falls below its floor to that floor
+        # and share what is left among the others, until no share is below its floor
+        fixed: dict[str, float] = {}
+        while True:
+            rest = {t: w for t, w in weights.items() if t not in fixed}
+            share = water_fill(capacity - sum(fixed.values()), rest, caps)
+            below = {t for t, s in share.items() if s < least[t]}
+            if not below:
+                return {**share, **fixed}
+            fixed.update({t: least[t] for t in below})
+    if capacity < 0:
+        raise ValueError(f"capacity must be >= 0, got {capacity}")
+    for tenant, weight in weights.items():
+        if weight <= 0:
+            raise ValueError(f"weight of {tenant} must be > 0, got {weight}")
+        cap = caps.get(tenant)
+        if cap is not None and cap < 0:
+            raise ValueError(f"cap of {tenant} must be >= 0, got {cap}")
+    share = {tenant: 0.0 for tenant in weights}
+    open_ = set(weights)
+    left = float(capacity)
+    while open_ and left > 1e-12:
+        level = left / sum(weights[t] for t in open_)
+        capped = {
+            t for t in open_
+            if (cap := caps.get(t)) is not None and cap - share[t] <= weights[t] * level
+        }
+        if not capped:
+            for t in open_:
+                share[t] += weights[t] * level
+            break
+        for t in capped:
+            cap = caps[t]
+            assert cap is not None
+            left -= cap - share[t]
+            share[t] = float(cap)
+        open_ -= capped
+    return share
+
+
+def jain_index(values: Iterable[float]) -> float:
+    """Jain's fairness index, (sum x)^2 / (n * sum x^2)."""
+    xs = list(values)
+    squares = sum(x * x for x in xs)
+    if not xs or squares == 0:
+        return 1.0
+    return sum(xs) ** 2 / (len(xs) * squares)
+
+
+@dataclass(frozen=True)
+class TenantLoad:
+    """What one tenant holds and asks for, in slices.
+
+    ``limit_slices``: the most its quota lets it hold (nominal + borrow limit), None
+    for no limit. ``inference_slices``: the part of used + queued that is inference.
+    """
+
+    weight: float
+    used_slices: int
+    queued_slices: int
+    limit_slices: int | None = None
+    inference_slices: int = 0
+
+
+@dataclass(frozen=True)
+class TenantFairness:
+    """One tenant against its fair share; every amount in GPU-equivalents."""
+
+    weight: float
+    used: float
+    demand: float  # used + queued
+    entitlement: float
+    weighted_share: float  # used / weight
+
+    @property
+    def of_entitlement(self) -> float | None:
+        """``used / entitlement`` (None when entitled to nothing)."""
+        return self.used / self.entitlement if self.entitlement > 0 else None
+
+
+@dataclass(frozen=True)
+class Fairness:
+    """Per-tenant fair shares out of ``capacity`` (GPU-equivalents), and Jain's index of
+    allocation / entitlement over the tenants entitled to something."""
+
+    capacity: float
+    tenants: dict[str, TenantFairness]
+    jain_index: float
+
+
+def fairness(capacity_slices: int, loads: Mapping[str, TenantLoad]) -> Fairness:
+    """Entitlements, weighted shares and Jain's index (see the module docstring)."""
+    gpu = float(SLICES_PER_GPU)
+    demand = {name: (load.used_slices + load.queued_slices) / gpu
+              for name, load in loads.items()}
+    wanting = {name for name, d in demand.items() if d > 0}
+    caps: dict[str, float | None] = {
+        name: min(demand[name], load.limit_slices / gpu)
+        if load.limit_slices is not None else demand[name]
+        for name, load in loads.items() if name in wanting
+    }
+    entitled = water_fill(capacity_slices / gpu,
+                          {name: loads[name].weight for name in wanting}, caps,
+                          {name: loads[name].inference_slices / gpu for name in wanting})
+    tenants = {
+        name: TenantFairness(
+            weight=load.weight, used=load.used_slices / gpu, demand=demand[name],
+            entitlement=entitled.get(name, 0.0),
+            weighted_share=load.used_slices / gpu / load.weight,
+        )
+        for name, load in loads.items()
+    }
+    ratios = [r for t in tenants.values() if (r := t.of_entitlement) is not None]
+    return Fairness(capacity_slices / gpu, tenants, jain_index(ratios))
+
+
+def snapshot_fairness(snapshot: QueueSnapshot) -> Fairness:
+    """:func:`fairness` of a queue snapshot: limits are nominal + borrow limit."""
+    loads = {
+        s.tenant: TenantLoad(s.weight, s.used_slices, snapshot.queued_slices.get(s.tenant, 0),
+                             s.nominal_slices + s.borrow_limit_slices,
+                             s.inference_slices
+                             + snapshot.queued_inference_slices.get(s.tenant, 0))
+        for s in snapshot.tenants
+    }
+    return fairness(total_slices(snapshot.capacity), loads)

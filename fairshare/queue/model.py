@@ -1,0 +1,307 @@
+"""Plain value types of the weighted-fair queue (no I/O).
+
+Contract:
+- :class:`PodRequest` is what the webhook asks the queue about at pod CREATE.
+- :class:`Admission` is the queue's answer: reserved now, or queued in a priority band.
+- :class:`Release` is a queued pod the dispatcher may now un-gate.
+- :class:`RunningPod` / :class:`GatedPod` are the cluster's truth given to ``rebuild``.
+- :class:`TenantStatus` / :class:`TicketStatus` are read-only snapshots for
+  ``fairgate status`` and ``fairgate why``; :class:`QueueSnapshot` adds what fair-share
+  entitlements need (queued slices per tenant, the stored capacity), read atomically.
+All quota numbers are integers (slices or resource units); only ``weight`` and the
+derived ``weighted_share`` are floats. Every type is immutable.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from tenants import resources
+from tenants.models import CLASSES, PodClass, PriorityBand
+from tenants.resources import ResourceCounts
+
+Outcome = Literal["reserved", "queued"]
+# what `confirm` found: the ticket is (now) bound to this pod, is unknown, or belongs
+# to another pod (a twin carrying a copied ticket)
+Confirmation = Literal["confirmed", "unknown", "conflict"]
+TicketState = Literal["queued", "gang-waiting", "reserved", "running", "claimed"]
+BANDS: tuple[PriorityBand, ...] = ("inference", "training", "borrowed")
+
+_TICKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class InvalidRequestError(ValueError):
+    """A :class:`PodRequest` (or rebuild record) the queue cannot store."""
+
+
+def _check_text(what: str, value: str) -> None:
+    if not value or "|" in value or any(ch.isspace() for ch in value):
+        raise InvalidRequestError(
+            f"{what} {value!r} is not usable: it must be non-empty and contain no '|' or "
+            f"whitespace (Kubernetes names and labels never do)"
+        )
+
+
+def _check_ticket(ticket: str) -> None:
+    if not _TICKET.match(ticket):
+        raise InvalidRequestError(
+            f"ticket {ticket!r} is not usable: use the admission request uid "
+            f"(letters, digits, '.', '_', '-'; at most 128 characters)"
+        )
+
+
+def _check_uid(uid: str) -> None:
+    if not uid or not _TICKET.match(uid):
+        raise InvalidRequestError(
+            f"pod uid {uid!r} is not usable: use metadata.uid of the pod as listed "
+            f"(letters, digits, '.', '_', '-')"
+        )
+
+
+def _check_band(band: str) -> None:
+    if band not in BANDS:
+        raise InvalidRequestError(f"band {band!r} is unknown: use one of {BANDS}")
+
+
+def _check_demand(demand: Mapping[str, int]) -> None:
+    if not any(n > 0 for n in demand.values()):
+        raise InvalidRequestError(
+            "demand is empty: a pod without GPU demand is not queued by fairgate"
+        )
+    for name, count in demand.items():
+        if not resources.is_known(resources.base_of(name)) or resources.normalise(name) != name:
+            raise InvalidRequestError(
+                f"unknown resource {name!r} in demand: use a short name such as 'gpu' "
+                f"or 'mig-1g.5gb', or a capacity key such as 'gpu@pool-a' or "
+                f"'mig-1g.5gb#single'"
+            )
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise InvalidRequestError(
+                f"demand {name}={count!r} must be a non-negative integer"
+            )
+
+
+def gang_id(namespace: str, group: str | None, group_size: int) -> str | None:
+    """The gang id ``namespace/group`` of a pod in a gang of 2 or more, else None."""
+    if group is None or group_size < 2:
+        return None
+    return f"{namespace}/{group}"
+
+
+@dataclass(frozen=True)
+class PodRequest:
+    """A GPU pod at CREATE, as the queue sees it.
+
+    ``ticket`` is the admission request uid (``fairgate.io/ticket``); ``group`` and
+    ``group_size`` describe a gang (``group`` is None and ``group_size`` 1 otherwise;
+    a gang is identified by ``namespace/group``). ``submitted_at`` orders the queue
+    (seconds, any epoch the caller keeps consistent).
+    """
+
+    ticket: str
+    tenant: str
+    namespace: str
+    name: str
+    pod_class: PodClass
+    demand: ResourceCounts
+    group: str | None = None
+    group_size: int = 1
+    submitted_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_ticket(self.ticket)
+        _check_text("tenant", self.tenant)
+        _check_text("namespace", self.namespace)
+        _check_text("name", self.name)
+        if self.pod_class not in CLASSES:
+            raise InvalidRequestError(
+                f"class {self.pod_class!r} is unknown: use one of {', '.join(CLASSES)}"
+            )
+        _check_demand(self.demand)
+        if self.group is not None:
+            _check_text("pod group", self.group)
+        if self.group_size < 1 or (self.group is None and self.group_size != 1):
+            raise InvalidRequestError(
+                f"group size {self.group_size} is invalid: a gang needs a group name and "
+                f"a size >= 1; a pod without a group has size 1"
+            )
+
+    @property
+    def gang(self) -> str | None:
+        """The gang id ``namespace/group`` when this pod is part of a gang of 2 or more."""
+        return gang_id(self.namespace, self.group, self.group_size)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The queue's decision for a :class:`PodRequest`.
+
+    ``band`` decides the pod's PriorityClass. ``position`` is 1-based among the tenant's
+    queue entries of the same class, a whole gang being one entry (None when reserved,
+    or while a gang is incomplete); ``queue_length`` is how many pods of that tenant
+    and class are queued.
+    ``free_slices`` / ``nominal_slices`` describe the tenant's nominal quota (slices not
+    used by non-borrowed pods, this one included when reserved / all of it).
+    ``waiting_for`` says in words what a queued pod waits for (None when reserved).
+    ``duplicate`` is True when the ticket was already known: nothing changed and the
+    answer describes the ticket's current state.
+    """
+
+    outcome: Outcome
+    band: PriorityBand
+    position: int | None
+    queue_length: int
+    free_slices: int
+    nominal_slices: int
+    waiting_for: str | None
+    duplicate: bool = False
+
+
+@dataclass(frozen=True)
+class Release:
+    """A pod whose gate may be lifted now (its quota and capacity are already held)."""
+
+    ticket: str
+    tenant: str
+    namespace: str
+    name: str
+    band: PriorityBand
+    demand: ResourceCounts
+    waited_seconds: float
+
+
+@dataclass(frozen=True)
+class RunningPod:
+    """A pod holding GPUs in the cluster (bound, or created without a gate).
+
+    ``uid`` is the pod's ``metadata.uid``: the ticket is bound to it. ``group``/
+    ``group_size`` as in :class:`PodRequest` (so a gang member that is recreated later
+    completes its gang with the members still running).
+    """
+
+    ticket: str
+    tenant: str
+    namespace: str
+    name: str
+    pod_class: PodClass
+    band: PriorityBand
+    demand: ResourceCounts
+    uid: str
+    group: str | None = None
+    group_size: int = 1
+    started_at: float | None = None  # when its run began, if the caller saw it begin
+
+    def __post_init__(self) -> None:
+        _check_ticket(self.ticket)
+        _check_uid(self.uid)
+        for what, value in (("tenant", self.tenant), ("namespace", self.namespace),
+                            ("name", self.name)):
+            _check_text(what, value)
+        if self.group is not None:
+            _check_text("pod group", self.group)
+        _check_band(self.band)
+        _check_demand(self.demand)
+
+    @property
+    def gang(self) -> str | None:
+        """The gang id ``namespace/group`` when this pod is part of a gang of 2 or more."""
+        return gang_id(self.namespace, self.group, self.group_size)
+
+
+@dataclass(frozen=True)
+class GatedPod:
+    """A pod still carrying the ``fairgate.io/queue`` gate, with the band it was given
+    and its ``metadata.uid`` (the ticket is bound to it)."""
+
+    request: PodRequest
+    band: PriorityBand
+    uid: str
+
+    def __post_init__(self) -> None:
+        _check_band(self.band)
+        _check_uid(self.uid)
+
+
+@dataclass(frozen=True)
+class TenantStatus:
+    """One tenant's quota, usage and backlog (slices unless stated otherwise)."""
+
+    tenant: str
+    weight: float
+    nominal: ResourceCounts
+    nominal_slices: int
+    borrow_limit_slices: int
+    inference_reserve_slices: int
+    used: ResourceCounts  # non-borrowed usage per resource, in units
+    used_slices: int  # all bands
+    borrowed_slices: int
+    training_slices: int  # non-borrowed training
+    inference_slices: int
+    queued: Mapping[PodClass, int] = field(default_factory=dict)
+    weighted_share: float = 0.0
+
+
+@dataclass(frozen=True)
+class QueueSnapshot:
+    """Every tenant's status, its queued slices (all bands, gang members waiting for
+    their gang included), the capacity the queue dispatches against, and the part of the
+    queued slices that is inference, read at one instant."""
+
+    tenants: tuple[TenantStatus, ...]
+    queued_slices: Mapping[str, int]
+    capacity: ResourceCounts
+    queued_inference_slices: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Capacity held now for a queue entry owed it (it does not fit yet and its tenant is
+    below its weighted share): ``held`` is the free capacity not held for the entries
+    owed it before it in queue order (units per resource of ``demand``, at most
+    ``demand``; possibly none yet); no later entry of ``band`` may use it."""
+
+    tenant: str
+    band: PriorityBand  # the tier the entry waits in (its lowest band)
+    demand: ResourceCounts  # the whole entry (a gang: all its members)
+    held: ResourceCounts
+    namespace: str  # of the entry's head pod (a gang: its first queued member)
+    name: str
+    group: str | None = None  # the gang id (namespace/group) of a gang entry
+
+
+@dataclass(frozen=True)
+class TicketStatus:
+    """Where one ticket stands (``fairgate why``)."""
+
+    ticket: str
+    tenant: str
+    namespace: str
+    name: str
+    pod_class: PodClass
+    band: PriorityBand
+    demand: ResourceCounts
+    state: TicketState
+    position: int | None
+    queue_length: int
+    waiting_for: str | None
+    submitted_at: float
+    released_at: float | None
+    group: str | None
+
+
+@dataclass(frozen=True)
+class ServiceSnapshot:
+    """The service counters the queue orders by (virtual time, or decayed usage), as
+    :meth:`fairshare.queue.fairqueue.FairQueue.service` read them: opaque to the caller, kept to
+    give back to :meth:`~fairshare.queue.fairqueue.FairQueue.restore_service` after a Redis loss.
+    ``fields`` is the exact text the queue stored (numbers read back exactly)."""
+
+    fields: tuple[str, ...]
+
+    @property
+    def tenants(self) -> int:
+        """How many tenants' counters it holds."""
+        return (len(self.fields) - 3) // 5

@@ -1,0 +1,1 @@
+"""Lua scripts of the fair queue (loaded by fairshare.queue.calls)."""

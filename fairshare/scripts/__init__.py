@@ -1,1 +1,0 @@
-"""Lua scripts of the fair queue (loaded by fairshare.queue)."""

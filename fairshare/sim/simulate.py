@@ -1,0 +1,730 @@
+"""``fairgate simulate``: replay a trace through the real queue on a virtual clock.
+
+Contract:
+- :func:`run_simulation` runs the real :class:`~fairshare.queue.fairqueue.FairQueue` (its Lua
+  scripts, in a real Redis: ``redis_target``, or a private ``redis-server`` started for the
+  run) behind the real :class:`~fairshare.dispatcher.Dispatcher`, against a
+  :class:`~fairshare.sim.simcluster.SimulatedCluster` (pods run for their duration; the
+  kube-scheduler's preemption is modelled). Time is virtual and event-driven: arrivals
+  and completions are events, and after every event the dispatcher runs until nothing
+  changes. Keys live under a private prefix that is deleted afterwards, so a shared
+  Redis is never disturbed.
+- The :class:`SimulationReport` (``to_json`` is the ``--json`` object of docs/reference.md):
+  ``jain_index``: Jain's index of x_i = (tenant i's mean usage in slices while it is
+  backlogged) / weight_i, counting only the time when at least two tenants are
+  backlogged (a tenant is backlogged while it has a pod waiting); 1.0 when that never
+  happens. ``utilization``: used / capacity slice-seconds over busy time (a pod running or
+  waiting). ``wait_seconds``: per class, p50/p99/max of creation-to-start; a pod still
+  waiting at the horizon counts with the wait so far. ``tenants``: weight, share (fraction
+  of all slice-seconds used), admitted (pods released), waiting (pods not started at the
+  horizon), ``gpu_hours`` (GPU-equivalent hours run, slices / 7) and ``cost`` (those
+  hours at the trace's ``pricing`` default price, the trace's GPUs having no product;
+  None without ``pricing``); ``preemption``: ``pods`` preempted by the modelled
+  scheduler and ``gpu_hours_lost``, the GPU-equivalent hours they had run when
+  preempted; ``waited``: per class, how many pods did not start the instant they were
+  created (still waiting at the horizon included); ``window``: the window measures
+  below. Extra attributes for tests and capacity planning: ``backlogged_utilization``
+  (utilisation of the resources that waiting pods ask for, while they wait),
+  ``gang_violations``, ``quota_violations`` (invariant 1, checked after every event, the
+  first ten), ``preemptions``, and ``timeline`` when asked for (``timeline_every``).
+- The timeline samples every tenant at 0, N, 2N, ... virtual seconds and at the horizon,
+  after the events of that instant: ``allocated`` is what its running pods hold (and
+  ``by_class``, the same per class), and ``entitlement`` its fair share at that instant
+  (:func:`fairshare.queue.entitlement.fairness` over the capacity, among tenants with running
+  or waiting pods, each capped at running + waiting and at nominal + borrow limit: the
+  definition of the ``fairgate_tenant_fair_share`` gauge). See :mod:`fairshare.sim.timeline`.
+- The window measures (:class:`WindowReport`, over a :class:`Window`, default the whole
+  run) integrate, between events (when nothing changes), per tenant: the GPU-seconds
+  its running pods hold, by class; that same entitlement (so ``entitled_gpu_seconds``
+  is the integral of the timeline's ``entitlement``: idle time earns nothing); the
+  seconds it had a pod waiting (``backlogged_seconds``: equal to the window's length
+  when it was backlogged throughout). Plus utilisation while a pod waits and Jain's
+  index of GPU-seconds / entitled GPU-seconds. A pod's GPU-time counts where it runs,
+  so a pod running across a window edge counts in part.
+- :func:`simulate_command` is the CLI entry: trace path, ``--json``, ``--redis-url``,
+  ``--timeline out.csv``, ``--timeline-every N``, ``--plot out.png``, ``--window FROM:TO``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import redis
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from fairshare.cluster.cluster import GpuPod
+from fairshare.connection import RedisTarget, connect_redis
+from fairshare.dispatcher import Dispatcher, DispatcherSettings
+from fairshare.localredis import local_redis
+from fairshare.queue.entitlement import Fairness, TenantLoad, fairness, jain_index
+from fairshare.queue.fairqueue import FairQueue
+from fairshare.queue.model import PodRequest
+from fairshare.sim.simcluster import Placement, PodHistory, PodSpec, SimulatedCluster, VirtualClock
+from fairshare.sim.timeline import (
+    PlotUnavailableError,
+    TimelineRow,
+    plot,
+    require_matplotlib,
+    write_csv,
+)
+from fairshare.sim.trace import Trace, TracePod, load_trace
+from tenants import resources
+from tenants.models import CLASSES, FairgateConfig
+from tenants.schema import ConfigError
+
+# Virtual seconds between dispatcher chores; a reconcile is never needed in a simulation.
+_SETTINGS = DispatcherSettings(
+    expire_every=5.0, reconcile_every=math.inf, status_every=math.inf,
+    queued_events_per_pass=0, lift_workers=1,  # lifts in release order: reproducible runs
+    service_every=0.0,  # a Redis loss between two steps resumes exactly (tests flush it)
+)
+_MAX_SETTLE_ROUNDS = 10_000
+
+ProgressHook = Callable[[float], None]  # called with the virtual time
+
+
+@dataclass(frozen=True)
+class WaitStats:
+    """Wait percentiles of one class, in seconds."""
+
+    p50: float
+    p99: float
+    max: float
+
+
+@dataclass(frozen=True)
+class TenantReport:
+    """One tenant's outcome."""
+
+    weight: float
+    share: float
+    admitted: int
+    waiting: int
+    gpu_hours: float = 0.0
+    cost: float | None = None  # None: the trace has no pricing
+
+
+@dataclass(frozen=True)
+class SimulationReport:
+    """What a simulation measured (see the module docstring)."""
+
+    jain_index: float
+    utilization: float
+    wait_seconds: dict[str, WaitStats]
+    tenants: dict[str, TenantReport]
+    backlogged_utilization: float = 1.0
+    gang_violations: list[str] = field(default_factory=list)
+    quota_violations: list[str] = field(default_factory=list)
+    preemptions: int = 0
+    preempted_gpu_hours: float = 0.0
+    horizon: float = 0.0
+    timeline: list[TimelineRow] = field(default_factory=list)
+    waited: dict[str, int] = field(default_factory=dict)  # pods per class that waited
+    window: WindowReport | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` object: exactly the keys of docs/reference.md."""
+        return {
+            "jain_index": round(self.jain_index, 4),
+            "utilization": round(self.utilization, 4),
+            "wait_seconds": {
+                cls: {"p50": round(w.p50, 3), "p99": round(w.p99, 3), "max": round(w.max, 3)}
+                for cls, w in self.wait_seconds.items()
+            },
+            "tenants": {
+                name: {"weight": t.weight, "share": round(t.share, 4), "admitted": t.admitted,
+                       "waiting": t.waiting, "gpu_hours": round(t.gpu_hours, 4),
+                       "cost": None if t.cost is None else round(t.cost, 2)}
+                for name, t in self.tenants.items()
+            },
+            "preemption": {"pods": self.preemptions,
+                           "gpu_hours_lost": round(self.preempted_gpu_hours, 4)},
+            "waited": dict(self.waited),
+            "window": None if self.window is None else _window_json(self.window),
+        }
+
+
+def _window_json(window: WindowReport) -> dict[str, Any]:
+    def ratio(value: float | None) -> float | None:
+        return None if value is None else round(value, 4)
+
+    return {
+        "from": window.start, "to": window.end,
+        "utilization": round(window.utilization, 4),
+        "jain_index": round(window.jain_index, 4),
+        "tenants": {
+            name: {"gpu_seconds": round(t.gpu_seconds, 3),
+                   "gpu_seconds_by_class": {cls: round(v, 3)
+                                            for cls, v in t.gpu_seconds_by_class.items()},
+                   "entitled_gpu_seconds": round(t.entitled_gpu_seconds, 3),
+                   "of_entitlement": ratio(t.of_entitlement),
+                   "backlogged_seconds": round(t.backlogged_seconds, 3)}
+            for name, t in window.tenants.items()
+        },
+    }
+
+
+@dataclass(frozen=True)
+class Window:
+    """The span of virtual time the window measures cover: ``start`` to ``end`` seconds
+    (``end`` None: the horizon)."""
+
+    start: float = 0.0
+    end: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.start >= 0 or (self.end is not None and not self.end > self.start):
+            raise ValueError(f"a window needs 0 <= FROM < TO, got {self.start:g}:"
+                             f"{'' if self.end is None else f'{self.end:g}'}")
+
+
+@dataclass(frozen=True)
+class TenantWindow:
+    """One tenant over the window: GPU-seconds (GPU-equivalents x seconds) its running
+    pods held, by class; the integral of its entitlement; seconds it had a pod waiting."""
+
+    gpu_seconds_by_class: dict[str, float]
+    entitled_gpu_seconds: float
+    backlogged_seconds: float
+
+    @property
+    def gpu_seconds(self) -> float:
+        return sum(self.gpu_seconds_by_class.values())
+
+    @property
+    def of_entitlement(self) -> float | None:
+        """GPU-seconds / entitled GPU-seconds (None when entitled to nothing)."""
+        entitled = self.entitled_gpu_seconds
+        return self.gpu_seconds / entitled if entitled > 0 else None
+
+
+@dataclass(frozen=True)
+class WindowReport:
+    """Every tenant against its integrated entitlement over ``start`` .. ``end``.
+
+    ``utilization``: used / capacity over the time in the window when a pod waited (1.0
+    when none did); ``jain_index``: Jain's index of ``of_entitlement`` over the tenants
+    entitled to something (1.0 when all got exactly their entitlement)."""
+
+    start: float
+    end: float
+    tenants: dict[str, TenantWindow]
+    utilization: float
+    jain_index: float
+
+
+def _gpu(slices: float) -> float:
+    return slices / resources.SLICES_PER_GPU
+
+
+class _Meter:
+    """Integrates usage, busy time and backlog over virtual time, and over the window
+    each tenant's usage by class, entitlement and backlogged time."""
+
+    def __init__(self, trace: Trace, config: FairgateConfig, window: Window) -> None:
+        self.capacity = resources.total_slices(trace.capacity)
+        self.capacity_of = {
+            name: n * resources.slices_of(name) for name, n in trace.capacity.items()
+        }
+        self.weights = {name: t.weight for name, t in trace.tenants.items()}
+        self.limits: dict[str, int | None] = {}
+        for name in trace.tenants:
+            tenant = config.tenant(name)
+            self.limits[name] = tenant.nominal_slices + tenant.borrow_slices if tenant else None
+        self.used_seconds = dict.fromkeys(self.weights, 0.0)  # slice-seconds
+        self.backlog_used = dict.fromkeys(self.weights, 0.0)  # slice-seconds while contended
+        self.backlog_time = dict.fromkeys(self.weights, 0.0)
+        self.busy_time = 0.0
+        self.busy_used = 0.0
+        self.waiting_capacity = 0.0  # slice-seconds of resources that pods waited for
+        self.waiting_used = 0.0
+        self.window_start = float(window.start)
+        self.window_end = trace.horizon if window.end is None else min(float(window.end),
+                                                                        trace.horizon)
+        # over the window: slice-seconds by (tenant, class), entitled GPU-seconds,
+        # seconds with a pod waiting; used and capacity slice-seconds while pods wait
+        self.window_used: dict[tuple[str, str], float] = {}
+        self.window_entitled = dict.fromkeys(self.weights, 0.0)
+        self.window_backlogged = dict.fromkeys(self.weights, 0.0)
+        self.window_waiting_used = 0.0
+        self.window_waiting_time = 0.0
+
+    def fairness(self, cluster: SimulatedCluster) -> Fairness:
+        """Every tenant's allocation and entitlement now (see the module docstring)."""
+        running, waiting = cluster.running_slices(), cluster.waiting_slices()
+        inference = cluster.inference_slices()
+        loads = {
+            name: TenantLoad(weight, running.get(name, 0), waiting.get(name, 0),
+                             self.limits[name], inference.get(name, 0))
+            for name, weight in self.weights.items()
+        }
+        return fairness(self.capacity, loads)
+
+    def interval(self, start: float, end: float, cluster: SimulatedCluster) -> None:
+        """Account for ``start`` .. ``end``, over which ``cluster`` did not change."""
+        dt = end - start
+        if dt <= 0:
+            return
+        usage = cluster.running_slices()
+        used_units = cluster.used()
+        waiting = cluster.waiting_tenants()
+        total = sum(usage.values())
+        for tenant, used in usage.items():
+            self.used_seconds[tenant] += used * dt
+        if total or waiting:
+            self.busy_time += dt
+            self.busy_used += total * dt
+        for name in cluster.wanted_resources():
+            self.waiting_capacity += self.capacity_of.get(name, 0) * dt
+            self.waiting_used += used_units.get(name, 0) * resources.slices_of(name) * dt
+        if len(waiting) >= 2:
+            for tenant in waiting:
+                self.backlog_used[tenant] += usage.get(tenant, 0) * dt
+                self.backlog_time[tenant] += dt
+        inside = min(end, self.window_end) - max(start, self.window_start)
+        if inside > 0:
+            self._window(inside, cluster, waiting, total)
+
+    def _window(self, dt: float, cluster: SimulatedCluster, waiting: set[str],
+                total: int) -> None:
+        for key, used in cluster.running_slices_by_class().items():
+            self.window_used[key] = self.window_used.get(key, 0.0) + used * dt
+        for name, share in self.fairness(cluster).tenants.items():
+            self.window_entitled[name] += share.entitlement * dt
+        for tenant in waiting:
+            self.window_backlogged[tenant] += dt
+        if waiting:
+            self.window_waiting_time += dt
+            self.window_waiting_used += total * dt
+
+    def window(self) -> WindowReport:
+        tenants = {
+            name: TenantWindow(
+                gpu_seconds_by_class={
+                    cls: _gpu(self.window_used.get((name, cls), 0.0)) for cls in CLASSES
+                },
+                entitled_gpu_seconds=self.window_entitled[name],
+                backlogged_seconds=self.window_backlogged[name],
+            )
+            for name in self.weights
+        }
+        busy = self.capacity * self.window_waiting_time
+        ratios = [r for t in tenants.values() if (r := t.of_entitlement) is not None]
+        return WindowReport(
+            start=self.window_start, end=self.window_end, tenants=tenants,
+            utilization=self.window_waiting_used / busy if busy else 1.0,
+            jain_index=jain_index(ratios),
+        )
+
+    def jain(self) -> float:
+        xs = [
+            self.backlog_used[t] / self.backlog_time[t] / self.weights[t]
+            for t in self.weights if self.backlog_time[t] > 0
+        ]
+        return jain_index(xs) if len(xs) >= 2 else 1.0
+
+    def utilization(self) -> float:
+        busy = self.capacity * self.busy_time
+        return self.busy_used / busy if busy else 1.0
+
+    def waiting_utilization(self) -> float:
+        return self.waiting_used / self.waiting_capacity if self.waiting_capacity else 1.0
+
+
+def quota_violations(config: FairgateConfig, pods: Iterable[GpuPod]) -> list[str]:
+    """Invariant 1 over the pods holding quota (released, not ended): per tenant,
+    non-borrowed usage per resource <= nominal, non-borrowed training slices <= nominal
+    minus the inference reserve, borrowed slices <= borrow limit."""
+    held: dict[str, list[GpuPod]] = {}
+    for pod in pods:
+        if pod.holds_capacity:
+            held.setdefault(pod.tenant, []).append(pod)
+    problems: list[str] = []
+    for name, mine in sorted(held.items()):
+        tenant = config.tenant(name)
+        if tenant is None:
+            problems.append(f"{name}: pods hold GPUs but the tenant is unknown")
+            continue
+        per_resource: dict[str, int] = {}
+        for pod in mine:
+            if pod.band != "borrowed":
+                for key, n in pod.demand.items():  # quota counts resources, not classes
+                    resource = resources.base_of(key)
+                    per_resource[resource] = per_resource.get(resource, 0) + n
+        for resource, n in sorted(per_resource.items()):
+            if n > tenant.nominal.get(resource, 0):
+                problems.append(f"{name}: {resource}={n} above nominal "
+                                f"{tenant.nominal.get(resource, 0)}")
+        training = sum(p.slices for p in mine if p.band == "training")
+        if training > tenant.nominal_slices - tenant.reserve_slices:
+            problems.append(f"{name}: training {training} slices above nominal minus reserve")
+        borrowed = sum(p.slices for p in mine if p.band == "borrowed")
+        if borrowed > tenant.borrow_slices:
+            problems.append(f"{name}: borrowed {borrowed} slices above the borrow limit")
+    return problems
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (0 for no values)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[rank - 1]
+
+
+def _gang_violations(history: dict[str, PodHistory]) -> list[str]:
+    """Gangs whose members were not all released at one instant."""
+    gangs: dict[tuple[str, str], list[PodHistory]] = {}
+    for record in history.values():
+        if record.spec.group is not None:
+            gangs.setdefault((record.spec.namespace, record.spec.group), []).append(record)
+    problems = []
+    for (namespace, group), members in sorted(gangs.items()):
+        released = {m.released for m in members}
+        complete = len(members) == members[0].spec.group_size
+        if len(released) > 1 or (None not in released and not complete):
+            problems.append(f"{namespace}/{group}: release times {sorted(map(str, released))}")
+    return problems
+
+
+def _report(
+    trace: Trace, meter: _Meter, cluster: SimulatedCluster, violations: list[str],
+    timeline: list[TimelineRow],
+) -> SimulationReport:
+    end = trace.horizon
+    waits: dict[str, list[float]] = {cls: [] for cls in CLASSES}
+    waited: dict[str, int] = dict.fromkeys(CLASSES, 0)
+    admitted = dict.fromkeys(trace.tenants, 0)
+    waiting = dict.fromkeys(trace.tenants, 0)
+    for record in cluster.history.values():
+        spec = record.spec
+        if record.released is not None:
+            admitted[spec.tenant] += 1
+        if record.started is not None:
+            wait = record.started - record.created
+        elif record.ended is None:
+            waiting[spec.tenant] += 1
+            wait = end - record.created
+        else:
+            continue  # deleted before it started
+        waits[spec.pod_class].append(wait)
+        waited[spec.pod_class] += wait > 0
+    total_used = sum(meter.used_seconds.values())
+    lost = sum((r.ended - r.started) * resources.total_slices(r.spec.demand)
+               for r in cluster.history.values()
+               if r.preempted and r.started is not None and r.ended is not None)
+    price = trace.pricing.price(None) if trace.pricing is not None else None
+
+    def gpu_hours(slice_seconds: float) -> float:
+        return slice_seconds / resources.SLICES_PER_GPU / 3600
+
+    return SimulationReport(
+        jain_index=meter.jain(),
+        utilization=meter.utilization(),
+        wait_seconds={
+            cls: WaitStats(_percentile(v, 0.5), _percentile(v, 0.99), max(v, default=0.0))
+            for cls, v in waits.items() if v
+        },
+        tenants={
+            name: TenantReport(
+                weight=t.weight,
+                share=meter.used_seconds[name] / total_used if total_used else 0.0,
+                admitted=admitted[name],
+                waiting=waiting[name],
+                gpu_hours=gpu_hours(meter.used_seconds[name]),
+                cost=None if price is None else gpu_hours(meter.used_seconds[name]) * price,
+            )
+            for name, t in trace.tenants.items()
+        },
+        backlogged_utilization=meter.waiting_utilization(),
+        gang_violations=_gang_violations(cluster.history),
+        quota_violations=violations,
+        preemptions=cluster.preemptions,
+        preempted_gpu_hours=gpu_hours(lost),
+        horizon=end,
+        timeline=timeline,
+        waited=waited,
+        window=meter.window(),
+    )
+
+
+@contextmanager
+def _redis(redis_target: RedisTarget | str | None) -> Iterator[RedisTarget]:
+    if redis_target:
+        yield RedisTarget.of(redis_target)
+    else:
+        with local_redis() as url:
+            yield RedisTarget(url)
+
+
+class Simulation:
+    """One run of a trace; :meth:`run` drives it to the horizon."""
+
+    def __init__(self, trace: Trace, client: redis.Redis, prefix: str,
+                 window: Window | None = None) -> None:
+        """Set up queue, dispatcher and cluster on ``client`` under ``prefix``;
+        ``window``: what the window measures cover (default: the whole run)."""
+        self.trace = trace
+        self.clock = VirtualClock(0.0)
+        self.queue = FairQueue(client, prefix=prefix)
+        config = trace.config()
+        self.cluster = SimulatedCluster(dict(trace.capacity), self._admit, self.clock)
+        self.dispatcher = Dispatcher(self.queue, self.cluster, lambda: config,
+                                     clock=self.clock, settings=_SETTINGS)
+        self.meter = _Meter(trace, config, window or Window())
+        self.config = config
+        self.quota_violations: list[str] = []
+        self._arrivals = trace.pods()
+        self._next = 0
+        self.dispatcher.sync(force=True)
+
+    def _admit(self, spec: PodSpec, uid: str) -> Placement:
+        now = self.clock()
+        request = PodRequest(
+            ticket=uid, tenant=spec.tenant, namespace=spec.namespace, name=spec.name,
+            pod_class=spec.pod_class, demand=dict(spec.demand), group=spec.group,
+            group_size=spec.group_size if spec.group else 1, submitted_at=now,
+        )
+        admission = self.queue.admit(request, now)
+        return Placement(uid, admission.band, admission.outcome == "queued")
+
+    def settle(self) -> None:
+        """Run the dispatcher until the cluster reports no more changes."""
+        for _ in range(_MAX_SETTLE_ROUNDS):
+            result = self.dispatcher.step()
+            if not result.released and not result.requeued and not self.cluster.has_changes():
+                return
+        raise RuntimeError("the dispatcher did not settle: it keeps releasing or requeuing")
+
+    def advance(self, until: float, progress: ProgressHook | None = None) -> None:
+        """Replay every arrival and completion up to ``until`` (at most the horizon)."""
+        until = min(until, self.trace.horizon)
+        while True:
+            pending = self._arrivals[self._next] if self._next < len(self._arrivals) else None
+            next_end = self.cluster.next_completion()
+            when = min(pending.at if pending is not None else math.inf,
+                       next_end if next_end is not None else math.inf)
+            if when > until:
+                break
+            self.meter.interval(self.clock(), when, self.cluster)
+            self.clock.advance_to(when)
+            self.cluster.advance()
+            while self._next < len(self._arrivals) and self._arrivals[self._next].at <= when:
+                self.cluster.create_pod(_spec(self._arrivals[self._next]))
+                self._next += 1
+            self.settle()
+            if len(self.quota_violations) < 10:
+                self.quota_violations += [
+                    f"t={when:g}: {problem}"
+                    for problem in quota_violations(self.config, self.cluster.holding_pods())
+                ]
+            if progress is not None:
+                progress(when)
+        self.meter.interval(self.clock(), until, self.cluster)
+        self.clock.advance_to(until)
+
+    def sample(self) -> list[TimelineRow]:
+        """Every tenant's allocation and entitlement now (see the module docstring)."""
+        by_class = self.cluster.running_slices_by_class()
+        now = self.clock()
+        return [
+            TimelineRow(now, name, t.used, t.entitlement,
+                        {cls: _gpu(by_class.get((name, cls), 0)) for cls in CLASSES})
+            for name, t in self.meter.fairness(self.cluster).tenants.items()
+        ]
+
+    def run(
+        self, progress: ProgressHook | None = None, timeline_every: float | None = None
+    ) -> SimulationReport:
+        """Replay the rest of the trace up to the horizon and report; with
+        ``timeline_every`` (virtual seconds, > 0), sample the timeline on the way."""
+        timeline: list[TimelineRow] = []
+        if timeline_every is not None:
+            if timeline_every <= 0:
+                raise ValueError(f"timeline_every must be > 0 seconds, got {timeline_every}")
+            step = 0
+            while (at := step * timeline_every) < self.trace.horizon:
+                self.advance(at, progress)
+                timeline += self.sample()
+                step += 1
+        self.advance(self.trace.horizon, progress)
+        if timeline_every is not None:
+            timeline += self.sample()
+        return _report(self.trace, self.meter, self.cluster, self.quota_violations, timeline)
+
+
+def _spec(pod: TracePod) -> PodSpec:
+    return PodSpec(
+        namespace=f"{pod.tenant}-sim", name=pod.name, tenant=pod.tenant,
+        pod_class=pod.pod_class, demand=dict(pod.demand), duration=pod.duration,
+        group=pod.group, group_size=pod.group_size,
+    )
+
+
+def run_simulation(
+    trace: Trace, redis_target: RedisTarget | str | None = None,
+    progress: ProgressHook | None = None, timeline_every: float | None = None,
+    window: Window | None = None,
+) -> SimulationReport:
+    """Simulate ``trace`` (starting a private redis-server when ``redis_target`` is None);
+    ``timeline_every``: see :meth:`Simulation.run`; ``window``: the span the window
+    measures cover (default: the whole run)."""
+    with _redis(redis_target) as target:
+        client = connect_redis(target, timeout=None)
+        prefix = f"fairgate:sim:{uuid.uuid4().hex[:12]}:"
+        try:
+            return Simulation(trace, client, prefix, window).run(progress, timeline_every)
+        finally:
+            for keys in _batches(client.scan_iter(match=f"{prefix}*", count=1000), 500):
+                client.delete(*keys)
+            client.close()
+
+
+def _batches(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
+    batch: list[Any] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def render_report(report: SimulationReport, console: Console) -> None:
+    """The report as tables for humans."""
+    summary = Table(title="fairgate simulation", show_header=False)
+    summary.add_row("Jain's index (share/weight, backlogged tenants)", f"{report.jain_index:.4f}")
+    summary.add_row("utilisation (busy time)", f"{report.utilization:.1%}")
+    summary.add_row("utilisation (while pods wait)", f"{report.backlogged_utilization:.1%}")
+    summary.add_row("preempted pods (GPU-h they had run)",
+                    f"{report.preemptions} ({report.preempted_gpu_hours:.2f})")
+    if report.gang_violations:
+        summary.add_row("gangs partly released", ", ".join(report.gang_violations))
+    if report.quota_violations:
+        summary.add_row("quota exceeded", "; ".join(report.quota_violations))
+    console.print(summary)
+    waits = Table(title="wait from creation to start (s)")
+    for column in ("class", "p50", "p99", "max"):
+        waits.add_column(column, justify="left" if column == "class" else "right")
+    for cls, w in report.wait_seconds.items():
+        waits.add_row(cls, f"{w.p50:.1f}", f"{w.p99:.1f}", f"{w.max:.1f}")
+    console.print(waits)
+    tenants = Table(title="tenants")
+    for column in ("tenant", "weight", "share", "share/weight", "admitted", "waiting",
+                   "GPU-h", "cost"):
+        tenants.add_column(column, justify="left" if column == "tenant" else "right")
+    for name, t in report.tenants.items():
+        tenants.add_row(name, f"{t.weight:g}", f"{t.share:.1%}", f"{t.share / t.weight:.3f}",
+                        str(t.admitted), str(t.waiting), f"{t.gpu_hours:.2f}",
+                        "-" if t.cost is None else f"{t.cost:,.2f}")
+    console.print(tenants)
+    if report.window is not None:
+        render_window(report.window, console)
+
+
+def render_window(window: WindowReport, console: Console) -> None:
+    """The window measures as a table for humans."""
+    table = Table(title=f"window {window.start:g}-{window.end:g} s: GPU-time against "
+                  f"integrated entitlement (Jain {window.jain_index:.4f}, utilisation "
+                  f"while pods wait {window.utilization:.1%})")
+    for column in ("tenant", "GPU-s", *(f"{cls} GPU-s" for cls in CLASSES),
+                   "entitled GPU-s", "of entitlement", "backlogged s"):
+        table.add_column(column, justify="left" if column == "tenant" else "right")
+    for name, t in window.tenants.items():
+        ratio = t.of_entitlement
+        table.add_row(name, f"{t.gpu_seconds:,.0f}",
+                      *(f"{t.gpu_seconds_by_class[cls]:,.0f}" for cls in CLASSES),
+                      f"{t.entitled_gpu_seconds:,.0f}", "-" if ratio is None else f"{ratio:.3f}",
+                      f"{t.backlogged_seconds:,.0f}")
+    console.print(table)
+
+
+DEFAULT_TIMELINE_EVERY = 60.0
+
+
+def _output_problem(timeline: Path | None, timeline_every: float | None,
+                    plot_path: Path | None) -> str | None:
+    """What is wrong with the timeline options, before a long run (None: nothing)."""
+    if timeline_every is not None and timeline is None and plot_path is None:
+        return "--timeline-every needs --timeline out.csv or --plot out.png"
+    if timeline_every is not None and timeline_every <= 0:
+        return f"--timeline-every must be > 0 seconds, got {timeline_every:g}"
+    for option, target in (("--timeline", timeline), ("--plot", plot_path)):
+        if target is not None and not target.parent.is_dir():
+            return f"{option} {target}: directory {target.parent} does not exist: create it first"
+    if plot_path is not None:
+        try:
+            require_matplotlib()
+        except PlotUnavailableError as error:
+            return str(error)
+    return None
+
+
+def simulate_command(
+    path: Path, json_out: bool, redis_target: RedisTarget | str | None,
+    out: TextIO | None = None, err: TextIO | None = None, timeline: Path | None = None,
+    timeline_every: float | None = None, plot_path: Path | None = None,
+    window: Window | None = None,
+) -> int:
+    """``fairgate simulate``: 0 on success, 2 for a bad trace or option (also ``--plot``
+    without matplotlib, a ``window`` that starts at or after the horizon or ends after
+    it), 1 when Redis fails. With ``timeline`` / ``plot_path`` the run is sampled every
+    ``timeline_every`` (default 60) virtual seconds and written there."""
+    stdout = out or sys.stdout
+    stderr = err or sys.stderr
+    problem = _output_problem(timeline, timeline_every, plot_path)
+    if problem is not None:
+        stderr.write(f"fairgate: error: {problem}\n")
+        return 2
+    every = None
+    if timeline is not None or plot_path is not None:
+        every = timeline_every if timeline_every is not None else DEFAULT_TIMELINE_EVERY
+    try:
+        trace = load_trace(path)
+    except ConfigError as error:
+        stderr.write(f"fairgate: error: {error}\n")
+        return 2
+    if window is not None and (window.start >= trace.horizon
+                               or (window.end is not None and window.end > trace.horizon)):
+        stderr.write(f"fairgate: error: --window {window.start:g}:"
+                     f"{'' if window.end is None else f'{window.end:g}'} is not inside the "
+                     f"trace's horizon 0:{trace.horizon:g}: give FROM < TO <= {trace.horizon:g}"
+                     "\n")
+        return 2
+    try:
+        if json_out:
+            report = run_simulation(trace, redis_target, timeline_every=every, window=window)
+        else:
+            with Progress(console=Console(file=stderr), transient=True) as bar:
+                task = bar.add_task("simulating", total=trace.horizon)
+                report = run_simulation(
+                    trace, redis_target, lambda now: bar.update(task, completed=now), every,
+                    window,
+                )
+    except (redis.RedisError, OSError) as error:
+        message = str(error) if redis_target is None else RedisTarget.of(redis_target).scrub(
+            str(error))
+        stderr.write(f"fairgate: error: Redis failed during the simulation: {message}\n")
+        return 1
+    if timeline is not None:
+        write_csv(report.timeline, timeline)
+    if plot_path is not None:
+        plot(report.timeline, plot_path, f"{path.name}: allocation (solid) vs entitlement "
+             "(dashed)", resources.total_slices(trace.capacity) / resources.SLICES_PER_GPU)
+    if json_out:
+        stdout.write(json.dumps(report.to_json()) + "\n")
+    else:
+        render_report(report, Console(file=stdout))
+    return 0

@@ -1,0 +1,160 @@
+"""Water-filling entitlements and Jain's index (fairshare.queue.entitlement)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fairshare.queue.entitlement import TenantLoad, fairness, jain_index, water_fill
+
+
+def test_uncapped_tenants_share_by_weight() -> None:
+    assert water_fill(12, {"a": 1, "b": 2, "c": 3}, {}) == pytest.approx(
+        {"a": 2, "b": 4, "c": 6})
+
+
+def test_a_tenant_asking_less_than_its_share_gets_its_demand_and_the_rest_is_shared() -> None:
+    got = water_fill(16, {"a": 1, "b": 1, "c": 2}, {"a": 1, "b": None, "c": None})
+    assert got == pytest.approx({"a": 1, "b": 5, "c": 10})
+
+
+def test_everyone_capped_leaves_capacity_unallocated() -> None:
+    assert water_fill(16, {"a": 1, "b": 1}, {"a": 2, "b": 3}) == pytest.approx({"a": 2, "b": 3})
+
+
+def test_bad_inputs_are_refused_with_the_culprit_named() -> None:
+    with pytest.raises(ValueError, match="weight of b"):
+        water_fill(1, {"a": 1, "b": 0}, {})
+    with pytest.raises(ValueError, match="cap of a"):
+        water_fill(1, {"a": 1}, {"a": -1})
+
+
+@given(
+    capacity=st.integers(0, 1000),
+    tenants=st.dictionaries(
+        st.sampled_from("abcdef"),
+        st.tuples(st.integers(1, 5), st.none() | st.integers(0, 400)),
+        min_size=1,
+    ),
+)
+def test_water_fill_is_capped_complete_and_weight_proportional(
+    capacity: int, tenants: dict[str, tuple[int, int | None]]
+) -> None:
+    weights = {t: float(w) for t, (w, _) in tenants.items()}
+    caps = {t: c for t, (_, c) in tenants.items()}
+    got = water_fill(capacity, weights, caps)
+    total_cap = sum(c for c in caps.values() if c is not None) if None not in caps.values() \
+        else float("inf")
+    assert sum(got.values()) == pytest.approx(min(capacity, total_cap), abs=1e-6)
+    for t, share in got.items():
+        cap = caps[t]
+        assert cap is None or share <= cap + 1e-9
+    # an uncapped-by-demand tenant never gets less per weight than anyone else
+    level = {t: got[t] / weights[t] for t in got}
+    for t in got:
+        if caps[t] is None or got[t] < caps[t] - 1e-9:
+            assert all(level[t] >= level[u] - 1e-9 for u in got)
+
+
+def test_a_floor_above_the_weighted_share_is_given_first_and_the_rest_shared_by_weight() -> None:
+    """Inference goes ahead of training: a weight-1 tenant serving 2 GPUs of inference on
+    12 is entitled to those 2 (its weighted share would be 12 / 14), and the training
+    tenants share the other 10 by weight, 7:5; a floor below the weighted share changes
+    nothing."""
+    got = water_fill(12, {"serve": 1, "a": 7, "b": 5}, {"serve": 2, "a": None, "b": None},
+                     {"serve": 2})
+    assert got == pytest.approx({"serve": 2, "a": 10 * 7 / 12, "b": 10 * 5 / 12})
+    assert water_fill(12, {"a": 1, "b": 1}, {}, {"a": 1}) == pytest.approx({"a": 6, "b": 6})
+
+
+def test_floors_that_do_not_fit_are_shared_by_weight_each_up_to_its_floor() -> None:
+    got = water_fill(4, {"a": 1, "b": 1, "c": 1}, {}, {"a": 1, "b": 6})
+    assert got == pytest.approx({"a": 1, "b": 3, "c": 0})
+    with pytest.raises(ValueError, match="floors must be >= 0"):
+        water_fill(4, {"a": 1}, {}, {"a": -1})
+
+
+@given(
+    capacity=st.integers(0, 200),
+    tenants=st.dictionaries(
+        st.sampled_from("abcdef"),
+        st.tuples(st.integers(1, 5), st.none() | st.integers(0, 80), st.integers(0, 80)),
+        min_size=1,
+    ),
+)
+def test_water_fill_with_floors_gives_each_its_floor_then_shares_by_weight(
+    capacity: int, tenants: dict[str, tuple[int, int | None, int]]
+) -> None:
+    weights = {t: float(w) for t, (w, _, _) in tenants.items()}
+    caps = {t: c for t, (_, c, _) in tenants.items()}
+    floors = {t: float(f if c is None else min(f, c)) for t, (_, c, f) in tenants.items()}
+    got = water_fill(capacity, weights, caps, floors)
+    total_cap = (sum(c for c in caps.values() if c is not None)
+                 if None not in caps.values() else float("inf"))
+    assert sum(got.values()) == pytest.approx(min(capacity, total_cap), abs=1e-6)
+    for t, share in got.items():
+        cap = caps[t]
+        assert cap is None or share <= cap + 1e-9
+    if sum(floors.values()) <= capacity:
+        # every floor is met; above its floor and below its cap, nobody gets less per
+        # weight than anyone else gets above its own floor
+        assert all(got[t] >= floors[t] - 1e-9 for t in got)
+        level = {t: got[t] / weights[t] for t in got}
+        free = [t for t in got if got[t] > floors[t] + 1e-9]
+        for t in got:
+            cap = caps[t]
+            if cap is None or got[t] < cap - 1e-9:
+                assert all(level[t] >= level[u] - 1e-9 for u in free)
+    else:  # not every floor fits: nobody gets more than its floor
+        assert all(got[t] <= floors[t] + 1e-9 for t in got)
+
+
+def test_fairness_counts_inference_demand_as_a_floor() -> None:
+    """A tenant's inference, held or queued, is its floor: a weight-1 tenant serving
+    2 GPUs is entitled to them, and holding them is not over its share."""
+    gpu = 7
+    fair = fairness(12 * gpu, {
+        "serve": TenantLoad(weight=1, used_slices=2 * gpu, queued_slices=0,
+                            inference_slices=2 * gpu),
+        "a": TenantLoad(weight=7, used_slices=6 * gpu, queued_slices=90 * gpu),
+        "b": TenantLoad(weight=5, used_slices=4 * gpu, queued_slices=90 * gpu),
+    })
+    entitled = {name: t.entitlement for name, t in fair.tenants.items()}
+    assert entitled == pytest.approx({"serve": 2, "a": 70 / 12, "b": 50 / 12})
+
+
+def test_jain_index() -> None:
+    assert jain_index([1, 1, 1]) == pytest.approx(1.0)
+    assert jain_index([1, 0, 0, 0]) == pytest.approx(0.25)
+    assert jain_index([]) == 1.0
+
+
+def test_fairness_caps_by_demand_and_quota_and_skips_tenants_without_demand() -> None:
+    gpu = 7
+    fair = fairness(12 * gpu, {
+        "small": TenantLoad(weight=1, used_slices=1 * gpu, queued_slices=0),  # wants 1
+        "capped": TenantLoad(weight=4, used_slices=2 * gpu, queued_slices=20 * gpu,
+                             limit_slices=3 * gpu),  # quota: at most 3
+        "big": TenantLoad(weight=1, used_slices=9 * gpu, queued_slices=50 * gpu),
+        "idle": TenantLoad(weight=5, used_slices=0, queued_slices=0),
+    })
+    assert fair.capacity == 12.0
+    entitled = {name: t.entitlement for name, t in fair.tenants.items()}
+    assert entitled == pytest.approx({"small": 1, "capped": 3, "big": 8, "idle": 0})
+    assert fair.tenants["capped"].weighted_share == pytest.approx(2 / 4)
+    assert fair.tenants["big"].demand == pytest.approx(59)
+    assert fair.tenants["idle"].of_entitlement is None
+    ratios = [1.0, 2 / 3, 9 / 8]  # used / entitlement; idle is entitled to nothing
+    assert fair.jain_index == pytest.approx(jain_index(ratios))
+
+
+def test_fairness_jain_is_one_when_everyone_holds_its_entitlement() -> None:
+    """Whatever the weights and caps: Jain's index is of used / entitlement."""
+    fair = fairness(10 * 7, {
+        "a": TenantLoad(weight=1, used_slices=2 * 7, queued_slices=7),
+        "b": TenantLoad(weight=3, used_slices=6 * 7, queued_slices=7),
+        "c": TenantLoad(weight=9, used_slices=2 * 7, queued_slices=0),  # capped at 2
+    })
+    assert [t.entitlement for t in fair.tenants.values()] == pytest.approx([2, 6, 2])
+    assert fair.jain_index == pytest.approx(1.0)

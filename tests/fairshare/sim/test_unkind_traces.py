@@ -1,0 +1,241 @@
+"""bench/fairness.py's unkind generator (staggered joins, bursts into idle and busy
+clusters, idle and return, big pods, uneven weights, inference over a training
+backlog): each kind makes the situation it names, keeps every training tenant
+backlogged throughout its all-active window whatever the order, and is measured over
+that window with ``fairgate simulate``'s window measures; the summary counts pass
+rates per target and per kind and names the worst seeds.
+
+The targets themselves (GPU-time within 5% of the integrated entitlement, Jain >= 0.99,
+utilisation >= 0.95, inference first) are met by the default order, virtual time, on
+the first trace of each kind but two, whose pods of different sizes make the cluster
+drain (``test_each_kind_meets_every_target``, strict xfail for those two: fair between
+tenants, short on utilisation)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bench.fairness import (
+    INFERENCE_TENANT,
+    KINDS,
+    PODS_PER_ENTITLEMENT,
+    WindowOutcome,
+    check_window,
+    main,
+    unkind_trace,
+    window_failures,
+    window_summary,
+    window_table,
+)
+from fairshare.localredis import local_redis
+from fairshare.queue.entitlement import water_fill
+from fairshare.sim.trace import parse_trace
+
+DRAINS = ("virtual time shares these traces fairly (Jain's index 0.9998 and 1.0000), but "
+          "the capacity held while the cluster drains for a larger pod stays idle "
+          "(utilisation 0.92 and 0.72), so GPU-time falls more than 5% short of an "
+          "entitlement that assumes every GPU is used: it needs backfill of pods that end "
+          "before the drain does")
+
+
+def starts(data: dict[str, Any]) -> dict[str, list[tuple[float, float]]]:
+    """Per tenant, the (at, every) of its training arrivals."""
+    out: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for arrival in data["arrivals"]:
+        if arrival["class"] == "training":
+            out[arrival["tenant"]].append((arrival["at"], arrival.get("every", 0)))
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 100_000))
+def test_every_trace_is_valid_and_its_window_covers_enough_pods(seed: int) -> None:
+    data = unkind_trace(seed)
+    meta = data["_meta"]
+    assert meta["kind"] == KINDS[seed % len(KINDS)]
+    trace = parse_trace({k: v for k, v in data.items() if k != "_meta"})  # valid
+    start, end = meta["window"]
+    assert end == trace.horizon and 0 <= start < end
+    assert start == max(at for arrivals in starts(data).values() for at, _ in arrivals)
+    capacity = trace.capacity["gpu"]
+    inference = [a for a in data["arrivals"] if a["class"] == "inference"]
+    training = capacity - max((a["demand"]["gpu"] for a in inference), default=0)
+    weights = {n: trace.tenants[n].weight for n in meta["sizes"]}
+    assert max(weights.values()) <= 8 * min(weights.values())
+    entitled = water_fill(training, weights, {})
+    for name, size in meta["sizes"].items():
+        longest = max(a["duration"] for a in data["arrivals"] if a["tenant"] == name)
+        # quantisation: the window's entitlement covers PODS_PER_ENTITLEMENT longest pods
+        assert (end - start) * entitled[name] >= PODS_PER_ENTITLEMENT * size * longest - 1e-6
+        assert trace.tenants[name].nominal["gpu"] == capacity  # quota never binds
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_kind_makes_its_situation(kind: str) -> None:
+    for seed in range(20):
+        data = unkind_trace(seed, kind)
+        meta, arrivals = data["_meta"], starts(data)
+        start = meta["window"][0]
+        capacity = data["capacity"]["gpu"]
+        first = {name: min(at for at, _ in mine) for name, mine in arrivals.items()}
+        sizes = meta["sizes"]
+        if kind == "staggered":  # each joins later than the one before
+            joins = sorted(first.values())
+            assert len(set(joins)) == len(joins) >= 2 and joins[-1] == start
+        elif kind in ("burst-idle", "burst-busy"):
+            late = [n for n, at in first.items() if at == start]
+            for name in late:  # a burst: pods at one instant, more than fit at once
+                burst = [a for a in data["arrivals"] if a["tenant"] == name
+                         and a["at"] == start and a.get("every", 0) == 0]
+                assert sum(a["count"] for a in burst) > capacity // sizes[name]
+            if kind == "burst-idle":  # into an idle cluster: nothing before
+                assert set(first.values()) == {start}
+            else:  # into a busy one: others backlogged from t=0
+                assert start > 0 and min(first.values()) == 0 and len(late) < len(first)
+        elif kind == "idle-return":
+            back = [n for n, mine in arrivals.items() if {at for at, _ in mine} == {0, start}]
+            assert back and start >= 3600
+            for name in back:  # a little work at 0, then nothing until its return
+                early = sum(a["count"] for a in data["arrivals"]
+                            if a["tenant"] == name and a["at"] == 0)
+                assert early <= 3 * capacity // sizes[name]
+        elif kind == "big-pods":
+            assert sizes["t0"] >= capacity // 2
+            assert all(size <= 2 for name, size in sizes.items() if name != "t0")
+        elif kind == "uneven-weights":
+            weights = {n: float(data["tenants"][n]["weight"]) for n in sizes}
+            entitled = water_fill(capacity, weights, {})
+            assert any(entitled[n] % sizes[n] > 1e-9 for n in sizes)  # not whole pods
+            assert max(weights.values()) >= 4 * min(weights.values())
+        elif kind == "inference":
+            assert INFERENCE_TENANT in data["tenants"]
+            served = [a for a in data["arrivals"] if a["class"] == "inference"]
+            assert len(served) == 1 and served[0]["count"] >= 1
+            assert served[0]["demand"]["gpu"] == max(sizes.values())
+
+
+def _outcome(seed: int, kind: str, error: float, jain: float = 1.0, util: float = 1.0,
+             waited: int = 0, inference: bool = False) -> WindowOutcome:
+    return WindowOutcome(seed=seed, kind=kind, tenants=2, capacity=8, window=[0.0, 1.0],
+                         share_error=error, jain=jain, utilization=util,
+                         inference_waited=waited, has_inference=inference, backlogged=True,
+                         seconds=0.0,
+                         per_tenant={"t0": {"of_entitlement": 1 + error},
+                                     "t1": {"of_entitlement": 1 - error}})
+
+
+def test_the_summary_counts_pass_rates_per_target_and_kind_and_names_the_worst() -> None:
+    outcomes = [
+        _outcome(0, "staggered", 0.01),
+        _outcome(7, "staggered", 0.30, jain=0.95),
+        _outcome(1, "burst-idle", 0.08, util=0.90),
+        _outcome(6, "inference", 0.02, waited=2, inference=True),
+        _outcome(13, "inference", 0.0, inference=True),
+    ]
+    summary = window_summary(outcomes, worst=2)
+    assert summary["all"]["traces"] == 5 and summary["all"]["pass"] == 2
+    assert summary["all"]["share vs integrated entitlement"] == [3, 5]
+    assert summary["all"]["utilisation while backlogged"] == [4, 5]
+    assert summary["all"]["inference first (pods that waited)"] == [1, 2]  # of 2 with it
+    assert summary["kinds"]["staggered"]["share vs integrated entitlement"] == [1, 2]
+    assert [c["seed"] for c in summary["worst"]["share vs integrated entitlement"]] == [7, 1]
+    assert summary["failed_seeds"] == [1, 6, 7]
+    assert "share error 0.300 > 0.05 (t0: 1.300 of its entitlement)" in window_failures(
+        outcomes[1])
+    table = window_table(summary, "replay {seed}")
+    assert "| staggered | 2 | 1/2 (50%) | 1/2 (50%) |" in table
+    assert "seed 7 (staggered): share error 0.300" in table and "[replay 7]" in table
+
+
+@pytest.fixture(scope="module")
+def measured() -> Iterator[Callable[[str], WindowOutcome]]:
+    """The outcome of each kind's first seed, run once for the tests below."""
+    with local_redis() as url:
+        client = redis.Redis.from_url(url)
+        outcomes: dict[str, WindowOutcome] = {}
+
+        def measure(kind: str) -> WindowOutcome:
+            if kind not in outcomes:
+                outcomes[kind] = check_window(unkind_trace(KINDS.index(kind), kind), client)
+            return outcomes[kind]
+
+        yield measure
+        client.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_tenant_stays_backlogged_throughout_its_window(
+        measured: Callable[[str], WindowOutcome], kind: str) -> None:
+    """The generator's promise holds whatever the order (here: today's)."""
+    o = measured(kind)
+    assert o.backlogged, o.per_tenant
+    assert o.window[1] - o.window[0] > 3 * 3600 - 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", [
+    pytest.param(kind, marks=pytest.mark.xfail(strict=True, reason=DRAINS))
+    if kind in ("staggered", "big-pods") else kind for kind in KINDS])
+def test_each_kind_meets_every_target(measured: Callable[[str], WindowOutcome],
+                                      kind: str) -> None:
+    assert not window_failures(measured(kind))
+
+
+@pytest.mark.slow
+def test_the_command_line_runs_unkind_traces_and_prints_the_summary(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--unkind", "--kind", "burst-idle", "--traces", "1", "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "seed 1 burst-idle:" in out
+    assert "| burst-idle | 1 |" in out and "| all | 1 |" in out
+    assert "every training tenant was backlogged throughout its window" in out
+
+
+def test_kind_and_half_life_need_unkind(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--kind", "big-pods"])
+    assert exit_info.value.code == 2
+    assert "--kind and --half-life go with --unkind" in capsys.readouterr().err
+
+
+def measure_seed(seed: int, kind: str) -> WindowOutcome:
+    """The outcome of the unkind trace of ``seed``, which must be of ``kind``."""
+    data = unkind_trace(seed)
+    assert data["_meta"]["kind"] == kind
+    with local_redis() as url:
+        client = redis.Redis.from_url(url)
+        try:
+            return check_window(data, client)
+        finally:
+            client.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [58, 65])
+def test_a_running_pod_is_charged_once_so_long_pods_are_not_held_back(seed: int) -> None:
+    """Bursts into a busy cluster by tenants whose pods run 6 to 13 minutes: when a
+    running pod counted both its expected run time up front and its elapsed time, the
+    tenants with the longest pods fell 7.4% and 8.3% short of their entitlement over the
+    window (utilisation 0.94-0.95); charged once, start-time fair queuing's start tag,
+    every target is met."""
+    outcome = measure_seed(seed, "burst-busy")
+    assert not window_failures(outcome), outcome.per_tenant
+
+
+@pytest.mark.slow
+def test_inference_ahead_of_training_is_not_counted_against_the_training_tenants() -> None:
+    """Inference goes first: a weight-1 tenant serving 2 GPUs of 12 is entitled to them,
+    and the training tenants to the other 10 by weight. Entitled by weight alone (0.86
+    GPUs to inference), all three training tenants looked 5-6% short of an entitlement
+    to GPUs that inference held, at utilisation 0.99."""
+    outcome = measure_seed(41, "inference")
+    assert outcome.inference_waited == 0
+    assert not window_failures(outcome), outcome.per_tenant
