@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -143,6 +144,19 @@ def library() -> Library:
 def text(value: Any) -> str:
     """A reply element as text."""
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# the first byte of a uuid ticket packed into 17 bytes in a lane (pack_entry in
+# scripts/lib.lua); no UTF-8 text begins with it
+PACKED = 0xFF
+
+
+def lane_entry(value: Any) -> str:
+    """A lane entry as text: a ticket (a lowercase uuid one is stored packed: byte 255
+    and its 16 bytes) or ``@<gang id>``."""
+    if isinstance(value, bytes) and len(value) == 17 and value[0] == PACKED:
+        return str(uuid.UUID(bytes=value[1:]))
+    return text(value)
 
 
 def num(value: float) -> str:

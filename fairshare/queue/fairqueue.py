@@ -45,6 +45,7 @@ from fairshare.queue.calls import (
     claimed,
     explain,
     holds,
+    lane_entry,
     num,
     queue_error,
     queued_demand,
@@ -360,7 +361,7 @@ class FairQueue:
         """Entries ``start``..``stop`` (inclusive, 0-based, FIFO order) of a lane: tickets,
         or ``@<gang id>`` for a complete gang waiting as one entry."""
         raw = self._client.lrange(f"{self._keys[0]}q:{tenant}:{shape}", start, stop)
-        return [text(v) for v in raw]
+        return [lane_entry(v) for v in raw]
 
     def gang_members(self, gangs: Sequence[str]) -> list[list[str]]:
         """The queued members' tickets of each gang id, in arrival order (``[]`` for a

@@ -168,7 +168,7 @@ if reason == nil then
   add_usage(tenant, band, d, 1, st)
   note_running(ticket, tenant, d, 1)
   index_name(ticket, {'R', tenant, cls, band, '', ns, name})
-  redis.call('ZADD', K_RESV, now, ticket)
+  resv_add(ticket, ARGV[1])
   redis.call('SADD', K_TENANTS, tenant)
   -- usage changed: lanes (none were added) are re-evaluated on the new state (st)
   if #lanes > 0 then refresh(tenant, st, NO_LANE) end
@@ -181,7 +181,7 @@ if not dry then
                seq, '', ''}
   enqueue(ticket, rec, false, st)
   index_name(ticket, rec)
-  redis.call('ZADD', K_RESV, now, ticket)
+  resv_add(ticket, ARGV[1])
   -- queueing changes no usage: st holds what readiness and share depend on; of the
   -- lanes, only a single pod's own changed (a gang's completion may move others)
   refresh(tenant, st, gid == '' and {[single_shape(rec)] = true} or nil)

@@ -17,7 +17,7 @@ local claim = rec[F_CLAIM] or ''
 if (claim ~= '' and claim ~= uid) or rec[F_NS] ~= ns or not name_fits(rec[F_NAME], name) then
   return -1
 end
-redis.call('ZREM', K_RESV, ticket)
+resv_remove(ticket)
 take_name(ticket, rec, name)
 rec[F_UID] = uid
 if rec[F_STATE] == 'R' then rec[F_STATE] = 'A' end

@@ -7,7 +7,8 @@ local now, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
 NOW = now
 local out = {}
 
-local function release(ticket)
+-- `entry`: the ticket as its lane held it (pack_entry), if at hand
+local function release(ticket, entry)
   local rec = get_rec(ticket)
   count_queued(rec, -1)
   count_lane(rec, -1)
@@ -17,7 +18,7 @@ local function release(ticket)
   rec[F_AT] = ARGV[1]
   put_rec(ticket, rec)
   -- a pod never seen expires reservation_ttl after its release (see expire)
-  if uid_of(rec) == '' then redis.call('ZADD', K_RESV, now, ticket) end
+  if uid_of(rec) == '' then resv_add(ticket, ARGV[1], entry) end
   for _, v in ipairs({ticket, rec[F_TENANT], rec[F_NS], rec[F_NAME], rec[F_BAND],
                       rec[F_DEMAND], rec[F_SUBMITTED]}) do
     out[#out + 1] = v
@@ -52,7 +53,8 @@ while released < limit do
     for _, tenant in ipairs(others) do refresh(tenant, nil, NO_LANE) end
     released = released + 1
   else
-    release(entry)
+    local ticket = unpack_entry(entry)
+    release(ticket, ticket ~= entry and entry or nil)
     released = released + 1
   end
   refresh(chosen.tenant, nil, {[chosen.shape] = true})

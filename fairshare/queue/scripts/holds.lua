@@ -7,7 +7,8 @@ local out = {}
 for _, tier in ipairs(TIERS) do
   local _, _, held = plan(tier, now)
   for _, top in ipairs(held) do
-    local entry = redis.call('LINDEX', lane_key(top.tenant, top.shape), 0) or ''
+    local entry = redis.call('LINDEX', lane_key(top.tenant, top.shape), 0)
+    entry = entry and unpack_entry(entry) or ''
     local ticket = entry
     if string.sub(entry, 1, 1) == '@' then
       ticket = gang_members(hash_table(P .. 'g:' .. string.sub(entry, 2)))[1] or ''

@@ -627,8 +627,6 @@ end
 -- sha1(namespace/name) as an integer, value = the ticket ('u' + 16 bytes for a
 -- lowercase uuid, else 't' + the ticket). A hash collision only makes `find` miss.
 local NAME_BUCKETS = 2048
-local UUID = '^' .. string.rep('%x', 8) .. '%-' .. string.rep('%x', 4) .. '%-'
-  .. string.rep('%x', 4) .. '%-' .. string.rep('%x', 4) .. '%-' .. string.rep('%x', 12) .. '$'
 
 local function name_slot(ns, name)
   local h = redis.sha1hex(ns .. '/' .. name)
@@ -638,28 +636,118 @@ end
 
 -- positions of the first hex digit of each byte in a uuid string
 local UUID_BYTES = {1, 3, 5, 7, 10, 12, 15, 17, 20, 22, 25, 27, 29, 31, 33, 35}
+-- two lowercase hex digits -> the byte they write
+local HEX_PAIR = (function()
+  local t = {}
+  for i = 0, 255 do t[string.format('%02x', i)] = string.char(i) end
+  return t
+end)()
 
-local function pack_ticket(ticket)
-  if not string.find(ticket, UUID) or ticket ~= string.lower(ticket) then
-    return 't' .. ticket
+-- the 16 bytes of a lowercase uuid ticket, nil for any other ticket
+local function uuid_bytes(ticket)
+  if #ticket ~= 36 or string.byte(ticket, 9) ~= 45 or string.byte(ticket, 14) ~= 45
+      or string.byte(ticket, 19) ~= 45 or string.byte(ticket, 24) ~= 45 then  -- '-'
+    return nil
   end
-  local c = {string.byte(ticket, 1, 36)}
   local out = {}
-  for j, i in ipairs(UUID_BYTES) do
-    -- a lowercase hex digit: '0'-'9' are 48-57, 'a'-'f' are 97-102
-    local hi, lo = c[i], c[i + 1]
-    out[j] = (hi > 57 and hi - 87 or hi - 48) * 16 + (lo > 57 and lo - 87 or lo - 48)
+  for j = 1, 16 do
+    local i = UUID_BYTES[j]
+    local byte = HEX_PAIR[string.sub(ticket, i, i + 1)]
+    if not byte then return nil end
+    out[j] = byte
   end
-  return 'u' .. string.char(unpack(out))
+  return table.concat(out)
+end
+
+-- the uuid ticket of the 16 bytes at `from` .. `from` + 15 of `v`
+local UUID_FORMAT = string.rep('%02x', 4) .. '-' .. string.rep('%02x', 2) .. '-'
+  .. string.rep('%02x', 2) .. '-' .. string.rep('%02x', 2) .. '-' .. string.rep('%02x', 6)
+local function uuid_text(v, from)
+  return string.format(UUID_FORMAT, string.byte(v, from, from + 15))
+end
+
+-- A ticket as a member of an unseen-ticket bucket (rv:<b>) or an entry of a lane: a
+-- lowercase uuid packed, PACKED and its 16 bytes (17 bytes, against 36); any other
+-- ticket, and a gang's lane entry '@<gang id>', as it is. PACKED (byte 255) begins no
+-- UTF-8 text, so a ticket written as text (by a version before packing, or not a uuid)
+-- never reads as packed. An operation often packs one ticket several times (its lane,
+-- its bucket, the name index): the last one packed is kept (PACK_IN, PACK_OUT; cleared
+-- by begin()).
+local PACKED = '\255'
+local PACK_IN, PACK_OUT = nil, nil
+local function pack_entry(entry)
+  if entry == PACK_IN then return PACK_OUT end
+  local bytes = uuid_bytes(entry)
+  PACK_IN, PACK_OUT = entry, bytes and (PACKED .. bytes) or entry
+  return PACK_OUT
+end
+
+local function unpack_entry(v)
+  if #v ~= 17 or string.sub(v, 1, 1) ~= PACKED then return v end
+  return uuid_text(v, 2)
+end
+
+-- the name index's form of a ticket: 'u' and its 16 bytes (a lowercase uuid), else 't'
+-- and the ticket
+local function pack_ticket(ticket)
+  local packed = pack_entry(ticket)
+  if packed == ticket then return 't' .. ticket end
+  return 'u' .. string.sub(packed, 2)
 end
 
 local function unpack_ticket(v)
   if string.sub(v, 1, 1) == 't' then return string.sub(v, 2) end
-  local hex = {}
-  for i = 2, 17 do hex[#hex + 1] = string.format('%02x', string.byte(v, i)) end
-  local s = table.concat(hex)
-  return string.sub(s, 1, 8) .. '-' .. string.sub(s, 9, 12) .. '-' .. string.sub(s, 13, 16)
-    .. '-' .. string.sub(s, 17, 20) .. '-' .. string.sub(s, 21, 32)
+  return uuid_text(v, 2)
+end
+
+-- Unseen tickets (no pod seen with them yet: reserved, queued or released), each with
+-- the time it expires after (its admission or release): RESV_BUCKETS small sorted sets
+-- rv:<b> (small enough for Redis' compact listpack encoding up to ~250k unseen tickets),
+-- member = pack_entry(ticket), score = that time; b from sha1 of that member. The sorted
+-- set rv indexes them: member b, score at most the lowest score in
+-- rv:<b> (adding lowers it; removing leaves it, a lower bound, and expire raises it to
+-- the lowest again). A version before buckets kept them all in one sorted set, `resv`
+-- (member = the ticket): expire still reads it (see expire.lua), nothing else writes it.
+local RESV_BUCKETS = 2048
+local K_UNSEEN = P .. 'rv'
+
+-- the bucket (its number, as text) of a ticket packed as `entry` (pack_entry): from
+-- sha1, since tickets need not be random (a time-ordered uuid, a counter in a test's)
+local function resv_bucket(entry)
+  return string.format('%d', tonumber(string.sub(redis.sha1hex(entry), 1, 3), 16)
+                             % RESV_BUCKETS)
+end
+
+-- the ticket expires after `at` (a time, as text or a number) unless its pod is seen
+-- first; `entry`: pack_entry(ticket) if the caller has it
+local function resv_add(ticket, at, entry)
+  entry = entry or pack_entry(ticket)
+  local b = resv_bucket(entry)
+  redis.call('ZADD', K_UNSEEN .. ':' .. b, at, entry)
+  redis.call('ZADD', K_UNSEEN, 'LT', at, b)
+end
+
+local function resv_remove(ticket)
+  local entry = pack_entry(ticket)
+  redis.call('ZREM', K_UNSEEN .. ':' .. resv_bucket(entry), entry)
+end
+
+-- the time after which the ticket expires, nil when it does not (its pod was seen)
+local function resv_score(ticket)
+  local entry = pack_entry(ticket)
+  return redis.call('ZSCORE', K_UNSEEN .. ':' .. resv_bucket(entry), entry)
+end
+
+-- forget every unseen ticket's expiry (rebuild)
+local function resv_clear()
+  for first = 0, RESV_BUCKETS - 1, 256 do
+    local keys = {}
+    for b = first, first + 255 do
+      keys[#keys + 1] = K_UNSEEN .. ':' .. string.format('%d', b)
+    end
+    redis.call('DEL', unpack(keys))
+  end
+  redis.call('DEL', K_UNSEEN, K_RESV)
 end
 
 local function index_name(ticket, rec)
@@ -792,10 +880,11 @@ local function gang_members(g)
   return split(g.m, ',')
 end
 
--- seq and submitted time of a lane entry (a gang: its newest member)
+-- seq and submitted time of a lane entry, as stored (pack_entry) or not (a gang: its
+-- newest member)
 local function entry_info(entry)
   if string.sub(entry, 1, 1) ~= '@' then
-    local rec = get_rec(entry)
+    local rec = get_rec(unpack_entry(entry))
     return tonumber(rec[F_SEQ]), tonumber(rec[F_SUBMITTED])
   end
   local seq, at = 0, 0
@@ -844,8 +933,9 @@ end
 -- Put each of the tenant's lanes into the ready set of its shape (score = share_of,
 -- member = ready_member) when its head fits the tenant's quota, else take it out;
 -- drop empty lanes. The member in the set is remembered in
--- the tenant's state (`rk:<shape>`: head_key .. head entry; the head key of a single
--- pod entry never changes, so an unchanged head is not read again).
+-- the tenant's state (`rk:<shape>`: head_key .. head entry as the lane holds it, 49
+-- bytes for a uuid ticket, so the state stays a small listpack hash; the head key of a
+-- single pod entry never changes, so an unchanged head is not read again).
 -- `st`: the tenant's state if the caller holds it current (else read); kept current.
 -- `moved`: nil when any of the tenant's lanes may have changed since its last refresh;
 -- else the set {shape = true} of the lanes that may have (pushed, popped, removed
@@ -939,8 +1029,9 @@ local function rescore_charged()
   redis.call('SET', K_HIGH_RUN, cluster_run())
 end
 
+-- a lane holds its entries as pack_entry makes them: a uuid ticket in 17 bytes
 local function push_lane(tenant, shape, entry, at_head)
-  redis.call(at_head and 'LPUSH' or 'RPUSH', lane_key(tenant, shape), entry)
+  redis.call(at_head and 'LPUSH' or 'RPUSH', lane_key(tenant, shape), pack_entry(entry))
   redis.call('SADD', P .. 'tl:' .. tenant, shape)
 end
 
@@ -1021,7 +1112,10 @@ local function dequeue(ticket, rec)
   count_queued(rec, -1)
   local gid = rec[F_GANG]
   if gid == '' then
-    redis.call('LREM', lane_key(rec[F_TENANT], single_shape(rec)), 1, ticket)
+    local lane, entry = lane_key(rec[F_TENANT], single_shape(rec)), pack_entry(ticket)
+    if redis.call('LREM', lane, 1, entry) == 0 and entry ~= ticket then
+      redis.call('LREM', lane, 1, ticket)  -- a lane written before entries were packed
+    end
     count_lane(rec, -1)
     return rec[F_TENANT]
   end
@@ -1082,7 +1176,7 @@ local function forget(ticket, rec)
   local state = rec[F_STATE]
   local changed
   unindex_name(ticket, rec)
-  redis.call('ZREM', K_RESV, ticket)
+  resv_remove(ticket)
   if state == 'R' or state == 'A' then
     if state == 'A' then
       if note_run(rec[F_TENANT], tonumber(rec[F_AT])) then rescore_charged() end
@@ -1618,7 +1712,8 @@ local function describe_queued(ticket, rec, now)
   local D = parse_shape(shape)
   local st = state_of(tenant)
   local why = quota_blocker(tenant, D, st)
-  local head = redis.call('LINDEX', lane_key(tenant, shape), 0) == entry
+  local first = redis.call('LINDEX', lane_key(tenant, shape), 0)
+  local head = first and unpack_entry(first) == entry
   if why == nil then
     -- the holds of the entries up to this one (its own, when it is held for)
     local me = {score = share_of(tenant, st, now), key = head_key(at, seq + 0.5)}

@@ -45,7 +45,8 @@ local in_use = {}
 for _, field in ipairs(redis.call('HKEYS', K_USED)) do in_use[field:sub(3)] = true end
 for _, key in ipairs(redis.call('HKEYS', K_CAP)) do in_use[key] = true end
 for key, _ in pairs(in_use) do redis.call('DEL', P .. 're:' .. key) end
-redis.call('DEL', K_GANGS, K_TICKETS, K_RESV, K_USED, P .. 'bw', P .. 'bm', K_CHARGED)
+redis.call('DEL', K_GANGS, K_TICKETS, K_USED, P .. 'bw', P .. 'bm', K_CHARGED)
+resv_clear()
 for first = 0, NAME_BUCKETS - 1, 256 do
   local keys = {}
   for b = first, first + 255 do keys[#keys + 1] = P .. 'nm:' .. b end
@@ -61,7 +62,7 @@ local function hold(ticket, rec)
   add_usage(rec[F_TENANT], rec[F_BAND], parse_counts(rec[F_DEMAND]), 1, nil,
             tonumber(rec[F_AT]))
   note_running(ticket, rec[F_TENANT], parse_counts(rec[F_DEMAND]), 1, tonumber(rec[F_AT]))
-  if uid_of(rec) == '' then redis.call('ZADD', K_RESV, rec[F_AT], ticket) end
+  if uid_of(rec) == '' then resv_add(ticket, rec[F_AT]) end
   local gid = rec[F_GANG]
   if gid ~= '' then
     local key = P .. 'g:' .. gid
@@ -95,7 +96,7 @@ for i = 2, #ARGV, 13 do
       index_name(ticket, rec)
     end
   elseif kind == 'A' and uid_of(rec) == '' then
-    redis.call('ZREM', K_RESV, ticket)
+    resv_remove(ticket)
     unindex_name(ticket, rec)
     rec[F_STATE] = 'A'
     rec[F_NAME] = name

@@ -9,7 +9,7 @@ add_usage(rec[F_TENANT], rec[F_BAND], parse_counts(rec[F_DEMAND]), -1, nil,
           tonumber(rec[F_AT]))
 note_running(ticket, rec[F_TENANT], parse_counts(rec[F_DEMAND]), -1)
 -- a ticket whose pod was never seen keeps expiring (see expire)
-if uid_of(rec) ~= '' then redis.call('ZREM', K_RESV, ticket) end
+if uid_of(rec) ~= '' then resv_remove(ticket) end
 local changed = gang_running(rec[F_GANG], -1)
 rec[F_GANG] = ''
 rec[F_GSIZE] = '1'

@@ -9,6 +9,7 @@ import random
 import re
 import subprocess
 import sys
+import uuid
 from importlib import resources
 from typing import Any
 
@@ -128,8 +129,10 @@ def _step(q: FairQueue, rng: random.Random, state: dict[str, Any], step: int) ->
         if kind == "admit":
             tenant = rng.choice("abc")
             gang = rng.random() < 0.25
+            # every other ticket a uuid, as fairgate mints them (stored packed)
+            ticket = f"t{step}" if step % 2 else str(uuid.UUID(int=step))
             req = PodRequest(
-                ticket=f"t{step}", tenant=tenant, namespace=f"ns-{tenant}", name=f"p{step}",
+                ticket=ticket, tenant=tenant, namespace=f"ns-{tenant}", name=f"p{step}",
                 pod_class="inference" if rng.random() < 0.15 else "training",
                 demand=rng.choice([{"gpu": 1}, {"gpu": 2}, {"mig-1g.5gb": 1}, {"gpu": 4}]),
                 group=f"g{rng.randrange(4)}-{tenant}" if gang else None,

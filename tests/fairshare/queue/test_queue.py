@@ -5,13 +5,20 @@ run, rebuild, snapshots."""
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from typing import Any, cast
 
 import pytest
 import redis
 
 from admission.pods import admitted_name
-from fairshare.queue.calls import TicketConflictError, UnknownTenantError, UnmintedTicketError
+from fairshare.queue.calls import (
+    TicketConflictError,
+    UnknownTenantError,
+    UnmintedTicketError,
+    lane_entry,
+    text,
+)
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import Admission, GatedPod, InvalidRequestError, PodRequest, RunningPod
 from tenants.models import FairgateConfig, PlatformConfig, PodClass, QuotaSpec
@@ -315,6 +322,129 @@ def test_expire_frees_unconfirmed_reservations(redis_client: redis.Redis, pods: 
     assert q.expire(40.0) == ["t2"]
     assert [t.used for t in q.tenant_status()] == [{"gpu": 1}]
     assert q.ticket_status("t2", 41.0) is None
+
+
+def as_before_buckets(client: redis.Redis) -> None:
+    """Rewrite the unseen tickets as a version before buckets kept them: one sorted set
+    ``resv``, member = the ticket (``rv:<b>`` packs a uuid: byte 255 and its 16 bytes)."""
+    for key in list(client.scan_iter("fairgate:rv:*")):
+        for member, score in client.zrange(key, 0, -1, withscores=True):
+            ticket = str(uuid.UUID(bytes=member[1:])) if member[:1] == b"\xff" else member
+            client.zadd("fairgate:resv", {ticket: score})
+        client.delete(key)
+    client.delete("fairgate:rv")
+
+
+def test_unseen_tickets_of_a_redis_written_before_buckets_still_expire(
+        redis_client: redis.Redis, pods: Pods) -> None:
+    q = queue_with(redis_client, {"gpu": 1}, a={"nominal": {"gpu": 8}})
+    made = [dataclasses.replace(pods("a"), ticket=str(uuid.UUID(int=n + 1)))
+            for n in range(5)]
+    running, started, queued, confirmed, deleted = made
+    assert [a.outcome for a in admit_all(q, made, now=10.0)] == ["reserved"] + ["queued"] * 4
+    as_before_buckets(redis_client)
+    assert redis_client.zcard("fairgate:resv") == 5
+    assert seen(q, confirmed) == "confirmed"  # seen since: never expires
+    assert q.remove(deleted.ticket, pod_uid(deleted.ticket))  # forgotten since
+    q.release(running.ticket, pod_uid(running.ticket), 20.0)
+    assert released(q, now=20.0, limit=1) == [started.ticket]  # a new time: 20 s
+    assert q.expire(39.0) == []
+    assert q.expire(40.0) == [queued.ticket]
+    assert not redis_client.exists("fairgate:resv")
+    assert q.expire(49.0) == []
+    assert q.expire(50.0) == [started.ticket]
+    assert [r.ticket for r in q.dispatch(60.0, 10)] == [confirmed.ticket]
+    assert q.expire(1000.0) == []
+
+
+def uuid_pods(pods: Pods, tenant: str, count: int, **kw: Any) -> list[PodRequest]:
+    """``count`` of ``pods(tenant, **kw)`` with uuid tickets, as fairgate mints them."""
+    made = [pods(tenant, **kw) for _ in range(count)]
+    return [dataclasses.replace(r, ticket=str(uuid.UUID(int=pods.n * 100 + i)))
+            for i, r in enumerate(made)]
+
+
+def test_queued_uuid_tickets_are_stored_compactly(redis_client: redis.Redis,
+                                                  pods: Pods) -> None:
+    """Lanes and unseen-ticket buckets hold a uuid ticket in 17 bytes; the tenant state,
+    which remembers each lane head, and the buckets stay listpack-encoded."""
+    q = queue_with(redis_client, {"gpu": 1}, a={"nominal": {"gpu": 8}})
+    made = [r for gpus in (1, 2, 4) for r in uuid_pods(pods, "a", 5, demand={"gpu": gpus})]
+    assert [a.outcome for a in admit_all(q, made)] == ["reserved"] + ["queued"] * 14
+    entries = [e for key in redis_client.scan_iter("fairgate:q:*")
+               for e in redis_client.lrange(key, 0, -1)]
+    assert len(entries) == 14 and all(len(e) == 17 and e[0] == 0xFF for e in entries)
+    assert redis_client.object("encoding", "fairgate:ts:a") == b"listpack"
+    buckets = list(redis_client.scan_iter("fairgate:rv:*"))
+    assert sum(redis_client.zcard(b) for b in buckets) == 15
+    assert {redis_client.object("encoding", b) for b in buckets} == {b"listpack"}
+    assert sorted(e for key in redis_client.scan_iter("fairgate:q:*")
+                  for e in q.lane_entries("a", text(key).split(":", 3)[3], 0, -1)) \
+        == sorted(r.ticket for r in made[1:])
+
+
+def test_unseen_tickets_spread_over_buckets_whatever_their_uuids(
+        redis_client: redis.Redis, pods: Pods) -> None:
+    """Buckets come from sha1, not from a uuid's bytes: uuids that differ only in a
+    counter (bench/wrk/review.lua's; a time-ordered uuid's clock) still spread, so every
+    bucket stays a small listpack."""
+    q = queue_with(redis_client, {"gpu": 1}, a={"nominal": {"gpu": 8}})
+    made = [dataclasses.replace(pods("a"), ticket=f"0badcafe-0000-4000-8000-{n:012x}")
+            for n in range(400)]
+    admit_all(q, made)
+    buckets = list(redis_client.scan_iter("fairgate:rv:*"))
+    assert sum(redis_client.zcard(b) for b in buckets) == 400 and len(buckets) > 300
+    assert {redis_client.object("encoding", b) for b in buckets} == {b"listpack"}
+
+
+def as_before_packing(client: redis.Redis) -> None:
+    """Rewrite lanes and the lane heads the tenant states remember (``rk:``) as a version
+    before packed entries wrote them: uuid tickets as text."""
+    for key in list(client.scan_iter("fairgate:q:*")):
+        entries = [lane_entry(v) for v in client.lrange(key, 0, -1)]
+        client.delete(key)
+        client.rpush(key, *entries)
+    for key in list(client.scan_iter("fairgate:ts:*")):
+        for field, value in client.hgetall(key).items():
+            if field.startswith(b"rk:") and len(value) == 49:
+                client.hset(key, field, value[:32] + lane_entry(value[32:]).encode())
+
+
+def test_lanes_written_before_packing_answer_the_same(redis_client: redis.Redis,
+                                                      pods: Pods) -> None:
+    first = uuid_pods(pods, "a", 1, demand={"gpu": 2})
+    made = uuid_pods(pods, "a", 4) + uuid_pods(pods, "b", 3, demand={"gpu": 2})
+    unseen = uuid_pods(pods, "a", 1)  # its pod never seen: it expires after its release
+    answers = []
+    for before_packing in (False, True):
+        redis_client.flushdb()
+        q = queue_with(redis_client, {"gpu": 2}, a={"nominal": {"gpu": 4}},
+                       b={"nominal": {"gpu": 4}})
+        admit_seen(q, first + made)
+        q.admit(unseen[0], 1.0)
+        if before_packing:
+            as_before_packing(redis_client)
+            assert redis_client.lindex("fairgate:q:a:t/gpu=1", 0) == made[0].ticket.encode()
+        got: list[object] = [q.lane_entries("a", "t/gpu=1", 0, -1), q.holds(0.0)]
+        got += [q.ticket_statuses([r.ticket for r in made], 0.0)]
+        assert q.remove(made[1].ticket, pod_uid(made[1].ticket))
+        assert q.remove(made[5].ticket, pod_uid(made[5].ticket))
+        got += [q.lane_entries("a", "t/gpu=1", 0, -1), q.lane_entries("b", "t/gpu=2", 0, -1)]
+        got += [q.ticket_statuses([r.ticket for r in made], 0.0)]
+        order: list[list[str]] = []
+        running = [first[0].ticket]
+        for step in range(6):
+            for ticket in running:
+                if ticket != unseen[0].ticket:  # never seen: it does not end, it expires
+                    q.release(ticket, pod_uid(ticket), 10.0 + step)
+            running = [r.ticket for r in q.dispatch(10.0 + step, 10)]
+            order.append(running)
+        got += [order, q.expire(1000.0), q.expire(2000.0)]
+        answers.append(got)
+    assert answers[0] == answers[1]
+    assert sorted(t for step in answers[0][-3] for t in step) \
+        == sorted(r.ticket for r in made + unseen if r not in (made[1], made[5]))
+    assert answers[0][-2:] == [[unseen[0].ticket], []]
 
 
 def test_requeue_puts_a_ticket_back_at_the_head(redis_client: redis.Redis,

@@ -11,6 +11,7 @@ advances (the operations get ``now`` as the dispatcher passes it).
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from typing import cast
 
 import pytest
@@ -132,8 +133,10 @@ class QueueMachine(RuleBasedStateMachine):
     def request(self, tenant: str, pod_class: PodClass, demand: int, gang: int) -> PodRequest:
         self.count += 1
         group = f"g{gang}-{pod_class[0]}" if gang else None
+        # every other ticket a uuid, as fairgate mints them (stored packed)
+        ticket = f"tk-{self.count}" if self.count % 2 else str(uuid.UUID(int=self.count))
         return PodRequest(
-            ticket=f"tk-{self.count}", tenant=tenant, namespace=f"ns-{tenant}",
+            ticket=ticket, tenant=tenant, namespace=f"ns-{tenant}",
             name=f"pod-{self.count}", pod_class=pod_class, demand=dict(DEMANDS[demand]),
             group=group, group_size=gang + 1 if gang else 1, submitted_at=self.now,
         )
