@@ -307,6 +307,12 @@ end
 local function cluster_run()
   return halflife().virtual and stored_run() or DEFAULT_RUN
 end
+
+-- the tenant's expected run time: the moving average of its pods' run times, the
+-- cluster's (cluster_run) before one of them ended
+local function expected_run(tenant)
+  return du_of(tenant).r or cluster_run()
+end
 -- rh: the highest rt since rt last fell (rescore_charged); none: unknown
 local K_HIGH_RUN = P .. 'rh'
 
@@ -314,7 +320,7 @@ local K_HIGH_RUN = P .. 'rh'
 -- expected run time
 local function decayed(tenant, st, now)
   local d = du_of(tenant)
-  local v, t, r = d.v, d.t or now or 0, d.r or cluster_run()
+  local v, t, r = d.v, d.t or now or 0, expected_run(tenant)
   if not now or now <= t then return v, r end
   if halflife().virtual then return v + usage_slices(st) * (now - t), r end
   local f = math.exp(-halflife().rate * (now - t))
@@ -572,7 +578,7 @@ end
 -- its pods ended). Kept in every order; only virtual time reads it (backfills).
 local function note_running(ticket, tenant, d, sign, started)
   if sign > 0 then
-    local ends = (started or NOW or 0) + (du_of(tenant).r or cluster_run())
+    local ends = (started or NOW or 0) + expected_run(tenant)
     for k, _ in pairs(d) do redis.call('ZADD', P .. 're:' .. k, ends, ticket) end
   else
     for k, _ in pairs(d) do redis.call('ZREM', P .. 're:' .. k, ticket) end
@@ -1406,21 +1412,6 @@ local function favoured_tops(tier, now)
   return out, {shape = cs, tenant = ct, base = cu}
 end
 
--- The next entry of the tier to release, and the capacity held (see fairshare/queue/README.md
--- "Holding"). Walks the tier's tops (survey) in queue order, up to (not including)
--- entry `stop` (all with nil). A top that does not fit, given the holds of the tops
--- before it, is owed capacity when its tenant is below its weighted share and the
--- cluster could ever hold it: of each resource of its demand, the free units not yet
--- held for the tops before it are held for it, up to its demand (top.hold[band][res];
--- added to G[band][res]: no later entry of the band may use them). So the first owed
--- entry of a resource is served first, the next ones drain what is left, and G never
--- exceeds the free capacity of a band. With a half-life, queue order (decayed usage)
--- and the share test (current usage) can disagree: when an owed top's tenant is at or
--- above its share, the next tenant of its shape in queue order takes its place in the
--- walk (while some capacity of the shape is not held yet). Returns G, the first top that fits with the holds of the tops before it (nil
--- if none; with `counts`, only a top sharing one of those resources counts, and the
--- walk goes on past the others), the held tops and the commitment record as read
--- (favoured_tops). `tidy`: see survey.
 -- The expected end by which `units` of capacity key `res` come free, as the running
 -- tickets of bands of priority >= `prio` end in their expected order (re:<res>): NOW
 -- when one that must end first has outrun its expected end; nil when they never free
@@ -1447,33 +1438,26 @@ end
 -- expected to fit when, on each resource of its demand, the running tickets expected
 -- to end first have freed what it and the held tops before it still lack
 -- (drained_by); never before now, so nothing is backfilled once a ticket it waits for
--- outruns its expected end.
+-- outruns its expected end. A held top's expected fit is kept on it for the plan.
 local function backfills(top, held, now)
   if #held == 0 or not now or not halflife().virtual then return false end
-  local ends = now + (du_of(top.tenant).r or cluster_run())
+  local ends = now + expected_run(top.tenant)
   local mine = {}
-  for _, band in ipairs(BAND_ORDER) do
-    for _, res in ipairs(top.D.keys[band]) do mine[res] = true end
-  end
+  for _, res in ipairs(top.D.all) do mine[res] = 1 end
   local lacking = {}
   for _, h in ipairs(held) do
-    local shared = false
     for _, band in ipairs(BAND_ORDER) do
       for _, res in ipairs(h.D.keys[band]) do
         lacking[res] = (lacking[res] or 0) + h.D[band][res] - (h.hold[band][res] or 0)
-        shared = shared or mine[res]
       end
     end
-    if shared then
+    if shares_resource(h.D, mine) then
       if h.fits_at == nil then
         h.fits_at = now
-        for _, band in ipairs(BAND_ORDER) do
-          for _, res in ipairs(h.D.keys[band]) do
-            local at = h.fits_at
-            if at and lacking[res] > 0 then
-              at = drained_by(res, lacking[res], PRIO[h.D.tier], now)
-            end
-            if not at then h.fits_at = false elseif at > h.fits_at then h.fits_at = at end
+        for _, res in ipairs(h.D.all) do
+          if h.fits_at and lacking[res] > 0 then
+            local at = drained_by(res, lacking[res], PRIO[h.D.tier], now)
+            h.fits_at = at and math.max(at, h.fits_at) or false
           end
         end
       end
@@ -1483,6 +1467,21 @@ local function backfills(top, held, now)
   return true
 end
 
+-- The next entry of the tier to release, and the capacity held (see fairshare/queue/README.md
+-- "Holding"). Walks the tier's tops (survey) in queue order, up to (not including)
+-- entry `stop` (all with nil). A top that does not fit, given the holds of the tops
+-- before it, is owed capacity when its tenant is below its weighted share and the
+-- cluster could ever hold it: of each resource of its demand, the free units not yet
+-- held for the tops before it are held for it, up to its demand (top.hold[band][res];
+-- added to G[band][res]: no later entry of the band may use them). So the first owed
+-- entry of a resource is served first, the next ones drain what is left, and G never
+-- exceeds the free capacity of a band. With a half-life, queue order (decayed usage)
+-- and the share test (current usage) can disagree: when an owed top's tenant is at or
+-- above its share, the next tenant of its shape in queue order takes its place in the
+-- walk (while some capacity of the shape is not held yet). Returns G, the first top that fits with the holds of the tops before it, or backfills (nil
+-- if none; with `counts`, only a top sharing one of those resources counts, and the
+-- walk goes on past the others), the held tops and the commitment record as read
+-- (favoured_tops). `tidy`: see survey.
 local function plan(tier, now, stop, counts, tidy)
   -- current scores by tenant, shared by this plan's walks (see best_of)
   local scores = {}

@@ -279,7 +279,7 @@ class Reference:
         run time."""
         s = self.du.setdefault(tenant, Service())
         t = s.t if s.t is not None else (now if now is not None else 0.0)
-        r = s.r if s.r is not None else self.cluster_run()
+        r = self.expected_run(tenant)
         if now is None or now <= t:
             return s.v, r
         return s.v + self.used_slices(tenant) * (now - t), r
