@@ -159,7 +159,16 @@ def _effective_demand(
 def pod_demand(pod: object, dra: DraContext = NO_DRA) -> ResourceCounts:
     """The pod's accounted GPU demand by short resource name (positive counts only):
     device-plugin resources and DRA devices (:mod:`admission.dra`), looked up in ``dra``."""
-    raw = _device_demand(pod, dra)
+    return _labelled(pod, _device_demand(pod, dra, claims=True))
+
+
+def container_demand(pod: object, dra: DraContext = NO_DRA) -> ResourceCounts:
+    """:func:`pod_demand` without ``spec.resourceClaims``: what the pod's containers ask
+    for, which (unlike the objects its claims name) cannot change after CREATE."""
+    return _labelled(pod, _device_demand(pod, dra, claims=False))
+
+
+def _labelled(pod: object, raw: ResourceCounts) -> ResourceCounts:
     try:
         profile = pods.labels_of(pod).get(placement.MIG_PROFILE_LABEL)
     except pods.PodError:
@@ -172,10 +181,10 @@ def pod_demand(pod: object, dra: DraContext = NO_DRA) -> ResourceCounts:
         raise DemandError(str(exc)) from exc
 
 
-def _device_demand(pod: object, dra: DraContext) -> ResourceCounts:
+def _device_demand(pod: object, dra: DraContext, claims: bool) -> ResourceCounts:
     """The pod's effective demand by short resource name (positive counts only), as the
     scheduler counts it on a node (no label applied): containers' resources under the
-    effective-request rule, plus the devices of its resource claims."""
+    effective-request rule, plus (with ``claims``) the devices of its resource claims."""
     try:
         app = [
             _container_demand(c, _label(c, "containers", i), dra)
@@ -186,7 +195,8 @@ def _device_demand(pod: object, dra: DraContext) -> ResourceCounts:
             for i, c in enumerate(pods.containers(pod, "initContainers"))
         ]
         demand = _effective_demand(app, init)
-        _add(demand, claims_demand(pod, dra))
+        if claims:
+            _add(demand, claims_demand(pod, dra))
     except DemandError:
         raise
     except DraError as exc:

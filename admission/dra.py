@@ -19,9 +19,17 @@ Contract (docs/dra.md):
   ``count`` devices (default 1); ``adminAccess: true`` consumes nothing;
   ``allocationMode: All`` is refused (it cannot be bounded before allocation);
   ``firstAvailable`` counts its largest alternative, in slices.
-- A ``mig`` class needs the request's CEL selectors to pin the profile with a conjunct
-  ``device.attributes["<domain>"].profile == "<profile>"``; an expression with ``||``
-  or no such conjunct cannot be mapped and is refused.
+- A ``mig`` class is priced with CEL (:mod:`admission.devices`): each device counts as the
+  largest device the ResourceSlices publish that the class's and the request's selectors
+  can be given. No such device published yet, or one fairgate cannot price, is refused.
+  Selectors are never read as text.
+- Objects, not names: :func:`priced_objects` records, per claim entry of a pod, the kind,
+  name and uid of the object it was priced from (the specs of both kinds are immutable,
+  so the uid stands for the spec). :func:`release_check` decides, before a gate is lifted,
+  whether the claims the pod will actually be allocated (a template's entry: the claim
+  the resourceclaim controller generated for this pod) are still within what the pod
+  was admitted for; :func:`allocated_demand` is what a pod's claims hold once allocated
+  (``status.allocation``), never re-priced from a template.
 - Every refusal is a :class:`DraError` whose message says what to change.
 Pure: the DRA objects come in as :class:`DraObjects`, plain data.
 """
@@ -29,11 +37,12 @@ Pure: the DRA objects come in as :class:`DraObjects`, plain data.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from admission import pods
+from admission.devices import Device, candidates, size_of
 from tenants import resources
 from tenants.models import DEFAULT_DEVICE_CLASSES, MIG_RULE, NONE_RULE
 from tenants.resources import ResourceCounts
@@ -41,10 +50,6 @@ from tenants.resources import ResourceCounts
 DEVICE_CLASS_PREFIX = "deviceclass.resource.kubernetes.io/"
 MAX_REQUEST_DEVICES = 1_000_000
 
-_PROFILE = re.compile(
-    r"""^\s*device\.attributes\[\s*["']([\w.\-/]+)["']\s*\]\s*\.\s*profile\s*==\s*"""
-    r"""["']([\w.+\-]+)["']\s*$"""
-)
 _GPU_LIKE = re.compile(r"gpu|mig|nvidia", re.IGNORECASE)
 
 ClaimKey = tuple[str, str]  # (namespace, name)
@@ -55,18 +60,43 @@ class DraError(pods.PodError):
 
 
 @dataclass(frozen=True)
+class AllocatedDevice:
+    """One entry of a ResourceClaim's ``status.allocation.devices.results``."""
+
+    request: str
+    driver: str
+    pool: str
+    device: str
+    admin_access: bool = False
+
+
+@dataclass(frozen=True)
+class DraObject:
+    """A ResourceClaimTemplate (``spec`` is its ``spec.spec``) or a ResourceClaim as it is
+    now: its uid; for a claim the uid of the Pod that owns it (a claim generated from a
+    template, else ``""``) and its allocation (None while it has none)."""
+
+    spec: Mapping[str, Any]
+    uid: str = ""
+    owner: str = ""
+    allocation: tuple[AllocatedDevice, ...] | None = None
+
+
+@dataclass(frozen=True)
 class DraObjects:
-    """The DRA objects a pod's demand depends on, as plain JSON.
+    """The DRA objects a pod's demand depends on, as plain data.
 
     ``extended_names``: ``spec.extendedResourceName`` -> DeviceClass name, of the
-    cluster's DeviceClasses; ``templates``: ``(namespace, name)`` -> a
-    ResourceClaimTemplate's ``spec.spec``; ``claims``: ``(namespace, name)`` -> a
-    ResourceClaim's ``spec``.
+    cluster's DeviceClasses; ``class_selectors``: DeviceClass name -> the CEL expressions
+    of its ``spec.selectors``; ``templates`` and ``claims``: ``(namespace, name)`` -> a
+    ResourceClaimTemplate or ResourceClaim; ``devices``: what the ResourceSlices publish.
     """
 
     extended_names: Mapping[str, str] = field(default_factory=dict)
-    templates: Mapping[ClaimKey, Mapping[str, Any]] = field(default_factory=dict)
-    claims: Mapping[ClaimKey, Mapping[str, Any]] = field(default_factory=dict)
+    templates: Mapping[ClaimKey, DraObject] = field(default_factory=dict)
+    claims: Mapping[ClaimKey, DraObject] = field(default_factory=dict)
+    class_selectors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    devices: tuple[Device, ...] = ()
 
 
 NO_OBJECTS = DraObjects()
@@ -112,10 +142,129 @@ def class_resource(device_class: str, context: DraContext, where: str) -> str | 
 
 def claims_demand(pod: object, context: DraContext) -> ResourceCounts:
     """Devices of the pod's ``spec.resourceClaims`` (templates and shared claims), by
-    resource (positive counts only)."""
+    resource (positive counts only), priced from the objects the pod names."""
+    return _total(_claim_demand(found.spec, context, where)
+                  for where, found in _pod_claims(pod, context, _named(context)))
+
+
+def claim_spec_demand(spec: Mapping[str, Any], context: DraContext,
+                      where: str) -> ResourceCounts:
+    """Devices one claim spec (a claim's ``spec``, a template's ``spec.spec``) asks for,
+    by resource; ``where`` names it in a refusal."""
+    return {k: v for k, v in _claim_demand(spec, context, where).items() if v}
+
+
+def priced_objects(pod: object, context: DraContext) -> str:
+    """The record of what the pod's claims were priced from: per entry of
+    ``spec.resourceClaims``, ``<entry>=<ResourceClaim|ResourceClaimTemplate>/<name>/<uid>``,
+    joined by ``,`` (empty for a pod without claims)."""
+    return ",".join(f"{entry}={kind}/{name}/{found.uid}"
+                    for entry, kind, name, found in _entries(pod, context, _named(context)))
+
+
+@dataclass(frozen=True)
+class Release:
+    """The claims the pod will be allocated are within what it was admitted for."""
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Not decidable yet (a claim not generated or seen yet): ``reason`` says what for."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Refuse:
+    """The claims give the pod more than it was admitted for: ``reason`` says what."""
+
+    reason: str
+
+
+ReleaseVerdict = Release | Wait | Refuse
+
+
+def release_check(pod: Mapping[str, Any], admitted: ResourceCounts,
+                  context: DraContext) -> ReleaseVerdict:
+    """Whether a pod admitted with claims priced at ``admitted`` (by resource) may be
+    released: the claims it will actually be allocated are priced now, a template's entry
+    by the claim generated for this pod (owned by its uid, named in
+    ``status.resourceClaimStatuses``), a named claim by the claim of that name now. A
+    claim not there yet is a :class:`Wait`; a price above ``admitted`` in any resource,
+    or one that cannot be priced any more, is a :class:`Refuse`."""
+    try:
+        actual = _total(_claim_demand(found.spec, context, where)
+                        for where, found in _pod_claims(pod, context, _actual(pod, context)))
+    except _Missing as missing:
+        return Wait(str(missing))
+    except pods.PodError as error:
+        return Refuse(f"its claims cannot be priced any more: {error}")
+    over = {r: n for r, n in actual.items() if n > admitted.get(r, 0)}
+    if over:
+        return Refuse(
+            f"its claims now ask for {resources.format_counts(actual)} but it was admitted "
+            f"for {resources.format_counts(admitted) or 'none'}: a ResourceClaim or "
+            "ResourceClaimTemplate it names was replaced by a larger one"
+        )
+    return Release()
+
+
+def allocated_demand(pod: Mapping[str, Any], context: DraContext) -> ResourceCounts | None:
+    """The devices the pod's claims were allocated (``status.allocation``), by resource;
+    None while any claim of the pod is not there or not allocated. A device counts by its
+    request's DeviceClass rule (a ``mig`` class: the device's own profile, as published;
+    a device no slice publishes any more counts as a whole GPU); admin access is free."""
+    try:
+        claims = list(_pod_claims(pod, context, _actual(pod, context)))
+    except (_Missing, pods.PodError):
+        return None
     total: ResourceCounts = {}
-    for where, claim_spec in _pod_claims(pod, context):
-        for short, count in _claim_demand(claim_spec, context, where).items():
+    for _, claim in claims:
+        if claim.allocation is None:
+            return None
+        for device in claim.allocation:
+            short = _allocated_resource(claim.spec, device, context)
+            if short is not None:
+                total[short] = total.get(short, 0) + 1
+    return total
+
+
+def _allocated_resource(spec: Mapping[str, Any], device: AllocatedDevice,
+                        context: DraContext) -> str | None:
+    if device.admin_access:
+        return None
+    device_class = _request_class(spec, device.request)
+    rule = context.rules.get(device_class or "")
+    if rule is None:
+        rule = "gpu" if device_class is None or looks_like_gpu(device_class) else NONE_RULE
+    if rule == NONE_RULE:
+        return None
+    if rule != MIG_RULE:
+        return rule
+    published = next((d for d in context.objects.devices
+                      if (d.driver, d.pool, d.name) == (device.driver, device.pool,
+                                                         device.device)), None)
+    return published.resource if published and published.resource else "gpu"
+
+
+def _request_class(spec: Mapping[str, Any], request: str) -> str | None:
+    """The DeviceClass of a result's request (``<request>`` or ``<request>/<sub>``)."""
+    name, _, sub = request.partition("/")
+    for raw in ((spec.get("devices") or {}).get("requests") or []):
+        if not isinstance(raw, Mapping) or raw.get("name") != name:
+            continue
+        if not sub:
+            return str((raw.get("exactly") or {}).get("deviceClassName") or "") or None
+        for alternative in raw.get("firstAvailable") or []:
+            if isinstance(alternative, Mapping) and alternative.get("name") == sub:
+                return str(alternative.get("deviceClassName") or "") or None
+    return None
+
+
+def _total(parts: Iterator[ResourceCounts] | Sequence[ResourceCounts]) -> ResourceCounts:
+    total: ResourceCounts = {}
+    for part in parts:
+        for short, count in part.items():
             total[short] = total.get(short, 0) + count
     return {k: v for k, v in total.items() if v}
 
@@ -150,7 +299,55 @@ def _rule(device_class: str, context: DraContext, where: str) -> str:
     return NONE_RULE
 
 
-def _pod_claims(pod: object, context: DraContext) -> Iterator[tuple[str, Mapping[str, Any]]]:
+class _Missing(DraError):
+    """A claim the pod needs is not there yet."""
+
+
+Resolver = Callable[[str, str, str], DraObject | None]
+"""(entry name, kind, object name) -> the object that entry gets, or None."""
+
+
+def _named(context: DraContext) -> Resolver:
+    """Resolve an entry by the object it names (admission)."""
+    def resolve(_entry: str, kind: str, name: str) -> DraObject | None:
+        store = context.objects.templates if kind == TEMPLATE else context.objects.claims
+        return store.get((context.namespace, name))
+
+    return resolve
+
+
+def _actual(pod: Mapping[str, Any], context: DraContext) -> Resolver:
+    """Resolve an entry by the claim the pod will be allocated: a template's by the claim
+    generated for this pod (``status.resourceClaimStatuses``), owned by its uid."""
+    status = pod.get("status") if isinstance(pod.get("status"), Mapping) else {}
+    generated = {str(s.get("name")): s.get("resourceClaimName")
+                 for s in (status or {}).get("resourceClaimStatuses") or []
+                 if isinstance(s, Mapping)}
+    uid = str((pod.get("metadata") or {}).get("uid") or "")
+
+    def resolve(entry: str, kind: str, name: str) -> DraObject | None:
+        if kind == TEMPLATE:
+            claim_name = generated.get(entry)
+            found = context.objects.claims.get((context.namespace, str(claim_name)))
+            if not claim_name or found is None or found.owner != uid:
+                raise _Missing(f"the ResourceClaim generated from {kind} {name!r} for "
+                               f"claim {entry!r}")
+            return found
+        found = context.objects.claims.get((context.namespace, name))
+        if found is None:
+            raise _Missing(f"ResourceClaim {name!r}")
+        return found
+
+    return resolve
+
+
+TEMPLATE, CLAIM = "ResourceClaimTemplate", "ResourceClaim"
+
+
+def _entries(pod: object, context: DraContext,
+             resolve: Resolver) -> Iterator[tuple[str, str, str, DraObject]]:
+    """Per well-formed entry of ``spec.resourceClaims``: its name, the kind and name of
+    the object it names, and the object ``resolve`` gives it; refuses what is not."""
     spec = pods.mapping(pods.mapping(pod, "pod").get("spec"), "spec")
     entries = spec.get("resourceClaims")
     if entries is None:
@@ -165,21 +362,23 @@ def _pod_claims(pod: object, context: DraContext) -> Iterator[tuple[str, Mapping
         if template and claim:
             raise DraError(f"{where}: name either resourceClaimName or "
                            "resourceClaimTemplateName, not both")
-        if template:
-            found = context.objects.templates.get((context.namespace, str(template)))
-            kind, name = "ResourceClaimTemplate", template
-        elif claim:
-            found = context.objects.claims.get((context.namespace, str(claim)))
-            kind, name = "ResourceClaim", claim
-        else:
+        if not template and not claim:
             raise DraError(f"{where}: name a resourceClaimName or a resourceClaimTemplateName")
+        kind, name = (TEMPLATE, str(template)) if template else (CLAIM, str(claim))
+        found = resolve(str(entry.get("name") or index), kind, name)
         if found is None:
             raise DraError(
                 f"{where}: {kind} {name!r} not found in namespace {context.namespace!r}: "
                 f"create the {kind} first, then the pod (fairgate counts the devices it asks "
                 "for at admission)"
             )
-        yield where, found
+        yield str(entry.get("name") or index), kind, name, found
+
+
+def _pod_claims(pod: object, context: DraContext,
+                resolve: Resolver) -> Iterator[tuple[str, DraObject]]:
+    for entry, _kind, _name, found in _entries(pod, context, resolve):
+        yield f"resource claim {entry!r}", found
 
 
 def _claim_demand(claim_spec: Mapping[str, Any], context: DraContext,
@@ -236,37 +435,39 @@ def _exact_demand(exact: Mapping[str, Any], context: DraContext,
             MAX_REQUEST_DEVICES):
         raise DraError(f"{where}: count must be a whole number from 0 to "
                        f"{MAX_REQUEST_DEVICES}, got {count!r}")
-    short = _mig_resource(exact, device_class, where) if rule == MIG_RULE else rule
+    short = _mig_resource(exact, device_class, context, where) if rule == MIG_RULE else rule
     return {short: count} if count else {}
 
 
-def _mig_resource(exact: Mapping[str, Any], device_class: str, where: str) -> str:
-    profiles = set()
+def _mig_resource(exact: Mapping[str, Any], device_class: str, context: DraContext,
+                  where: str) -> str:
+    """The largest device the class's and the request's selectors can be given."""
+    expressions = [*context.objects.class_selectors.get(device_class, ()),
+                   *_selector_expressions(exact, where)]
+    found = candidates(expressions, context.objects.devices)
+    if not found:
+        raise DraError(
+            f"{where}: no ResourceSlice publishes a device of DeviceClass {device_class!r} "
+            "that its selectors can be given, so fairgate cannot tell what it would get: "
+            "check the selector, or create the pod once the driver publishes such devices"
+        )
+    unknown = sorted({f"{d.driver}/{d.pool}/{d.name}" for d in found if d.resource is None})
+    if unknown:
+        raise DraError(
+            f"{where}: its selectors can be given device {unknown[0]}, which fairgate cannot "
+            "count (not a GPU or MIG profile it knows): select the profile, e.g. "
+            'device.attributes["gpu.nvidia.com"].profile == "1g.5gb"'
+        )
+    return max((d.resource for d in found if d.resource), key=size_of)
+
+
+def _selector_expressions(exact: Mapping[str, Any], where: str) -> list[str]:
+    expressions = []
     for index, raw in enumerate(exact.get("selectors") or []):
         selector = pods.mapping(raw, f"{where}: selectors[{index}]")
         cel = pods.mapping(selector.get("cel"), f"{where}: selectors[{index}].cel")
         expression = cel.get("expression")
         if not isinstance(expression, str):
-            continue
-        if "||" in expression:
-            raise DraError(
-                f"{where}: selector {expression!r} has ||, so fairgate cannot tell which MIG "
-                "profile it gets: select one profile per request (use firstAvailable for "
-                "alternatives)"
-            )
-        for conjunct in expression.split("&&"):
-            match = _PROFILE.match(conjunct.strip().strip("()"))
-            if match:
-                profiles.add(resources.normalise(match.group(2)))
-    if len(profiles) != 1:
-        found = "names several profiles" if profiles else "names no profile"
-        raise DraError(
-            f"{where}: DeviceClass {device_class!r} hands out MIG devices and the request "
-            f"{found}: add one selector such as "
-            "device.attributes[\"gpu.nvidia.com\"].profile == \"1g.5gb\""
-        )
-    short = resources.MIG_PREFIX + profiles.pop()
-    if not resources.is_known(short):
-        raise DraError(f"{where}: unknown MIG profile {short[len(resources.MIG_PREFIX):]!r}: "
-                       "use a profile of your GPUs, e.g. 1g.5gb, 3g.40gb")
-    return short
+            raise DraError(f"{where}: selectors[{index}].cel.expression must be a string")
+        expressions.append(expression)
+    return expressions

@@ -10,7 +10,8 @@ and only add to what the user wrote, except for the fields fairgate owns:
 - annotations ``fairgate.io/ticket``, ``fairgate.io/demand``, exactly when the band is
   ``borrowed`` ``fairgate.io/borrowed: "true"``, and exactly when the tenant has a node
   pool ``fairgate.io/node-pool: <pool>`` (what the dispatcher reads the pod's placement
-  class from);
+  class from), and exactly when the pod has DRA claims ``fairgate.io/priced-claims`` (the
+  objects they were priced from);
 - ``spec.priorityClassName``, ``spec.priority`` and ``spec.preemptionPolicy`` of the band;
 - the scheduling gate ``fairgate.io/queue``, present exactly when ``gated`` (other gates
   are kept, in order).
@@ -42,6 +43,7 @@ from tenants.models import (
     DEMAND_ANNOTATION,
     GPU_TAINT_KEY,
     GPU_TOLERATION,
+    PRICED_CLAIMS_ANNOTATION,
     QUEUE_GATE,
     TENANT_LABEL,
     TICKET_ANNOTATION,
@@ -114,12 +116,15 @@ def _annotations(plan: PodPlan, band: PriorityBand) -> dict[str, str]:
         wanted[BORROWED_ANNOTATION] = "true"
     if plan.placement.pool is not None:
         wanted[NODE_POOL_ANNOTATION] = plan.placement.pool
+    if plan.priced_claims:
+        wanted[PRICED_CLAIMS_ANNOTATION] = plan.priced_claims
     return wanted
 
 
 def _stale_annotations(plan: PodPlan, band: PriorityBand) -> tuple[str, ...]:
     stale = () if band == "borrowed" else (BORROWED_ANNOTATION,)
-    return stale if plan.placement.pool is not None else (*stale, NODE_POOL_ANNOTATION)
+    stale = stale if plan.placement.pool is not None else (*stale, NODE_POOL_ANNOTATION)
+    return stale if plan.priced_claims else (*stale, PRICED_CLAIMS_ANNOTATION)
 
 
 def _priority_fields(band: PriorityBand, priority_classes: PriorityClasses) -> dict[str, Any]:

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field, replace
 from admission import pods
 from admission.classes import ClassError, resolve_class
 from admission.demand import DemandError, pod_demand
-from admission.dra import NO_OBJECTS, DraContext, DraObjects
+from admission.dra import NO_OBJECTS, DraContext, DraError, DraObjects, priced_objects
 from admission.reviews import one_line
 from tenants import resources
 from tenants.models import (
@@ -54,6 +54,7 @@ from tenants.models import (
     FAIRGATE_PREFIX,
     POD_GROUP_LABEL,
     POD_GROUP_SIZE_ANNOTATION,
+    PRICED_CLAIMS_ANNOTATION,
     QUOTA_CONFIGMAP_PREFIX,
     TENANT_LABEL,
     TICKET_ANNOTATION,
@@ -76,7 +77,7 @@ TICKET_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 USER_LABELS = frozenset({TENANT_LABEL, CLASS_LABEL, POD_GROUP_LABEL, MIG_PROFILE_LABEL})
 USER_ANNOTATIONS = frozenset({POD_GROUP_SIZE_ANNOTATION})
 FAIRGATE_ANNOTATIONS = frozenset({TICKET_ANNOTATION, DEMAND_ANNOTATION, BORROWED_ANNOTATION,
-                                  NODE_POOL_ANNOTATION})
+                                  NODE_POOL_ANNOTATION, PRICED_CLAIMS_ANNOTATION})
 BANDS_OF_CLASS: Mapping[PodClass, frozenset[PriorityBand]] = {
     "inference": frozenset({"inference"}),
     "training": frozenset({"training", "borrowed"}),
@@ -118,7 +119,10 @@ class PodPlan:
     compute slices; ``class_reason`` says how the class was chosen; ``ticket`` is the
     request uid, or the pod's own ticket when ``reused_ticket`` (reinvocation rule);
     ``warnings`` are for the user (each short, see ``admission.reviews``);
-    ``placement`` is the placement class (:mod:`tenants.placement`) of the pod's nodes.
+    ``placement`` is the placement class (:mod:`tenants.placement`) of the pod's nodes;
+    ``priced_claims`` records the objects its DRA claims were priced from
+    (:func:`admission.dra.priced_objects`; empty without claims): such a pod is held
+    behind the gate until the dispatcher has checked the claims it will be allocated.
     """
 
     tenant: Tenant
@@ -131,6 +135,7 @@ class PodPlan:
     group: PodGroup | None
     warnings: tuple[str, ...] = field(default=())
     placement: Placement = field(default=Placement())
+    priced_claims: str = ""
 
 
 PlanResult = NotOurs | Denied | PodPlan
@@ -157,16 +162,20 @@ def plan_create(
 ) -> PlanResult:
     """Decide tenant, class, demand, ticket and gang of a pod CREATE, or refuse it; its
     GPUs through DRA are counted with the cluster's objects ``dra``."""
+    context = DraContext(namespace, config.platform.device_class_rules, dra)
     try:
-        demand = pod_demand(pod, DraContext(namespace, config.platform.device_class_rules, dra))
+        demand = pod_demand(pod, context)
     except DemandError as exc:
         return _denied("invalid-demand", str(exc))
     if not demand:
         return NotOurs()
     try:
-        return _plan(pod, namespace, request_uid, config, demand)
+        plan = _plan(pod, namespace, request_uid, config, demand)
+        return replace(plan, priced_claims=priced_objects(pod, context))
     except _Refusal as refusal:
         return replace(refusal.denied, demand=demand)
+    except DraError as exc:  # pod_demand refused these first
+        return _denied("invalid-demand", str(exc))
     except pods.PodError as exc:
         return _denied("malformed-pod", f"malformed pod: {exc}")
 

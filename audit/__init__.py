@@ -11,6 +11,7 @@ from audit.chain import (
     DENY,
     DISPATCH,
     GENESIS,
+    OVERRUN,
     PREEMPT,
     PRICING,
     QUEUE,
@@ -25,8 +26,8 @@ from audit.chain import (
 from audit.log import STREAM, AuditLog, StoredRecord
 
 __all__ = [
-    "ADMIT", "BUDGET", "CAPACITY", "DECISIONS", "DENY", "DISPATCH", "GENESIS", "PREEMPT", "PRICING",
-    "QUEUE",
+    "ADMIT", "BUDGET", "CAPACITY", "DECISIONS", "DENY", "DISPATCH", "GENESIS", "OVERRUN",
+    "PREEMPT", "PRICING", "QUEUE",
     "QUOTA_CHANGE", "RELEASE", "START", "STREAM", "AuditLog", "AuditRecord", "ChainHead",
     "StoredRecord", "VerifyResult", "verify",
 ]

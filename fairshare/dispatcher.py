@@ -76,7 +76,17 @@ from typing import Any
 
 import redis
 
-from audit import BUDGET, CAPACITY, DISPATCH, PREEMPT, PRICING, RELEASE, START, AuditLog
+from audit import (
+    BUDGET,
+    CAPACITY,
+    DISPATCH,
+    OVERRUN,
+    PREEMPT,
+    PRICING,
+    RELEASE,
+    START,
+    AuditLog,
+)
 from audit.chain import format_time
 from audit.usage import (
     budget_detail,
@@ -204,6 +214,7 @@ class Dispatcher:
         self._borrowing_changed = False  # a budget pass of this step synced the queue
         self._budgets: dict[str, BudgetStatus] = {}  # as the last budget pass stored them
         self.pods: dict[str, GpuPod] = {}  # ticket -> the pod as last seen
+        self._refused: set[str] = set()  # uids refused at release (DRA claims replaced)
         self._synced: tuple[FairgateConfig, dict[str, int]] | None = None
         self._capacity: dict[str, int] | None = None
         self._need_reconcile = True
@@ -363,6 +374,8 @@ class Dispatcher:
         self._last_budget = float("-inf")
         listed_at = self.clock()  # before listing: what is reserved after it is kept
         pods = self.cluster.list_pods()
+        self._refused &= {pod.uid for pod in pods if not pod.ended}
+        pods = [pod for pod in pods if pod.uid not in self._refused]
         summary = reconcile(self.queue, pods, listed_at=listed_at,
                             bound={t: p.uid for t, p in self.pods.items()},
                             started=self._started)
@@ -404,6 +417,10 @@ class Dispatcher:
                     self._seen(change.pod)
 
     def _seen(self, pod: GpuPod) -> None:
+        if pod.uid in self._refused:
+            if pod.ended:
+                self._refused.discard(pod.uid)
+            return
         known = self.pods.get(pod.ticket)
         if pod.uid in self._twins or (known is not None and known.uid != pod.uid):
             if pod.ended:  # also once its ticket's owner is gone: it was counted as a twin
@@ -422,6 +439,7 @@ class Dispatcher:
             if found == "unknown":
                 log.info("pod not in the queue: reconciling", extra={"fields": _fields(pod)})
                 self._need_reconcile = True
+        self._check_overrun(pod, known)
         self.pods[pod.ticket] = pod
         self._track(pod)
         self._check_started(pod)
@@ -429,6 +447,23 @@ class Dispatcher:
         if unseen is not None:
             release = unseen[0]
             self._lifted(release, pod, self._lift(release, pod), StepResult())
+
+    def _check_overrun(self, pod: GpuPod, known: GpuPod | None) -> None:
+        """Report, once per excess, a pod whose DRA claims were allocated more than it
+        was admitted for; the queue's usage is rebuilt to count it, which holds its
+        tenant's next pods."""
+        if not pod.overrun or (known is not None and known.overrun == pod.overrun):
+            return
+        excess = format_counts(pod.overrun)
+        log.warning("pod holds more than it was admitted for",
+                    extra={"fields": _fields(pod, excess=excess)})
+        self.metrics.overruns.labels(pod.tenant).inc()
+        self.cluster.post_event(
+            pod, "AllocatedAboveAdmission",
+            f"its DRA claims were allocated {excess} more than it was admitted for: "
+            f"{pod.tenant} is charged for what it holds, and its next pods wait", "Warning")
+        self._record(OVERRUN, pod, reason=f"allocated {excess} above admission; charged")
+        self._need_reconcile = True
 
     def _twin(self, pod: GpuPod) -> None:
         """``pod`` presents a ticket another pod owns (copied ``fairgate.io/*`` stamps):
@@ -460,6 +495,9 @@ class Dispatcher:
             self._free(replace(pod, ticket=twin_ticket(pod)), why)
 
     def _gone(self, pod: GpuPod) -> None:
+        if pod.uid in self._refused:
+            self._refused.discard(pod.uid)
+            return
         if pod.uid in self._twins:
             self._twin_gone(pod, "pod deleted")
             return
@@ -646,6 +684,14 @@ class Dispatcher:
             return False
         if outcome is LiftOutcome.GONE:
             self._free(pod, "pod gone before its gate was lifted")
+            return True
+        if outcome is LiftOutcome.WAITING:  # lifted when its pod or claims change
+            self._unseen[release.ticket] = (release, self.clock())
+            return True
+        if outcome is LiftOutcome.REFUSED:  # it stays gated, and out of the queue
+            self._refused.add(pod.uid)
+            self._free(pod, "refused at release: its DRA claims now ask for more than it "
+                            "was admitted for")
             return True
         self._posted.pop(pod.ticket, None)
         self.pods[pod.ticket] = replace(pod, gated=False)

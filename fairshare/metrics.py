@@ -129,6 +129,10 @@ class DispatcherMetrics:
             "Pods found presenting a ticket another pod owns (copied fairgate.io/* stamps) "
             "that may run, by tenant: each is counted against its tenant as a pod of its "
             "own.", ["tenant"], registry=r)
+        self.overruns = Counter(
+            "fairgate_dra_overruns_total",
+            "Pods whose DRA claims were allocated more devices than they were admitted for, "
+            "by tenant: each is charged what it holds.", ["tenant"], registry=r)
         self.expired = Counter("fairgate_expired_reservations_total",
                                "Reservations freed because no pod confirmed them in time.",
                                registry=r)

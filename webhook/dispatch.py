@@ -31,14 +31,14 @@ from prometheus_client import start_http_server
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from admission.demand import pod_demand
-from admission.dra import DraContext
+from admission.demand import container_demand
+from admission.dra import DraContext, ReleaseVerdict, allocated_demand, release_check
 from audit import AuditLog
 from audit.log import DEFAULT_RETENTION, Retention
 from cost.budget import AuditSpend
 from fairshare.cluster.cluster import DEFAULT_NOT_READY_GRACE, DEFAULT_UNSCHEDULABLE_GRACE
 from fairshare.cluster.dra import DraWatch
-from fairshare.cluster.kube import KubeCluster, api_client
+from fairshare.cluster.kube import KubeCluster, ReleaseCheck, api_client
 from fairshare.connection import RedisTarget, connect_redis
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
 from fairshare.metrics import DispatcherMetrics
@@ -47,10 +47,11 @@ from fairshare.queue.fairqueue import FairQueue
 from tenants.models import (
     CONTROL_NAMESPACE,
     DEFAULT_DEVICE_CLASSES,
+    DEMAND_ANNOTATION,
     FairgateConfig,
     PriorityClasses,
 )
-from tenants.resources import ResourceCounts
+from tenants.resources import ResourceCounts, parse_counts
 from tenants.source import ConfigNotReadyError, ConfigSource, start_local_source
 
 log = logging.getLogger("fairgate.dispatch")
@@ -98,16 +99,40 @@ def _current(source: ConfigSource) -> FairgateConfig | None:
         return None
 
 
+def _context(source: ConfigSource, dra: DraWatch, pod: Mapping[str, Any]) -> DraContext:
+    """The DRA objects seen now, with the platform's device class rules, for ``pod``."""
+    config = _current(source)
+    rules = config.platform.device_class_rules if config else DEFAULT_DEVICE_CLASSES
+    namespace = str((pod.get("metadata") or {}).get("namespace", ""))
+    return DraContext(namespace, rules, dra.objects())
+
+
 def _demand_of(source: ConfigSource,
                dra: DraWatch) -> Callable[[Mapping[str, Any]], ResourceCounts]:
-    """A pod manifest's GPU demand, DRA included, by the platform's device class rules."""
+    """The GPUs a pod holds: its containers' (immutable spec), plus the devices its DRA
+    claims were allocated (``status.allocation``), never re-priced from their objects."""
     def demand_of(pod: Mapping[str, Any]) -> ResourceCounts:
-        config = _current(source)
-        rules = config.platform.device_class_rules if config else DEFAULT_DEVICE_CLASSES
-        namespace = str((pod.get("metadata") or {}).get("namespace", ""))
-        return pod_demand(pod, DraContext(namespace, rules, dra.objects()))
+        context = _context(source, dra, pod)
+        held = dict(container_demand(pod, context))
+        for short, count in (allocated_demand(pod, context) or {}).items():
+            held[short] = held.get(short, 0) + count
+        return held
 
     return demand_of
+
+
+def _release_check(source: ConfigSource, dra: DraWatch) -> ReleaseCheck:
+    """:func:`admission.dra.release_check` of a pod manifest against the devices its claims
+    were priced at when it was admitted (its demand stamp less its containers')."""
+    def check(pod: Mapping[str, Any]) -> ReleaseVerdict:
+        context = _context(source, dra, pod)
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        admitted = parse_counts(str(annotations.get(DEMAND_ANNOTATION, "")))
+        containers = container_demand(pod, context)
+        claims = {r: n - containers.get(r, 0) for r, n in admitted.items()}
+        return release_check(pod, claims, context)
+
+    return check
 
 
 def run_dispatch(redis_target: RedisTarget | str, config_dir: Path | None = None,
@@ -131,9 +156,10 @@ def run_dispatch(redis_target: RedisTarget | str, config_dir: Path | None = None
     config = _current(source)
     priority_classes = config.platform.priority_classes if config else PriorityClasses()
     api = _api(api_client)
-    dra = DraWatch(api, slices=True)
+    dra = DraWatch(api)
     cluster = KubeCluster(api, priority_classes, demand_of=_demand_of(source, dra),
-                          not_ready_grace=not_ready_grace, dra=dra)
+                          not_ready_grace=not_ready_grace, dra=dra,
+                          release_check=_release_check(source, dra))
     metrics = DispatcherMetrics()
     if metrics_port is not None:
         start_http_server(metrics_port, registry=metrics.registry)

@@ -423,6 +423,7 @@ class AdmissionService:
                 group=plan.group.name if plan.group else None,
                 group_size=plan.group.size if plan.group else 1,
                 submitted_at=self._clock(),
+                hold=bool(plan.priced_claims),
             )
             admission = await self._admit(config, queued, request.dry_run, plan.reused_ticket)
         except InvalidRequestError as exc:  # e.g. a gang mixing classes or tenants

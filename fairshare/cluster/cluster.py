@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from tenants import resources
@@ -85,6 +85,9 @@ class GpuPod:
     gpu_product: str | None = None  # its node's nvidia.com/gpu.product, when known
     preempted: bool = False  # DisruptionTarget condition, reason PreemptionByScheduler
     preemptor: str | None = None  # ``namespace/name`` of the pod it made room for, if known
+    overrun: Mapping[str, int] = field(default_factory=dict)
+    """What its DRA claims were allocated beyond what it was admitted for, by resource
+    (counted in :attr:`demand`); empty when within."""
 
     @property
     def finished(self) -> bool:
@@ -203,6 +206,8 @@ class LiftOutcome(enum.Enum):
     NOT_GATED = "not_gated"  # the gate was already gone (someone else lifted it)
     GONE = "gone"  # the pod no longer exists
     FAILED = "failed"  # the API kept failing; the pod is still gated
+    WAITING = "waiting"  # what its release is checked against (a claim) is not there yet
+    REFUSED = "refused"  # its claims now ask for more than it was admitted for: never lifted
 
 
 class Cluster(Protocol):

@@ -3,18 +3,19 @@ pod's GPU demand through DRA is computed from, and the GPUs ResourceSlices publi
 
 Contract:
 - :class:`DraWatch` lists and watches, each in a daemon thread, the DeviceClasses,
-  ResourceClaimTemplates and ResourceClaims of all namespaces, and with
-  ``slices=True`` the ResourceSlices. An API server that does not serve
-  ``resource.k8s.io`` (before Kubernetes 1.34) is a cluster with none of them.
+  ResourceClaimTemplates and ResourceClaims of all namespaces and the ResourceSlices.
+  An API server that does not serve ``resource.k8s.io`` (before Kubernetes 1.34) is a
+  cluster with none of them.
 - :meth:`DraWatch.objects` is the :class:`~admission.dra.DraObjects` seen now (never
   blocks); :meth:`DraWatch.objects_for` adds what a pod names that the watches have not
   delivered yet (a template created just before its pod), read from the API server; a
   read that fails leaves it out, and the demand then refuses the pod saying so.
 - :meth:`DraWatch.node_gpus` is, per node, the GPUs its slices publish
   (:func:`published_gpus`); :attr:`DraWatch.on_change` is called after every change
-  to them.
+  to them, :attr:`DraWatch.on_claim` after every change to a ResourceClaim (with its
+  namespace and name).
 - RBAC it needs: get/list/watch ``deviceclasses``, ``resourceclaimtemplates`` and
-  ``resourceclaims`` (and list/watch ``resourceslices``) in ``resource.k8s.io``.
+  ``resourceclaims``, and list/watch ``resourceslices``, in ``resource.k8s.io``.
 """
 
 from __future__ import annotations
@@ -30,14 +31,12 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from admission.dra import DraObjects, referenced_objects
+from admission.devices import NVIDIA_DRIVER, published_devices
+from admission.dra import AllocatedDevice, DraObject, DraObjects, referenced_objects
 from fairshare.cluster.watching import Backoff, watch
-from tenants import resources
 
 log = logging.getLogger("fairgate.dra")
 
-NVIDIA_DRIVER = "gpu.nvidia.com"
-"""The NVIDIA DRA driver for GPUs: the driver whose slices publish fairgate's GPUs."""
 READ_TIMEOUT = 2.0
 """Seconds a live read of a template or claim may take (the webhook waits on it)."""
 
@@ -47,57 +46,28 @@ NodeGpus = Mapping[str, Mapping[str, int]]
 
 def published_gpus(slices: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, int]]:
     """Per node, the devices the NVIDIA driver's ResourceSlices publish, by short
-    resource name: a device of ``type`` ``gpu`` is one ``gpu``, of ``type`` ``mig`` one
-    ``mig-<profile>`` (a profile fairgate does not know is left out). Only a pool's newest
-    generation counts; slices not bound to one node (``allNodes``, ``nodeSelector``) and
-    other drivers' slices are not GPUs fairgate places."""
-    newest: dict[tuple[str, str], int] = {}
-    usable: list[tuple[tuple[str, str], int, Mapping[str, Any]]] = []
-    for item in slices:
-        spec = item.get("spec") or {}
-        pool = spec.get("pool") or {}
-        if spec.get("driver") != NVIDIA_DRIVER or not spec.get("nodeName"):
-            continue
-        key = (str(spec["nodeName"]), str(pool.get("name", "")))
-        generation = int(pool.get("generation") or 0)
-        newest[key] = max(newest.get(key, generation), generation)
-        usable.append((key, generation, spec))
+    resource name (:func:`admission.devices.published_devices`: a device of ``type``
+    ``gpu`` is one ``gpu``, of ``type`` ``mig`` one ``mig-<profile>``; a profile fairgate
+    does not know is left out). Only a pool's newest generation counts; slices not bound
+    to one node (``allNodes``, ``nodeSelector``) and other drivers' devices are not GPUs
+    fairgate places."""
     per_node: dict[str, dict[str, int]] = {}
-    for key, generation, spec in usable:
-        if generation != newest[key]:
-            continue
-        counts = per_node.setdefault(key[0], {})
-        for device in spec.get("devices") or []:
-            short = _device_resource(device.get("attributes") or {})
-            if short is not None:
-                counts[short] = counts.get(short, 0) + 1
-    return {node: counts for node, counts in per_node.items() if counts}
-
-
-def _device_resource(attributes: Mapping[str, Any]) -> str | None:
-    def text(name: str) -> str | None:
-        value = attributes.get(name) or attributes.get(f"{NVIDIA_DRIVER}/{name}") or {}
-        found = value.get("string") if isinstance(value, Mapping) else None
-        return found if isinstance(found, str) else None
-
-    kind = text("type")
-    if kind == "gpu":
-        return "gpu"
-    profile = text("profile")
-    if kind == "mig" and profile and resources.is_known(f"mig-{profile}"):
-        return f"mig-{profile}"
-    return None
+    for device in published_devices(slices):
+        if device.driver == NVIDIA_DRIVER and device.node and device.resource:
+            counts = per_node.setdefault(device.node, {})
+            counts[device.resource] = counts.get(device.resource, 0) + 1
+    return per_node
 
 
 class DraWatch:
     """DRA objects of one API server, as watched (see the module doc). Thread-safe."""
 
-    def __init__(self, api: client.ApiClient, *, slices: bool = False,
-                 backoff: Backoff | None = None) -> None:
+    def __init__(self, api: client.ApiClient, *, backoff: Backoff | None = None) -> None:
         self._resource = client.ResourceV1Api(api)
-        self._with_slices = slices
         self.on_change: Callable[[], None] = lambda: None
         """Called (from a watch thread) after the slices' GPUs may have changed."""
+        self.on_claim: Callable[[str, str], None] = lambda namespace, name: None
+        """Called (from a watch thread) after a ResourceClaim changed."""
         self._backoff = backoff or Backoff(maximum=30.0)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -116,8 +86,9 @@ class DraWatch:
         with self._lock:
             return self._listed >= self._kinds()
 
-    def _kinds(self) -> set[str]:
-        return {"classes", "templates", "claims"} | ({"slices"} if self._with_slices else set())
+    @staticmethod
+    def _kinds() -> set[str]:
+        return {"classes", "templates", "claims", "slices"}
 
     def start(self) -> None:
         """Start the watch threads (idempotent; returns at once)."""
@@ -131,9 +102,8 @@ class DraWatch:
                 ("templates", api.list_resource_claim_template_for_all_namespaces,
                  self._templates),
                 ("claims", api.list_resource_claim_for_all_namespaces, self._claims),
+                ("slices", api.list_resource_slice, self._slices),
             ]
-            if self._with_slices:
-                watches.append(("slices", api.list_resource_slice, self._slices))
             self._threads = [
                 threading.Thread(target=self._watch, args=watched, name=f"watch-dra-{watched[0]}",
                                  daemon=True)
@@ -155,7 +125,7 @@ class DraWatch:
             return self._snapshot
 
     def node_gpus(self) -> dict[str, dict[str, int]]:
-        """Per node, the GPUs its ResourceSlices publish (empty without ``slices``)."""
+        """Per node, the GPUs its ResourceSlices publish."""
         with self._lock:
             return self._node_gpus
 
@@ -173,12 +143,12 @@ class DraWatch:
             read = self._read(self._resource.read_namespaced_resource_claim_template,
                               name, namespace)
             if read is not None:
-                found_templates[(namespace, name)] = _template_spec(read)
+                found_templates[(namespace, name)] = _template(read)
         found_claims = dict(objects.claims)
         for name in missing_claims:
             read = self._read(self._resource.read_namespaced_resource_claim, name, namespace)
             if read is not None:
-                found_claims[(namespace, name)] = read.get("spec") or {}
+                found_claims[(namespace, name)] = _claim(read)
         return replace(objects, templates=found_templates, claims=found_claims)
 
     def _read(self, reader: Callable[..., Any], name: str, namespace: str) -> Json | None:
@@ -203,30 +173,41 @@ class DraWatch:
             self._changed(kind)
 
         def on_event(event: str, obj: dict[str, Any]) -> None:
+            key = _key(kind, obj)
             with self._lock:
                 if event == "DELETED":
-                    store.pop(_key(kind, obj), None)
+                    store.pop(key, None)
                 else:
-                    store[_key(kind, obj)] = obj
+                    store[key] = obj
                 self._rebuild(kind)
             self._changed(kind)
+            if kind == "claims":
+                self.on_claim(*key)
 
         watch(lister, on_list, on_event, self._stop, self._backoff, absent_ok=True)
 
     def _rebuild(self, kind: str) -> None:
         """Swap in a new snapshot after a change to ``kind`` (caller holds the lock)."""
+        snapshot = self._snapshot
         if kind == "slices":
             self._node_gpus = published_gpus(self._slices.values())
-            return
-        self._snapshot = DraObjects(
-            extended_names={
-                str(spec["extendedResourceName"]): name
-                for name, obj in self._classes.items()
-                if (spec := obj.get("spec") or {}).get("extendedResourceName")
-            },
-            templates={key: _template_spec(obj) for key, obj in self._templates.items()},
-            claims={key: obj.get("spec") or {} for key, obj in self._claims.items()},
-        )
+            self._snapshot = replace(snapshot, devices=published_devices(self._slices.values()))
+        elif kind == "classes":
+            self._snapshot = replace(
+                snapshot,
+                extended_names={
+                    str(spec["extendedResourceName"]): name
+                    for name, obj in self._classes.items()
+                    if (spec := obj.get("spec") or {}).get("extendedResourceName")
+                },
+                class_selectors={name: _selectors(obj) for name, obj in self._classes.items()},
+            )
+        elif kind == "templates":
+            self._snapshot = replace(snapshot, templates={
+                key: _template(obj) for key, obj in self._templates.items()})
+        else:
+            self._snapshot = replace(snapshot, claims={
+                key: _claim(obj) for key, obj in self._claims.items()})
 
     def _changed(self, kind: str) -> None:
         if kind == "slices":
@@ -241,6 +222,30 @@ def _key(kind: str, obj: Mapping[str, Any]) -> Any:
     return name
 
 
-def _template_spec(template: Mapping[str, Any]) -> Json:
-    spec: Json = (template.get("spec") or {}).get("spec") or {}
-    return spec
+def _uid(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("uid") or "")
+
+
+def _template(template: Mapping[str, Any]) -> DraObject:
+    return DraObject(spec=(template.get("spec") or {}).get("spec") or {}, uid=_uid(template))
+
+
+def _claim(claim: Mapping[str, Any]) -> DraObject:
+    """A ResourceClaim as :class:`DraObject`: its owner is the controller Pod's uid."""
+    owners = (claim.get("metadata") or {}).get("ownerReferences") or []
+    owner = next((str(o.get("uid") or "") for o in owners
+                  if o.get("kind") == "Pod" and o.get("controller")), "")
+    allocation = ((claim.get("status") or {}).get("allocation") or None)
+    results = None if allocation is None else tuple(
+        AllocatedDevice(str(r.get("request", "")), str(r.get("driver", "")),
+                        str(r.get("pool", "")), str(r.get("device", "")),
+                        bool(r.get("adminAccess")))
+        for r in (allocation.get("devices") or {}).get("results") or [])
+    return DraObject(spec=claim.get("spec") or {}, uid=_uid(claim), owner=owner,
+                     allocation=results)
+
+
+def _selectors(device_class: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple(str((s.get("cel") or {}).get("expression") or "")
+                 for s in (device_class.get("spec") or {}).get("selectors") or []
+                 if (s.get("cel") or {}).get("expression"))

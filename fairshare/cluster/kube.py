@@ -45,6 +45,7 @@ from typing import Any, cast
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from admission.dra import Refuse, ReleaseVerdict, Wait
 from fairshare.cluster.cluster import (
     DEFAULT_NOT_READY_GRACE,
     CapacityReport,
@@ -112,6 +113,17 @@ def api_client(kubeconfig: Path | None = None) -> client.ApiClient:
         return cast(client.ApiClient, load())
 
 
+def _claim_names(pod: Mapping[str, Any]) -> set[str]:
+    """The ResourceClaims a pod's claims are: those it names, those generated for it."""
+    named = {str(entry.get("resourceClaimName"))
+             for entry in (pod.get("spec") or {}).get("resourceClaims") or []
+             if entry.get("resourceClaimName")}
+    generated = {str(status.get("resourceClaimName"))
+                 for status in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+                 if status.get("resourceClaimName")}
+    return named | generated
+
+
 def _timestamp(text: str | None) -> float:
     if not text:
         return 0.0
@@ -131,6 +143,7 @@ def _band(
 
 
 DemandOf = Callable[[Mapping[str, Any]], resources.ResourceCounts]
+ReleaseCheck = Callable[[Mapping[str, Any]], ReleaseVerdict]
 
 
 def pod_from_manifest(
@@ -139,12 +152,12 @@ def pod_from_manifest(
     """The :class:`GpuPod` of a pod manifest, or None if fairgate did not stamp it.
 
     A pod without tenant label, ticket or a parsable demand annotation is not tracked.
-    The demand is ``demand_of(obj)``, the pod's effective GPU demand computed from its
-    spec (and the DRA objects it names), which no one can change after CREATE: an
-    annotation that disagrees (edited after admission) is logged and ignored. A spec whose
-    demand cannot be computed any more (a ResourceClaimTemplate deleted since) counts
-    as the annotation says, what was admitted. The demand is keyed by the pod's
-    placement class (:func:`tenants.placement.pod_placement` of it, its
+    The demand is, per resource, the larger of what the pod was admitted for (its
+    ``fairgate.io/demand``, immutable after CREATE) and ``demand_of(obj)``, what it holds:
+    its containers' GPUs (immutable spec) and the devices its DRA claims were allocated,
+    never re-priced from a template or claim that changed since. Holding more than it
+    was admitted for is logged and kept in :attr:`GpuPod.overrun`. The demand is keyed
+    by the pod's placement class (:func:`tenants.placement.pod_placement` of it, its
     ``fairgate.io/mig-profile`` label and the pool in its ``fairgate.io/node-pool``
     annotation, all immutable after CREATE).
     """
@@ -164,18 +177,18 @@ def pod_from_manifest(
                     meta.get("namespace"), meta.get("name"))
         return None
     try:
-        from_spec = demand_of(obj)
-    except ValueError as error:  # e.g. its ResourceClaimTemplate was deleted since
+        held = demand_of(obj)
+    except ValueError as error:  # not expected: the containers passed admission
         log.warning("pod %s/%s: demand from its spec: %s; counted as admitted (%s)",
                     meta.get("namespace"), meta.get("name"), error,
                     resources.format_counts(demand))
-        from_spec = demand
-    if from_spec != demand:
-        log.warning("pod %s/%s: fairgate.io/demand %r disagrees with its spec (%s); "
-                    "the spec counts", meta.get("namespace"), meta.get("name"),
-                    annotations.get(DEMAND_ANNOTATION, ""),
-                    resources.format_counts(from_spec))
-        demand = from_spec
+        held = demand
+    overrun = {r: n - demand.get(r, 0) for r, n in held.items() if n > demand.get(r, 0)}
+    if overrun:
+        log.warning("pod %s/%s holds %s, more than the %r it was admitted for; the larger "
+                    "counts", meta.get("namespace"), meta.get("name"),
+                    resources.format_counts(held), annotations.get(DEMAND_ANNOTATION, ""))
+        demand = {r: max(demand.get(r, 0), held.get(r, 0)) for r in {*demand, *held}}
     where = placement.pod_placement(demand, labels.get(placement.MIG_PROFILE_LABEL),
                                     annotations.get(placement.NODE_POOL_ANNOTATION))
     demand = where.keyed(demand)
@@ -200,6 +213,7 @@ def pod_from_manifest(
         deleting=meta.get("deletionTimestamp") is not None,
         unschedulable=unschedulable(status),
         preempted=preempted_by_scheduler(status),
+        overrun=overrun,
     )
 
 
@@ -429,6 +443,7 @@ class KubeCluster:
         clock: Callable[[], float] = time.time,
         tick: float = 1.0,
         dra: DraWatch | None = None,
+        release_check: ReleaseCheck | None = None,
     ) -> None:
         """Talk to the API server through ``api``; nothing happens until a call.
 
@@ -436,7 +451,10 @@ class KubeCluster:
         for fairgate's pods and for the GPUs held by pods fairgate does not manage.
         ``not_ready_grace``: seconds a node may be not Ready and still count;
         ``tick``: how often the watch re-checks the capacity for expired graces;
-        ``dra``: the DRA objects (with slices), whose published GPUs add to capacity.
+        ``dra``: the DRA objects (with slices), whose published GPUs add to capacity;
+        ``release_check``: whether a pod with DRA claims may be released now
+        (:func:`admission.dra.release_check` with the platform's rules and ``dra``'s
+        objects), asked before its gate is lifted.
         """
         if not_ready_grace < 0 or tick <= 0:
             raise ValueError("not_ready_grace must be >= 0 and tick > 0 (seconds)")
@@ -449,8 +467,11 @@ class KubeCluster:
         self._clock = clock
         self._tick = tick
         self._dra = dra
+        self._release_check = release_check
+        self._claim_pods: dict[str, Mapping[str, Any]] = {}  # uid -> a pod with claims
         if dra is not None:
             dra.on_change = self._publish
+            dra.on_claim = self._claim_changed
         self._changes: queue.Queue[ClusterChange] = queue.Queue()
         self._nodes: dict[str, NodeGpus] = {}
         self._foreign: dict[str, ForeignPod] = {}  # pod uid -> the GPUs it holds
@@ -635,7 +656,14 @@ class KubeCluster:
 
         First with the gate's index as last seen by the watch (one request); if that is
         stale the ``test`` ops fail (422) and it reads the pod and retries with backoff.
+        A pod with DRA claims is first checked (``release_check``): WAITING while a claim
+        it will be allocated is not there yet; REFUSED, with a Warning Event saying why
+        and what to do, when its claims now ask for more than it was admitted for (the
+        gate stays).
         """
+        verdict = self._check_claims(pod)
+        if verdict is not None:
+            return verdict
         index = self._gate_index.pop(pod.uid, None)
         if index is not None:
             try:
@@ -665,6 +693,40 @@ class KubeCluster:
                     log.error("lifting the gate of %s failed: %s", pod.ref, error)
                     return LiftOutcome.FAILED
                 time.sleep(delay)
+
+    def _check_claims(self, pod: GpuPod) -> LiftOutcome | None:
+        """None when ``pod`` may be lifted as far as its DRA claims go."""
+        with self._lock:
+            manifest = self._claim_pods.get(pod.uid)
+        if manifest is None or self._release_check is None:
+            return None
+        verdict = self._release_check(manifest)
+        if isinstance(verdict, Wait):
+            log.info("release of %s waits for %s", pod.ref, verdict.reason)
+            return LiftOutcome.WAITING
+        if isinstance(verdict, Refuse):
+            self._refuse(pod, verdict.reason)
+            return LiftOutcome.REFUSED
+        return None
+
+    def _refuse(self, pod: GpuPod, reason: str) -> None:
+        """Say on ``pod`` why it is never released as it is, and what to do."""
+        message = (f"fairgate will not release this pod: {reason}. Delete the pod and create "
+                   "it again to have it priced for the objects it names now")
+        log.warning("refusing %s at release: %s", pod.ref, reason)
+        self.post_event(pod, "ClaimsReplaced", message[:1024], "Warning")
+
+    def _claim_changed(self, namespace: str, name: str) -> None:
+        """A ResourceClaim changed: the pods whose claims it is are seen again (their
+        allocation, or a release waiting for the claim)."""
+        with self._lock:
+            named = [obj for obj in self._claim_pods.values()
+                     if (obj.get("metadata") or {}).get("namespace") == namespace
+                     and name in _claim_names(obj)]
+        for obj in named:
+            pod = self._remember(obj)
+            if pod is not None:
+                self._changes.put(ClusterChange(ChangeKind.POD, pod))
 
     def _try_lift(self, pod: GpuPod) -> LiftOutcome:
         reader: Callable[..., Any] = self._core.read_namespaced_pod
@@ -705,6 +767,11 @@ class KubeCluster:
             self._gate_index.pop(pod.uid, None)
         else:
             self._gate_index[pod.uid] = index
+        with self._lock:
+            if deleted or pod.ended or not (obj.get("spec") or {}).get("resourceClaims"):
+                self._claim_pods.pop(pod.uid, None)
+            else:
+                self._claim_pods[pod.uid] = obj
         return pod
 
     def post_event(self, pod: GpuPod, reason: str, message: str, type_: EventType) -> None:

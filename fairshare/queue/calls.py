@@ -218,6 +218,7 @@ def admit_args(
         num(req.submitted_at),
         1 if wait_for_rebuild else 0,
         1 if presented else 0,
+        1 if req.hold else 0,
     ]
 
 
@@ -351,6 +352,8 @@ def explain(reason: Sequence[str], tenant: str, pod_class: PodClass) -> str:
         return "training pods within nominal quota released first"
     if code == "rebuild":
         return "the dispatcher to restore usage from the cluster (Redis lost its data)"
+    if code == "claims":
+        return "the dispatcher to check the ResourceClaims it will be allocated"
     if code == "turn":
         return "its turn: tenants with a lower weighted share (or an older pod) go first"
     return code

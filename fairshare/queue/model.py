@@ -98,7 +98,9 @@ class PodRequest:
     ``ticket`` is the admission request uid (``fairgate.io/ticket``); ``group`` and
     ``group_size`` describe a gang (``group`` is None and ``group_size`` 1 otherwise;
     a gang is identified by ``namespace/group``). ``submitted_at`` orders the queue
-    (seconds, any epoch the caller keeps consistent).
+    (seconds, any epoch the caller keeps consistent). ``hold``: never reserved at
+    admission, however much is free; queued, so that the dispatcher checks it before
+    its release (a pod whose DRA claims must be checked against what it was priced for).
     """
 
     ticket: str
@@ -110,6 +112,7 @@ class PodRequest:
     group: str | None = None
     group_size: int = 1
     submitted_at: float = 0.0
+    hold: bool = False
 
     def __post_init__(self) -> None:
         _check_ticket(self.ticket)

@@ -16,13 +16,35 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from admission.demand import DemandError, pod_demand
-from admission.dra import DEVICE_CLASS_PREFIX, DraContext, DraObjects
+from admission.devices import published_devices
+from admission.dra import DEVICE_CLASS_PREFIX, DraContext, DraObject, DraObjects
 from tenants.models import PlatformConfig
 
 NS = "team-a"
 GPU_CLASS = "gpu.nvidia.com"
 MIG_CLASS = "mig.nvidia.com"
 PROFILE = 'device.attributes["gpu.nvidia.com"].profile == "{}"'
+CLASS_SELECTORS = {  # as the NVIDIA driver's DeviceClasses select their devices
+    GPU_CLASS: ('device.driver == "gpu.nvidia.com" && '
+                'device.attributes["gpu.nvidia.com"].type == "gpu"',),
+    MIG_CLASS: ('device.driver == "gpu.nvidia.com" && '
+                'device.attributes["gpu.nvidia.com"].type == "mig"',),
+}
+MIG_PROFILES = {"1g.5gb": 7, "2g.10gb": 3, "3g.20gb": 2, "3g.40gb": 2, "7g.40gb": 1}
+
+
+def mig_slice(profiles: dict[str, int], *, node: str = "mig-0",
+              driver: str = "gpu.nvidia.com") -> dict[str, Any]:
+    """A ResourceSlice as the NVIDIA driver publishes MIG devices (profile -> how many)."""
+    devices = [{"name": f"mig-{p}-{i}".replace(".", "-"),
+                "attributes": {"type": {"string": "mig"}, "profile": {"string": p},
+                               "productName": {"string": "A100"}, "index": {"int": i}}}
+               for p, n in profiles.items() for i in range(n)]
+    return {"spec": {"driver": driver, "nodeName": node,
+                     "pool": {"name": node, "generation": 1}, "devices": devices}}
+
+
+DEVICES = published_devices([mig_slice(MIG_PROFILES)])
 
 
 def exact(count: int = 1, device_class: str = GPU_CLASS, **more: Any) -> dict[str, Any]:
@@ -49,11 +71,14 @@ def dra_pod(claims: list[dict[str, Any]] | None = None,
 def context(templates: dict[str, dict[str, Any]] | None = None,
             claims: dict[str, dict[str, Any]] | None = None,
             extended: dict[str, str] | None = None,
-            rules: dict[str, str] | None = None) -> DraContext:
+            rules: dict[str, str] | None = None,
+            devices: tuple[Any, ...] = DEVICES) -> DraContext:
     objects = DraObjects(
         extended_names=extended or {},
-        templates={(NS, k): v for k, v in (templates or {}).items()},
-        claims={(NS, k): v for k, v in (claims or {}).items()},
+        templates={(NS, k): DraObject(v, uid=f"uid-t-{k}") for k, v in (templates or {}).items()},
+        claims={(NS, k): DraObject(v, uid=f"uid-c-{k}") for k, v in (claims or {}).items()},
+        class_selectors=CLASS_SELECTORS,
+        devices=devices,
     )
     platform = PlatformConfig.model_validate({"deviceClasses": rules or {}})
     return DraContext(NS, platform.device_class_rules, objects)
@@ -84,9 +109,16 @@ CLAIM = [{"name": "gpus", "resourceClaimName": "c"}]
         (dra_pod(TEMPLATE), context({"t": claim_spec(mig("1g.5gb", 2))}), {"mig-1g.5gb": 2}),
         # ... also as one conjunct of several
         (dra_pod(TEMPLATE), context({"t": claim_spec({"exactly": exact(1, MIG_CLASS, selectors=[
-            {"cel": {"expression": 'device.attributes["gpu.nvidia.com"].productName == "x"'
+            {"cel": {"expression": 'device.attributes["gpu.nvidia.com"].productName == "A100"'
                                    ' && ' + PROFILE.format("3g.40gb")}}])})}),
          {"mig-3g.40gb": 1}),
+        # MIG without a profile: the largest device the class can be given
+        (dra_pod(TEMPLATE), context({"t": claim_spec({"exactly": exact(2, MIG_CLASS)})}),
+         {"mig-7g.40gb": 2}),
+        # || is CEL's or: the larger of the two profiles
+        (dra_pod(TEMPLATE), context({"t": claim_spec({"exactly": exact(1, MIG_CLASS, selectors=[
+            {"cel": {"expression": PROFILE.format("1g.5gb") + " || "
+                                   + PROFILE.format("3g.40gb")}}])})}), {"mig-3g.40gb": 1}),
         # firstAvailable counts its largest alternative, in slices
         (dra_pod(TEMPLATE), context({"t": claim_spec({"firstAvailable": [
             {"name": "small", **mig("1g.5gb", 3)["exactly"]},
@@ -122,12 +154,12 @@ def test_every_dra_route_is_counted(pod: dict[str, Any], ctx: DraContext,
         (dra_pod([{"name": "x"}]), context(), "name a resourceClaimName"),
         (dra_pod(TEMPLATE), context({"t": claim_spec({"exactly": exact(
             1, allocationMode="All")})}), "use allocationMode ExactCount"),
-        (dra_pod(TEMPLATE), context({"t": claim_spec({"exactly": exact(1, MIG_CLASS)})}),
-         "names no profile"),
-        (dra_pod(TEMPLATE), context({"t": claim_spec({"exactly": exact(1, MIG_CLASS, selectors=[
-            {"cel": {"expression": PROFILE.format("1g.5gb") + " || "
-                                   + PROFILE.format("3g.40gb")}}])})}), "has ||"),
-        (dra_pod(TEMPLATE), context({"t": claim_spec(mig("9g.1gb"))}), "unknown MIG profile"),
+        # a profile no slice publishes: nothing to price it by
+        (dra_pod(TEMPLATE), context({"t": claim_spec(mig("9g.1gb"))}),
+         "no ResourceSlice publishes a device of DeviceClass 'mig.nvidia.com'"),
+        # no slices at all yet
+        (dra_pod(TEMPLATE), context({"t": claim_spec(mig("1g.5gb"))}, devices=()),
+         "no ResourceSlice publishes"),
         (dra_pod(TEMPLATE), context({"t": claim_spec({"exactly": exact(1, "h100.acme.io-gpu")})}),
          "looks like a GPU class"),
         (dra_pod(limits={DEVICE_CLASS_PREFIX + "gpu.example.com": 1}), context(),

@@ -79,6 +79,7 @@ COMMON: set[Grant] = (
     | _read("resource.k8s.io", "deviceclasses")
     | _read("resource.k8s.io", "resourceclaimtemplates")
     | _read("resource.k8s.io", "resourceclaims")
+    | {(None, "resource.k8s.io", "resourceslices", v, None) for v in ("list", "watch")}
     | {(NS, "", "configmaps", v, None) for v in ("get", "list", "watch")}
     | {(None, g, "events", v, None) for g in ("", "events.k8s.io") for v in ("create", "patch")}
 )
@@ -92,8 +93,7 @@ EXPECTED: dict[Subject, set[Grant]] = {
     | {(NS, "", "secrets", "create", None)}
     | {(NS, "", "secrets", v, s) for v in ("get", "update", "patch")
        for s in ("fairgate-webhook-tls", "fairgate-redis-auth")},
-    DISPATCHER: COMMON | {(None, "", "pods", "patch", None)}
-    | {(None, "resource.k8s.io", "resourceslices", v, None) for v in ("list", "watch")},
+    DISPATCHER: COMMON | {(None, "", "pods", "patch", None)},
     # TokenReview and SubjectAccessReview, and reads: the console's access checks; its
     # own certificate Secret (the TLS sidecar creates and renews it).
     CONSOLE: {(None, "authentication.k8s.io", "tokenreviews", "create", None),

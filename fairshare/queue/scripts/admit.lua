@@ -9,10 +9,13 @@
 -- name}. A queued entry, like a reservation, expires unless its pod is seen.
 -- ARGV[13] = 1: the pod presented this ticket itself (a reinvocation); unless dry, a
 -- ticket with no record was not minted here and is refused: {0, 'unminted'}.
+-- ARGV[14] = 1: hold: never reserve, queue (reason 'claims': the dispatcher checks the
+-- pod's DRA claims before it releases it).
 local now, dry = tonumber(ARGV[1]), ARGV[2] == '1'
 local ticket, tenant, ns, name, cls, demand = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local gid, gsize, submitted = ARGV[9], ARGV[10], ARGV[11]
 local wait_for_rebuild, presented = ARGV[12] == '1', ARGV[13] == '1'
+local hold = ARGV[14] == '1'
 NOW = now
 
 local function reply(dup, outcome, band, position, length, free, nominal, reason)
@@ -158,6 +161,7 @@ end
 if reason == nil and wait_for_rebuild and redis.call('EXISTS', K_REBUILT) == 0 then
   reason = {'rebuild'}
 end
+if reason == nil and hold then reason = {'claims'} end
 
 if reason == nil then
   if band ~= 'b' then free = math.max(0, free - ds) end
