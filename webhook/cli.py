@@ -779,6 +779,7 @@ def _console(args: argparse.Namespace) -> int:
         host=args.host, port=args.port, auth=args.auth,
         sample_interval=args.sample_every, keep_hours=args.keep_hours,
         cert_dir=Path(args.cert_dir) if args.cert_dir else None, plain_http=args.plain_http,
+        insecure_cookie=args.insecure_cookie, forwarded_allow_ips=args.forwarded_allow_ips,
     )
     try:
         return run_console(options)
@@ -830,6 +831,14 @@ def _add_console(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     console.add_argument("--plain-http", action="store_true",
                          help="allow plain HTTP on a non-loopback --host: only behind a "
                          "TLS-terminating proxy (tokens must not cross a network in clear)")
+    console.add_argument("--forwarded-allow-ips", metavar="IPS",
+                         help="comma-separated addresses (or *) of the proxies whose "
+                         "X-Forwarded-Proto and X-Forwarded-For are trusted (default: "
+                         "$FORWARDED_ALLOW_IPS, else 127.0.0.1)")
+    console.add_argument("--insecure-cookie", action="store_true",
+                         help="send the access-token cookie without Secure: only when "
+                         "browsers reach the console over plain http other than "
+                         "localhost/127.0.0.1 on purpose (default: always Secure)")
     console.add_argument("--auth", choices=["auto", "token", "kubernetes"], default="auto",
                          help="token: a random access token in the URL; kubernetes: "
                          "TokenReview + SubjectAccessReview; auto: kubernetes inside a "
