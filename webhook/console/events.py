@@ -4,9 +4,10 @@ Contract:
 - :class:`Broadcaster` runs one thread that blocks on the audit stream (``XREAD BLOCK``)
   and fans each new record out to the subscribed clients whose viewer sees its tenant,
   as an event ``decision`` (``seq``, ``time``, ``decision``, ``tenant``, ``pod``,
-  ``class``, ``demand``, ``reason``; the reason redacted by
-  :func:`~webhook.console.access.redact` for viewers who may not see every tenant, with
-  ``tenants`` giving every tenant's name). Every ``keepalive`` seconds it sends every client
+  ``class``, ``demand``, ``reason``; the reason redacted by the viewer's
+  :class:`~webhook.console.access.Redactor` that ``redactor`` makes from the viewer and
+  every tenant's name (``tenants``), for viewers who may not see every tenant). Every ``keepalive``
+  seconds it sends every client
   a comment line (so proxies keep the connection). It also takes the fairness samples
   (:class:`~webhook.console.history.FairnessHistory`) when one is due, and keeps the
   :class:`~webhook.console.namespaces.NamespaceIndex` current: a scan when it starts and
@@ -35,7 +36,7 @@ from typing import Any
 import redis
 
 from audit.log import parse_entry
-from webhook.console.access import Viewer, redact
+from webhook.console.access import Redactor, Viewer
 from webhook.console.history import FairnessHistory
 from webhook.console.namespaces import NamespaceIndex
 
@@ -62,8 +63,10 @@ class Broadcaster:
     def __init__(self, client: redis.Redis, stream: str, tenants: Callable[[], list[str]],
                  history: FairnessHistory | None = None, block: float = 1.0,
                  keepalive: float = 15.0, max_pending: int = 500, retry: float = 2.0,
-                 namespaces: NamespaceIndex | None = None) -> None:
+                 namespaces: NamespaceIndex | None = None,
+                 redactor: Callable[[Viewer, list[str]], Redactor] = Redactor) -> None:
         self.client = client
+        self.redactor = redactor
         self.namespaces = namespaces
         self.stream = stream
         self.tenants = tenants
@@ -131,7 +134,7 @@ class Broadcaster:
             mine = text
             if not me.viewer.everything and data.get("reason"):
                 known = self.tenants() if known is None else known
-                mine = sse(event, {**data, "reason": redact(data["reason"], me.viewer, known)})
+                mine = sse(event, self.redactor(me.viewer, known).record(data))
             try:
                 self._deliver(me, mine)
             except RuntimeError:  # its event loop is closed: it is going away

@@ -194,10 +194,10 @@ def run_console(options: ConsoleOptions, out: IO[str] | None = None) -> int:
         history = FairnessHistory(client, queue, interval=options.sample_interval,
                                   keep=options.keep_hours * 3600)
         namespaces = NamespaceIndex(client, queue, STREAM)
-        events = Broadcaster(blocking, STREAM, queue.tenant_names, history,
-                             namespaces=namespaces)
         data = ConsoleData(client, queue, history, _current(source),
                            generation=lambda: events.generation, namespaces=namespaces)
+        events = Broadcaster(blocking, STREAM, queue.tenant_names, history,
+                             namespaces=namespaces, redactor=data.redactor)
         access: Access
         token: str | None = None
         if auth == "kubernetes":
