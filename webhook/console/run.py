@@ -18,6 +18,9 @@ Contract:
   on stderr at start-up says which. ``forwarded_allow_ips``: the proxies whose
   ``X-Forwarded-Proto`` / ``X-Forwarded-For`` are trusted (uvicorn's setting; default
   ``$FORWARDED_ALLOW_IPS``, else 127.0.0.1 only).
+- Connections are bounded (:mod:`webhook.connections`, ``connections``: 512 open by
+  default, a request whole within 10 s) and so are event-stream clients
+  (:class:`~webhook.console.events.Broadcaster`).
 - Auth ``auto`` is ``kubernetes`` when running in a cluster (``KUBERNETES_SERVICE_HOST``
   set), else ``token``. The control namespace (quota ConfigMaps, for the access checks)
   is ``$POD_NAMESPACE``, default ``fairgate-system``. In Kubernetes mode without
@@ -50,6 +53,7 @@ from fairshare.connection import COMMAND_TIMEOUT, RedisTarget, connect_redis
 from fairshare.queue.fairqueue import FairQueue
 from tenants.models import CONTROL_NAMESPACE, FairgateConfig
 from tenants.source import ConfigNotReadyError, ConfigSource, start_local_source
+from webhook.connections import CONSOLE_LIMITS, ConnectionLimits, bounded_http
 from webhook.console.access import Access, KubernetesAccess, TokenAccess
 from webhook.console.app import create_app
 from webhook.console.data import ConsoleData
@@ -81,6 +85,7 @@ class ConsoleOptions:
     plain_http: bool = False
     insecure_cookie: bool = False
     forwarded_allow_ips: str | None = None
+    connections: ConnectionLimits = CONSOLE_LIMITS
 
 
 def resolve_auth(mode: AuthMode) -> Literal["token", "kubernetes"]:
@@ -209,7 +214,8 @@ def run_console(options: ConsoleOptions, out: IO[str] | None = None) -> int:
                          auth_mode=auth, secure_cookie=not options.insecure_cookie)
         settings: dict[str, Any] = {"log_level": "warning", "access_log": False,
                                     "timeout_graceful_shutdown": 2, "proxy_headers": True,
-                                    "forwarded_allow_ips": options.forwarded_allow_ips}
+                                    "forwarded_allow_ips": options.forwarded_allow_ips,
+                                    "http": bounded_http(options.connections)}
         if options.cert_dir is not None:
             try:
                 server, reloader = https_server(app, options.cert_dir, **settings)
