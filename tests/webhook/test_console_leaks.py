@@ -153,3 +153,32 @@ def test_the_event_stream_hides_another_tenants_namespace_and_pod(
     assert not any(s in seen[0] for s in SECRETS), seen
     assert seen[0].count(HIDDEN) == 2
 
+
+
+def test_event_stream_clients_are_capped_overall_and_per_user(
+        console: tuple[redis.Redis, ConsoleData]) -> None:
+    client, data = console
+    events = Broadcaster(client, STREAM, data.queue.tenant_names, max_clients=5,
+                         max_per_viewer=2)
+
+    async def crowd() -> tuple[list[str], str | None, str | None]:
+        streams = [events.subscribe(Viewer(f"user-{i // 2}", everything=True))
+                   for i in range(6)]
+        first = [await anext(stream) for stream in streams]
+        overall = events.refusal(Viewer("someone", everything=True))
+        await streams[2].aclose()  # one of user-1's: 4 open, user-0 still has 2
+        third = events.subscribe(Viewer("user-0", everything=True))
+        first.append(await anext(third))
+        per_user = events.refusal(Viewer("user-0", everything=True))
+        for stream in [*streams, third]:
+            await stream.aclose()
+        return first, per_user, overall
+
+    first, per_user, overall = asyncio.run(crowd())
+    assert first[:5] == [": connected\n\n"] * 5
+    assert first[5].startswith("event: refused") and "at most 5" in first[5]
+    assert first[6].startswith("event: refused")
+    assert per_user is not None and "user-0 has 2" in per_user
+    assert overall is not None and "at most 5" in overall
+    assert events.clients == 0
+    assert events.refusal(Viewer("user-0", everything=True)) is None

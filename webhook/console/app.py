@@ -207,6 +207,9 @@ def create_app(data: ConsoleData, access: Access, events: Broadcaster,
         return RedirectResponse("/tenants", status_code=303, headers=_SECURITY_HEADERS)
 
     async def stream(request: Request, viewer: Viewer) -> Response:
+        refused = events.refusal(viewer)
+        if refused is not None:
+            return problem(request, 429, refused)
         return StreamingResponse(events.subscribe(viewer), media_type="text/event-stream",
                                  headers={**_SECURITY_HEADERS, "X-Accel-Buffering": "no"})
 
