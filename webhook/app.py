@@ -15,7 +15,8 @@ Contract (AdmissionReview v1, as the API server requires):
   the ``onRedisUnavailable`` policy answers instead, at once; the late decision runs
   to its end (bounded by the Redis socket timeouts) and records nothing.
 - ``GET /healthz``: 200 while the process serves. ``GET /readyz``: 200 when Redis
-  answers and a config is loaded, else 503; the JSON body says which part is missing.
+  answers and a config is loaded, else 503; the JSON body says which part is missing in
+  general terms (anyone who reaches the port may ask): no tenant, quota or error text.
 - ``GET /metrics``: Prometheus text (see :mod:`webhook.metrics`).
 
 Why everything on the event loop: a decision is tens of microseconds of pure Python

@@ -35,6 +35,7 @@ from fairshare.queue.budget import DEFAULT_BUDGET_EVERY
 from fairshare.queue.fastpath import REPLICA_ACK_TIMEOUT
 from tenants.models import CONTROL_NAMESPACE
 from tenants.schema import ConfigError
+from webhook.connections import CONSOLE_LIMITS, DEFAULT_LIMITS, ConnectionLimits
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -304,6 +305,7 @@ def _serve(args: argparse.Namespace) -> int:
         replica_acks=args.replica_acks,
         replica_ack_timeout=args.replica_ack_timeout,
         audit_retention=args.audit_retention,
+        connections=_connection_limits(args),
     )
     try:
         serve(options)
@@ -421,7 +423,24 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     serve.add_argument("--log-level", default="info",
                        choices=["debug", "info", "warning", "error"],
                        help="log level (default: %(default)s)")
+    _connection_arguments(serve, DEFAULT_LIMITS)
     serve.set_defaults(handler=_serve)
+
+
+def _connection_arguments(parser: argparse.ArgumentParser, limits: ConnectionLimits) -> None:
+    parser.add_argument("--max-connections", type=_positive, default=limits.max_connections,
+                        metavar="N",
+                        help="connections kept open at once (per worker); more are "
+                        "answered 503 and closed (default: %(default)s)")
+    parser.add_argument("--request-timeout", type=_positive_seconds,
+                        default=limits.request_seconds, metavar="SECONDS",
+                        help="a request (headers and body) must arrive within this many "
+                        "seconds of its first byte, else its connection is closed "
+                        "(default: %(default)g)")
+
+
+def _connection_limits(args: argparse.Namespace) -> ConnectionLimits:
+    return ConnectionLimits(args.max_connections, args.request_timeout)
 
 
 # -- demo ------------------------------------------------------------------------------
@@ -779,6 +798,8 @@ def _console(args: argparse.Namespace) -> int:
         host=args.host, port=args.port, auth=args.auth,
         sample_interval=args.sample_every, keep_hours=args.keep_hours,
         cert_dir=Path(args.cert_dir) if args.cert_dir else None, plain_http=args.plain_http,
+        insecure_cookie=args.insecure_cookie, forwarded_allow_ips=args.forwarded_allow_ips,
+        connections=_connection_limits(args),
     )
     try:
         return run_console(options)
@@ -830,6 +851,14 @@ def _add_console(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     console.add_argument("--plain-http", action="store_true",
                          help="allow plain HTTP on a non-loopback --host: only behind a "
                          "TLS-terminating proxy (tokens must not cross a network in clear)")
+    console.add_argument("--forwarded-allow-ips", metavar="IPS",
+                         help="comma-separated addresses (or *) of the proxies whose "
+                         "X-Forwarded-Proto and X-Forwarded-For are trusted (default: "
+                         "$FORWARDED_ALLOW_IPS, else 127.0.0.1)")
+    console.add_argument("--insecure-cookie", action="store_true",
+                         help="send the access-token cookie without Secure: only when "
+                         "browsers reach the console over plain http other than "
+                         "localhost/127.0.0.1 on purpose (default: always Secure)")
     console.add_argument("--auth", choices=["auto", "token", "kubernetes"], default="auto",
                          help="token: a random access token in the URL; kubernetes: "
                          "TokenReview + SubjectAccessReview; auto: kubernetes inside a "
@@ -839,6 +868,7 @@ def _add_console(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
                          help="seconds between fairness samples (default: %(default)g)")
     console.add_argument("--keep-hours", type=_hours_kept, default=6.0, metavar="HOURS",
                          help="hours of fairness history kept in Redis (default: %(default)g)")
+    _connection_arguments(console, CONSOLE_LIMITS)
     console.set_defaults(handler=_console)
 
 

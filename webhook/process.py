@@ -54,9 +54,11 @@ class ServeProcess:
         wait_for_rebuild: bool = False,
         startup_timeout: float = 30.0,
         stop_timeout: float = 15.0,
+        extra: tuple[str, ...] = (),
     ) -> None:
         """Prepare to serve on 127.0.0.1:``port`` (a free port by default) with
-        ``workers`` processes (``wait_for_rebuild``: see ``fairgate serve --help``)."""
+        ``workers`` processes (``wait_for_rebuild``: see ``fairgate serve --help``;
+        ``extra``: more ``fairgate serve`` arguments)."""
         self.cert_dir = cert_dir
         self.redis = RedisTarget.of(redis_target)
         self.config_dir = config_dir
@@ -66,6 +68,7 @@ class ServeProcess:
         self.wait_for_rebuild = wait_for_rebuild
         self.startup_timeout = startup_timeout
         self.stop_timeout = stop_timeout
+        self.extra = extra
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -93,6 +96,7 @@ class ServeProcess:
             "--redis-url", url, "--config-dir", str(self.config_dir),
             "--workers", str(self.workers),
             "--wait-for-rebuild" if self.wait_for_rebuild else "--no-wait-for-rebuild",
+            *self.extra,
         )
         if self.redis.ca_file is not None:
             command += ["--redis-ca-file", str(self.redis.ca_file)]

@@ -21,6 +21,9 @@ Contract:
   config source, Redis pool, audit writer and certificate reloader) accepting on the
   shared socket; a worker that dies is restarted. The decision work is CPU-bound Python
   under one GIL per process, so workers are how one pod uses more than one core.
+- Connections are bounded (:mod:`webhook.connections`): ``connections.max_connections``
+  open per worker process, a request whole within ``connections.request_seconds`` of
+  its first byte.
 - SIGTERM: stop accepting, finish requests in flight (up to ``graceful_seconds``),
   flush the audit queue, return (``fairgate serve`` exits 0). SIGINT (Ctrl-C) does the
   same and the command exits 130.
@@ -57,6 +60,7 @@ from fairshare.queue.fastpath import REPLICA_ACK_TIMEOUT
 from tenants.models import CONTROL_NAMESPACE
 from tenants.source import ConfigNotReadyError, ConfigSource, start_local_source
 from webhook.app import create_app
+from webhook.connections import DEFAULT_LIMITS, ConnectionLimits, bounded_http
 from webhook.service import AdmissionService
 
 if TYPE_CHECKING:
@@ -99,6 +103,7 @@ class ServeOptions:
     replica_acks: int | None = None  # None: 1 for a Sentinel target, else 0
     replica_ack_timeout: float = REPLICA_ACK_TIMEOUT  # seconds WAIT may block (< redis_timeout)
     audit_retention: Retention = DEFAULT_RETENTION
+    connections: ConnectionLimits = DEFAULT_LIMITS
 
 
 def _local_source(config_dir: Path) -> ConfigSource:
@@ -255,6 +260,7 @@ def _run_uvicorn(options: ServeOptions, sock: socket.socket | None) -> None:
             server_header=False,
             timeout_graceful_shutdown=int(options.graceful_seconds),
             timeout_keep_alive=KEEP_ALIVE_SECONDS,
+            http=bounded_http(options.connections),
             lifespan="on",
         )
 

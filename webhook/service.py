@@ -102,6 +102,10 @@ CHECK_BUDGET_MESSAGE = (
     "costly to parse are refused); keep it to the few keys fairgate reads (see "
     "docs/install.md), or retry if many ConfigMap edits are under way"
 )
+CONFIG_EDITS_REFUSED = (
+    "some config objects could not be used: the last good version of each serves (which "
+    "and why: the webhook's log, and Events on the ConfigMaps)"
+)
 FAIL_OPEN_WARNING = (
     "fairgate queue (Redis) unavailable: admitted without a quota check "
     "(onRedisUnavailable: allow)"
@@ -260,6 +264,7 @@ class AdmissionService:
         self.budget_refresh = budget_refresh
         self._budgets: dict[str, BudgetStatus] = {}
         self._budgets_read = float("-inf")  # time.monotonic() of the last read
+        self._redis_down: str | None = None  # the last readiness failure, logged once
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -281,22 +286,29 @@ class AdmissionService:
             return None
 
     async def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """Ready when Redis answers a PING and a config is loaded; detail per part."""
+        """Ready when Redis answers a PING and a config is loaded. The detail is for
+        anyone who can reach the port, so it says which part is missing in general terms
+        only: never a tenant's name, a quota's numbers or an error's text. Those go to the
+        log (once per change) and, in a cluster, to Events on the ConfigMap."""
         config_ok = self.config.ready
         detail: dict[str, Any] = {
             "config": "loaded" if config_ok else "not loaded",
             "config_generation": self.config.generation,
         }
-        errors = self.config.last_error
-        if errors:
-            detail["config_errors"] = errors
+        if self.config.last_error:
+            detail["config_edits"] = CONFIG_EDITS_REFUSED
         try:
             await self.client.ping()
             detail["redis"] = "ok"
             redis_ok = True
         except (redis.RedisError, OSError) as exc:
-            detail["redis"] = f"unreachable: {exc}"
+            detail["redis"] = "unreachable"
+            if self._redis_down != str(exc):
+                log.warning("readiness: Redis unreachable (%s: %s)", type(exc).__name__, exc)
+            self._redis_down = str(exc)
             redis_ok = False
+        else:
+            self._redis_down = None
         return config_ok and redis_ok, detail
 
     # -- DRA ---------------------------------------------------------------------

@@ -41,7 +41,7 @@ from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import PodRequest
 from fairshare.status import why_command
 from tenants.localdir import load_config_dir
-from webhook.console.access import TokenAccess, Viewer
+from webhook.console.access import COOKIE, TokenAccess, Viewer
 from webhook.console.data import ConsoleData
 from webhook.console.events import Broadcaster
 from webhook.console.history import FairnessHistory
@@ -121,6 +121,10 @@ def test_first_line_is_the_url_and_every_route_needs_its_token(
         assert first.status_code == 303
         assert first.headers["location"] == "/tenants"  # the token leaves the address bar
         assert "httponly" in first.headers["set-cookie"].lower()
+        assert "secure" in first.headers["set-cookie"].lower()
+        # A client keeps a Secure cookie for https only (a browser also for localhost,
+        # see the headless Chromium tests): sent as a browser on 127.0.0.1 sends it.
+        browser.headers["Cookie"] = f"{COOKIE}={stack.token}"
         page = browser.get("/tenants")  # the cookie alone now
         assert page.status_code == 200
         assert 'data-tenant="team-a"' in page.text
@@ -492,6 +496,40 @@ def test_plain_http_is_refused_off_loopback_unless_a_proxy_is_said_to_terminate_
     with ConsoleProcess(redis_server_url, None, tmp_path / "console.log", "--host", "0.0.0.0",
                         "--plain-http") as console:
         assert console.first_line.startswith("console: http://127.0.0.1:")
+
+
+def _login_cookie(console: ConsoleProcess, **headers: str) -> str:
+    """The Set-Cookie of a first visit with ``?token=`` (no other credential)."""
+    answer = httpx.get(f"{console.base}/tenants", params={"token": console.token},
+                       headers=headers, timeout=10, verify=console.verify)
+    assert answer.status_code == 303
+    return answer.headers["set-cookie"]
+
+
+def test_the_token_cookie_is_secure_behind_a_tls_terminating_proxy(
+        tmp_path: Path, redis_server_url: str) -> None:
+    """--plain-http (a proxy ends TLS): the proxy reaches the console over http from an
+    address it does not trust for X-Forwarded-Proto, yet the cookie that carries the
+    token is Secure, HttpOnly and SameSite=Strict; start-up says so."""
+    log = tmp_path / "console.log"
+    with ConsoleProcess(redis_server_url, None, log, "--host", "0.0.0.0",
+                        "--plain-http") as console:
+        for headers in ({}, {"X-Forwarded-Proto": "http"}, {"X-Forwarded-Proto": "https"}):
+            cookie = [part.strip().lower() for part in _login_cookie(console, **headers)
+                      .split(";")]
+            assert cookie[0] == f"{COOKIE}={console.token}".lower()
+            assert {"secure", "httponly", "samesite=strict"} <= set(cookie), cookie
+    assert "the access-token cookie is Secure" in log.read_text()
+
+
+def test_an_insecure_cookie_is_the_operators_choice_and_said_at_start_up(
+        tmp_path: Path, redis_server_url: str) -> None:
+    log = tmp_path / "console.log"
+    with ConsoleProcess(redis_server_url, None, log, "--insecure-cookie",
+                        "--forwarded-allow-ips", "127.0.0.1") as console:
+        cookie = [part.strip().lower() for part in _login_cookie(console).split(";")]
+        assert "secure" not in cookie and {"httponly", "samesite=strict"} <= set(cookie)
+    assert "WARNING: --insecure-cookie" in log.read_text()
 
 
 def test_cost_bills_this_month_from_the_verified_audit_log() -> None:

@@ -69,20 +69,49 @@ def test_children_start_whatever_directories_the_working_directory_holds(
 def test_a_broken_config_edit_keeps_the_last_good_one_and_is_reported(
     start_server: ServerFactory, redis_url: str
 ) -> None:
+    """The refused edit is reported where only operators look (the log), and /readyz
+    says in general terms that some object was refused, without naming it."""
     server = start_server(redis_url)
     (server.config_dir / "quota-team-b.yaml").write_text("nominal: {gpu: [\n")
 
     def reported() -> bool:
         with server.client() as client:
             body = client.get("/readyz").json()
-        return "config_errors" in body
+        return "config_edits" in body
 
     assert _eventually(reported)
     with server.client() as client:
         ready = client.get("/readyz")
     assert ready.status_code == 200  # the last good config still serves
-    assert "quota-team-b.yaml" in str(ready.json()["config_errors"])
+    assert "team-b" not in ready.text
+    assert "quota-team-b.yaml" in server.log_path.read_text()
     assert _decision(server, "team-b-dev", "still-works") == "admit"
+
+
+def test_readyz_tells_an_unauthenticated_caller_nothing_about_an_invalid_quota(
+    start_server: ServerFactory, redis_url: str
+) -> None:
+    """An invalid quota (nominal over its tenant's ceiling) leaves no tenant name, number
+    or message in /readyz, ready or not; its detail is in the webhook's log."""
+    server = start_server(redis_url)
+    (server.config_dir / "quota-team-b.yaml").write_text(
+        "nominal: {gpu: 777}\ndefaultClass: training\n")
+    assert _eventually(lambda: "777" in server.log_path.read_text())
+    with httpx.Client(base_url=server.base_url, timeout=10,
+                      verify=client_context(server.cert_dir / "ca.crt")) as anonymous:
+        ready = anonymous.get("/readyz")
+    assert ready.status_code == 200
+    body = ready.json()
+    assert body["ready"] is True and body["config"] == "loaded"
+    assert "config_edits" in body
+    for secret in ("team-b", "777", "ceiling", "quota", "nominal", "gpu", "yaml"):
+        assert secret not in ready.text.lower(), (secret, ready.text)
+    (server.config_dir / "platform.yaml").write_text("tenants: [\n")  # nothing loads now
+    assert _eventually(lambda: "platform.yaml" in server.log_path.read_text())
+    with server.client() as client:
+        text = client.get("/readyz").text.lower()
+    for secret in ("team-b", "777", "ceiling", "quota", "nominal", "yaml"):
+        assert secret not in text, (secret, text)
 
 
 def test_a_renewed_certificate_is_served_without_a_restart(

@@ -239,6 +239,17 @@ class KubernetesAccess:
         return Viewer(user.name, tenants=seen)
 
 
+HIDDEN = "(another tenant)"
+"""What a hidden word is shown as."""
+
+_NAMESPACE_REF = re.compile(r"(?<![\w.-])([a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?)/[\w@.-]")
+"""``<namespace>/<name>``: a namespace is one DNS label (no dots, unlike ``nvidia.com/``)."""
+_LABEL = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?")
+
+Owners = Callable[[str], "frozenset[str] | None"]
+"""The tenants a namespace belongs to (None: not known)."""
+
+
 @lru_cache(maxsize=64)
 def _hidden_pattern(hidden: frozenset[str]) -> re.Pattern[str] | None:
     if not hidden:
@@ -247,14 +258,80 @@ def _hidden_pattern(hidden: frozenset[str]) -> re.Pattern[str] | None:
     return re.compile("|".join(re.escape(n) for n in names))
 
 
-def redact(text: str, viewer: Viewer, tenants: Iterable[str]) -> str:
-    """``text`` with every word that contains the name of a tenant ``viewer`` may not see
-    replaced by ``(another tenant)`` (a reason such as "capacity held for team-b-dev/x"
-    must not name team-b to team-a's admin). Errs on hiding too much, never too little."""
-    if viewer.everything or not text:
-        return text
-    pattern = _hidden_pattern(frozenset(t for t in tenants if not viewer.sees(t)))
-    if pattern is None:
-        return text
-    return " ".join("(another tenant)" if pattern.search(word) else word
-                    for word in text.split(" "))
+class Redactor:
+    """What of free text (an audit record's ``reason`` and ``diff``, a queue row's
+    ``why``) a viewer may read: by what the viewer may see, not only by spelling. Every
+    word (text between spaces) is shown as :data:`HIDDEN` when it
+
+    - contains the name of a tenant the viewer may not see (one of ``tenants``);
+    - contains a namespace of such a tenant (``owners``: the namespace index and the
+      config's namespace labels), a tenant's namespace being named with or without its
+      pods (``team-a-dev`` as ``prod``);
+    - refers to an object as ``<namespace>/<name>`` (a pod, a gang) in a namespace not
+      known to belong only to tenants the viewer sees, unless ``<namespace>`` is the name
+      of a tenant the viewer sees (``team-b/training``, a queue) or the control
+      namespace (fairgate's own ConfigMaps): a pod of an unknown namespace is not shown.
+
+    Errs on hiding too much, never too little; a viewer of everything sees it all as it is.
+    """
+
+    def __init__(self, viewer: Viewer, tenants: Iterable[str],
+                 owners: Owners = lambda _namespace: None) -> None:
+        self.viewer = viewer
+        self._owners = owners
+        known = frozenset(tenants)
+        self._names = _hidden_pattern(frozenset(t for t in known if not viewer.sees(t)))
+        self._visible = frozenset(t for t in known if viewer.sees(t)) | viewer.tenants
+
+    @property
+    def everything(self) -> bool:
+        """Whether nothing is hidden (the viewer sees every tenant)."""
+        return self.viewer.everything
+
+    def text(self, text: str) -> str:
+        """``text`` with every word the viewer may not read hidden."""
+        if self.viewer.everything or not text:
+            return text
+        return " ".join(HIDDEN if self._hides(word) else word for word in text.split(" "))
+
+    def value(self, value: Any) -> Any:
+        """A JSON value (a ``diff``) with :meth:`text` applied to every string in it,
+        keys included."""
+        if self.viewer.everything:
+            return value
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, Mapping):
+            return {self.text(str(k)): self.value(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self.value(v) for v in value]
+        return value
+
+    def record(self, fields: Mapping[str, Any]) -> dict[str, Any]:
+        """An audit record's (or event's) wire ``fields`` as the viewer may see them: the
+        free text (``reason``, ``diff``) redacted; the rest is of the record's own tenant,
+        which the viewer sees."""
+        shown = dict(fields)
+        if self.viewer.everything:
+            return shown
+        if shown.get("reason"):
+            shown["reason"] = self.text(str(shown["reason"]))
+        if shown.get("diff") is not None:
+            shown["diff"] = self.value(shown["diff"])
+        return shown
+
+    def _hides(self, word: str) -> bool:
+        if self._names is not None and self._names.search(word):
+            return True
+        lower = word.lower()
+        for label in _LABEL.findall(lower):
+            owners = self._owners(label)
+            if owners and not owners <= self._visible:
+                return True
+        for namespace in _NAMESPACE_REF.findall(lower):
+            if namespace in self._visible or namespace == CONTROL_NAMESPACE:
+                continue  # <tenant>/<class> (a queue the viewer sees); fairgate's own
+            owners = self._owners(namespace)
+            if not owners or not owners <= self._visible:
+                return True
+        return False

@@ -10,8 +10,11 @@ Contract (the routes are documented in docs/console.md):
   :class:`~webhook.console.events.Broadcaster`.
 - Every route but ``/healthz`` asks :class:`~webhook.console.access.Access` who the
   request is, and shows only what that viewer sees. A token given as ``?token=`` is
-  kept in an HttpOnly, SameSite=Strict cookie; a page opened with it redirects to the
-  same URL without it (the token leaves the address bar and history).
+  kept in an HttpOnly, SameSite=Strict cookie, Secure unless ``secure_cookie`` is off
+  (the operator says browsers reach the console over plain http: browsers keep and
+  return a Secure cookie over https and to http://localhost or 127.0.0.1 only); a page
+  opened with it redirects to the same URL without it (the token leaves the address bar
+  and history).
 - Errors: 401/403 with how to get in; 400 naming the bad parameter and what it accepts;
   503 naming the Redis that failed. Never a traceback.
 - ``/static/<file>`` serves the CSS and JavaScript from the package; nothing is loaded
@@ -120,8 +123,10 @@ def _environment() -> Environment:
 
 
 def create_app(data: ConsoleData, access: Access, events: Broadcaster,
-               redis_name: str = "Redis", auth_mode: str = "token") -> Starlette:
-    """The console app over ``data``, guarded by ``access``, live through ``events``."""
+               redis_name: str = "Redis", auth_mode: str = "token",
+               secure_cookie: bool = True) -> Starlette:
+    """The console app over ``data``, guarded by ``access``, live through ``events``;
+    the token cookie is Secure unless ``secure_cookie`` is off."""
     env = _environment()
     static = resources.files("webhook.console") / "static"
 
@@ -155,7 +160,7 @@ def create_app(data: ConsoleData, access: Access, events: Broadcaster,
             token = request.query_params.get("token")
             if token:
                 response.set_cookie(COOKIE, token, httponly=True, samesite="strict",
-                                    secure=request.url.scheme == "https")
+                                    secure=secure_cookie)
             return response
         return endpoint
 
@@ -202,6 +207,9 @@ def create_app(data: ConsoleData, access: Access, events: Broadcaster,
         return RedirectResponse("/tenants", status_code=303, headers=_SECURITY_HEADERS)
 
     async def stream(request: Request, viewer: Viewer) -> Response:
+        refused = events.refusal(viewer)
+        if refused is not None:
+            return problem(request, 429, refused)
         return StreamingResponse(events.subscribe(viewer), media_type="text/event-stream",
                                  headers={**_SECURITY_HEADERS, "X-Accel-Buffering": "no"})
 

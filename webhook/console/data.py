@@ -22,8 +22,10 @@ Contract:
   over the last ``hours`` from :class:`~webhook.console.history.FairnessHistory`, and
   Jain's index over time (everything-viewers only: it is about all tenants).
 - :meth:`ConsoleData.audit`: the newest records (newest first) of visible tenants
-  matching ``q`` (substring of the record's JSON, ASCII letters case-insensitive: decision, tenant,
-  namespace, name, user, groups, reason, class, demand, request uid, time) and
+  matching ``q`` (substring of the record's JSON as shown to the viewer, after
+  :class:`~webhook.console.access.Redactor` hid what it may not read, ASCII letters
+  case-insensitive: decision, tenant, namespace, name, user, groups, reason, class,
+  demand, request uid, time, diff) and
   ``decision``; at most ``limit``, scanning at most
   ``scan`` stream entries; with the chain's verification status (:meth:`verify`, cached
   for ``verify_ttl`` seconds; the detail of a broken chain only for everything-viewers).
@@ -45,6 +47,7 @@ from typing import Any
 import redis
 
 from audit import AuditLog, VerifyResult
+from audit.chain import CHAIN_FIELDS, canonical_json
 from audit.log import parse_entry
 from cost.billing import Bill, bill_bodies
 from cost.report import month_start
@@ -53,7 +56,7 @@ from fairshare.queue.model import TicketStatus
 from fairshare.status import status_report, status_why
 from tenants.models import FairgateConfig
 from tenants.resources import SLICES_PER_GPU, format_counts
-from webhook.console.access import Viewer, redact
+from webhook.console.access import Redactor, Viewer
 from webhook.console.history import FairnessHistory
 from webhook.console.namespaces import NamespaceIndex
 
@@ -173,11 +176,12 @@ class ConsoleData:
                                [statuses.get(m) for m in members[entry[1:]]], at)
                 if entry.startswith("@") else self._row(statuses.get(entry), at)
                 for t, shape, entry in chosen]
+        redactor = self.redactor(viewer, known)
         for row in rows:
             if row is not None:
-                row["why"] = redact(row["why"], viewer, known)
+                row["why"] = redactor.text(row["why"])
                 if row.get("waitingFor"):
-                    row["waitingFor"] = redact(row["waitingFor"], viewer, known)
+                    row["waitingFor"] = redactor.text(row["waitingFor"])
         return {"total": total, "page": page, "pages": pages(total, per_page),
                 "rows": [r for r in rows if r is not None]}
 
@@ -185,12 +189,27 @@ class ConsoleData:
         """The tenants whose lanes may hold entries of ``namespace``: those the index
         names, plus its owner in the config (its pods queue there before their audit
         records reach the index); None (every tenant) before the index has scanned."""
-        known = self.namespaces.tenants(namespace) if self.namespaces is not None else None
-        if known is None:
+        if self.namespaces is None or self.namespaces.tenants(namespace) is None:
             return None
+        return self.namespace_tenants(namespace)
+
+    def namespace_tenants(self, namespace: str) -> frozenset[str] | None:
+        """The tenants ``namespace`` belongs to, as far as the index and the config's
+        namespace labels know (None: neither knows it)."""
+        known = self.namespaces.tenants(namespace) if self.namespaces is not None else None
         config = self.config()
         owner = config.tenant_of_namespace(namespace) if config is not None else None
-        return known | {owner} if owner else known
+        if owner:
+            return (known or frozenset()) | {owner}
+        return known
+
+    def redactor(self, viewer: Viewer, tenants: list[str] | None = None) -> Redactor:
+        """What ``viewer`` may read of free text (``tenants``: every tenant's name,
+        default the queue's)."""
+        if viewer.everything:
+            return Redactor(viewer, ())
+        known = self.queue.tenant_names() if tenants is None else tenants
+        return Redactor(viewer, known, self.namespace_tenants)
 
     def _slice(self, lanes: list[tuple[str, str, int]], start: int,
                count: int) -> list[tuple[str, str, str]]:
@@ -271,9 +290,10 @@ class ConsoleData:
 
     def audit(self, viewer: Viewer, q: str = "", decision: str | None = None,
               limit: int = AUDIT_LIMIT, scan: int = AUDIT_SCAN) -> dict[str, Any]:
-        """The Audit page (see the module contract)."""
+        """The Audit page (see the module contract). ``q`` is matched against the record
+        as shown (redacted), so that a search tells nothing the shown records do not."""
         needle = q.lower().encode()
-        known = [] if viewer.everything else self.queue.tenant_names()
+        redactor = self.redactor(viewer)
         found: list[dict[str, Any]] = []
         scanned = 0
         cursor = "+"
@@ -284,15 +304,19 @@ class ConsoleData:
                 break
             for raw_id, values in page:
                 scanned += 1
-                if not _candidate(values.get(b"record"), viewer, needle, decision):
+                # Nothing is redacted for an everything-viewer: the stored body is what
+                # is shown, so the needle can be looked for before parsing.
+                if not _candidate(values.get(b"record"), viewer,
+                                  needle if viewer.everything else b"", decision):
                     continue
                 record = parse_entry(raw_id, values).record
                 if record is None or not viewer.sees(record.tenant):
                     continue
                 if decision and record.decision != decision:
                     continue
-                fields = record.fields()
-                fields["reason"] = redact(record.reason, viewer, known)
+                fields = redactor.record(record.fields())
+                if needle and not viewer.everything and needle not in search_text(fields):
+                    continue
                 found.append(fields)
                 if len(found) >= limit:
                     break
@@ -363,6 +387,13 @@ class ConsoleData:
             return (f"no bill: the audit log does not verify ({problem}); "
                     "`fairgate audit verify` shows where")
         return billed
+
+
+def search_text(fields: dict[str, Any]) -> bytes:
+    """What ``q`` is looked for in: the shown record's body as canonical JSON (as the
+    stream stores it), ASCII letters lower-cased."""
+    body = {k: v for k, v in fields.items() if k not in CHAIN_FIELDS}
+    return canonical_json(body).encode().lower()
 
 
 def _candidate(raw: bytes | None, viewer: Viewer, needle: bytes,

@@ -4,9 +4,10 @@ Contract:
 - :class:`Broadcaster` runs one thread that blocks on the audit stream (``XREAD BLOCK``)
   and fans each new record out to the subscribed clients whose viewer sees its tenant,
   as an event ``decision`` (``seq``, ``time``, ``decision``, ``tenant``, ``pod``,
-  ``class``, ``demand``, ``reason``; the reason redacted by
-  :func:`~webhook.console.access.redact` for viewers who may not see every tenant, with
-  ``tenants`` giving every tenant's name). Every ``keepalive`` seconds it sends every client
+  ``class``, ``demand``, ``reason``; the reason redacted by the viewer's
+  :class:`~webhook.console.access.Redactor` that ``redactor`` makes from the viewer and
+  every tenant's name (``tenants``), for viewers who may not see every tenant). Every ``keepalive``
+  seconds it sends every client
   a comment line (so proxies keep the connection). It also takes the fairness samples
   (:class:`~webhook.console.history.FairnessHistory`) when one is due, and keeps the
   :class:`~webhook.console.namespaces.NamespaceIndex` current: a scan when it starts and
@@ -14,6 +15,9 @@ Contract:
 - A client costs nothing while idle: it awaits its own asyncio queue; no per-client
   timer or Redis call exists. A client that does not keep up (``max_pending`` events
   waiting) gets one ``resync`` event instead of the rest (its page reloads its data).
+- At most ``max_clients`` clients, and ``max_per_viewer`` per viewer (by name): one
+  more is refused (:meth:`refusal` says why; :meth:`subscribe` then sends one
+  ``refused`` event and ends).
 - Records already in the stream when the producer starts are not sent.
 - ``generation`` counts the records seen (before their events are sent): data cached
   for an older generation is stale.
@@ -35,7 +39,7 @@ from typing import Any
 import redis
 
 from audit.log import parse_entry
-from webhook.console.access import Viewer, redact
+from webhook.console.access import Redactor, Viewer
 from webhook.console.history import FairnessHistory
 from webhook.console.namespaces import NamespaceIndex
 
@@ -62,8 +66,13 @@ class Broadcaster:
     def __init__(self, client: redis.Redis, stream: str, tenants: Callable[[], list[str]],
                  history: FairnessHistory | None = None, block: float = 1.0,
                  keepalive: float = 15.0, max_pending: int = 500, retry: float = 2.0,
-                 namespaces: NamespaceIndex | None = None) -> None:
+                 namespaces: NamespaceIndex | None = None,
+                 redactor: Callable[[Viewer, list[str]], Redactor] = Redactor,
+                 max_clients: int = 400, max_per_viewer: int = 8) -> None:
         self.client = client
+        self.max_clients = max_clients
+        self.max_per_viewer = max_per_viewer
+        self.redactor = redactor
         self.namespaces = namespaces
         self.stream = stream
         self.tenants = tenants
@@ -96,11 +105,31 @@ class Broadcaster:
         if self._thread is not None:
             self._thread.join(self.block + 5)
 
+    def refusal(self, viewer: Viewer) -> str | None:
+        """Why one more client of ``viewer`` is refused (None: it is not)."""
+        with self._lock:
+            return self._refusal(viewer)
+
+    def _refusal(self, viewer: Viewer) -> str | None:
+        if len(self._clients) >= self.max_clients:
+            return (f"the console serves at most {self.max_clients} live-update streams "
+                    "at once: retry later")
+        mine = sum(1 for c in self._clients if c.viewer.name == viewer.name)
+        if mine >= self.max_per_viewer:
+            return (f"{viewer.name} has {mine} live-update streams open, the most one user "
+                    "may: close a console tab")
+        return None
+
     async def subscribe(self, viewer: Viewer) -> AsyncGenerator[str, None]:
         """The events for ``viewer``, as SSE text, until the caller stops iterating."""
         me = _Client(viewer, asyncio.get_running_loop())
         with self._lock:
-            self._clients.add(me)
+            refused = self._refusal(viewer)
+            if refused is None:
+                self._clients.add(me)
+        if refused is not None:
+            yield sse("refused", {"reason": refused})
+            return
         try:
             yield ": connected\n\n"
             while True:
@@ -131,7 +160,7 @@ class Broadcaster:
             mine = text
             if not me.viewer.everything and data.get("reason"):
                 known = self.tenants() if known is None else known
-                mine = sse(event, {**data, "reason": redact(data["reason"], me.viewer, known)})
+                mine = sse(event, self.redactor(me.viewer, known).record(data))
             try:
                 self._deliver(me, mine)
             except RuntimeError:  # its event loop is closed: it is going away

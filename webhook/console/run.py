@@ -12,6 +12,15 @@ Contract:
   URL is ``https://``. Without it, plain HTTP, which it serves only on a loopback address
   (bearer tokens must not cross a network in clear text) unless ``plain_http`` says a
   TLS-terminating proxy is in front.
+- The access-token cookie is ``Secure`` (browsers return it over https, and to
+  http://localhost or 127.0.0.1, never over plain http elsewhere) unless
+  ``insecure_cookie`` says browsers reach the console over plain http on purpose; a line
+  on stderr at start-up says which. ``forwarded_allow_ips``: the proxies whose
+  ``X-Forwarded-Proto`` / ``X-Forwarded-For`` are trusted (uvicorn's setting; default
+  ``$FORWARDED_ALLOW_IPS``, else 127.0.0.1 only).
+- Connections are bounded (:mod:`webhook.connections`, ``connections``: 512 open by
+  default, a request whole within 10 s) and so are event-stream clients
+  (:class:`~webhook.console.events.Broadcaster`).
 - Auth ``auto`` is ``kubernetes`` when running in a cluster (``KUBERNETES_SERVICE_HOST``
   set), else ``token``. The control namespace (quota ConfigMaps, for the access checks)
   is ``$POD_NAMESPACE``, default ``fairgate-system``. In Kubernetes mode without
@@ -44,6 +53,7 @@ from fairshare.connection import COMMAND_TIMEOUT, RedisTarget, connect_redis
 from fairshare.queue.fairqueue import FairQueue
 from tenants.models import CONTROL_NAMESPACE, FairgateConfig
 from tenants.source import ConfigNotReadyError, ConfigSource, start_local_source
+from webhook.connections import CONSOLE_LIMITS, ConnectionLimits, bounded_http
 from webhook.console.access import Access, KubernetesAccess, TokenAccess
 from webhook.console.app import create_app
 from webhook.console.data import ConsoleData
@@ -73,6 +83,9 @@ class ConsoleOptions:
     keep_hours: float = DEFAULT_KEEP / 3600
     cert_dir: Path | None = None
     plain_http: bool = False
+    insecure_cookie: bool = False
+    forwarded_allow_ips: str | None = None
+    connections: ConnectionLimits = CONSOLE_LIMITS
 
 
 def resolve_auth(mode: AuthMode) -> Literal["token", "kubernetes"]:
@@ -114,6 +127,16 @@ def _check_transport(options: ConsoleOptions) -> None:
             "`fairgate certs generate --service fairgate-console --out DIR`), or "
             "--plain-http if a TLS-terminating proxy in front of the console is the only "
             "way in")
+
+
+def cookie_notice(options: ConsoleOptions) -> str:
+    """The start-up line saying how the access-token cookie travels."""
+    if options.insecure_cookie:
+        return ("console: WARNING: --insecure-cookie: the access-token cookie is not Secure; "
+                "browsers send the token over plain http wherever this console is reached")
+    return ("console: the access-token cookie is Secure: browsers send it over https and "
+            "to http://localhost or 127.0.0.1 only (--insecure-cookie if browsers must "
+            "reach this console over plain http from elsewhere)")
 
 
 def _config_source(options: ConsoleOptions, auth: str) -> ConfigSource | None:
@@ -176,10 +199,10 @@ def run_console(options: ConsoleOptions, out: IO[str] | None = None) -> int:
         history = FairnessHistory(client, queue, interval=options.sample_interval,
                                   keep=options.keep_hours * 3600)
         namespaces = NamespaceIndex(client, queue, STREAM)
-        events = Broadcaster(blocking, STREAM, queue.tenant_names, history,
-                             namespaces=namespaces)
         data = ConsoleData(client, queue, history, _current(source),
                            generation=lambda: events.generation, namespaces=namespaces)
+        events = Broadcaster(blocking, STREAM, queue.tenant_names, history,
+                             namespaces=namespaces, redactor=data.redactor)
         access: Access
         token: str | None = None
         if auth == "kubernetes":
@@ -188,9 +211,11 @@ def run_console(options: ConsoleOptions, out: IO[str] | None = None) -> int:
             local = TokenAccess(options.token)
             access, token = local, local.token
         app = create_app(data, access, events, redis_name=f"Redis at {options.redis}",
-                         auth_mode=auth)
+                         auth_mode=auth, secure_cookie=not options.insecure_cookie)
         settings: dict[str, Any] = {"log_level": "warning", "access_log": False,
-                                    "timeout_graceful_shutdown": 2}
+                                    "timeout_graceful_shutdown": 2, "proxy_headers": True,
+                                    "forwarded_allow_ips": options.forwarded_allow_ips,
+                                    "http": bounded_http(options.connections)}
         if options.cert_dir is not None:
             try:
                 server, reloader = https_server(app, options.cert_dir, **settings)
@@ -204,6 +229,7 @@ def run_console(options: ConsoleOptions, out: IO[str] | None = None) -> int:
         scheme = "http" if reloader is None else "https"
         stdout.write(f"console: {_url(scheme, options.host, port, token)}\n")
         stdout.flush()
+        print(cookie_notice(options), file=sys.stderr, flush=True)
         events.start()
         stack.callback(events.stop)
         if reloader is None:
