@@ -14,8 +14,9 @@ Contract:
 - :class:`LocalDirSource` reads a ``--config-dir`` (see :mod:`tenants.localdir`): the
   first load all or nothing, then file by file, and with ``poll_interval`` reloads it
   when a file changes. A broken file keeps its last good version in use (reported under
-  its path) while every other file's valid edit takes effect. Each accepted reload is
-  logged (``config reloaded``, with ``changed`` and ``kept`` file names as fields), and
+  its path) while every other file's valid edit takes effect. The first load is logged
+  (``event: config-load``), each accepted reload too (``event: config-reload``, with the
+  ``changed`` files and the broken ones ``kept`` at their last good version), and
   each accepted edit of ``platform.yaml`` or a quota file is passed, as a
   :class:`ConfigEdit`, to the ``on_edit`` callback (the webhook audits it).
 """
@@ -341,7 +342,7 @@ class LocalDirSource(ConfigSource):
                     self._texts = dict(scan.texts)
                     self._install(scan.config(), {})
                     log.info("config loaded from %s", self.directory,
-                             extra={"fields": {"event": "config-reload",
+                             extra={"fields": {"event": "config-load",
                                                "directory": str(self.directory),
                                                "changed": sorted(scan.texts), "kept": []}})
                     return True
