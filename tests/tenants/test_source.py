@@ -349,7 +349,8 @@ def test_an_accepted_reload_is_logged_and_each_edit_handed_on(
     source = LocalDirSource(two_tenants, on_edit=edits.append)
     source.start()
     assert edits == [], "the first load is no edit"
-    (two_tenants / "quota-team-a.yaml").write_text("nominal: {gpu: 4}\nborrowLimit: {gpuEquivalents: 2}\n")
+    (two_tenants / "quota-team-a.yaml").write_text(
+        "nominal: {gpu: 4}\nborrowLimit: {gpuEquivalents: 2}\n")
     (two_tenants / "quota-team-b.yaml").write_text("nominal: [\n")
     (two_tenants / "platform.yaml").write_text(PLATFORM.replace("weight: 1", "weight: 3"))
     (two_tenants / "namespaces.yaml").write_text(NAMESPACES + "b: {fairgate.io/tenant: team-b}\n")
