@@ -305,6 +305,7 @@ def _serve(args: argparse.Namespace) -> int:
         replica_acks=args.replica_acks,
         replica_ack_timeout=args.replica_ack_timeout,
         audit_retention=args.audit_retention,
+        clock_file=Path(args.clock_file) if args.clock_file else None,
     )
     try:
         serve(options)
@@ -419,6 +420,7 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                        help="how long to wait for the replicas (default: %(default)s; "
                        "below the 0.5 s Redis timeout)")
     _audit_retention_argument(serve)
+    serve.add_argument("--clock-file", help=argparse.SUPPRESS)  # fairgate demo's virtual time
     serve.add_argument("--log-level", default="info",
                        choices=["debug", "info", "warning", "error"],
                        help="log level (default: %(default)s)")

@@ -104,6 +104,17 @@ class ServeOptions:
     replica_acks: int | None = None  # None: 1 for a Sentinel target, else 0
     replica_ack_timeout: float = REPLICA_ACK_TIMEOUT  # seconds WAIT may block (< redis_timeout)
     audit_retention: Retention = DEFAULT_RETENTION
+    clock_file: Path | None = None  # fairgate demo's virtual time (see file_clock)
+
+
+def file_clock(path: Path) -> Callable[[], float]:
+    """A clock that reads the time (epoch seconds) from ``path``, as ``fairgate demo``
+    writes its virtual time there before each request, so the webhook queues and audits
+    on the demo's clock, as the demo's dispatcher does."""
+    def now() -> float:
+        return float(path.read_text(encoding="ascii"))
+
+    return now
 
 
 def _local_source(config_dir: Path,
@@ -248,6 +259,7 @@ def _run_uvicorn(options: ServeOptions, sock: socket.socket | None,
     try:
         service = AdmissionService(
             source, decisions_client, audit_log,
+            clock=file_clock(options.clock_file) if options.clock_file else time.time,
             wait_for_rebuild=(options.wait_for_rebuild if options.wait_for_rebuild is not None
                               else options.config_dir is None),
             replicas=(options.replica_acks if options.replica_acks is not None
