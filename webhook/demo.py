@@ -360,6 +360,9 @@ class DemoCluster:
         self.dispatcher.step()  # as at any start: sync the config, rebuild from the cluster
         self._prepared: dict[tuple[str, str], Placement] = {}
         self._pods: dict[tuple[str, str], DemoPod] = {}
+        self.created = 0  # pods of the stream created (each one AdmissionReview)
+        self.without_gpu = 0  # of those, asking for no GPU: allowed untouched, not tallied
+        self.recreated = 0  # preempted pods created again by their controller
 
     def _tally(self, namespace: str) -> TenantTally:
         tenant = self.config.tenant_of_namespace(namespace) or NO_TENANT
@@ -371,6 +374,7 @@ class DemoCluster:
         if prepared is not None:
             return prepared
         # Re-created by its controller after a preemption: a new admission request.
+        self.recreated += 1
         pod = DemoPod(spec.namespace, spec.name, spec.demand, spec.duration, spec.pod_class,
                       group=(spec.group, spec.group_size) if spec.group else None)
         answer = self.webhook.create(pod)
@@ -380,6 +384,7 @@ class DemoCluster:
 
     def create(self, pod: DemoPod) -> None:
         """A user creates ``pod``: admission over HTTPS, then the simulated API server."""
+        self.created += 1
         try:
             answer = self.webhook.create(pod)
         except Denied as denied:
@@ -388,6 +393,7 @@ class DemoCluster:
             tally.reasons[denied.reason] = tally.reasons.get(denied.reason, 0) + 1
             return
         if answer is None:
+            self.without_gpu += 1
             return  # no GPU: not fairgate's business
         pod_class, placement = answer
         tally = self._tally(pod.namespace)
@@ -496,6 +502,23 @@ def _reasons(tallies: Mapping[str, TenantTally]) -> str:
     lines = [f"  {name}: " + ", ".join(f"{r} x{n}" for r, n in sorted(t.reasons.items()))
              for name, t in sorted(tallies.items()) if t.reasons]
     return "denials (audit reason):\n" + "\n".join(lines) if lines else "no denials"
+
+
+def _asked(asked: int, created: int) -> str:
+    """Why ``created`` pods and not the ``asked`` ones of ``--pods`` (nothing if equal)."""
+    return "" if created == asked else f" ({asked} asked; the last gang is kept whole)"
+
+
+def _created_label(asked: int, created: int) -> str:
+    """The progress bar's label: the pods it counts."""
+    return "pods created through the webhook" + _asked(asked, created)
+
+
+def _counts(demo: DemoCluster, asked: int) -> str:
+    """How the pods created add up to the table's rows (admitted + queued + denied)."""
+    tallied = sum(t.admitted + t.queued + t.denied for t in demo.tallies.values())
+    return (f"{demo.created} pods created{_asked(asked, demo.created)}: {tallied} GPU pods "
+            f"in the table + {demo.without_gpu} without a GPU (let through untouched)")
 
 
 class DemoRefused(RuntimeError):
@@ -614,7 +637,7 @@ def run_demo(redis_url: RedisTarget | str | None = None, pods: int = 120,
         try:
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                           console=out) as progress:
-                task = progress.add_task("pods created through the webhook", total=len(stream))
+                task = progress.add_task(_created_label(pods, len(stream)), total=len(stream))
                 start = demo.clock()
                 for i, pod in enumerate(stream):
                     demo.advance_to(start + i * ARRIVAL_GAP)
@@ -631,9 +654,11 @@ def run_demo(redis_url: RedisTarget | str | None = None, pods: int = 120,
             return 1
         out.print(_table(demo.tallies))
         out.print(_reasons(demo.tallies))
+        out.print(_counts(demo, pods))
         result, entries = AuditLog(client, out=io.StringIO()).verify()
         out.print(
-            f"{demo.webhook.sent} AdmissionReviews over HTTPS; "
+            f"{demo.webhook.sent} AdmissionReviews over HTTPS ({demo.created} creations + "
+            f"{demo.recreated} re-created after preemption); "
             f"{demo.cluster.preemptions} preemptions; still waiting: {demo.waiting()}; "
             f"audit chain: {result.checked} records, "
             + ("verified" if result.ok else f"BROKEN: {result.problem}")
