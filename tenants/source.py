@@ -11,21 +11,30 @@ Contract:
   ``fairgate_config_reload_failures_total{configmap=<object>}``.
 - :class:`ConfigAssembler` is the per-object bookkeeping a cluster source needs (last
   good platform and quota per tenant, namespace labels), kept pure for testing.
-- :class:`LocalDirSource` reads a ``--config-dir`` (see :mod:`tenants.localdir`), all or
-  nothing, and with ``poll_interval`` reloads it when a file changes.
+- :class:`LocalDirSource` reads a ``--config-dir`` (see :mod:`tenants.localdir`): the
+  first load all or nothing, then file by file, and with ``poll_interval`` reloads it
+  when a file changes. A broken file keeps its last good version in use (reported under
+  its path) while every other file's valid edit takes effect. The first load is logged
+  (``event: config-load``), each accepted reload too (``event: config-reload``, with the
+  ``changed`` files and the broken ones ``kept`` at their last good version), and
+  each accepted edit of ``platform.yaml`` or a quota file is passed, as a
+  :class:`ConfigEdit`, to the ``on_edit`` callback (the webhook audits it).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from prometheus_client import Counter
 
-from tenants.localdir import load_config_dir
+from tenants.configmaps import FieldDiff, field_diff
+from tenants.localdir import NAMESPACES_FILE, PLATFORM_FILE, DirScan, scan_config_dir
 from tenants.models import (
     CONTROL_NAMESPACE,
     PLATFORM_CONFIGMAP,
@@ -38,7 +47,13 @@ from tenants.models import (
     PlatformConfig,
     QuotaSpec,
 )
-from tenants.schema import ConfigError, Problem, parse_platform, parse_quota
+from tenants.schema import (
+    ConfigError,
+    Problem,
+    load_yaml_mapping,
+    parse_platform,
+    parse_quota,
+)
 
 log = logging.getLogger(__name__)
 
@@ -242,12 +257,26 @@ def _label_problem(tenant: str) -> Problem:
                    f"must be {tenant!r}: set label '{QUOTA_LABEL}: {tenant}'")
 
 
-def start_local_source(directory: Path, poll_interval: float = 1.0) -> LocalDirSource:
+@dataclass(frozen=True)
+class ConfigEdit:
+    """An accepted change of a config file: ``obj`` is the ConfigMap it stands for
+    (``fairgate-platform``, ``quota-<tenant>``), ``operation`` CREATE, UPDATE or DELETE,
+    ``diff`` the changed fields (as a ConfigMap edit's audit diff)."""
+
+    file: str
+    obj: str
+    tenant: str
+    operation: str
+    diff: FieldDiff
+
+
+def start_local_source(directory: Path, poll_interval: float = 1.0,
+                       on_edit: Callable[[ConfigEdit], None] | None = None) -> LocalDirSource:
     """A :class:`LocalDirSource` on ``directory``, loaded and polled every ``poll_interval`` s.
 
     Raises :class:`ConfigNotReadyError` naming every problem when the first load fails.
     """
-    source = LocalDirSource(directory, poll_interval=poll_interval)
+    source = LocalDirSource(directory, poll_interval=poll_interval, on_edit=on_edit)
     source.start()
     if not source.ready:
         source.close()
@@ -257,23 +286,28 @@ def start_local_source(directory: Path, poll_interval: float = 1.0) -> LocalDirS
 
 
 class LocalDirSource(ConfigSource):
-    """A ``--config-dir`` loaded all or nothing; polled for changes if ``poll_interval``.
+    """A ``--config-dir``, reloaded file by file; polled for changes if ``poll_interval``.
 
-    A directory that fails to load keeps the previous snapshot (none before the first
-    success: not ready) and is reported under the failing file's path. A change is loaded
-    once the files have stayed the same for one poll interval, so a file caught half
-    written is never taken. :meth:`reload` forces a re-read (e.g. on SIGHUP) and returns
-    whether it succeeded.
+    The first load is all or nothing (not ready until every file is valid). After it, each
+    file is taken on its own: a broken one keeps its last good version (a quota file
+    without one leaves its tenant with no quota; a deleted quota file removes it) and is
+    reported under its path, while the others' valid edits are installed. A change is
+    loaded once the files have stayed the same for one poll interval, so a file caught
+    half written is never taken. :meth:`reload` forces a re-read (e.g. on SIGHUP) and
+    returns whether every file was valid.
     """
 
-    def __init__(self, directory: Path, poll_interval: float | None = None) -> None:
+    def __init__(self, directory: Path, poll_interval: float | None = None,
+                 on_edit: Callable[[ConfigEdit], None] | None = None) -> None:
         super().__init__()
         self.directory = directory
         self.poll_interval = poll_interval
+        self.on_edit = on_edit
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._seen: tuple[tuple[str, int, int], ...] | None = None
         self._reload_lock = threading.Lock()
+        self._texts: dict[str, str] = {}  # file name -> the text of the version in use
 
     def start(self) -> None:
         """Load now; with ``poll_interval``, keep watching in a daemon thread."""
@@ -291,21 +325,82 @@ class LocalDirSource(ConfigSource):
             self._thread = None
 
     def reload(self) -> bool:
-        """Re-read the directory; install it if valid, else keep the old snapshot and report."""
+        """Re-read the directory; install every valid file's version, keep the last good
+        version of each broken one and report it; whether every file was valid."""
         with self._reload_lock:
             self._seen = self._signature()
+            previous = self._config
             try:
-                config = load_config_dir(self.directory)
-            except ConfigError as exc:  # also unreadable or non-UTF-8 files, by name
-                return self._failed(exc.source, str(exc))
-            self._install(config, {})
-            return True
+                scan = scan_config_dir(self.directory,
+                                       previous.platform if previous is not None else None)
+            except ConfigError as exc:  # the directory itself is gone: keep everything
+                self._report({exc.source: str(exc)})
+                return False
+            errors = {exc.source: str(exc) for exc in scan.errors}
+            if previous is None:
+                if not errors:
+                    self._texts = dict(scan.texts)
+                    self._install(scan.config(), {})
+                    log.info("config loaded from %s", self.directory,
+                             extra={"fields": {"event": "config-load",
+                                               "directory": str(self.directory),
+                                               "changed": sorted(scan.texts), "kept": []}})
+                    return True
+                self._report(errors)
+                return False
+            self._report(errors)
+            self._merge(previous, scan)
+            return not errors
 
-    def _failed(self, source: str, message: str) -> bool:
-        if self.last_error.get(source) != message:
-            report_failure(source, message, kept=self.ready)
-        self._set_errors({source: message})
-        return False
+    def _report(self, errors: Mapping[str, str]) -> None:
+        """Report each object whose error is news, and set the errors."""
+        before = self.last_error
+        for obj, message in errors.items():
+            if before.get(obj) != message:
+                kept = self.ready and (obj == str(self.directory) or Path(obj).name in self._texts)
+                report_failure(obj, message, kept=kept)
+        self._set_errors(errors)
+
+    def _merge(self, previous: FairgateConfig, scan: DirScan) -> None:
+        """Install the valid files of ``scan`` over ``previous``'s broken ones' versions."""
+        texts = {name: text for name, text in self._texts.items() if name in scan.broken}
+        texts.update(scan.texts)
+        if texts == self._texts:
+            return
+        quotas = {tenant: quota for tenant, quota in previous.quotas.items()
+                  if tenant in scan.quota_files}
+        quotas.update(scan.quotas)
+        config = FairgateConfig(
+            platform=scan.platform or previous.platform, quotas=quotas,
+            namespaces=scan.namespaces if scan.namespaces is not None
+            else {k: dict(v) for k, v in previous.namespaces.items()})
+        changed = sorted(name for name in texts.keys() | self._texts.keys()
+                         if texts.get(name) != self._texts.get(name))
+        edits = [self._edit(name, self._texts.get(name), texts.get(name)) for name in changed
+                 if name != NAMESPACES_FILE]
+        self._texts = texts
+        self._install(config, self.last_error)
+        log.info("config reloaded from %s: %s changed%s", self.directory, ", ".join(changed),
+                 f"; kept the last good {', '.join(sorted(scan.broken))}" if scan.broken
+                 else "",
+                 extra={"fields": {"event": "config-reload", "directory": str(self.directory),
+                                   "changed": changed, "kept": sorted(scan.broken),
+                                   "generation": self.generation}})
+        if self.on_edit is not None:
+            for edit in edits:
+                self.on_edit(edit)
+
+    @staticmethod
+    def _edit(name: str, before: str | None, after: str | None) -> ConfigEdit:
+        """The accepted change of file ``name`` from ``before`` to ``after`` (None: absent)."""
+        operation = "CREATE" if before is None else "DELETE" if after is None else "UPDATE"
+        if name == PLATFORM_FILE:
+            obj, tenant = PLATFORM_CONFIGMAP, ""
+        else:
+            tenant = name.removesuffix(".yaml").removeprefix(QUOTA_CONFIGMAP_PREFIX)
+            obj = QUOTA_CONFIGMAP_PREFIX + tenant
+        return ConfigEdit(file=name, obj=obj, tenant=tenant, operation=operation,
+                          diff=field_diff(_document(before, name), _document(after, name)))
 
     def _poll(self) -> None:
         assert self.poll_interval is not None
@@ -329,3 +424,8 @@ class LocalDirSource(ConfigSource):
                 continue
             found.append((path.name, stat.st_size, stat.st_mtime_ns))
         return tuple(found)
+
+
+def _document(text: str | None, name: str) -> dict[str, Any]:
+    """The YAML mapping of a config file's accepted text ({} for None: no file)."""
+    return load_yaml_mapping(text or "", name)

@@ -26,11 +26,21 @@ import threading
 from collections import deque
 from typing import Any
 
-from audit import AuditLog, AuditRecord
+from audit import QUOTA_CHANGE, AuditLog, AuditRecord
+from tenants.source import ConfigEdit
 
 log = logging.getLogger("fairgate.webhook.audit")
 
 DEFAULT_LINGER_SECONDS = 0.01
+
+
+def audit_config_edit(audit_log: AuditLog, edit: ConfigEdit) -> None:
+    """Record an accepted edit of a ``--config-dir`` file as a ConfigMap edit is recorded:
+    ``quota-change`` of the ConfigMap it stands for (no namespace: a local file), its
+    changed fields in ``diff``; no user (the file system does not say who wrote it)."""
+    audit_log.record(QUOTA_CHANGE, operation=edit.operation, tenant=edit.tenant,
+                     name=edit.obj, reason=f"{edit.operation.lower()} accepted (file "
+                     f"{edit.file})", diff=edit.diff)
 APPEND_RECORDS = 64
 
 

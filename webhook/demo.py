@@ -25,7 +25,10 @@ the run. It prints how to point other commands at its Redis. With
 started or wrote on disk is removed at the end, also when the demo is stopped by Ctrl-C
 (its ``redis-server`` is not in the terminal's process group, so it outlives the console
 until the demo stops it), and by SIGTERM or SIGHUP (the terminal closed), which it takes
-as Ctrl-C (exit code 130). Exit code 0 when every request got a valid answer, 1
+as Ctrl-C (exit code 130). The webhook runs on the demo's virtual clock too (it reads
+the time the demo writes before each request): every audit record, the webhook's
+``admit``, ``queue`` and ``deny`` as the dispatcher's ``dispatch``, ``start`` and
+``release``, is on that one clock. Exit code 0 when every request got a valid answer, 1
 otherwise (the server's log is shown).
 """
 
@@ -43,7 +46,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -265,11 +268,26 @@ class Denied(Exception):
 class WebhookClient:
     """Sends pod CREATEs to the webhook and turns answers into placements."""
 
-    def __init__(self, client: httpx.Client, config: FairgateConfig) -> None:
-        """Talk through ``client`` (TLS verified); read priority classes from ``config``."""
+    def __init__(self, client: httpx.Client, config: FairgateConfig,
+                 clock_file: Path | None = None) -> None:
+        """Talk through ``client`` (TLS verified); read priority classes from ``config``;
+        tell the webhook the time through ``clock_file`` (its ``--clock-file``)."""
         self.client = client
         self.priority_classes = config.platform.priority_classes
+        self.clock_file = clock_file
+        self.clock: Callable[[], float] = time.time
         self.sent = 0
+
+    def follow(self, clock: Callable[[], float]) -> None:
+        """Send each request at ``clock``'s time: the webhook queues and audits on it."""
+        self.clock = clock
+        self._tell_time()
+
+    def _tell_time(self) -> None:
+        if self.clock_file is not None:
+            written = self.clock_file.with_suffix(".new")
+            written.write_text(repr(self.clock()), encoding="ascii")
+            written.replace(self.clock_file)  # atomic: never read half written
 
     def create(self, pod: DemoPod) -> tuple[PodClass, Placement] | None:
         """Admit ``pod``: its class and placement; None when it asks for no GPU.
@@ -279,6 +297,7 @@ class WebhookClient:
         """
         manifest = pod.manifest()
         uid = str(uuid.uuid4())
+        self._tell_time()
         reply = self.client.post("/mutate", json=admission_review(manifest, uid))
         self.sent += 1
         if reply.status_code != 200:
@@ -328,6 +347,7 @@ class DemoCluster:
         self.webhook = webhook
         self.config = config
         self.clock = VirtualClock(start)
+        webhook.follow(self.clock)
         self.cluster = SimulatedCluster(dict(config.platform.capacity), self._admit, self.clock)
         self.dispatcher = Dispatcher(
             FairQueue(client), self.cluster, lambda: config, clock=self.clock,
@@ -340,6 +360,9 @@ class DemoCluster:
         self.dispatcher.step()  # as at any start: sync the config, rebuild from the cluster
         self._prepared: dict[tuple[str, str], Placement] = {}
         self._pods: dict[tuple[str, str], DemoPod] = {}
+        self.created = 0  # pods of the stream created (each one AdmissionReview)
+        self.without_gpu = 0  # of those, asking for no GPU: allowed untouched, not tallied
+        self.recreated = 0  # preempted pods created again by their controller
 
     def _tally(self, namespace: str) -> TenantTally:
         tenant = self.config.tenant_of_namespace(namespace) or NO_TENANT
@@ -351,6 +374,7 @@ class DemoCluster:
         if prepared is not None:
             return prepared
         # Re-created by its controller after a preemption: a new admission request.
+        self.recreated += 1
         pod = DemoPod(spec.namespace, spec.name, spec.demand, spec.duration, spec.pod_class,
                       group=(spec.group, spec.group_size) if spec.group else None)
         answer = self.webhook.create(pod)
@@ -360,6 +384,7 @@ class DemoCluster:
 
     def create(self, pod: DemoPod) -> None:
         """A user creates ``pod``: admission over HTTPS, then the simulated API server."""
+        self.created += 1
         try:
             answer = self.webhook.create(pod)
         except Denied as denied:
@@ -368,6 +393,7 @@ class DemoCluster:
             tally.reasons[denied.reason] = tally.reasons.get(denied.reason, 0) + 1
             return
         if answer is None:
+            self.without_gpu += 1
             return  # no GPU: not fairgate's business
         pod_class, placement = answer
         tally = self._tally(pod.namespace)
@@ -478,6 +504,23 @@ def _reasons(tallies: Mapping[str, TenantTally]) -> str:
     return "denials (audit reason):\n" + "\n".join(lines) if lines else "no denials"
 
 
+def _asked(asked: int, created: int) -> str:
+    """Why ``created`` pods and not the ``asked`` ones of ``--pods`` (nothing if equal)."""
+    return "" if created == asked else f" ({asked} asked; the last gang is kept whole)"
+
+
+def _created_label(asked: int, created: int) -> str:
+    """The progress bar's label: the pods it counts."""
+    return "pods created through the webhook" + _asked(asked, created)
+
+
+def _counts(demo: DemoCluster, asked: int) -> str:
+    """How the pods created add up to the table's rows (admitted + queued + denied)."""
+    tallied = sum(t.admitted + t.queued + t.denied for t in demo.tallies.values())
+    return (f"{demo.created} pods created{_asked(asked, demo.created)}: {tallied} GPU pods "
+            f"in the table + {demo.without_gpu} without a GPU (let through untouched)")
+
+
 class DemoRefused(RuntimeError):
     """The demo will not run against this Redis; the message says why."""
 
@@ -575,9 +618,11 @@ def run_demo(redis_url: RedisTarget | str | None = None, pods: int = 120,
         write_bundle(workdir / "certs", extra_sans=("127.0.0.1", "localhost"))
         config = write_demo_config(workdir / "config")
         out.print("certificates and a three-tenant config written; starting fairgate serve...")
+        clock_file = workdir / "clock"
+        clock_file.write_text(repr(time.time()), encoding="ascii")
         server = stack.enter_context(
             ServeProcess(workdir / "certs", target, workdir / "config", workdir / "serve.log",
-                         wait_for_rebuild=True)
+                         wait_for_rebuild=True, clock_file=clock_file)
         )
         out.print(f"fairgate serve is up at {server.base_url} (TLS verified against ca.crt)")
         client = connect_redis(target, timeout=None)
@@ -585,12 +630,14 @@ def run_demo(redis_url: RedisTarget | str | None = None, pods: int = 120,
         http = stack.enter_context(server.client())
         # The virtual run ends by the moment it starts in real time, so no audit record
         # lies in the future (`fairgate report` and the console bill up to now).
-        demo = DemoCluster(WebhookClient(http, config), config, client, time.time() - HORIZON)
+        # The webhook runs on the same virtual clock (``clock_file``): one time in the audit.
+        demo = DemoCluster(WebhookClient(http, config, clock_file), config, client,
+                           time.time() - HORIZON)
         stream = demo_stream(pods)
         try:
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                           console=out) as progress:
-                task = progress.add_task("pods created through the webhook", total=len(stream))
+                task = progress.add_task(_created_label(pods, len(stream)), total=len(stream))
                 start = demo.clock()
                 for i, pod in enumerate(stream):
                     demo.advance_to(start + i * ARRIVAL_GAP)
@@ -607,9 +654,11 @@ def run_demo(redis_url: RedisTarget | str | None = None, pods: int = 120,
             return 1
         out.print(_table(demo.tallies))
         out.print(_reasons(demo.tallies))
+        out.print(_counts(demo, pods))
         result, entries = AuditLog(client, out=io.StringIO()).verify()
         out.print(
-            f"{demo.webhook.sent} AdmissionReviews over HTTPS; "
+            f"{demo.webhook.sent} AdmissionReviews over HTTPS ({demo.created} creations + "
+            f"{demo.recreated} re-created after preemption); "
             f"{demo.cluster.preemptions} preemptions; still waiting: {demo.waiting()}; "
             f"audit chain: {result.checked} records, "
             + ("verified" if result.ok else f"BROKEN: {result.problem}")

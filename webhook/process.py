@@ -55,10 +55,12 @@ class ServeProcess:
         startup_timeout: float = 30.0,
         stop_timeout: float = 15.0,
         extra: tuple[str, ...] = (),
+        clock_file: Path | None = None,
     ) -> None:
         """Prepare to serve on 127.0.0.1:``port`` (a free port by default) with
         ``workers`` processes (``wait_for_rebuild``: see ``fairgate serve --help``;
-        ``extra``: more ``fairgate serve`` arguments)."""
+        ``extra``: more ``fairgate serve`` arguments), on the time written in
+        ``clock_file`` if given (:func:`webhook.server.file_clock`)."""
         self.cert_dir = cert_dir
         self.redis = RedisTarget.of(redis_target)
         self.config_dir = config_dir
@@ -69,6 +71,7 @@ class ServeProcess:
         self.startup_timeout = startup_timeout
         self.stop_timeout = stop_timeout
         self.extra = extra
+        self.clock_file = clock_file
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -100,6 +103,8 @@ class ServeProcess:
         )
         if self.redis.ca_file is not None:
             command += ["--redis-ca-file", str(self.redis.ca_file)]
+        if self.clock_file is not None:
+            command += ["--clock-file", str(self.clock_file)]
         env = {k: v for k, v in os.environ.items()
                if k not in (PASSWORD_ENV, "REDIS_PASSWORD_FILE", "REDIS_CA_FILE")}
         if password is not None:

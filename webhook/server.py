@@ -4,7 +4,9 @@ Contract:
 - Serves :func:`webhook.app.create_app` on ``host:port`` with the TLS context of
   :func:`certs.server_ssl_context` (TLS 1.2 minimum); a :class:`certs.CertReloader`
   swaps a renewed ``tls.crt``/``tls.key`` of ``cert_dir`` into the live context.
-- Config comes from ``config_dir`` (local mode, reloaded when the files change) or,
+- Config comes from ``config_dir`` (local mode, reloaded file by file when the files
+  change; each accepted edit of ``platform.yaml`` or a quota file is audited as
+  ``quota-change``, once, by the only or the first worker) or,
   without it, from the cluster (in-cluster service account or kubeconfig), where the
   serving certificate is also bootstrapped into ``cert_dir`` (shared Secret, caBundle
   injection; see :mod:`certs.bootstrap`).
@@ -40,7 +42,9 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,8 +62,9 @@ from fairshare.connection import (
 )
 from fairshare.queue.fastpath import REPLICA_ACK_TIMEOUT
 from tenants.models import CONTROL_NAMESPACE
-from tenants.source import ConfigNotReadyError, ConfigSource, start_local_source
+from tenants.source import ConfigEdit, ConfigNotReadyError, ConfigSource, start_local_source
 from webhook.app import create_app
+from webhook.auditing import audit_config_edit
 from webhook.connections import DEFAULT_LIMITS, ConnectionLimits, bounded_http
 from webhook.service import AdmissionService
 
@@ -104,11 +109,23 @@ class ServeOptions:
     replica_ack_timeout: float = REPLICA_ACK_TIMEOUT  # seconds WAIT may block (< redis_timeout)
     audit_retention: Retention = DEFAULT_RETENTION
     connections: ConnectionLimits = DEFAULT_LIMITS
+    clock_file: Path | None = None  # fairgate demo's virtual time (see file_clock)
 
 
-def _local_source(config_dir: Path) -> ConfigSource:
+def file_clock(path: Path) -> Callable[[], float]:
+    """A clock that reads the time (epoch seconds) from ``path``, as ``fairgate demo``
+    writes its virtual time there before each request, so the webhook queues and audits
+    on the demo's clock, as the demo's dispatcher does."""
+    def now() -> float:
+        return float(path.read_text(encoding="ascii"))
+
+    return now
+
+
+def _local_source(config_dir: Path,
+                  on_edit: Callable[[ConfigEdit], None] | None = None) -> ConfigSource:
     try:
-        return start_local_source(config_dir, CONFIG_POLL_SECONDS)
+        return start_local_source(config_dir, CONFIG_POLL_SECONDS, on_edit)
     except ConfigNotReadyError as exc:
         raise ServeError(str(exc)) from exc
 
@@ -164,9 +181,10 @@ def _namespace() -> str:
     return os.environ.get("POD_NAMESPACE", CONTROL_NAMESPACE)
 
 
-def _config_source(options: ServeOptions) -> ConfigSource:
+def _config_source(options: ServeOptions,
+                   on_edit: Callable[[ConfigEdit], None] | None = None) -> ConfigSource:
     if options.config_dir is not None:
-        return _local_source(options.config_dir)
+        return _local_source(options.config_dir, on_edit)
     from tenants.cluster import ClusterConfigSource
 
     source = ClusterConfigSource(_cluster_api(), _namespace())
@@ -231,17 +249,22 @@ async def serve_https(server: uvicorn.Server, reloader: CertReloader,
         await server.serve(sockets=sockets)
 
 
-def _run_uvicorn(options: ServeOptions, sock: socket.socket | None) -> None:
-    """Serve in this process until SIGTERM/SIGINT (on ``sock`` if given)."""
-    source = _config_source(options)
-    dra = _dra_source(options)
+def _run_uvicorn(options: ServeOptions, sock: socket.socket | None,
+                 audit_edits: bool = True) -> None:
+    """Serve in this process until SIGTERM/SIGINT (on ``sock`` if given); with
+    ``audit_edits``, audit each accepted edit of a ``config_dir`` file as ``quota-change``
+    (one process of a group does)."""
     client = connect_redis(options.redis, options.redis_timeout)
+    audit_log = AuditLog(client, maxlen=options.audit_retention.max_records,
+                         max_age=options.audit_retention.max_age)
+    source = _config_source(options, partial(audit_config_edit, audit_log)
+                            if audit_edits else None)
+    dra = _dra_source(options)
     decisions_client = connect_redis_async(options.redis, options.redis_timeout)
     try:
         service = AdmissionService(
-            source, decisions_client,
-            AuditLog(client, maxlen=options.audit_retention.max_records,
-                     max_age=options.audit_retention.max_age),
+            source, decisions_client, audit_log,
+            clock=file_clock(options.clock_file) if options.clock_file else time.time,
             wait_for_rebuild=(options.wait_for_rebuild if options.wait_for_rebuild is not None
                               else options.config_dir is None),
             replicas=(options.replica_acks if options.replica_acks is not None
@@ -282,13 +305,14 @@ def _run_uvicorn(options: ServeOptions, sock: socket.socket | None) -> None:
         client.close()
 
 
-def _worker(options: ServeOptions, sock: socket.socket) -> None:
-    """Entry point of a worker process (spawned: configure logging afresh)."""
+def _worker(options: ServeOptions, sock: socket.socket, index: int) -> None:
+    """Entry point of worker ``index`` (spawned: configure logging afresh); worker 0
+    audits the config dir's edits, so each is recorded once."""
     from webhook.logs import configure_logging
 
     configure_logging(options.log_level)
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C reaches the whole group
-        _run_uvicorn(options, sock)
+        _run_uvicorn(options, sock, audit_edits=index == 0)
 
 
 def _supervise(options: ServeOptions, sock: socket.socket) -> None:
@@ -303,7 +327,7 @@ def _supervise(options: ServeOptions, sock: socket.socket) -> None:
     signal.signal(signal.SIGINT, on_signal)
 
     def start(index: int) -> multiprocessing.process.BaseProcess:
-        process = spawn.Process(target=_worker, args=(options, sock),
+        process = spawn.Process(target=_worker, args=(options, sock, index),
                                 name=f"fairgate-serve-{index}", daemon=False)
         process.start()
         return process

@@ -9,15 +9,17 @@ Contract:
   and completions are events, and after every event the dispatcher runs until nothing
   changes. Keys live under a private prefix that is deleted afterwards, so a shared
   Redis is never disturbed.
-- The :class:`SimulationReport` (``to_json`` is the ``--json`` object of docs/reference.md):
-  ``jain_index``: Jain's index of x_i = (tenant i's mean usage in slices while it is
-  backlogged) / weight_i, counting only the time when at least two tenants are
-  backlogged (a tenant is backlogged while it has a pod waiting); 1.0 when that never
-  happens. ``utilization``: used / capacity slice-seconds over busy time (a pod running or
-  waiting). ``wait_seconds``: per class, p50/p99/max of creation-to-start; a pod still
-  waiting at the horizon counts with the wait so far. ``tenants``: weight, share (fraction
-  of all slice-seconds used), admitted (pods released), waiting (pods not started at the
-  horizon), ``gpu_hours`` (GPU-equivalent hours run, slices / 7) and ``cost`` (those
+- The :class:`SimulationReport` (``to_json`` is the ``--json`` object of
+  docs/reference.md): ``jain_index``: Jain's index of x_i = (tenant i's mean usage in
+  slices while it is backlogged) / weight_i, counting only the time when at least two
+  tenants are backlogged (a tenant is backlogged while it has a pod waiting); 1.0 when
+  that never happens. ``utilization``: used / capacity slice-seconds over busy time (a
+  pod running or waiting). ``wait_seconds``: per class, p50/p99/max of
+  creation-to-start; a pod still waiting at the horizon counts with the wait so far.
+  ``tenants``: weight, share (fraction of all slice-seconds used), admitted (pods
+  released that started), waiting (pods not started at the horizon), each pod counted
+  once, a preempted one as its re-creation (so admitted + waiting is at most the pods
+  submitted), ``gpu_hours`` (GPU-equivalent hours run, slices / 7) and ``cost`` (those
   hours at the trace's ``pricing`` default price, the trace's GPUs having no product;
   None without ``pricing``); ``preemption``: ``pods`` preempted by the modelled
   scheduler and ``gpu_hours_lost``, the GPU-equivalent hours they had run when
@@ -409,12 +411,14 @@ def _report(
     waiting = dict.fromkeys(trace.tenants, 0)
     for record in cluster.history.values():
         spec = record.spec
-        if record.released is not None:
+        # Each pod once: a preempted one is counted as its re-creation (its controller's).
+        if record.started is None and record.ended is None:
+            waiting[spec.tenant] += 1
+        elif record.released is not None and not record.preempted:
             admitted[spec.tenant] += 1
         if record.started is not None:
             wait = record.started - record.created
         elif record.ended is None:
-            waiting[spec.tenant] += 1
             wait = end - record.created
         else:
             continue  # deleted before it started

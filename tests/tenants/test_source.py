@@ -11,6 +11,7 @@ from prometheus_client import REGISTRY
 
 from tenants.source import (
     ConfigAssembler,
+    ConfigEdit,
     ConfigNotReadyError,
     LocalDirSource,
     start_local_source,
@@ -269,3 +270,111 @@ def test_namespace_labels(state: ConfigAssembler) -> None:
     assert state.snapshot().namespaces == {"a-dev": {"fairgate.io/tenant": "team-a"}}
     state.set_namespace("a-dev", {"other": "x"})
     assert state.snapshot().tenant_of_namespace("a-dev") is None
+
+
+# -- LocalDirSource, file by file ---------------------------------------------------------
+
+
+@pytest.fixture
+def two_tenants(config_dir: Path) -> Path:
+    (config_dir / "quota-team-b.yaml").write_text("nominal: {gpu: 2}\n")
+    return config_dir
+
+
+def test_a_broken_file_does_not_hold_back_another_tenants_edit(two_tenants: Path) -> None:
+    source = LocalDirSource(two_tenants)
+    source.start()
+    broken = two_tenants / "quota-team-b.yaml"
+    broken.write_text("nominal: {gpu: 2\n")  # team-b's admin breaks its file
+    (two_tenants / "quota-team-a.yaml").write_text("nominal: {gpu: 5}\n")
+    assert source.reload() is False
+    assert _nominal(source) == {"gpu": 5}, "team-a's valid edit is in use"
+    assert _nominal(source, "team-b") == {"gpu": 2}, "team-b keeps its last good quota"
+    assert list(source.last_error) == [str(broken)]
+    assert "YAML syntax error" in source.last_error[str(broken)]
+    (two_tenants / "quota-team-a.yaml").write_text("nominal: {gpu: 6}\n")
+    assert source.reload() is False
+    assert _nominal(source) == {"gpu": 6}, "and the next one too"
+    broken.write_text("nominal: {gpu: 1}\n")
+    assert source.reload() is True
+    assert _nominal(source, "team-b") == {"gpu": 1} and source.last_error == {}
+
+
+def test_a_broken_platform_keeps_its_last_good_and_quotas_are_checked_against_it(
+    two_tenants: Path,
+) -> None:
+    source = LocalDirSource(two_tenants)
+    source.start()
+    platform = two_tenants / "platform.yaml"
+    platform.write_text(PLATFORM + "surprise: 1\n")
+    (two_tenants / "quota-team-b.yaml").write_text("nominal: {gpu: 9}\n")  # ceiling 8
+    (two_tenants / "quota-team-a.yaml").write_text("nominal: {gpu: 7}\n")
+    assert source.reload() is False
+    assert set(source.last_error) == {str(platform), str(two_tenants / "quota-team-b.yaml")}
+    assert "exceeds the ceiling" in source.last_error[str(two_tenants / "quota-team-b.yaml")]
+    assert "surprise" not in source.config.platform.model_dump()
+    assert _nominal(source) == {"gpu": 7} and _nominal(source, "team-b") == {"gpu": 2}
+    # a lowered ceiling is taken; the quota above it keeps its last good version
+    platform.write_text(PLATFORM.replace("gpuEquivalents: 24", "gpuEquivalents: 6"))
+    (two_tenants / "quota-team-b.yaml").write_text("nominal: {gpu: 2}\n")
+    assert source.reload() is False
+    team_a = source.config.platform.tenants["team-a"]
+    assert team_a.ceiling.gpu_equivalents == 6
+    assert list(source.last_error) == [str(two_tenants / "quota-team-a.yaml")]
+    assert _nominal(source) == {"gpu": 7}
+
+
+def test_files_added_broken_or_deleted_after_the_first_load(two_tenants: Path) -> None:
+    source = LocalDirSource(two_tenants)
+    source.start()
+    (two_tenants / "quota_team-c.yaml").write_text("nominal: {gpu: 1}\n")  # misnamed
+    (two_tenants / "quota-team-b.yaml").unlink()
+    (two_tenants / "namespaces.yaml").write_text(NAMESPACES + "x: {fairgate.io/tenant: nope}\n")
+    assert source.reload() is False
+    assert source.config.quotas.keys() == {"team-a"}, "a deleted quota file is a valid edit"
+    assert source.config.tenant_of_namespace("team-a-dev") == "team-a"
+    assert source.config.tenant_of_namespace("x") is None, "namespaces keep their last good"
+    assert "rename it to quota-team-c.yaml" in source.last_error[
+        str(two_tenants / "quota_team-c.yaml")]
+    assert "'nope' is not defined" in source.last_error[str(two_tenants / "namespaces.yaml")]
+    (two_tenants / "quota-team-b.yaml").write_text("nominal: {gpu: x}\n")  # never good
+    assert source.reload() is False
+    assert source.config.quotas.keys() == {"team-a"}
+
+
+def test_an_accepted_reload_is_logged_and_each_edit_handed_on(
+    two_tenants: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    edits: list[ConfigEdit] = []
+    source = LocalDirSource(two_tenants, on_edit=edits.append)
+    source.start()
+    assert edits == [], "the first load is no edit"
+    (two_tenants / "quota-team-a.yaml").write_text(
+        "nominal: {gpu: 4}\nborrowLimit: {gpuEquivalents: 2}\n")
+    (two_tenants / "quota-team-b.yaml").write_text("nominal: [\n")
+    (two_tenants / "platform.yaml").write_text(PLATFORM.replace("weight: 1", "weight: 3"))
+    (two_tenants / "namespaces.yaml").write_text(NAMESPACES + "b: {fairgate.io/tenant: team-b}\n")
+    with caplog.at_level("INFO", logger="tenants.source"):
+        assert source.reload() is False
+    (line,) = [r for r in caplog.records if r.getMessage().startswith("config reloaded")]
+    fields = getattr(line, "fields")  # noqa: B009 - set through extra=
+    assert fields["event"] == "config-reload"
+    assert fields["changed"] == ["namespaces.yaml", "platform.yaml", "quota-team-a.yaml"]
+    assert fields["kept"] == ["quota-team-b.yaml"]
+    assert "quota-team-b.yaml" in line.getMessage()
+    assert edits == [
+        ConfigEdit(file="platform.yaml", obj="fairgate-platform", tenant="", operation="UPDATE",
+                   diff={"tenants.team-b.weight": {"before": 1, "after": 3}}),
+        ConfigEdit(file="quota-team-a.yaml", obj="quota-team-a", tenant="team-a",
+                   operation="UPDATE",
+                   diff={"borrowLimit.gpuEquivalents": {"before": None, "after": 2},
+                         "nominal.gpu": {"before": 8, "after": 4}}),
+    ]
+    edits.clear()
+    (two_tenants / "quota-team-b.yaml").unlink()
+    (two_tenants / "quota-team-c.yaml").write_text("nominal: {}\n")  # not in the platform
+    (two_tenants / "quota-team-a.yaml").unlink()
+    assert source.reload() is False
+    assert [(e.file, e.operation) for e in edits] == [("quota-team-a.yaml", "DELETE"),
+                                                      ("quota-team-b.yaml", "DELETE")]
+    assert source.reload() is False and len(edits) == 2, "a re-read changes nothing"

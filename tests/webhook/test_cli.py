@@ -22,7 +22,7 @@ from webhook.process import ServeProcess
 SUBCOMMANDS = [
     ["demo"], ["certs"], ["certs", "generate"], ["serve"], ["dispatch"], ["status"], ["why"],
     ["audit"], ["audit", "tail"], ["audit", "query"], ["audit", "verify"], ["simulate"],
-    ["redis-secret"], ["console"], ["certs", "ensure"],
+    ["redis-secret"], ["console"], ["certs", "ensure"], ["config"], ["config", "check"],
 ]
 REDIS_COMMANDS = [
     ["serve"], ["dispatch"], ["status"], ["why"], ["audit", "tail"], ["audit", "query"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 import redis
 from webhook_helpers import ServerFactory, gpu_pod, review
 
+from audit import AuditLog, AuditRecord
 from certs import write_bundle
 from fairshare.localredis import free_port
 from webhook.process import ServeProcess, client_context
@@ -112,6 +114,36 @@ def test_readyz_tells_an_unauthenticated_caller_nothing_about_an_invalid_quota(
         text = client.get("/readyz").text.lower()
     for secret in ("team-b", "777", "ceiling", "quota", "nominal", "yaml"):
         assert secret not in text, (secret, text)
+
+
+def test_a_file_edit_is_audited_as_quota_change_and_logged_while_a_broken_one_waits(
+    start_server: ServerFactory, redis_url: str
+) -> None:
+    """team-a's broken file does not hold back team-b's edit; the edit is in the chained
+    audit log as a ConfigMap edit would be, and the reload is one structured log line."""
+    server = start_server(redis_url)
+    (server.config_dir / "quota-team-a.yaml").write_text("nominal: {gpu: [\n")
+    (server.config_dir / "quota-team-b.yaml").write_text("nominal: {gpu: 3}\n"
+                                                          "defaultClass: training\n")
+    assert _eventually(lambda: _decision(server, "team-b-dev", "x", dry_run=True) == "admit"
+                       and _decision(server, "team-b-dev", "y", dry_run=True) == "admit")
+    audit = AuditLog(redis.Redis.from_url(redis_url))
+
+    def changes() -> list[AuditRecord]:
+        return [e.record for e in audit.entries()
+                if e.record is not None and e.record.decision == "quota-change"]
+
+    assert _eventually(lambda: len(changes()) == 1)
+    (change,) = changes()
+    assert (change.name, change.namespace, change.tenant, change.operation) == (
+        "quota-team-b", "", "team-b", "UPDATE")
+    assert change.diff == {"nominal.gpu": {"before": 1, "after": 3}}
+    assert "quota-team-b.yaml" in change.reason
+    assert audit.verify()[0].ok
+    lines = [json.loads(line) for line in server.log_path.read_text().splitlines()
+             if '"config-reload"' in line]
+    assert [(line["changed"], line["kept"]) for line in lines] == [
+        (["quota-team-b.yaml"], ["quota-team-a.yaml"])]
 
 
 def test_a_renewed_certificate_is_served_without_a_restart(

@@ -143,8 +143,10 @@ def test_json_output_has_exactly_the_designed_keys(redis_url: str, tmp_path: Pat
     assert data["tenants"]["team-a"]["cost"] is None
     assert data["preemption"] == {"pods": 2, "gpu_hours_lost": 0.0}
     # The 2 training pods that started first were preempted by inference at t=0 and
-    # re-created by their controller: 6 + 2 pods released for team-a.
-    assert data["tenants"]["team-a"]["admitted"] == 8
+    # re-created by their controller: 6 + 2 pods released for team-a, which are the 6
+    # pods it submitted, each counted once.
+    assert data["tenants"]["team-a"]["admitted"] == 6
+    assert data["tenants"]["team-a"]["waiting"] == 0
     assert data["tenants"]["team-b"]["admitted"] == 2
     assert 0 < data["utilization"] <= 1
     assert data["wait_seconds"]["inference"]["max"] == 0.0
@@ -306,3 +308,21 @@ def test_trace_placement_errors_say_what_to_fix(change: dict[str, object], fragm
     with pytest.raises(ConfigError) as info:
         parse_trace(data)
     assert fragment in str(info.value)
+
+
+def test_a_preempted_pod_is_counted_once(redis_url: str) -> None:
+    """admitted + waiting is each tenant's pods submitted, however often its pods were
+    preempted and re-created (a gang's members included), at the horizon as before it."""
+    trace = load_trace(EXAMPLES / "preemption-cost.yaml")
+    submitted: dict[str, int] = {}
+    for pod in trace.pods():
+        submitted[pod.tenant] = submitted.get(pod.tenant, 0) + 1
+    for horizon in (trace.horizon, trace.horizon / 3):
+        report = run_simulation(trace.model_copy(update={"horizon": horizon}), redis_url)
+        assert report.preemptions > 0
+        for name, tenant in report.tenants.items():
+            arrived = sum(1 for pod in trace.pods() if pod.tenant == name and pod.at <= horizon)
+            assert tenant.admitted + tenant.waiting <= arrived <= submitted[name], name
+        research = report.tenants["research"]
+        assert research.admitted + research.waiting == sum(
+            1 for pod in trace.pods() if pod.tenant == "research" and pod.at <= horizon)
