@@ -117,6 +117,23 @@ def test_a_swap_for_more_devices_is_refused_with_what_to_do() -> None:
     assert message is not None and "no GPUs" in message and "and 2 more" in message
 
 
+json = st.recursive(
+    st.none() | st.booleans() | st.integers(-2, 10) | st.sampled_from(
+        [GPU_CLASS, MIG_CLASS, "All", "ExactCount", "nic.example.com", ""]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(
+        ["spec", "devices", "requests", "exactly", "firstAvailable", "deviceClassName",
+         "count", "allocationMode", "name", "selectors", "metadata"]), inner, max_size=4),
+    max_leaves=20)
+
+
+@given(obj=json, kind=st.sampled_from([CLAIM, TEMPLATE]))
+def test_any_object_is_read_and_priced_or_refused_never_raising(obj: Any, kind: str) -> None:
+    new = created_object("resource.k8s.io", kind, NS, "x", obj)
+    if new is not None:
+        result = asked(new, context())
+        assert isinstance(result, (dict, PodError))
+
+
 counts = st.dictionaries(st.sampled_from(["gpu", "mig-1g.5gb", "mig-3g.20gb"]),
                          st.integers(1, 16), max_size=3)
 

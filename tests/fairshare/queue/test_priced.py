@@ -5,14 +5,18 @@ entries of tickets the queue no longer holds are dropped, and every key has a li
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 import redis
 import redis.asyncio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from fairshare.queue.calls import PRICED_LIFETIME
 from fairshare.queue.fastpath import AsyncFairQueue
 from fairshare.queue.model import PricedTicket
+from tenants.resources import ResourceCounts
 from tests.fairshare.queue.test_queue import Pods, admit_all, queue_with
 
 CLAIM = "ns-a/c/c"
@@ -87,3 +91,49 @@ def test_the_webhook_queue_notes_and_reads_in_one_call_each(
     assert asyncio.run(run()) == [PricedTicket("t1", {"gpu": 1}, "reserved", "ns-a", "p1")]
     stats = redis_client.info("commandstats")
     assert stats["cmdstat_fcall"]["calls"] == 2
+
+
+OBJECTS = [f"ns-a/{kind}/{name}" for kind in "ct" for name in ("x", "y")]
+STEPS = st.lists(st.one_of(
+    st.tuples(st.just("admit")),
+    st.tuples(st.just("note"), st.integers(0, 6),
+              st.dictionaries(st.sampled_from(OBJECTS),
+                              st.dictionaries(st.sampled_from(["gpu", "mig-1g.5gb"]),
+                                              st.integers(0, 8), max_size=2),
+                              min_size=1, max_size=3)),
+    st.tuples(st.just("release"), st.integers(0, 6)),
+), max_size=25)
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=STEPS)
+def test_priced_for_answers_exactly_the_live_tickets_last_noted(
+    redis_client: redis.Redis, steps: list[tuple[Any, ...]],
+) -> None:
+    """Random admissions, notes (of live and ended tickets) and releases: after every
+    step each object answers the last note of each ticket the queue still holds."""
+    redis_client.flushall()
+    q = queue_with(redis_client, {"gpu": 100}, a={"nominal": {"gpu": 100}})
+    pods, tickets, live = Pods(), [], set()
+    noted: dict[str, dict[str, ResourceCounts]] = {key: {} for key in OBJECTS}
+    for step in steps:
+        if step[0] == "admit":
+            req = pods("a")
+            q.admit(req, 0.0)
+            tickets.append(req.ticket)
+            live.add(req.ticket)
+        elif step[0] == "note" and tickets:
+            ticket = tickets[step[1] % len(tickets)]
+            assert q.note_priced(ticket, step[2]) == (len(step[2]) if ticket in live else 0)
+            if ticket in live:
+                for key, devices in step[2].items():
+                    noted[key][ticket] = {k: v for k, v in devices.items() if v}
+        elif step[0] == "release" and tickets:
+            ticket = tickets[step[1] % len(tickets)]
+            q.release(ticket, "any-uid")
+            live.discard(ticket)
+        for key in OBJECTS:
+            got = {p.ticket: p.devices for p in q.priced_for(key)}
+            assert got == {t: d for t, d in noted[key].items() if t in live}
+        assert all(redis_client.ttl(k) > 0 for k in redis_client.keys("fairgate:po:*"))
