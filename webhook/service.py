@@ -7,13 +7,19 @@ Contract (asynchronous; :mod:`webhook.app` awaits it on the event loop under a d
   answers it:
 
   * ``mutate``, pod CREATE: plan (pure) -> reserve or enqueue in the fair queue (a
-    dry-run request changes nothing in Redis) -> JSON Patch. A pod without GPU demand
+    dry-run request changes nothing in Redis) -> note what each ResourceClaim and
+    ResourceClaimTemplate the pod names was priced at (one more Redis call, only for a
+    pod that names some) -> JSON Patch. A pod without GPU demand
     is allowed untouched (no patch). A queued pod gets the gate and a warning saying
     why it waits. A pod of a tenant whose budget is at 80% or more this month gets a
     warning saying spent, budget, percent and what happens at 100%
     (:mod:`fairshare.queue.budget`). Anything else sent to ``/mutate`` is allowed untouched.
-  * ``validate``: pod CREATE/UPDATE rules and quota ConfigMap edits; anything else is
-    allowed. The check of a fairgate ConfigMap (YAML a tenant admin wrote) runs in a
+  * ``validate``: pod CREATE/UPDATE rules and quota ConfigMap edits; a ResourceClaim
+    or ResourceClaimTemplate CREATE in a tenant namespace that asks for GPUs is refused
+    when a live admitted pod named an object of that name and was priced for less
+    (:mod:`admission.claimguard`; one Redis call; Redis down: ``onRedisUnavailable``,
+    ``deny`` refusing it with 503, ``allow`` letting it through audited); anything else
+    is allowed. The check of a fairgate ConfigMap (YAML a tenant admin wrote) runs in a
     worker process under a time budget (:mod:`webhook.checker`): one over the budget is
     refused with :data:`CHECK_BUDGET_MESSAGE`, and pod admissions never wait for it.
   * When Redis fails, ``onRedisUnavailable`` decides: ``deny`` (default) refuses GPU
@@ -25,8 +31,9 @@ Contract (asynchronous; :mod:`webhook.app` awaits it on the event loop under a d
 - :meth:`overdue` answers a request whose decision missed the deadline (a pod CREATE at
   /mutate as a Redis failure; otherwise :data:`OVERDUE_MESSAGE`, "overloaded") and
   :meth:`failed` one whose decision raised unexpectedly (:data:`INTERNAL_ERROR_MESSAGE`,
-  logged with its traceback). Either way a GPU pod (or a pod fairgate cannot read) and
-  a fairgate ConfigMap edit are refused; anything else is allowed. Both are
+  logged with its traceback). Either way a GPU pod (or a pod fairgate cannot read), a
+  fairgate ConfigMap edit and, at /validate, a ResourceClaim or ResourceClaimTemplate
+  that asks for GPUs (or cannot be priced) are refused; anything else is allowed. Both are
   synchronous and make no Redis call.
 - Every decision on a GPU pod (admit, queue, deny) and every denial or accepted quota
   change is audited (:mod:`audit`, written off the request path) and counted in
@@ -49,11 +56,19 @@ from typing import Any, Literal, Protocol
 import redis
 import redis.asyncio
 
+from admission.claimguard import (
+    CreatedObject,
+    asked,
+    created_object,
+    made_for_a_pod,
+    priced_objects,
+    swap_refusal,
+)
 from admission.demand import pod_demand
 from admission.dra import NO_OBJECTS, DraContext, DraObjects, referenced_objects
 from admission.mutation import build_patch
 from admission.plan import Denied, NotOurs, PodPlan, plan_create
-from admission.pods import admitted_name
+from admission.pods import PodError, admitted_name
 from admission.reviews import (
     AdmissionRequest,
     AdmissionReview,
@@ -72,7 +87,8 @@ from fairshare.queue.fastpath import REPLICA_ACK_TIMEOUT, AsyncFairQueue, NotRep
 from fairshare.queue.model import Admission, InvalidRequestError, PodRequest
 from tenants import resources
 from tenants.configmaps import is_fairgate_configmap, quota_tenant, review_configmap
-from tenants.models import FairgateConfig, PriorityBand
+from tenants.models import DEFAULT_DEVICE_CLASSES, FairgateConfig, PriorityBand
+from tenants.resources import ResourceCounts
 from tenants.source import ConfigNotReadyError, ConfigSource
 from webhook.auditing import AuditWriter
 from webhook.checker import CheckOverBudget, ConfigMapChecker
@@ -111,6 +127,19 @@ CONFIG_EDITS_REFUSED = (
 FAIL_OPEN_WARNING = (
     "fairgate queue (Redis) unavailable: admitted without a quota check "
     "(onRedisUnavailable: allow)"
+)
+DRA_REDIS_DOWN_MESSAGE = (
+    "fairgate cannot reach its queue (Redis), so it cannot check that this {kind} gives "
+    "no admitted pod more GPUs than it was priced for: {kind}s that ask for GPUs are "
+    "refused until it is back; retry, or ask the platform team"
+)
+DRA_NO_CONFIG_MESSAGE = (
+    "fairgate has not loaded its tenant config yet: {kind}s that ask for GPUs are refused "
+    "until it has; retry in a minute or ask the platform team"
+)
+DRA_FAIL_OPEN_WARNING = (
+    "fairgate queue (Redis) unavailable: created without checking the pods admitted "
+    "under this name (onRedisUnavailable: allow)"
 )
 
 BUDGET_REFRESH_SECONDS = 5.0
@@ -184,6 +213,14 @@ def _is_pod(request: AdmissionRequest) -> bool:
 
 def _is_configmap(request: AdmissionRequest) -> bool:
     return request.kind.group == "" and request.kind.kind == "ConfigMap"
+
+
+def _created_dra_object(request: AdmissionRequest) -> CreatedObject | None:
+    """The ResourceClaim or ResourceClaimTemplate a CREATE makes, else None."""
+    if request.operation != "CREATE" or request.sub_resource:
+        return None
+    return created_object(request.kind.group, request.kind.kind, request.namespace,
+                          request.name, request.object)
 
 
 class DraSource(Protocol):
@@ -337,7 +374,28 @@ class AdmissionService:
         if _is_pod(request):
             return _asks_for_gpu(request.object or request.old_object, request.namespace,
                                  self._dra_now())
+        created = _created_dra_object(request)
+        if created is not None:
+            if webhook != "validate":
+                return False
+            try:
+                return self._judged(created, request.user_info.username,
+                                    self.current_config()) is not None
+            except Exception:  # an object fairgate cannot read counts as asking
+                return True
         return _is_configmap(request) and webhook == "validate"
+
+    def _judged(self, created: CreatedObject, username: str,
+                config: FairgateConfig | None) -> ResourceCounts | PodError | None:
+        """What a created ResourceClaim or ResourceClaimTemplate asks (its devices, or why
+        it cannot be priced) when it must be checked against the admitted pods; None when
+        it asks for no GPU or the resourceclaim controller made it for a pod."""
+        rules = (config.platform.device_class_rules if config is not None
+                 else dict(DEFAULT_DEVICE_CLASSES))
+        asks = asked(created, DraContext(created.ref.namespace, rules, self._dra_now()))
+        if (not isinstance(asks, PodError) and not asks) or made_for_a_pod(created, username):
+            return None
+        return asks
 
     # -- entry points --------------------------------------------------------------
 
@@ -455,6 +513,9 @@ class AdmissionService:
         except UnmintedTicketError as exc:
             return self._deny(request, progress, _planned(DENY, "unminted-ticket", plan),
                               f"fairgate refuses this pod: {exc}")
+        unnoted = await self._note_priced(request, progress, plan.ticket, config, dra)
+        if unnoted is not None:
+            return unnoted
         gated = admission.outcome == "queued"
         ops = build_patch(_pod(pod), plan, admission.band, gated,
                           config.platform.priority_classes)
@@ -485,6 +546,25 @@ class AdmissionService:
             return await self.queue.admit(queued, queued.submitted_at, dry_run=dry_run,
                                           presented=presented)
 
+    async def _note_priced(
+        self, request: AdmissionRequest, progress: Progress, ticket: str,
+        config: FairgateConfig, dra: DraObjects,
+    ) -> AdmissionReviewResponse | None:
+        """Note in the queue what each ResourceClaim and ResourceClaimTemplate the pod
+        names was priced at, under its ``ticket`` (one call; none for a dry run or a pod
+        that names none); a Redis failure is answered as at admission, else None."""
+        if request.dry_run:
+            return None
+        context = DraContext(request.namespace, config.platform.device_class_rules, dra)
+        priced = priced_objects(request.object, context)
+        if not priced:
+            return None
+        try:
+            await self.queue.note_priced(ticket, {ref.key: n for ref, n in priced.items()})
+        except _UNAVAILABLE as exc:
+            return self._redis_unavailable(request, progress, exc)
+        return None
+
     async def _budget_warning(self, tenant: str) -> str | None:
         """The budget warning of ``tenant`` (:func:`fairshare.queue.budget.budget_warning`),
         from the budget states read at most every :attr:`budget_refresh` seconds (one
@@ -509,17 +589,8 @@ class AdmissionService:
         self, request: AdmissionRequest, progress: Progress, error: BaseException
     ) -> AdmissionReviewResponse:
         config = progress.config or self.current_config()
-        policy = config.platform.on_redis_unavailable if config is not None else "deny"
+        policy = self._unavailable_policy(request, progress, config, error)
         plan = progress.plan
-        if progress.abandoned:
-            # The deadline fallback answered this request already (and counted and logged
-            # it): this late answer is discarded, so it is neither counted nor logged as one.
-            log.info("late decision for uid=%s, answered at the deadline, also found Redis "
-                     "unavailable (%s)", request.uid, error)
-        else:
-            self.metrics.redis_unavailable.labels(policy).inc()
-            log.warning("Redis unavailable for uid=%s (%s): policy %s", request.uid, error,
-                        policy)
         if policy == "allow" and plan is not None and config is not None:
             band: PriorityBand = "inference" if plan.pod_class == "inference" else "training"
             ops = build_patch(
@@ -537,6 +608,23 @@ class AdmissionService:
             code=503, reason="ServiceUnavailable",
         )
 
+    def _unavailable_policy(
+        self, request: AdmissionRequest, progress: Progress, config: FairgateConfig | None,
+        error: BaseException,
+    ) -> str:
+        """``onRedisUnavailable`` (``deny`` without a config), counted and logged."""
+        policy = config.platform.on_redis_unavailable if config is not None else "deny"
+        if progress.abandoned:
+            # The deadline fallback answered this request already (and counted and logged
+            # it): this late answer is discarded, so it is neither counted nor logged as one.
+            log.info("late decision for uid=%s, answered at the deadline, also found Redis "
+                     "unavailable (%s)", request.uid, error)
+        else:
+            self.metrics.redis_unavailable.labels(policy).inc()
+            log.warning("Redis unavailable for uid=%s (%s): policy %s", request.uid, error,
+                        policy)
+        return policy
+
     # -- validate ------------------------------------------------------------------
 
     async def _validate(
@@ -546,7 +634,53 @@ class AdmissionService:
             return await self._validate_pod(request, progress)
         if _is_configmap(request):
             return await self._validate_configmap(request, progress)
+        created = _created_dra_object(request)
+        if created is not None:
+            return await self._validate_dra_object(request, progress, created)
         return allow(request.uid)
+
+    async def _validate_dra_object(
+        self, request: AdmissionRequest, progress: Progress, created: CreatedObject
+    ) -> AdmissionReviewResponse:
+        """A ResourceClaim or ResourceClaimTemplate CREATE: refused when it asks for more
+        than a live admitted pod that named its name was priced for (one Redis call, only
+        for one that asks for GPUs in a tenant namespace)."""
+        config = self.current_config()
+        kind = created.ref.kind
+        asks = self._judged(created, request.user_info.username, config)
+        if asks is None:
+            return allow(request.uid)
+        demand = "" if isinstance(asks, PodError) else resources.format_counts(asks)
+        if config is None:
+            return self._deny(request, progress, _Decision(DENY, "config not loaded"),
+                              DRA_NO_CONFIG_MESSAGE.format(kind=kind),
+                              code=503, reason="ServiceUnavailable")
+        tenant = config.tenant_of_namespace(request.namespace)
+        if not tenant:
+            return allow(request.uid)
+        try:
+            admitted = await self.queue.priced_for(created.ref.key)
+        except _UNAVAILABLE as exc:
+            policy = self._unavailable_policy(request, progress, config, exc)
+            if policy == "allow":
+                decision = _Decision(ADMIT, "redis unavailable: allowed unchecked (fail open)",
+                                     tenant=tenant, demand=demand)
+                return allow(request.uid, [DRA_FAIL_OPEN_WARNING],
+                             self._record(request, decision, progress))
+            return self._deny(request, progress,
+                              _Decision(DENY, "redis unavailable", tenant=tenant, demand=demand),
+                              DRA_REDIS_DOWN_MESSAGE.format(kind=kind),
+                              code=503, reason="ServiceUnavailable")
+        message = swap_refusal(created.ref, asks, admitted)
+        if message is not None:
+            return self._deny(request, progress,
+                              _Decision(DENY, "replaced-object", tenant=tenant, demand=demand),
+                              message)
+        if not admitted:
+            return allow(request.uid)
+        decision = _Decision(ADMIT, f"made again within the price of {len(admitted)} "
+                             "admitted pod(s)", tenant=tenant, demand=demand)
+        return allow(request.uid, audit=self._record(request, decision, progress))
 
     async def _validate_configmap(
         self, request: AdmissionRequest, progress: Progress

@@ -33,12 +33,13 @@ from fairshare.queue.model import (
     Hold,
     InvalidRequestError,
     PodRequest,
+    PricedTicket,
     TenantStatus,
     TicketState,
 )
 from tenants.models import FairgateConfig, PodClass, PriorityBand
 from tenants.placement import placement_of_key
-from tenants.resources import format_counts, gpu_equivalents, parse_counts
+from tenants.resources import ResourceCounts, format_counts, gpu_equivalents, parse_counts
 
 BAND_CODE: dict[PriorityBand, str] = {"inference": "i", "training": "t", "borrowed": "b"}
 BAND_NAME: dict[str, PriorityBand] = {code: band for band, code in BAND_CODE.items()}
@@ -98,7 +99,7 @@ class UnmintedTicketError(ValueError):
 # them) and called with FCALL_RO.
 OPERATIONS = ("sync", "admit", "bind", "confirm", "dispatch", "forget", "expire", "requeue",
               "rebuild", "status", "why", "find", "demand", "holds", "budget", "service",
-              "restore")
+              "restore", "note_priced", "priced_for")
 READ_ONLY = frozenset({"status", "why", "find", "demand", "holds", "service"})
 
 
@@ -357,3 +358,31 @@ def explain(reason: Sequence[str], tenant: str, pod_class: PodClass) -> str:
     if code == "turn":
         return "its turn: tenants with a lower weighted share (or an older pod) go first"
     return code
+
+
+# -- priced objects -----------------------------------------------------------------
+
+PRICED_LIFETIME = 30 * 24 * 3600
+"""Seconds an object's entry of what admitted pods were priced for lives after its
+last write (``note_priced.lua``)."""
+
+
+def note_priced_args(ticket: str, priced: Mapping[str, ResourceCounts],
+                     lifetime: int = PRICED_LIFETIME) -> Args:
+    """ARGV of ``note_priced.lua``: ``priced`` is object key -> devices (see
+    :attr:`admission.claimguard.DraObjectRef.key`)."""
+    args: Args = [ticket, lifetime]
+    for key in sorted(priced):
+        args += [key, format_counts(priced[key])]
+    return args
+
+
+def priced_tickets(raw: Sequence[Any]) -> list[PricedTicket]:
+    """The reply of ``priced_for.lua``."""
+    fields = [text(v) for v in raw]
+    return [
+        PricedTicket(ticket=fields[i], devices=parse_counts(fields[i + 1]),
+                     state=STATE_NAME[fields[i + 2]], namespace=fields[i + 3],
+                     name=fields[i + 4])
+        for i in range(0, len(fields) - 4, 5)
+    ]

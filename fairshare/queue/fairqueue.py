@@ -46,7 +46,9 @@ from fairshare.queue.calls import (
     explain,
     holds,
     lane_entry,
+    note_priced_args,
     num,
+    priced_tickets,
     queue_error,
     queued_demand,
     sync_args,
@@ -60,6 +62,7 @@ from fairshare.queue.model import (
     GatedPod,
     Hold,
     PodRequest,
+    PricedTicket,
     QueueSnapshot,
     Release,
     RunningPod,
@@ -68,7 +71,7 @@ from fairshare.queue.model import (
     TicketStatus,
 )
 from tenants.models import FairgateConfig
-from tenants.resources import format_counts, parse_counts
+from tenants.resources import ResourceCounts, format_counts, parse_counts
 
 
 class FairQueue:
@@ -155,6 +158,19 @@ class FairQueue:
         """
         return claimed(self._run("bind", *bind_args(ticket, uid, namespace, name, dry_run)),
                        ticket)
+
+    def note_priced(self, ticket: str, priced: Mapping[str, ResourceCounts]) -> int:
+        """Remember that the admission of live ``ticket`` priced each DRA object of
+        ``priced`` (object key -> devices) at those devices; returns how many objects were
+        noted (0 when the queue no longer holds the ticket: nothing is written). Each
+        object's entry lives :data:`~fairshare.queue.calls.PRICED_LIFETIME` seconds after
+        its last write; the entries of tickets no longer live are dropped as it is written."""
+        return int(self._run("note_priced", *note_priced_args(ticket, priced)))
+
+    def priced_for(self, key: str) -> list[PricedTicket]:
+        """The live admissions priced for the DRA object ``key`` (see :meth:`note_priced`),
+        dropping the entries of tickets the queue no longer holds."""
+        return priced_tickets(self._run("priced_for", key))
 
     def confirm(self, ticket: str, uid: str, namespace: str, name: str) -> Confirmation:
         """A pod presenting ``ticket`` exists: ``uid``, ``namespace``/``name``.

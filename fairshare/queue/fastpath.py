@@ -29,13 +29,16 @@ from fairshare.queue.calls import (
     admit_args,
     bind_args,
     claimed,
+    note_priced_args,
+    priced_tickets,
     queue_error,
     sync_args,
     tenant_statuses,
 )
 from fairshare.queue.functions import AsyncQueueFunctions
-from fairshare.queue.model import Admission, PodRequest, TenantStatus
+from fairshare.queue.model import Admission, PodRequest, PricedTicket, TenantStatus
 from tenants.models import FairgateConfig
+from tenants.resources import ResourceCounts
 
 # How long WAIT may block by default: under the webhook's 0.5 s Redis socket timeout, with
 # room for the script; a replica on the same network acknowledges in well under 1 ms.
@@ -114,6 +117,14 @@ class AsyncFairQueue:
         """As :meth:`fairshare.queue.fairqueue.FairQueue.bind`."""
         return claimed(await self._run("bind", *bind_args(ticket, uid, namespace, name,
                                                           dry_run)), ticket)
+
+    async def note_priced(self, ticket: str, priced: Mapping[str, ResourceCounts]) -> int:
+        """As :meth:`fairshare.queue.fairqueue.FairQueue.note_priced` (one call)."""
+        return int(await self._run("note_priced", *note_priced_args(ticket, priced)))
+
+    async def priced_for(self, key: str) -> list[PricedTicket]:
+        """As :meth:`fairshare.queue.fairqueue.FairQueue.priced_for` (one call)."""
+        return priced_tickets(await self._run("priced_for", key))
 
     async def budgets(self) -> dict[str, BudgetStatus]:
         """As :meth:`fairshare.queue.fairqueue.FairQueue.budgets` (one HGETALL)."""

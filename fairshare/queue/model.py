@@ -296,6 +296,19 @@ class TicketStatus:
 
 
 @dataclass(frozen=True)
+class PricedTicket:
+    """A live admission priced for one DRA object it names (a ResourceClaim or
+    ResourceClaimTemplate): its ticket, the devices the object was priced at for it,
+    and where its pod stands (``name`` is ``<prefix>*`` for a generateName)."""
+
+    ticket: str
+    devices: ResourceCounts
+    state: TicketState
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True)
 class ServiceSnapshot:
     """The service counters the queue orders by (virtual time, or decayed usage), as
     :meth:`fairshare.queue.fairqueue.FairQueue.service` read them: opaque to the caller, kept to

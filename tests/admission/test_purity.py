@@ -25,6 +25,7 @@ MODULES = (
     "admission.plan",
     "admission.mutation",
     "admission.validation",
+    "admission.claimguard",
 )
 
 

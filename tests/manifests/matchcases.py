@@ -25,6 +25,10 @@ from tenants.models import (
 MUTATE_PODS = "pods.mutate.fairgate.io"
 VALIDATE_PODS = "pods.validate.fairgate.io"
 VALIDATE_CONFIGMAPS = "configmaps.validate.fairgate.io"
+VALIDATE_CLAIMS = "resourceclaims.validate.fairgate.io"
+VALIDATE_TEMPLATES = "resourceclaimtemplates.validate.fairgate.io"
+RESOURCES = {VALIDATE_CONFIGMAPS: "configmaps", VALIDATE_CLAIMS: "resourceclaims",
+             VALIDATE_TEMPLATES: "resourceclaimtemplates"}
 
 Obj = dict[str, Any]
 
@@ -43,7 +47,7 @@ class Case:
     @property
     def resource(self) -> str:
         """The API resource of the request."""
-        return "configmaps" if self.hook == VALIDATE_CONFIGMAPS else "pods"
+        return RESOURCES.get(self.hook, "pods")
 
 
 def container(name: str = "main", **resources: dict[str, str]) -> Obj:
@@ -97,6 +101,41 @@ def configmap(name: str | None = None, generate_name: str | None = None,
     if labels is not None:
         meta["labels"] = labels
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {"k": "v"}}
+
+
+def request(device_class: str | None = None, *alternatives: str | None,
+            **exactly: Any) -> Obj:
+    """A device request: ``exactly`` one of ``device_class``, or ``firstAvailable`` of
+    the ``alternatives`` (None: a field left out)."""
+    if alternatives:
+        return {"name": "r", "firstAvailable": [
+            {"name": f"a{i}"} | ({} if c is None else {"deviceClassName": c})
+            for i, c in enumerate(alternatives)]}
+    exact: Obj = dict(exactly)
+    if device_class is not None:
+        exact["deviceClassName"] = device_class
+    return {"name": "r", "exactly": exact}
+
+
+def claim_spec(*requests: Obj) -> Obj:
+    """A claim spec with these requests (none: no ``devices`` at all)."""
+    return {"devices": {"requests": list(requests)}} if requests else {}
+
+
+def resource_claim(spec: Obj | None) -> Obj:
+    """A ResourceClaim with ``spec`` (None: no spec field)."""
+    claim: Obj = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                  "metadata": {"name": "c", "namespace": "team-a-dev"}}
+    if spec is not None:
+        claim["spec"] = spec
+    return claim
+
+
+def resource_claim_template(spec: Obj | None) -> Obj:
+    """A ResourceClaimTemplate whose claim spec is ``spec`` (None: ``spec: {}``)."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "t", "namespace": "team-a-dev"},
+            "spec": {} if spec is None else {"spec": spec}}
 
 
 GPU1 = {"nvidia.com/gpu": "1"}
@@ -314,6 +353,30 @@ def _cases() -> list[Case]:
     c("cm-delete-quota-team-b", "DELETE", None, configmap("quota-team-b"), True)
     c("cm-delete-platform", "DELETE", None, configmap("fairgate-platform"), True)
     c("cm-delete-other", "DELETE", None, configmap("other"), False)
+
+    # ResourceClaims and ResourceClaimTemplates: sent only when a request asks for a
+    # GPU DeviceClass, in exactly or in any firstAvailable alternative.
+    gpu, mig, nic = "gpu.nvidia.com", "mig.nvidia.com", "nic.example.com"
+    specs: list[tuple[str, Obj | None, bool]] = [
+        ("exact-gpu", claim_spec(request(gpu, count=8)), True),
+        ("exact-gpu-all", claim_spec(request(gpu, allocationMode="All")), True),
+        ("exact-mig", claim_spec(request(mig)), True),
+        ("gpu-after-nic", claim_spec(request(nic), request(gpu)), True),
+        ("first-available-gpu-last", claim_spec(request(None, nic, gpu)), True),
+        ("first-available-mig", claim_spec(request(None, mig)), True),
+        ("exact-nic", claim_spec(request(nic, count=8)), False),
+        ("first-available-nic", claim_spec(request(None, nic, None)), False),
+        ("class-like-gpu", claim_spec(request("gpu.nvidia.com.example")), False),
+        ("no-class", claim_spec(request(None)), False),
+        ("no-devices", claim_spec(), False),
+        ("no-requests", {"devices": {}}, False),
+        ("no-spec", None, False),
+    ]
+    for name, spec, sent in specs:
+        cases.append(Case(f"claim-{name}", VALIDATE_CLAIMS, "CREATE",
+                          resource_claim(spec), None, sent))
+        cases.append(Case(f"template-{name}", VALIDATE_TEMPLATES, "CREATE",
+                          resource_claim_template(spec), None, sent))
     return cases
 
 

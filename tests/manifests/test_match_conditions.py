@@ -27,7 +27,15 @@ from typing import Any
 import celpy
 import pytest
 from manifest_objects import Obj
-from matchcases import CASES, MUTATE_PODS, VALIDATE_CONFIGMAPS, VALIDATE_PODS, Case
+from matchcases import (
+    CASES,
+    MUTATE_PODS,
+    VALIDATE_CLAIMS,
+    VALIDATE_CONFIGMAPS,
+    VALIDATE_PODS,
+    VALIDATE_TEMPLATES,
+    Case,
+)
 
 _ENV = celpy.Environment()
 
@@ -59,7 +67,8 @@ def celpy_matches(conditions: list[Obj], case: Case) -> bool:
 
 
 def test_every_webhook_is_covered(webhooks: dict[str, Obj]) -> None:
-    assert set(webhooks) == {MUTATE_PODS, VALIDATE_PODS, VALIDATE_CONFIGMAPS}
+    assert set(webhooks) == {MUTATE_PODS, VALIDATE_PODS, VALIDATE_CONFIGMAPS, VALIDATE_CLAIMS,
+                             VALIDATE_TEMPLATES}
     assert {c.hook for c in CASES} == set(webhooks)
     for hook in webhooks.values():
         assert hook["matchConditions"], hook["name"]

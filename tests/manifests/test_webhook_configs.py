@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import pytest
 from manifest_objects import Obj, find, selects
-from matchcases import MUTATE_PODS, VALIDATE_CONFIGMAPS, VALIDATE_PODS
+from matchcases import (
+    MUTATE_PODS,
+    VALIDATE_CLAIMS,
+    VALIDATE_CONFIGMAPS,
+    VALIDATE_PODS,
+    VALIDATE_TEMPLATES,
+)
 
 POD_HOOKS = (MUTATE_PODS, VALIDATE_PODS)
+CLAIM_HOOKS = (VALIDATE_CLAIMS, VALIDATE_TEMPLATES)
 
 
 def namespace_labels(name: str, **extra: str) -> dict[str, str]:
@@ -32,6 +39,19 @@ def test_pod_webhooks_skip_system_namespaces(webhooks: dict[str, Obj], hook: str
     assert selects(selector, namespace_labels("untenanted"))
 
 
+@pytest.mark.parametrize("hook", CLAIM_HOOKS)
+def test_claim_webhooks_only_in_tenant_namespaces(webhooks: dict[str, Obj], hook: str) -> None:
+    """Outside a tenant namespace fairgate allows every claim: none is sent there, so an
+    outage refuses none there."""
+    selector = webhooks[hook]["namespaceSelector"]
+    tenant = {"fairgate.io/tenant": "team-a"}
+    assert selects(selector, namespace_labels("team-a-dev", **tenant))
+    for ns in ("kube-system", "fairgate-system"):
+        assert not selects(selector, namespace_labels(ns, **tenant))
+    for ns in ("default", "untenanted"):
+        assert not selects(selector, namespace_labels(ns))
+
+
 def test_configmap_webhook_only_in_fairgate_system(webhooks: dict[str, Obj]) -> None:
     selector = webhooks[VALIDATE_CONFIGMAPS]["namespaceSelector"]
     assert selects(selector, namespace_labels("fairgate-system"))
@@ -39,7 +59,7 @@ def test_configmap_webhook_only_in_fairgate_system(webhooks: dict[str, Obj]) -> 
         assert not selects(selector, namespace_labels(ns))
 
 
-@pytest.mark.parametrize("hook", [MUTATE_PODS, VALIDATE_PODS, VALIDATE_CONFIGMAPS])
+@pytest.mark.parametrize("hook", [MUTATE_PODS, VALIDATE_PODS, VALIDATE_CONFIGMAPS, *CLAIM_HOOKS])
 def test_common_settings(webhooks: dict[str, Obj], hook: str) -> None:
     h = webhooks[hook]
     assert h["admissionReviewVersions"] == ["v1"]
@@ -63,7 +83,7 @@ def test_common_settings(webhooks: dict[str, Obj], hook: str) -> None:
 def test_paths_and_kinds(webhooks: dict[str, Obj]) -> None:
     assert webhooks[MUTATE_PODS]["kind"] == "MutatingWebhookConfiguration"
     assert webhooks[MUTATE_PODS]["clientConfig"]["service"]["path"] == "/mutate"
-    for hook in (VALIDATE_PODS, VALIDATE_CONFIGMAPS):
+    for hook in (VALIDATE_PODS, VALIDATE_CONFIGMAPS, *CLAIM_HOOKS):
         assert webhooks[hook]["kind"] == "ValidatingWebhookConfiguration"
         assert webhooks[hook]["clientConfig"]["service"]["path"] == "/validate"
 
@@ -89,6 +109,11 @@ def test_rules(webhooks: dict[str, Obj]) -> None:
     for hook, (operations, resources) in expected.items():
         rule = _rule(webhooks, hook)
         assert rule == {**core_v1, "operations": operations, "resources": resources}, hook
+    resource_v1 = {"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
+                   "scope": "Namespaced", "operations": ["CREATE"]}
+    assert _rule(webhooks, VALIDATE_CLAIMS) == {**resource_v1, "resources": ["resourceclaims"]}
+    assert _rule(webhooks, VALIDATE_TEMPLATES) == {**resource_v1,
+                                                   "resources": ["resourceclaimtemplates"]}
 
 
 def test_configurations_are_named_for_the_ca_bundle_rbac(base: list[Obj]) -> None:

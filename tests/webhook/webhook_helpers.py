@@ -94,8 +94,9 @@ def review(
     user: str = "alice@example.com",
     groups: tuple[str, ...] = ("system:authenticated",),
     dry_run: bool = False,
+    group: str = "",
 ) -> dict[str, Any]:
-    """A complete AdmissionReview v1 request."""
+    """A complete AdmissionReview v1 request (``group``: the API group of ``kind``)."""
     source = obj if obj is not None else old
     metadata = (source or {}).get("metadata") or {}
     return {
@@ -103,10 +104,10 @@ def review(
         "kind": "AdmissionReview",
         "request": {
             "uid": uid or str(uuid.uuid4()),
-            "kind": {"group": "", "version": "v1", "kind": kind},
-            "resource": {"group": "", "version": "v1", "resource": resource},
-            "requestKind": {"group": "", "version": "v1", "kind": kind},
-            "requestResource": {"group": "", "version": "v1", "resource": resource},
+            "kind": {"group": group, "version": "v1", "kind": kind},
+            "resource": {"group": group, "version": "v1", "resource": resource},
+            "requestKind": {"group": group, "version": "v1", "kind": kind},
+            "requestResource": {"group": group, "version": "v1", "resource": resource},
             "name": metadata.get("name", ""),
             "namespace": namespace if namespace is not None else metadata.get("namespace", ""),
             "operation": operation,

@@ -143,6 +143,12 @@ class ClaimsApi:
                   "ResourceClaimTemplate": "resourceclaimtemplates"}[obj["kind"]]
         self._api.create_namespaced_custom_object(GROUP, VERSION, self.namespace, plural, obj)
 
+    def delete(self, kind: str, name: str) -> None:
+        """Delete one ResourceClaim or ResourceClaimTemplate, as the tenant's user."""
+        plural = {"ResourceClaim": "resourceclaims",
+                  "ResourceClaimTemplate": "resourceclaimtemplates"}[kind]
+        self._api.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, plural, name)
+
     def delete_all(self) -> None:
         """Delete every claim and template of the namespace (as the admin: cleanup). A
         claim generated for a pod may be gone by then: the resourceclaim-controller

@@ -12,7 +12,7 @@
 // Its input on stdin (JSON):
 //
 //	{"hooks": [{"name": "...", "conditions": [{"name": "...", "expression": "..."}],
-//	            "cases": [{"operation": "CREATE|UPDATE|DELETE", "resource": "pods|configmaps",
+//	            "cases": [{"operation": "CREATE|UPDATE|DELETE", "resource": "pods|configmaps|resourceclaims|resourceclaimtemplates",
 //	                       "object": {...}|null, "oldObject": {...}|null}]}]}
 //
 // Output on stdout (JSON), per hook: the errors of the strict compile that the
@@ -43,6 +43,7 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apiserver/pkg/admission"
@@ -99,8 +100,13 @@ func decode(raw json.RawMessage, resource string) (runtime.Object, error) {
 		obj = &corev1.Pod{}
 	case "configmaps":
 		obj = &corev1.ConfigMap{}
+	case "resourceclaims":
+		obj = &resourcev1.ResourceClaim{}
+	case "resourceclaimtemplates":
+		obj = &resourcev1.ResourceClaimTemplate{}
 	default:
-		return nil, fmt.Errorf("unknown resource %q (use pods or configmaps)", resource)
+		return nil, fmt.Errorf("unknown resource %q (use pods, configmaps, resourceclaims "+
+			"or resourceclaimtemplates)", resource)
 	}
 	if err := json.Unmarshal(raw, obj); err != nil {
 		return nil, err
@@ -109,8 +115,14 @@ func decode(raw json.RawMessage, resource string) (runtime.Object, error) {
 }
 
 func gvkFor(resource string) schema.GroupVersionKind {
-	if resource == "pods" {
+	switch resource {
+	case "pods":
 		return schema.GroupVersionKind{Version: "v1", Kind: "Pod"}
+	case "resourceclaims":
+		return schema.GroupVersionKind{Group: "resource.k8s.io", Version: "v1", Kind: "ResourceClaim"}
+	case "resourceclaimtemplates":
+		return schema.GroupVersionKind{Group: "resource.k8s.io", Version: "v1",
+			Kind: "ResourceClaimTemplate"}
 	}
 	return schema.GroupVersionKind{Version: "v1", Kind: "ConfigMap"}
 }
@@ -148,7 +160,7 @@ func run(h hook) (hookResult, error) {
 			return out, err
 		}
 		gvk := gvkFor(tc.Resource)
-		gvr := schema.GroupVersionResource{Version: "v1", Resource: tc.Resource}
+		gvr := schema.GroupVersionResource{Group: gvk.Group, Version: "v1", Resource: tc.Resource}
 		attr := admission.NewAttributesRecord(obj, old, gvk, "team-a-dev", "", gvr, "",
 			admission.Operation(tc.Operation), nil, false, &user.DefaultInfo{Name: "alice"})
 		versioned := &admission.VersionedAttributes{
