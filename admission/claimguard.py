@@ -94,12 +94,12 @@ def priced_objects(pod: object, context: DraContext) -> dict[DraObjectRef, Resou
     for kind, names, found in ((TEMPLATE, templates, context.objects.templates),
                                (CLAIM, claims, context.objects.claims)):
         for name in sorted(names):
-            spec = found.get((context.namespace, name))
-            if spec is None:
+            priced = found.get((context.namespace, name))
+            if priced is None:
                 continue
             ref = DraObjectRef(context.namespace, kind, name)
             try:
-                out[ref] = claim_spec_demand(spec, context, str(ref))
+                out[ref] = claim_spec_demand(priced.spec, context, str(ref))
             except pods.PodError:
                 continue
     return out

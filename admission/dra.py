@@ -269,14 +269,6 @@ def _total(parts: Iterator[ResourceCounts] | Sequence[ResourceCounts]) -> Resour
     return {k: v for k, v in total.items() if v}
 
 
-def claim_spec_demand(spec: Mapping[str, Any], context: DraContext,
-                      where: str) -> ResourceCounts:
-    """Devices of one ResourceClaim spec (a template's ``spec.spec``) by resource, as
-    a pod naming it is charged (positive counts only); :class:`DraError` (or its base
-    :class:`~admission.pods.PodError`) when fairgate cannot price it."""
-    return {k: v for k, v in _claim_demand(spec, context, where).items() if v}
-
-
 def referenced_objects(pod: object) -> tuple[frozenset[str], frozenset[str]]:
     """The ResourceClaimTemplate names and ResourceClaim names the pod's
     ``spec.resourceClaims`` refer to (entries that are not well formed are skipped here:

@@ -20,7 +20,7 @@ import pytest
 import redis
 from webhook_helpers import gpu_pod, review, write_config
 
-from admission.dra import DraObjects
+from admission.dra import DraObject, DraObjects
 from audit import AuditLog
 from fairshare.connection import connect_redis, connect_redis_async
 from fairshare.localredis import free_port
@@ -86,7 +86,10 @@ class Objects:
         self.templates: dict[tuple[str, str], dict[str, Any]] = {}
 
     def objects(self) -> DraObjects:
-        return DraObjects(templates=dict(self.templates), claims=dict(self.claims))
+        return DraObjects(
+            templates={key: DraObject(spec, uid=f"uid-{key[1]}")
+                       for key, spec in self.templates.items()},
+            claims={key: DraObject(spec, uid=f"uid-{key[1]}") for key, spec in self.claims.items()})
 
     def objects_for(self, pod: object, namespace: str) -> DraObjects:
         return self.objects()
@@ -142,7 +145,8 @@ def test_a_claim_made_again_with_more_gpus_is_refused_while_its_pod_is_admitted(
     webhook: Webhook, objects: Objects,
 ) -> None:
     objects.claims[(NS, "c")] = claim_spec(1)
-    assert webhook.admitted(dra_pod("p", claims={"gpu": "c"})) == "admit"
+    # a pod with claims always waits for the dispatcher to check them
+    assert webhook.admitted(dra_pod("p", claims={"gpu": "c"})) == "queue"
     # the user deletes c and makes it again: more GPUs, or every GPU, is refused
     for spec, asks in ((claim_spec(8), "asks for gpu=8"),
                        (every_gpu(), "cannot be priced")):
@@ -150,7 +154,7 @@ def test_a_claim_made_again_with_more_gpus_is_refused_while_its_pod_is_admitted(
         assert response["allowed"] is False
         assert response["status"]["code"] == 403
         message = response["status"]["message"]
-        for part in (f"{NS}/p (reserved) for gpu=1", asks, "Delete those pods first",
+        for part in (f"{NS}/p (queued) for gpu=1", asks, "Delete those pods first",
                      "new name"):
             assert part in message, (part, message)
         assert response["auditAnnotations"] == {"decision": "deny", "tenant": "team-a",
@@ -169,13 +173,13 @@ def test_a_template_made_again_with_more_gpus_is_refused_while_its_pod_is_queued
     webhook: Webhook, objects: Objects,
 ) -> None:
     objects.templates[(NS, "tpl")] = claim_spec(2)
-    assert webhook.admitted(dra_pod("first", templates={"gpu": "tpl"})) == "admit"
+    assert webhook.admitted(dra_pod("first", templates={"gpu": "tpl"})) == "queue"
     assert webhook.admitted(dra_pod("second", templates={"gpu": "tpl"})) == "queue"
     response = webhook.validate(template("tpl", claim_spec(8)))
     assert response["allowed"] is False
     message = response["status"]["message"]
     assert "ResourceClaimTemplate" in message
-    assert f"{NS}/first (reserved) for gpu=2" in message
+    assert f"{NS}/first (queued) for gpu=2" in message
     assert f"{NS}/second (queued) for gpu=2" in message
     assert webhook.validate(template("tpl", claim_spec(2)))["allowed"]
 
