@@ -23,15 +23,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from admission import pods
-from admission.dra import DraContext, claim_spec_demand, referenced_objects
+from admission.dra import (
+    CLAIM,
+    TEMPLATE,
+    DraContext,
+    DraKind,
+    claim_spec_demand,
+    referenced_objects,
+)
 from tenants.resources import ResourceCounts, format_counts
 
-DraKind = Literal["ResourceClaim", "ResourceClaimTemplate"]
-CLAIM: DraKind = "ResourceClaim"
-TEMPLATE: DraKind = "ResourceClaimTemplate"
 KIND_CODE: dict[DraKind, str] = {CLAIM: "c", TEMPLATE: "t"}
 DRA_GROUP = "resource.k8s.io"
 

@@ -23,7 +23,7 @@ Contract (docs/dra.md):
   largest device the ResourceSlices publish that the class's and the request's selectors
   can be given. No such device published yet, or one fairgate cannot price, is refused.
   Selectors are never read as text.
-- Objects, not names: :func:`priced_objects` records, per claim entry of a pod, the kind,
+- Objects, not names: :func:`priced_record` records, per claim entry of a pod, the kind,
   name and uid of the object it was priced from (the specs of both kinds are immutable,
   so the uid stands for the spec). :func:`release_check` decides, before a gate is lifted,
   whether the claims the pod will actually be allocated (a template's entry: the claim
@@ -39,7 +39,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from admission import pods
 from admission.devices import Device, candidates, size_of
@@ -53,6 +53,9 @@ MAX_REQUEST_DEVICES = 1_000_000
 _GPU_LIKE = re.compile(r"gpu|mig|nvidia", re.IGNORECASE)
 
 ClaimKey = tuple[str, str]  # (namespace, name)
+DraKind = Literal["ResourceClaim", "ResourceClaimTemplate"]
+CLAIM: DraKind = "ResourceClaim"
+TEMPLATE: DraKind = "ResourceClaimTemplate"
 
 
 class DraError(pods.PodError):
@@ -154,7 +157,7 @@ def claim_spec_demand(spec: Mapping[str, Any], context: DraContext,
     return {k: v for k, v in _claim_demand(spec, context, where).items() if v}
 
 
-def priced_objects(pod: object, context: DraContext) -> str:
+def priced_record(pod: object, context: DraContext) -> str:
     """The record of what the pod's claims were priced from: per entry of
     ``spec.resourceClaims``, ``<entry>=<ResourceClaim|ResourceClaimTemplate>/<name>/<uid>``,
     joined by ``,`` (empty for a pod without claims)."""
@@ -339,9 +342,6 @@ def _actual(pod: Mapping[str, Any], context: DraContext) -> Resolver:
         return found
 
     return resolve
-
-
-TEMPLATE, CLAIM = "ResourceClaimTemplate", "ResourceClaim"
 
 
 def _entries(pod: object, context: DraContext,

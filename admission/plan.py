@@ -44,7 +44,7 @@ from dataclasses import dataclass, field, replace
 from admission import pods
 from admission.classes import ClassError, resolve_class
 from admission.demand import DemandError, pod_demand
-from admission.dra import NO_OBJECTS, DraContext, DraError, DraObjects, priced_objects
+from admission.dra import NO_OBJECTS, DraContext, DraError, DraObjects, priced_record
 from admission.reviews import one_line
 from tenants import resources
 from tenants.models import (
@@ -121,7 +121,7 @@ class PodPlan:
     ``warnings`` are for the user (each short, see ``admission.reviews``);
     ``placement`` is the placement class (:mod:`tenants.placement`) of the pod's nodes;
     ``priced_claims`` records the objects its DRA claims were priced from
-    (:func:`admission.dra.priced_objects`; empty without claims): such a pod is held
+    (:func:`admission.dra.priced_record`; empty without claims): such a pod is held
     behind the gate until the dispatcher has checked the claims it will be allocated.
     """
 
@@ -171,7 +171,7 @@ def plan_create(
         return NotOurs()
     try:
         plan = _plan(pod, namespace, request_uid, config, demand)
-        return replace(plan, priced_claims=priced_objects(pod, context))
+        return replace(plan, priced_claims=priced_record(pod, context))
     except _Refusal as refusal:
         return replace(refusal.denied, demand=demand)
     except DraError as exc:  # pod_demand refused these first
