@@ -351,6 +351,8 @@ def explain(reason: Sequence[str], tenant: str, pod_class: PodClass) -> str:
         return "training pods within nominal quota released first"
     if code == "rebuild":
         return "the dispatcher to restore usage from the cluster (Redis lost its data)"
+    if code == "release":
+        return "the dispatcher to release it: it fits now"
     if code == "turn":
         return "its turn: tenants with a lower weighted share (or an older pod) go first"
     return code

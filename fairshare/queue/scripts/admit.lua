@@ -136,8 +136,12 @@ if gid ~= '' then
       -- the holds of the entries ahead of the gang's (it joins its tier's order now)
       local me = {score = entry_share(tenant, st),
                   key = head_key(tonumber(submitted), math.huge)}
+      -- nothing in its way: the dispatcher releases it whole on its next pass
       local G, _, held = plan(gang_shape.tier, now, me, EMPTY)
-      reason = capacity_blocker(gang_shape, G, held) or {'turn'}
+      reason = capacity_blocker(gang_shape, G, held)
+      if reason == nil then
+        reason = ahead_of(gang_shape, now, me) and {'turn'} or {'release'}
+      end
     end
   end
 else

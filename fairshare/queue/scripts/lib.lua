@@ -1631,6 +1631,15 @@ local function note_hold(tier, now, best, held, record)
   end
 end
 
+-- the first entry ahead of `me` in the order of D's tier that could be released now
+-- and shares a resource with D (plan), nil when none
+local function ahead_of(D, now, me)
+  local mine = {}
+  for _, res in ipairs(D.all) do mine[res] = 1 end
+  local _, ahead = plan(D.tier, now, me, mine)
+  return ahead
+end
+
 -- the next entry of a tier to release (a survey top), or nil; tidies (see survey)
 local function pick(tier, now)
   local _, best, held, record = plan(tier, now, nil, nil, true)
@@ -1747,6 +1756,8 @@ local function describe_queued(ticket, rec, now)
     local me = {score = share_of(tenant, st, now), key = head_key(at, seq + 0.5)}
     local G, _, held = plan(D.tier, now, me, EMPTY)
     why = capacity_blocker(D, G, held, head and {tenant = tenant, shape = shape} or nil)
+    -- a lane head that fits with nothing ahead in queue order is released next pass
+    if why == nil and head and not ahead_of(D, now, me) then why = {'release'} end
   end
   if why == nil then
     if not head then

@@ -812,13 +812,21 @@ class Reference:
         why = self.quota_blocker(rec.tenant, shape)
         if why is None:
             tier = shape_tier(shape)
-            guards, _, held, _ = self.plan(tier, now, (self.share(rec.tenant, now), at,
-                                                       seq + 0.5), {})
+            me = (self.share(rec.tenant, now), at, seq + 0.5)
+            guards, _, held, _ = self.plan(tier, now, me, {})
             why = self.capacity_blocker(shape, guards, held,
                                         (rec.tenant, key) if head else None)
+            if why is None and head and not self.ahead_of(shape, now, me):
+                why = ["release"]
         if why is None:
             why = ["ahead", position - 1] if not head else ["turn"]
         return position, length, why
+
+    def ahead_of(self, shape: Shape, now: float, me: tuple[float, float, float]) -> bool:
+        """Whether an entry ahead of ``me`` in the order of the shape's tier could be
+        released now and shares a resource with it."""
+        mine = {r: 1 for b in BANDS for r, n in shape[b].items() if n}
+        return self.plan(shape_tier(shape), now, me, mine)[1] is not None
 
     def quota_blocker(self, tenant: str, shape: Shape) -> list[object] | None:
         if self.quota_check(tenant, shape, idle=True) is not None:
@@ -914,7 +922,9 @@ class Reference:
                     tier = shape_tier(gshape)
                     me = (self.entry_share(tenant, now), req.submitted_at, float("inf"))
                     guards, _, held, _ = self.plan(tier, now, me, {})
-                    reason = self.capacity_blocker(gshape, guards, held) or ["turn"]
+                    reason = self.capacity_blocker(gshape, guards, held)
+                    if reason is None:
+                        reason = ["turn"] if self.ahead_of(gshape, now, me) else ["release"]
         else:
             reason = self.quota_blocker(tenant, shape)
             ahead = None

@@ -456,7 +456,10 @@ class QueueMachine(RuleBasedStateMachine):
         for ts in self.queue.tenant_status():
             limits = {("u:" + r): n for r, n in ts.nominal.items()}
             limits["ut"] = ts.nominal_slices - ts.inference_reserve_slices
-            limits["ub"] = ts.borrow_limit_slices
+            # borrowed pods may stand in the nominal room training leaves unused and
+            # borrow only the rest (so what fits nominal + borrowLimit runs)
+            limits["ub"] = ts.borrow_limit_slices + max(
+                0, limits["ut"] - now.get((ts.tenant, "ut"), 0))
             for field in set(limits) | {f for (t, f) in now if t == ts.tenant}:
                 value = now.get((ts.tenant, field), 0)
                 if value > limits.get(field, 0):
