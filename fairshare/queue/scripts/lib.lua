@@ -490,7 +490,12 @@ end
 -- nil when the tenant's quota admits shape D (parse_shape) on top of state st, else
 -- {code, slices}: non-borrowed demand within nominal (training's within nominal less
 -- the inference reserve); borrowed demand within the borrow limit plus the nominal
--- room training leaves unused (nominal_room)
+-- room training leaves unused (nominal_room). Whatever the band, the tenant's total
+-- stays within nominal + borrowLimit, and its training and borrowed slices within
+-- nominal less the reserve + borrowLimit (invariant 1): a borrowed pod standing in
+-- nominal room holds that room until it ends, and no pod of any band takes it from
+-- under it (the configured borrow limit bounds these: an exhausted borrow budget stops
+-- new borrowing, not nominal use).
 local function quota_check(cfg, st, D)
   local missing = 0
   for _, k in ipairs(D.nb_keys) do
@@ -501,11 +506,18 @@ local function quota_check(cfg, st, D)
     local over = num(st, 'ut') + D.t_slices - (cfg.ns - cfg.rs)
     if over > missing then missing = over end
   end
-  if missing > 0 then return {'quota', missing} end
-  if next(D.b) ~= nil then
-    local over = num(st, 'ub') + D.b_slices - cfg.b - nominal_room(cfg, st, D)
-    if over > 0 then return {'borrow', over} end
+  local trained = num(st, 'ut') + num(st, 'ub') + D.t_slices + D.b_slices
+  local limit = math.max(
+    num(st, 'ui') + trained + slices(D.i) - (cfg.ns + cfg.bc),
+    (next(D.t) ~= nil or next(D.b) ~= nil) and trained - (cfg.ns - cfg.rs + cfg.bc) or 0)
+  if next(D.b) == nil then
+    if limit > missing then missing = limit end
+    if missing > 0 then return {'quota', missing} end
+    return nil
   end
+  if missing > 0 then return {'quota', missing} end
+  local over = math.max(num(st, 'ub') + D.b_slices - cfg.b - nominal_room(cfg, st, D), limit)
+  if over > 0 then return {'borrow', over} end
   return nil
 end
 

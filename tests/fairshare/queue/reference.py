@@ -458,11 +458,21 @@ class Reference:
         if any(shape["t"].values()):
             over = u["ut"] + total_slices(shape["t"]) - (cfg.ns - cfg.rs)
             missing = max(missing, over)
+        # invariant 1 whatever the band: all within nominal + borrowLimit; training and
+        # borrowed within nominal less the reserve + borrowLimit (a borrowed pod standing
+        # in nominal room keeps it until it ends)
+        trained = u["ut"] + u["ub"] + total_slices(shape["t"]) + total_slices(shape["b"])
+        limit = u["ui"] + trained + total_slices(shape["i"]) - (cfg.ns + cfg.b)
+        if any(shape["t"].values()) or any(shape["b"].values()):
+            limit = max(limit, trained - (cfg.ns - cfg.rs + cfg.b))
+        if not any(shape["b"].values()):
+            missing = max(missing, limit)
         if missing > 0:
             return ["quota", missing]
         if any(shape["b"].values()):
-            over = (u["ub"] + total_slices(shape["b"]) - cfg.b
-                    - self.nominal_room(cfg, u, shape["b"], nb, total_slices(shape["t"])))
+            over = max(u["ub"] + total_slices(shape["b"]) - cfg.b
+                       - self.nominal_room(cfg, u, shape["b"], nb, total_slices(shape["t"])),
+                       limit)
             if over > 0:
                 return ["borrow", over]
         return None

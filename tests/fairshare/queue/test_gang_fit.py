@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 from admission.plan import Denied, PodPlan, plan_create
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import PodRequest
-from tenants.models import TENANT_LABEL, FairgateConfig
+from tenants.models import TENANT_LABEL, FairgateConfig, PodClass
 from tests.fairshare.queue.test_queue import config
+from tests.fairshare.tickets import pod_uid
 
 CAPACITY = {"gpu": 64}  # more than any quota below can ever grant: the cluster has room
 
@@ -92,3 +93,43 @@ def test_what_fits_runs_and_only_what_never_fits_is_refused(
     # on an idle cluster with room, all of it runs now: admitted at once or released
     assert released | reserved == {p.ticket for p in plans if isinstance(p, PodPlan)}, (
         released, reserved)
+
+
+def test_a_borrowed_gang_keeps_the_nominal_room_it_stands_in(redis_client: redis.Redis) -> None:
+    """Nominal 4, inferenceReserve 1, borrowLimit 2: a borrowed gang of four 1-GPU pods
+    uses the 3 GPUs of nominal training leaves unused and borrows 1. A 3-GPU training
+    pod then fits what training may hold of nominal alone, but admitting it would make
+    7 GPUs against nominal + borrowLimit = 6 (invariant 1): it waits until the gang
+    ends, and then runs. Inference still gets its reserve meanwhile."""
+    redis_client.flushall()
+    queue = FairQueue(redis_client)
+    queue.sync_config(quota_config(4, 1, 2), {"gpu": 12})
+
+    def request(name: str, gpus: int, pod_class: PodClass = "training",
+                size: int = 1) -> PodRequest:
+        return PodRequest(ticket=name, tenant="a", namespace="ns-a", name=name,
+                          pod_class=pod_class, demand={"gpu": gpus},
+                          group="ddp" if size > 1 else None, group_size=size,
+                          submitted_at=0.0)
+
+    def held() -> tuple[int, int, int]:
+        (status,) = queue.tenant_status()
+        return status.inference_slices, status.training_slices, status.borrowed_slices
+
+    gang = [request(f"m{i}", 1, size=4) for i in range(4)]
+    for pod in gang:
+        assert queue.admit(pod, 1.0).band == "borrowed"
+    assert {r.ticket for r in queue.dispatch(2.0, 100)} == {p.ticket for p in gang}
+    assert held() == (0, 0, 28)
+    big = queue.admit(request("big", 3), 3.0)
+    assert (big.outcome, big.band) == ("queued", "training"), big
+    assert big.waiting_for is not None and "never" not in big.waiting_for
+    assert queue.dispatch(4.0, 100) == []
+    assert held() == (0, 0, 28)  # 4 GPUs, not 7
+    # the reserve is inference's: the gang's 4 + 1 = 5 GPUs of nominal 4 + borrowLimit 2
+    assert queue.admit(request("serve", 1, "inference"), 5.0).outcome == "reserved"
+    assert held() == (7, 0, 28)
+    for pod in gang:
+        assert queue.release(pod.ticket, pod_uid(pod.ticket), 6.0)
+    assert [r.ticket for r in queue.dispatch(7.0, 100)] == ["big"]
+    assert held() == (7, 21, 0)
