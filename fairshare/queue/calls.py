@@ -331,7 +331,8 @@ def explain(reason: Sequence[str], tenant: str, pod_class: PodClass) -> str:
     if code == "gang":
         return f"gang {rest[0]}: {rest[1]} of {rest[2]} members queued"
     if code == "never":
-        return "never fits: demand exceeds the tenant's nominal quota and borrow limit"
+        return ("a larger quota: it never fits the tenant's nominal quota (less the "
+                "inference reserve for training) and borrow limit")
     if code == "quota":
         return f"{gpu_equivalents(int(rest[0]))} GPU-eq of tenant quota"
     if code == "borrow":
