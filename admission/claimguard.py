@@ -32,6 +32,7 @@ from admission.dra import (
     DraContext,
     DraKind,
     claim_spec_demand,
+    exceeds,
     referenced_objects,
 )
 from tenants.resources import ResourceCounts, format_counts
@@ -148,11 +149,6 @@ def made_for_a_pod(created: CreatedObject, username: str) -> bool:
         and owner.get("kind") == "Pod" and owner.get("apiVersion") == "v1"
         for owner in owners
     )
-
-
-def exceeds(asks: ResourceCounts, priced: ResourceCounts) -> bool:
-    """Whether ``asks`` is more than ``priced`` for any resource."""
-    return any(count > priced.get(short, 0) for short, count in asks.items())
 
 
 def _devices(counts: ResourceCounts) -> str:

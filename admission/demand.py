@@ -37,6 +37,7 @@ from admission import pods
 from admission.dra import (
     DraContext,
     DraError,
+    allocated_demand,
     claims_demand,
     class_resource,
     container_resource_class,
@@ -166,6 +167,16 @@ def container_demand(pod: object, dra: DraContext = NO_DRA) -> ResourceCounts:
     """:func:`pod_demand` without ``spec.resourceClaims``: what the pod's containers ask
     for, which (unlike the objects its claims name) cannot change after CREATE."""
     return _labelled(pod, _device_demand(pod, dra, claims=False))
+
+
+def held_demand(pod: Mapping[str, Any], dra: DraContext) -> ResourceCounts:
+    """The GPUs a pod holds: its containers' (:func:`container_demand`) and the devices
+    its DRA claims were allocated (:func:`admission.dra.allocated_demand`; none before
+    allocation), never re-priced from the objects its claims name."""
+    held = dict(container_demand(pod, dra))
+    for short, count in (allocated_demand(pod, dra) or {}).items():
+        held[short] = held.get(short, 0) + count
+    return held
 
 
 def _labelled(pod: object, raw: ResourceCounts) -> ResourceCounts:

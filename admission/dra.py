@@ -202,14 +202,18 @@ def release_check(pod: Mapping[str, Any], admitted: ResourceCounts,
         return Wait(str(missing))
     except pods.PodError as error:
         return Refuse(f"its claims cannot be priced any more: {error}")
-    over = {r: n for r, n in actual.items() if n > admitted.get(r, 0)}
-    if over:
+    if exceeds(actual, admitted):
         return Refuse(
             f"its claims now ask for {resources.format_counts(actual)} but it was admitted "
             f"for {resources.format_counts(admitted) or 'none'}: a ResourceClaim or "
             "ResourceClaimTemplate it names was replaced by a larger one"
         )
     return Release()
+
+
+def exceeds(asks: ResourceCounts, priced: ResourceCounts) -> bool:
+    """Whether ``asks`` is more than ``priced`` for any resource."""
+    return any(count > priced.get(short, 0) for short, count in asks.items())
 
 
 def allocated_demand(pod: Mapping[str, Any], context: DraContext) -> ResourceCounts | None:

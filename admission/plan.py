@@ -197,9 +197,10 @@ def _plan(
         raise _Refusal("no-class", str(exc)) from exc
     priority_classes = config.platform.priority_classes
     warnings = [choice.reason] if choice.overridden else []
+    group = _group(labels, annotations)
     try:
         warnings += _check_priority_class(pod, choice.pod_class, priority_classes)
-        _check_fit(tenant, choice.pod_class, demand)
+        _check_fit(tenant, choice.pod_class, demand, group)
     except _Refusal as refusal:
         refusal.denied = replace(refusal.denied, pod_class=choice.pod_class)
         raise
@@ -212,7 +213,7 @@ def _plan(
         demand_slices=resources.total_slices(demand),
         ticket=ticket or request_uid,
         reused_ticket=ticket is not None,
-        group=_group(labels, annotations),
+        group=group,
         warnings=tuple(warnings),
         placement=pod_placement(demand, labels.get(MIG_PROFILE_LABEL), tenant.node_pool),
     )
@@ -286,33 +287,38 @@ def _class_of_band(band: PriorityBand) -> PodClass:
     return "inference" if band == "inference" else "training"
 
 
-def _check_fit(tenant: Tenant, pod_class: PodClass, demand: Mapping[str, int]) -> None:
+def _check_fit(tenant: Tenant, pod_class: PodClass, demand: Mapping[str, int],
+               group: PodGroup | None) -> None:
+    """Refuse what can never fit the tenant's quota: a pod, or a gang as a whole (its
+    size x this member's demand), since a gang runs all at once or not at all. Quota
+    ceilings hold nominal + borrowLimit, so this covers them too."""
     fix = f"ask for less, or ask a {tenant.name} admin to raise it in ConfigMap " + (
         f"{QUOTA_CONFIGMAP_PREFIX}{tenant.name}"
     )
-    wanted = resources.format_counts(demand)
-    over = {r: tenant.nominal.get(r, 0) for r, n in demand.items() if n > tenant.nominal.get(r, 0)}
+    size = group.size if group else 1
+    whole = {r: n * size for r, n in demand.items()}
+    what = (f"gang {group.name} asks for {group.size} x {resources.format_counts(demand)} = "
+            if group and group.size > 1 else "pod asks for ")
+    wanted = what + resources.format_counts(whole)
+    over = {r: tenant.nominal.get(r, 0) for r, n in whole.items() if n > tenant.nominal.get(r, 0)}
     if pod_class == "inference" and over:
         raise _Refusal(
             "never-fits",
-            f"inference pod asks for {wanted} but {tenant.name}'s nominal quota has "
+            f"inference {wanted} but {tenant.name}'s nominal quota has "
             f"{_counts(over)} and inference never borrows: {fix}",
         )
     if pod_class == "training":
-        slices = resources.total_slices(demand)
-        most = tenant.nominal_slices + tenant.borrow_slices
+        slices = resources.total_slices(whole)
+        most = tenant.training_limit(whole)
         if slices > most:
+            eq = resources.gpu_equivalents
             raise _Refusal(
                 "never-fits",
-                f"pod asks for {wanted} ({resources.gpu_equivalents(slices)} GPU-eq) but "
-                f"{tenant.name} may hold at most {resources.gpu_equivalents(most)} GPU-eq "
-                f"(nominal + borrowLimit): {fix}",
-            )
-        if over and tenant.borrow_slices == 0:
-            raise _Refusal(
-                "never-fits",
-                f"pod asks for {wanted} but {tenant.name}'s nominal quota has {_counts(over)} "
-                f"and {tenant.name} cannot borrow: {fix}",
+                f"{wanted} ({eq(slices)} GPU-eq) but {tenant.name} may hold at most "
+                f"{eq(most)} GPU-eq of it as training, ever: its nominal quota of these "
+                f"resources ({eq(tenant.nominal_slices)} GPU-eq in all, less inferenceReserve "
+                f"{eq(tenant.reserve_slices)}) plus borrowLimit {eq(tenant.borrow_slices)}: "
+                f"{fix}",
             )
 
 

@@ -167,11 +167,15 @@ def clean_warning(text: str) -> str:
 
 def one_line(text: str, limit: int) -> str:
     """``text`` on one line (control characters and runs of spaces become one space),
-    cut to at most ``limit`` characters with a trailing '...'."""
+    cut to at most ``limit`` characters with a trailing '...', between words (inside a
+    word only when its first word alone is too long)."""
     line = " ".join(_CONTROL.sub(" ", text).split())
     if len(line) <= limit:
         return line
-    return line[: limit - len(_ELLIPSIS)].rstrip() + _ELLIPSIS
+    head = line[: limit - len(_ELLIPSIS) + 1]
+    cut = head.rfind(" ")
+    kept = head[:cut] if cut > 0 else head[:-1]
+    return kept.rstrip(" ,;:") + _ELLIPSIS
 
 
 def _warnings(warnings: Iterable[str]) -> tuple[str, ...] | None:

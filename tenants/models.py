@@ -332,6 +332,17 @@ class Tenant:
         """Nominal quota over all resources, in slices."""
         return resources.total_slices(self.nominal)
 
+    def training_limit(self, demand: Mapping[str, int]) -> int:
+        """The most slices of ``demand`` this tenant's quota can ever let training hold
+        at once: the part of its nominal quota (less the inference reserve, which only
+        inference may use) that covers ``demand``'s resources, plus the borrow limit.
+        Demand above it never fits; the queue (lib.lua ``quota_check``) admits anything
+        up to it on an idle tenant."""
+        covered = resources.total_slices(
+            {r: min(n, self.nominal.get(r, 0)) for r, n in demand.items()})
+        return self.borrow_slices + max(0, min(self.nominal_slices - self.reserve_slices,
+                                               covered))
+
 
 @dataclass(frozen=True)
 class FairgateConfig:

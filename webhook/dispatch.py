@@ -31,8 +31,8 @@ from prometheus_client import start_http_server
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from admission.demand import container_demand
-from admission.dra import DraContext, ReleaseVerdict, allocated_demand, release_check
+from admission.demand import container_demand, held_demand
+from admission.dra import DraContext, ReleaseVerdict, release_check
 from audit import AuditLog
 from audit.log import DEFAULT_RETENTION, Retention
 from cost.budget import AuditSpend
@@ -109,14 +109,10 @@ def _context(source: ConfigSource, dra: DraWatch, pod: Mapping[str, Any]) -> Dra
 
 def _demand_of(source: ConfigSource,
                dra: DraWatch) -> Callable[[Mapping[str, Any]], ResourceCounts]:
-    """The GPUs a pod holds: its containers' (immutable spec), plus the devices its DRA
-    claims were allocated (``status.allocation``), never re-priced from their objects."""
+    """:func:`admission.demand.held_demand` with the platform's rules and the DRA objects
+    seen now."""
     def demand_of(pod: Mapping[str, Any]) -> ResourceCounts:
-        context = _context(source, dra, pod)
-        held = dict(container_demand(pod, context))
-        for short, count in (allocated_demand(pod, context) or {}).items():
-            held[short] = held.get(short, 0) + count
-        return held
+        return held_demand(pod, _context(source, dra, pod))
 
     return demand_of
 

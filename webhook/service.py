@@ -243,18 +243,20 @@ def _asks_for_gpu(pod: object, namespace: str, dra: DraObjects) -> bool:
 
 
 def _queued_warning(plan: PodPlan, admission: Admission) -> str:
-    """E.g. ``queued: team-a has 0.00 of 2.00 GPU-eq free; position 3 of 12 (training);
-    waiting for ...`` (cut to 120 characters by the response builder)."""
-    free = resources.gpu_equivalents(max(admission.free_slices, 0))
-    nominal = resources.gpu_equivalents(admission.nominal_slices)
-    parts = [f"queued: {plan.tenant.name} has {free} of {nominal} GPU-eq free"]
-    if admission.position is not None:
-        parts.append(
-            f"position {admission.position} of {admission.queue_length} ({plan.pod_class})"
-        )
-    if admission.waiting_for:
-        parts.append(f"waiting for {admission.waiting_for}")
-    return "; ".join(parts)
+    """One sentence, e.g. ``Queued as borrowed, 3rd of 12 training pods of team-a,
+    waiting for 1.00 GPU-eq of borrow limit.``: only what the queue said (no quota
+    arithmetic of its own), within the API server's 120-character advice (a long
+    reason is cut at a word by the response builder)."""
+    where = (f", {_ordinal(admission.position)} of {admission.queue_length} "
+             f"{plan.pod_class} pods of {plan.tenant.name}"
+             if admission.position is not None else f" in {plan.tenant.name}")
+    waits = admission.waiting_for or "its turn"
+    return f"Queued as {admission.band}{where}, waiting for {waits}."
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 class AdmissionService:

@@ -333,7 +333,8 @@ def explain(reason: Sequence[str], tenant: str, pod_class: PodClass) -> str:
     if code == "gang":
         return f"gang {rest[0]}: {rest[1]} of {rest[2]} members queued"
     if code == "never":
-        return "never fits: demand exceeds the tenant's nominal quota and borrow limit"
+        return ("a larger quota: it never fits the tenant's nominal quota (less the "
+                "inference reserve for training) and borrow limit")
     if code == "quota":
         return f"{gpu_equivalents(int(rest[0]))} GPU-eq of tenant quota"
     if code == "borrow":
@@ -355,6 +356,8 @@ def explain(reason: Sequence[str], tenant: str, pod_class: PodClass) -> str:
         return "the dispatcher to restore usage from the cluster (Redis lost its data)"
     if code == "claims":
         return "the dispatcher to check the ResourceClaims it will be allocated"
+    if code == "release":
+        return "the dispatcher to release it: it fits now"
     if code == "turn":
         return "its turn: tenants with a lower weighted share (or an older pod) go first"
     return code

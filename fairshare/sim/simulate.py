@@ -346,7 +346,9 @@ class _Meter:
 def quota_violations(config: FairgateConfig, pods: Iterable[GpuPod]) -> list[str]:
     """Invariant 1 over the pods holding quota (released, not ended): per tenant,
     non-borrowed usage per resource <= nominal, non-borrowed training slices <= nominal
-    minus the inference reserve, borrowed slices <= borrow limit."""
+    minus the inference reserve, training and borrowed slices <= nominal minus the
+    reserve plus the borrow limit, all slices <= nominal plus the borrow limit (a
+    borrowed pod may stand in nominal room that training leaves unused)."""
     held: dict[str, list[GpuPod]] = {}
     for pod in pods:
         if pod.holds_capacity:
@@ -371,8 +373,13 @@ def quota_violations(config: FairgateConfig, pods: Iterable[GpuPod]) -> list[str
         if training > tenant.nominal_slices - tenant.reserve_slices:
             problems.append(f"{name}: training {training} slices above nominal minus reserve")
         borrowed = sum(p.slices for p in mine if p.band == "borrowed")
-        if borrowed > tenant.borrow_slices:
-            problems.append(f"{name}: borrowed {borrowed} slices above the borrow limit")
+        if training + borrowed > tenant.nominal_slices - tenant.reserve_slices \
+                + tenant.borrow_slices:
+            problems.append(f"{name}: training and borrowed {training + borrowed} slices "
+                            f"above nominal minus reserve plus borrowLimit")
+        total = sum(p.slices for p in mine)
+        if total > tenant.nominal_slices + tenant.borrow_slices:
+            problems.append(f"{name}: {total} slices above nominal plus borrowLimit")
     return problems
 
 

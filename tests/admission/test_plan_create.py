@@ -134,12 +134,31 @@ def test_pod_without_gpu_is_not_ours_even_in_unlabelled_namespace() -> None:
             "never-fits",
             ["mig-3g.40gb=0"],
         ),
-        # training: over nominal + borrowLimit in slices (56 + 14 + 28 = 98 slices = 14 GPUs)
+        # training: over what nominal (less the inference reserve, only of the resources
+        # asked for) and borrowLimit can hold: 8 GPUs of nominal (10 GPU-eq in all less
+        # 2 reserved) + 4 borrowed = 12 GPUs; 13 can never run
         (
-            gpu_pod(15),
+            gpu_pod(13),
             "team-a-train",
             "never-fits",
-            ["gpu=15 (15.00 GPU-eq)", "at most 14.00 GPU-eq (nominal + borrowLimit)"],
+            ["gpu=13 (13.00 GPU-eq)", "at most 12.00 GPU-eq of it as training",
+             "less inferenceReserve 2.00", "plus borrowLimit 4.00"],
+        ),
+        # a gang is judged whole: 4 x 4 GPUs can never run at once
+        (
+            gpu_pod(4, labels={"fairgate.io/pod-group": "ddp"},
+                    annotations={"fairgate.io/pod-group-size": "4"}),
+            "team-a-train",
+            "never-fits",
+            ["gang ddp asks for 4 x gpu=4 = gpu=16 (16.00 GPU-eq)", "at most 12.00 GPU-eq"],
+        ),
+        # an inference gang too, per resource against nominal
+        (
+            gpu_pod(3, owner="ReplicaSet", labels={"fairgate.io/pod-group": "serve"},
+                    annotations={"fairgate.io/pod-group-size": "3"}),
+            "team-a-serving",
+            "never-fits",
+            ["inference gang serve asks for 3 x gpu=3 = gpu=9", "nominal quota has gpu=8"],
         ),
         # training in a tenant that cannot borrow: per resource over nominal
         (gpu_pod(3), "team-b-dev", "never-fits", ["at most 2.00 GPU-eq"]),
@@ -147,7 +166,7 @@ def test_pod_without_gpu_is_not_ours_even_in_unlabelled_namespace() -> None:
             gpu_pod(1, resource="nvidia.com/mig-1g.5gb"),
             "team-b-dev",
             "never-fits",
-            ["nominal quota has mig-1g.5gb=0", "team-b cannot borrow"],
+            ["mig-1g.5gb=1 (0.14 GPU-eq)", "at most 0.00 GPU-eq", "borrowLimit 0.00"],
         ),
         # tenant without a quota ConfigMap has no nominal quota
         (gpu_pod(1), "team-c-lab", "never-fits", ["at most 0.00 GPU-eq"]),
@@ -344,8 +363,12 @@ def test_messages_stay_short_with_long_names() -> None:
             "team-a-serving",
             "inference",
         ),
-        # training may exceed nominal per resource when the tenant can borrow
-        (gpu_pod(14), "team-a-train", "training"),
+        # training may exceed nominal per resource when the tenant can borrow: up to
+        # the 8 GPUs of nominal that are not the inference reserve + 4 borrowed
+        (gpu_pod(12), "team-a-train", "training"),
+        # a gang that fits whole: 3 x 4 GPUs
+        (gpu_pod(4, labels={"fairgate.io/pod-group": "ddp"},
+                 annotations={"fairgate.io/pod-group-size": "3"}), "team-a-train", "training"),
         (gpu_pod(2, resource="nvidia.com/mig-3g.40gb"), "team-a-train", "training"),
         (gpu_pod(2), "team-b-dev", "training"),
     ],

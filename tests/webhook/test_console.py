@@ -327,7 +327,10 @@ def test_a_complete_gang_waits_as_one_row_and_filters_by_its_namespace(
     (row,) = page["rows"]
     assert row["gang"] == "team-b-dev/g" and row["tenant"] == "team-b"
     assert "gang team-b-dev/g" in row["why"]
+    # the same row (its wait, rounded to 0.1 s, was read a moment later)
+    assert abs(by_namespace["rows"][0].pop("waitedSeconds") - row.pop("waitedSeconds")) <= 0.2
     assert by_namespace["rows"] == page["rows"]
+    assert "never fits" in row["why"] and "waiting for a larger quota" in row["why"]
     assert elsewhere["total"] == 0
 
 

@@ -214,8 +214,8 @@ def test_pod_over_free_quota_is_gated_with_a_warning(server: ServeProcess) -> No
     result = patched(pod, response)
     assert QUEUE_GATE in result["spec"]["schedulingGates"]
     assert response["auditAnnotations"]["decision"] == "queue"
-    assert any(w.startswith("queued: team-b has 0.00 of 1.00 GPU-eq free")
-               for w in response["warnings"])
+    assert "Queued as training, 1st of 1 training pods of team-b, waiting for 1.00 GPU-eq " \
+        "of tenant quota." in response["warnings"]
 
 
 def test_unlabeled_namespace_is_denied_naming_the_label(server: ServeProcess) -> None:
@@ -607,7 +607,8 @@ def test_a_gang_member_waits_for_its_gang_with_a_readable_warning(server: ServeP
     first = member(0)
     assert first["allowed"] is True
     assert first["auditAnnotations"]["decision"] == "queue"  # alone, a gang cannot run
-    assert first["warnings"][-1].startswith("queued: team-a has")
+    assert first["warnings"][-1] == ("Queued as training in team-a, waiting for gang "
+                                     "team-a-dev/ddp: 1 of 2 members queued.")
     assert "None" not in " ".join(first["warnings"])
     second = member(1)
     assert second["allowed"] is True

@@ -248,8 +248,9 @@ class ConsoleData:
                 "members": len(members),
                 "waitedSeconds": round(max(0.0, now - min(m.submitted_at for m in known)), 1)
                 if known else None,
-                "why": f"gang {gang}: complete, waiting to be released as one entry "
-                       f"({shape}) in fair-share order"}
+                "why": f"gang {gang}: complete ({shape}), waiting for "
+                       + next((m.waiting_for for m in known if m.waiting_for),
+                              "its release as one entry")}
 
     @staticmethod
     def _row(status: TicketStatus | None, now: float) -> dict[str, Any] | None:

@@ -67,33 +67,46 @@ local d = parse_counts(demand)
 local ds = slices(d)
 
 -- the band: inference; training within nominal (counting training queued ahead);
--- else borrowed within the borrow limit (counting borrowed queued ahead); else, when
--- both bands could hold it, the one whose lane of its demand drains first for its room
--- (entries queued in the lane / room; entries of pods not seen yet count: a burst of
--- creates is split as it arrives), so that a backlog beyond both keeps nominal and
--- borrow room in use;
+-- else borrowed within the borrow limit and the nominal room training leaves unused
+-- (counting what is queued ahead); else, when both bands could hold it, the one whose
+-- lane of its demand drains first for its room (entries queued in the lane / room;
+-- entries of pods not seen yet count: a burst of creates is split as it arrives), so
+-- that a backlog beyond both keeps nominal and borrow room in use;
 -- else the band in which the pod can fit at all (training first; by the configured
 -- borrow limit, so a pod larger than nominal admitted while the budget is exhausted
 -- waits as borrowed for borrowing to be allowed again).
+-- A gang's members share one band (preempting one member stops them all): the first
+-- member decides it for the gang's whole demand (its size x the member's demand) and
+-- the gang keeps it (bd); a replacement member rejoins in it.
 local band = 'i'
-if cls == 't' then
+local gang_band = gid ~= '' and redis.call('HGET', P .. 'g:' .. gid, 'bd')
+if gang_band then
+  band = gang_band
+elseif cls == 't' then
+  local whole = d
+  if gid ~= '' then
+    whole = {}
+    for k, v in pairs(d) do whole[k] = v * tonumber(gsize) end
+  end
+  local ws = slices(whole)
+  local W = parse_shape('b/' .. format_counts(whole))
   local training_room = cfg.ns - cfg.rs
-  local fits = num(st, 'ut') + num(st, 'qs:t') + ds <= training_room
-  local alone = ds <= training_room
-  for k, v in pairs(by_resource(d)) do
+  local fits = num(st, 'ut') + num(st, 'qs:t') + ws <= training_room
+  local alone = ws <= training_room
+  for k, v in pairs(W.b_res) do
     if num(st, 'u:' .. k) + num(st, 'qd:t:' .. k) + v > (cfg.n[k] or 0) then fits = false end
     if v > (cfg.n[k] or 0) then alone = false end
   end
   if fits then
     band = 't'
-  elseif cfg.b > 0 and num(st, 'ub') + num(st, 'qs:b') + ds <= cfg.b then
+  elseif cfg.b > 0
+      and num(st, 'ub') + num(st, 'qs:b') + ws <= cfg.b + nominal_room(cfg, st, W, true) then
     band = 'b'
-  elseif alone and ds <= cfg.b then
-    local counts = format_counts(d)
-    local lt = redis.call('LLEN', lane_key(tenant, 't/' .. counts))
-    local lb = redis.call('LLEN', lane_key(tenant, 'b/' .. counts))
+  elseif alone and ws <= cfg.b then
+    local lt = redis.call('LLEN', lane_key(tenant, 't/' .. format_counts(whole)))
+    local lb = redis.call('LLEN', lane_key(tenant, 'b/' .. format_counts(whole)))
     band = (lb + 1) * training_room < (lt + 1) * cfg.b and 'b' or 't'
-  elseif alone or ds > cfg.bc then
+  elseif alone or ws > cfg.bc + nominal_room(cfg, EMPTY, W) then
     band = 't'
   else
     band = 'b'
@@ -126,8 +139,12 @@ if gid ~= '' then
       -- the holds of the entries ahead of the gang's (it joins its tier's order now)
       local me = {score = entry_share(tenant, st),
                   key = head_key(tonumber(submitted), math.huge)}
+      -- nothing in its way: the dispatcher releases it whole on its next pass
       local G, _, held = plan(gang_shape.tier, now, me, EMPTY)
-      reason = capacity_blocker(gang_shape, G, held) or {'turn'}
+      reason = capacity_blocker(gang_shape, G, held)
+      if reason == nil then
+        reason = ahead_of(gang_shape, now, me) and {'turn'} or {'release'}
+      end
     end
   end
 else

@@ -131,7 +131,8 @@ local NONE = {}  -- the sorted resource names of a band without demand (never wr
 
 -- {i=counts, t=counts, b=counts, all=sorted capacity keys, cls='i'|'t',
 -- keys={i=, t=, b=: sorted capacity keys of the band}, nb=non-borrowed (i + t)
--- counts by resource (quota), nb_keys=its sorted names, t_slices, b_slices}; read only
+-- counts by resource (quota), nb_keys=its sorted names, t_slices, b_slices,
+-- b_res=borrowed counts by resource}; read only
 local function parse_shape(shape)
   local D = SHAPES[shape]
   if D then return D end
@@ -144,6 +145,7 @@ local function parse_shape(shape)
   D.nb_keys = sorted_keys(D.nb)
   D.all = sorted_keys(sum_counts(sum_counts(D.i, D.t), D.b))
   D.t_slices, D.b_slices = slices(D.t), slices(D.b)
+  D.b_res = by_resource(D.b)
   -- tier: the lowest band in the shape; dispatch serves tiers i, t, b in order
   D.tier = (next(D.i) ~= nil) and 'i' or ((next(D.b) ~= nil) and 'b' or 't')
   D.cls = (D.tier == 'i') and 'i' or 't'
@@ -468,8 +470,32 @@ local function entry_share(tenant, st)
   return score
 end
 
+-- The slices of D's borrowed demand that the nominal quota training leaves unused can
+-- hold, on top of state st and D's own non-borrowed demand (with `ahead`, counting the
+-- training queued ahead too): nominal less the inference reserve, per resource and in
+-- slices. A borrowed entry stands in that room and borrows only the rest, so an entry
+-- that fits nominal + borrowLimit (the reserve kept) can run although it is larger
+-- than either.
+local function nominal_room(cfg, st, D, ahead)
+  local q = ahead and 1 or 0
+  local room = cfg.ns - cfg.rs - num(st, 'ut') - q * num(st, 'qs:t') - D.t_slices
+  local held = 0
+  for k, v in pairs(D.b_res) do
+    local free = (cfg.n[k] or 0) - num(st, 'u:' .. k) - q * num(st, 'qd:t:' .. k) - (D.nb[k] or 0)
+    if free > 0 then held = held + math.min(v, free) * slices_of(k) end
+  end
+  return math.max(0, math.min(room, held))
+end
+
 -- nil when the tenant's quota admits shape D (parse_shape) on top of state st, else
--- {code, slices}
+-- {code, slices}: non-borrowed demand within nominal (training's within nominal less
+-- the inference reserve); borrowed demand within the borrow limit plus the nominal
+-- room training leaves unused (nominal_room). Whatever the band, the tenant's total
+-- stays within nominal + borrowLimit, and its training and borrowed slices within
+-- nominal less the reserve + borrowLimit (invariant 1): a borrowed pod standing in
+-- nominal room holds that room until it ends, and no pod of any band takes it from
+-- under it (the configured borrow limit bounds these: an exhausted borrow budget stops
+-- new borrowing, not nominal use).
 local function quota_check(cfg, st, D)
   local missing = 0
   for _, k in ipairs(D.nb_keys) do
@@ -480,18 +506,31 @@ local function quota_check(cfg, st, D)
     local over = num(st, 'ut') + D.t_slices - (cfg.ns - cfg.rs)
     if over > missing then missing = over end
   end
-  if missing > 0 then return {'quota', missing} end
-  if next(D.b) ~= nil then
-    local over = num(st, 'ub') + D.b_slices - cfg.b
-    if over > 0 then return {'borrow', over} end
+  local trained = num(st, 'ut') + num(st, 'ub') + D.t_slices + D.b_slices
+  local limit = math.max(
+    num(st, 'ui') + trained + slices(D.i) - (cfg.ns + cfg.bc),
+    (next(D.t) ~= nil or next(D.b) ~= nil) and trained - (cfg.ns - cfg.rs + cfg.bc) or 0)
+  if next(D.b) == nil then
+    if limit > missing then missing = limit end
+    if missing > 0 then return {'quota', missing} end
+    return nil
   end
+  if missing > 0 then return {'quota', missing} end
+  local over = math.max(num(st, 'ub') + D.b_slices - cfg.b - nominal_room(cfg, st, D), limit)
+  if over > 0 then return {'borrow', over} end
   return nil
 end
 
 local EMPTY = {}
 
+-- D exceeds what the tenant's quota could ever admit: on an idle tenant, with its
+-- configured borrow limit (a borrow budget that is exhausted now is not "never")
 local function never_fits(cfg, D)
-  return quota_check(cfg, EMPTY, D) ~= nil
+  local b = cfg.b
+  cfg.b = cfg.bc
+  local never = quota_check(cfg, EMPTY, D) ~= nil
+  cfg.b = b
+  return never
 end
 
 -- cluster capacity -----------------------------------------------------------------
@@ -1043,7 +1082,8 @@ end
 
 -- gangs ----------------------------------------------------------------------------
 -- g:<gid> hash: t tenant, c class, n size, m queued members (comma list, arrival
--- order), r members running, sh shape of its lane entry while linked; gang_members
+-- order), r members running, sh shape of its lane entry while linked, bd the band
+-- of its members (its first member's: admit gives every member that one); gang_members
 -- and entry_info are above (ready sets read them).
 
 -- take a linked gang out of its lane: members back to G
@@ -1108,6 +1148,7 @@ local function enqueue(ticket, rec, at_head, st)
   local m, t = unpack(redis.call('HMGET', key, 'm', 't'))
   redis.call('HSET', key, 't', t or rec[F_TENANT], 'c', rec[F_CLASS], 'n', rec[F_GSIZE],
              'm', (m and m ~= '') and (m .. ',' .. ticket) or ticket)
+  redis.call('HSETNX', key, 'bd', rec[F_BAND])
   redis.call('SADD', K_GANGS, gid)
   gang_link(gid, at_head)
 end
@@ -1602,6 +1643,15 @@ local function note_hold(tier, now, best, held, record)
   end
 end
 
+-- the first entry ahead of `me` in the order of D's tier that could be released now
+-- and shares a resource with D (plan), nil when none
+local function ahead_of(D, now, me)
+  local mine = {}
+  for _, res in ipairs(D.all) do mine[res] = 1 end
+  local _, ahead = plan(D.tier, now, me, mine)
+  return ahead
+end
+
 -- the next entry of a tier to release (a survey top), or nil; tidies (see survey)
 local function pick(tier, now)
   local _, best, held, record = plan(tier, now, nil, nil, true)
@@ -1718,6 +1768,8 @@ local function describe_queued(ticket, rec, now)
     local me = {score = share_of(tenant, st, now), key = head_key(at, seq + 0.5)}
     local G, _, held = plan(D.tier, now, me, EMPTY)
     why = capacity_blocker(D, G, held, head and {tenant = tenant, shape = shape} or nil)
+    -- a lane head that fits with nothing ahead in queue order is released next pass
+    if why == nil and head and not ahead_of(D, now, me) then why = {'release'} end
   end
   if why == nil then
     if not head then

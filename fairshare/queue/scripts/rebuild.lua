@@ -68,6 +68,7 @@ local function hold(ticket, rec)
     local key = P .. 'g:' .. gid
     -- the gang keeps the tenant it was created with (see enqueue)
     redis.call('HSETNX', key, 't', rec[F_TENANT])
+    redis.call('HSETNX', key, 'bd', rec[F_BAND])
     redis.call('HSET', key, 'c', rec[F_CLASS], 'n', rec[F_GSIZE])
     redis.call('HINCRBY', key, 'r', 1)
     redis.call('SADD', K_GANGS, gid)

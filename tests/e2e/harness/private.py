@@ -10,7 +10,7 @@ module can shape nodes and flags freely; the cost is one more control plane star
 from __future__ import annotations
 
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +21,7 @@ from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from .controlplane import ControlPlane, build_controlplane, free_port
-from .fairgate import PLATFORM_YAML, FairgateStack
+from .fairgate import PLATFORM_YAML, QUOTA_YAML, FairgateStack
 from .kubelet import FakeKubelet, GpuNode
 
 
@@ -70,15 +70,15 @@ class PrivateCluster:
 @contextmanager
 def private_cluster(
     work_dir: Path, nodes: Sequence[GpuNode], *dispatch_args: str,
-    platform_yaml: str = PLATFORM_YAML,
+    platform_yaml: str = PLATFORM_YAML, quotas: Mapping[str, str] = QUOTA_YAML,
 ) -> Iterator[PrivateCluster]:
     """Start everything under `work_dir`, yield it, stop everything; fails if the fake
-    kubelet reported errors."""
+    kubelet reported errors. `quotas`: each tenant's quota.yaml (FairgateStack)."""
     cp = ControlPlane(build_controlplane(), work_dir / "controlplane")
     cp.start()
     kubelet = FakeKubelet(cp, nodes)
     (work_dir / "fairgate").mkdir(parents=True, exist_ok=True)
-    stack = FairgateStack(cp, work_dir / "fairgate", platform_yaml)
+    stack = FairgateStack(cp, work_dir / "fairgate", platform_yaml, quotas)
     port = free_port()
     try:
         kubelet.register_nodes()

@@ -123,6 +123,7 @@ class Gang:
     members: list[str] = field(default_factory=list)
     running: int = 0
     linked: str | None = None  # lane shape key while in a lane
+    band: str = ""  # its members' band (its first member's)
 
 
 @dataclass
@@ -457,13 +458,41 @@ class Reference:
         if any(shape["t"].values()):
             over = u["ut"] + total_slices(shape["t"]) - (cfg.ns - cfg.rs)
             missing = max(missing, over)
+        # invariant 1 whatever the band: all within nominal + borrowLimit; training and
+        # borrowed within nominal less the reserve + borrowLimit (a borrowed pod standing
+        # in nominal room keeps it until it ends)
+        trained = u["ut"] + u["ub"] + total_slices(shape["t"]) + total_slices(shape["b"])
+        limit = u["ui"] + trained + total_slices(shape["i"]) - (cfg.ns + cfg.b)
+        if any(shape["t"].values()) or any(shape["b"].values()):
+            limit = max(limit, trained - (cfg.ns - cfg.rs + cfg.b))
+        if not any(shape["b"].values()):
+            missing = max(missing, limit)
         if missing > 0:
             return ["quota", missing]
         if any(shape["b"].values()):
-            over = u["ub"] + total_slices(shape["b"]) - cfg.b
+            over = max(u["ub"] + total_slices(shape["b"]) - cfg.b
+                       - self.nominal_room(cfg, u, shape["b"], nb, total_slices(shape["t"])),
+                       limit)
             if over > 0:
                 return ["borrow", over]
         return None
+
+    @staticmethod
+    def nominal_room(cfg: Cfg, u: dict[str, int], borrowed: ResourceCounts,
+                     nb: ResourceCounts, t_slices: int, ahead: Shape | None = None) -> int:
+        """The slices of ``borrowed`` that the nominal quota training leaves unused
+        (nominal less the reserve, per resource and in slices) can hold, on top of usage
+        ``u``, the entry's own non-borrowed demand ``nb`` / ``t_slices`` and the
+        training queued ``ahead``."""
+        ahead = ahead or empty_shape()
+        room = cfg.ns - cfg.rs - u["ut"] - t_slices - total_slices(ahead["t"])
+        held = 0
+        for r, n in borrowed.items():
+            free = (cfg.n.get(r, 0) - u.get("u:" + r, 0) - ahead["t"].get(r, 0)
+                    - nb.get(r, 0))
+            if free > 0:
+                held += min(n, free) * slices_of(r)
+        return max(0, min(room, held))
 
     def cap_check(self, shape: Shape, guards: Shape | None, idle: bool = False
                   ) -> tuple[str, int] | None:
@@ -666,6 +695,7 @@ class Reference:
         g = self.gangs.setdefault(rec.gang, Gang(rec.tenant, rec.cls, rec.gsize))
         self.gang_unlink(rec.gang)
         g.tenant, g.cls, g.size = rec.tenant, rec.cls, rec.gsize
+        g.band = g.band or rec.band
         g.members.append(ticket)
         self.gang_link(rec.gang, head)
 
@@ -792,13 +822,21 @@ class Reference:
         why = self.quota_blocker(rec.tenant, shape)
         if why is None:
             tier = shape_tier(shape)
-            guards, _, held, _ = self.plan(tier, now, (self.share(rec.tenant, now), at,
-                                                       seq + 0.5), {})
+            me = (self.share(rec.tenant, now), at, seq + 0.5)
+            guards, _, held, _ = self.plan(tier, now, me, {})
             why = self.capacity_blocker(shape, guards, held,
                                         (rec.tenant, key) if head else None)
+            if why is None and head and not self.ahead_of(shape, now, me):
+                why = ["release"]
         if why is None:
             why = ["ahead", position - 1] if not head else ["turn"]
         return position, length, why
+
+    def ahead_of(self, shape: Shape, now: float, me: tuple[float, float, float]) -> bool:
+        """Whether an entry ahead of ``me`` in the order of the shape's tier could be
+        released now and shares a resource with it."""
+        mine = {r: 1 for b in BANDS for r, n in shape[b].items() if n}
+        return self.plan(shape_tier(shape), now, me, mine)[1] is not None
 
     def quota_blocker(self, tenant: str, shape: Shape) -> list[object] | None:
         if self.quota_check(tenant, shape, idle=True) is not None:
@@ -835,27 +873,36 @@ class Reference:
         queued = self.queued(tenant)
         seen = [r for r in queued if r.uid]  # what counts as queued ahead for the band
         band = "i"
-        if cls == "t":
+        gang = self.gangs.get(req.gang or "")
+        if gang is not None and gang.band:
+            band = gang.band  # a gang's members share its first member's band
+        elif cls == "t":
+            # by the whole entry's demand: a gang's is its size x the member's
+            whole = {r: n * (req.group_size if req.gang else 1) for r, n in d.items()}
+            ws = total_slices(whole)
             room = cfg.ns - cfg.rs
-            qs_t = sum(total_slices(r.demand) for r in seen if r.band == "t")
-            qs_b = sum(total_slices(r.demand) for r in seen if r.band == "b")
-            fits = u["ut"] + qs_t + ds <= room
-            alone = ds <= room
-            for r, n in d.items():
-                qd = sum(q.demand.get(r, 0) for q in seen if q.band == "t")
-                if u.get("u:" + r, 0) + qd + n > cfg.n.get(r, 0):
+            q_ahead = empty_shape()
+            for q in seen:
+                for r, n in q.demand.items():
+                    q_ahead[q.band][r] = q_ahead[q.band].get(r, 0) + n
+            fits = u["ut"] + total_slices(q_ahead["t"]) + ws <= room
+            alone = ws <= room
+            for r, n in whole.items():
+                if u.get("u:" + r, 0) + q_ahead["t"].get(r, 0) + n > cfg.n.get(r, 0):
                     fits = False
                 if n > cfg.n.get(r, 0):
                     alone = False
             if fits:
                 band = "t"
-            elif cfg.b > 0 and u["ub"] + qs_b + ds <= cfg.b:
+            elif cfg.b > 0 and (u["ub"] + total_slices(q_ahead["b"]) + ws
+                                <= cfg.b + self.nominal_room(cfg, u, whole, {}, 0, q_ahead)):
                 band = "b"
-            elif alone and ds <= cfg.b:  # the band whose lane drains first for its room
-                lt = len(self.lanes.get((tenant, f"t/{format_counts(d)}"), []))
-                lb = len(self.lanes.get((tenant, f"b/{format_counts(d)}"), []))
+            elif alone and ws <= cfg.b:  # the band whose lane drains first for its room
+                lt = len(self.lanes.get((tenant, f"t/{format_counts(whole)}"), []))
+                lb = len(self.lanes.get((tenant, f"b/{format_counts(whole)}"), []))
                 band = "b" if (lb + 1) * room < (lt + 1) * cfg.b else "t"
-            elif alone or ds > cfg.b:
+            elif alone or ws > cfg.b + self.nominal_room(
+                    cfg, {"ut": 0, "ub": 0}, whole, {}, 0):
                 band = "t"
             else:
                 band = "b"
@@ -885,7 +932,9 @@ class Reference:
                     tier = shape_tier(gshape)
                     me = (self.entry_share(tenant, now), req.submitted_at, float("inf"))
                     guards, _, held, _ = self.plan(tier, now, me, {})
-                    reason = self.capacity_blocker(gshape, guards, held) or ["turn"]
+                    reason = self.capacity_blocker(gshape, guards, held)
+                    if reason is None:
+                        reason = ["turn"] if self.ahead_of(gshape, now, me) else ["release"]
         else:
             reason = self.quota_blocker(tenant, shape)
             ahead = None
@@ -1045,6 +1094,7 @@ class Reference:
         if rec.gang:
             g = self.gangs.setdefault(rec.gang, Gang(rec.tenant, rec.cls, rec.gsize))
             g.tenant, g.cls, g.size = rec.tenant, rec.cls, rec.gsize
+            g.band = g.band or rec.band
             g.running += 1
 
     def requeue(self, ticket: str, now: float | None = None) -> bool:

@@ -117,7 +117,9 @@ class QueueMachine(RuleBasedStateMachine):
             for r, n in ts.used.items():
                 snap[(ts.tenant, "u:" + r)] = n
             snap[(ts.tenant, "ut")] = ts.training_slices
-            snap[(ts.tenant, "ub")] = ts.borrowed_slices
+            snap[(ts.tenant, "ut+ub")] = ts.training_slices + ts.borrowed_slices
+            snap[(ts.tenant, "total")] = (ts.inference_slices + ts.training_slices
+                                          + ts.borrowed_slices)
         return snap
 
     def pick(self, index: int, states: str = "QGRA") -> str | None:
@@ -450,13 +452,16 @@ class QueueMachine(RuleBasedStateMachine):
 
     @invariant()
     def quota_safety(self) -> None:
-        """Invariant 1: a tenant's limit may be exceeded only by lowering it, never by
-        growth."""
+        """Invariant 1: per tenant, non-borrowed usage within nominal (per resource;
+        training within nominal less the inference reserve) and total usage within
+        nominal + borrowLimit (training and borrowed within nominal less the reserve +
+        borrowLimit). A limit may be exceeded only by lowering it, never by growth."""
         now = self.usage_snapshot()
         for ts in self.queue.tenant_status():
             limits = {("u:" + r): n for r, n in ts.nominal.items()}
             limits["ut"] = ts.nominal_slices - ts.inference_reserve_slices
-            limits["ub"] = ts.borrow_limit_slices
+            limits["ut+ub"] = limits["ut"] + ts.borrow_limit_slices
+            limits["total"] = ts.nominal_slices + ts.borrow_limit_slices
             for field in set(limits) | {f for (t, f) in now if t == ts.tenant}:
                 value = now.get((ts.tenant, field), 0)
                 if value > limits.get(field, 0):
@@ -598,6 +603,22 @@ FIXED_BUGS: dict[str, Steps] = {
         ("configure", {"quotas": _quotas(a=2), "cap": _gpus(4)}),
         # a's pod is released (4200 < 4515)
         ("dispatch", {"limit": 1}),
+    ],
+    # standing-in: a borrowed gang stood in the nominal room training left unused,
+    # and a training pod within nominal was then admitted into that same room
+    "training-takes-the-room-a-borrowed-gang-stands-in": [
+        ("first_config", {"quotas": {**_quotas(), "a": {
+            "weight": 1.0, "gpu": 4, "mig-1g.5gb": 1, "mig-3g.40gb": 0, "borrow": 2,
+            "reserve": 1}}, "cap": _gpus(6)}),
+        # a gang of 2 x 2 GPUs: above nominal less the reserve (22 slices), within it
+        # + borrowLimit: borrowed, standing in 22 slices of nominal and borrowing 6
+        ("admit", {"tenant": "a", "pod_class": "training", "demand": 1, "gang": 1}),
+        ("admit", {"tenant": "a", "pod_class": "training", "demand": 1, "gang": 1}),
+        ("dispatch", {"limit": 100}),
+        # 2 GPUs more as training would be 42 slices of training and borrowed against
+        # 22 + 14: it waits for the gang
+        ("admit", _pod("a", gpus=2)),
+        ("dispatch", {"limit": 100}),
     ],
 }
 

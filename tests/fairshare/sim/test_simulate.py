@@ -248,7 +248,14 @@ def test_the_quota_check_sees_a_tenant_above_its_quota() -> None:
     over = [pod("t1", "training", 2), pod("b1", "borrowed", 2)]
     assert quota_violations(config, over) == [
         "team-a: training 14 slices above nominal minus reserve",
-        "team-a: borrowed 14 slices above the borrow limit",
+        "team-a: training and borrowed 28 slices above nominal minus reserve plus borrowLimit",
+        "team-a: 28 slices above nominal plus borrowLimit",
+    ]
+    # a borrowed pod may stand in the nominal room training leaves unused...
+    assert quota_violations(config, [pod("b2", "borrowed", 2)]) == []
+    # ...but not in the inference reserve
+    assert quota_violations(config, [pod("b3", "borrowed", 3)]) == [
+        "team-a: training and borrowed 21 slices above nominal minus reserve plus borrowLimit",
     ]
     assert quota_violations(config, [pod("i", "inference", 3)]) == [
         "team-a: gpu=3 above nominal 2"
