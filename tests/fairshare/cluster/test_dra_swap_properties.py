@@ -18,9 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from admission import claimguard
 from admission.demand import held_demand
@@ -90,13 +89,15 @@ class Admission:
     name: str
 
 
-class TenantSwaps(RuleBasedStateMachine):
+class TenantSwaps:
+    """The tenant, the controllers and fairgate, one action at a time."""
+
     def __init__(self) -> None:
-        super().__init__()
         self.claims: dict[str, Obj] = {}
         self.templates: dict[str, Obj] = {}
         self.pods: dict[str, Pod] = {}
         self.serial = 0
+        self.seen = self._context()
 
     # -- what fairgate and the cluster see ---------------------------------------------
 
@@ -156,29 +157,43 @@ class TenantSwaps(RuleBasedStateMachine):
 
     # -- the tenant --------------------------------------------------------------------
 
-    @rule(kind=KINDS, name=NAMES, count=COUNTS)
+    def objects_first(self, claim: int, template: int) -> None:
+        """A claim and a template named x exist before the first pod."""
+        self.claims["x"] = Obj(self._uid(), claim)
+        self.templates["x"] = Obj(self._uid(), template)
+        self.watch_catches_up()
+
+    def swap(self, kind: DraKind, count: int) -> None:
+        """Delete x and create it again asking for ``count`` (the guard may refuse)."""
+        self.delete_object(kind, "x")
+        self.create_object(kind, "x", count)
+
     def create_object(self, kind: DraKind, name: str, count: int) -> None:
         store = self.claims if kind == CLAIM else self.templates
         if name in store or not self._guard(kind, name, count):
             return
         store[name] = Obj(self._uid(), count)
 
-    @rule(kind=KINDS, name=NAMES)
     def delete_object(self, kind: DraKind, name: str) -> None:
         store = self.claims if kind == CLAIM else self.templates
         found = store.get(name)
         if found is not None and not found.allocated:  # in use: deletion waits
             del store[name]
 
-    @rule(pod=PODS, kind=KINDS, names=NAMES)
+    def watch_catches_up(self) -> None:
+        """The webhook's watch delivers every change made so far."""
+        self.seen = self._context()
+
     def create_pod(self, pod: str, kind: DraKind, names: str) -> None:
+        """The pod is priced from what the webhook's watch has delivered, which may be
+        older than the objects are now (the watch lags)."""
         if pod in self.pods and self.pods[pod].state != "done":
             return
         source = "resourceClaimName" if kind == CLAIM else "resourceClaimTemplateName"
         manifest = {"metadata": {"name": pod, "namespace": NS},
                     "spec": {"containers": [{"name": "c"}],
                              "resourceClaims": [{"name": "gpus", source: names}]}}
-        context = self._context()
+        context = self.seen
         try:
             admitted = claims_demand(manifest, context)
         except DraError:
@@ -186,7 +201,6 @@ class TenantSwaps(RuleBasedStateMachine):
         self.pods[pod] = Pod(self._uid(), kind, names, admitted,
                              claimguard.priced_objects(manifest, context))
 
-    @rule(pod=PODS)
     def delete_generated_claim(self, pod: str) -> None:
         found = self.pods.get(pod)
         if found is not None and found.generated is not None:
@@ -195,7 +209,6 @@ class TenantSwaps(RuleBasedStateMachine):
                 del self.claims[found.generated]
                 found.generated = None
 
-    @rule(pod=PODS)
     def finish(self, pod: str) -> None:
         found = self.pods.get(pod)
         if found is None or found.state == "done":
@@ -211,7 +224,6 @@ class TenantSwaps(RuleBasedStateMachine):
 
     # -- the resourceclaim controller, fairgate's dispatcher, the scheduler ----------------
 
-    @rule()
     def controller_makes_claims(self) -> None:
         for pod in list(self.pods):
             self._make_claim(pod)
@@ -225,7 +237,6 @@ class TenantSwaps(RuleBasedStateMachine):
         self.claims[name] = Obj(self._uid(), self.templates[found.names].count, found.uid)
         found.generated = name
 
-    @rule()
     def dispatch(self) -> None:
         for pod in list(self.pods):
             self._release(pod)
@@ -243,7 +254,6 @@ class TenantSwaps(RuleBasedStateMachine):
         elif isinstance(verdict, Refuse):
             found.state = "refused"
 
-    @rule()
     def schedule(self) -> None:
         for pod in list(self.pods):
             self._allocate(pod)
@@ -258,7 +268,6 @@ class TenantSwaps(RuleBasedStateMachine):
 
     # -- what must hold after every step -------------------------------------------------
 
-    @invariant()
     def allocated_within_quota_and_charge(self) -> None:
         held = {n for n, p in self.pods.items() if p.state == "released"}
         allocated = sum(o.count for n, o in self.claims.items() if o.allocated and any(
@@ -267,5 +276,46 @@ class TenantSwaps(RuleBasedStateMachine):
         assert allocated <= charged <= QUOTA, (allocated, charged, self.claims, self.pods)
 
 
-TestTenantSwaps = TenantSwaps.TestCase
-TestTenantSwaps.settings = settings(max_examples=400, stateful_step_count=25, deadline=None)
+ACTIONS = st.one_of(
+    st.tuples(st.just("create_object"), KINDS, NAMES, COUNTS),
+    st.tuples(st.just("delete_object"), KINDS, NAMES),
+    st.tuples(st.just("create_pod"), PODS, KINDS, NAMES),
+    st.tuples(st.just("delete_generated_claim"), PODS),
+    st.tuples(st.just("finish"), PODS),
+    st.tuples(st.just("watch_catches_up")),
+    st.tuples(st.just("controller_makes_claims")),
+    st.tuples(st.just("dispatch")),
+    st.tuples(st.just("schedule")),
+)
+MOMENTS = ("before the pod", "while the webhook's watch lags", "while its pod is gated",
+           "after its claim is made", "after its release", "while it runs")
+LIFE = ("create_pod", "controller_makes_claims", "dispatch", "schedule")
+
+
+@settings(max_examples=500, deadline=None)
+@given(KINDS, COUNTS, COUNTS, st.sampled_from(MOMENTS), st.booleans(),
+       st.lists(ACTIONS, max_size=12), st.lists(ACTIONS, max_size=12))
+def test_swaps_never_let_allocated_pass_charged_or_quota(
+        kind: DraKind, first: int, then: int, moment: str, regenerate: bool,
+        before: list[tuple[Any, ...]], after: list[tuple[Any, ...]]) -> None:
+    """One pod's life (priced, gated, its claim made, released, allocated, running) with
+    x swapped for one asking ``then`` at ``moment`` (a template's claim also deleted and
+    made again from the new template with ``regenerate``), amid random other actions.
+    After every action: allocated <= charged <= quota (see the module doc)."""
+    cluster = TenantSwaps()
+    cluster.objects_first(first, first)
+    steps: list[tuple[Any, ...]] = [*before]
+    swap: list[tuple[Any, ...]] = [("swap", kind, then)]
+    if regenerate and kind == TEMPLATE:
+        swap += [("delete_generated_claim", "p0"), ("controller_makes_claims",)]
+    life: list[tuple[Any, ...]] = [("create_pod", "p0", kind, "x"), ("watch_catches_up",),
+                                   ("controller_makes_claims",), ("dispatch",), ("schedule",)]
+    at = MOMENTS.index(moment)
+    if at == 1:  # the swap lands after the watch's last delivery, before the pod
+        steps += [*swap, *life]
+    else:
+        steps += [*life[:at], *swap, *life[at:]]
+    steps += [*after, ("controller_makes_claims",), ("dispatch",), ("schedule",)]
+    for name, *arguments in steps:
+        getattr(cluster, name)(*arguments)
+        cluster.allocated_within_quota_and_charge()
