@@ -14,7 +14,14 @@ Contract of :func:`plan_create` (pure; the pod is AdmissionReview ``request.obje
   annotations that fairgate does not accept from users (see below); or the pod-group
   label / size annotation are inconsistent (size not a positive integer, one without the
   other).
-- otherwise a :class:`PodPlan`.
+- otherwise a :class:`PodPlan`. Its ``group`` is the pod's gang: fairgate's own label
+  and annotation when set (they win over everything else), else the gang the pod
+  declares with the ecosystem's tools (:func:`admission.gangs.pod_gang`, with the size
+  objects ``gangs``), whose size may not be known yet (None). A pod carrying
+  ``fairgate.io/pod-group`` without the size annotation is accepted only when the label
+  is exactly the key of the gang it declares that way (fairgate's own stamp of a gang
+  whose size it did not know yet, :mod:`admission.mutation`); a declaration fairgate
+  cannot use (:class:`~admission.gangs.GangError`) is refused as ``invalid-pod-group``.
 
 User-set ``fairgate.io/*`` keys: users may set the label ``fairgate.io/class`` (a hint, see
 :mod:`admission.classes`), the label ``fairgate.io/pod-group`` and the annotation
@@ -38,13 +45,14 @@ conditions, is refused. Otherwise the ticket is the request uid.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from admission import pods
 from admission.classes import ClassError, resolve_class
 from admission.demand import DemandError, pod_demand
 from admission.dra import NO_OBJECTS, DraContext, DraObjects
+from admission.gangs import MAX_GANG_SIZE, NO_GANG_OBJECTS, Gang, GangError, GangObjects, pod_gang
 from admission.reviews import one_line
 from tenants import resources
 from tenants.models import (
@@ -71,7 +79,7 @@ from tenants.placement import (
 )
 
 MAX_MESSAGE_CHARS = 250
-MAX_GROUP_SIZE = 10_000
+MAX_GROUP_SIZE = MAX_GANG_SIZE
 TICKET_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 USER_LABELS = frozenset({TENANT_LABEL, CLASS_LABEL, POD_GROUP_LABEL, MIG_PROFILE_LABEL})
 USER_ANNOTATIONS = frozenset({POD_GROUP_SIZE_ANNOTATION})
@@ -104,10 +112,20 @@ class Denied:
 
 @dataclass(frozen=True)
 class PodGroup:
-    """A gang: pods sharing the ``fairgate.io/pod-group`` label, released together."""
+    """A gang, released together: ``name`` is its key (the ``fairgate.io/pod-group``
+    label's value), ``size`` its number of pods (None: not known yet, ``awaiting`` says
+    for what); ``source`` where it was declared (e.g. ``Indexed Job trainer``; ``""`` for
+    fairgate's own label)."""
 
     name: str
-    size: int
+    size: int | None
+    source: str = ""
+    awaiting: str = ""
+
+    def describe(self) -> str:
+        """E.g. ``gang of Indexed Job trainer (4 pods)``, for messages."""
+        return Gang(self.name, self.size, self.source or f"pod group {self.name}",
+                    self.awaiting).describe()
 
 
 @dataclass(frozen=True)
@@ -153,18 +171,28 @@ class _Refusal(Exception):
 
 def plan_create(
     pod: object, namespace: str, request_uid: str, config: FairgateConfig,
-    dra: DraObjects = NO_OBJECTS,
+    dra: DraObjects = NO_OBJECTS, gangs: GangObjects = NO_GANG_OBJECTS,
 ) -> PlanResult:
     """Decide tenant, class, demand, ticket and gang of a pod CREATE, or refuse it; its
-    GPUs through DRA are counted with the cluster's objects ``dra``."""
+    GPUs through DRA are counted with the cluster's objects ``dra``, its gang's size read
+    from the size objects ``gangs``."""
+    context = DraContext(namespace, config.platform.device_class_rules, dra)
     try:
-        demand = pod_demand(pod, DraContext(namespace, config.platform.device_class_rules, dra))
+        demand = pod_demand(pod, context)
     except DemandError as exc:
         return _denied("invalid-demand", str(exc))
     if not demand:
         return NotOurs()
+
+    def asks_for_gpu(template: object) -> bool:
+        try:
+            return bool(pod_demand(template, context))
+        except (DemandError, pods.PodError):
+            return True  # its pods are refused, or counted, when they come
+
     try:
-        return _plan(pod, namespace, request_uid, config, demand)
+        plan = _plan(pod, namespace, request_uid, config, demand)
+        return replace(plan, group=_group(pod, namespace, gangs, asks_for_gpu))
     except _Refusal as refusal:
         return replace(refusal.denied, demand=demand)
     except pods.PodError as exc:
@@ -203,7 +231,7 @@ def _plan(
         demand_slices=resources.total_slices(demand),
         ticket=ticket or request_uid,
         reused_ticket=ticket is not None,
-        group=_group(labels, annotations),
+        group=None,
         warnings=tuple(warnings),
         placement=pod_placement(demand, labels.get(MIG_PROFILE_LABEL), tenant.node_pool),
     )
@@ -363,18 +391,33 @@ def _ticket(
     return ticket
 
 
-def _group(labels: Mapping[str, str], annotations: Mapping[str, str]) -> PodGroup | None:
+def _group(pod: object, namespace: str, gangs: GangObjects,
+           asks_for_gpu: Callable[[object], bool]) -> PodGroup | None:
+    labels, annotations = pods.labels_of(pod), pods.annotations_of(pod)
     name = labels.get(POD_GROUP_LABEL)
     size_text = annotations.get(POD_GROUP_SIZE_ANNOTATION)
+    try:
+        declared = pod_gang(pod, namespace, gangs, asks_for_gpu)
+        problem = None
+    except GangError as exc:
+        declared, problem = None, str(exc)
     if name is None and size_text is None:
-        return None
+        if problem is not None:
+            raise _Refusal("invalid-pod-group", f"{problem} (or set {POD_GROUP_LABEL} and "
+                           f"{POD_GROUP_SIZE_ANNOTATION} yourself)")
+        if declared is None:
+            return None
+        return PodGroup(declared.key, declared.size, declared.source, declared.awaiting)
     if name is None:
         raise _Refusal(
             "invalid-pod-group",
             f"annotation {POD_GROUP_SIZE_ANNOTATION} without label {POD_GROUP_LABEL}: add the "
             "label naming the group, or remove the annotation",
         )
+    stamped = declared if declared is not None and declared.key == name else None
     if size_text is None:
+        if stamped is not None:  # fairgate's own stamp of a gang of unknown size
+            return PodGroup(name, stamped.size, stamped.source, stamped.awaiting)
         raise _Refusal(
             "invalid-pod-group",
             f"label {POD_GROUP_LABEL}={quoted(name)} needs annotation {POD_GROUP_SIZE_ANNOTATION}: "
@@ -387,4 +430,4 @@ def _group(labels: Mapping[str, str], annotations: Mapping[str, str]) -> PodGrou
             f"annotation {POD_GROUP_SIZE_ANNOTATION}={quoted(size_text)} must be a whole number "
             f"from 1 to {MAX_GROUP_SIZE} (the number of pods in group {quoted(name)})",
         )
-    return PodGroup(name, int(size_text))
+    return PodGroup(name, int(size_text), stamped.source if stamped else "")

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 from urllib3.exceptions import HTTPError
 
+from admission.dra import NO_OBJECTS
 from audit import AuditLog
 from audit.log import DEFAULT_RETENTION, Retention
 from certs import CertReloader, server_ssl_context
@@ -57,13 +58,14 @@ from fairshare.queue.fastpath import REPLICA_ACK_TIMEOUT
 from tenants.models import CONTROL_NAMESPACE
 from tenants.source import ConfigNotReadyError, ConfigSource, start_local_source
 from webhook.app import create_app
-from webhook.service import AdmissionService
+from webhook.service import AdmissionService, asks_for_gpu
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
     from starlette.types import ASGIApp
 
     from fairshare.cluster.dra import DraWatch
+    from fairshare.cluster.gangs import GangWatch
 
 log = logging.getLogger("fairgate.webhook.server")
 
@@ -180,6 +182,19 @@ def _dra_source(options: ServeOptions) -> DraWatch | None:
     return watch
 
 
+def _gang_source(options: ServeOptions, dra: DraWatch | None) -> GangWatch | None:
+    """The objects giving gangs their size, watched (None with a local config dir)."""
+    if options.config_dir is None:
+        from fairshare.cluster.gangs import GangWatch
+
+        objects = dra.objects if dra is not None else (lambda: NO_OBJECTS)
+        watch = GangWatch(_cluster_api(),
+                          asks_for_gpu=lambda template: asks_for_gpu(template, "", objects()))
+        watch.start()
+        return watch
+    return None
+
+
 def listen(host: str, port: int, backlog: int) -> socket.socket:
     """A TCP socket listening on ``host:port`` (IPv6 when ``host`` has a colon; port 0: a
     free one); raises OSError, with nothing left open, when it cannot bind."""
@@ -230,6 +245,7 @@ def _run_uvicorn(options: ServeOptions, sock: socket.socket | None) -> None:
     """Serve in this process until SIGTERM/SIGINT (on ``sock`` if given)."""
     source = _config_source(options)
     dra = _dra_source(options)
+    gangs = _gang_source(options, dra)
     client = connect_redis(options.redis, options.redis_timeout)
     decisions_client = connect_redis_async(options.redis, options.redis_timeout)
     try:
@@ -243,6 +259,7 @@ def _run_uvicorn(options: ServeOptions, sock: socket.socket | None) -> None:
                       else int(options.redis.replicated)),
             replica_timeout=options.replica_ack_timeout,
             dra=dra,
+            gangs=gangs,
         )
         app = create_app(service, deadline_seconds=options.deadline_seconds)
         server, reloader = https_server(
