@@ -53,3 +53,13 @@ def test_a_known_size_is_never_replaced_by_an_unknown_one(redis_client: redis.Re
     q.admit(pods("a", group="g", size=UNKNOWN_GANG_SIZE), 0.0)
     assert sorted(released(q)) == ["t1", "t2"]
     assert q.resize({"ns-a/g": 5}) == 0  # a known size is not the resizer's to change
+
+
+def test_why_says_the_gang_waits_for_its_size(redis_client: redis.Redis, pods: Pods) -> None:
+    q = queue_with(redis_client, {"gpu": 8}, a={"nominal": {"gpu": 8}})
+    admit_all(q, [pods("a", group="job.trainer.0123456789", size=UNKNOWN_GANG_SIZE)
+                  for _ in range(2)])
+    status = q.ticket_status("t1", 1.0)
+    assert status is not None and status.state == "gang-waiting"
+    assert status.waiting_for == ("gang ns-a/job.trainer.0123456789: 2 members queued, its size "
+                                  "not known yet (the object that declares it has not been seen)")
