@@ -130,12 +130,21 @@ def gang_key(kind: str, name: str, identity: str) -> str:
 def pod_gang(pod: object, namespace: str, objects: GangObjects = NO_GANG_OBJECTS,
              asks_for_gpu: AsksForGpu | None = None) -> Gang | None:
     """The gang ``pod`` (in ``namespace``) declares, by the sources of the module doc."""
+    found = _declared(pod, namespace, objects, asks_for_gpu)
+    return found if found is not None and found.size != 1 else None
+
+
+def _declared(pod: object, namespace: str, objects: GangObjects,
+              asks_for_gpu: AsksForGpu | None) -> Gang | None:
+    """The first source's answer; a gang of size 1 is a source that declares its pods
+    are no gang (an Indexed Job whose parallelism is not its completions, a basic
+    PodGroup)."""
     labels = pods.labels_of(pod)
     annotations = pods.annotations_of(pod)
     for source in (_workload, _jobset, _lws, _kueue, _coscheduling, _volcano, _indexed_job):
         found = source(pod, namespace, labels, annotations, objects, asks_for_gpu)
-        if found is not _NEXT:
-            return found if isinstance(found, Gang) and found.size != 1 else None
+        if not isinstance(found, _Next):
+            return found
     return None
 
 
@@ -180,7 +189,7 @@ def _workload(pod: object, namespace: str, labels: Mapping[str, str],
     policy = _path(found, "spec", "schedulingPolicy")
     gang = policy.get("gang")
     if not isinstance(gang, Mapping):
-        return None  # the basic policy: pods scheduled one by one
+        return Gang(key, 1, source)  # the basic policy: pods scheduled one by one
     return Gang(key, _size(gang.get("minCount"), f"PodGroup {name} minCount"), source)
 
 
@@ -196,7 +205,7 @@ def _jobset(pod: object, namespace: str, labels: Mapping[str, str],
     found = objects.jobsets.get((namespace, name))
     if found is None or _path(found, "metadata").get("uid") != uid:
         return Gang(key, None, source, f"JobSet {name} is seen")
-    return Gang(key, jobset_size(found, asks_for_gpu), source)
+    return Gang(key, _size(jobset_size(found, asks_for_gpu) or 1, f"{source} size"), source)
 
 
 def jobset_size(jobset: Json, asks_for_gpu: AsksForGpu | None = None) -> int:
@@ -302,7 +311,7 @@ def _indexed_job(pod: object, namespace: str, labels: Mapping[str, str],
     spec = _path(job, "spec")
     parallelism, completions = spec.get("parallelism"), spec.get("completions")
     if spec.get("completionMode") != "Indexed" or parallelism != completions:
-        return None
+        return Gang(key, 1, source)  # pods come and go: no gang
     return Gang(key, _size(_count(parallelism), f"Job {name} parallelism"), source)
 
 
@@ -318,7 +327,9 @@ def declared_sizes(objects: GangObjects,
                    asks_for_gpu: AsksForGpu | None = None) -> dict[tuple[str, str], int]:
     """(namespace, gang key) -> size of every gang the size objects define, as
     :func:`pod_gang` finds it for their pods (a gang whose size object came after its
-    pods learns its size from here). A JobSet defines the gang of its current run."""
+    pods learns its size from here); 1 for an object that declares its pods are no gang
+    (its pods queued before it was seen are then released as one entry, never held for
+    members that will not come). A JobSet defines the gang of its current run."""
     probes: list[tuple[str, dict[str, Any]]] = []
     for job in objects.jobs.values():
         meta = _path(job, "metadata")
@@ -342,7 +353,7 @@ def declared_sizes(objects: GangObjects,
     sizes: dict[tuple[str, str], int] = {}
     for namespace, pod in probes:
         try:
-            gang = pod_gang(pod, namespace, objects, asks_for_gpu)
+            gang = _declared(pod, namespace, objects, asks_for_gpu)
         except GangError:
             continue
         if gang is not None and gang.size is not None:

@@ -298,4 +298,18 @@ def test_declared_sizes_match_what_pods_find() -> None:
     # the Job of the JobSet pod is the same uid as job(): the JobSet wins for its pods,
     # the Job's own entry stays (an Indexed Job gang of its own pods' key)
     assert {k: v for k, v in sizes.items() if k in expected} == expected
-    assert len(sizes) == len(expected)
+    # the basic PodGroup declares its pods are no gang: size 1
+    basic = pod_gang(workload_pod("basic"), NS, objects(items[0]))
+    assert basic is not None and basic.size is None  # before the PodGroup is seen
+    assert {k: v for k, v in sizes.items() if k not in expected} == {(NS, basic.key): 1}
+
+
+def test_pods_queued_before_their_job_showed_it_is_no_gang_are_not_held() -> None:
+    """An Indexed Job whose parallelism is not its completions, unseen when its pods
+    came: they wait as a gang of unknown size; once the Job is seen it declares size 1,
+    so the queue releases them rather than wait for members that never come."""
+    waiting = gang(indexed_job_pod())
+    assert waiting is not None and waiting.size is None
+    sizes = declared_sizes(objects(job(parallelism=2, completions=4)))
+    assert sizes == {(NS, waiting.key): 1}
+    assert gang(indexed_job_pod(), job(parallelism=2, completions=4)) is None
