@@ -52,7 +52,7 @@ from admission import pods
 from admission.classes import ClassError, resolve_class
 from admission.demand import DemandError, pod_demand
 from admission.dra import NO_OBJECTS, DraContext, DraObjects
-from admission.gangs import MAX_GANG_SIZE, NO_GANG_OBJECTS, Gang, GangError, GangObjects, pod_gang
+from admission.gangs import MAX_GANG_SIZE, NO_GANG_OBJECTS, GangError, GangObjects, pod_gang
 from admission.reviews import one_line
 from tenants import resources
 from tenants.models import (
@@ -121,11 +121,6 @@ class PodGroup:
     size: int | None
     source: str = ""
     awaiting: str = ""
-
-    def describe(self) -> str:
-        """E.g. ``gang of Indexed Job trainer (4 pods)``, for messages."""
-        return Gang(self.name, self.size, self.source or f"pod group {self.name}",
-                    self.awaiting).describe()
 
 
 @dataclass(frozen=True)
