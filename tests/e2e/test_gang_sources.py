@@ -32,10 +32,15 @@ def _split(core: Any, namespace: str, selector: str) -> tuple[list[str], list[st
             sorted(p.metadata.name for p in pods if is_gated(p)))
 
 
+def _template(gpus: int) -> dict[str, Any]:
+    """A pod template asking for `gpus`, as a Job or JobSet carries it."""
+    pod = pod_manifest("x", {"nvidia.com/gpu": gpus})
+    del pod["metadata"]["name"]
+    return {"metadata": pod["metadata"], "spec": {**pod["spec"], "restartPolicy": "Never"}}
+
+
 def _indexed_job(name: str, pods: int, gpus: int) -> dict[str, Any]:
-    template = pod_manifest("x", {"nvidia.com/gpu": gpus})
-    del template["metadata"]["name"]
-    template["spec"]["restartPolicy"] = "Never"
+    template = _template(gpus)
     return {"metadata": {"name": name},
             "spec": {"completionMode": "Indexed", "parallelism": pods, "completions": pods,
                      "backoffLimit": 0, "template": template}}
@@ -170,8 +175,7 @@ def test_jobset_pods_are_sized_from_the_real_jobset(
     ns = tenant_namespace("team-a")
     custom = client.CustomObjectsApi(controlplane.admin)
     core = pods_api(controlplane, "team-a")
-    template = pod_manifest("x", {"nvidia.com/gpu": 1})
-    del template["metadata"]["name"]
+    template = _template(1)
     body = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
             "metadata": {"name": "pretrain"},
             "spec": {"suspend": True, "replicatedJobs": [{"name": "workers", "replicas": 1,
