@@ -237,3 +237,41 @@ def test_a_workload_api_gang_whose_pod_group_comes_after_its_pods_waits_then_run
     finally:
         custom.delete_namespaced_custom_object("scheduling.k8s.io", "v1alpha2", ns,
                                                "podgroups", "ddp")
+
+
+def test_a_failed_member_s_replacement_rejoins_its_running_gang(
+    controlplane: ControlPlane, kubelet: FakeKubelet, fairgate: FairgateStack,
+    tenant_pods: None,
+) -> None:
+    """An Indexed Job of 3 runs whole; index 1 fails and the Job controller recreates
+    it: the replacement completes the gang with the two still running and runs at once,
+    without waiting for a whole new gang, while the others keep running."""
+    ns = tenant_namespace("team-a")
+    batch = client.BatchV1Api(controlplane.admin)
+    core = client.CoreV1Api(controlplane.admin)
+    body = _indexed_job("elastic", 3, 1)
+    body["spec"]["backoffLimit"] = 2
+    batch.create_namespaced_job(ns, body)
+    selector = "job-name=elastic"
+    try:
+        first = wait_for(lambda: r if len(r := _split(core, ns, selector)[0]) == 3 else None,
+                         90, "the gang to run whole")
+        index_of = {p.metadata.name: p.metadata.annotations[
+            "batch.kubernetes.io/job-completion-index"]
+            for p in core.list_namespaced_pod(ns, label_selector=selector).items}
+        failed = next(n for n in first if index_of[n] == "1")
+        kept = [n for n in first if n != failed]
+        kubelet.finish(ns, failed, "Failed")
+
+        def replacement() -> str | None:
+            running, gated = _split(core, ns, selector)
+            assert set(kept) <= set(running), (running, gated)  # the others keep running
+            return next((n for n in running if n not in first), None)
+
+        new = wait_for(replacement, 120, "the replacement of index 1 to run")
+        pod = core.read_namespaced_pod(new, ns)
+        assert pod.metadata.annotations["batch.kubernetes.io/job-completion-index"] == "1"
+        group = core.read_namespaced_pod(kept[0], ns).metadata.labels["fairgate.io/pod-group"]
+        assert pod.metadata.labels["fairgate.io/pod-group"] == group
+    finally:
+        batch.delete_namespaced_job("elastic", ns, propagation_policy="Foreground")
