@@ -313,3 +313,45 @@ def test_pods_queued_before_their_job_showed_it_is_no_gang_are_not_held() -> Non
     sizes = declared_sizes(objects(job(parallelism=2, completions=4)))
     assert sizes == {(NS, waiting.key): 1}
     assert gang(indexed_job_pod(), job(parallelism=2, completions=4)) is None
+
+
+KEYS = ["jobset.sigs.k8s.io/jobset-name", "jobset.sigs.k8s.io/jobset-uid",
+        "jobset.sigs.k8s.io/restart-attempt", "leaderworkerset.sigs.k8s.io/name",
+        "leaderworkerset.sigs.k8s.io/group-index", "leaderworkerset.sigs.k8s.io/worker-index",
+        "leaderworkerset.sigs.k8s.io/size", "kueue.x-k8s.io/pod-group-name",
+        "kueue.x-k8s.io/pod-group-total-count", "scheduling.x-k8s.io/pod-group",
+        "scheduling.k8s.io/group-name", "batch.kubernetes.io/job-completion-index"]
+VALUES = st.one_of(st.sampled_from(["", "0", "1", "2", "3", "10000", "10001", "x", "pg",
+                                    JOB_UID]), st.text(max_size=12))
+
+
+@given(labels=st.dictionaries(st.sampled_from(KEYS), VALUES),
+       annotations=st.dictionaries(st.sampled_from(KEYS), VALUES),
+       owned=st.booleans(), group=st.one_of(st.none(), VALUES),
+       seen=st.lists(st.sampled_from(["job", "jobset", "pg", "vg", "wl"]), unique=True))
+def test_any_declaration_gives_a_usable_gang_or_says_why(
+    labels: dict[str, str], annotations: dict[str, str], owned: bool, group: str | None,
+    seen: list[str],
+) -> None:
+    pod = gpu_pod(labels=labels, annotations=annotations)
+    if owned:
+        pod["metadata"]["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job",
+                                               "name": "trainer", "uid": JOB_UID,
+                                               "controller": True}]
+    if group is not None:
+        pod["spec"]["schedulingGroup"] = {"podGroupName": group}
+    known = {"job": job(), "jobset": jobset(name=labels.get(KEYS[0], "pretrain")),
+             "pg": pod_group("scheduling.x-k8s.io", labels.get(KEYS[9], "pg"), min_member=3),
+             "vg": pod_group("scheduling.volcano.sh", annotations.get(KEYS[10], "vg"),
+                             min_member=2),
+             "wl": pod_group("scheduling.k8s.io", group or "wl", gang=4)}
+    try:
+        found = gang(pod, *(known[k] for k in seen))
+    except GangError as error:
+        assert str(error)
+        return
+    if found is None:
+        return
+    assert 1 <= len(found.key) <= 63 and set(found.key) <= LABEL_VALUE_CHARS
+    assert found.size is None or 2 <= found.size <= MAX_GANG_SIZE
+    assert (found.size is None) == bool(found.awaiting)
