@@ -7,6 +7,10 @@ produce :func:`mutate_pod`'s result. The operations apply cleanly to any pod of 
 shape (missing or ``null`` parents are created first; ``/`` in keys is escaped as ``~1``)
 and only add to what the user wrote, except for the fields fairgate owns:
 - labels ``fairgate.io/tenant`` and ``fairgate.io/class``;
+- for a gang fairgate recognised from another source (the plan's group has a
+  ``source``), label ``fairgate.io/pod-group`` (its key) and, when its size is known,
+  annotation ``fairgate.io/pod-group-size``: the pod then carries its gang, which the
+  reconciler rebuilds the queue from and a reinvocation reads back;
 - annotations ``fairgate.io/ticket``, ``fairgate.io/demand``, exactly when the band is
   ``borrowed`` ``fairgate.io/borrowed: "true"``, and exactly when the tenant has a node
   pool ``fairgate.io/node-pool: <pool>`` (what the dispatcher reads the pod's placement
@@ -43,6 +47,8 @@ from tenants.models import (
     DEMAND_ANNOTATION,
     GPU_TAINT_KEY,
     GPU_TOLERATION,
+    POD_GROUP_LABEL,
+    POD_GROUP_SIZE_ANNOTATION,
     PRICED_CLAIMS_ANNOTATION,
     QUEUE_GATE,
     TENANT_LABEL,
@@ -104,7 +110,10 @@ def _check_band(plan: PodPlan, band: PriorityBand) -> None:
 
 
 def _labels(plan: PodPlan) -> dict[str, str]:
-    return {TENANT_LABEL: plan.tenant.name, CLASS_LABEL: plan.pod_class}
+    wanted = {TENANT_LABEL: plan.tenant.name, CLASS_LABEL: plan.pod_class}
+    if plan.group is not None and plan.group.source:
+        wanted[POD_GROUP_LABEL] = plan.group.name
+    return wanted
 
 
 def _annotations(plan: PodPlan, band: PriorityBand) -> dict[str, str]:
@@ -112,6 +121,8 @@ def _annotations(plan: PodPlan, band: PriorityBand) -> dict[str, str]:
         TICKET_ANNOTATION: plan.ticket,
         DEMAND_ANNOTATION: resources.format_counts(plan.demand),
     }
+    if plan.group is not None and plan.group.source and plan.group.size is not None:
+        wanted[POD_GROUP_SIZE_ANNOTATION] = str(plan.group.size)
     if band == "borrowed":
         wanted[BORROWED_ANNOTATION] = "true"
     if plan.placement.pool is not None:

@@ -14,7 +14,14 @@ Contract of :func:`plan_create` (pure; the pod is AdmissionReview ``request.obje
   annotations that fairgate does not accept from users (see below); or the pod-group
   label / size annotation are inconsistent (size not a positive integer, one without the
   other).
-- otherwise a :class:`PodPlan`.
+- otherwise a :class:`PodPlan`. Its ``group`` is the pod's gang: fairgate's own label
+  and annotation when set (they win over everything else), else the gang the pod
+  declares with the ecosystem's tools (:func:`admission.gangs.pod_gang`, with the size
+  objects ``gangs``), whose size may not be known yet (None). A pod carrying
+  ``fairgate.io/pod-group`` without the size annotation is accepted only when the label
+  is exactly the key of the gang it declares that way (fairgate's own stamp of a gang
+  whose size it did not know yet, :mod:`admission.mutation`); a declaration fairgate
+  cannot use (:class:`~admission.gangs.GangError`) is refused as ``invalid-pod-group``.
 
 User-set ``fairgate.io/*`` keys: users may set the label ``fairgate.io/class`` (a hint, see
 :mod:`admission.classes`), the label ``fairgate.io/pod-group`` and the annotation
@@ -38,13 +45,14 @@ conditions, is refused. Otherwise the ticket is the request uid.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from admission import pods
 from admission.classes import ClassError, resolve_class
 from admission.demand import DemandError, pod_demand
 from admission.dra import NO_OBJECTS, DraContext, DraError, DraObjects, priced_record
+from admission.gangs import MAX_GANG_SIZE, NO_GANG_OBJECTS, GangError, GangObjects, pod_gang
 from admission.reviews import one_line
 from tenants import resources
 from tenants.models import (
@@ -72,7 +80,7 @@ from tenants.placement import (
 )
 
 MAX_MESSAGE_CHARS = 250
-MAX_GROUP_SIZE = 10_000
+MAX_GROUP_SIZE = MAX_GANG_SIZE
 TICKET_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 USER_LABELS = frozenset({TENANT_LABEL, CLASS_LABEL, POD_GROUP_LABEL, MIG_PROFILE_LABEL})
 USER_ANNOTATIONS = frozenset({POD_GROUP_SIZE_ANNOTATION})
@@ -105,10 +113,15 @@ class Denied:
 
 @dataclass(frozen=True)
 class PodGroup:
-    """A gang: pods sharing the ``fairgate.io/pod-group`` label, released together."""
+    """A gang, released together: ``name`` is its key (the ``fairgate.io/pod-group``
+    label's value), ``size`` its number of pods (None: not known yet, ``awaiting`` says
+    for what); ``source`` where it was declared (e.g. ``Indexed Job trainer``; ``""`` for
+    fairgate's own label)."""
 
     name: str
-    size: int
+    size: int | None
+    source: str = ""
+    awaiting: str = ""
 
 
 @dataclass(frozen=True)
@@ -158,10 +171,11 @@ class _Refusal(Exception):
 
 def plan_create(
     pod: object, namespace: str, request_uid: str, config: FairgateConfig,
-    dra: DraObjects = NO_OBJECTS,
+    dra: DraObjects = NO_OBJECTS, gangs: GangObjects = NO_GANG_OBJECTS,
 ) -> PlanResult:
     """Decide tenant, class, demand, ticket and gang of a pod CREATE, or refuse it; its
-    GPUs through DRA are counted with the cluster's objects ``dra``."""
+    GPUs through DRA are counted with the cluster's objects ``dra``, its gang's size read
+    from the size objects ``gangs``."""
     context = DraContext(namespace, config.platform.device_class_rules, dra)
     try:
         demand = pod_demand(pod, context)
@@ -169,8 +183,16 @@ def plan_create(
         return _denied("invalid-demand", str(exc))
     if not demand:
         return NotOurs()
+
+    def asks_for_gpu(template: object) -> bool:
+        try:
+            return bool(pod_demand(template, context))
+        except (DemandError, pods.PodError):
+            return True  # its pods are refused, or counted, when they come
+
     try:
-        plan = _plan(pod, namespace, request_uid, config, demand)
+        plan = _plan(pod, namespace, request_uid, config, demand,
+                     _group(pod, namespace, gangs, asks_for_gpu))
         return replace(plan, priced_claims=priced_record(pod, context))
     except _Refusal as refusal:
         return replace(refusal.denied, demand=demand)
@@ -186,6 +208,7 @@ def _plan(
     request_uid: str,
     config: FairgateConfig,
     demand: dict[str, int],
+    group: PodGroup | None,
 ) -> PodPlan:
     tenant = _tenant(namespace, config)
     labels = pods.labels_of(pod)
@@ -197,7 +220,6 @@ def _plan(
         raise _Refusal("no-class", str(exc)) from exc
     priority_classes = config.platform.priority_classes
     warnings = [choice.reason] if choice.overridden else []
-    group = _group(labels, annotations)
     try:
         warnings += _check_priority_class(pod, choice.pod_class, priority_classes)
         _check_fit(tenant, choice.pod_class, demand, group)
@@ -295,10 +317,10 @@ def _check_fit(tenant: Tenant, pod_class: PodClass, demand: Mapping[str, int],
     fix = f"ask for less, or ask a {tenant.name} admin to raise it in ConfigMap " + (
         f"{QUOTA_CONFIGMAP_PREFIX}{tenant.name}"
     )
-    size = group.size if group else 1
+    size = group.size if group and group.size else 1  # a size not known yet: the pod alone
     whole = {r: n * size for r, n in demand.items()}
-    what = (f"gang {group.name} asks for {group.size} x {resources.format_counts(demand)} = "
-            if group and group.size > 1 else "pod asks for ")
+    what = (f"gang {group.name} asks for {size} x {resources.format_counts(demand)} = "
+            if group and size > 1 else "pod asks for ")
     wanted = what + resources.format_counts(whole)
     over = {r: tenant.nominal.get(r, 0) for r, n in whole.items() if n > tenant.nominal.get(r, 0)}
     if pod_class == "inference" and over:
@@ -378,18 +400,33 @@ def _ticket(
     return ticket
 
 
-def _group(labels: Mapping[str, str], annotations: Mapping[str, str]) -> PodGroup | None:
+def _group(pod: object, namespace: str, gangs: GangObjects,
+           asks_for_gpu: Callable[[object], bool]) -> PodGroup | None:
+    labels, annotations = pods.labels_of(pod), pods.annotations_of(pod)
     name = labels.get(POD_GROUP_LABEL)
     size_text = annotations.get(POD_GROUP_SIZE_ANNOTATION)
+    try:
+        declared = pod_gang(pod, namespace, gangs, asks_for_gpu)
+        problem = None
+    except GangError as exc:
+        declared, problem = None, str(exc)
     if name is None and size_text is None:
-        return None
+        if problem is not None:
+            raise _Refusal("invalid-pod-group", f"{problem} (or set {POD_GROUP_LABEL} and "
+                           f"{POD_GROUP_SIZE_ANNOTATION} yourself)")
+        if declared is None:
+            return None
+        return PodGroup(declared.key, declared.size, declared.source, declared.awaiting)
     if name is None:
         raise _Refusal(
             "invalid-pod-group",
             f"annotation {POD_GROUP_SIZE_ANNOTATION} without label {POD_GROUP_LABEL}: add the "
             "label naming the group, or remove the annotation",
         )
+    stamped = declared if declared is not None and declared.key == name else None
     if size_text is None:
+        if stamped is not None:  # fairgate's own stamp of a gang of unknown size
+            return PodGroup(name, stamped.size, stamped.source, stamped.awaiting)
         raise _Refusal(
             "invalid-pod-group",
             f"label {POD_GROUP_LABEL}={quoted(name)} needs annotation {POD_GROUP_SIZE_ANNOTATION}: "
@@ -402,4 +439,4 @@ def _group(labels: Mapping[str, str], annotations: Mapping[str, str]) -> PodGrou
             f"annotation {POD_GROUP_SIZE_ANNOTATION}={quoted(size_text)} must be a whole number "
             f"from 1 to {MAX_GROUP_SIZE} (the number of pods in group {quoted(name)})",
         )
-    return PodGroup(name, int(size_text))
+    return PodGroup(name, int(size_text), stamped.source if stamped else "")

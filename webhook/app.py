@@ -98,8 +98,9 @@ def create_app(
     """The FastAPI app serving ``service`` (see the module docstring for the contract).
 
     ``service`` decides; this layer does HTTP, limits, the deadline and the latency
-    metric (into ``service.metrics``). The service's background part (the audit writer)
-    runs for the app's lifespan.
+    metric (into ``service.metrics``). The service's background parts (the audit writer,
+    and with a gang source the sizing of gangs queued before their size was known) run
+    for the app's lifespan.
     """
     if max_body_bytes <= 0 or deadline_seconds <= 0:
         raise ValueError("max_body_bytes and deadline_seconds must be positive")
@@ -114,9 +115,12 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         service.start()
+        sizer = asyncio.create_task(service.size_gangs_forever()) if service.gangs else None
         try:
             yield
         finally:
+            if sizer is not None:
+                sizer.cancel()
             await asyncio.get_running_loop().run_in_executor(None, service.stop)
 
     app = FastAPI(

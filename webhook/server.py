@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 from urllib3.exceptions import HTTPError
 
+from admission.dra import NO_OBJECTS
 from audit import AuditLog
 from audit.log import DEFAULT_RETENTION, Retention
 from certs import CertReloader, server_ssl_context
@@ -66,13 +67,14 @@ from tenants.source import ConfigEdit, ConfigNotReadyError, ConfigSource, start_
 from webhook.app import create_app
 from webhook.auditing import audit_config_edit
 from webhook.connections import DEFAULT_LIMITS, ConnectionLimits, bounded_http
-from webhook.service import AdmissionService
+from webhook.service import AdmissionService, asks_for_gpu
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
     from starlette.types import ASGIApp
 
     from fairshare.cluster.dra import DraWatch
+    from fairshare.cluster.gangs import GangWatch
 
 log = logging.getLogger("fairgate.webhook.server")
 
@@ -203,6 +205,19 @@ def _dra_source(options: ServeOptions) -> DraWatch | None:
     return watch
 
 
+def _gang_source(options: ServeOptions, dra: DraWatch | None) -> GangWatch | None:
+    """The objects giving gangs their size, watched (None with a local config dir)."""
+    if options.config_dir is None:
+        from fairshare.cluster.gangs import GangWatch
+
+        objects = dra.objects if dra is not None else (lambda: NO_OBJECTS)
+        watch = GangWatch(_cluster_api(),
+                          asks_for_gpu=lambda template: asks_for_gpu(template, "", objects()))
+        watch.start()
+        return watch
+    return None
+
+
 def listen(host: str, port: int, backlog: int) -> socket.socket:
     """A TCP socket listening on ``host:port`` (IPv6 when ``host`` has a colon; port 0: a
     free one); raises OSError, with nothing left open, when it cannot bind."""
@@ -260,6 +275,7 @@ def _run_uvicorn(options: ServeOptions, sock: socket.socket | None,
     source = _config_source(options, partial(audit_config_edit, audit_log)
                             if audit_edits else None)
     dra = _dra_source(options)
+    gangs = _gang_source(options, dra)
     decisions_client = connect_redis_async(options.redis, options.redis_timeout)
     try:
         service = AdmissionService(
@@ -271,6 +287,7 @@ def _run_uvicorn(options: ServeOptions, sock: socket.socket | None,
                       else int(options.redis.replicated)),
             replica_timeout=options.replica_ack_timeout,
             dra=dra,
+            gangs=gangs,
         )
         app = create_app(service, deadline_seconds=options.deadline_seconds)
         server, reloader = https_server(

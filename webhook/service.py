@@ -66,6 +66,7 @@ from admission.claimguard import (
 )
 from admission.demand import pod_demand
 from admission.dra import NO_OBJECTS, DraContext, DraObjects, referenced_objects
+from admission.gangs import NO_GANG_OBJECTS, GangObjects
 from admission.mutation import build_patch
 from admission.plan import Denied, NotOurs, PodPlan, plan_create
 from admission.pods import PodError, admitted_name
@@ -84,7 +85,12 @@ from audit.chain import format_time
 from fairshare.queue.budget import BudgetStatus, budget_warning
 from fairshare.queue.calls import TicketConflictError, UnknownTenantError, UnmintedTicketError
 from fairshare.queue.fastpath import REPLICA_ACK_TIMEOUT, AsyncFairQueue, NotReplicatedError
-from fairshare.queue.model import Admission, InvalidRequestError, PodRequest
+from fairshare.queue.model import (
+    UNKNOWN_GANG_SIZE,
+    Admission,
+    InvalidRequestError,
+    PodRequest,
+)
 from tenants import resources
 from tenants.configmaps import is_fairgate_configmap, quota_tenant, review_configmap
 from tenants.models import DEFAULT_DEVICE_CLASSES, FairgateConfig, PriorityBand
@@ -141,6 +147,10 @@ DRA_FAIL_OPEN_WARNING = (
     "fairgate queue (Redis) unavailable: created without checking the pods admitted "
     "under this name (onRedisUnavailable: allow)"
 )
+
+GANG_SIZES_SECONDS = 2.0
+"""How often the webhook gives the gangs queued before their size object was seen the
+size its watches have seen since (:meth:`AdmissionService.size_gangs`)."""
 
 BUDGET_REFRESH_SECONDS = 5.0
 """How often the webhook reads the tenants' budget states (the dispatcher updates them
@@ -233,7 +243,18 @@ class DraSource(Protocol):
         """The objects seen now, completed with what ``pod`` names (may read the API)."""
 
 
-def _asks_for_gpu(pod: object, namespace: str, dra: DraObjects) -> bool:
+class GangSource(Protocol):
+    """The objects giving gangs their size, as :class:`fairshare.cluster.gangs.GangWatch`
+    keeps them."""
+
+    def objects(self) -> GangObjects:
+        """The objects seen now (never blocks)."""
+
+    def sizes(self) -> Mapping[str, int]:
+        """Gang id (``namespace/key``) -> size, of every gang those objects declare."""
+
+
+def asks_for_gpu(pod: object, namespace: str, dra: DraObjects) -> bool:
     """Whether a pod asks for GPUs (DRA classes by the default rules); a pod that cannot
     be read counts as asking."""
     try:
@@ -276,6 +297,7 @@ class AdmissionService:
         replica_timeout: float = REPLICA_ACK_TIMEOUT,
         budget_refresh: float = BUDGET_REFRESH_SECONDS,
         dra: DraSource | None = None,
+        gangs: GangSource | None = None,
     ) -> None:
         """Decide with ``config`` and the queue in Redis ``client``.
 
@@ -291,10 +313,13 @@ class AdmissionService:
         most ``replica_timeout`` seconds (see :class:`fairshare.queue.fastpath.AsyncFairQueue`).
         The tenants' budget states (the dispatcher's) are read at most every
         ``budget_refresh`` seconds. A pod's GPUs through DRA are counted with the
-        objects of ``dra`` (None: a cluster without DRA objects, e.g. a local config dir).
+        objects of ``dra`` (None: a cluster without DRA objects, e.g. a local config dir);
+        the gangs pods declare through other tools are sized from ``gangs`` (None: only
+        the sources that need no object are read).
         """
         self.config = config
         self.dra = dra
+        self.gangs = gangs
         self.client = client
         self.queue = AsyncFairQueue(client, wait_for_rebuild=wait_for_rebuild,
                                     replicas=replicas, replica_timeout=replica_timeout)
@@ -374,7 +399,7 @@ class AdmissionService:
         """Whether a request fairgate could not decide must be refused: a GPU pod (or one
         fairgate cannot read) and, at /validate, a ConfigMap; anything else passes."""
         if _is_pod(request):
-            return _asks_for_gpu(request.object or request.old_object, request.namespace,
+            return asks_for_gpu(request.object or request.old_object, request.namespace,
                                  self._dra_now())
         created = _created_dra_object(request)
         if created is not None:
@@ -475,13 +500,14 @@ class AdmissionService:
         config = self.current_config()
         dra = await self._dra_for(pod, request.namespace)
         if config is None:
-            if not _asks_for_gpu(pod, request.namespace, dra):
+            if not asks_for_gpu(pod, request.namespace, dra):
                 return allow(request.uid)
             return self._deny(request, progress, _Decision(DENY, "config not loaded"),
                               NO_CONFIG_MESSAGE,
                               code=503, reason="ServiceUnavailable")
         progress.config = config
-        plan = plan_create(pod, request.namespace, request.uid, config, dra)
+        gangs = NO_GANG_OBJECTS if self.gangs is None else self.gangs.objects()
+        plan = plan_create(pod, request.namespace, request.uid, config, dra, gangs)
         if isinstance(plan, NotOurs):
             return allow(request.uid)
         if isinstance(plan, Denied):
@@ -499,7 +525,7 @@ class AdmissionService:
                 pod_class=plan.pod_class,
                 demand=plan.placement.keyed(plan.demand),
                 group=plan.group.name if plan.group else None,
-                group_size=plan.group.size if plan.group else 1,
+                group_size=(1 if plan.group is None else plan.group.size or UNKNOWN_GANG_SIZE),
                 submitted_at=self._clock(),
                 hold=bool(plan.priced_claims),
             )
@@ -566,6 +592,28 @@ class AdmissionService:
         except _UNAVAILABLE as exc:
             return self._redis_unavailable(request, progress, exc)
         return None
+
+    async def size_gangs(self) -> int:
+        """Give the gangs queued before the object declaring their size was seen the
+        size the watches know now; returns how many were resized (a gang whose object is
+        still unseen keeps waiting, and ``fairgate why`` says so)."""
+        if self.gangs is None:
+            return 0
+        waiting = await self.queue.unsized()
+        if not waiting:
+            return 0
+        known = self.gangs.sizes()
+        return await self.queue.resize({gid: known[gid] for gid in waiting if gid in known})
+
+    async def size_gangs_forever(self, every: float = GANG_SIZES_SECONDS) -> None:
+        """:meth:`size_gangs` every ``every`` seconds until cancelled; a Redis failure is
+        logged and tried again next time."""
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await self.size_gangs()
+            except (*_UNAVAILABLE, redis.ResponseError) as exc:
+                log.warning("gang sizes not given to the queue (%s): retrying", exc)
 
     async def _budget_warning(self, tenant: str) -> str | None:
         """The budget warning of ``tenant`` (:func:`fairshare.queue.budget.budget_warning`),
@@ -735,7 +783,7 @@ class AdmissionService:
         config = self.current_config()
         dra = await self._dra_for(request.object, request.namespace)
         if config is None:
-            if not _asks_for_gpu(request.object, request.namespace, dra):
+            if not asks_for_gpu(request.object, request.namespace, dra):
                 return allow(request.uid)
             return self._deny(request, progress, _Decision(DENY, "config not loaded"),
                               NO_CONFIG_MESSAGE,

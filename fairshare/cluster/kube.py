@@ -61,6 +61,7 @@ from fairshare.cluster.cluster import (
 )
 from fairshare.cluster.dra import DraWatch
 from fairshare.cluster.watching import Backoff, list_all, watch
+from fairshare.queue.model import UNKNOWN_GANG_SIZE
 from tenants import placement, resources
 from tenants.models import (
     BORROWED_ANNOTATION,
@@ -171,7 +172,11 @@ def pod_from_manifest(
         return None
     try:
         demand = resources.parse_counts(annotations.get(DEMAND_ANNOTATION, ""))
-        group_size = int(annotations.get(POD_GROUP_SIZE_ANNOTATION, "1"))
+        # a gang label without a size: fairgate stamped a gang whose size it did not
+        # know yet, which waits for it (see admission.mutation)
+        group_size = int(annotations.get(POD_GROUP_SIZE_ANNOTATION, "1")
+                         if POD_GROUP_LABEL not in labels
+                         or POD_GROUP_SIZE_ANNOTATION in annotations else UNKNOWN_GANG_SIZE)
     except ValueError:
         log.warning("pod %s/%s has a malformed fairgate annotation; ignored",
                     meta.get("namespace"), meta.get("name"))

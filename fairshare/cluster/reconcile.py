@@ -110,6 +110,7 @@ def cluster_truth(pods: Iterable[GpuPod], bound: Mapping[str, str] | None = None
                     ticket=pod.ticket, tenant=pod.tenant, namespace=pod.ref.namespace,
                     name=pod.ref.name, pod_class=pod.pod_class, band=pod.band,
                     demand=dict(pod.demand), uid=pod.uid,
+                    group=pod.group, group_size=pod.group_size if pod.group else 1,
                 ))
         except InvalidRequestError as error:
             skipped += 1

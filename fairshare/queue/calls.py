@@ -29,6 +29,7 @@ from importlib import resources as importlib_resources
 from typing import Any
 
 from fairshare.queue.model import (
+    UNKNOWN_GANG_SIZE,
     Admission,
     Hold,
     InvalidRequestError,
@@ -99,8 +100,8 @@ class UnmintedTicketError(ValueError):
 # them) and called with FCALL_RO.
 OPERATIONS = ("sync", "admit", "bind", "confirm", "dispatch", "forget", "expire", "requeue",
               "rebuild", "status", "why", "find", "demand", "holds", "budget", "service",
-              "restore", "note_priced", "priced_for")
-READ_ONLY = frozenset({"status", "why", "find", "demand", "holds", "service"})
+              "restore", "note_priced", "priced_for", "unsized", "resize")
+READ_ONLY = frozenset({"status", "why", "find", "demand", "holds", "service", "unsized"})
 
 
 @dataclass(frozen=True)
@@ -249,6 +250,17 @@ def admission(raw: Sequence[Any], req: PodRequest) -> Admission:
 # -- bind ---------------------------------------------------------------------------
 
 
+def resize_args(sizes: Mapping[str, int]) -> list[str | int]:
+    """ARGV of ``resize.lua``: gang id, size, ... (sizes from 1 to below
+    :data:`~fairshare.queue.model.UNKNOWN_GANG_SIZE`)."""
+    args: list[str | int] = []
+    for gid, size in sorted(sizes.items()):
+        if not 1 <= size < UNKNOWN_GANG_SIZE:
+            raise InvalidRequestError(f"gang {gid}: size {size} is not a gang size")
+        args += [gid, size]
+    return args
+
+
 def bind_args(ticket: str, uid: str, namespace: str, name: str, dry_run: bool) -> Args:
     """ARGV of ``bind.lua``."""
     return [ticket, uid, namespace, name, 1 if dry_run else 0]
@@ -331,6 +343,9 @@ def explain(reason: Sequence[str], tenant: str, pod_class: PodClass) -> str:
     """Words for a reason code returned by the scripts (see lib.lua ``reason``)."""
     code, *rest = reason
     if code == "gang":
+        if int(rest[2]) == UNKNOWN_GANG_SIZE:
+            return (f"gang {rest[0]}: {rest[1]} members queued, its size not known yet "
+                    "(the object that declares it has not been seen)")
         return f"gang {rest[0]}: {rest[1]} of {rest[2]} members queued"
     if code == "never":
         return ("a larger quota: it never fits the tenant's nominal quota (less the "

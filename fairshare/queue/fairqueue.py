@@ -51,6 +51,7 @@ from fairshare.queue.calls import (
     priced_tickets,
     queue_error,
     queued_demand,
+    resize_args,
     sync_args,
     tenant_statuses,
     text,
@@ -313,6 +314,19 @@ class FairQueue:
                      req.group_size if req.gang else 1, num(req.submitted_at),
                      gated_pod.uid, ""]
         self._run("rebuild", *args)
+
+    def unsized(self) -> list[str]:
+        """The ids of the gangs queued before the object declaring their size was seen
+        (they wait with :data:`~fairshare.queue.model.UNKNOWN_GANG_SIZE`)."""
+        return [text(gid) for gid in self._run("unsized")]
+
+    def resize(self, sizes: Mapping[str, int]) -> int:
+        """Give gangs waiting for their size (:meth:`unsized`) their size: gang id ->
+        size. A gang whose size is known already keeps it; a gang that is complete with
+        its size joins its lane. Returns how many gangs were resized."""
+        if not sizes:
+            return 0
+        return int(self._run("resize", *resize_args(sizes)))
 
     # -- snapshots -----------------------------------------------------------------
 

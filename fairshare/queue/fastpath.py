@@ -32,8 +32,10 @@ from fairshare.queue.calls import (
     note_priced_args,
     priced_tickets,
     queue_error,
+    resize_args,
     sync_args,
     tenant_statuses,
+    text,
 )
 from fairshare.queue.functions import AsyncQueueFunctions
 from fairshare.queue.model import Admission, PodRequest, PricedTicket, TenantStatus
@@ -133,3 +135,13 @@ class AsyncFairQueue:
     async def tenant_status(self) -> list[TenantStatus]:
         """As :meth:`fairshare.queue.fairqueue.FairQueue.tenant_status`."""
         return tenant_statuses(await self._run("status"))
+
+    async def unsized(self) -> list[str]:
+        """As :meth:`fairshare.queue.fairqueue.FairQueue.unsized`."""
+        return [text(gid) for gid in await self._run("unsized")]
+
+    async def resize(self, sizes: Mapping[str, int]) -> int:
+        """As :meth:`fairshare.queue.fairqueue.FairQueue.resize`."""
+        if not sizes:
+            return 0
+        return int(await self._run("resize", *resize_args(sizes)))

@@ -84,6 +84,13 @@ def _check_demand(demand: Mapping[str, int]) -> None:
             )
 
 
+UNKNOWN_GANG_SIZE = 1_000_000
+"""The size a gang is queued with while the object that declares it has not been seen
+(``resize.lua`` and ``unsized.lua`` know it too): more members than any gang has, so it
+never completes until :meth:`~fairshare.queue.fastpath.AsyncFairQueue.resize` gives it
+its size."""
+
+
 def gang_id(namespace: str, group: str | None, group_size: int) -> str | None:
     """The gang id ``namespace/group`` of a pod in a gang of 2 or more, else None."""
     if group is None or group_size < 2:

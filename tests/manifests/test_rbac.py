@@ -80,6 +80,11 @@ COMMON: set[Grant] = (
     | _read("resource.k8s.io", "resourceclaimtemplates")
     | _read("resource.k8s.io", "resourceclaims")
     | {(None, "resource.k8s.io", "resourceslices", v, None) for v in ("list", "watch")}
+    | _read("batch", "jobs")
+    | _read("jobset.x-k8s.io", "jobsets")
+    | _read("scheduling.k8s.io", "podgroups")
+    | _read("scheduling.x-k8s.io", "podgroups")
+    | _read("scheduling.volcano.sh", "podgroups")
     | {(NS, "", "configmaps", v, None) for v in ("get", "list", "watch")}
     | {(None, g, "events", v, None) for g in ("", "events.k8s.io") for v in ("create", "patch")}
 )

@@ -1145,8 +1145,11 @@ local function enqueue(ticket, rec, at_head, st)
   local key = P .. 'g:' .. gid
   gang_unlink(gid)
   -- the gang keeps the tenant it was created with (its lane is that tenant's)
-  local m, t = unpack(redis.call('HMGET', key, 'm', 't'))
-  redis.call('HSET', key, 't', t or rec[F_TENANT], 'c', rec[F_CLASS], 'n', rec[F_GSIZE],
+  local m, t, n = unpack(redis.call('HMGET', key, 'm', 't', 'n'))
+  -- the latest member's size, unless it is unknown (1000000, model.UNKNOWN_GANG_SIZE)
+  -- and the gang's is known
+  if not n or rec[F_GSIZE] ~= '1000000' then n = rec[F_GSIZE] end
+  redis.call('HSET', key, 't', t or rec[F_TENANT], 'c', rec[F_CLASS], 'n', n,
              'm', (m and m ~= '') and (m .. ',' .. ticket) or ticket)
   redis.call('HSETNX', key, 'bd', rec[F_BAND])
   redis.call('SADD', K_GANGS, gid)

@@ -39,6 +39,12 @@ ADMISSION_PLUGINS = (
     "ValidatingAdmissionWebhook",
     "ResourceQuota",
 )
+# The Kubernetes Workload API (KEP-4671) as 1.36 serves it: PodGroups and Workloads in
+# scheduling.k8s.io/v1alpha2 behind the GenericWorkload gate, a pod joining one through
+# spec.schedulingGroup.podGroupName; GangScheduling makes the kube-scheduler honour
+# a PodGroup's gang policy. Every component gets the same gates.
+FEATURE_GATES = "--feature-gates=GenericWorkload=true,GangScheduling=true"
+RUNTIME_CONFIG = "--runtime-config=scheduling.k8s.io/v1alpha2=true"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 # The kube-controller-manager controllers the e2e cluster runs: what Deployments,
 # StatefulSets and Jobs need, plus namespace deletion, `default` ServiceAccounts, garbage
@@ -279,6 +285,8 @@ class ControlPlane:
                 "--service-cluster-ip-range=10.96.0.0/16",
                 "--allow-privileged=false",
                 "--profiling=false",
+                FEATURE_GATES,
+                RUNTIME_CONFIG,
                 "--v=1",
             ],
             # Webhook Services are reached through the proxy (see harness.proxy); Go
@@ -310,6 +318,7 @@ class ControlPlane:
                 f"--secure-port={port}",
                 f"--tls-cert-file={serving.cert}",
                 f"--tls-private-key-file={serving.key}",
+                FEATURE_GATES,
                 *args,
                 "--v=1",
             ],
