@@ -192,7 +192,7 @@ def plan_create(
 
     try:
         plan = _plan(pod, namespace, request_uid, config, demand,
-                     _group(pod, namespace, gangs, asks_for_gpu))
+                     lambda: _group(pod, namespace, gangs, asks_for_gpu))
         return replace(plan, priced_claims=priced_record(pod, context))
     except _Refusal as refusal:
         return replace(refusal.denied, demand=demand)
@@ -208,7 +208,7 @@ def _plan(
     request_uid: str,
     config: FairgateConfig,
     demand: dict[str, int],
-    group: PodGroup | None,
+    gang_of: Callable[[], PodGroup | None],
 ) -> PodPlan:
     tenant = _tenant(namespace, config)
     labels = pods.labels_of(pod)
@@ -220,6 +220,7 @@ def _plan(
         raise _Refusal("no-class", str(exc)) from exc
     priority_classes = config.platform.priority_classes
     warnings = [choice.reason] if choice.overridden else []
+    group = gang_of()
     try:
         warnings += _check_priority_class(pod, choice.pod_class, priority_classes)
         _check_fit(tenant, choice.pod_class, demand, group)

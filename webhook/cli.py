@@ -919,8 +919,8 @@ def _add_config(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         "  $ echo $?\n"
         "  1\n",
         "  fairgate config check examples/config\n"
-        "  fairgate config check ./next && cp ./next/*.yaml ./live/   # publish only valid "
-        "files\n",
+        "  # publish only valid files:\n"
+        "  mkdir -p live && fairgate config check examples/config && cp examples/config/* live/\n",
     )
     check.add_argument("dir", metavar="DIR",
                        help="the config directory, as given to --config-dir")

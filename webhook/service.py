@@ -144,8 +144,8 @@ DRA_NO_CONFIG_MESSAGE = (
     "until it has; retry in a minute or ask the platform team"
 )
 DRA_FAIL_OPEN_WARNING = (
-    "fairgate queue (Redis) unavailable: created without checking the pods admitted "
-    "under this name (onRedisUnavailable: allow)"
+    "Redis unavailable: created unchecked against the pods admitted under this name "
+    "(onRedisUnavailable: allow)"
 )
 
 GANG_SIZES_SECONDS = 2.0
