@@ -125,9 +125,12 @@ def _storm_config(directory: Path) -> Path:
 
 
 def _violations(tickets: dict[str, Ticket]) -> list[str]:
-    """Quota breaches in one atomic snapshot of the live tickets (invariants 1 and
-    the queue's rules: per resource, non-borrowed <= nominal; training <= nominal minus
-    the inference reserve; borrowed <= borrow limit; inference <= cluster capacity)."""
+    """Quota breaches in one atomic snapshot of the live tickets (invariant 1 and the
+    queue's rules: per resource, non-borrowed <= nominal; training <= nominal minus the
+    inference reserve; training + borrowed <= nominal minus the reserve plus the borrow
+    limit; everything <= nominal + borrow limit; inference <= cluster capacity). A
+    borrowed pod may stand in nominal room training leaves unused, so the borrowed band
+    alone may hold more than the borrow limit; the tenant's total never does."""
     problems = []
     held: dict[tuple[str, str, str], int] = {}  # (tenant, band, resource) -> count
     for ticket in tickets.values():
@@ -146,8 +149,14 @@ def _violations(tickets: dict[str, Ticket]) -> list[str]:
                        if t.tenant == tenant and t.holds_quota and t.band == "t")
         if training > 7 * nominal + 7 - 7 * reserve:
             problems.append(f"{tenant}: {training} training slices eat the inference reserve")
-        if borrowed > 7 * borrow:
-            problems.append(f"{tenant}: {borrowed} borrowed slices > limit {7 * borrow}")
+        nominal_slices = 7 * nominal + 7
+        if training + borrowed > nominal_slices - 7 * reserve + 7 * borrow:
+            problems.append(f"{tenant}: {training} training + {borrowed} borrowed slices > "
+                            f"nominal - reserve + borrow limit")
+        total = sum(t.slices for t in tickets.values() if t.tenant == tenant and t.holds_quota)
+        if total > nominal_slices + 7 * borrow:
+            problems.append(f"{tenant}: {total} slices > nominal + borrow limit "
+                            f"{nominal_slices + 7 * borrow}")
     inference = sum(n for (_, band, res), n in held.items() if band == "i" and res == "gpu")
     if inference > CAPACITY_GPUS:
         problems.append(f"cluster: {inference} inference GPUs > capacity {CAPACITY_GPUS}")
