@@ -5,7 +5,7 @@
     python -m bench.dra_mutate --gpu-nodes 32 --mig-nodes 32   # more published devices
 
 In one process, against a private ``redis-server`` (or ``--redis-url URL``: its current
-database is emptied before every round), a :class:`webhook.service.AdmissionService` built
+database is emptied before every batch), a :class:`webhook.service.AdmissionService` built
 as ``fairgate serve`` builds it, with a static DRA source in place of the cluster's watches
 (the objects a ``DraWatch`` would hold: the NVIDIA driver's two DeviceClasses with their
 selectors, two ResourceClaimTemplates, and ResourceSlices publishing ``--gpu-nodes`` x
