@@ -5,6 +5,7 @@ Run (from the repository root):
     python -m bench.admission                     # the full run: table + JSON
     python -m bench.admission --duration 5        # shorter
     python -m bench.admission scaling --workers 1,2,4
+    python -m bench.admission gang --rounds 6       # gang member against single pod, p99
     python -m bench.admission breakdown --profile   # where the time goes (py-spy)
     python -m bench.admission serve --workers 2 ...   # only the bench server (manual runs)
 
@@ -17,6 +18,12 @@ per request; a real ``redis-server`` on 127.0.0.1):
 - ``mutate-fast``: ``/mutate`` for a GPU pod of a tenant with room (reserved at once).
 - ``mutate-queue``: ``/mutate`` for a GPU pod of a tenant whose quota is full (queued
   behind a growing backlog: one Lua script each, gate + warning in the answer).
+- ``mutate-gang``: ``/mutate`` for a member of a gang (fairgate's label
+  ``fairgate.io/pod-group`` and annotation ``fairgate.io/pod-group-size``) of tenant
+  ``fast``: every ``--gang-size`` requests (8) of a wrk thread name a fresh gang, so
+  each member joins a gang of that size and every 8th completes it (queued whole for the
+  dispatcher, which the bench does not run: complete gangs pile up as a backlog).
+  ``gang`` runs it interleaved with ``mutate-fast`` and reports the p99 ratio.
 - ``validate``: ``/validate`` for the CREATE of a pod as ``/mutate`` stamped it (one
   stamp for every request, no pod uid: the ticket is not claimed).
 - ``validate-bind``: ``/validate`` as the API server sends it after ``/mutate``: each
@@ -309,6 +316,18 @@ def _wait_healthy(server: Server, workers: int, timeout: float = 60.0) -> None:
 
 # -- scenarios -------------------------------------------------------------------------
 
+GANG = "GANG_PLACEHOLDER"
+GANG_SIZE = 8
+
+
+def gang_member(namespace: str, name: str, size: int) -> dict[str, Any]:
+    """:func:`pod` as a member of gang ``GANG_PLACEHOLDER`` of ``size`` pods (fairgate's
+    own label and annotation; wrk names a fresh gang every ``size`` requests)."""
+    member = pod(namespace, name)
+    member["metadata"]["labels"]["fairgate.io/pod-group"] = GANG
+    member["metadata"]["annotations"] = {"fairgate.io/pod-group-size": str(size)}
+    return member
+
 
 @dataclass(frozen=True)
 class Scenario:
@@ -320,6 +339,7 @@ class Scenario:
     # True: UID_PLACEHOLDER is also the pod's ticket (and uid), minted before the run by
     # /mutate requests whose uids the measured run's uids repeat (see :func:`measure`)
     minted: bool = False
+    gang_size: int = 1  # requests per gang name (GANG_PLACEHOLDER), see bench/wrk/review.lua
 
 
 def _stamped(server: Server, obj: dict[str, Any]) -> dict[str, Any]:
@@ -344,10 +364,12 @@ def _bound(server: Server, obj: dict[str, Any]) -> str:
     return body.replace(stamp, UID)
 
 
-def scenarios(server: Server) -> list[Scenario]:
-    """Baseline, /mutate fast path, /mutate queue path, /validate (one stamp, no pod
-    uid) and /validate with a minted ticket and a pod uid."""
+def scenarios(server: Server, gang_size: int = GANG_SIZE) -> list[Scenario]:
+    """Baseline, /mutate fast path, /mutate queue path, /mutate of gang members (gangs
+    of ``gang_size``), /validate (one stamp, no pod uid) and /validate with a minted
+    ticket and a pod uid."""
     fast = json.dumps(review(pod("fast-dev", "trainer-0")))
+    member = json.dumps(review(gang_member("fast-dev", "trainer-0", gang_size)))
     queued = json.dumps(review(pod("queue-dev", "trainer-0")))
     validate = json.dumps(review(_stamped(server, pod("fast-dev", "trainer-0"))))
     bound = _bound(server, pod("fast-dev", "trainer-0"))
@@ -356,6 +378,7 @@ def scenarios(server: Server) -> list[Scenario]:
         Scenario("baseline-redis", REDIS_BASELINE_PATH, fast),
         Scenario("mutate-fast", "/mutate", fast),
         Scenario("mutate-queue", "/mutate", queued),
+        Scenario("mutate-gang", "/mutate", member, gang_size=gang_size),
         Scenario("validate", "/validate", validate),
         Scenario("validate-bind", "/validate", bound, minted=True),
     ]
@@ -436,7 +459,8 @@ def run_wrk(server: Server, scenario: Scenario, *, rate: int, duration: float,
     template.write_text(scenario.body)
     command = ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{duration:g}s",
                "--timeout", "5s", "-s", str(WRK_SCRIPT), server.base_url + scenario.path,
-               "--", str(template), str(rate), tag or secrets.token_hex(4), str(threads)]
+               "--", str(template), str(rate), tag or secrets.token_hex(4), str(threads),
+               str(scenario.gang_size)]
     cpu_before = server.cpu_seconds()
     redis_before = _redis_cpu(redis_client) if redis_client is not None else 0.0
     calls_before = _redis_calls(redis_client) if redis_client is not None else {}
@@ -529,7 +553,7 @@ def bound_tickets(env: BenchEnvironment, tag: str, prefix: str = "fairgate:") ->
 
 def measure(env: BenchEnvironment, server: Server, plan: LoadPlan,
             only: Sequence[str] = (), modes: Sequence[str] = ("rate", "saturation"),
-            ) -> list[LoadResult]:
+            gang_size: int = GANG_SIZE) -> list[LoadResult]:
     """Every scenario (or those named in ``only``) in every mode, Redis reset before each.
 
     A minted scenario's run repeats the request uids of ``/mutate`` requests (the fast
@@ -537,7 +561,7 @@ def measure(env: BenchEnvironment, server: Server, plan: LoadPlan,
     saturation: the warm-up's pace, :data:`MINT_MARGIN` times over); its decisions then
     also count the tickets the run bound (``bound``)."""
     results = []
-    every = scenarios(server)
+    every = scenarios(server, gang_size)
     source = next(s for s in every if s.name == "mutate-fast")
     for scenario in every:
         if only and scenario.name not in only:
@@ -570,6 +594,7 @@ def measure(env: BenchEnvironment, server: Server, plan: LoadPlan,
 TARGET_P99_MS = 5.0
 TARGET_SATURATION_RPS = 1500.0
 TARGET_P50_RATIO = 1.5
+TARGET_GANG_P99_RATIO = 1.10  # a gang member's /mutate p99 over a single pod's
 
 
 def verdicts(results: Sequence[LoadResult]) -> dict[str, Any]:
@@ -580,7 +605,7 @@ def verdicts(results: Sequence[LoadResult]) -> dict[str, Any]:
     base = by.get(("baseline", "rate"))
     redis_base = by.get(("baseline-redis", "rate"))
     out: dict[str, Any] = {}
-    for name in ("mutate-fast", "mutate-queue", "validate", "validate-bind"):
+    for name in ("mutate-fast", "mutate-queue", "mutate-gang", "validate", "validate-bind"):
         fixed, sat = by.get((name, "rate")), by.get((name, "saturation"))
         if fixed is not None:
             out[f"{name} p99 at fixed rate <= {TARGET_P99_MS} ms"] = {
@@ -595,6 +620,12 @@ def verdicts(results: Sequence[LoadResult]) -> dict[str, Any]:
         if sat is not None and name.startswith("mutate"):
             out[f"{name} saturation >= {TARGET_SATURATION_RPS:g} req/s"] = {
                 "measured_rps": sat.rps, "met": sat.rps >= TARGET_SATURATION_RPS}
+    single, member = by.get(("mutate-fast", "rate")), by.get(("mutate-gang", "rate"))
+    if single is not None and member is not None:
+        ratio = member.p99_ms / single.p99_ms
+        out[f"mutate-gang p99 <= {TARGET_GANG_P99_RATIO}x mutate-fast p99 (one run each; "
+            "`gang` interleaves rounds)"] = {"ratio": round(ratio, 2),
+                                              "met": ratio <= TARGET_GANG_P99_RATIO}
     return out
 
 
@@ -834,6 +865,96 @@ def _breakdown(args: argparse.Namespace) -> int:
     return 0
 
 
+def gang_rounds(env: BenchEnvironment, server: Server, plan: LoadPlan, rounds: int,
+                gang_size: int, modes: Sequence[str]) -> list[dict[str, LoadResult]]:
+    """``rounds`` rounds of ``mutate-fast`` and ``mutate-gang`` back to back on one server
+    (the order alternates: single first in even rounds), Redis reset before each run."""
+    out = []
+    for i in range(rounds):
+        order = ("mutate-fast", "mutate-gang") if i % 2 == 0 else ("mutate-gang", "mutate-fast")
+        row: dict[str, LoadResult] = {}
+        for name in order:
+            for result in measure(env, server, plan, only=(name,), modes=modes,
+                                  gang_size=gang_size):
+                row[f"{name} {result.mode.split('=')[0]}"] = result
+        out.append(row)
+        print(f"round {i + 1}: " + ", ".join(
+            f"{k} p50 {r.p50_ms:.2f} p99 {r.p99_ms:.2f} ms ({r.rps:.0f} req/s)"
+            for k, r in sorted(row.items())), file=sys.stderr, flush=True)
+    return out
+
+
+def gang_summary(rounds: Sequence[dict[str, LoadResult]], modes: Sequence[str]
+                 ) -> dict[str, Any]:
+    """Per mode: median p50/p99 of each scenario, the per-round p99 and p50 ratios
+    member / single (median, min, max) and the target on the median p99 ratio."""
+    import statistics
+
+    summary: dict[str, Any] = {}
+    for mode in modes:
+        single = [r[f"mutate-fast {mode}"] for r in rounds]
+        member = [r[f"mutate-gang {mode}"] for r in rounds]
+        p99 = [m.p99_ms / s.p99_ms for s, m in zip(single, member, strict=True)]
+        p50 = [m.p50_ms / s.p50_ms for s, m in zip(single, member, strict=True)]
+        summary[mode] = {
+            "single_p50_ms": statistics.median(r.p50_ms for r in single),
+            "single_p99_ms": statistics.median(r.p99_ms for r in single),
+            "member_p50_ms": statistics.median(r.p50_ms for r in member),
+            "member_p99_ms": statistics.median(r.p99_ms for r in member),
+            "single_rps": statistics.median(r.rps for r in single),
+            "member_rps": statistics.median(r.rps for r in member),
+            "p99_ratios": [round(x, 3) for x in p99],
+            "p50_ratios": [round(x, 3) for x in p50],
+            "p99_ratio_median": round(statistics.median(p99), 3),
+            "single_server_cpu_ms": statistics.median(r.server_cpu_ms for r in single),
+            "member_server_cpu_ms": statistics.median(r.server_cpu_ms for r in member),
+            "single_redis_cpu_ms": statistics.median(r.redis_cpu_ms for r in single),
+            "member_redis_cpu_ms": statistics.median(r.redis_cpu_ms for r in member),
+            "p50_ratio_median": round(statistics.median(p50), 3),
+            "member_decisions": {k: sum(r.decisions.get(k, 0) for r in member)
+                                 for k in ("admit", "queue", "deny", "other")},
+            "errors": sum(r.errors + r.non_2xx for r in (*single, *member)),
+        }
+        if mode == "rate":
+            summary[mode]["met"] = statistics.median(p99) <= TARGET_GANG_P99_RATIO
+    return summary
+
+
+def _gang(args: argparse.Namespace) -> int:
+    plan = LoadPlan(rate=args.rate, duration=args.duration,
+                    rate_connections=args.rate_connections,
+                    saturation_connections=args.connections)
+    modes = ("rate", "saturation") if args.saturation else ("rate",)
+    with ExitStack() as stack:
+        env = BenchEnvironment(stack)
+        with env.bench_server(workers=1) as server:
+            rounds = gang_rounds(env, server, plan, args.rounds, args.gang_size, modes)
+    summary = gang_summary(rounds, modes)
+    lines = [f"gangs of {args.gang_size}, {args.rounds} rounds\n",
+             "| round | load | single p50 / p99 ms | member p50 / p99 ms | p99 ratio |",
+             "|---|---|---|---|---|"]
+    for i, row in enumerate(rounds):
+        for mode in modes:
+            s, m = row[f"mutate-fast {mode}"], row[f"mutate-gang {mode}"]
+            lines.append(f"| {i + 1} | {s.mode} | {s.p50_ms:.2f} / {s.p99_ms:.2f} | "
+                         f"{m.p50_ms:.2f} / {m.p99_ms:.2f} | {m.p99_ms / s.p99_ms:.2f} |")
+    print("\n".join(lines))
+    print()
+    for mode, figures in summary.items():
+        verdict = ("" if "met" not in figures else "MET  " if figures["met"] else "MISS ")
+        print(f"{verdict or 'INFO '}{mode}: member / single p99 median "
+              f"{figures['p99_ratio_median']} (target <= {TARGET_GANG_P99_RATIO} at the "
+              f"fixed rate), p50 {figures['p50_ratio_median']}; CPU ms/req server "
+              f"{figures['single_server_cpu_ms']:.3f} -> {figures['member_server_cpu_ms']:.3f}, "
+              f"Redis {figures['single_redis_cpu_ms']:.3f} -> {figures['member_redis_cpu_ms']:.3f}")
+    print()
+    print(json.dumps({"machine": machine(), "plan": asdict(plan), "gang_size": args.gang_size,
+                      "summary": summary,
+                      "rounds": [{k: asdict(r) for k, r in row.items()} for row in rounds],
+                      "load_average_at_end": os.getloadavg()}))
+    return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
     serve(Path(args.cert_dir), args.redis_url, Path(args.config_dir), args.port, args.workers,
           args.audit_off)
@@ -841,7 +962,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m bench.admission [run|scaling|serve] ...``."""
+    """``python -m bench.admission [run|scaling|gang|breakdown|serve] ...``."""
     if shutil.which("wrk") is None:
         print("bench: error: wrk not found: apt-get install wrk", file=sys.stderr)
         return 2
@@ -858,7 +979,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help="connections at saturation (32)")
         p.add_argument("--only", action="append", default=[],
                        choices=["baseline", "baseline-redis", "mutate-fast", "mutate-queue",
-                                "validate", "validate-bind"],
+                                "mutate-gang", "validate", "validate-bind"],
                        help="only this scenario (repeatable)")
         p.add_argument("--audit-off", action="store_true",
                        help="what-if: audit records in memory only (measures audit's cost)")
@@ -871,6 +992,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     scaling.add_argument("--connections", type=int, default=64, help="connections (64)")
     scaling.add_argument("--threads", type=int, default=1, help="wrk threads (1)")
     scaling.set_defaults(handler=_scaling)
+    gang = sub.add_parser("gang", help="/mutate p99 of a gang member against a single pod's")
+    gang.add_argument("--gang-size", type=int, default=GANG_SIZE, help="pods per gang (8)")
+    gang.add_argument("--rounds", type=int, default=6, help="rounds of both cases (6)")
+    gang.add_argument("--rate", type=int, default=500, help="fixed rate, req/s (500)")
+    gang.add_argument("--duration", type=float, default=15.0, help="seconds per run (15)")
+    gang.add_argument("--rate-connections", type=int, default=16,
+                      help="connections at the fixed rate (16)")
+    gang.add_argument("--connections", type=int, default=32,
+                      help="connections at saturation (32)")
+    gang.add_argument("--saturation", action="store_true",
+                      help="also each case at saturation (information)")
+    gang.set_defaults(handler=_gang)
     why = sub.add_parser("breakdown", help="where the time of a /mutate goes")
     why.add_argument("--count", type=int, default=2000, help="calls per step (2000)")
     why.add_argument("--profile", action="store_true",

@@ -1,11 +1,14 @@
 -- POST a real AdmissionReview v1 per request, each with a fresh request uid.
 --
--- Usage: wrk -s bench/wrk/review.lua URL -- TEMPLATE RATE RUN_TAG THREADS
+-- Usage: wrk -s bench/wrk/review.lua URL -- TEMPLATE RATE RUN_TAG THREADS [GANG_SIZE]
 --   TEMPLATE  a JSON file holding one AdmissionReview whose uid is UID_PLACEHOLDER
 --             (the placeholder may occur more than once, e.g. in the ticket annotation)
+--             and where GANG_PLACEHOLDER, if present, is a gang name
 --   RATE      target requests/s over all threads, or 0 for saturation (closed loop)
 --   RUN_TAG   8 hex digits making the uids of this run unique across runs
 --   THREADS   wrk's -t (to split RATE between threads)
+--   GANG_SIZE requests per gang name (default 1): each thread's requests 1..N name one
+--             fresh gang, N+1..2N the next, so every gang gets exactly N members
 --
 -- Fixed rate (Debian has no wrk2): each thread hands out send slots on an absolute
 -- schedule (slot k at start + k * threads / RATE) and delay() waits for the next slot,
@@ -39,6 +42,9 @@ function setup(thread)
 end
 
 local parts = {}
+local holes = {}  -- holes[k]: what goes between parts[k] and parts[k + 1], "uid" or "gang"
+local gang_size = 1
+local has_gang = false
 local rate, interval, next_slot = 0, 0, nil
 local counter = 0
 local tag = "00000000"
@@ -51,14 +57,22 @@ function init(args)
   local start = 1
   while true do
     local i, j = string.find(template, "UID_PLACEHOLDER", start, true)
+    local gi, gj = string.find(template, "GANG_PLACEHOLDER", start, true)
+    local kind = "uid"
+    if gi and (not i or gi < i) then
+      i, j, kind = gi, gj, "gang"
+    end
     if not i then
       parts[#parts + 1] = string.sub(template, start)
       break
     end
     parts[#parts + 1] = string.sub(template, start, i - 1)
+    holes[#holes + 1] = kind
+    has_gang = has_gang or kind == "gang"
     start = j + 1
   end
   assert(#parts >= 2, "template has no UID_PLACEHOLDER")
+  gang_size = tonumber(args[5] or "1")
   rate = tonumber(args[2] or "0")
   tag = args[3] or tag
   if rate > 0 then
@@ -73,7 +87,18 @@ end
 function request()
   counter = counter + 1
   local uid = string.format("%s-%04x-4000-8000-%012x", tag, thread_id or 0, counter)
-  return wrk.format(nil, nil, nil, table.concat(parts, uid))
+  if not has_gang then
+    return wrk.format(nil, nil, nil, table.concat(parts, uid))
+  end
+  local gang = string.format("g%s-%04x-%x", tag, thread_id or 0,
+                             math.floor((counter - 1) / gang_size))
+  local out = {}
+  for k, kind in ipairs(holes) do
+    out[#out + 1] = parts[k]
+    out[#out + 1] = kind == "gang" and gang or uid
+  end
+  out[#out + 1] = parts[#parts]
+  return wrk.format(nil, nil, nil, table.concat(out))
 end
 
 function delay()
