@@ -20,8 +20,11 @@ Contract:
   ``held``: the capacity held at ``now`` for entries owed it (:meth:`FairQueue.holds`),
   per tier in queue order: ``tenant``, ``band``, ``pod`` (``namespace/name`` of the head
   pod, a gang's first queued member), ``group`` (a gang's id, else null), ``demand`` and
-  ``held`` (units per resource), ``heldGpuEquivalents`` and ``demandGpuEquivalents``;
-  :func:`held_lines` prints it; ``budgets``: per tenant with a budget, its
+  ``held`` (units per resource), ``heldGpuEquivalents``, ``demandGpuEquivalents`` and
+  ``gang`` (the queue's record of its gang, :meth:`GangRecord.to_json`, or null);
+  :func:`held_lines` prints it; ``gangs``: the gangs still waiting for members or for
+  their size (:meth:`FairQueue.incomplete_gangs`, as ``gang``), :func:`gang_lines` prints
+  them; ``budgets``: per tenant with a budget, its
   :class:`~fairshare.queue.budget.BudgetStatus` as the dispatcher last stored it (``tenant``,
   ``monthly``, ``spent``, ``currency``, ``month``, ``at``, ``ratio``, ``state``);
   :func:`budget_lines` prints it.
@@ -36,7 +39,10 @@ Contract:
   dispatcher has seen it. The verdict is one of ``unknown`` (no record and not in
   the queue: not fairgate's business, or older than the audit retention),
   ``denied`` (with the reason), ``queued`` (position, queue length and what it waits
-  for: tenant quota, inference reserve, cluster capacity, gang members), ``reserved`` /
+  for: tenant quota, inference reserve, cluster capacity, gang members; a gang member's
+  summary names its gang by where it was declared with the queue's counts, ``gang of
+  Indexed Job trainer: 3 of 4 pods created, waiting for the 4th``, and ``gang`` holds
+  the record), ``reserved`` /
   ``running`` (released: when, after how long; ``unschedulable`` carries the scheduler's
   message when the dispatcher caught it Unschedulable past its grace) or ``ended`` (its
   usage was freed). A queued borrowed pod of a tenant whose budget is exhausted waits for
