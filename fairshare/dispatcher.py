@@ -115,7 +115,7 @@ from fairshare.queue.budget import (
 )
 from fairshare.queue.calls import UnknownTenantError
 from fairshare.queue.fairqueue import FairQueue
-from fairshare.queue.model import Release, ServiceSnapshot, TenantStatus
+from fairshare.queue.model import Release, ServiceSnapshot, TenantStatus, gang_id
 from tenants.models import FairgateConfig, PodClass
 from tenants.resources import SLICES_PER_GPU, format_counts
 
@@ -176,6 +176,11 @@ class _Posted:
     at: float
 
 
+def _gang_id(pod: GpuPod) -> str | None:
+    """The queue's id of ``pod``'s gang (None: no gang)."""
+    return gang_id(pod.ref.namespace, pod.group, pod.group_size)
+
+
 def _fields(pod: GpuPod, **more: Any) -> dict[str, Any]:
     return {
         "ticket": pod.ticket, "tenant": pod.tenant, "namespace": pod.ref.namespace,
@@ -227,6 +232,7 @@ class Dispatcher:
         self._posted: dict[str, _Posted] = {}
         self._twins: set[str] = set()  # uids of pods told that their ticket is another's
         self._unseen: dict[str, tuple[Release, float]] = {}  # released, pod not seen yet
+        self._gang_words: dict[str, str] = {}  # gang id -> its name, for this round's records
         self._stuck: dict[str, _Stuck] = {}  # ticket -> released pod reported Unschedulable
         self._report: CapacityReport | None = None  # the cluster's, as last read
         self._noted: list[dict[str, Any]] | None = None  # caught pods as last written
@@ -649,6 +655,7 @@ class Dispatcher:
                 else:
                     seen.append((release, pod))
             outcomes = self._lift_all(seen)
+            self._gang_words = self._name_gangs(pod for _release, pod in seen)
             requeued = [
                 release.ticket for (release, pod), outcome in zip(seen, outcomes, strict=True)
                 if not self._lifted(release, pod, outcome, result)
@@ -700,12 +707,25 @@ class Dispatcher:
             self._admitted(pod, release)
         return True
 
+    def _name_gangs(self, pods: Iterable[GpuPod]) -> dict[str, str]:
+        """Gang id -> ``gang of Indexed Job trainer (4 pods)`` for the gangs of ``pods``,
+        as the queue names them (one read; none for pods without a gang)."""
+        ids = sorted({g for g in (_gang_id(p) for p in pods) if g is not None})
+        if not ids:
+            return {}
+        return {gid: f"{record.name} ({record.created} pods)"
+                for gid, record in zip(ids, self.queue.gangs(ids), strict=True)
+                if record is not None}
+
     def _admitted(self, pod: GpuPod, release: Release) -> None:
         waited = release.waited_seconds
         self.metrics.wait.labels(pod.pod_class, pod.tenant).observe(waited)
         self.metrics.admitted.labels(pod.pod_class, pod.tenant).inc()
         log.info("lifted gate", extra={"fields": _fields(pod, waited_seconds=round(waited, 3))})
-        self._record(DISPATCH, pod, reason=f"released as {release.band} after {waited:.1f}s")
+        gid = _gang_id(pod)
+        gang = self._gang_words.get(gid, "") if gid is not None else ""
+        self._record(DISPATCH, pod, reason=f"released as {release.band} after {waited:.1f}s"
+                     + (f" with its {gang}" if gang else ""))
 
     @staticmethod
     def _audit_fields(pod: GpuPod) -> dict[str, Any]:

@@ -20,8 +20,11 @@ Contract:
   ``held``: the capacity held at ``now`` for entries owed it (:meth:`FairQueue.holds`),
   per tier in queue order: ``tenant``, ``band``, ``pod`` (``namespace/name`` of the head
   pod, a gang's first queued member), ``group`` (a gang's id, else null), ``demand`` and
-  ``held`` (units per resource), ``heldGpuEquivalents`` and ``demandGpuEquivalents``;
-  :func:`held_lines` prints it; ``budgets``: per tenant with a budget, its
+  ``held`` (units per resource), ``heldGpuEquivalents``, ``demandGpuEquivalents`` and
+  ``gang`` (the queue's record of its gang, :meth:`GangRecord.to_json`, or null);
+  :func:`held_lines` prints it; ``gangs``: the gangs still waiting for members or for
+  their size (:meth:`FairQueue.incomplete_gangs`, as ``gang``), :func:`gang_lines` prints
+  them; ``budgets``: per tenant with a budget, its
   :class:`~fairshare.queue.budget.BudgetStatus` as the dispatcher last stored it (``tenant``,
   ``monthly``, ``spent``, ``currency``, ``month``, ``at``, ``ratio``, ``state``);
   :func:`budget_lines` prints it.
@@ -36,7 +39,10 @@ Contract:
   dispatcher has seen it. The verdict is one of ``unknown`` (no record and not in
   the queue: not fairgate's business, or older than the audit retention),
   ``denied`` (with the reason), ``queued`` (position, queue length and what it waits
-  for: tenant quota, inference reserve, cluster capacity, gang members), ``reserved`` /
+  for: tenant quota, inference reserve, cluster capacity, gang members; a gang member's
+  summary names its gang by where it was declared with the queue's counts, ``gang of
+  Indexed Job trainer: 3 of 4 pods created, waiting for the 4th``, and ``gang`` holds
+  the record), ``reserved`` /
   ``running`` (released: when, after how long; ``unschedulable`` carries the scheduler's
   message when the dispatcher caught it Unschedulable past its grace) or ``ended`` (its
   usage was freed). A queued borrowed pod of a tenant whose budget is exhausted waits for
@@ -65,7 +71,7 @@ from fairshare.connection import COMMAND_TIMEOUT, RedisTarget, connect_redis
 from fairshare.queue.budget import BudgetStatus, held_note, money, percent
 from fairshare.queue.entitlement import TenantFairness, snapshot_fairness
 from fairshare.queue.fairqueue import FairQueue
-from fairshare.queue.model import Hold, TenantStatus, TicketStatus
+from fairshare.queue.model import GangRecord, Hold, TenantStatus, TicketStatus, gang_name
 from tenants.placement import placement_of_key
 from tenants.resources import SLICES_PER_GPU, format_counts, gpu_equivalents, total_slices
 
@@ -100,13 +106,15 @@ def tenant_row(status: TenantStatus, fair: TenantFairness, twins: int = 0) -> di
     }
 
 
-def hold_row(hold: Hold) -> dict[str, Any]:
-    """One entry of ``held`` in ``fairgate status`` as plain data."""
+def hold_row(hold: Hold, gang: GangRecord | None = None) -> dict[str, Any]:
+    """One entry of ``held`` in ``fairgate status`` as plain data (``gang``: the queue's
+    record of the entry's gang)."""
     return {
         "tenant": hold.tenant,
         "band": hold.band,
         "pod": f"{hold.namespace}/{hold.name}",
         "group": hold.group,
+        "gang": gang.to_json() if gang is not None else None,
         "demand": dict(hold.demand),
         "held": {res: hold.held.get(res, 0) for res in hold.demand},
         "heldGpuEquivalents": _gpu_eq(total_slices(hold.held)),
@@ -121,13 +129,16 @@ def status_report(queue: FairQueue, now: float | None = None) -> dict[str, Any]:
     snapshot = queue.snapshot()
     fair = snapshot_fairness(snapshot)
     holds = queue.holds(time.time() if now is None else now)
+    gangs = dict(zip([h.group for h in holds if h.group],
+                     queue.gangs([h.group for h in holds if h.group]), strict=True))
     twins = queue.twin_counts()
     return {
         "capacity": round(fair.capacity, 2),
         "capacityByClass": class_rows(snapshot.capacity, queue.class_usage()),
         "capacityNotes": queue.capacity_notes(),
         "jainIndex": round(fair.jain_index, 4),
-        "held": [hold_row(h) for h in holds],
+        "held": [hold_row(h, gangs.get(h.group) if h.group else None) for h in holds],
+        "gangs": [g.to_json() for g in queue.incomplete_gangs()],
         "tenants": {s.tenant: tenant_row(s, fair.tenants[s.tenant], twins.get(s.tenant, 0))
                     for s in snapshot.tenants},
         "budgets": {name: b.to_json() for name, b in sorted(queue.budgets().items())},
@@ -166,8 +177,25 @@ def held_lines(held: list[dict[str, Any]]) -> list[str]:
     for row in held:
         amounts = ", ".join(f"{row['held'][res]} of {units} {res}"
                             for res, units in sorted(row["demand"].items()))
-        entry = f"gang {row['group']} ({row['pod']} first)" if row["group"] else row["pod"]
+        gang = row.get("gang")
+        if gang:
+            entry = (f"{gang_name(gang['id'], gang['source'] or '')} ({gang['id']}, "
+                     f"{gang['created']} pods; {row['pod']} first)")
+        else:
+            entry = f"gang {row['group']} ({row['pod']} first)" if row["group"] else row["pod"]
         lines.append(f"  {row['tenant']}: {amounts} held for {entry} ({row['band']})")
+    return lines
+
+
+def gang_lines(gangs: list[dict[str, Any]]) -> list[str]:
+    """``gangs`` of the status report as text: one line per gang still waiting for its
+    pods or its size, e.g. ``team-a: gang of Indexed Job trainer: 3 of 4 pods created,
+    waiting for the 4th (team-a-dev/job.trainer.1a2b3c4d5e)``."""
+    if not gangs:
+        return ["gangs waiting for their pods: none"]
+    lines = ["gangs waiting for their pods (none of a gang runs before all of them exist):"]
+    for gang in gangs:
+        lines.append(f"  {gang['tenant'] or '?'}: {gang['summary']} ({gang['id']})")
     return lines
 
 
@@ -261,7 +289,7 @@ def render_status(report: dict[str, Any], console: Console) -> None:
         "nominal + borrowLimit.", highlight=False,
     )
     for line in (twin_lines(report["tenants"]) + class_lines(report["capacityByClass"])
-                 + held_lines(report["held"])
+                 + held_lines(report["held"]) + gang_lines(report.get("gangs") or [])
                  + budget_lines(report.get("budgets") or {})
                  + capacity_lines(report.get("capacityNotes"))):
         console.print(line, highlight=False, markup=False)
@@ -284,6 +312,7 @@ class WhyReport:
     released_at: float | None = None
     waited_seconds: float | None = None
     unschedulable: str | None = None
+    gang: dict[str, Any] | None = None
     history: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -332,8 +361,8 @@ def why_report(
     if not mine:  # audit trimmed or not written
         status = queue.ticket_status(known, now) if known is not None else None
         if known is not None and status is not None:
-            return _held_by_budget(_unschedulable(status_why(status, str(ref)), queue),
-                                   status, queue)
+            report = status_why(status, str(ref), _gang_of(status, queue))
+            return _held_by_budget(_unschedulable(report, queue), status, queue)
         return WhyReport(
             str(ref), "unknown",
             f"fairgate has no record of {ref}: either it is not fairgate's business (it asks "
@@ -364,7 +393,13 @@ def why_report(
                     "deleted, or its reservation expired before the pod was created",
             **common,
         )
-    return _held_by_budget(_unschedulable(_from_status(status, common), queue), status, queue)
+    report = _from_status(status, common, _gang_of(status, queue))
+    return _held_by_budget(_unschedulable(report, queue), status, queue)
+
+
+def _gang_of(status: TicketStatus, queue: FairQueue) -> GangRecord | None:
+    """The queue's record of the gang ``status`` belongs to (None: no gang, or gone)."""
+    return queue.gangs([status.group])[0] if status.group else None
 
 
 def _held_by_budget(report: WhyReport, status: TicketStatus, queue: FairQueue) -> WhyReport:
@@ -395,24 +430,46 @@ def _unschedulable(report: WhyReport, queue: FairQueue) -> WhyReport:
     return replace(report, summary=summary, unschedulable=message)
 
 
-def status_why(status: TicketStatus, pod: str) -> WhyReport:
-    """What ``fairgate why`` says of a ticket the queue knows, from its status alone
-    (no audit history): the console's queue rows, in the same words."""
-    return _from_status(status, {"pod": pod, "ticket": status.ticket, "history": []})
+def status_why(status: TicketStatus, pod: str, gang: GangRecord | None = None) -> WhyReport:
+    """What ``fairgate why`` says of a ticket the queue knows, from its status and its
+    gang's record ``gang`` (:meth:`FairQueue.gangs`) alone (no audit history): the
+    console's queue rows, in the same words."""
+    return _from_status(status, {"pod": pod, "ticket": status.ticket, "history": []}, gang)
 
 
-def _from_status(status: TicketStatus, common: dict[str, Any]) -> WhyReport:
+def _gang_words(status: TicketStatus, gang: GangRecord | None) -> str:
+    """The gang of ``status`` and how far it got (``""`` without a gang)."""
+    if status.group is None:
+        return ""
+    if gang is None:  # its last member is being released or freed right now
+        return gang_name(status.group, "")
+    return gang.describe()
+
+
+def _from_status(status: TicketStatus, common: dict[str, Any],
+                 gang: GangRecord | None = None) -> WhyReport:
     common.update(tenant=status.tenant, pod_class=status.pod_class,
-                  demand=format_counts(status.demand))
+                  demand=format_counts(status.demand),
+                  gang=gang.to_json() if gang is not None else None)
     lane = f"{status.tenant}/{status.pod_class}"
+    words = _gang_words(status, gang)
     if status.state in ("queued", "gang-waiting"):
-        if status.position is None:
-            where = f"queued for {lane} ({status.queue_length} queued)"
-        else:
-            where = f"queued: position {status.position} of {status.queue_length} for {lane}"
         waiting = status.waiting_for or "its turn"
+        incomplete = gang is not None and (gang.size is None or gang.created < gang.size)
+        if status.position is None and incomplete:
+            # the gang says what it waits for: its missing pods, or its size
+            summary = f"{words}; queued for {lane} ({status.queue_length} queued)"
+        else:
+            if status.position is None:
+                where = f"queued for {lane} ({status.queue_length} queued)"
+            else:
+                where = (f"queued: position {status.position} of {status.queue_length} "
+                         f"for {lane}")
+            summary = f"{where}, waiting for {waiting}"
+            if words:
+                summary += f"; {words} (released together)"
         return WhyReport(
-            verdict="queued", summary=f"{where}, waiting for {waiting}",
+            verdict="queued", summary=summary,
             position=status.position, queue_length=status.queue_length,
             waiting_for=waiting, **common,
         )
@@ -425,6 +482,8 @@ def _from_status(status: TicketStatus, common: dict[str, Any]) -> WhyReport:
     else:
         summary = (f"released as {status.band} at {_when(released)} after {waited:.1f}s in "
                    f"queue; {'running' if verdict == 'running' else 'reserved, pod not seen yet'}")
+    if words:
+        summary += f"; {words}"
     return WhyReport(verdict=verdict, summary=summary, released_at=released,
                      waited_seconds=waited, **common)
 
@@ -436,6 +495,9 @@ def render_why(report: WhyReport, out: TextIO) -> None:
     for key, value in details:
         if value is not None:
             out.write(f"  {key.replace('pod_class', 'class')}: {value}\n")
+    if report.gang is not None:
+        source = report.gang["source"] or "not known to the queue"
+        out.write(f"  gang: {report.gang['id']} (declared by {source})\n")
     if report.history:
         out.write("  audit history:\n")
         for line in report.history[-10:]:

@@ -68,9 +68,10 @@ from admission.demand import pod_demand
 from admission.dra import NO_OBJECTS, DraContext, DraObjects, referenced_objects
 from admission.gangs import NO_GANG_OBJECTS, GangObjects
 from admission.mutation import build_patch
-from admission.plan import Denied, NotOurs, PodPlan, plan_create
+from admission.plan import Denied, NotOurs, PodGroup, PodPlan, plan_create
 from admission.pods import PodError, admitted_name
 from admission.reviews import (
+    MAX_WARNING_CHARS,
     AdmissionRequest,
     AdmissionReview,
     AdmissionReviewResponse,
@@ -83,13 +84,20 @@ from admission.validation import validate_create, validate_update
 from audit import ADMIT, DENY, QUEUE, QUOTA_CHANGE, AuditLog
 from audit.chain import format_time
 from fairshare.queue.budget import BudgetStatus, budget_warning
-from fairshare.queue.calls import TicketConflictError, UnknownTenantError, UnmintedTicketError
+from fairshare.queue.calls import (
+    TicketConflictError,
+    UnknownTenantError,
+    UnmintedTicketError,
+    gang_reason,
+    gang_wait,
+)
 from fairshare.queue.fastpath import REPLICA_ACK_TIMEOUT, AsyncFairQueue, NotReplicatedError
 from fairshare.queue.model import (
     UNKNOWN_GANG_SIZE,
     Admission,
     InvalidRequestError,
     PodRequest,
+    gang_name,
 )
 from tenants import resources
 from tenants.configmaps import is_fairgate_configmap, quota_tenant, review_configmap
@@ -263,16 +271,64 @@ def asks_for_gpu(pod: object, namespace: str, dra: DraObjects) -> bool:
         return True
 
 
+def gang_source(group: PodGroup | None) -> str:
+    """Where a pod's gang was declared, for the queue's words: the plan's source (e.g.
+    ``Indexed Job trainer``), ``pod group <name>`` for fairgate's own label, ``""``
+    without a gang."""
+    if group is None:
+        return ""
+    return group.source or f"pod group {group.name}"
+
+
+def _shortened(text: str, room: int) -> str:
+    """``text`` in at most ``room`` characters (at least 8), cut with ``...``."""
+    room = max(room, 8)
+    return text if len(text) <= room else text[:room - 3].rstrip() + "..."
+
+
 def _queued_warning(plan: PodPlan, admission: Admission) -> str:
     """One sentence, e.g. ``Queued as borrowed, 3rd of 12 training pods of team-a,
     waiting for 1.00 GPU-eq of borrow limit.``: only what the queue said (no quota
-    arithmetic of its own), within the API server's 120-character advice (a long
-    reason is cut at a word by the response builder)."""
+    arithmetic of its own), within the API server's 120-character advice: a gang
+    member's place in the queue, then its gang (``with its gang of Indexed Job trainer (4
+    pods)``), is left out when the sentence would be longer, and a reason still too
+    long is cut at a word by the response builder. A member of a gang still
+    incomplete says which gang and how far it got, its source shortened to fit: ``Queued
+    as training, waiting for the 4th pod of gang of Indexed Job trainer (3 of 4 pods
+    created).``"""
+    if admission.reason[:1] == ("gang",) and len(admission.reason) >= 4:
+        gang, created, size, source, awaiting = gang_reason(admission.reason[1:])
+        source = source or gang_source(plan.group) or gang
+        head = f"Queued as {admission.band}, waiting for "
+        room = MAX_WARNING_CHARS - len(head) - 1  # the full stop
+
+        def wait(said: str) -> str:  # the size's object is left out: it names the gang again
+            if size is None:
+                made = "1 pod" if created == 1 else f"{created} pods"
+                return f"the size of {gang_name(gang, said)} ({made} created)"
+            return gang_wait(gang, created, size, said)
+
+        text = gang_wait(gang, created, size, source, awaiting)
+        if len(text) > room:
+            text = wait(source)
+        if len(text) > room:
+            text = wait(_shortened(source, len(source) - (len(text) - room)))
+        return f"{head}{text}."
     where = (f", {_ordinal(admission.position)} of {admission.queue_length} "
              f"{plan.pod_class} pods of {plan.tenant.name}"
              if admission.position is not None else f" in {plan.tenant.name}")
     waits = admission.waiting_for or "its turn"
-    return f"Queued as {admission.band}{where}, waiting for {waits}."
+    if admission.reason[:1] == ("never",):  # the queue's words name the rule; these fit
+        waits = "a larger quota: it never fits the tenant's nominal quota and borrow limit"
+    group = plan.group
+    gang = (f" with its {gang_name('', gang_source(group))} ({group.size} pods)"
+            if group is not None and group.size is not None and group.size > 1 else "")
+    # the first that fits: where it stands, then its gang, are the parts to leave out
+    candidates = [f"Queued as {admission.band}{gang}{where}, waiting for {waits}.",
+                  f"Queued as {admission.band}{gang}, waiting for {waits}.",
+                  f"Queued as {admission.band}{where}, waiting for {waits}.",
+                  f"Queued as {admission.band}, waiting for {waits}."]
+    return next((c for c in candidates if len(c) <= MAX_WARNING_CHARS), candidates[-1])
 
 
 def _ordinal(n: int) -> str:
@@ -528,6 +584,8 @@ class AdmissionService:
                 group_size=(1 if plan.group is None else plan.group.size or UNKNOWN_GANG_SIZE),
                 submitted_at=self._clock(),
                 hold=bool(plan.priced_claims),
+                group_source=gang_source(plan.group),
+                group_awaiting=plan.group.awaiting if plan.group else "",
             )
             admission = await self._admit(config, queued, request.dry_run, plan.reused_ticket)
         except InvalidRequestError as exc:  # e.g. a gang mixing classes or tenants

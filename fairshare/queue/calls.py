@@ -37,6 +37,8 @@ from fairshare.queue.model import (
     PricedTicket,
     TenantStatus,
     TicketState,
+    gang_missing,
+    gang_name,
 )
 from tenants.models import FairgateConfig, PodClass, PriorityBand
 from tenants.placement import placement_of_key
@@ -221,6 +223,8 @@ def admit_args(
         1 if wait_for_rebuild else 0,
         1 if presented else 0,
         1 if req.hold else 0,
+        req.group_source if req.gang else "",
+        req.group_awaiting if req.gang else "",
     ]
 
 
@@ -244,6 +248,7 @@ def admission(raw: Sequence[Any], req: PodRequest) -> Admission:
         nominal_slices=int(nominal),
         waiting_for=explain(reason, req.tenant, req.pod_class) if queued else None,
         duplicate=dup == "1",
+        reason=tuple(reason) if queued else (),
     )
 
 
@@ -339,14 +344,38 @@ def in_words(key: str) -> str:
     return resource if key == resource else f"{resource} ({where.describe()})"
 
 
+def gang_reason(rest: Sequence[str]) -> tuple[str, int, int | None, str, str]:
+    """The fields of a ``gang`` reason (lib.lua): gang id, members created (queued or
+    running), size (None: unknown), source and what the size awaits (``""`` from a
+    queue that did not store them)."""
+    gang, created, size = rest[0], int(rest[1]), int(rest[2])
+    source = rest[3] if len(rest) > 3 else ""
+    awaiting = rest[4] if len(rest) > 4 else ""
+    return gang, created, None if size == UNKNOWN_GANG_SIZE else size, source, awaiting
+
+
+def gang_wait(gang: str, created: int, size: int | None, source: str = "",
+              awaiting: str = "") -> str:
+    """What a member of an incomplete gang waits for, after ``waiting for``: ``the 4th
+    pod of gang of Indexed Job trainer (3 of 4 pods created)``, ``2 more pods of ...``,
+    or ``the size of gang of JobSet trainer (3 pods created; known once JobSet trainer
+    is seen)``."""
+    name = gang_name(gang, source)
+    if size is None:
+        once = (f"known once {awaiting}" if awaiting
+                else "the object that declares it has not been seen")
+        made = "1 pod" if created == 1 else f"{created} pods"
+        return f"the size of {name} ({made} created; {once})"
+    missing = gang_missing(created, size) or "no more"
+    pods = "pod" if missing.startswith("the ") else "pods"
+    return f"{missing} {pods} of {name} ({created} of {size} pods created)"
+
+
 def explain(reason: Sequence[str], tenant: str, pod_class: PodClass) -> str:
     """Words for a reason code returned by the scripts (see lib.lua ``reason``)."""
     code, *rest = reason
     if code == "gang":
-        if int(rest[2]) == UNKNOWN_GANG_SIZE:
-            return (f"gang {rest[0]}: {rest[1]} members queued, its size not known yet "
-                    "(the object that declares it has not been seen)")
-        return f"gang {rest[0]}: {rest[1]} of {rest[2]} members queued"
+        return gang_wait(*gang_reason(rest))
     if code == "never":
         return ("a larger quota: it never fits the tenant's nominal quota (less the "
                 "inference reserve for training) and borrow limit")

@@ -58,8 +58,10 @@ from fairshare.queue.calls import (
 )
 from fairshare.queue.functions import QueueFunctions
 from fairshare.queue.model import (
+    UNKNOWN_GANG_SIZE,
     Admission,
     Confirmation,
+    GangRecord,
     GatedPod,
     Hold,
     PodRequest,
@@ -402,6 +404,23 @@ class FairQueue:
             raw = pipe.execute()
         return [[t for t in text(m).split(",") if t] if m is not None else [] for m in raw]
 
+    def gangs(self, gangs: Sequence[str]) -> list[GangRecord | None]:
+        """Each gang id's :class:`GangRecord` (None: the queue holds no such gang), in
+        one round trip, read-only (``fairgate why``, ``status`` and the console)."""
+        if not gangs:
+            return []
+        with self._client.pipeline(transaction=False) as pipe:
+            for gang in gangs:
+                pipe.hmget(f"{self._keys[0]}g:{gang}", "n", "r", "m", "src", "aw", "t")
+            raw = pipe.execute()
+        return [_gang_record(gang, fields) for gang, fields in zip(gangs, raw, strict=True)]
+
+    def incomplete_gangs(self) -> list[GangRecord]:
+        """The gangs still waiting for members or for their size, by id (``fairgate
+        status``); read-only, two round trips."""
+        ids = sorted(text(g) for g in self._client.smembers(self._keys[0] + "gangs"))
+        return [g for g in self.gangs(ids) if g is not None and not g.complete]
+
     def ticket_namespaces(self, tickets: Sequence[str]) -> list[str | None]:
         """The namespace each ticket was admitted in (None for an unknown ticket or a
         gang entry), in one read of the ticket records."""
@@ -493,6 +512,18 @@ class FairQueue:
 def _clock(now: float | None) -> list[str]:
     """The optional ``now`` argument of a script."""
     return [] if now is None else [num(now)]
+
+
+def _gang_record(gang: str, fields: Sequence[Any]) -> GangRecord | None:
+    size, running, members, source, awaiting, tenant = (
+        None if v is None else text(v) for v in fields)
+    if size is None:
+        return None
+    return GangRecord(
+        gang=gang, size=None if int(size) >= UNKNOWN_GANG_SIZE else int(size),
+        running=max(0, int(running or 0)),
+        queued=len([t for t in (members or "").split(",") if t]),
+        source=source or "", awaiting=awaiting or "", tenant=tenant or "")
 
 
 def _ticket_status(ticket: str, raw: Any) -> TicketStatus | None:

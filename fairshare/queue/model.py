@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from tenants import resources
 from tenants.models import CLASSES, PodClass, PriorityBand
@@ -98,6 +98,101 @@ def gang_id(namespace: str, group: str | None, group_size: int) -> str | None:
     return f"{namespace}/{group}"
 
 
+MAX_GANG_SOURCE = 256
+"""The longest ``group_source`` / ``group_awaiting`` text a :class:`PodRequest` carries."""
+
+
+def gang_name(gang: str, source: str) -> str:
+    """A gang as people know it: ``gang of Indexed Job trainer`` (where it was declared),
+    or ``gang <namespace>/<key>`` when the queue does not know its source (a gang queued
+    by an older fairgate, or rebuilt from the cluster after Redis lost its data)."""
+    return f"gang of {source}" if source else f"gang {gang}"
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _plural(n: int) -> str:
+    return f"{n} pod" if n == 1 else f"{n} pods"
+
+
+def gang_missing(created: int, size: int | None, awaiting: str = "") -> str:
+    """What an incomplete gang waits for, after ``waiting for``: ``the 4th`` (one pod
+    missing), ``2 more`` or, size unknown, ``its size (known once Job trainer is
+    seen)``; ``""`` when every pod was created."""
+    if size is None:
+        once = (f"known once {awaiting}" if awaiting
+                else "the object that declares it has not been seen")
+        return f"its size ({once})"
+    if created >= size:
+        return ""
+    return f"the {_ordinal(size)}" if size - created == 1 else f"{size - created} more"
+
+
+def gang_progress(gang: str, source: str, created: int, size: int | None,
+                  awaiting: str = "", running: int = 0) -> str:
+    """A gang and how far it got, e.g. ``gang of Indexed Job trainer: 3 of 4 pods
+    created, waiting for the 4th``; ``gang of JobSet trainer: 2 pods created, waiting for
+    its size (known once JobSet trainer is seen)``; ``gang of Indexed Job trainer: 4 of
+    4 pods created, 4 running``. ``created``: the members the queue holds (queued or
+    running)."""
+    made = f"{_plural(created)} created" if size is None else \
+        f"{created} of {size} pods created"
+    text = f"{gang_name(gang, source)}: {made}"
+    missing = gang_missing(created, size, awaiting)
+    if missing:
+        return f"{text}, waiting for {missing}"
+    return f"{text}, {running} running" if running else text
+
+
+@dataclass(frozen=True)
+class GangRecord:
+    """A gang as the queue holds it (``fairgate why``, ``status`` and the console):
+    ``gang`` its id (``namespace/key``), ``size`` (None: not known yet), how many of its
+    members run and how many are queued, ``source`` where it was declared (e.g.
+    ``Indexed Job trainer``, ``pod group ddp7`` for fairgate's own label; ``""`` when
+    the queue was not told), while the size is unknown what it waits for
+    (``awaiting``, e.g. ``Job trainer is seen``), and the ``tenant`` whose lane it is in."""
+
+    gang: str
+    size: int | None
+    running: int
+    queued: int
+    source: str = ""
+    awaiting: str = ""
+    tenant: str = ""
+
+    @property
+    def complete(self) -> bool:
+        """Whether every member was created (it waits, or runs, as one entry)."""
+        return self.size is not None and self.created >= self.size
+
+    @property
+    def created(self) -> int:
+        """The members the queue holds: running or queued."""
+        return self.running + self.queued
+
+    @property
+    def name(self) -> str:
+        """:func:`gang_name` of this gang."""
+        return gang_name(self.gang, self.source)
+
+    def describe(self) -> str:
+        """:func:`gang_progress` of this gang."""
+        return gang_progress(self.gang, self.source, self.created, self.size,
+                             self.awaiting, self.running)
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain data: ``id``, ``tenant``, ``source``, ``size`` (null: unknown), ``created``,
+        ``running``, ``queued``, ``awaiting`` and ``summary`` (:meth:`describe`)."""
+        return {"id": self.gang, "tenant": self.tenant or None,
+                "source": self.source or None, "size": self.size,
+                "created": self.created, "running": self.running, "queued": self.queued,
+                "awaiting": self.awaiting or None, "summary": self.describe()}
+
+
 @dataclass(frozen=True)
 class PodRequest:
     """A GPU pod at CREATE, as the queue sees it.
@@ -120,6 +215,8 @@ class PodRequest:
     group_size: int = 1
     submitted_at: float = 0.0
     hold: bool = False
+    group_source: str = ""
+    group_awaiting: str = ""
 
     def __post_init__(self) -> None:
         _check_ticket(self.ticket)
@@ -138,6 +235,12 @@ class PodRequest:
                 f"group size {self.group_size} is invalid: a gang needs a group name and "
                 f"a size >= 1; a pod without a group has size 1"
             )
+        for what, words in (("group source", self.group_source),
+                            ("group awaiting", self.group_awaiting)):
+            if len(words) > MAX_GANG_SOURCE or not words.isprintable():
+                raise InvalidRequestError(
+                    f"{what} {words[:40]!r} is not usable: at most {MAX_GANG_SOURCE} "
+                    "printable characters")
 
     @property
     def gang(self) -> str | None:
@@ -157,7 +260,9 @@ class Admission:
     used by non-borrowed pods, this one included when reserved / all of it).
     ``waiting_for`` says in words what a queued pod waits for (None when reserved).
     ``duplicate`` is True when the ticket was already known: nothing changed and the
-    answer describes the ticket's current state.
+    answer describes the ticket's current state. ``reason`` is the queue's reason code
+    and its fields, as :func:`fairshare.queue.calls.explain` reads them (empty when
+    reserved).
     """
 
     outcome: Outcome
@@ -168,6 +273,7 @@ class Admission:
     nominal_slices: int
     waiting_for: str | None
     duplicate: bool = False
+    reason: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -238,7 +238,8 @@ def test_a_workload_api_gang_whose_pod_group_comes_after_its_pods_waits_then_run
     wait_for(lambda: _split(core, ns, "app=ddp")[1] == names, 30, "both pods gated")
     why = fairgate.run_cli("why", f"{ns}/{names[0]}", "--json",
                            "--redis-url", fairgate.redis_url)
-    assert "size not known yet" in yaml.safe_load(why.stdout)["summary"]
+    assert "waiting for its size (known once PodGroup ddp (scheduling.k8s.io) exists)" in \
+        yaml.safe_load(why.stdout)["summary"]
     time.sleep(3)
     assert _split(core, ns, "app=ddp")[0] == []
     group = {"apiVersion": "scheduling.k8s.io/v1alpha2", "kind": "PodGroup",

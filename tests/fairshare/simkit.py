@@ -42,6 +42,8 @@ def admit_hook(queue: FairQueue, clock: VirtualClock, config: FairgateConfig) ->
             ticket=uid, tenant=spec.tenant, namespace=spec.namespace, name=spec.name,
             pod_class=spec.pod_class, demand=dict(spec.demand), group=spec.group,
             group_size=spec.group_size if spec.group else 1, submitted_at=now,
+            # the webhook's words for a gang of fairgate's own label
+            group_source=f"pod group {spec.group}" if spec.group else "",
         )
         try:
             admission = queue.admit(request, now)

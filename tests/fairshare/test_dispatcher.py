@@ -120,18 +120,25 @@ def test_queued_events_tell_position_and_reason_and_are_rate_limited(redis_url: 
 
 
 def test_an_incomplete_gang_is_told_what_it_waits_for(redis_url: str) -> None:
-    rig = make_rig(redis_url, TEAM_A, {"gpu": 4}, settings=DispatcherSettings(status_every=0))
+    audit = AuditLog(redis.Redis.from_url(redis_url), out=io.StringIO())
+    rig = make_rig(redis_url, TEAM_A, {"gpu": 4}, settings=DispatcherSettings(status_every=0),
+                   audit=audit)
     for i in range(2):
         rig.pod(f"g{i}", group="llm", group_size=3)
     rig.settle()
     messages = sorted(e.message for e in rig.cluster.events if e.reason == "Queued")
     assert len(messages) == 2
-    assert messages[0].startswith("Queued for team-a/training, waiting for gang ")
-    assert "2 of 3" in messages[0]
+    assert messages[0] == ("Queued for team-a/training, waiting for the 3rd pod of gang of pod "
+                           "group llm (2 of 3 pods created)")
     rig.pod("g2", group="llm", group_size=3)  # the gang completes and fits: all released
     rig.settle()
     started = {h.spec.name: h.started for h in rig.cluster.history.values()}
     assert started == {"g0": 1_000.0, "g1": 1_000.0, "g2": 1_000.0}
+    # the dispatch records name the gang the pods were released with
+    reasons = sorted(e.record.reason for e in audit.entries()
+                     if e.record is not None and e.record.decision == DISPATCH)
+    assert reasons == ["released as training after 0.0s with its gang of pod group llm "
+                       "(3 pods)"] * 3
 
 
 def test_a_deleted_gated_pod_leaves_the_queue(redis_url: str) -> None:

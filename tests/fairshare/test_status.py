@@ -276,7 +276,7 @@ def test_status_shows_capacity_held_and_for_whom(redis_client: redis.Redis,
     report = status_report(q, NOW + 700)
     assert report["held"] == [{
         "tenant": "team-b", "band": "training", "pod": "team-b-dev/big", "group": None,
-        "demand": {"gpu": 4}, "held": {"gpu": 2}, "heldGpuEquivalents": 2.0,
+        "gang": None, "demand": {"gpu": 4}, "held": {"gpu": 2}, "heldGpuEquivalents": 2.0,
         "demandGpuEquivalents": 4.0,
     }]
     out = io.StringIO()

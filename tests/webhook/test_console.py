@@ -334,6 +334,28 @@ def test_a_complete_gang_waits_as_one_row_and_filters_by_its_namespace(
     assert elsewhere["total"] == 0
 
 
+def test_a_gang_row_names_where_the_gang_was_declared(tmp_path: Path) -> None:
+    """The queue was told the gang's source (the webhook tells it): the row names the gang
+    by it, with the queue's counts, as ``fairgate why`` does."""
+    with local_redis() as url:
+        client = redis.Redis.from_url(url)
+        queue = FairQueue(client)
+        queue.sync_config(load_config_dir(write_config(tmp_path / "config")), {"gpu": 8})
+        for i in range(2):  # 2 x 1 GPU: team-b's nominal is 1 GPU, so the gang waits
+            ticket = str(uuid.uuid4())
+            queue.admit(PodRequest(ticket, "team-b", "team-b-dev", f"trainer-{i}", "training",
+                                   {"gpu": 1}, group="job.trainer.0123456789", group_size=2,
+                                   group_source="Indexed Job trainer"), time.time())
+            queue.confirm(ticket, str(uuid.uuid4()), "team-b-dev", f"trainer-{i}")
+        data = ConsoleData(client, queue, FairnessHistory(client, queue))
+        page = data.queue_page(Viewer("p", everything=True))
+        client.close()
+    (row,) = page["rows"]
+    assert row["source"] == "Indexed Job trainer" and row["members"] == 2
+    assert row["why"].startswith("gang of Indexed Job trainer: 2 of 2 pods created, released "
+                                 "together (t/gpu=2), waiting for ")
+
+
 def test_the_queue_page_renders_a_waiting_gang_in_headless_chromium(
         tmp_path: Path, driver: WebDriver) -> None:
     """A complete gang waiting as one entry has a row with its class, members and wait,
@@ -365,7 +387,7 @@ def test_the_queue_page_renders_a_waiting_gang_in_headless_chromium(
     assert texts[1:4] == ["team-b", "-", "training"]
     assert "gpu" in texts[4]
     assert texts[5].startswith("1m ")
-    assert texts[6].startswith("gang team-b-dev/g: complete")
+    assert texts[6].startswith("gang team-b-dev/g: 2 of 2 pods created, released together")
 
 
 def _wait_pod(queue: FairQueue, tenant: str, namespace: str, name: str) -> None:

@@ -39,7 +39,8 @@ def test_kueue_members_are_stamped_with_their_gang_and_wait_for_it(
     assert first["allowed"] is True
     assert first["auditAnnotations"]["decision"] == "queue"
     reason = first["auditAnnotations"]["reason"]
-    assert reason == f"waiting for gang {NS}/{key}: 1 of 2 members queued"
+    assert reason == ("waiting for the 2nd pod of gang of Kueue pod group sweep (1 of 2 pods "
+                      "created)")
     stamped = patched(first_pod, first)
     assert stamped["metadata"]["labels"]["fairgate.io/pod-group"] == key
     assert stamped["metadata"]["annotations"]["fairgate.io/pod-group-size"] == "2"
@@ -65,7 +66,8 @@ def test_lws_group_waits_for_all_its_pods(server: ServeProcess) -> None:
     response = mutate(server, review(pod))
     assert response["allowed"] is True
     assert response["auditAnnotations"]["decision"] == "queue"
-    assert "1 of 2 members queued" in response["auditAnnotations"]["reason"]
+    assert response["auditAnnotations"]["reason"] == (
+        "waiting for the 2nd pod of gang of LeaderWorkerSet vllm group 0 (1 of 2 pods created)")
 
 
 def test_an_indexed_job_pod_whose_job_is_not_seen_waits_for_its_size(
@@ -78,7 +80,10 @@ def test_an_indexed_job_pod_whose_job_is_not_seen_waits_for_its_size(
         response = mutate(server, review(pod))
         assert response["allowed"] is True
         assert response["auditAnnotations"]["decision"] == "queue"  # never alone
-        assert "size not known yet" in response["auditAnnotations"]["reason"]
+        assert response["auditAnnotations"]["reason"].startswith(
+            "waiting for the size of gang of Indexed Job trainer (")
+        assert response["auditAnnotations"]["reason"].endswith(
+            " created; known once Job trainer is seen)")
         stamped = patched(pod, response)
         assert stamped["metadata"]["labels"]["fairgate.io/pod-group"] == key
         assert "fairgate.io/pod-group-size" not in stamped["metadata"]["annotations"]

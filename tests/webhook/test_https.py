@@ -607,8 +607,8 @@ def test_a_gang_member_waits_for_its_gang_with_a_readable_warning(server: ServeP
     first = member(0)
     assert first["allowed"] is True
     assert first["auditAnnotations"]["decision"] == "queue"  # alone, a gang cannot run
-    assert first["warnings"][-1] == ("Queued as training in team-a, waiting for gang "
-                                     "team-a-dev/ddp: 1 of 2 members queued.")
+    assert first["warnings"][-1] == ("Queued as training, waiting for the 2nd pod of gang of "
+                                     "pod group ddp (1 of 2 pods created).")
     assert "None" not in " ".join(first["warnings"])
     second = member(1)
     assert second["allowed"] is True

@@ -12,9 +12,13 @@ Contract:
   tenant (by name), then by lane (shape), FIFO within a lane, paginated; each pod row says
   what ``fairgate why`` says (:func:`fairshare.status.status_why`), with ``position`` /
   ``queueLength`` among its tenant's pods of its class and ``waitedSeconds``. A complete
-  gang waiting as one entry is one row (``gang``, ``members``, its ``class`` and
-  ``waitedSeconds`` since its first member was created). Gang members still waiting for
-  their gang to be complete are not listed (``fairgate why`` explains them). Filters:
+  gang waiting as one entry is one row (``gang``, ``members``, ``source``: where it was
+  declared, e.g. ``Indexed Job trainer``, null when the queue was not told; its
+  ``class`` and ``waitedSeconds`` since its first member was created), its ``why``
+  naming it with the queue's counts (``gang of Indexed Job trainer: 4 of 4 pods
+  created, released together (...), waiting for ...``). Gang members still waiting for
+  their gang to be complete are not listed (``fairgate why`` and ``fairgate status``
+  explain them). Filters:
   ``tenant``, ``namespace``: exactly the entries whose pods are in the namespace, read
   from the lanes of the tenants the :class:`~webhook.console.namespaces.NamespaceIndex`
   names for it (every lane while it has not scanned yet, or without one).
@@ -52,7 +56,7 @@ from audit.log import parse_entry
 from cost.billing import Bill, bill_bodies
 from cost.report import month_start
 from fairshare.queue.fairqueue import FairQueue
-from fairshare.queue.model import TicketStatus
+from fairshare.queue.model import GangRecord, TicketStatus, gang_name
 from fairshare.status import status_report, status_why
 from tenants.models import FairgateConfig
 from tenants.resources import SLICES_PER_GPU, format_counts
@@ -169,11 +173,13 @@ class ConsoleData:
             chosen = self._slice(lanes, start, per_page)
         gangs = [entry[1:] for _t, _s, entry in chosen if entry.startswith("@")]
         members = dict(zip(gangs, self.queue.gang_members(gangs), strict=True))
+        records = dict(zip(gangs, self.queue.gangs(gangs), strict=True))
         tickets = [entry for _t, _s, entry in chosen if not entry.startswith("@")]
         tickets += [m for gang in gangs for m in members[gang]]
         statuses = dict(zip(tickets, self.queue.ticket_statuses(tickets, at), strict=True))
         rows = [self._gang_row(t, shape, entry[1:],
-                               [statuses.get(m) for m in members[entry[1:]]], at)
+                               [statuses.get(m) for m in members[entry[1:]]], at,
+                               records.get(entry[1:]))
                 if entry.startswith("@") else self._row(statuses.get(entry), at)
                 for t, shape, entry in chosen]
         redactor = self.redactor(viewer, known)
@@ -239,16 +245,19 @@ class ConsoleData:
 
     @staticmethod
     def _gang_row(tenant: str, shape: str, gang: str, members: list[TicketStatus | None],
-                  now: float) -> dict[str, Any]:
+                  now: float, record: GangRecord | None = None) -> dict[str, Any]:
         """A complete gang's row: its class is its members' (one class per gang), it has
-        waited since its first member was created."""
+        waited since its first member was created; it is named by where it was declared
+        with the queue's counts (``record``)."""
         known = [m for m in members if m is not None]
+        said = record.describe() if record is not None else gang_name(gang, "")
         return {"pod": gang, "gang": gang, "tenant": tenant, "shape": shape,
                 "class": known[0].pod_class if known else None,
                 "members": len(members),
+                "source": record.source or None if record is not None else None,
                 "waitedSeconds": round(max(0.0, now - min(m.submitted_at for m in known)), 1)
                 if known else None,
-                "why": f"gang {gang}: complete ({shape}), waiting for "
+                "why": f"{said}, released together ({shape}), waiting for "
                        + next((m.waiting_for for m in known if m.waiting_for),
                               "its release as one entry")}
 

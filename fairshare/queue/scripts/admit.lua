@@ -11,11 +11,15 @@
 -- ticket with no record was not minted here and is refused: {0, 'unminted'}.
 -- ARGV[14] = 1: hold: never reserve, queue (reason 'claims': the dispatcher checks the
 -- pod's DRA claims before it releases it).
+-- ARGV[15], ARGV[16]: a gang member's gang source (e.g. 'Indexed Job trainer') and,
+-- while its size is unknown, what the size awaits; kept in the gang's hash (src, aw)
+-- for the words of why, status and the console.
 local now, dry = tonumber(ARGV[1]), ARGV[2] == '1'
 local ticket, tenant, ns, name, cls, demand = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local gid, gsize, submitted = ARGV[9], ARGV[10], ARGV[11]
 local wait_for_rebuild, presented = ARGV[12] == '1', ARGV[13] == '1'
 local hold = ARGV[14] == '1'
+local gsource, gawaiting = ARGV[15] or '', ARGV[16] or ''
 NOW = now
 
 local function reply(dup, outcome, band, position, length, free, nominal, reason)
@@ -126,7 +130,7 @@ if gid ~= '' then
   local members = gang_members(g)
   local have = num(g, 'r') + #members + 1
   if have < tonumber(gsize) then
-    reason = {'gang', gid, have, gsize}
+    reason = {'gang', gid, have, gsize, gsource, gawaiting}
     position = 0
   else
     -- the gang completes: what its whole entry waits for
@@ -201,6 +205,9 @@ if not dry then
   local rec = {'Q', tenant, cls, band, counts, ns, name, gid, gsize, submitted,
                seq, '', ''}
   enqueue(ticket, rec, false, st)
+  if gid ~= '' and gsource ~= '' then
+    redis.call('HSET', P .. 'g:' .. gid, 'src', gsource, 'aw', gawaiting)
+  end
   index_name(ticket, rec)
   resv_add(ticket, ARGV[1])
   -- queueing changes no usage: st holds what readiness and share depend on; of the

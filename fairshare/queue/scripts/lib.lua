@@ -1083,8 +1083,10 @@ end
 -- gangs ----------------------------------------------------------------------------
 -- g:<gid> hash: t tenant, c class, n size, m queued members (comma list, arrival
 -- order), r members running, sh shape of its lane entry while linked, bd the band
--- of its members (its first member's: admit gives every member that one); gang_members
--- and entry_info are above (ready sets read them).
+-- of its members (its first member's: admit gives every member that one), src and aw
+-- where the gang was declared and what its unknown size awaits (words only: admit
+-- writes them, nothing decides by them); gang_members and entry_info are above (ready
+-- sets read them).
 
 -- take a linked gang out of its lane: members back to G
 local function gang_unlink(gid)
@@ -1756,7 +1758,8 @@ local function describe_queued(ticket, rec, now)
   local shape = lane_of(rec)
   if not shape then
     local g = hash_table(P .. 'g:' .. rec[F_GANG])
-    return {0, length, 'gang', rec[F_GANG], num(g, 'r') + #gang_members(g), g.n}
+    return {0, length, 'gang', rec[F_GANG], num(g, 'r') + #gang_members(g), g.n,
+            g.src or '', g.aw or ''}
   end
   local entry = rec[F_GANG] == '' and ticket or ('@' .. rec[F_GANG])
   local seq, at = entry_info(entry)

@@ -39,7 +39,14 @@ for _, tier in ipairs(TIERS) do
   for _, shape in ipairs(tier_shapes(tier)) do redis.call('DEL', P .. 'r:' .. shape) end
   redis.call('DEL', P .. 'sh:' .. tier)
 end
-for _, gid in ipairs(redis.call('SMEMBERS', K_GANGS)) do redis.call('DEL', P .. 'g:' .. gid) end
+-- a gang's words (src, aw: where it was declared) are not in the pods' records: the
+-- gangs rebuilt from the lists keep the ones stored before
+local words = {}
+for _, gid in ipairs(redis.call('SMEMBERS', K_GANGS)) do
+  local src, aw = unpack(redis.call('HMGET', P .. 'g:' .. gid, 'src', 'aw'))
+  if src then words[gid] = {src, aw or ''} end
+  redis.call('DEL', P .. 'g:' .. gid)
+end
 -- expected ends (re:<capacity key>) of every key in use or in the capacity
 local in_use = {}
 for _, field in ipairs(redis.call('HKEYS', K_USED)) do in_use[field:sub(3)] = true end
@@ -104,6 +111,11 @@ for i = 2, #ARGV, 13 do
     rec[F_UID] = uid
     put_rec(ticket, rec)
     index_name(ticket, rec)
+  end
+end
+for gid, said in pairs(words) do
+  if redis.call('SISMEMBER', K_GANGS, gid) == 1 then
+    redis.call('HSET', P .. 'g:' .. gid, 'src', said[1], 'aw', said[2])
   end
 end
 redis.call('SET', K_SEQ, seq)

@@ -122,6 +122,8 @@ class Gang:
     size: int
     members: list[str] = field(default_factory=list)
     running: int = 0
+    source: str = ""  # words only (where it was declared, what its size awaits)
+    awaiting: str = ""
     linked: str | None = None  # lane shape key while in a lane
     band: str = ""  # its members' band (its first member's)
 
@@ -806,7 +808,8 @@ class Reference:
         length = len([r for r in self.queued(rec.tenant) if r.cls == rec.cls])
         if rec.gang and self.gangs[rec.gang].linked is None:
             g = self.gangs[rec.gang]
-            return 0, length, ["gang", rec.gang, g.running + len(g.members), g.size]
+            return 0, length, ["gang", rec.gang, g.running + len(g.members), g.size,
+                               g.source, g.awaiting]
         if rec.gang:
             key = self.gangs[rec.gang].linked
             assert key is not None
@@ -918,7 +921,8 @@ class Reference:
             members = g.members if g else []
             have = (g.running if g else 0) + len(members) + 1
             if have < req.group_size:
-                reason, position = ["gang", gid, have, req.group_size], 0
+                reason, position = ["gang", gid, have, req.group_size, req.group_source,
+                                    req.group_awaiting], 0
             else:
                 gshape = empty_shape()
                 for t in members:
@@ -972,6 +976,9 @@ class Reference:
             self.enqueue(req.ticket, Rec("Q", tenant, cls, band, d, req.namespace, req.name,
                                          gid, req.group_size if gid else 1,
                                          req.submitted_at, self.seq), False)
+            if gid and req.group_source:
+                self.gangs[gid].source = req.group_source
+                self.gangs[gid].awaiting = req.group_awaiting
             self.resv[req.ticket] = now
             self.refresh(tenant, now)
         return Admission("queued", BAND_NAME[band], position or None, qc + 1, free, cfg.ns,

@@ -18,7 +18,8 @@ def test_unknown_size_waits_until_resized(redis_client: redis.Redis, pods: Pods)
     first = admit_all(q, [pods("a", group="job.x.1", size=UNKNOWN_GANG_SIZE)
                           for _ in range(3)])
     assert all(a.outcome == "queued" for a in first)
-    assert "size not known yet" in (first[-1].waiting_for or "")
+    assert first[-1].waiting_for == ("the size of gang ns-a/job.x.1 (3 pods created; the "
+                                     "object that declares it has not been seen)")
     assert released(q) == []  # three members and room for them: still nothing alone
     assert q.unsized() == ["ns-a/job.x.1"]
     assert q.resize({"ns-a/other.gang": 2}) == 0  # unknown gang ids change nothing
@@ -61,5 +62,5 @@ def test_why_says_the_gang_waits_for_its_size(redis_client: redis.Redis, pods: P
                   for _ in range(2)])
     status = q.ticket_status("t1", 1.0)
     assert status is not None and status.state == "gang-waiting"
-    assert status.waiting_for == ("gang ns-a/job.trainer.0123456789: 2 members queued, its size "
-                                  "not known yet (the object that declares it has not been seen)")
+    assert status.waiting_for == ("the size of gang ns-a/job.trainer.0123456789 (2 pods "
+                                  "created; the object that declares it has not been seen)")

@@ -65,7 +65,8 @@ def two_tenants(client: redis.Redis, gpus: int) -> FairQueue:
 def test_gang_member_under_another_tenant_is_refused(redis_client: redis.Redis) -> None:
     q = two_tenants(redis_client, 8)
     first = q.admit(member("t1", "a"), 0.0)
-    assert (first.outcome, first.waiting_for) == ("queued", "gang ns-x/g: 1 of 2 members queued")
+    assert (first.outcome, first.waiting_for) == (
+        "queued", "the 2nd pod of gang ns-x/g (1 of 2 pods created)")
     before = {k: redis_client.dump(k) for k in redis_client.keys("*")}
     for dry_run in (True, False):
         with pytest.raises(InvalidRequestError) as refused:

@@ -208,7 +208,7 @@ def test_gang_is_released_all_at_once_when_complete(redis_client: redis.Redis,
     q = queue_with(redis_client, {"gpu": 3}, a={"nominal": {"gpu": 8}})
     first = q.admit(pods("a", group="g", size=3), 0.0)
     assert (first.outcome, first.position, first.waiting_for) == (
-        "queued", None, "gang ns-a/g: 1 of 3 members queued")
+        "queued", None, "2 more pods of gang ns-a/g (1 of 3 pods created)")
     q.admit(pods("a", group="g", size=3), 0.0)
     assert released(q) == []
     last = q.admit(pods("a", group="g", size=3), 0.0)
