@@ -311,6 +311,15 @@ class AutoscalingSpec(_Strict):
         """Whether fairgate asks for nodes (a mode other than ``off``)."""
         return self.mode != "off"
 
+    def beyond(self, keyed: Mapping[str, int]) -> dict[str, int]:
+        """The capacity keys of ``keyed`` (units by capacity key) past ``maxCapacity``,
+        with their maximum; keys it does not list are not autoscaled and never past it.
+        Empty when autoscaling is off."""
+        if not self.enabled:
+            return {}
+        return {key: self.max_capacity[key] for key, n in keyed.items()
+                if key in self.max_capacity and n > self.max_capacity[key]}
+
 
 class PlatformConfig(_Strict):
     """``platform.yaml``: platform admins, capacity override, tenants, failure mode,
