@@ -20,6 +20,7 @@ from fairshare.autoscale import (
 )
 from fairshare.cluster.cluster import GpuPod
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
+from fairshare.status import capacity_lines, why_report
 from tenants.models import AutoscalingSpec, FairgateConfig
 from tests.fairshare.simkit import Rig, make_rig
 
@@ -267,3 +268,19 @@ def test_a_reconcile_keeps_held_pods_counted(redis_url: str) -> None:
     assert len(fake.made) == 1 and _states(rig, a1) == ["gated"]
     used = next(s.used_slices for s in rig.queue.tenant_status() if s.tenant == "team-a")
     assert used == 14
+
+
+def test_status_and_why_say_a_head_waits_for_nodes(redis_url: str) -> None:
+    fake = FakeProvisioner()
+    rig = _autoscaled(make_rig(redis_url, TEAMS, {"gpu": 1}),
+                      _spec("provisioningRequest", most=4), fake)
+    rig.pod("a0", duration=10_000)
+    a1 = rig.pod("a1")
+    rig.settle()
+    lines = capacity_lines(rig.queue.capacity_notes())
+    assert "  waiting for nodes (autoscaling), in queue order: 1" in lines
+    assert any(line.startswith(f"    {a1.ticket} of team-a (gpu=1), requesting since")
+               and request_name(a1.ticket) in line for line in lines), lines
+    report = why_report(a1.ref, rig.queue, [], rig.clock())
+    assert "waiting for nodes (requesting since" in report.summary, report.summary
+    assert report.waiting_for is not None and request_name(a1.ticket) in report.waiting_for
