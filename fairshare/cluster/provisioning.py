@@ -11,10 +11,17 @@ puts them together.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from fairshare.autoscale import CLASS_ANNOTATION, CONSUME_ANNOTATION, HEAD_LABEL
+from fairshare.cluster import provreq_create, provreq_delete, provreq_get
 from fairshare.cluster.cluster import GpuPod
+from tenants.models import PROVISIONING_CLASS
 
 
 class Provisioner(Protocol):
@@ -36,3 +43,36 @@ class Provisioner(Protocol):
     def consume(self, pod: GpuPod, name: str) -> bool:
         """Annotate ``pod`` to consume request ``name``; False when the pod is gone."""
         ...
+
+
+class KubeProvisioner:
+    """:class:`Provisioner` on a Kubernetes API server (one verb per module)."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        """Talk through ``api`` (a ``kubernetes.client.ApiClient``)."""
+        self._api = api
+
+    def create(self, name: str, namespace: str, pods: Sequence[GpuPod],
+               labels: Mapping[str, str]) -> None:
+        core = client.CoreV1Api(self._api)
+        manifests = [json.loads(cast(Any, core.read_namespaced_pod(
+            p.ref.name, p.ref.namespace, _preload_content=False)).data) for p in pods]
+        provreq_create.create(self._api, name, namespace, manifests, labels)
+
+    def conditions(self, name: str, namespace: str) -> list[dict[str, Any]] | None:
+        return provreq_get.conditions(self._api, name, namespace)
+
+    def delete(self, name: str, namespace: str) -> None:
+        provreq_delete.delete(self._api, name, namespace, HEAD_LABEL)
+
+    def consume(self, pod: GpuPod, name: str) -> bool:
+        patch = {"metadata": {"annotations": {CONSUME_ANNOTATION: name,
+                                              CLASS_ANNOTATION: PROVISIONING_CLASS}}}
+        try:
+            client.CoreV1Api(self._api).patch_namespaced_pod(
+                pod.ref.name, pod.ref.namespace, patch, _preload_content=False)
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
