@@ -60,12 +60,14 @@ from tenants.models import (
     CLASS_LABEL,
     DEMAND_ANNOTATION,
     FAIRGATE_PREFIX,
+    PLATFORM_CONFIGMAP,
     POD_GROUP_LABEL,
     POD_GROUP_SIZE_ANNOTATION,
     PRICED_CLAIMS_ANNOTATION,
     QUOTA_CONFIGMAP_PREFIX,
     TENANT_LABEL,
     TICKET_ANNOTATION,
+    AutoscalingSpec,
     FairgateConfig,
     PodClass,
     PriorityBand,
@@ -223,7 +225,9 @@ def _plan(
     group = gang_of()
     try:
         warnings += _check_priority_class(pod, choice.pod_class, priority_classes)
+        placement = pod_placement(demand, labels.get(MIG_PROFILE_LABEL), tenant.node_pool)
         _check_fit(tenant, choice.pod_class, demand, group)
+        _check_pools(config.platform.autoscaling, placement, demand, group)
     except _Refusal as refusal:
         refusal.denied = replace(refusal.denied, pod_class=choice.pod_class)
         raise
@@ -238,7 +242,7 @@ def _plan(
         reused_ticket=ticket is not None,
         group=group,
         warnings=tuple(warnings),
-        placement=pod_placement(demand, labels.get(MIG_PROFILE_LABEL), tenant.node_pool),
+        placement=placement,
     )
 
 
@@ -343,6 +347,24 @@ def _check_fit(tenant: Tenant, pod_class: PodClass, demand: Mapping[str, int],
                 f"{eq(tenant.reserve_slices)}) plus borrowLimit {eq(tenant.borrow_slices)}: "
                 f"{fix}",
             )
+
+
+def _check_pools(autoscaling: AutoscalingSpec, placement: Placement,
+                 demand: Mapping[str, int], group: PodGroup | None) -> None:
+    """With autoscaled pools, refuse a pod (or a gang as a whole) larger than the most the
+    pools can ever hold (``autoscaling.maxCapacity`` of its placement class)."""
+    size = group.size if group and group.size else 1
+    whole = placement.keyed({r: n * size for r, n in demand.items()})
+    beyond = autoscaling.beyond(whole)
+    if beyond:
+        what = f"gang {group.name} asks for" if group and size > 1 else "pod asks for"
+        raise _Refusal(
+            "never-fits",
+            f"{what} {resources.format_counts(whole)} of {placement.describe()} but the "
+            f"GPU pools can hold at most {resources.format_counts(beyond)} "
+            f"(autoscaling.maxCapacity in ConfigMap {PLATFORM_CONFIGMAP}): ask for less, or "
+            f"ask a platform admin to raise maxCapacity",
+        )
 
 
 def _counts(counts: Mapping[str, int]) -> str:

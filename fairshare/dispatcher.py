@@ -95,6 +95,14 @@ from audit.usage import (
     pricing_detail,
     start_detail,
 )
+from fairshare.autoscale import (
+    HEAD_LABEL,
+    Head,
+    backoff,
+    free_slots,
+    grown_capacity,
+    verdict,
+)
 from fairshare.cluster.cluster import (
     DEFAULT_UNSCHEDULABLE_GRACE,
     CapacityReport,
@@ -104,6 +112,7 @@ from fairshare.cluster.cluster import (
     GpuPod,
     LiftOutcome,
 )
+from fairshare.cluster.provisioning import Provisioner
 from fairshare.cluster.reconcile import reconcile, twin_ticket
 from fairshare.metrics import DispatcherMetrics
 from fairshare.queue.budget import (
@@ -116,7 +125,7 @@ from fairshare.queue.budget import (
 from fairshare.queue.calls import UnknownTenantError
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import Release, ServiceSnapshot, TenantStatus, gang_id
-from tenants.models import FairgateConfig, PodClass
+from tenants.models import PROVISIONING_CLASS, AutoscalingSpec, FairgateConfig, PodClass
 from tenants.resources import SLICES_PER_GPU, format_counts
 
 log = logging.getLogger("fairgate.dispatcher")
@@ -203,9 +212,12 @@ class Dispatcher:
         audit: AuditLog | None = None,
         settings: DispatcherSettings | None = None,
         spend: SpendSource | None = None,
+        provisioner: Provisioner | None = None,
     ) -> None:
         """Dispatch ``queue`` into ``cluster`` with the config ``config()`` returns;
-        with ``spend``, enforce the tenants' budgets (see the module contract)."""
+        with ``spend``, enforce the tenants' budgets; with ``provisioner``, ask for nodes
+        with ProvisioningRequests (``autoscaling.mode: provisioningRequest``; see the
+        module contract)."""
         self.queue = queue
         self.cluster = cluster
         self.config = config
@@ -214,6 +226,10 @@ class Dispatcher:
         self.audit = audit
         self.settings = settings or DispatcherSettings()
         self.spend = spend
+        self.provisioner = provisioner
+        self._heads: dict[str, Head] = {}  # key -> an entry released towards new nodes
+        self._held: dict[str, str] = {}  # ticket -> its head, released but kept gated
+        self._noted_heads: list[dict[str, Any]] | None = None
         self._last_budget = float("-inf")
         self._budgeted: FairgateConfig | None = None  # the config of the last budget pass
         self._borrowing_changed = False  # a budget pass of this step synced the queue
@@ -268,13 +284,15 @@ class Dispatcher:
             self._record_capacity(dict(config.platform.capacity) or self._capacity)
             self._record_pricing(config)
         caught = [s.to_json() for s in self._stuck.values() if s.caught]
-        if self._report is not None and (read or caught != self._noted):
+        heads = [head.to_json(self.clock()) for head in self._heads.values()]
+        if self._report is not None and (read or caught != self._noted
+                                         or heads != self._noted_heads):
             self.queue.write_capacity_notes({
                 **self._report.to_json(), "at": self.clock(),
                 "override": bool(config.platform.capacity),
-                "withheld": withheld, "unschedulable": caught,
+                "withheld": withheld, "unschedulable": caught, "autoscaling": heads,
             })
-            self._noted = caught
+            self._noted, self._noted_heads = caught, heads
         return True
 
     def withheld(self) -> dict[str, int]:
@@ -300,6 +318,7 @@ class Dispatcher:
             self.handle(changes)
             self._reconcile_if_due(result)
             self._dispatch(result)
+            self._autoscale(result)
             self._chores(self.clock())
             if self._need_reconcile:  # the chores found the queue short of the cluster
                 self._reconcile_if_due(result)
@@ -381,7 +400,8 @@ class Dispatcher:
         listed_at = self.clock()  # before listing: what is reserved after it is kept
         pods = self.cluster.list_pods()
         self._refused &= {pod.uid for pod in pods if not pod.ended}
-        pods = [pod for pod in pods if pod.uid not in self._refused]
+        pods = [replace(pod, gated=False) if pod.ticket in self._held else pod
+                for pod in pods if pod.uid not in self._refused]
         summary = reconcile(self.queue, pods, listed_at=listed_at,
                             bound={t: p.uid for t, p in self.pods.items()},
                             started=self._started)
@@ -548,7 +568,9 @@ class Dispatcher:
     def _catch_unschedulable(self, now: float) -> None:
         """Catch the releases reported Unschedulable for longer than the grace."""
         grace = self.settings.unschedulable_grace
-        caught = [s for s in self._stuck.values() if not s.caught and now - s.since > grace]
+        waiting = {t for head in self._heads.values() for t in head.tickets}  # for nodes
+        caught = [s for s in self._stuck.values()
+                  if not s.caught and now - s.since > grace and s.pod.ticket not in waiting]
         for stuck in caught:
             stuck.caught = True
             pod = stuck.pod
@@ -735,6 +757,140 @@ class Dispatcher:
             "pod_class": pod.pod_class, "demand": format_counts(pod.demand),
         }
 
+    # -- autoscaled pools ---------------------------------------------------------------
+
+    def _autoscale(self, result: StepResult) -> None:
+        """Follow the heads waiting for nodes, then release the next ones in queue order
+        against the pools' maximum (``autoscaling``), at most ``inFlight`` at once."""
+        if self._synced is None:
+            return
+        config, capacity = self._synced
+        spec = config.platform.autoscaling
+        now = self.clock()
+        for head in list(self._heads.values()):
+            self._follow(head, spec, now, result)
+        slots = free_slots(spec, len(self._heads))
+        releases = self.queue.dispatch(now, slots, grown_capacity(capacity, spec)) \
+            if slots and not result.requeued else []
+        for head in self._heads_of(releases, now):
+            if spec.mode == "provisioningRequest" and self.provisioner is not None:
+                self._heads[head.key] = head
+                self._held.update({t: head.key for t in head.tickets})
+                self._request(head)
+            else:
+                self._heads[head.key] = head
+                self._release_head(head, result, "its gate is lifted so that the "
+                                   "autoscaler sees it pending (autoscaling mode pending)")
+        self.sync()  # the notes fairgate status and why read say where each head stands
+
+    def _heads_of(self, releases: list[Release], now: float) -> list[Head]:
+        """The queue's releases as heads: a gang's members (released together) are one."""
+        heads: list[Head] = []
+        for release in releases:
+            pod = self.pods.get(release.ticket)
+            key = f"{release.namespace}/{pod.group}" if pod is not None and pod.group \
+                else release.ticket
+            if heads and heads[-1].key == key:
+                last = heads[-1]
+                last.tickets += (release.ticket,)
+                last.demand = {r: last.demand.get(r, 0) + release.demand.get(r, 0)
+                               for r in set(last.demand) | set(release.demand)}
+                last.releases.append(release)
+            else:
+                heads.append(Head(key, (release.ticket,), release.tenant, dict(release.demand),
+                                  now, "requesting", releases=[release]))
+        return heads
+
+    def _head_pods(self, head: Head) -> list[GpuPod]:
+        return [p for t in head.tickets if (p := self.pods.get(t)) is not None and not p.ended]
+
+    def _follow(self, head: Head, spec: AutoscalingSpec, now: float,
+                result: StepResult) -> None:
+        """One head: done once its pods are bound or gone (its request deleted); else
+        released when its request is Provisioned, retried with backoff when it failed."""
+        pods = self._head_pods(head)
+        if not pods or all(p.node is not None for p in pods):
+            self._end_head(head, "its pods are bound to nodes" if pods else "its pods are gone")
+            return
+        if head.state == "released":
+            return
+        if not spec.enabled or spec.mode != "provisioningRequest" or self.provisioner is None:
+            self._release_head(head, result, "autoscaling is no longer provisioningRequest")
+            return
+        namespace = pods[0].ref.namespace
+        if head.state == "retrying":
+            if now >= head.retry_at:
+                self._request(head)
+            return
+        conditions = self.provisioner.conditions(head.request, namespace)
+        if conditions is None:  # deleted by someone else: ask again
+            self._request(head)
+            return
+        said, message = verdict(conditions)
+        if said == "provisioned":
+            head.message = message
+            for pod in pods:
+                self.provisioner.consume(pod, head.request)
+            self._release_head(head, result, f"ProvisioningRequest {head.request} is "
+                               f"Provisioned ({message})")
+        elif said == "failed":
+            self.provisioner.delete(head.request, namespace)
+            wait = backoff(head.attempts)
+            head.state, head.retry_at, head.attempts = "retrying", now + wait, head.attempts + 1
+            head.message = (f"ProvisioningRequest {head.request} failed ({message}): asking "
+                            f"again in {wait:.0f}s (attempt {head.attempts})")
+            for pod in pods:
+                self.cluster.post_event(pod, "ProvisioningFailed", head.message, "Warning")
+            log.warning("provisioning request failed", extra={"fields": {
+                "request": head.request, "head": head.key, "message": message}})
+        else:
+            head.message = message or f"ProvisioningRequest {head.request} not provisioned yet"
+
+    def _request(self, head: Head) -> None:
+        """Create the head's ProvisioningRequest and say so on its pods."""
+        assert self.provisioner is not None
+        pods = self._head_pods(head)
+        if not pods:
+            return
+        self.provisioner.create(head.request, pods[0].ref.namespace, pods,
+                                {HEAD_LABEL: head.request})
+        head.state = "requesting"
+        head.message = (f"waiting for nodes: ProvisioningRequest {head.request} "
+                        f"({PROVISIONING_CLASS}, attempt {head.attempts}) for "
+                        f"{format_counts(head.demand)}")
+        for pod in pods:
+            self.cluster.post_event(pod, "Provisioning", head.message, "Normal")
+        log.info("provisioning request made", extra={"fields": {
+            "request": head.request, "head": head.key, "attempt": head.attempts,
+            "demand": format_counts(head.demand)}})
+
+    def _release_head(self, head: Head, result: StepResult, why: str) -> None:
+        """Lift the gates of a head's pods (as any release)."""
+        for ticket in head.tickets:
+            self._held.pop(ticket, None)
+        head.state, head.message = "released", why
+        seen = [(r, p) for r in head.releases if (p := self.pods.get(r.ticket)) is not None]
+        for release in head.releases:
+            if release.ticket not in self.pods:  # lifted when its pod shows up
+                self._unseen[release.ticket] = (release, self.clock())
+        outcomes = self._lift_all(seen)
+        for (release, pod), outcome in zip(seen, outcomes, strict=True):
+            if not self._lifted(release, pod, outcome, result):
+                result.requeued.append(release.ticket)
+        for _, pod in seen:
+            self.cluster.post_event(pod, "WaitingForNodes", f"released for new nodes: {why}",
+                                    "Normal")
+
+    def _end_head(self, head: Head, why: str) -> None:
+        """Forget a head (its pods bound or gone) and delete its request, if any."""
+        self._heads.pop(head.key, None)
+        for ticket in head.tickets:  # a held pod that is gone was freed as it went
+            self._held.pop(ticket, None)
+        if self.provisioner is not None and head.releases:
+            self.provisioner.delete(head.request, head.releases[0].namespace)
+        log.info("head no longer waits for nodes", extra={"fields": {
+            "head": head.key, "why": why, "waited": round(self.clock() - head.since, 3)}})
+
     # -- timed chores ---------------------------------------------------------------------
 
     def _chores(self, now: float) -> None:
@@ -811,7 +967,7 @@ class Dispatcher:
         used: dict[str, int] = {}
         queued: dict[tuple[str, PodClass], int] = {}
         for pod in self.pods.values():
-            if pod.gated:
+            if pod.gated and pod.ticket not in self._held:
                 key = (pod.tenant, pod.pod_class)
                 queued[key] = queued.get(key, 0) + 1
             else:

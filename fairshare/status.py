@@ -224,7 +224,20 @@ def capacity_lines(notes: Mapping[str, Any] | None) -> list[str]:
     else:
         head = f"capacity from the nodes: {offered} (at {at})"
     lines = [head] + [f"  {line}" for line in report.notes()]
-    return lines + unschedulable_lines(notes)
+    return lines + unschedulable_lines(notes) + autoscaling_lines(notes)
+
+
+def autoscaling_lines(notes: Mapping[str, Any]) -> list[str]:
+    """The heads waiting for nodes (``autoscaling`` of the notes), one line each."""
+    heads = [h for h in notes.get("autoscaling") or [] if isinstance(h, dict)]
+    if not heads:
+        return []
+    lines = [f"  waiting for nodes (autoscaling), in queue order: {len(heads)}"]
+    for head in heads:
+        lines.append(f"    {head.get('key')} of {head.get('tenant')} "
+                     f"({format_counts(head.get('demand') or {})}), {head.get('state')} "
+                     f"since {_when(float(head.get('since', 0)))}: {head.get('message')}")
+    return lines
 
 
 def unschedulable_lines(notes: Mapping[str, Any]) -> list[str]:
@@ -415,9 +428,18 @@ def _held_by_budget(report: WhyReport, status: TicketStatus, queue: FairQueue) -
 
 
 def _unschedulable(report: WhyReport, queue: FairQueue) -> WhyReport:
-    """``report`` with the dispatcher's note if it caught the pod Unschedulable."""
+    """``report`` with the dispatcher's note if it caught the pod Unschedulable, or if
+    the pod waits for nodes (autoscaled pools)."""
     if report.verdict not in ("running", "reserved") or report.ticket is None:
         return report
+    heads = (queue.capacity_notes() or {}).get("autoscaling") or []
+    head = next((h for h in heads if isinstance(h, dict)
+                 and report.ticket in (h.get("tickets") or [])), None)
+    if head is not None:
+        said = str(head.get("message", ""))
+        return replace(report, waiting_for=said, summary=(
+            f"{report.summary}; waiting for nodes ({head.get('state')} since "
+            f"{_when(float(head.get('since', 0)))}): {said}"))
     caught = (queue.capacity_notes() or {}).get("unschedulable") or []
     note = next((c for c in caught if isinstance(c, dict) and c.get("ticket") == report.ticket),
                 None)

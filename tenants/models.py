@@ -17,7 +17,14 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 
 from tenants import resources
 from tenants.placement import check_node_pool, key_problem
@@ -246,9 +253,78 @@ class PricingSpec(_Strict):
         return self.gpu_hour.get("default", 0.0)
 
 
+AutoscalingMode = Literal["off", "provisioningRequest", "pending"]
+PROVISIONING_CLASS = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
+"""The ProvisioningRequest class fairgate asks for: cluster-autoscaler adds the nodes for
+all of a request's pods at once, or none."""
+
+
+class AutoscalingSpec(_Strict):
+    """``autoscaling`` of ``platform.yaml``: GPU pools that grow on demand.
+
+    ``mode``: ``off`` (the default: nothing changes), ``provisioningRequest``
+    (cluster-autoscaler's ProvisioningRequest API, ``autoscaling.x-k8s.io``: the head
+    owed the next capacity gets a request and is released once it is Provisioned) or
+    ``pending`` (the head is released so that an autoscaler that reacts to pending pods,
+    such as Karpenter, sees it). ``maxCapacity``: the most the pools can hold, per
+    capacity key as ``capacity`` (required unless ``off``). ``inFlight``: the most heads
+    waiting for nodes at once (default 4, at least 1).
+    """
+
+    mode: AutoscalingMode = "off"
+    max_capacity: dict[str, NonNegativeInt] = Field({}, alias="maxCapacity")
+    in_flight: StrictInt = Field(4, alias="inFlight")
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _known_mode(cls, value: object) -> object:
+        if value not in ("off", "provisioningRequest", "pending"):
+            raise ValueError(
+                f"unknown autoscaling mode {value!r}: write off (the default), "
+                "provisioningRequest (cluster-autoscaler's ProvisioningRequest API) or "
+                "pending (autoscalers that react to pending pods, such as Karpenter)")
+        return value
+
+    @field_validator("max_capacity")
+    @classmethod
+    def _known_keys(cls, value: dict[str, int]) -> dict[str, int]:
+        return _capacity_keys(value)
+
+    @field_validator("in_flight")
+    @classmethod
+    def _positive(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(f"inFlight is {value}: write 1 or more (heads waiting for "
+                             "nodes at once)")
+        return value
+
+    @model_validator(mode="after")
+    def _maximum_given(self) -> AutoscalingSpec:
+        if self.mode != "off" and not any(self.max_capacity.values()):
+            raise ValueError(
+                f"autoscaling mode {self.mode} needs maxCapacity, the most the GPU pools "
+                "can hold, e.g. maxCapacity: {gpu: 64}")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        """Whether fairgate asks for nodes (a mode other than ``off``)."""
+        return self.mode != "off"
+
+    def beyond(self, keyed: Mapping[str, int]) -> dict[str, int]:
+        """The capacity keys of ``keyed`` (units by capacity key) past ``maxCapacity``,
+        with their maximum; keys it does not list are not autoscaled and never past it.
+        Empty when autoscaling is off."""
+        if not self.enabled:
+            return {}
+        return {key: self.max_capacity[key] for key, n in keyed.items()
+                if key in self.max_capacity and n > self.max_capacity[key]}
+
+
 class PlatformConfig(_Strict):
     """``platform.yaml``: platform admins, capacity override, tenants, failure mode,
-    priority classes, fair-share measure, pricing (optional), DeviceClass rules (DRA)."""
+    priority classes, fair-share measure, pricing (optional), DeviceClass rules (DRA),
+    autoscaled pools (:class:`AutoscalingSpec`)."""
 
     platform_admins: Principals = Field(Principals(), alias="platformAdmins")
     capacity: dict[str, NonNegativeInt] = {}
@@ -258,6 +334,7 @@ class PlatformConfig(_Strict):
     fair_share: FairShareSpec = Field(FairShareSpec(), alias="fairShare")
     pricing: PricingSpec | None = None
     device_classes: dict[str, str] = Field({}, alias="deviceClasses")
+    autoscaling: AutoscalingSpec = AutoscalingSpec()
 
     @field_validator("device_classes")
     @classmethod
@@ -277,12 +354,17 @@ class PlatformConfig(_Strict):
     @field_validator("capacity")
     @classmethod
     def _known_capacity(cls, value: dict[str, int]) -> dict[str, int]:
-        """Capacity keys (tenants.placement): ``gpu`` is whole GPUs on shared nodes."""
-        for key in value:
-            problem = key_problem(resources.normalise(key))
-            if problem is not None:
-                raise ValueError(problem)
-        return {resources.normalise(key): n for key, n in value.items()}
+        return _capacity_keys(value)
+
+
+def _capacity_keys(value: dict[str, int]) -> dict[str, int]:
+    """Capacity keys (tenants.placement), normalised: ``gpu`` is whole GPUs on shared
+    nodes; raises ValueError naming a bad key and how to write it."""
+    for key in value:
+        problem = key_problem(resources.normalise(key))
+        if problem is not None:
+            raise ValueError(problem)
+    return {resources.normalise(key): n for key, n in value.items()}
 
 
 class QuotaSpec(_Strict):

@@ -190,15 +190,19 @@ class FairQueue:
 
     # -- the dispatcher ------------------------------------------------------------
 
-    def dispatch(self, now: float, limit: int = 1) -> list[Release]:
+    def dispatch(self, now: float, limit: int = 1,
+                 capacity: Mapping[str, int] | None = None) -> list[Release]:
         """Release up to ``limit`` queue units (a pod, or a whole gang) that may run now.
 
         Their usage is held from this moment; lift their gates, or :meth:`requeue`
-        them when that fails.
+        them when that fails. ``capacity`` (by capacity key): fit entries against these
+        numbers in this call instead of the stored capacity, key by key (autoscaled
+        pools: what they may grow to); fair shares keep the stored capacity.
         """
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit}")
-        raw = self._run("dispatch", num(now), limit)
+        extra = () if capacity is None else (format_counts(capacity),)
+        raw = self._run("dispatch", num(now), limit, *extra)
         releases: list[Release] = []
         for i in range(0, len(raw), 7):
             ticket, tenant, ns, name, band, demand, submitted = (text(v) for v in raw[i : i + 7])

@@ -213,6 +213,16 @@ class SimulatedCluster:
     # -- driving it -----------------------------------------------------------------------
 
     @_locked
+    def grow(self, counts: Mapping[str, int]) -> None:
+        """Nodes arrive (an autoscaler's): add ``counts`` to the pool, report the new
+        capacity as a watch would, and place what now fits."""
+        for name, n in counts.items():
+            self.capacity_counts[name] = self.capacity_counts.get(name, 0) + n
+        self._changes.append(ClusterChange(ChangeKind.CAPACITY))
+        self.schedule()
+
+
+    @_locked
     def create_pod(self, spec: PodSpec) -> GpuPod:
         """Admit ``spec`` through the hook and create the pod (released ones get scheduled)."""
         seq = next(self._uids)

@@ -463,3 +463,46 @@ def test_mig_profile_label_without_gpu_is_denied() -> None:
 def test_forged_pool_annotation_is_refused() -> None:
     result = denied(gpu_pod(1, annotations={"fairgate.io/node-pool": "a100-pool"}))
     assert result.code == "fairgate-field"
+
+
+def _autoscaled(max_capacity: dict[str, int], mode: str = "pending") -> Any:
+    """CONFIG with autoscaled pools of at most ``max_capacity``."""
+    from dataclasses import replace
+
+    from tenants.models import AutoscalingSpec
+
+    spec = AutoscalingSpec.model_validate({"mode": mode, "maxCapacity": max_capacity})
+    return replace(CONFIG, platform=CONFIG.platform.model_copy(update={"autoscaling": spec}))
+
+
+def test_with_autoscaled_pools_a_pod_larger_than_their_maximum_never_fits() -> None:
+    config = _autoscaled({"gpu": 4})
+    result = plan_create(gpu_pod(5), "team-a-train", UID, config)
+    assert isinstance(result, Denied) and result.code == "never-fits", result
+    assert result.message == (
+        "pod asks for gpu=5 of whole GPUs but the GPU pools can hold at most gpu=4 "
+        "(autoscaling.maxCapacity in ConfigMap fairgate-platform): ask for less, or ask a "
+        "platform admin to raise maxCapacity")
+    assert isinstance(plan_create(gpu_pod(4), "team-a-train", UID, config), PodPlan)
+    # without autoscaling the same pod is judged by quota alone (it waits for capacity)
+    assert isinstance(plan(gpu_pod(5)), PodPlan)
+
+
+def test_a_gang_is_judged_whole_against_the_pools_maximum() -> None:
+    config = _autoscaled({"gpu": 6}, mode="provisioningRequest")
+    pod = gpu_pod(2, labels={POD_GROUP_LABEL: "g"},
+                  annotations={POD_GROUP_SIZE_ANNOTATION: "4"})
+    result = plan_create(pod, "team-a-train", UID, config)
+    assert isinstance(result, Denied) and result.code == "never-fits", result
+    assert result.message.startswith("gang g asks for gpu=8 of whole GPUs but the GPU pools "
+                                     "can hold at most gpu=6")
+
+
+def test_keys_the_maximum_does_not_list_are_not_autoscaled_and_not_judged() -> None:
+    # team-b's pods run in node pool a100-pool: only gpu@a100-pool would bound them
+    config = _autoscaled({"gpu": 1})
+    assert isinstance(plan_create(gpu_pod(2, namespace="team-b-dev"), "team-b-dev", UID,
+                                  config), PodPlan)
+    config = _autoscaled({"gpu@a100-pool": 1})
+    result = plan_create(gpu_pod(2, namespace="team-b-dev"), "team-b-dev", UID, config)
+    assert isinstance(result, Denied) and "at most gpu@a100-pool=1" in result.message

@@ -255,3 +255,42 @@ def test_platform_capacity_override_is_per_capacity_key() -> None:
         parse_platform("capacity: {gpu#single: 8}\n")
     with pytest.raises(ConfigError, match="unknown resource"):
         parse_platform("capacity: {tpu: 8}\n")
+
+
+def test_autoscaling_is_off_unless_configured() -> None:
+    spec = parse_platform(PLATFORM).autoscaling
+    assert spec.mode == "off" and not spec.enabled and spec.max_capacity == {}
+
+
+def test_autoscaling_parses_with_capacity_keys() -> None:
+    spec = parse_platform(
+        "autoscaling: {mode: provisioningRequest, maxCapacity: {gpu: 24, gpu@pool-a: 8},"
+        " inFlight: 2}").autoscaling
+    assert spec.enabled and spec.mode == "provisioningRequest"
+    assert spec.max_capacity == {"gpu": 24, "gpu@pool-a": 8} and spec.in_flight == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("autoscaling: {mode: pending}",
+         "autoscaling: autoscaling mode pending needs maxCapacity, the most the GPU pools can "
+         "hold, e.g. maxCapacity: {gpu: 64}"),
+        ("autoscaling: {mode: pending, maxCapacity: {gpu: 0}}", "needs maxCapacity"),
+        ("autoscaling: {mode: karpenter, maxCapacity: {gpu: 8}}",
+         "autoscaling.mode: unknown autoscaling mode 'karpenter': write off (the default), "
+         "provisioningRequest"),
+        ("autoscaling: {mode: pending, maxCapacity: {gpu: 8}, inFlight: 0}",
+         "autoscaling.inFlight: inFlight is 0: write 1 or more"),
+        ("autoscaling: {mode: pending, maxCapacity: {gpus: 8}}",
+         "autoscaling.maxCapacity: 'gpus': unknown resource 'gpus'"),
+        ("autoscaling: {mode: pending, maxCapacity: {gpu: -1}}",
+         "autoscaling.maxCapacity.gpu: must be 0 or more"),
+        ("autoscaling: {mode: pending, maxCapacity: {gpu: 8}, inflight: 2}",
+         "autoscaling.inflight: unknown key"),
+    ],
+)
+def test_autoscaling_errors_say_what_to_write(text: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_platform(text)
+    assert expected in str(info.value)

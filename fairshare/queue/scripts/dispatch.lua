@@ -1,10 +1,16 @@
 -- dispatch: release up to `limit` queue entries (a pod or a whole gang) in queue
 -- order (lib.lua plan): tiers inference, training, borrowed; then fair-share score; then
--- the oldest head; capacity held for the entry owed it. ARGV: now, limit. Returns a
+-- the oldest head; capacity held for the entry owed it. ARGV: now, limit, and
+-- optionally the capacity (counts by capacity key) that entries are fitted against in
+-- this call instead of the stored one, key by key (autoscaled pools: what they may grow
+-- to; fair shares still use the stored capacity, the capacity that exists). Returns a
 -- flat list of 7 fields per
 -- released ticket: ticket, tenant, namespace, name, band, demand, submitted_at.
 local now, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
 NOW = now
+if ARGV[3] then
+  for res, n in pairs(parse_counts(ARGV[3])) do CAP[res] = n end
+end
 local out = {}
 
 -- `entry`: the ticket as its lane held it (pack_entry), if at hand

@@ -172,6 +172,7 @@ class Reference:
         self.virtual = virtual_time
         self.cfg: dict[str, Cfg] = {}
         self.cap: ResourceCounts = {}
+        self.fit: ResourceCounts = {}  # one dispatch's capacity to fit against, key by key
         self.tenants: set[str] = set()
         self.recs: dict[str, Rec] = {}
         self.lanes: dict[tuple[str, str], list[str]] = {}
@@ -508,7 +509,7 @@ class Reference:
                             need += self.cluster_used(b2, res)
                 if guards is not None:
                     need += guards[band].get(res, 0)
-                over = need - self.cap.get(res, 0)
+                over = need - self.fit_cap(res)
                 if over > 0:
                     return res, over
         return None
@@ -569,9 +570,14 @@ class Reference:
         capacity = total_slices(self.cap)
         return w > 0 and self.used_slices(tenant) * w < capacity * self.cfg_of(tenant).w
 
+    def fit_cap(self, res: str) -> int:
+        """The capacity of ``res`` entries are fitted against: a dispatch's own, else the
+        stored one (fair shares always use the stored one)."""
+        return self.fit.get(res, self.cap.get(res, 0))
+
     def free_for(self, band: str, res: str) -> int:
         """Units of ``res`` free for an entry of ``band`` (lower bands count as free)."""
-        return self.cap.get(res, 0) - sum(self.cluster_used(b2, res) for b2 in BANDS
+        return self.fit_cap(res) - sum(self.cluster_used(b2, res) for b2 in BANDS
                                           if PRIO[b2] >= PRIO[band])
 
     def unheld(self, shape: Shape, guards: Shape) -> bool:
@@ -984,7 +990,15 @@ class Reference:
         return Admission("queued", BAND_NAME[band], position or None, qc + 1, free, cfg.ns,
                          None), reason
 
-    def dispatch(self, now: float, limit: int) -> list[Release]:
+    def dispatch(self, now: float, limit: int,
+                 capacity: ResourceCounts | None = None) -> list[Release]:
+        self.fit = {r: n for r, n in (capacity or {}).items() if n}
+        try:
+            return self.dispatch_fitted(now, limit)
+        finally:
+            self.fit = {}
+
+    def dispatch_fitted(self, now: float, limit: int) -> list[Release]:
         out: list[Release] = []
         for _ in range(limit):
             chosen = self.pick("i", now) or self.pick("t", now) or self.pick("b", now)

@@ -932,3 +932,23 @@ def test_a_claimed_but_never_stored_pod_still_frees_its_reservation(
     assert q.bind(req.ticket, "uid-1", req.namespace, req.name)
     assert q.expire(q.reservation_ttl + 1) == [req.ticket]
     assert q.tenant_status()[0].used_slices == 0
+
+
+def test_a_dispatch_may_fit_entries_against_grown_pools_in_queue_order(
+    redis_client: redis.Redis, pods: Pods
+) -> None:
+    q = queue_with(redis_client, {"gpu": 2}, a={"nominal": {"gpu": 8}},
+                   b={"nominal": {"gpu": 8}})
+    admit_seen(q, [pods("a", demand={"gpu": 2})])  # runs: the cluster is full
+    waiting = admit_seen(q, [pods("a", demand={"gpu": 2}), pods("b", demand={"gpu": 2}),
+                             pods("b", demand={"gpu": 2})])
+    assert [w.outcome for w in waiting] == ["queued"] * 3
+    assert q.dispatch(10.0, 10) == []
+    # pools that may grow to 6 GPUs: b (nothing running) first, then a; then the maximum
+    grown = q.dispatch(10.0, 10, {"gpu": 6})
+    assert [(r.tenant, r.name) for r in grown] == [("b", "p3"), ("a", "p2")]
+    # the stored capacity (what fair shares use) is unchanged, and now over-used
+    assert q.snapshot().capacity == {"gpu": 2}
+    assert q.dispatch(10.0, 10) == [] and q.dispatch(10.0, 10, {"gpu": 6}) == []
+    # at most `limit` heads, as any dispatch
+    assert [r.name for r in q.dispatch(10.0, 1, {"gpu": 8})] == ["p4"]

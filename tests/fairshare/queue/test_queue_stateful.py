@@ -258,6 +258,24 @@ class QueueMachine(RuleBasedStateMachine):
         if limit == 100:
             self.check_nothing_fits()
 
+    @rule(limit=st.sampled_from([1, 2, 100]), extra=st.integers(1, 8))
+    def dispatch_into_grown_pools(self, limit: int, extra: int) -> None:
+        """A dispatch that fits entries against pools grown by ``extra`` units of every
+        resource (autoscaling), fair shares still against the stored capacity: the
+        same releases as the reference's, each fitting the grown capacity."""
+        grown = {res: n + extra for res, n in self.cap.items()}
+        used = self.cluster_used()
+        got = self.queue.dispatch(self.now, limit, grown)
+        want = self.ref.dispatch(self.now, limit, grown)
+        assert got == want, (got, want)
+        stored = self.cap
+        self.cap = grown
+        try:
+            for release in got:
+                self.check_capacity(used, [(BAND_CODE[release.band], release.demand)])
+        finally:
+            self.cap = stored
+
     @rule(count=st.integers(1, 3), limit=st.sampled_from([1, 100]))
     def pods_end(self, count: int, limit: int) -> None:
         """The dispatcher's loop: the running pods that began first end, and it
