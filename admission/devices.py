@@ -19,7 +19,8 @@ Contract (docs/dra.md, "Selectors are CEL"):
   a selector fairgate cannot evaluate never makes a request look smaller.
 - Selectors are never read as text: comments, string literals, ``||``, ``!``, ``in`` and
   parentheses mean what CEL says they mean.
-Pure: no I/O; compiled expressions are cached by their text.
+Pure: no I/O; compiled expressions are cached by their text, and which devices a set of
+selectors can be given by the selectors and the devices.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class Device:
     name: str
     node: str | None
     resource: str | None
-    view: Mapping[str, Any] = field(compare=False, hash=False, repr=False)
+    view: Mapping[str, Any] = field(hash=False, repr=False)
 
 
 def published_devices(slices: Iterable[Mapping[str, Any]]) -> tuple[Device, ...]:
@@ -157,4 +158,11 @@ def selectable(expressions: Sequence[str], device: Device) -> bool:
 
 def candidates(expressions: Sequence[str], devices: Iterable[Device]) -> list[Device]:
     """The ``devices`` a request with these selectors can be given."""
-    return [device for device in devices if selectable(expressions, device)]
+    return list(_candidates(tuple(expressions), tuple(devices)))
+
+
+@functools.lru_cache(maxsize=512)
+def _candidates(expressions: tuple[str, ...], devices: tuple[Device, ...]) -> tuple[Device, ...]:
+    """:func:`candidates`, evaluated once per selectors and published devices (they change
+    when the slices do, not per request)."""
+    return tuple(device for device in devices if selectable(expressions, device))
