@@ -30,7 +30,9 @@ Contract (docs/dra.md):
   the resourceclaim controller generated for this pod) are still within what the pod
   was admitted for; :func:`allocated_demand` is what a pod's claims hold once allocated
   (``status.allocation``), never re-priced from a template.
-- Every refusal is a :class:`DraError` whose message says what to change.
+- Every refusal is a :class:`DraError` whose message says what to change. The pod comes
+  parsed (:class:`admission.pods.PodView`): an entry of ``spec.resourceClaims`` that
+  names no object, or two, was refused there.
 Pure: the DRA objects come in as :class:`DraObjects`, plain data.
 """
 

@@ -1,6 +1,6 @@
 """Which gang a pod belongs to, as the ecosystem's tools declare gangs (pure).
 
-Contract of :func:`pod_gang` (the pod is AdmissionReview ``request.object``; ``objects``
+Contract of :func:`pod_gang` (the pod is a :class:`~admission.pods.PodView`; ``objects``
 are the cluster's size objects as plain JSON, see :class:`GangObjects`):
 
 - None when the pod declares no gang of 2 or more, or only one fairgate does not read.

@@ -20,6 +20,9 @@ Contract:
   service accounts (:data:`FAIRGATE_USERS`). Everything else is allowed. ``groups`` and
   ``config`` are part of the signature so the webhook passes the whole request context;
   the current rules depend on the user name only.
+- A pod (old or new) that is not shaped like a Pod is denied, naming the field
+  (:func:`admission.plan.read_pod`); each pod is read once, as a
+  :class:`~admission.pods.PodView` (the webhook may hand the view it parsed).
 - A verdict's ``reason`` says what is wrong and how to fix it (denials) or why the request
   is fine (allowed), in at most :data:`~admission.plan.MAX_MESSAGE_CHARS` characters.
 """
