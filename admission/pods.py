@@ -171,7 +171,6 @@ def mapping(value: object, where: str) -> JsonObject:
     return value
 
 
-
 def _list(value: object, where: str) -> list[Any]:
     if value is None:
         return []
