@@ -2,6 +2,8 @@
 
 - :mod:`admission.reviews`: AdmissionReview v1 request models and response builders.
 - :mod:`admission.quantity`: Kubernetes quantity strings as exact numbers.
+- :mod:`admission.pods`: a pod parsed once into the typed, immutable ``PodView`` every
+  rule below reads.
 - :mod:`admission.demand`: a pod's GPU demand (effective-request rule).
 - :mod:`admission.classes`: a pod's class (label, tenant default, owner kind).
 - :mod:`admission.plan`: ``plan_create`` -> NotOurs | Denied | PodPlan.

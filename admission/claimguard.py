@@ -8,7 +8,7 @@ Contract (docs/dra.md, "Objects, not names"):
   are left out: the plan refuses such a pod).
 - At a ResourceClaim or ResourceClaimTemplate CREATE, :func:`created_object` reads the
   new object (None: not one of them), and :func:`asked` prices it: its devices, or the
-  :class:`~admission.pods.PodError` saying why it cannot be priced (e.g. allocationMode
+  :class:`~admission.PodError` saying why it cannot be priced (e.g. allocationMode
   All). :func:`swap_refusal` is the message refusing it when a live admission named an
   object of that name and was priced for less: any resource more, or an object that
   cannot be priced; None allows it.
@@ -25,16 +25,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from admission import pods
 from admission.dra import (
-    CLAIM,
-    TEMPLATE,
     DraContext,
     DraKind,
     claim_spec_demand,
     exceeds,
     referenced_objects,
 )
+from admission.pods import CLAIM, TEMPLATE, PodError, PodView
 from tenants.resources import ResourceCounts, format_counts
 
 KIND_CODE: dict[DraKind, str] = {CLAIM: "c", TEMPLATE: "t"}
@@ -91,7 +89,7 @@ class CreatedObject:
     metadata: Mapping[str, Any]
 
 
-def priced_objects(pod: object, context: DraContext) -> dict[DraObjectRef, ResourceCounts]:
+def priced_objects(pod: PodView, context: DraContext) -> dict[DraObjectRef, ResourceCounts]:
     """What each object ``pod`` names was priced at, with ``context``'s objects (the ones
     the plan priced it with)."""
     templates, claims = referenced_objects(pod)
@@ -105,7 +103,7 @@ def priced_objects(pod: object, context: DraContext) -> dict[DraObjectRef, Resou
             ref = DraObjectRef(context.namespace, kind, name)
             try:
                 out[ref] = claim_spec_demand(priced.spec, context, str(ref))
-            except pods.PodError:
+            except PodError:
                 continue
     return out
 
@@ -129,13 +127,13 @@ def created_object(group: str, kind: str, namespace: str, name: str,
     )
 
 
-def asked(created: CreatedObject, context: DraContext) -> ResourceCounts | pods.PodError:
+def asked(created: CreatedObject, context: DraContext) -> ResourceCounts | PodError:
     """The devices ``created`` gives a pod naming it, or why it cannot be priced."""
     if created.spec is None:
-        return pods.PodError(f"{created.ref}: spec.devices is required")
+        return PodError(f"{created.ref}: spec.devices is required")
     try:
         return claim_spec_demand(created.spec, context, str(created.ref))
-    except pods.PodError as error:
+    except PodError as error:
         return error
 
 
@@ -155,19 +153,19 @@ def _devices(counts: ResourceCounts) -> str:
     return format_counts(counts) or "no GPUs"
 
 
-def swap_refusal(ref: DraObjectRef, asks: ResourceCounts | pods.PodError,
+def swap_refusal(ref: DraObjectRef, asks: ResourceCounts | PodError,
                  admitted: Sequence[PricedPod]) -> str | None:
     """The message refusing the new object ``ref`` asking ``asks`` when one of the live
     ``admitted`` pods was priced for less; None when none was."""
     short = [a for a in admitted
-             if isinstance(asks, pods.PodError) or exceeds(asks, a.devices)]
+             if isinstance(asks, PodError) or exceeds(asks, a.devices)]
     if not short:
         return None
     listed = sorted(f"{a.namespace}/{a.name} ({a.state}) for {_devices(a.devices)}"
                     for a in short)
     shown = "; ".join(listed[:3]) + (f"; and {len(listed) - 3} more" if len(listed) > 3
                                       else "")
-    wants = (f"cannot be priced ({asks})" if isinstance(asks, pods.PodError)
+    wants = (f"cannot be priced ({asks})" if isinstance(asks, PodError)
              else f"asks for {_devices(asks)}")
     return (
         f"fairgate refuses this {ref.kind}: pods admitted with the {ref.kind} "

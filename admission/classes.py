@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from admission import pods
+from admission.pods import PodView
 from tenants.models import CLASS_LABEL, CLASSES, PodClass, Tenant
 
 INFERENCE_OWNERS: frozenset[str] = frozenset(
@@ -44,13 +44,10 @@ def _as_class(value: str) -> PodClass | None:
     return None
 
 
-def owner_kind(pod: object) -> str | None:
+def owner_kind(pod: PodView) -> str | None:
     """Kind of the pod's controlling owner (else its first owner), or None without owners."""
-    owners = pods.owner_references(pod)
-    controller = next((o for o in owners if o.get("controller") is True), None)
-    chosen = controller or (owners[0] if owners else None)
-    kind = chosen.get("kind") if chosen is not None else None
-    return kind if isinstance(kind, str) else None
+    chosen = pod.controller or (pod.owners[0] if pod.owners else None)
+    return (chosen.kind or None) if chosen is not None else None
 
 
 def inferred_class(kind: str | None) -> PodClass:
@@ -58,14 +55,14 @@ def inferred_class(kind: str | None) -> PodClass:
     return "inference" if kind in INFERENCE_OWNERS else "training"
 
 
-def resolve_class(pod: object, tenant: Tenant) -> ClassChoice:
-    """The class of ``pod`` in ``tenant``; raises ClassError or pods.PodError."""
+def resolve_class(pod: PodView, tenant: Tenant) -> ClassChoice:
+    """The class of ``pod`` in ``tenant``; raises ClassError."""
     if not tenant.classes:
         raise ClassError(
             f"tenant {tenant.name!r} allows no pod classes: ask the platform team to set "
             "'classes' for it in fairgate-platform"
         )
-    requested = pods.labels_of(pod).get(CLASS_LABEL)
+    requested = pod.labels.get(CLASS_LABEL)
     problem: str | None = None
     if requested is not None:
         label_class = _as_class(requested)
@@ -81,7 +78,7 @@ def resolve_class(pod: object, tenant: Tenant) -> ClassChoice:
     return ClassChoice(choice.pod_class, f"{problem}; using {choice.reason}", overridden=True)
 
 
-def _fallback(pod: object, tenant: Tenant) -> ClassChoice:
+def _fallback(pod: PodView, tenant: Tenant) -> ClassChoice:
     default = tenant.default_class
     if default is not None and default in tenant.classes:
         return ClassChoice(default, f"defaultClass {default}")

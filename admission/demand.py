@@ -24,8 +24,9 @@ Contract:
   (``gpu``, ``mig-1g.5gb``). An empty result means the pod asks for no GPU.
 - Any problem (unknown NVIDIA resource or MIG profile, fractional, negative or absurd
   (over :data:`MAX_DEVICES`) count,
-  requests != limits, a pod that is not shaped like a Pod) raises :class:`DemandError`
-  naming the container and resource; no other exception type escapes.
+  requests != limits) raises :class:`DemandError` naming the container and resource; no
+  other exception type escapes. The pod comes parsed (:class:`admission.pods.PodView`):
+  one not shaped like a Pod was refused there.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from admission import pods
 from admission.dra import (
     DraContext,
     DraError,
@@ -42,16 +42,16 @@ from admission.dra import (
     class_resource,
     container_resource_class,
 )
+from admission.pods import Container, PodError, PodView
 from admission.quantity import QuantityError, parse_quantity
 from tenants import placement, resources
 from tenants.resources import ResourceCounts
 
-SIDECAR_RESTART_POLICY = "Always"
 NO_DRA = DraContext()
 MAX_DEVICES = 1_000_000
 
 
-class DemandError(pods.PodError):
+class DemandError(PodError):
     """A pod whose GPU demand cannot be determined; the message says what to fix."""
 
 
@@ -92,11 +92,8 @@ def _count(name: str, value: Any, where: str) -> int:
     return int(amount)
 
 
-def _container_demand(container: Mapping[str, Any], where: str,
-                      dra: DraContext) -> ResourceCounts:
-    spec = pods.mapping(container.get("resources"), f"{where}: resources")
-    limits = pods.mapping(spec.get("limits"), f"{where}: resources.limits")
-    requests = pods.mapping(spec.get("requests"), f"{where}: resources.requests")
+def _container_demand(container: Container, dra: DraContext) -> ResourceCounts:
+    where, limits, requests = container.where, container.limits, container.requests
     demand: ResourceCounts = {}
     for name in sorted(limits.keys() | requests.keys()):
         short = _resource_name(name, where, dra)
@@ -126,16 +123,6 @@ def _max_into(total: ResourceCounts, other: Mapping[str, int]) -> None:
         total[name] = max(total.get(name, 0), n)
 
 
-def _label(container: Mapping[str, Any], field: str, index: int) -> str:
-    kind = "init container" if field == "initContainers" else "container"
-    name = container.get("name")
-    return f"{kind} {name!r}" if isinstance(name, str) and name else f"spec.{field}[{index}]"
-
-
-def _is_sidecar(container: Mapping[str, Any]) -> bool:
-    return container.get("restartPolicy") == SIDECAR_RESTART_POLICY
-
-
 def _effective_demand(
     app: Iterable[Mapping[str, int]], init: Iterable[tuple[Mapping[str, int], bool]]
 ) -> ResourceCounts:
@@ -157,19 +144,19 @@ def _effective_demand(
     return {name: n for name, n in total.items() if n}
 
 
-def pod_demand(pod: object, dra: DraContext = NO_DRA) -> ResourceCounts:
+def pod_demand(pod: PodView, dra: DraContext = NO_DRA) -> ResourceCounts:
     """The pod's accounted GPU demand by short resource name (positive counts only):
     device-plugin resources and DRA devices (:mod:`admission.dra`), looked up in ``dra``."""
     return _labelled(pod, _device_demand(pod, dra, claims=True))
 
 
-def container_demand(pod: object, dra: DraContext = NO_DRA) -> ResourceCounts:
+def container_demand(pod: PodView, dra: DraContext = NO_DRA) -> ResourceCounts:
     """:func:`pod_demand` without ``spec.resourceClaims``: what the pod's containers ask
     for, which (unlike the objects its claims name) cannot change after CREATE."""
     return _labelled(pod, _device_demand(pod, dra, claims=False))
 
 
-def held_demand(pod: Mapping[str, Any], dra: DraContext) -> ResourceCounts:
+def held_demand(pod: PodView, dra: DraContext) -> ResourceCounts:
     """The GPUs a pod holds: its containers' (:func:`container_demand`) and the devices
     its DRA claims were allocated (:func:`admission.dra.allocated_demand`; none before
     allocation), never re-priced from the objects its claims name."""
@@ -179,11 +166,8 @@ def held_demand(pod: Mapping[str, Any], dra: DraContext) -> ResourceCounts:
     return held
 
 
-def _labelled(pod: object, raw: ResourceCounts) -> ResourceCounts:
-    try:
-        profile = pods.labels_of(pod).get(placement.MIG_PROFILE_LABEL)
-    except pods.PodError:
-        profile = None  # malformed labels are refused where labels are read (admission.plan)
+def _labelled(pod: PodView, raw: ResourceCounts) -> ResourceCounts:
+    profile = pod.labels.get(placement.MIG_PROFILE_LABEL)
     if profile is None:
         return raw
     try:
@@ -192,19 +176,13 @@ def _labelled(pod: object, raw: ResourceCounts) -> ResourceCounts:
         raise DemandError(str(exc)) from exc
 
 
-def _device_demand(pod: object, dra: DraContext, claims: bool) -> ResourceCounts:
+def _device_demand(pod: PodView, dra: DraContext, claims: bool) -> ResourceCounts:
     """The pod's effective demand by short resource name (positive counts only), as the
     scheduler counts it on a node (no label applied): containers' resources under the
     effective-request rule, plus (with ``claims``) the devices of its resource claims."""
     try:
-        app = [
-            _container_demand(c, _label(c, "containers", i), dra)
-            for i, c in enumerate(pods.containers(pod, "containers"))
-        ]
-        init = [
-            (_container_demand(c, _label(c, "initContainers", i), dra), _is_sidecar(c))
-            for i, c in enumerate(pods.containers(pod, "initContainers"))
-        ]
+        app = [_container_demand(c, dra) for c in pod.containers]
+        init = [(_container_demand(c, dra), c.sidecar) for c in pod.init_containers]
         demand = _effective_demand(app, init)
         if claims:
             _add(demand, claims_demand(pod, dra))
@@ -212,6 +190,4 @@ def _device_demand(pod: object, dra: DraContext, claims: bool) -> ResourceCounts
         raise
     except DraError as exc:
         raise DemandError(str(exc)) from exc
-    except pods.PodError as exc:
-        raise DemandError(f"malformed pod: {exc}") from exc
     return demand

@@ -30,7 +30,9 @@ Contract (docs/dra.md):
   the resourceclaim controller generated for this pod) are still within what the pod
   was admitted for; :func:`allocated_demand` is what a pod's claims hold once allocated
   (``status.allocation``), never re-priced from a template.
-- Every refusal is a :class:`DraError` whose message says what to change.
+- Every refusal is a :class:`DraError` whose message says what to change. The pod comes
+  parsed (:class:`admission.pods.PodView`): an entry of ``spec.resourceClaims`` that
+  names no object, or two, was refused there.
 Pure: the DRA objects come in as :class:`DraObjects`, plain data.
 """
 
@@ -39,10 +41,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from admission import pods
 from admission.devices import Device, candidates, size_of
+from admission.pods import CLAIM, TEMPLATE, ClaimKind, PodClaim, PodError, PodView, mapping
 from tenants import resources
 from tenants.models import DEFAULT_DEVICE_CLASSES, MIG_RULE, NONE_RULE
 from tenants.resources import ResourceCounts
@@ -53,12 +55,10 @@ MAX_REQUEST_DEVICES = 1_000_000
 _GPU_LIKE = re.compile(r"gpu|mig|nvidia", re.IGNORECASE)
 
 ClaimKey = tuple[str, str]  # (namespace, name)
-DraKind = Literal["ResourceClaim", "ResourceClaimTemplate"]
-CLAIM: DraKind = "ResourceClaim"
-TEMPLATE: DraKind = "ResourceClaimTemplate"
+DraKind = ClaimKind
 
 
-class DraError(pods.PodError):
+class DraError(PodError):
     """A DRA request fairgate cannot account; the message says what to change."""
 
 
@@ -143,11 +143,11 @@ def class_resource(device_class: str, context: DraContext, where: str) -> str | 
     return None if rule == NONE_RULE else rule
 
 
-def claims_demand(pod: object, context: DraContext) -> ResourceCounts:
+def claims_demand(pod: PodView, context: DraContext) -> ResourceCounts:
     """Devices of the pod's ``spec.resourceClaims`` (templates and shared claims), by
     resource (positive counts only), priced from the objects the pod names."""
-    return _total(_claim_demand(found.spec, context, where)
-                  for where, found in _pod_claims(pod, context, _named(context)))
+    return _total(_claim_demand(found.spec, context, claim.where)
+                  for claim, found in _resolved(pod, context, _named(context)))
 
 
 def claim_spec_demand(spec: Mapping[str, Any], context: DraContext,
@@ -157,12 +157,12 @@ def claim_spec_demand(spec: Mapping[str, Any], context: DraContext,
     return {k: v for k, v in _claim_demand(spec, context, where).items() if v}
 
 
-def priced_record(pod: object, context: DraContext) -> str:
+def priced_record(pod: PodView, context: DraContext) -> str:
     """The record of what the pod's claims were priced from: per entry of
     ``spec.resourceClaims``, ``<entry>=<ResourceClaim|ResourceClaimTemplate>/<name>/<uid>``,
     joined by ``,`` (empty for a pod without claims)."""
-    return ",".join(f"{entry}={kind}/{name}/{found.uid}"
-                    for entry, kind, name, found in _entries(pod, context, _named(context)))
+    return ",".join(f"{claim.name}={claim.kind}/{claim.object_name}/{found.uid}"
+                    for claim, found in _resolved(pod, context, _named(context)))
 
 
 @dataclass(frozen=True)
@@ -187,7 +187,7 @@ class Refuse:
 ReleaseVerdict = Release | Wait | Refuse
 
 
-def release_check(pod: Mapping[str, Any], admitted: ResourceCounts,
+def release_check(pod: PodView, admitted: ResourceCounts,
                   context: DraContext) -> ReleaseVerdict:
     """Whether a pod admitted with claims priced at ``admitted`` (by resource) may be
     released: the claims it will actually be allocated are priced now, a template's entry
@@ -196,11 +196,11 @@ def release_check(pod: Mapping[str, Any], admitted: ResourceCounts,
     claim not there yet is a :class:`Wait`; a price above ``admitted`` in any resource,
     or one that cannot be priced any more, is a :class:`Refuse`."""
     try:
-        actual = _total(_claim_demand(found.spec, context, where)
-                        for where, found in _pod_claims(pod, context, _actual(pod, context)))
+        actual = _total(_claim_demand(found.spec, context, claim.where)
+                        for claim, found in _resolved(pod, context, _actual(pod, context)))
     except _Missing as missing:
         return Wait(str(missing))
-    except pods.PodError as error:
+    except PodError as error:
         return Refuse(f"its claims cannot be priced any more: {error}")
     if exceeds(actual, admitted):
         return Refuse(
@@ -216,14 +216,14 @@ def exceeds(asks: ResourceCounts, priced: ResourceCounts) -> bool:
     return any(count > priced.get(short, 0) for short, count in asks.items())
 
 
-def allocated_demand(pod: Mapping[str, Any], context: DraContext) -> ResourceCounts | None:
+def allocated_demand(pod: PodView, context: DraContext) -> ResourceCounts | None:
     """The devices the pod's claims were allocated (``status.allocation``), by resource;
     None while any claim of the pod is not there or not allocated. A device counts by its
     request's DeviceClass rule (a ``mig`` class: the device's own profile, as published;
     a device no slice publishes any more counts as a whole GPU); admin access is free."""
     try:
-        claims = list(_pod_claims(pod, context, _actual(pod, context)))
-    except (_Missing, pods.PodError):
+        claims = list(_resolved(pod, context, _actual(pod, context)))
+    except (_Missing, PodError):
         return None
     total: ResourceCounts = {}
     for _, claim in claims:
@@ -276,21 +276,11 @@ def _total(parts: Iterator[ResourceCounts] | Sequence[ResourceCounts]) -> Resour
     return {k: v for k, v in total.items() if v}
 
 
-def referenced_objects(pod: object) -> tuple[frozenset[str], frozenset[str]]:
+def referenced_objects(pod: PodView) -> tuple[frozenset[str], frozenset[str]]:
     """The ResourceClaimTemplate names and ResourceClaim names the pod's
-    ``spec.resourceClaims`` refer to (entries that are not well formed are skipped here:
-    :func:`claims_demand` refuses them)."""
-    spec = pod.get("spec") if isinstance(pod, Mapping) else None
-    entries = spec.get("resourceClaims") if isinstance(spec, Mapping) else None
-    templates: set[str] = set()
-    claims: set[str] = set()
-    for entry in entries if isinstance(entries, list) else []:
-        if isinstance(entry, Mapping):
-            if isinstance(entry.get("resourceClaimTemplateName"), str):
-                templates.add(entry["resourceClaimTemplateName"])
-            if isinstance(entry.get("resourceClaimName"), str):
-                claims.add(entry["resourceClaimName"])
-    return frozenset(templates), frozenset(claims)
+    ``spec.resourceClaims`` refer to."""
+    return (frozenset(c.object_name for c in pod.claims if c.kind == TEMPLATE),
+            frozenset(c.object_name for c in pod.claims if c.kind == CLAIM))
 
 
 def _rule(device_class: str, context: DraContext, where: str) -> str:
@@ -323,20 +313,14 @@ def _named(context: DraContext) -> Resolver:
     return resolve
 
 
-def _actual(pod: Mapping[str, Any], context: DraContext) -> Resolver:
+def _actual(pod: PodView, context: DraContext) -> Resolver:
     """Resolve an entry by the claim the pod will be allocated: a template's by the claim
     generated for this pod (``status.resourceClaimStatuses``), owned by its uid."""
-    status = pod.get("status") if isinstance(pod.get("status"), Mapping) else {}
-    generated = {str(s.get("name")): s.get("resourceClaimName")
-                 for s in (status or {}).get("resourceClaimStatuses") or []
-                 if isinstance(s, Mapping)}
-    uid = str((pod.get("metadata") or {}).get("uid") or "")
-
     def resolve(entry: str, kind: str, name: str) -> DraObject | None:
         if kind == TEMPLATE:
-            claim_name = generated.get(entry)
+            claim_name = pod.claim_statuses.get(entry)
             found = context.objects.claims.get((context.namespace, str(claim_name)))
-            if not claim_name or found is None or found.owner != uid:
+            if not claim_name or found is None or found.owner != pod.uid:
                 raise _Missing(f"the ResourceClaim generated from {kind} {name!r} for "
                                f"claim {entry!r}")
             return found
@@ -348,52 +332,30 @@ def _actual(pod: Mapping[str, Any], context: DraContext) -> Resolver:
     return resolve
 
 
-def _entries(pod: object, context: DraContext,
-             resolve: Resolver) -> Iterator[tuple[str, str, str, DraObject]]:
-    """Per well-formed entry of ``spec.resourceClaims``: its name, the kind and name of
-    the object it names, and the object ``resolve`` gives it; refuses what is not."""
-    spec = pods.mapping(pods.mapping(pod, "pod").get("spec"), "spec")
-    entries = spec.get("resourceClaims")
-    if entries is None:
-        return
-    if not isinstance(entries, list):
-        raise DraError("spec.resourceClaims must be a list")
-    for index, raw in enumerate(entries):
-        entry = pods.mapping(raw, f"spec.resourceClaims[{index}]")
-        where = f"resource claim {entry.get('name') or index!r}"
-        template = entry.get("resourceClaimTemplateName")
-        claim = entry.get("resourceClaimName")
-        if template and claim:
-            raise DraError(f"{where}: name either resourceClaimName or "
-                           "resourceClaimTemplateName, not both")
-        if not template and not claim:
-            raise DraError(f"{where}: name a resourceClaimName or a resourceClaimTemplateName")
-        kind, name = (TEMPLATE, str(template)) if template else (CLAIM, str(claim))
-        found = resolve(str(entry.get("name") or index), kind, name)
+def _resolved(pod: PodView, context: DraContext,
+              resolve: Resolver) -> Iterator[tuple[PodClaim, DraObject]]:
+    """Per entry of ``spec.resourceClaims``, the object ``resolve`` gives it; refuses an
+    entry whose object is not there."""
+    for claim in pod.claims:
+        found = resolve(claim.name, claim.kind, claim.object_name)
         if found is None:
             raise DraError(
-                f"{where}: {kind} {name!r} not found in namespace {context.namespace!r}: "
-                f"create the {kind} first, then the pod (fairgate counts the devices it asks "
-                "for at admission)"
+                f"{claim.where}: {claim.kind} {claim.object_name!r} not found in namespace "
+                f"{context.namespace!r}: create the {claim.kind} first, then the pod "
+                "(fairgate counts the devices it asks for at admission)"
             )
-        yield str(entry.get("name") or index), kind, name, found
-
-
-def _pod_claims(pod: object, context: DraContext,
-                resolve: Resolver) -> Iterator[tuple[str, DraObject]]:
-    for entry, _kind, _name, found in _entries(pod, context, resolve):
-        yield f"resource claim {entry!r}", found
+        yield claim, found
 
 
 def _claim_demand(claim_spec: Mapping[str, Any], context: DraContext,
                   where: str) -> ResourceCounts:
-    devices = pods.mapping(claim_spec.get("devices"), f"{where}: devices")
+    devices = mapping(claim_spec.get("devices"), f"{where}: devices")
     requests = devices.get("requests") or []
     if not isinstance(requests, list):
         raise DraError(f"{where}: devices.requests must be a list")
     total: ResourceCounts = {}
     for index, raw in enumerate(requests):
-        request = pods.mapping(raw, f"{where}: devices.requests[{index}]")
+        request = mapping(raw, f"{where}: devices.requests[{index}]")
         at = f"{where}, request {request.get('name') or index!r}"
         for short, count in _request_demand(request, context, at).items():
             total[short] = total.get(short, 0) + count
@@ -405,12 +367,12 @@ def _request_demand(request: Mapping[str, Any], context: DraContext,
     exactly = request.get("exactly")
     alternatives = request.get("firstAvailable")
     if exactly is not None:
-        return _exact_demand(pods.mapping(exactly, f"{where}: exactly"), context, where)
+        return _exact_demand(mapping(exactly, f"{where}: exactly"), context, where)
     if alternatives is not None:
         if not isinstance(alternatives, list) or not alternatives:
             raise DraError(f"{where}: firstAvailable must be a non-empty list")
         options = [
-            _exact_demand(pods.mapping(sub, f"{where}: firstAvailable[{i}]"), context,
+            _exact_demand(mapping(sub, f"{where}: firstAvailable[{i}]"), context,
                           f"{where}, alternative {i}")
             for i, sub in enumerate(alternatives)
         ]
@@ -468,8 +430,8 @@ def _mig_resource(exact: Mapping[str, Any], device_class: str, context: DraConte
 def _selector_expressions(exact: Mapping[str, Any], where: str) -> list[str]:
     expressions = []
     for index, raw in enumerate(exact.get("selectors") or []):
-        selector = pods.mapping(raw, f"{where}: selectors[{index}]")
-        cel = pods.mapping(selector.get("cel"), f"{where}: selectors[{index}].cel")
+        selector = mapping(raw, f"{where}: selectors[{index}]")
+        cel = mapping(selector.get("cel"), f"{where}: selectors[{index}].cel")
         expression = cel.get("expression")
         if not isinstance(expression, str):
             raise DraError(f"{where}: selectors[{index}].cel.expression must be a string")

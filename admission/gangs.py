@@ -1,6 +1,6 @@
 """Which gang a pod belongs to, as the ecosystem's tools declare gangs (pure).
 
-Contract of :func:`pod_gang` (the pod is AdmissionReview ``request.object``; ``objects``
+Contract of :func:`pod_gang` (the pod is a :class:`~admission.pods.PodView`; ``objects``
 are the cluster's size objects as plain JSON, see :class:`GangObjects`):
 
 - None when the pod declares no gang of 2 or more, or only one fairgate does not read.
@@ -50,7 +50,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from admission import pods
+from admission.pods import OwnerRef, PodView
 
 MAX_GANG_SIZE = 10_000
 """The largest gang fairgate admits (the same bound as ``fairgate.io/pod-group-size``)."""
@@ -127,22 +127,20 @@ def gang_key(kind: str, name: str, identity: str) -> str:
     return f"{readable}.{digest}"
 
 
-def pod_gang(pod: object, namespace: str, objects: GangObjects = NO_GANG_OBJECTS,
+def pod_gang(pod: PodView, namespace: str, objects: GangObjects = NO_GANG_OBJECTS,
              asks_for_gpu: AsksForGpu | None = None) -> Gang | None:
     """The gang ``pod`` (in ``namespace``) declares, by the sources of the module doc."""
     found = _declared(pod, namespace, objects, asks_for_gpu)
     return found if found is not None and found.size != 1 else None
 
 
-def _declared(pod: object, namespace: str, objects: GangObjects,
+def _declared(pod: PodView, namespace: str, objects: GangObjects,
               asks_for_gpu: AsksForGpu | None) -> Gang | None:
     """The first source's answer; a gang of size 1 is a source that declares its pods
     are no gang (an Indexed Job whose parallelism is not its completions, a basic
     PodGroup)."""
-    labels = pods.labels_of(pod)
-    annotations = pods.annotations_of(pod)
     for source in (_workload, _jobset, _lws, _kueue, _coscheduling, _volcano, _indexed_job):
-        found = source(pod, namespace, labels, annotations, objects, asks_for_gpu)
+        found = source(pod, namespace, objects, asks_for_gpu)
         if not isinstance(found, _Next):
             return found
     return None
@@ -174,12 +172,10 @@ def _count(value: object) -> int:
     return value
 
 
-def _workload(pod: object, namespace: str, labels: Mapping[str, str],
-              annotations: Mapping[str, str], objects: GangObjects,
+def _workload(pod: PodView, namespace: str, objects: GangObjects,
               asks_for_gpu: AsksForGpu | None) -> _Found:
-    group = pods.mapping(pods.spec(pod).get("schedulingGroup"), "spec.schedulingGroup")
-    name = group.get("podGroupName")
-    if not isinstance(name, str) or not name:
+    name = pod.pod_group_name
+    if not name:
         return _NEXT
     key = gang_key("podgroup", name, f"{K8S_SCHEDULING}/{namespace}/{name}")
     source = f"PodGroup {name}"
@@ -193,13 +189,12 @@ def _workload(pod: object, namespace: str, labels: Mapping[str, str],
     return Gang(key, _size(gang.get("minCount"), f"PodGroup {name} minCount"), source)
 
 
-def _jobset(pod: object, namespace: str, labels: Mapping[str, str],
-            annotations: Mapping[str, str], objects: GangObjects,
+def _jobset(pod: PodView, namespace: str, objects: GangObjects,
             asks_for_gpu: AsksForGpu | None) -> _Found:
-    name, uid = labels.get(JOBSET_NAME_LABEL), labels.get(JOBSET_UID_LABEL)
+    name, uid = pod.labels.get(JOBSET_NAME_LABEL), pod.labels.get(JOBSET_UID_LABEL)
     if not name or not uid:
         return _NEXT
-    attempt = labels.get(JOBSET_RESTART_LABEL, "0")
+    attempt = pod.labels.get(JOBSET_RESTART_LABEL, "0")
     key = gang_key("jobset", name, f"{uid}/{attempt}")
     source = f"JobSet {name}"
     found = objects.jobsets.get((namespace, name))
@@ -226,17 +221,16 @@ def jobset_size(jobset: Json, asks_for_gpu: AsksForGpu | None = None) -> int:
 _ORDINAL = re.compile(r"-(\d+)$")
 
 
-def _lws(pod: object, namespace: str, labels: Mapping[str, str],
-         annotations: Mapping[str, str], objects: GangObjects,
+def _lws(pod: PodView, namespace: str, objects: GangObjects,
          asks_for_gpu: AsksForGpu | None) -> _Found:
-    name = labels.get(LWS_NAME_LABEL)
+    name = pod.labels.get(LWS_NAME_LABEL)
     if not name:
         return _NEXT
-    size = _size(annotations.get(LWS_SIZE_ANNOTATION), f"annotation {LWS_SIZE_ANNOTATION}")
-    index = labels.get(LWS_GROUP_INDEX_LABEL)
-    if index is None and labels.get(LWS_WORKER_INDEX_LABEL) == "0":
+    size = _size(pod.annotations.get(LWS_SIZE_ANNOTATION), f"annotation {LWS_SIZE_ANNOTATION}")
+    index = pod.labels.get(LWS_GROUP_INDEX_LABEL)
+    if index is None and pod.labels.get(LWS_WORKER_INDEX_LABEL) == "0":
         # a leader before LeaderWorkerSet's webhook set its group index: its ordinal
-        match = _ORDINAL.search(str(pods.metadata(pod).get("name") or ""))
+        match = _ORDINAL.search(pod.name)
         index = match.group(1) if match else None
     if index is None:
         raise GangError(
@@ -247,13 +241,12 @@ def _lws(pod: object, namespace: str, labels: Mapping[str, str],
                 f"LeaderWorkerSet {name} group {index}")
 
 
-def _kueue(pod: object, namespace: str, labels: Mapping[str, str],
-           annotations: Mapping[str, str], objects: GangObjects,
+def _kueue(pod: PodView, namespace: str, objects: GangObjects,
            asks_for_gpu: AsksForGpu | None) -> _Found:
-    name = labels.get(KUEUE_GROUP_LABEL)
+    name = pod.labels.get(KUEUE_GROUP_LABEL)
     if not name:
         return _NEXT
-    count = annotations.get(KUEUE_COUNT_ANNOTATION)
+    count = pod.annotations.get(KUEUE_COUNT_ANNOTATION)
     if count is None:
         raise GangError(
             f"label {KUEUE_GROUP_LABEL}={name!r} needs annotation {KUEUE_COUNT_ANNOTATION}: "
@@ -274,35 +267,30 @@ def _min_member(api_group: str, name: str, namespace: str, objects: GangObjects)
                 source)
 
 
-def _coscheduling(pod: object, namespace: str, labels: Mapping[str, str],
-                  annotations: Mapping[str, str], objects: GangObjects,
+def _coscheduling(pod: PodView, namespace: str, objects: GangObjects,
                   asks_for_gpu: AsksForGpu | None) -> _Found:
-    name = labels.get(COSCHEDULING_LABEL)
+    name = pod.labels.get(COSCHEDULING_LABEL)
     if not name:
         return _NEXT
     return _min_member(COSCHEDULING_GROUP, name, namespace, objects)
 
 
-def _volcano(pod: object, namespace: str, labels: Mapping[str, str],
-             annotations: Mapping[str, str], objects: GangObjects,
+def _volcano(pod: PodView, namespace: str, objects: GangObjects,
              asks_for_gpu: AsksForGpu | None) -> _Found:
-    name = annotations.get(VOLCANO_ANNOTATION)
+    name = pod.annotations.get(VOLCANO_ANNOTATION)
     if not name:
         return _NEXT
     return _min_member(VOLCANO_GROUP, name, namespace, objects)
 
 
-def _indexed_job(pod: object, namespace: str, labels: Mapping[str, str],
-                 annotations: Mapping[str, str], objects: GangObjects,
+def _indexed_job(pod: PodView, namespace: str, objects: GangObjects,
                  asks_for_gpu: AsksForGpu | None) -> _Found:
-    if COMPLETION_INDEX not in annotations and COMPLETION_INDEX not in labels:
+    if COMPLETION_INDEX not in pod.annotations and COMPLETION_INDEX not in pod.labels:
         return _NEXT
-    owner = next((o for o in pods.owner_references(pod)
-                  if o.get("controller") is True and o.get("kind") == "Job"
-                  and o.get("apiVersion") == "batch/v1"), None)
-    if owner is None or not owner.get("uid"):
+    owner = pod.controller
+    if owner is None or (owner.api_version, owner.kind) != ("batch/v1", "Job") or not owner.uid:
         return _NEXT
-    uid, name = str(owner["uid"]), str(owner.get("name") or "")
+    uid, name = owner.uid, owner.name
     key = gang_key("job", name, uid)
     source = f"Indexed Job {name}"
     job = objects.jobs.get(uid)
@@ -330,25 +318,25 @@ def declared_sizes(objects: GangObjects,
     pods learns its size from here); 1 for an object that declares its pods are no gang
     (its pods queued before it was seen are then released as one entry, never held for
     members that will not come). A JobSet defines the gang of its current run."""
-    probes: list[tuple[str, dict[str, Any]]] = []
+    probes: list[tuple[str, PodView]] = []
     for job in objects.jobs.values():
         meta = _path(job, "metadata")
-        owner = {"apiVersion": "batch/v1", "kind": "Job", "controller": True,
-                 "uid": meta.get("uid"), "name": meta.get("name")}
-        probes.append((str(meta.get("namespace", "")), {"metadata": {
-            "annotations": {COMPLETION_INDEX: "0"}, "ownerReferences": [owner]}}))
+        owner = OwnerRef("batch/v1", "Job", str(meta.get("name") or ""),
+                         str(meta.get("uid") or ""), controller=True)
+        probes.append((str(meta.get("namespace", "")), PodView(
+            annotations={COMPLETION_INDEX: "0"}, owners=(owner,))))
     for (namespace, name), jobset in objects.jobsets.items():
-        probes.append((namespace, {"metadata": {"labels": {
+        probes.append((namespace, PodView(labels={
             JOBSET_NAME_LABEL: name,
             JOBSET_UID_LABEL: str(_path(jobset, "metadata").get("uid")),
-            JOBSET_RESTART_LABEL: str(_path(jobset, "status").get("restarts") or 0)}}}))
+            JOBSET_RESTART_LABEL: str(_path(jobset, "status").get("restarts") or 0)})))
     for (api_group, namespace, name) in objects.pod_groups:
         if api_group == K8S_SCHEDULING:
-            probe: dict[str, Any] = {"spec": {"schedulingGroup": {"podGroupName": name}}}
+            probe = PodView(pod_group_name=name)
         elif api_group == COSCHEDULING_GROUP:
-            probe = {"metadata": {"labels": {COSCHEDULING_LABEL: name}}}
+            probe = PodView(labels={COSCHEDULING_LABEL: name})
         else:
-            probe = {"metadata": {"annotations": {VOLCANO_ANNOTATION: name}}}
+            probe = PodView(annotations={VOLCANO_ANNOTATION: name})
         probes.append((namespace, probe))
     sizes: dict[tuple[str, str], int] = {}
     for namespace, pod in probes:

@@ -1,7 +1,10 @@
 """What fairgate decides about a pod CREATE before asking the queue: whose, which class,
 how much, which ticket, which gang, or why it is refused.
 
-Contract of :func:`plan_create` (pure; the pod is AdmissionReview ``request.object``):
+Contract of :func:`plan_create` (pure; the pod is AdmissionReview ``request.object``,
+or the :class:`~admission.pods.PodView` the caller parsed it into once):
+- :class:`Denied` ``malformed-pod`` when the pod is not shaped like a Pod
+  (:meth:`~admission.pods.PodView.parse` names the field).
 - :class:`NotOurs` when the pod asks for no GPU (allow it untouched).
 - :class:`Denied` (a message of at most :data:`MAX_MESSAGE_CHARS` that says what is wrong
   and how to fix it, plus a short ``code`` for audit) when:
@@ -48,11 +51,11 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from admission import pods
 from admission.classes import ClassError, resolve_class
 from admission.demand import DemandError, pod_demand
 from admission.dra import NO_OBJECTS, DraContext, DraError, DraObjects, priced_record
 from admission.gangs import MAX_GANG_SIZE, NO_GANG_OBJECTS, GangError, GangObjects, pod_gang
+from admission.pods import PodError, PodView
 from admission.reviews import one_line
 from tenants import resources
 from tenants.models import (
@@ -171,16 +174,30 @@ class _Refusal(Exception):
         self.denied = _denied(code, message)
 
 
+def read_pod(pod: object) -> PodView | Denied:
+    """``pod`` parsed (itself when it is a :class:`PodView` already), or the refusal that
+    names its malformed field."""
+    if isinstance(pod, PodView):
+        return pod
+    try:
+        return PodView.parse(pod)
+    except PodError as exc:
+        return _denied("malformed-pod", f"malformed pod: {exc}")
+
+
 def plan_create(
     pod: object, namespace: str, request_uid: str, config: FairgateConfig,
     dra: DraObjects = NO_OBJECTS, gangs: GangObjects = NO_GANG_OBJECTS,
 ) -> PlanResult:
-    """Decide tenant, class, demand, ticket and gang of a pod CREATE, or refuse it; its
-    GPUs through DRA are counted with the cluster's objects ``dra``, its gang's size read
-    from the size objects ``gangs``."""
+    """Decide tenant, class, demand, ticket and gang of a pod CREATE (a :class:`PodView`,
+    or ``request.object`` to parse), or refuse it; its GPUs through DRA are counted with
+    the cluster's objects ``dra``, its gang's size read from the size objects ``gangs``."""
+    view = read_pod(pod)
+    if isinstance(view, Denied):
+        return view
     context = DraContext(namespace, config.platform.device_class_rules, dra)
     try:
-        demand = pod_demand(pod, context)
+        demand = pod_demand(view, context)
     except DemandError as exc:
         return _denied("invalid-demand", str(exc))
     if not demand:
@@ -188,24 +205,22 @@ def plan_create(
 
     def asks_for_gpu(template: object) -> bool:
         try:
-            return bool(pod_demand(template, context))
-        except (DemandError, pods.PodError):
+            return bool(pod_demand(PodView.parse(template), context))
+        except PodError:
             return True  # its pods are refused, or counted, when they come
 
     try:
-        plan = _plan(pod, namespace, request_uid, config, demand,
-                     lambda: _group(pod, namespace, gangs, asks_for_gpu))
-        return replace(plan, priced_claims=priced_record(pod, context))
+        plan = _plan(view, namespace, request_uid, config, demand,
+                     lambda: _group(view, namespace, gangs, asks_for_gpu))
+        return replace(plan, priced_claims=priced_record(view, context))
     except _Refusal as refusal:
         return replace(refusal.denied, demand=demand)
     except DraError as exc:  # pod_demand refused these first
         return _denied("invalid-demand", str(exc))
-    except pods.PodError as exc:
-        return _denied("malformed-pod", f"malformed pod: {exc}")
 
 
 def _plan(
-    pod: object,
+    pod: PodView,
     namespace: str,
     request_uid: str,
     config: FairgateConfig,
@@ -213,9 +228,7 @@ def _plan(
     gang_of: Callable[[], PodGroup | None],
 ) -> PodPlan:
     tenant = _tenant(namespace, config)
-    labels = pods.labels_of(pod)
-    annotations = pods.annotations_of(pod)
-    _check_user_keys(labels, annotations, tenant, namespace)
+    _check_user_keys(pod.labels, pod.annotations, tenant, namespace)
     try:
         choice = resolve_class(pod, tenant)
     except ClassError as exc:
@@ -225,13 +238,13 @@ def _plan(
     group = gang_of()
     try:
         warnings += _check_priority_class(pod, choice.pod_class, priority_classes)
-        placement = pod_placement(demand, labels.get(MIG_PROFILE_LABEL), tenant.node_pool)
+        placement = pod_placement(demand, pod.labels.get(MIG_PROFILE_LABEL), tenant.node_pool)
         _check_fit(tenant, choice.pod_class, demand, group)
         _check_pools(config.platform.autoscaling, placement, demand, group)
     except _Refusal as refusal:
         refusal.denied = replace(refusal.denied, pod_class=choice.pod_class)
         raise
-    ticket = _ticket(pod, labels, annotations, tenant, demand, priority_classes)
+    ticket = _ticket(pod, tenant, demand, priority_classes)
     return PodPlan(
         tenant=tenant,
         pod_class=choice.pod_class,
@@ -291,9 +304,9 @@ def _check_user_keys(
 
 
 def _check_priority_class(
-    pod: object, pod_class: PodClass, priority_classes: PriorityClasses
+    pod: PodView, pod_class: PodClass, priority_classes: PriorityClasses
 ) -> list[str]:
-    name = pods.string_field(pod, "priorityClassName")
+    name = pod.priority_class_name
     if name is None:
         return []
     band = priority_classes.band_of(name)
@@ -372,14 +385,13 @@ def _counts(counts: Mapping[str, int]) -> str:
 
 
 def _ticket(
-    pod: object,
-    labels: Mapping[str, str],
-    annotations: Mapping[str, str],
+    pod: PodView,
     tenant: Tenant,
     demand: Mapping[str, int],
     priority_classes: PriorityClasses,
 ) -> str | None:
     """The ticket to reuse on reinvocation, None for a fresh pod; refuses forged fields."""
+    labels, annotations = pod.labels, pod.annotations
     present = sorted(k for k in FAIRGATE_ANNOTATIONS if k in annotations)
     if not present:
         return None
@@ -413,7 +425,7 @@ def _ticket(
     borrowed = annotations.get(BORROWED_ANNOTATION)
     borrowed_class = priority_classes.borrowed.name
     if borrowed is not None and (
-        borrowed != "true" or pods.string_field(pod, "priorityClassName") != borrowed_class
+        borrowed != "true" or pod.priority_class_name != borrowed_class
     ):
         raise _Refusal(
             "fairgate-field",
@@ -423,11 +435,10 @@ def _ticket(
     return ticket
 
 
-def _group(pod: object, namespace: str, gangs: GangObjects,
+def _group(pod: PodView, namespace: str, gangs: GangObjects,
            asks_for_gpu: Callable[[object], bool]) -> PodGroup | None:
-    labels, annotations = pods.labels_of(pod), pods.annotations_of(pod)
-    name = labels.get(POD_GROUP_LABEL)
-    size_text = annotations.get(POD_GROUP_SIZE_ANNOTATION)
+    name = pod.labels.get(POD_GROUP_LABEL)
+    size_text = pod.annotations.get(POD_GROUP_SIZE_ANNOTATION)
     try:
         declared = pod_gang(pod, namespace, gangs, asks_for_gpu)
         problem = None

@@ -20,6 +20,9 @@ Contract:
   service accounts (:data:`FAIRGATE_USERS`). Everything else is allowed. ``groups`` and
   ``config`` are part of the signature so the webhook passes the whole request context;
   the current rules depend on the user name only.
+- A pod (old or new) that is not shaped like a Pod is denied, naming the field
+  (:func:`admission.plan.read_pod`); each pod is read once, as a
+  :class:`~admission.pods.PodView` (the webhook may hand the view it parsed).
 - A verdict's ``reason`` says what is wrong and how to fix it (denials) or why the request
   is fine (allowed), in at most :data:`~admission.plan.MAX_MESSAGE_CHARS` characters.
 """
@@ -29,7 +32,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from admission import pods
 from admission.dra import NO_OBJECTS, DraObjects
 from admission.plan import (
     BANDS_OF_CLASS,
@@ -38,7 +40,9 @@ from admission.plan import (
     NotOurs,
     plan_create,
     quoted,
+    read_pod,
 )
+from admission.pods import PodView
 from admission.reviews import one_line
 from tenants.models import (
     BORROWED_ANNOTATION,
@@ -76,34 +80,29 @@ def _deny(reason: str) -> Verdict:
     return Verdict(False, one_line(reason, MAX_MESSAGE_CHARS))
 
 
-def _fairgate_only_markers(pod: object) -> list[str]:
-    """Markers on ``pod`` that only fairgate sets (what a GPU-less pod must not carry).
-
-    A pod too malformed to read carries none (the API server's own validation refuses it).
-    """
-    try:
-        labels, annotations, gates = (
-            pods.labels_of(pod), pods.annotations_of(pod), pods.gate_names(pod)
-        )
-    except pods.PodError:
-        return []
-    markers = [f"label {TENANT_LABEL}"] if TENANT_LABEL in labels else []
+def _fairgate_only_markers(pod: PodView) -> list[str]:
+    """Markers on ``pod`` that only fairgate sets (what a GPU-less pod must not carry)."""
+    markers = [f"label {TENANT_LABEL}"] if TENANT_LABEL in pod.labels else []
     markers += [
         f"annotation {key}"
-        for key in sorted(annotations)
+        for key in sorted(pod.annotations)
         if key.startswith(FAIRGATE_PREFIX) and key != POD_GROUP_SIZE_ANNOTATION
     ]
-    if QUEUE_GATE in gates:
+    if QUEUE_GATE in pod.scheduling_gates:
         markers.append(f"scheduling gate {QUEUE_GATE}")
     return markers
 
 
 def validate_create(pod: object, namespace: str, config: FairgateConfig,
                     dra: DraObjects = NO_OBJECTS) -> Verdict:
-    """Verdict on a mutated pod CREATE in ``namespace`` (DRA objects ``dra``)."""
-    result = plan_create(pod, namespace, "", config, dra)
+    """Verdict on a mutated pod CREATE (a :class:`PodView`, or ``request.object`` to
+    parse) in ``namespace`` (DRA objects ``dra``)."""
+    view = read_pod(pod)
+    if isinstance(view, Denied):
+        return _deny(view.message)
+    result = plan_create(view, namespace, "", config, dra)
     if isinstance(result, NotOurs):
-        forged = _fairgate_only_markers(pod)
+        forged = _fairgate_only_markers(view)
         if forged:
             return _deny(
                 f"{', '.join(forged)} may only be set by fairgate, on GPU pods: remove "
@@ -117,12 +116,9 @@ def validate_create(pod: object, namespace: str, config: FairgateConfig,
             f"GPU pod lacks the {TICKET_ANNOTATION} stamp of fairgate's mutating webhook: "
             "check that the fairgate MutatingWebhookConfiguration matches this namespace"
         )
-    try:
-        label = pods.labels_of(pod).get(CLASS_LABEL)
-        priority_class = pods.string_field(pod, "priorityClassName")
-        borrowed = pods.annotations_of(pod).get(BORROWED_ANNOTATION)
-    except pods.PodError as exc:
-        return _deny(f"malformed pod: {exc}")
+    label = view.labels.get(CLASS_LABEL)
+    priority_class = view.priority_class_name
+    borrowed = view.annotations.get(BORROWED_ANNOTATION)
     if label is None:
         return _deny(
             f"GPU pod lacks label {CLASS_LABEL}, which fairgate's mutating webhook sets: check "
@@ -170,15 +166,16 @@ def validate_update(
     groups: Sequence[str],
     config: FairgateConfig,
 ) -> Verdict:
-    """Verdict on a pod UPDATE by ``username`` (see the module contract)."""
-    try:
-        gate_removed = QUEUE_GATE in pods.gate_names(old_pod) and QUEUE_GATE not in (
-            pods.gate_names(new_pod)
-        )
-        label = _changed_key(pods.labels_of(old_pod), pods.labels_of(new_pod))
-        annotation = _changed_key(pods.annotations_of(old_pod), pods.annotations_of(new_pod))
-    except pods.PodError as exc:
-        return _deny(f"malformed pod: {exc}")
+    """Verdict on a pod UPDATE by ``username`` (each pod a :class:`PodView`, or the
+    review's object to parse; see the module contract)."""
+    old, new = read_pod(old_pod), read_pod(new_pod)
+    if isinstance(old, Denied):
+        return _deny(old.message)
+    if isinstance(new, Denied):
+        return _deny(new.message)
+    gate_removed = QUEUE_GATE in old.scheduling_gates and QUEUE_GATE not in new.scheduling_gates
+    label = _changed_key(old.labels, new.labels)
+    annotation = _changed_key(old.annotations, new.annotations)
     if gate_removed and username != DISPATCHER_USER:
         return _deny(
             f"only fairgate's dispatcher may remove the scheduling gate {QUEUE_GATE}: the pod "

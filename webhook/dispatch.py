@@ -33,6 +33,7 @@ from redis.retry import Retry
 
 from admission.demand import container_demand, held_demand
 from admission.dra import DraContext, ReleaseVerdict, release_check
+from admission.pods import PodView
 from audit import AuditLog
 from audit.log import DEFAULT_RETENTION, Retention
 from cost.budget import AuditSpend
@@ -100,19 +101,17 @@ def _current(source: ConfigSource) -> FairgateConfig | None:
         return None
 
 
-def _context(source: ConfigSource, dra: DraWatch, pod: Mapping[str, Any]) -> DraContext:
+def _context(source: ConfigSource, dra: DraWatch, pod: PodView) -> DraContext:
     """The DRA objects seen now, with the platform's device class rules, for ``pod``."""
     config = _current(source)
     rules = config.platform.device_class_rules if config else DEFAULT_DEVICE_CLASSES
-    namespace = str((pod.get("metadata") or {}).get("namespace", ""))
-    return DraContext(namespace, rules, dra.objects())
+    return DraContext(pod.namespace, rules, dra.objects())
 
 
-def _demand_of(source: ConfigSource,
-               dra: DraWatch) -> Callable[[Mapping[str, Any]], ResourceCounts]:
+def _demand_of(source: ConfigSource, dra: DraWatch) -> Callable[[PodView], ResourceCounts]:
     """:func:`admission.demand.held_demand` with the platform's rules and the DRA objects
     seen now."""
-    def demand_of(pod: Mapping[str, Any]) -> ResourceCounts:
+    def demand_of(pod: PodView) -> ResourceCounts:
         return held_demand(pod, _context(source, dra, pod))
 
     return demand_of
@@ -121,10 +120,10 @@ def _demand_of(source: ConfigSource,
 def _release_check(source: ConfigSource, dra: DraWatch) -> ReleaseCheck:
     """:func:`admission.dra.release_check` of a pod manifest against the devices its claims
     were priced at when it was admitted (its demand stamp less its containers')."""
-    def check(pod: Mapping[str, Any]) -> ReleaseVerdict:
+    def check(manifest: Mapping[str, Any]) -> ReleaseVerdict:
+        pod = PodView.parse(manifest)
         context = _context(source, dra, pod)
-        annotations = (pod.get("metadata") or {}).get("annotations") or {}
-        admitted = parse_counts(str(annotations.get(DEMAND_ANNOTATION, "")))
+        admitted = parse_counts(pod.annotations.get(DEMAND_ANNOTATION, ""))
         containers = container_demand(pod, context)
         claims = {r: n - containers.get(r, 0) for r, n in admitted.items()}
         return release_check(pod, claims, context)

@@ -67,7 +67,7 @@ from tenants.source import ConfigEdit, ConfigNotReadyError, ConfigSource, start_
 from webhook.app import create_app
 from webhook.auditing import audit_config_edit
 from webhook.connections import DEFAULT_LIMITS, ConnectionLimits, bounded_http
-from webhook.service import AdmissionService, asks_for_gpu
+from webhook.service import AdmissionService, asks_for_gpu, parsed
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -211,8 +211,9 @@ def _gang_source(options: ServeOptions, dra: DraWatch | None) -> GangWatch | Non
         from fairshare.cluster.gangs import GangWatch
 
         objects = dra.objects if dra is not None else (lambda: NO_OBJECTS)
-        watch = GangWatch(_cluster_api(),
-                          asks_for_gpu=lambda template: asks_for_gpu(template, "", objects()))
+        watch = GangWatch(
+            _cluster_api(),
+            asks_for_gpu=lambda template: asks_for_gpu(parsed(template), "", objects()))
         watch.start()
         return watch
     return None

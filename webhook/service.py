@@ -65,11 +65,11 @@ from admission.claimguard import (
     swap_refusal,
 )
 from admission.demand import pod_demand
-from admission.dra import NO_OBJECTS, DraContext, DraObjects, referenced_objects
+from admission.dra import NO_OBJECTS, DraContext, DraObjects
 from admission.gangs import NO_GANG_OBJECTS, GangObjects
 from admission.mutation import build_patch
 from admission.plan import Denied, NotOurs, PodGroup, PodPlan, plan_create
-from admission.pods import PodError, admitted_name
+from admission.pods import PodError, PodView, admitted_name
 from admission.reviews import (
     MAX_WARNING_CHARS,
     AdmissionRequest,
@@ -247,7 +247,7 @@ class DraSource(Protocol):
     def objects(self) -> DraObjects:
         """The objects seen now (never blocks)."""
 
-    def objects_for(self, pod: object, namespace: str) -> DraObjects:
+    def objects_for(self, pod: PodView, namespace: str) -> DraObjects:
         """The objects seen now, completed with what ``pod`` names (may read the API)."""
 
 
@@ -262,9 +262,11 @@ class GangSource(Protocol):
         """Gang id (``namespace/key``) -> size, of every gang those objects declare."""
 
 
-def asks_for_gpu(pod: object, namespace: str, dra: DraObjects) -> bool:
+def asks_for_gpu(pod: PodView | None, namespace: str, dra: DraObjects) -> bool:
     """Whether a pod asks for GPUs (DRA classes by the default rules); a pod that cannot
-    be read counts as asking."""
+    be read (None: not parsed) counts as asking."""
+    if pod is None:
+        return True
     try:
         return bool(pod_demand(pod, DraContext(namespace, objects=dra)))
     except Exception:
@@ -284,6 +286,15 @@ def _shortened(text: str, room: int) -> str:
     """``text`` in at most ``room`` characters (at least 8), cut with ``...``."""
     room = max(room, 8)
     return text if len(text) <= room else text[:room - 3].rstrip() + "..."
+
+
+def parsed(obj: object) -> PodView | None:
+    """A pod (a request's, a template's) parsed once, None when it cannot be read (the
+    core then refuses it, naming the field)."""
+    try:
+        return PodView.parse(obj)
+    except PodError:
+        return None
 
 
 def _queued_warning(plan: PodPlan, admission: Admission) -> str:
@@ -442,12 +453,12 @@ class AdmissionService:
     def _dra_now(self) -> DraObjects:
         return NO_OBJECTS if self.dra is None else self.dra.objects()
 
-    async def _dra_for(self, pod: object, namespace: str) -> DraObjects:
+    async def _dra_for(self, pod: PodView | None, namespace: str) -> DraObjects:
         """The DRA objects ``pod``'s demand depends on (reads the API only for a
         template or claim the watches have not delivered yet, off the event loop)."""
         if self.dra is None:
             return NO_OBJECTS
-        if not any(referenced_objects(pod)):
+        if pod is None or not pod.claims:
             return self.dra.objects()
         return await asyncio.to_thread(self.dra.objects_for, pod, namespace)
 
@@ -455,7 +466,7 @@ class AdmissionService:
         """Whether a request fairgate could not decide must be refused: a GPU pod (or one
         fairgate cannot read) and, at /validate, a ConfigMap; anything else passes."""
         if _is_pod(request):
-            return asks_for_gpu(request.object or request.old_object, request.namespace,
+            return asks_for_gpu(parsed(request.object or request.old_object), request.namespace,
                                  self._dra_now())
         created = _created_dra_object(request)
         if created is not None:
@@ -552,7 +563,7 @@ class AdmissionService:
     ) -> AdmissionReviewResponse:
         if not (_is_pod(request) and request.operation == "CREATE"):
             return allow(request.uid)
-        pod = request.object
+        pod = parsed(request.object)
         config = self.current_config()
         dra = await self._dra_for(pod, request.namespace)
         if config is None:
@@ -563,7 +574,8 @@ class AdmissionService:
                               code=503, reason="ServiceUnavailable")
         progress.config = config
         gangs = NO_GANG_OBJECTS if self.gangs is None else self.gangs.objects()
-        plan = plan_create(pod, request.namespace, request.uid, config, dra, gangs)
+        plan = plan_create(pod or request.object, request.namespace, request.uid, config, dra,
+                           gangs)
         if isinstance(plan, NotOurs):
             return allow(request.uid)
         if isinstance(plan, Denied):
@@ -577,7 +589,7 @@ class AdmissionService:
                 ticket=plan.ticket,
                 tenant=plan.tenant.name,
                 namespace=request.namespace,
-                name=request.name or _generate_name(pod),
+                name=request.name or _generate_name(request.object),
                 pod_class=plan.pod_class,
                 demand=plan.placement.keyed(plan.demand),
                 group=plan.group.name if plan.group else None,
@@ -599,11 +611,11 @@ class AdmissionService:
         except UnmintedTicketError as exc:
             return self._deny(request, progress, _planned(DENY, "unminted-ticket", plan),
                               f"fairgate refuses this pod: {exc}")
-        unnoted = await self._note_priced(request, progress, plan.ticket, config, dra)
+        unnoted = await self._note_priced(request, progress, pod, plan.ticket, config, dra)
         if unnoted is not None:
             return unnoted
         gated = admission.outcome == "queued"
-        ops = build_patch(_pod(pod), plan, admission.band, gated,
+        ops = build_patch(_pod(request.object), plan, admission.band, gated,
                           config.platform.priority_classes)
         warnings = list(plan.warnings)
         budget = await self._budget_warning(plan.tenant.name)
@@ -633,16 +645,16 @@ class AdmissionService:
                                           presented=presented)
 
     async def _note_priced(
-        self, request: AdmissionRequest, progress: Progress, ticket: str,
+        self, request: AdmissionRequest, progress: Progress, pod: PodView | None, ticket: str,
         config: FairgateConfig, dra: DraObjects,
     ) -> AdmissionReviewResponse | None:
         """Note in the queue what each ResourceClaim and ResourceClaimTemplate the pod
         names was priced at, under its ``ticket`` (one call; none for a dry run or a pod
         that names none); a Redis failure is answered as at admission, else None."""
-        if request.dry_run:
+        if request.dry_run or pod is None:
             return None
         context = DraContext(request.namespace, config.platform.device_class_rules, dra)
-        priced = priced_objects(request.object, context)
+        priced = priced_objects(pod, context)
         if not priced:
             return None
         try:
@@ -839,19 +851,21 @@ class AdmissionService:
         self, request: AdmissionRequest, progress: Progress
     ) -> AdmissionReviewResponse:
         config = self.current_config()
-        dra = await self._dra_for(request.object, request.namespace)
+        pod = parsed(request.object)
+        dra = await self._dra_for(pod, request.namespace)
         if config is None:
-            if not asks_for_gpu(request.object, request.namespace, dra):
+            if not asks_for_gpu(pod, request.namespace, dra):
                 return allow(request.uid)
             return self._deny(request, progress, _Decision(DENY, "config not loaded"),
                               NO_CONFIG_MESSAGE,
                               code=503, reason="ServiceUnavailable")
         user = request.user_info
         if request.operation == "CREATE":
-            verdict = validate_create(request.object, request.namespace, config, dra)
+            verdict = validate_create(pod or request.object, request.namespace, config, dra)
         else:
             verdict = validate_update(
-                request.old_object, request.object, user.username, tuple(user.groups), config
+                request.old_object, pod or request.object, user.username, tuple(user.groups),
+                config,
             )
         if verdict.allowed and request.operation == "CREATE" and verdict.ticket:
             tenant = config.tenant_of_namespace(request.namespace) or ""
@@ -968,7 +982,8 @@ def _pod(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
 
 
 def _generate_name(obj: Mapping[str, Any] | None) -> str:
-    """The name a pod is admitted under (:func:`admission.pods.admitted_name`): its
+    """The name an object is admitted under (:func:`admission.pods.admitted_name`): its
     ``metadata.name``, or ``<generateName as the API server cuts it>*``."""
-    metadata = obj.get("metadata") if isinstance(obj, Mapping) else None
-    return admitted_name(metadata) if isinstance(metadata, Mapping) else ""
+    metadata = _metadata(obj)
+    return admitted_name(str(metadata.get("name") or ""),
+                         str(metadata.get("generateName") or ""))

@@ -33,6 +33,7 @@ from urllib3.exceptions import HTTPError
 
 from admission.devices import NVIDIA_DRIVER, published_devices
 from admission.dra import AllocatedDevice, DraObject, DraObjects, referenced_objects
+from admission.pods import PodView
 from fairshare.cluster.watching import Backoff, watch
 
 log = logging.getLogger("fairgate.dra")
@@ -129,7 +130,7 @@ class DraWatch:
         with self._lock:
             return self._node_gpus
 
-    def objects_for(self, pod: object, namespace: str) -> DraObjects:
+    def objects_for(self, pod: PodView, namespace: str) -> DraObjects:
         """:meth:`objects`, completed with the templates and claims ``pod`` names that
         are not in it yet, read from the API server now."""
         objects = self.objects()

@@ -46,6 +46,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from admission.dra import Refuse, ReleaseVerdict, Wait
+from admission.pods import PodView
 from fairshare.cluster.cluster import (
     DEFAULT_NOT_READY_GRACE,
     CapacityReport,
@@ -143,7 +144,7 @@ def _band(
     return "inference" if pod_class == "inference" else "training"
 
 
-DemandOf = Callable[[Mapping[str, Any]], resources.ResourceCounts]
+DemandOf = Callable[[PodView], resources.ResourceCounts]
 ReleaseCheck = Callable[[Mapping[str, Any]], ReleaseVerdict]
 
 
@@ -182,7 +183,7 @@ def pod_from_manifest(
                     meta.get("namespace"), meta.get("name"))
         return None
     try:
-        held = demand_of(obj)
+        held = demand_of(PodView.parse(obj))
     except ValueError as error:  # not expected: the containers passed admission
         log.warning("pod %s/%s: demand from its spec: %s; counted as admitted (%s)",
                     meta.get("namespace"), meta.get("name"), error,
@@ -376,7 +377,7 @@ def foreign_pod(
     meta = obj.get("metadata") or {}
     ref = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
     try:
-        demand = demand_of(obj)
+        demand = demand_of(PodView.parse(obj))
     except ValueError as error:
         log.warning("pod %s on node %s: its GPU demand is unreadable (%s); not subtracted "
                     "from capacity", ref, node, error)

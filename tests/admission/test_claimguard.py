@@ -22,7 +22,7 @@ from admission.claimguard import (
     swap_refusal,
 )
 from admission.dra import claim_spec_demand, claims_demand
-from admission.pods import PodError
+from admission.pods import PodError, PodView
 from tenants.resources import ResourceCounts
 
 REF = DraObjectRef(NS, CLAIM, "c")
@@ -56,13 +56,13 @@ def test_each_named_object_is_priced_on_its_own() -> None:
     ctx = context(templates={"tpl": claim_spec({"exactly": exact(2)}, mig("1g.5gb", 3))},
                   claims={"c": claim_spec({"exactly": exact(1)}),
                           "nic": claim_spec({"exactly": exact(4, "nic.example.com")})})
-    assert priced_objects(pod, ctx) == {
+    assert priced_objects(PodView.parse(pod), ctx) == {
         DraObjectRef(NS, CLAIM, "c"): {"gpu": 1},
         DraObjectRef(NS, CLAIM, "nic"): {},  # noted too: swapping it for a GPU claim is more
         DraObjectRef(NS, TEMPLATE, "tpl"): {"gpu": 2, "mig-1g.5gb": 3},
     }
     assert DraObjectRef(NS, TEMPLATE, "tpl").key == f"{NS}/t/tpl"
-    assert priced_objects(dra_pod(), ctx) == {}
+    assert priced_objects(PodView.parse(dra_pod()), ctx) == {}
 
 
 def test_a_claim_and_a_template_at_create_are_read_and_priced() -> None:
@@ -156,7 +156,8 @@ def test_what_is_noted_is_what_the_pod_is_charged(gpus: int, migs: int,
     spec = claim_spec(*requests)
     pod = dra_pod([{"name": "a", "resourceClaimName": "c"}])
     ctx = context(claims={"c": spec})
-    assert priced_objects(pod, ctx) == {REF: claims_demand(pod, ctx)}
+    view = PodView.parse(pod)
+    assert priced_objects(view, ctx) == {REF: claims_demand(view, ctx)}
     new = created_object("resource.k8s.io", "ResourceClaim", NS, "c", claim(spec))
     assert new is not None and asked(new, ctx) == claim_spec_demand(spec, ctx, "c")
-    assert swap_refusal(REF, asked(new, ctx), [Admitted(claims_demand(pod, ctx))]) is None
+    assert swap_refusal(REF, asked(new, ctx), [Admitted(claims_demand(view, ctx))]) is None

@@ -8,6 +8,7 @@ import pytest
 from admission_kit import CONFIG, gpu_pod
 
 from admission.classes import ClassError, resolve_class
+from admission.pods import PodView
 from tenants.models import CLASS_LABEL, Tenant
 
 
@@ -78,7 +79,7 @@ def test_resolve_class(
     reason: str,
 ) -> None:
     pod = gpu_pod(labels={CLASS_LABEL: label} if label else None, owner=owner)
-    choice = resolve_class(pod, tenant("team-a", **changes))
+    choice = resolve_class(PodView.parse(pod), tenant("team-a", **changes))
     assert choice.pod_class == expected
     assert choice.overridden is overridden
     assert reason in choice.reason
@@ -96,9 +97,9 @@ def test_controller_owner_wins_over_first_owner() -> None:
             "controller": True,
         },
     ]
-    assert resolve_class(pod, tenant("team-a")).pod_class == "inference"
+    assert resolve_class(PodView.parse(pod), tenant("team-a")).pod_class == "inference"
 
 
 def test_tenant_without_classes_is_an_error() -> None:
     with pytest.raises(ClassError, match="allows no pod classes"):
-        resolve_class(gpu_pod(), tenant("team-a", classes=()))
+        resolve_class(PodView.parse(gpu_pod()), tenant("team-a", classes=()))

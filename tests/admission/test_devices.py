@@ -27,6 +27,7 @@ from test_dra import (
 
 from admission.demand import DemandError, pod_demand
 from admission.devices import Device, published_devices, selectable, size_of
+from admission.pods import PodView
 
 DEVICES = published_devices([mig_slice(MIG_PROFILES)])
 
@@ -34,7 +35,7 @@ DEVICES = published_devices([mig_slice(MIG_PROFILES)])
 def priced(expression: str, count: int = 1) -> dict[str, int]:
     spec = claim_spec({"exactly": exact(count, MIG_CLASS,
                                         selectors=[{"cel": {"expression": expression}}])})
-    return pod_demand(dra_pod(TEMPLATE), context({"t": spec}))
+    return pod_demand(PodView.parse(dra_pod(TEMPLATE)), context({"t": spec}))
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from admission.demand import DemandError, pod_demand
 from admission.devices import published_devices
 from admission.dra import DEVICE_CLASS_PREFIX, DraContext, DraObject, DraObjects
+from admission.pods import PodView
 from tenants.models import PlatformConfig
 
 NS = "team-a"
@@ -143,7 +144,7 @@ CLAIM = [{"name": "gpus", "resourceClaimName": "c"}]
 )
 def test_every_dra_route_is_counted(pod: dict[str, Any], ctx: DraContext,
                                     expected: dict[str, int]) -> None:
-    assert pod_demand(pod, ctx) == expected
+    assert pod_demand(PodView.parse(pod), ctx) == expected
 
 
 @pytest.mark.parametrize(
@@ -151,7 +152,6 @@ def test_every_dra_route_is_counted(pod: dict[str, Any], ctx: DraContext,
     [
         (dra_pod(TEMPLATE), context(), "ResourceClaimTemplate 't' not found"),
         (dra_pod(CLAIM), context(), "ResourceClaim 'c' not found"),
-        (dra_pod([{"name": "x"}]), context(), "name a resourceClaimName"),
         (dra_pod(TEMPLATE), context({"t": claim_spec({"exactly": exact(
             1, allocationMode="All")})}), "use allocationMode ExactCount"),
         # a profile no slice publishes: nothing to price it by
@@ -175,14 +175,14 @@ def test_every_dra_route_is_counted(pod: dict[str, Any], ctx: DraContext,
 def test_what_cannot_be_counted_is_refused_saying_what_to_change(
         pod: dict[str, Any], ctx: DraContext, says: str) -> None:
     with pytest.raises(DemandError, match=says):
-        pod_demand(pod, ctx)
+        pod_demand(PodView.parse(pod), ctx)
 
 
 def test_a_template_in_another_namespace_is_not_found() -> None:
     ctx = context({"t": claim_spec({"exactly": exact(8)})})
     other = DraContext("team-b", ctx.rules, ctx.objects)
     with pytest.raises(DemandError, match="not found in namespace 'team-b'"):
-        pod_demand(dra_pod(TEMPLATE), other)
+        pod_demand(PodView.parse(dra_pod(TEMPLATE)), other)
 
 
 def test_implicit_extended_resources_follow_the_effective_request_rule() -> None:
@@ -192,7 +192,7 @@ def test_implicit_extended_resources_follow_the_effective_request_rule() -> None
                                      container("side", {"nvidia.com/gpu": 1},
                                                restartPolicy="Always")]
     # the sidecar runs beside the app container (1 + 1); the init container alone has 4
-    assert pod_demand(pod, context()) == {"gpu": 4}
+    assert pod_demand(PodView.parse(pod), context()) == {"gpu": 4}
 
 
 def test_platform_refuses_an_unknown_device_class_rule() -> None:
@@ -223,4 +223,4 @@ def test_a_claim_counts_the_sum_of_its_requests(
             expected[short] = expected.get(short, 0) + count * claims
     entries = [{"name": f"c{i}", "resourceClaimTemplateName": "t"} for i in range(claims)]
     ctx = context({"t": claim_spec(*(r for _, _, r in reqs))})
-    assert pod_demand(dra_pod(entries), ctx) == expected
+    assert pod_demand(PodView.parse(dra_pod(entries)), ctx) == expected

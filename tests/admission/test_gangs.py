@@ -36,6 +36,7 @@ from admission.gangs import (
 )
 from admission.mutation import mutate_pod
 from admission.plan import Denied, PodPlan, plan_create
+from admission.pods import PodView
 from tenants.models import POD_GROUP_LABEL, POD_GROUP_SIZE_ANNOTATION
 
 UID = "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
@@ -57,7 +58,7 @@ def objects(*items: dict[str, Any]) -> GangObjects:
 
 
 def gang(pod: dict[str, Any], *items: dict[str, Any], namespace: str = NS) -> Gang | None:
-    return pod_gang(pod, namespace, objects(*items))
+    return pod_gang(PodView.parse(pod), namespace, objects(*items))
 
 
 def planned(pod: dict[str, Any], *items: dict[str, Any], namespace: str = NS) -> PodPlan:
@@ -299,7 +300,7 @@ def test_declared_sizes_match_what_pods_find() -> None:
     # the Job's own entry stays (an Indexed Job gang of its own pods' key)
     assert {k: v for k, v in sizes.items() if k in expected} == expected
     # the basic PodGroup declares its pods are no gang: size 1
-    basic = pod_gang(workload_pod("basic"), NS, objects(items[0]))
+    basic = pod_gang(PodView.parse(workload_pod("basic")), NS, objects(items[0]))
     assert basic is not None and basic.size is None  # before the PodGroup is seen
     assert {k: v for k, v in sizes.items() if k not in expected} == {(NS, basic.key): 1}
 

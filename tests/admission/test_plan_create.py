@@ -118,8 +118,8 @@ def test_pod_without_gpu_is_not_ours_even_in_unlabelled_namespace() -> None:
         (
             {"spec": {"containers": "nope"}},
             "team-a-train",
-            "invalid-demand",
-            ["spec.containers must be a list"],
+            "malformed-pod",
+            ["malformed pod: spec.containers must be a list"],
         ),
         # inference never borrows: per resource over nominal
         (

@@ -166,7 +166,7 @@ class TicketMachine(RuleBasedStateMachine):
 
     def generated(self, prefix: str) -> str:
         """The name the API server gives a pod of ``generateName`` ``prefix``."""
-        cut = admitted_name({"generateName": prefix})[:-1]
+        cut = admitted_name("", prefix)[:-1]
         return cut + _base36(self._next(), GENERATED_SUFFIX)
 
     def live(self, index: int) -> GpuPod | None:
@@ -180,7 +180,8 @@ class TicketMachine(RuleBasedStateMachine):
         """The mutating webhook's queue call (``admit`` under the admitted name)."""
         request = PodRequest(
             ticket=create.ticket, tenant=create.tenant, namespace=f"ns-{create.tenant}",
-            name=admitted_name(create.metadata), pod_class="training",
+            name=admitted_name(create.metadata.get("name", ""),
+                               create.metadata.get("generateName", "")), pod_class="training",
             demand={"gpu": create.gpus}, submitted_at=self.clock(),
         )
         try:

@@ -37,6 +37,7 @@ from admission.dra import (
     claims_demand,
     release_check,
 )
+from admission.pods import PodView
 from fairshare.cluster.kube import pod_from_manifest
 from tenants.models import PriorityClasses
 from tenants.resources import ResourceCounts, format_counts
@@ -190,16 +191,16 @@ class TenantSwaps:
         if pod in self.pods and self.pods[pod].state != "done":
             return
         source = "resourceClaimName" if kind == CLAIM else "resourceClaimTemplateName"
-        manifest = {"metadata": {"name": pod, "namespace": NS},
-                    "spec": {"containers": [{"name": "c"}],
-                             "resourceClaims": [{"name": "gpus", source: names}]}}
+        view = PodView.parse({"metadata": {"name": pod, "namespace": NS},
+                              "spec": {"containers": [{"name": "c"}],
+                                       "resourceClaims": [{"name": "gpus", source: names}]}})
         context = self.seen
         try:
-            admitted = claims_demand(manifest, context)
+            admitted = claims_demand(view, context)
         except DraError:
             return  # refused at CREATE
         self.pods[pod] = Pod(self._uid(), kind, names, admitted,
-                             claimguard.priced_objects(manifest, context))
+                             claimguard.priced_objects(view, context))
 
     def delete_generated_claim(self, pod: str) -> None:
         found = self.pods.get(pod)
@@ -248,7 +249,8 @@ class TenantSwaps:
         used = sum(self._charged(n, p) for n, p in self.pods.items() if p.state == "released")
         if used + sum(found.admitted.values()) > QUOTA:
             return
-        verdict = release_check(self._manifest(pod, found), found.admitted, self._context())
+        verdict = release_check(PodView.parse(self._manifest(pod, found)), found.admitted,
+                                self._context())
         if isinstance(verdict, Release):
             found.state = "released"
         elif isinstance(verdict, Refuse):

@@ -856,7 +856,7 @@ def test_a_long_generate_name_is_confirmed_as_the_api_server_names_the_pod(
     name that is not that prefix plus exactly 5 characters is another pod's."""
     q = queue_with(redis_client, {"gpu": 8}, a={"nominal": {"gpu": 4}})
     prefix = ("d" * length)[: length - 1] + "-"
-    admitted = admitted_name({"generateName": prefix})
+    admitted = admitted_name("", prefix)
     assert admitted == prefix[:58] + "*"
     req = PodRequest(f"t{length}", "a", "ns-a", admitted, "training", {"gpu": 1})
     assert q.admit(req, 0.0).outcome == "reserved"
