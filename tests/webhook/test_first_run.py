@@ -261,7 +261,9 @@ def test_every_page_renders_in_headless_chromium_with_no_console_message(
         rendered[url] = _browser_messages(driver)
         if url == "/queue":
             row = driver.find_element(By.CSS_SELECTOR, f'tr[data-pod="{gang_waiting}"]')
-            assert row.text.startswith(f"gang {gang_waiting} (2 pods)")
+            group = gang_waiting.split("/")[1]
+            assert row.text.startswith(
+                f"gang of pod group {group} ({gang_waiting}, 2 pods)"), row.text
         if url == "/fairness":
             _check_fairness_charts(driver)
         if url == "/audit?decision=deny":  # the denial in the words the user was told

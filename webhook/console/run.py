@@ -130,7 +130,8 @@ def _check_transport(options: ConsoleOptions) -> None:
 
 
 def cookie_notice(options: ConsoleOptions) -> str:
-    """The start-up line saying how the access-token cookie travels."""
+    """The start-up line saying how the access-token cookie travels (printed when it
+    matters: an insecure cookie, or plain http reachable from other hosts)."""
     if options.insecure_cookie:
         return ("console: WARNING: --insecure-cookie: the access-token cookie is not Secure; "
                 "browsers send the token over plain http wherever this console is reached")
@@ -229,7 +230,8 @@ def run_console(options: ConsoleOptions, out: IO[str] | None = None) -> int:
         scheme = "http" if reloader is None else "https"
         stdout.write(f"console: {_url(scheme, options.host, port, token)}\n")
         stdout.flush()
-        print(cookie_notice(options), file=sys.stderr, flush=True)
+        if options.insecure_cookie or (reloader is None and not _loopback(options.host)):
+            print(cookie_notice(options), file=sys.stderr, flush=True)
         events.start()
         stack.callback(events.stop)
         if reloader is None:
