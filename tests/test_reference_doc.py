@@ -53,7 +53,7 @@ def test_every_name_fairgate_uses_is_in_the_reference(constant: str) -> None:
 CONFIG_MODELS = {
     "Platform configuration (`platform.yaml`)": (
         models.PlatformConfig, models.TenantSpec, models.PricingSpec, models.FairShareSpec,
-        models.BudgetSpec, models.AutoscalingSpec, models.PriorityClasses,
+        models.ReclaimSpec, models.BudgetSpec, models.AutoscalingSpec, models.PriorityClasses,
         models.PriorityClassSpec, models.Principals),
     "Quota (`quota.yaml` of `quota-<tenant>`)": (models.QuotaSpec,),
     "Simulation trace": (trace_models.Trace, trace_models.TraceTenant, trace_models.Arrival),
