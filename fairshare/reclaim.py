@@ -20,6 +20,9 @@ docs/fairness.md, "Reclaim"):
 - Order: the tenant furthest above its entitlement (used / entitlement, counting what
   was already taken) first, within it the youngest victim (latest start) first; the
   choice stops as soon as what the head lacks is freed.
+- :func:`victims` groups running pods into candidates: a pod without a gang is one; a
+  gang is one only when all its ``group_size`` members are running and known (a
+  gang is reclaimed whole or not at all).
 - Loop-freedom: with Φ = Σ used² / entitlement over tenants, a reclaim that moves G_v
   from each victim tenant v to the owed tenant o under the rule above lowers Φ by at
   least G² / e_o, G = Σ G_v (docs/fairness.md gives the algebra). Φ >= 0 and every
@@ -33,6 +36,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from fairshare.cluster.cluster import GpuPod
+from fairshare.queue.model import gang_id
 from tenants.models import ReclaimSpec
 from tenants.resources import SLICES_PER_GPU, total_slices
 
@@ -73,6 +78,7 @@ class Victim:
     pods: int = 1
     preemptible: bool = True
     training: bool = True
+    tickets: tuple[str, ...] = ()  # of its pods (empty: the key alone)
 
     @property
     def gpus(self) -> float:
@@ -139,3 +145,31 @@ def choose(
                 if lacking[key] <= 0:
                     del lacking[key]
     return chosen
+
+
+def victims(running: Mapping[str, GpuPod], started: Mapping[str, float]) -> list[Victim]:
+    """The candidates among ``running`` (ticket -> pod running now, not being deleted;
+    ``started``: ticket -> when it was seen running), one per pod or whole gang."""
+    gangs: dict[str, list[GpuPod]] = {}
+    alone: list[Victim] = []
+    for ticket, pod in running.items():
+        if ticket not in started:
+            continue
+        gid = gang_id(pod.ref.namespace, pod.group, pod.group_size)
+        if gid is None:
+            alone.append(_victim(ticket, [pod], started))
+        else:
+            gangs.setdefault(gid, []).append(pod)
+    return alone + [_victim(gid, pods, started) for gid, pods in gangs.items()
+                    if len(pods) >= max(p.group_size for p in pods)]
+
+
+def _victim(key: str, pods: Sequence[GpuPod], started: Mapping[str, float]) -> Victim:
+    demand: dict[str, int] = {}
+    for pod in pods:
+        for name, n in pod.demand.items():
+            demand[name] = demand.get(name, 0) + n
+    return Victim(key, pods[0].tenant, demand, max(started[p.ticket] for p in pods),
+                  pods=len(pods), preemptible=all(p.preemptible for p in pods),
+                  training=all(p.pod_class == "training" for p in pods),
+                  tickets=tuple(sorted(p.ticket for p in pods)))

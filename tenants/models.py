@@ -36,6 +36,8 @@ PriorityBand = Literal["inference", "training", "borrowed"]
 TENANT_LABEL = "fairgate.io/tenant"
 CLASS_LABEL = "fairgate.io/class"
 POD_GROUP_LABEL = "fairgate.io/pod-group"
+PREEMPTIBLE_LABEL = "fairgate.io/preemptible"
+"""Set by the user to ``"true"`` on training pods that reclaim may evict (``fairShare.reclaim``)."""
 POD_GROUP_SIZE_ANNOTATION = "fairgate.io/pod-group-size"
 TICKET_ANNOTATION = "fairgate.io/ticket"
 DEMAND_ANNOTATION = "fairgate.io/demand"
