@@ -16,6 +16,7 @@ from audit.chain import (
     PRICING,
     QUEUE,
     QUOTA_CHANGE,
+    RECLAIM,
     RELEASE,
     START,
     AuditRecord,
@@ -28,6 +29,6 @@ from audit.log import STREAM, AuditLog, StoredRecord
 __all__ = [
     "ADMIT", "BUDGET", "CAPACITY", "DECISIONS", "DENY", "DISPATCH", "GENESIS", "OVERRUN",
     "PREEMPT", "PRICING", "QUEUE",
-    "QUOTA_CHANGE", "RELEASE", "START", "STREAM", "AuditLog", "AuditRecord", "ChainHead",
+    "QUOTA_CHANGE", "RECLAIM", "RELEASE", "START", "STREAM", "AuditLog", "AuditRecord", "ChainHead",
     "StoredRecord", "VerifyResult", "verify",
 ]

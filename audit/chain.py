@@ -54,8 +54,9 @@ CAPACITY = "capacity"
 PRICING = "pricing"
 BUDGET = "budget"
 OVERRUN = "overrun"
+RECLAIM = "reclaim"
 DECISIONS: tuple[str, ...] = (ADMIT, QUEUE, DENY, DISPATCH, RELEASE, QUOTA_CHANGE, START,
-                              PREEMPT, CAPACITY, PRICING, BUDGET, OVERRUN)
+                              PREEMPT, RECLAIM, CAPACITY, PRICING, BUDGET, OVERRUN)
 """The decisions fairgate records; others are allowed if they are lower-case words."""
 
 _DECISION = re.compile(r"^[a-z][a-z-]*$")

@@ -17,6 +17,13 @@ Contract:
   not know (Redis lost data, or a reservation expired before the pod appeared), or a queue that
   holds less usage or fewer queued pods than the pods seen (checked every status pass),
   triggers a reconcile, so usage and queue always converge on the cluster's truth.
+- Reclaim (``fairShare.reclaim``, off unless set, and only with an ``evictor``): every
+  ``reclaim_every`` seconds the first training hold (the head owed the next capacity)
+  is checked; :func:`fairshare.reclaim.choose` picks what to evict for it from the pods
+  running (their start as this dispatcher saw it), each victim pod is evicted through
+  the Eviction API, gets a ``Reclaimed`` Warning Event and a ``reclaim`` audit record
+  naming the head. No new reclaim is made while a pod evicted by the last one is still
+  there; the hour's count (``perHour``) is kept by this dispatcher, in memory.
 - Fencing epoch: every step first asks who the Redis primary is
   (:meth:`FairQueue.primary_epoch`); a new one (a Sentinel failover, a restart) is
   reconciled from the cluster in that same step, before anything is dispatched, since a
@@ -83,6 +90,7 @@ from audit import (
     OVERRUN,
     PREEMPT,
     PRICING,
+    RECLAIM,
     RELEASE,
     START,
     AuditLog,
@@ -95,6 +103,7 @@ from audit.usage import (
     pricing_detail,
     start_detail,
 )
+from fairshare import reclaim
 from fairshare.autoscale import (
     HEAD_LABEL,
     Head,
@@ -112,6 +121,7 @@ from fairshare.cluster.cluster import (
     GpuPod,
     LiftOutcome,
 )
+from fairshare.cluster.pod_evict import EVICTED, Evictor
 from fairshare.cluster.provisioning import Provisioner
 from fairshare.cluster.reconcile import reconcile, twin_ticket
 from fairshare.metrics import DispatcherMetrics
@@ -123,8 +133,9 @@ from fairshare.queue.budget import (
     held_note,
 )
 from fairshare.queue.calls import UnknownTenantError
+from fairshare.queue.entitlement import snapshot_fairness
 from fairshare.queue.fairqueue import FairQueue
-from fairshare.queue.model import Release, ServiceSnapshot, TenantStatus, gang_id
+from fairshare.queue.model import Hold, Release, ServiceSnapshot, TenantStatus, gang_id
 from tenants.models import PROVISIONING_CLASS, AutoscalingSpec, FairgateConfig, PodClass
 from tenants.resources import SLICES_PER_GPU, format_counts
 
@@ -152,6 +163,7 @@ class DispatcherSettings:
     unschedulable_grace: float = DEFAULT_UNSCHEDULABLE_GRACE  # released, Unschedulable: caught
     budget_every: float = DEFAULT_BUDGET_EVERY  # month-to-date spend billed again (with spend)
     service_every: float = 5.0  # service counters kept to restore after a Redis loss
+    reclaim_every: float = 10.0  # with fairShare.reclaim: how often the owed head is checked
 
 
 @dataclass
@@ -213,6 +225,7 @@ class Dispatcher:
         settings: DispatcherSettings | None = None,
         spend: SpendSource | None = None,
         provisioner: Provisioner | None = None,
+        evictor: Evictor | None = None,
     ) -> None:
         """Dispatch ``queue`` into ``cluster`` with the config ``config()`` returns;
         with ``spend``, enforce the tenants' budgets; with ``provisioner``, ask for nodes
@@ -227,6 +240,10 @@ class Dispatcher:
         self.settings = settings or DispatcherSettings()
         self.spend = spend
         self.provisioner = provisioner
+        self.evictor = evictor
+        self._last_reclaim = float("-inf")
+        self._reclaimed: list[float] = []  # when each pod reclaimed in the last hour was
+        self._evicting: set[str] = set()  # tickets evicted by reclaim, not released yet
         self._heads: dict[str, Head] = {}  # key -> an entry released towards new nodes
         self._held: dict[str, str] = {}  # ticket -> its head, released but kept gated
         self._noted_heads: list[dict[str, Any]] | None = None
@@ -593,6 +610,7 @@ class Dispatcher:
         self._meter(pod, self.clock())
         self._metered.pop(pod.ticket, None)
         started = self._started.pop(pod.ticket, None)
+        self._evicting.discard(pod.ticket)
         if self.queue.release(pod.ticket, pod.uid, self.clock()):
             log.info("released usage", extra={"fields": _fields(pod, reason=why)})
             if started is not None and pod.preempted:
@@ -921,6 +939,58 @@ class Dispatcher:
                     self._meter(pod, now)
             self._check_drift(snapshot.tenants)
             self._queued_events(now)
+        if now - self._last_reclaim >= self.settings.reclaim_every:
+            self._last_reclaim = now
+            self._reclaim(now)
+
+    # -- reclaim (fairShare.reclaim) ----------------------------------------------------
+
+    def _reclaim(self, now: float) -> None:
+        """With ``fairShare.reclaim`` on, evict for the owed training head what
+        :func:`fairshare.reclaim.choose` picks; one reclaim at a time (none while the
+        pods of the last one are still terminating)."""
+        spec = self._synced[0].platform.fair_share.reclaim if self._synced else None
+        if spec is None or self.evictor is None:
+            return
+        self._reclaimed = [at for at in self._reclaimed if now - at < reclaim.HOUR]
+        self._evicting &= set(self.pods)
+        if self._evicting:
+            return
+        hold = next((h for h in self.queue.holds(now) if h.band != "inference"), None)
+        head = self.pods.get(self.queue.find(hold.namespace, hold.name) or "") if hold else None
+        if hold is None or head is None:
+            return
+        owed = reclaim.Owed(
+            hold.tenant, {k: n - hold.held.get(k, 0) for k, n in hold.demand.items()},
+            hold.demand, head.created)
+        fair = snapshot_fairness(self.queue.snapshot())
+        standings = {name: reclaim.Standing(t.used, t.entitlement)
+                     for name, t in fair.tenants.items()}
+        running = {ticket: pod for ticket, pod in self.pods.items()
+                   if pod.phase == "Running" and not pod.gated and not pod.deleting}
+        chosen = reclaim.choose(owed, standings, reclaim.victims(running, self._started),
+                                spec, now, self._reclaimed)
+        for victim in chosen:
+            for ticket in victim.tickets:
+                self._evict(running[ticket], hold, now)
+
+    def _evict(self, pod: GpuPod, hold: Hold, now: float) -> None:
+        assert self.evictor is not None
+        for_whom = f"{hold.namespace}/{hold.name} of tenant {hold.tenant}"
+        outcome = self.evictor.evict(pod)
+        if outcome != EVICTED:
+            log.info("reclaim: eviction not made",
+                     extra={"fields": _fields(pod, outcome=outcome, owed=for_whom)})
+            return
+        self._reclaimed.append(now)
+        self._evicting.add(pod.ticket)
+        ran = max(0.0, now - self._started.get(pod.ticket, now))
+        reason = (f"reclaimed for {for_whom} (owed its fair share) after {ran:.1f}s "
+                  "running")
+        log.info("reclaimed", extra={"fields": _fields(pod, owed=for_whom, ran_seconds=ran)})
+        self.cluster.post_event(pod, "Reclaimed", f"Evicted: {reason}", "Warning")
+        self._record(RECLAIM, pod, reason=reason,
+                     diff=preempt_detail(pod.band, ran, f"{hold.namespace}/{hold.name}"))
 
     def _budget_pass(self, now: float, config: FairgateConfig, spend: SpendSource) -> None:
         """Compute month-to-date spend, store and audit the budget states, and sync the

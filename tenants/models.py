@@ -36,6 +36,8 @@ PriorityBand = Literal["inference", "training", "borrowed"]
 TENANT_LABEL = "fairgate.io/tenant"
 CLASS_LABEL = "fairgate.io/class"
 POD_GROUP_LABEL = "fairgate.io/pod-group"
+PREEMPTIBLE_LABEL = "fairgate.io/preemptible"
+"""Set by the user to ``"true"`` on training pods that reclaim may evict (``fairShare.reclaim``)."""
 POD_GROUP_SIZE_ANNOTATION = "fairgate.io/pod-group-size"
 TICKET_ANNOTATION = "fairgate.io/ticket"
 DEMAND_ANNOTATION = "fairgate.io/demand"
@@ -188,6 +190,36 @@ def parse_duration(value: object) -> float:
     return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
 
 
+class ReclaimSpec(_Strict):
+    """``fairShare.reclaim`` of ``platform.yaml``: fair-share preemption (off when absent).
+
+    A tenant owed capacity whose head pod has waited at least ``after`` may have
+    preemptible training pods (label ``fairgate.io/preemptible: "true"``) of tenants
+    above their entitlement evicted for it, only pods that have run at least
+    ``minRuntime``, at most ``perHour`` pods per hour cluster-wide (see
+    ``fairshare.reclaim``). Durations are written ``5m``, ``30m``, ``90s``, ``1h``
+    (seconds once parsed); ``perHour`` is a whole number of 1 or more. All three are
+    required: reclaim evicts running work, so nothing about it is left to a default.
+    """
+
+    after: float
+    min_runtime: float = Field(alias="minRuntime")
+    per_hour: StrictInt = Field(alias="perHour")
+
+    @field_validator("after", "min_runtime", mode="before")
+    @classmethod
+    def _duration(cls, value: object) -> float:
+        return parse_duration(value)
+
+    @field_validator("per_hour")
+    @classmethod
+    def _positive(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(f"perHour is {value}: write 1 or more (pods reclaimed per hour, "
+                             "cluster-wide); to turn reclaim off, leave fairShare.reclaim out")
+        return value
+
+
 class FairShareSpec(_Strict):
     """``fairShare`` of ``platform.yaml``: how the queue measures a tenant's share.
 
@@ -198,9 +230,11 @@ class FairShareSpec(_Strict):
     ``usageHalfLife`` (seconds once parsed; written ``1h``, ``30m``, ``90s``): instead,
     usage history decayed with this half-life, Slurm-like: a tenant that was idle is
     owed credit when it returns. 0: current usage only (ties go to the oldest backlog).
+    ``reclaim`` (:class:`ReclaimSpec`): fair-share preemption; None (the default) is off.
     """
 
     usage_half_life: float | None = Field(None, alias="usageHalfLife")
+    reclaim: ReclaimSpec | None = None
 
     @field_validator("usage_half_life", mode="before")
     @classmethod

@@ -38,7 +38,8 @@ def _mentioned(key: str, text: str) -> bool:
 
 
 NAMES = [
-    "TENANT_LABEL", "CLASS_LABEL", "POD_GROUP_LABEL", "POD_GROUP_SIZE_ANNOTATION",
+    "TENANT_LABEL", "CLASS_LABEL", "POD_GROUP_LABEL", "PREEMPTIBLE_LABEL",
+    "POD_GROUP_SIZE_ANNOTATION",
     "TICKET_ANNOTATION", "DEMAND_ANNOTATION", "BORROWED_ANNOTATION", "QUEUE_GATE",
     "QUOTA_LABEL", "CONTROL_NAMESPACE", "PLATFORM_CONFIGMAP", "PLATFORM_KEY", "QUOTA_KEY",
 ]
@@ -53,7 +54,7 @@ def test_every_name_fairgate_uses_is_in_the_reference(constant: str) -> None:
 CONFIG_MODELS = {
     "Platform configuration (`platform.yaml`)": (
         models.PlatformConfig, models.TenantSpec, models.PricingSpec, models.FairShareSpec,
-        models.BudgetSpec, models.AutoscalingSpec, models.PriorityClasses,
+        models.ReclaimSpec, models.BudgetSpec, models.AutoscalingSpec, models.PriorityClasses,
         models.PriorityClassSpec, models.Principals),
     "Quota (`quota.yaml` of `quota-<tenant>`)": (models.QuotaSpec,),
     "Simulation trace": (trace_models.Trace, trace_models.TraceTenant, trace_models.Arrival),

@@ -40,6 +40,7 @@ from cost.budget import AuditSpend
 from fairshare.cluster.cluster import DEFAULT_NOT_READY_GRACE, DEFAULT_UNSCHEDULABLE_GRACE
 from fairshare.cluster.dra import DraWatch
 from fairshare.cluster.kube import KubeCluster, ReleaseCheck, api_client
+from fairshare.cluster.pod_evict import KubeEvictor
 from fairshare.cluster.provisioning import KubeProvisioner
 from fairshare.connection import RedisTarget, connect_redis
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
@@ -165,7 +166,8 @@ def run_dispatch(redis_target: RedisTarget | str, config_dir: Path | None = None
                             metrics=metrics, audit=audit,
                             settings=DispatcherSettings(unschedulable_grace=unschedulable_grace,
                                                         budget_every=budget_every),
-                            spend=AuditSpend(audit), provisioner=KubeProvisioner(api))
+                            spend=AuditSpend(audit), provisioner=KubeProvisioner(api),
+                            evictor=KubeEvictor(api))
     cluster.start()
     log.info("dispatching from %s", target)
     try:

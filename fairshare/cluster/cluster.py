@@ -85,6 +85,7 @@ class GpuPod:
     gpu_product: str | None = None  # its node's nvidia.com/gpu.product, when known
     preempted: bool = False  # DisruptionTarget condition, reason PreemptionByScheduler
     preemptor: str | None = None  # ``namespace/name`` of the pod it made room for, if known
+    preemptible: bool = False  # labelled fairgate.io/preemptible: "true" (reclaim may evict it)
     overrun: Mapping[str, int] = field(default_factory=dict)
     """What its DRA claims were allocated beyond what it was admitted for, by resource
     (counted in :attr:`demand`); empty when within."""

@@ -71,6 +71,7 @@ from tenants.models import (
     GPU_TOLERATION,
     POD_GROUP_LABEL,
     POD_GROUP_SIZE_ANNOTATION,
+    PREEMPTIBLE_LABEL,
     QUEUE_GATE,
     TENANT_LABEL,
     TICKET_ANNOTATION,
@@ -219,6 +220,7 @@ def pod_from_manifest(
         deleting=meta.get("deletionTimestamp") is not None,
         unschedulable=unschedulable(status),
         preempted=preempted_by_scheduler(status),
+        preemptible=labels.get(PREEMPTIBLE_LABEL) == "true",
         overrun=overrun,
     )
 

@@ -85,6 +85,7 @@ class PodSpec:
     duration: float
     group: str | None = None
     group_size: int = 1
+    preemptible: bool = False  # labelled fairgate.io/preemptible: "true"
 
 
 @dataclass(frozen=True)
@@ -234,7 +235,8 @@ class SimulatedCluster:
             ticket=placement.ticket,
             tenant=spec.tenant, pod_class=spec.pod_class, band=placement.band,
             demand=dict(spec.demand), group=spec.group, group_size=spec.group_size,
-            phase="Pending", gated=placement.gated, node=None, created=now,
+            preemptible=spec.preemptible, phase="Pending", gated=placement.gated, node=None,
+            created=now,
         )
         sim = _SimPod(pod, spec, seq)
         self._pods[uid] = sim

@@ -149,6 +149,14 @@ class Trace(_Strict):
 
     _known_capacity = field_validator("capacity")(_capacity_keys)
 
+    @field_validator("fair_share")
+    @classmethod
+    def _no_reclaim(cls, value: FairShareSpec) -> FairShareSpec:
+        if value.reclaim is not None:
+            raise ValueError("the simulator does not play fairShare.reclaim: leave it out "
+                             "of the trace (the simulation runs with reclaim off)")
+        return value
+
     def config(self) -> FairgateConfig:
         """The platform and quota configuration the simulated queue runs with."""
         platform = PlatformConfig.model_validate(

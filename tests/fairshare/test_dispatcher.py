@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import redis
 
-from audit import CAPACITY, DISPATCH, RELEASE, START, AuditLog
+from audit import CAPACITY, DISPATCH, RECLAIM, RELEASE, START, AuditLog
 from fairshare.cluster.cluster import (
     CapacityReport,
     ChangeKind,
@@ -19,10 +19,12 @@ from fairshare.cluster.cluster import (
     GpuPod,
     LiftOutcome,
 )
+from fairshare.cluster.pod_evict import EVICTED, EvictOutcome
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import PodRequest
 from fairshare.sim.simcluster import PodSpec, SimulatedCluster, VirtualClock
+from tenants.models import FairgateConfig, FairShareSpec
 from tests.fairshare.simkit import admit_hook, make_config, make_rig
 
 TEAM_A = {"team-a": {"weight": 1, "nominal": {"gpu": 4}}}
@@ -446,3 +448,72 @@ def test_a_new_redis_primary_is_reconciled_in_the_same_step(
     assert _used(rig.queue) == (14 if promote else 7)
     assert (rig.queue.ticket_status(ticket, rig.clock()) is not None) is promote
     assert rig.dispatcher.metrics.primary_changes._value.get() == int(promote)
+
+
+class _Evictions:
+    """An evictor that records the pods it was asked to evict (the cluster keeps them)."""
+
+    def __init__(self) -> None:
+        self.pods: list[GpuPod] = []
+
+    def evict(self, pod: GpuPod) -> EvictOutcome:
+        self.pods.append(pod)
+        return EVICTED
+
+
+def _reclaim_rig(redis_url: str, reclaim: dict[str, Any] | None, preemptible: bool,
+                 audit: AuditLog | None = None) -> tuple[Any, _Evictions]:
+    """16 GPUs full of "old"'s long training pods (started at 1,000 s), then "new" asks
+    for 2 x 8 GPUs at 1,010 s; the dispatcher checks for reclaim on every step."""
+    tenants = {name: {"weight": 1, "nominal": {"gpu": 16}} for name in ("old", "new")}
+    rig = make_rig(redis_url, tenants, {"gpu": 16}, audit=audit,
+                   settings=DispatcherSettings(reclaim_every=0.0))
+    platform = rig.config.platform.model_copy(update={"fair_share": FairShareSpec.model_validate(
+        {} if reclaim is None else {"reclaim": reclaim})})
+    config = FairgateConfig(platform=platform, quotas=rig.config.quotas)
+    rig.dispatcher.config = lambda: config
+    evictions = _Evictions()
+    rig.dispatcher.evictor = evictions
+    for i in range(4):
+        rig.cluster.create_pod(PodSpec("old-ns", f"old-{i}", "old", "training", {"gpu": 4},
+                                       duration=8 * 3600, preemptible=preemptible))
+    rig.settle()
+    rig.at(1_010.0)
+    for i in range(2):
+        rig.cluster.create_pod(PodSpec("new-ns", f"new-{i}", "new", "training", {"gpu": 8},
+                                       duration=3600))
+    rig.settle()
+    return rig, evictions
+
+
+RECLAIM_ON = {"after": "1m", "minRuntime": "10m", "perHour": 12}
+
+
+def test_reclaim_evicts_for_the_owed_head_only_what_it_lacks(redis_url: str) -> None:
+    audit = AuditLog(redis.Redis.from_url(redis_url), out=io.StringIO())
+    rig, evictions = _reclaim_rig(redis_url, RECLAIM_ON, preemptible=True, audit=audit)
+    rig.at(1_500.0)  # the head waited 490 s, the pods ran 500 s: not minRuntime yet
+    assert evictions.pods == []
+    rig.at(1_700.0)
+    assert [p.tenant for p in evictions.pods] == ["old", "old"]  # 8 GPUs for new's head
+    warned = [e for e in rig.cluster.events if e.reason == "Reclaimed"]
+    assert [e.type_ for e in warned] == ["Warning", "Warning"]
+    assert "reclaimed for new-ns/new-0 of tenant new" in warned[0].message
+    records = [e.record for e in audit.entries()
+               if e.record is not None and e.record.decision == RECLAIM]
+    assert sorted(r.name for r in records) == sorted(p.ref.name for p in evictions.pods)
+    rig.at(2_000.0)  # the evicted pods are still terminating: nothing more is evicted
+    assert len(evictions.pods) == 2
+
+
+@pytest.mark.parametrize(("reclaim", "preemptible"),
+                         [(None, True), (None, False), (RECLAIM_ON, False)],
+                         ids=["off", "off-unlabelled", "on-unlabelled"])
+def test_no_training_pod_is_evicted_for_training_unless_reclaim_is_on(
+    redis_url: str, reclaim: dict[str, Any] | None, preemptible: bool,
+) -> None:
+    rig, evictions = _reclaim_rig(redis_url, reclaim, preemptible)
+    for at in (1_700.0, 5_000.0, 20_000.0):
+        rig.at(at)
+    assert evictions.pods == []
+    assert not [e for e in rig.cluster.events if e.reason == "Reclaimed"]

@@ -98,7 +98,11 @@ EXPECTED: dict[Subject, set[Grant]] = {
     | {(NS, "", "secrets", "create", None)}
     | {(NS, "", "secrets", v, s) for v in ("get", "update", "patch")
        for s in ("fairgate-webhook-tls", "fairgate-redis-auth")},
-    DISPATCHER: COMMON | {(None, "", "pods", "patch", None)},
+    DISPATCHER: COMMON | {(None, "", "pods", "patch", None),
+                          # reclaim evicts through the Eviction API: a create on the
+                          # pods/eviction subresource (PDBs and grace periods hold), never
+                          # a delete of the pod
+                          (None, "", "pods/eviction", "create", None)},
     # TokenReview and SubjectAccessReview, and reads: the console's access checks; its
     # own certificate Secret (the TLS sidecar creates and renews it).
     CONSOLE: {(None, "authentication.k8s.io", "tokenreviews", "create", None),

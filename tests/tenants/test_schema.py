@@ -294,3 +294,33 @@ def test_autoscaling_errors_say_what_to_write(text: str, expected: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_platform(text)
     assert expected in str(info.value)
+
+
+def test_reclaim_is_off_unless_configured() -> None:
+    assert parse_platform(PLATFORM).fair_share.reclaim is None
+
+
+def test_reclaim_parses_durations_and_rate() -> None:
+    spec = parse_platform(
+        "fairShare: {reclaim: {after: 5m, minRuntime: 30m, perHour: 12}}").fair_share.reclaim
+    assert spec is not None
+    assert (spec.after, spec.min_runtime, spec.per_hour) == (300.0, 1800.0, 12)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("fairShare: {reclaim: {after: 5m, minRuntime: 30m}}",
+         "fairShare.reclaim.perHour: Field required"),
+        ("fairShare: {reclaim: {after: 5m, minRuntime: 30m, perHour: 0}}",
+         "fairShare.reclaim.perHour: perHour is 0: write 1 or more"),
+        ("fairShare: {reclaim: {after: soon, minRuntime: 30m, perHour: 2}}",
+         "fairShare.reclaim.after: must be a duration such as 1h, 30m, 90s"),
+        ("fairShare: {reclaim: {after: 5m, minruntime: 30m, perHour: 2}}",
+         "fairShare.reclaim.minruntime: unknown key"),
+    ],
+)
+def test_reclaim_errors_say_what_to_write(text: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_platform(text)
+    assert expected in str(info.value)

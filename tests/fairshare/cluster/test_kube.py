@@ -85,6 +85,16 @@ def test_the_band_falls_back_to_the_borrowed_annotation_and_the_class() -> None:
     assert second is not None and second.band == "borrowed"
 
 
+def test_only_the_label_preemptible_true_marks_a_pod_preemptible() -> None:
+    pod = copy.deepcopy(STAMPED)
+    unlabelled = pod_from_manifest(pod, PRIORITY, pod_demand)
+    assert unlabelled is not None and not unlabelled.preemptible
+    for value, expected in (("true", True), ("True", False), ("yes", False)):
+        pod["metadata"]["labels"]["fairgate.io/preemptible"] = value
+        parsed = pod_from_manifest(pod, PRIORITY, pod_demand)
+        assert parsed is not None and parsed.preemptible is expected, value
+
+
 def test_pods_fairgate_did_not_stamp_are_not_tracked() -> None:
     for broken in (
         ("metadata", "annotations", "fairgate.io/ticket"),

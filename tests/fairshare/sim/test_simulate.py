@@ -333,3 +333,16 @@ def test_a_preempted_pod_is_counted_once(redis_url: str) -> None:
         research = report.tenants["research"]
         assert research.admitted + research.waiting == sum(
             1 for pod in trace.pods() if pod.tenant == "research" and pod.at <= horizon)
+
+
+def test_a_trace_that_asks_for_reclaim_is_refused_not_played_without_it() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_trace({
+            "capacity": {"gpu": 2},
+            "tenants": {"team-a": {"weight": 1, "nominal": {"gpu": 1}}},
+            "arrivals": [{"at": 0, "tenant": "team-a", "class": "training",
+                          "demand": {"gpu": 1}, "duration": 5}],
+            "horizon": 10,
+            "fairShare": {"reclaim": {"after": "5m", "minRuntime": "30m", "perHour": 2}},
+        })
+    assert "does not play fairShare.reclaim" in str(caught.value)

@@ -1,0 +1,175 @@
+"""Reclaim: which running pods to evict for a tenant owed capacity (pure; no I/O).
+
+Contract (``fairShare.reclaim`` of ``platform.yaml``, :class:`tenants.models.ReclaimSpec`;
+docs/fairness.md, "Reclaim"):
+- :func:`choose` gets the owed head (:class:`Owed`: its tenant, what it still lacks per
+  capacity key, when it started waiting), every tenant's :class:`Standing` (GPU-time in
+  use and entitlement, GPU-equivalents), the running :class:`Victim` candidates (a pod,
+  or a whole gang), the spec, the time now and when the pods reclaimed in the last hour
+  were reclaimed. It returns the victims to evict, in order, or nothing.
+- Nothing is reclaimed unless the head has waited at least ``after``, its tenant is
+  below its entitlement, and the victims chosen free all it lacks (a partial reclaim
+  loses work and still leaves the head waiting) within ``perHour`` pods counted over
+  the last hour, cluster-wide (a gang counts all its pods).
+- A victim is training, labelled ``fairgate.io/preemptible: "true"`` (a gang: every
+  member), every member has run at least ``minRuntime``, it frees some of what the
+  head lacks, and its tenant is not the owed one. It is taken only when, with it and
+  the victims taken before it from the same tenant gone, that tenant still holds at
+  least its own entitlement, and at least the owed tenant's GPU-time / entitlement
+  once the head runs (used + the head's whole demand): a strict improvement.
+- Order: the tenant furthest above its entitlement (used / entitlement, counting what
+  was already taken) first, within it the youngest victim (latest start) first; the
+  choice stops as soon as what the head lacks is freed.
+- :func:`victims` groups running pods into candidates: a pod without a gang is one; a
+  gang is one only when all its ``group_size`` members are running and known (a
+  gang is reclaimed whole or not at all).
+- Loop-freedom: with Φ = Σ used² / entitlement over tenants, a reclaim that moves G_v
+  from each victim tenant v to the owed tenant o under the rule above lowers Φ by at
+  least G² / e_o, G = Σ G_v (docs/fairness.md gives the algebra). Φ >= 0 and every
+  reclaim lowers it by a positive amount, so reclaims between the same tenants cannot
+  go on in turn; and right after o reclaimed from v, v is at or above o's ratio, so v
+  is not owed by o's measure and o is not above it: the reverse reclaim is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from fairshare.cluster.cluster import GpuPod
+from fairshare.queue.model import gang_id
+from tenants.models import ReclaimSpec
+from tenants.resources import SLICES_PER_GPU, total_slices
+
+HOUR = 3600.0
+
+
+@dataclass(frozen=True)
+class Owed:
+    """The head owed the next capacity: ``lacks`` is its demand less what is held for it
+    (units per capacity key), ``demand`` its whole demand, ``since`` its creation."""
+
+    tenant: str
+    lacks: Mapping[str, int]
+    demand: Mapping[str, int]
+    since: float
+
+
+@dataclass(frozen=True)
+class Standing:
+    """A tenant's GPU-equivalents in use and its entitlement."""
+
+    used: float
+    entitlement: float
+
+
+@dataclass(frozen=True)
+class Victim:
+    """A running pod, or a whole gang (``pods`` > 1), that could be reclaimed.
+
+    ``started``: when its youngest member started running; ``preemptible``: every
+    member carries ``fairgate.io/preemptible: "true"``; ``training``: every member is
+    training."""
+
+    key: str  # a ticket, or a gang id
+    tenant: str
+    demand: Mapping[str, int]  # summed over its members, per capacity key
+    started: float
+    pods: int = 1
+    preemptible: bool = True
+    training: bool = True
+    tickets: tuple[str, ...] = ()  # of its pods (empty: the key alone)
+
+    @property
+    def gpus(self) -> float:
+        """Its GPU-equivalents."""
+        return total_slices(self.demand) / SLICES_PER_GPU
+
+
+def _ratio(used: float, entitlement: float) -> float:
+    return used / entitlement if entitlement > 0 else float("inf")
+
+
+def eligible(victim: Victim, owed: Owed, spec: ReclaimSpec, now: float) -> bool:
+    """Whether ``victim`` may be reclaimed at all for ``owed`` (label, class, run time,
+    another tenant, frees something the head lacks)."""
+    return (victim.training and victim.preemptible and victim.tenant != owed.tenant
+            and now - victim.started >= spec.min_runtime
+            and any(owed.lacks.get(key, 0) > 0 for key, n in victim.demand.items() if n > 0))
+
+
+def choose(
+    owed: Owed, standings: Mapping[str, Standing], victims: Sequence[Victim],
+    spec: ReclaimSpec, now: float, recent: Sequence[float],
+) -> list[Victim]:
+    """The victims to evict for ``owed`` (see the module contract), or []."""
+    mine = standings.get(owed.tenant)
+    if mine is None or now - owed.since < spec.after or mine.used >= mine.entitlement:
+        return []
+    budget = spec.per_hour - sum(1 for at in recent if now - at < HOUR)
+    target = _ratio(mine.used + total_slices(owed.demand) / SLICES_PER_GPU,
+                    mine.entitlement)
+    lacking = {key: n for key, n in owed.lacks.items() if n > 0}
+    taken: dict[str, float] = {}
+    chosen: list[Victim] = []
+    left = sorted((v for v in victims if eligible(v, owed, spec, now)),
+                  key=lambda v: (-v.started, v.key))
+
+    def after(victim: Victim) -> float:
+        standing = standings[victim.tenant]
+        return standing.used - taken.get(victim.tenant, 0.0) - victim.gpus
+
+    def allowed(victim: Victim) -> bool:
+        standing = standings.get(victim.tenant)
+        if standing is None or victim.pods > budget:
+            return False
+        rest = after(victim)
+        return rest >= standing.entitlement and _ratio(rest, standing.entitlement) >= target
+
+    while lacking:
+        fits = [v for v in left if allowed(v)
+                and any(lacking.get(key, 0) > 0 for key in v.demand)]
+        if not fits:
+            return []
+        # furthest above its entitlement first (what was taken counted), youngest first
+        pick = min(fits, key=lambda v: (
+            -_ratio(standings[v.tenant].used - taken.get(v.tenant, 0.0),
+                    standings[v.tenant].entitlement), -v.started, v.key))
+        chosen.append(pick)
+        left.remove(pick)
+        budget -= pick.pods
+        taken[pick.tenant] = taken.get(pick.tenant, 0.0) + pick.gpus
+        for key, n in pick.demand.items():
+            if key in lacking:
+                lacking[key] -= n
+                if lacking[key] <= 0:
+                    del lacking[key]
+    return chosen
+
+
+def victims(running: Mapping[str, GpuPod], started: Mapping[str, float]) -> list[Victim]:
+    """The candidates among ``running`` (ticket -> pod running now, not being deleted;
+    ``started``: ticket -> when it was seen running), one per pod or whole gang."""
+    gangs: dict[str, list[GpuPod]] = {}
+    alone: list[Victim] = []
+    for ticket, pod in running.items():
+        if ticket not in started:
+            continue
+        gid = gang_id(pod.ref.namespace, pod.group, pod.group_size)
+        if gid is None:
+            alone.append(_victim(ticket, [pod], started))
+        else:
+            gangs.setdefault(gid, []).append(pod)
+    return alone + [_victim(gid, pods, started) for gid, pods in gangs.items()
+                    if len(pods) >= max(p.group_size for p in pods)]
+
+
+def _victim(key: str, pods: Sequence[GpuPod], started: Mapping[str, float]) -> Victim:
+    demand: dict[str, int] = {}
+    for pod in pods:
+        for name, n in pod.demand.items():
+            demand[name] = demand.get(name, 0) + n
+    return Victim(key, pods[0].tenant, demand, max(started[p.ticket] for p in pods),
+                  pods=len(pods), preemptible=all(p.preemptible for p in pods),
+                  training=all(p.pod_class == "training" for p in pods),
+                  tickets=tuple(sorted(p.ticket for p in pods)))

@@ -1,0 +1,122 @@
+"""The reclaim rule (fairshare.reclaim.choose), table by table, and its potential."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fairshare.reclaim import Owed, Standing, Victim, choose
+from tenants.models import ReclaimSpec
+
+SPEC = ReclaimSpec.model_validate({"after": "5m", "minRuntime": "30m", "perHour": 4})
+NOW = 100_000.0
+LONG_AGO = NOW - 3 * 3600
+OWED = Owed("new", lacks={"gpu": 8}, demand={"gpu": 8}, since=NOW - 600)
+# 16 GPUs, two tenants of equal weight: "old" holds all of them, "new" waits
+EVEN = {"old": Standing(used=16, entitlement=8), "new": Standing(used=0, entitlement=8)}
+
+
+def pod(key: str, tenant: str = "old", gpus: int = 8, started: float = LONG_AGO,
+        **more: object) -> Victim:
+    return Victim(key, tenant, {"gpu": gpus}, started, **more)  # type: ignore[arg-type]
+
+
+def keys(chosen: list[Victim]) -> list[str]:
+    return [v.key for v in chosen]
+
+
+@pytest.mark.parametrize(
+    ("case", "owed", "standings", "victims", "recent", "expected"),
+    [
+        ("the youngest long-running preemptible pod", OWED, EVEN,
+         [pod("a", started=LONG_AGO), pod("b", started=LONG_AGO + 60)], [], ["b"]),
+        ("the head has not waited `after` yet",
+         Owed("new", {"gpu": 8}, {"gpu": 8}, NOW - 60), EVEN, [pod("a")], [], []),
+        ("a pod that ran less than minRuntime is kept", OWED, EVEN,
+         [pod("a", started=NOW - 600)], [], []),
+        ("a pod not labelled preemptible is kept", OWED, EVEN,
+         [pod("a", preemptible=False)], [], []),
+        ("inference is never a victim", OWED, EVEN, [pod("a", training=False)], [], []),
+        ("the owed tenant's own pods are not victims", OWED,
+         {"new": Standing(8, 16), "old": Standing(0, 0)}, [pod("a", tenant="new")], [], []),
+        ("a tenant at its entitlement loses nothing", OWED,
+         {"old": Standing(8, 8), "new": Standing(0, 8)}, [pod("a")], [], []),
+        ("a victim's tenant never falls below its entitlement", OWED,
+         {"old": Standing(12, 8), "new": Standing(0, 8)}, [pod("a")], [], []),
+        ("no reclaim for a tenant at its entitlement", OWED,
+         {"old": Standing(16, 8), "new": Standing(8, 8)}, [pod("a")], [], []),
+        ("strict improvement: the victim keeps at least the owed tenant's ratio",
+         Owed("new", {"gpu": 8}, {"gpu": 8}, NOW - 600),
+         {"old": Standing(16, 6), "new": Standing(0, 4)}, [pod("a")], [], []),
+        ("the same with a smaller head: a strict improvement, so it is made",
+         Owed("new", {"gpu": 4}, {"gpu": 4}, NOW - 600),
+         {"old": Standing(16, 6), "new": Standing(0, 4)}, [pod("a")], [], ["a"]),
+        ("the hour's budget is spent", OWED, EVEN, [pod("a")],
+         [NOW - 10, NOW - 20, NOW - 30, NOW - 40], []),
+        ("reclaims older than an hour do not count", OWED, EVEN, [pod("a")],
+         [NOW - 3601] * 4, ["a"]),
+        ("a gang counts all its pods against the budget", OWED, EVEN,
+         [pod("g", pods=5)], [], []),
+        ("a whole gang within the budget", OWED, EVEN, [pod("g", pods=4)], [], ["g"]),
+        ("no more than the head lacks, youngest first",
+         Owed("new", {"gpu": 2}, {"gpu": 2}, NOW - 600),
+         {"old": Standing(16, 8), "new": Standing(0, 8)},
+         [pod(k, gpus=1, started=LONG_AGO + i) for i, k in enumerate("abcd")], [], ["d", "c"]),
+        ("all or nothing: what can be taken does not free what the head lacks", OWED,
+         {"old": Standing(11, 8), "new": Standing(0, 8)},
+         [pod(k, gpus=1) for k in "abcd"], [], []),
+        ("furthest above its entitlement first",
+         Owed("new", {"gpu": 1}, {"gpu": 1}, NOW - 600),
+         {"a": Standing(6, 4), "b": Standing(8, 4), "new": Standing(0, 4)},
+         [pod("a1", tenant="a", gpus=1, started=NOW - 3000),
+          pod("b1", tenant="b", gpus=1, started=LONG_AGO)], [], ["b1"]),
+        ("a pod that frees nothing the head lacks is kept",
+         Owed("new", {"mig-1g.5gb": 1}, {"mig-1g.5gb": 1}, NOW - 600), EVEN,
+         [pod("a")], [], []),
+    ],
+)
+def test_reclaim_rule(case: str, owed: Owed, standings: dict[str, Standing],
+                      victims: list[Victim], recent: list[float], expected: list[str]) -> None:
+    assert keys(choose(owed, standings, victims, SPEC, NOW, recent)) == expected, case
+
+
+def potential(standings: dict[str, Standing]) -> float:
+    return sum(s.used ** 2 / s.entitlement for s in standings.values())
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    used=st.lists(st.integers(0, 32), min_size=3, max_size=3),
+    weights=st.lists(st.integers(1, 4), min_size=3, max_size=3),
+    sizes=st.lists(st.sampled_from([1, 2, 4, 8]), min_size=1, max_size=8),
+    lacks=st.integers(1, 8),
+)
+def test_every_reclaim_lowers_the_potential_and_cannot_be_reversed(
+    used: list[int], weights: list[int], sizes: list[int], lacks: int,
+) -> None:
+    names = ["new", "x", "y"]
+    capacity = max(sum(used), 1)
+    standings = {n: Standing(float(u), capacity * w / sum(weights))
+                 for n, u, w in zip(names, used, weights, strict=True)}
+    victims = [pod(f"p{i}", tenant=names[1 + i % 2], gpus=s) for i, s in enumerate(sizes)]
+    owed = Owed("new", {"gpu": lacks}, {"gpu": lacks}, NOW - 600)
+    spec = ReclaimSpec.model_validate({"after": 0, "minRuntime": 0, "perHour": 100})
+    chosen = choose(owed, standings, victims, spec, NOW, [])
+    if not chosen:
+        return
+    moved = sum(v.gpus for v in chosen)
+    after = dict(standings)
+    for v in chosen:
+        assert standings[v.tenant].used > standings[v.tenant].entitlement
+        s = after[v.tenant]
+        after[v.tenant] = Standing(s.used - v.gpus, s.entitlement)
+        assert after[v.tenant].used >= s.entitlement
+    o = after["new"]
+    after["new"] = Standing(o.used + moved, o.entitlement)
+    assert potential(after) < potential(standings)
+    # the reverse, right after: no victim tenant may reclaim from the owed one
+    for v in chosen:
+        back = Owed(v.tenant, {"gpu": 1}, {"gpu": 1}, NOW - 600)
+        theirs = [pod(f"r{i}", tenant="new", gpus=1) for i in range(int(moved))]
+        assert choose(back, after, theirs, spec, NOW, []) == []
