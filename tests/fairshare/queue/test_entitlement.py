@@ -6,7 +6,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fairshare.queue.entitlement import TenantLoad, fairness, jain_index, water_fill
+from fairshare.queue.entitlement import (
+    TenantLoad,
+    entitled_jain,
+    fairness,
+    jain_index,
+    jain_text,
+    water_fill,
+)
 
 
 def test_uncapped_tenants_share_by_weight() -> None:
@@ -158,3 +165,29 @@ def test_fairness_jain_is_one_when_everyone_holds_its_entitlement() -> None:
     })
     assert [t.entitlement for t in fair.tenants.values()] == pytest.approx([2, 6, 2])
     assert fair.jain_index == pytest.approx(1.0)
+
+
+def test_entitled_jain_is_not_defined_for_one_tenant_or_no_usage() -> None:
+    assert entitled_jain([]) is None
+    assert entitled_jain([None, 0.0]) is None  # one tenant entitled to something
+    assert entitled_jain([1.0]) is None
+    assert entitled_jain([0.0, 0.0]) is None  # nobody uses anything
+    assert entitled_jain([1.0, 0.0, None]) == pytest.approx(0.5)
+    assert jain_text(None) == "n/a" and jain_text(0.5, 3) == "0.500"
+
+
+def test_a_lone_backlogged_tenant_holding_nothing_does_not_read_fair() -> None:
+    """The only backlogged tenant holds 0 of its 4 entitled GPUs: n/a, never 1.0."""
+    gpu = 7
+    fair = fairness(4 * gpu, {
+        "a": TenantLoad(weight=1, used_slices=0, queued_slices=4 * gpu),
+        "idle": TenantLoad(weight=1, used_slices=0, queued_slices=0),
+    })
+    assert fair.tenants["a"].entitlement == pytest.approx(4)
+    assert fair.jain_index is None
+    # beside a tenant holding all of its entitlement, it reads 0.5
+    fair = fairness(8 * gpu, {
+        "a": TenantLoad(weight=1, used_slices=0, queued_slices=4 * gpu),
+        "b": TenantLoad(weight=1, used_slices=4 * gpu, queued_slices=0),
+    })
+    assert fair.jain_index == pytest.approx(0.5)
