@@ -126,6 +126,8 @@ class TenantLoad:
 
     ``limit_slices``: the most its quota lets it hold (nominal + borrow limit), None
     for no limit. ``inference_slices``: the part of used + queued that is inference.
+    ``by_key``: used + queued per capacity key (placement class), and
+    ``inference_by_key`` the inference part of it (None: not known per class).
     """
 
     weight: float
@@ -133,6 +135,8 @@ class TenantLoad:
     queued_slices: int
     limit_slices: int | None = None
     inference_slices: int = 0
+    by_key: Mapping[str, int] | None = None
+    inference_by_key: Mapping[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -161,20 +165,50 @@ class Fairness:
     jain_index: float | None
 
 
-def fairness(capacity_slices: int, loads: Mapping[str, TenantLoad]) -> Fairness:
-    """Entitlements, weighted shares and Jain's index (see the module docstring)."""
+def _entitled(capacity: float, loads: Mapping[str, TenantLoad], demand: Mapping[str, float],
+              inference: Mapping[str, float]) -> dict[str, float]:
+    """Water-fill ``capacity`` (GPU-equivalents) among the tenants with ``demand``, each
+    capped at it and at its limit, its ``inference`` first."""
+    gpu = float(SLICES_PER_GPU)
+    wanting = {name for name, d in demand.items() if d > 0}
+    caps: dict[str, float | None] = {
+        name: min(demand[name], limit / gpu)
+        if (limit := loads[name].limit_slices) is not None else demand[name]
+        for name in wanting
+    }
+    return water_fill(capacity, {name: loads[name].weight for name in wanting}, caps,
+                      {name: inference.get(name, 0.0) for name in wanting})
+
+
+def fairness(capacity_slices: int, loads: Mapping[str, TenantLoad],
+             capacity_by_key: Mapping[str, int] | None = None) -> Fairness:
+    """Entitlements, weighted shares and Jain's index (see the module docstring).
+
+    With ``capacity_by_key`` (slices per capacity key) and every load's ``by_key``, each
+    placement class is water-filled on its own, so no tenant is entitled to more of a
+    class than it has; a tenant's entitlement is the sum over classes, at most its limit.
+    """
     gpu = float(SLICES_PER_GPU)
     demand = {name: (load.used_slices + load.queued_slices) / gpu
               for name, load in loads.items()}
-    wanting = {name for name, d in demand.items() if d > 0}
-    caps: dict[str, float | None] = {
-        name: min(demand[name], load.limit_slices / gpu)
-        if load.limit_slices is not None else demand[name]
-        for name, load in loads.items() if name in wanting
-    }
-    entitled = water_fill(capacity_slices / gpu,
-                          {name: loads[name].weight for name in wanting}, caps,
-                          {name: loads[name].inference_slices / gpu for name in wanting})
+    if capacity_by_key is None or any(load.by_key is None for load in loads.values()):
+        entitled = _entitled(capacity_slices / gpu, loads, demand,
+                             {name: load.inference_slices / gpu
+                              for name, load in loads.items()})
+    else:
+        entitled = {}
+        keys = set(capacity_by_key).union(*(load.by_key or {} for load in loads.values()))
+        for key in sorted(keys):
+            share = _entitled(
+                capacity_by_key.get(key, 0) / gpu, loads,
+                {name: (load.by_key or {}).get(key, 0) / gpu for name, load in loads.items()},
+                {name: (load.inference_by_key or {}).get(key, 0) / gpu
+                 for name, load in loads.items()})
+            for name, amount in share.items():
+                entitled[name] = entitled.get(name, 0.0) + amount
+        for name, load in loads.items():
+            if name in entitled and load.limit_slices is not None:
+                entitled[name] = min(entitled[name], load.limit_slices / gpu)
     tenants = {
         name: TenantFairness(
             weight=load.weight, used=load.used_slices / gpu, demand=demand[name],

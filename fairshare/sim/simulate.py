@@ -274,12 +274,19 @@ class _Meter:
         """Every tenant's allocation and entitlement now (see the module docstring)."""
         running, waiting = cluster.running_slices(), cluster.waiting_slices()
         inference = cluster.inference_slices()
+        by_key: dict[str, dict[str, int]] = {name: {} for name in self.weights}
+        inference_by_key: dict[str, dict[str, int]] = {name: {} for name in self.weights}
+        for (tenant, key, pod_class), n in cluster.demand_by_key().items():
+            by_key[tenant][key] = by_key[tenant].get(key, 0) + n
+            if pod_class == "inference":
+                inference_by_key[tenant][key] = inference_by_key[tenant].get(key, 0) + n
         loads = {
             name: TenantLoad(weight, running.get(name, 0), waiting.get(name, 0),
-                             self.limits[name], inference.get(name, 0))
+                             self.limits[name], inference.get(name, 0),
+                             by_key[name], inference_by_key[name])
             for name, weight in self.weights.items()
         }
-        return fairness(self.capacity, loads)
+        return fairness(self.capacity, loads, self.capacity_of)
 
     def interval(self, start: float, end: float, cluster: SimulatedCluster) -> None:
         """Account for ``start`` .. ``end``, over which ``cluster`` did not change."""
