@@ -34,9 +34,11 @@ Contract:
 - The timeline samples every tenant at 0, N, 2N, ... virtual seconds and at the horizon,
   after the events of that instant: ``allocated`` is what its running pods hold (and
   ``by_class``, the same per class), and ``entitlement`` its fair share at that instant
-  (:func:`fairshare.queue.entitlement.fairness` over the capacity, among tenants with running
-  or waiting pods, each capped at running + waiting and at nominal + borrow limit: the
-  definition of the ``fairgate_tenant_fair_share`` gauge). See :mod:`fairshare.sim.timeline`.
+  (:func:`fairshare.queue.entitlement.fairness` per placement class: each capacity key
+  among the tenants with running or waiting pods in it, each capped at running +
+  waiting, summed per tenant and capped at nominal + borrow limit; the
+  ``fairgate_tenant_fair_share`` gauge still splits the whole capacity, not knowing the
+  tenants' demand per class). See :mod:`fairshare.sim.timeline`.
 - The window measures (:class:`WindowReport`, over a :class:`Window`, default the whole
   run) integrate, between events (when nothing changes), per tenant: the GPU-seconds
   its running pods hold, by class; that same entitlement (so ``entitled_gpu_seconds``

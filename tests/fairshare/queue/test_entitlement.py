@@ -191,3 +191,21 @@ def test_a_lone_backlogged_tenant_holding_nothing_does_not_read_fair() -> None:
         "b": TenantLoad(weight=1, used_slices=4 * gpu, queued_slices=0),
     })
     assert fair.jain_index == pytest.approx(0.5)
+
+
+def test_fairness_per_placement_class_entitles_no_one_to_more_than_a_class_has() -> None:
+    """8 whole GPUs and 8 GPU-equivalents of MIG: a whole-GPU tenant of weight 3 beside
+    a MIG-only tenant is entitled to the 8 whole GPUs, not 12 of a pooled 16."""
+    gpu = 7
+    loads = {
+        "whole": TenantLoad(weight=3, used_slices=8 * gpu, queued_slices=40 * gpu,
+                            by_key={"gpu": 48 * gpu}),
+        "mig": TenantLoad(weight=1, used_slices=8 * gpu, queued_slices=0,
+                          by_key={"mig-1g.5gb#single": 8 * gpu}),
+    }
+    pooled = fairness(16 * gpu, loads)
+    assert pooled.tenants["whole"].entitlement == pytest.approx(12)
+    per_class = fairness(16 * gpu, loads, {"gpu": 8 * gpu, "mig-1g.5gb#single": 8 * gpu})
+    assert {n: t.entitlement for n, t in per_class.tenants.items()} == pytest.approx(
+        {"whole": 8, "mig": 8})
+    assert per_class.jain_index == pytest.approx(1.0)
