@@ -20,8 +20,10 @@ Contract: every :class:`DispatcherMetrics` owns its own ``CollectorRegistry``.
   entitlement in GPU-equivalents (the capacity water-filled by weight among tenants with
   demand, each capped at its usage + queued demand and at nominal + borrow limit, and
   given at least its inference usage + queued demand, which goes first; 0 without
-  demand); ``fairgate_fairness_jain_index``, Jain's index of usage / entitlement
-  over the tenants entitled to something (1 = every one holds exactly its fair share).
+  demand); ``fairgate_fairness_jain_index``,
+  :func:`~fairshare.queue.entitlement.entitled_jain`: Jain's index of usage /
+  entitlement over the tenants entitled to something (1 = every one holds exactly its
+  fair share), NaN when not defined (fewer than two such tenants, or no usage).
 - ``fairgate_cluster_capacity{resource}``: GPU capacity the queue dispatches against, per
   capacity key (a resource in one placement class, e.g. ``gpu``, ``mig-1g.5gb#single``).
 - ``fairgate_gate_lifts_total{outcome}``: gate lifts by
@@ -49,6 +51,7 @@ Contract: every :class:`DispatcherMetrics` owns its own ``CollectorRegistry``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -226,7 +229,7 @@ class DispatcherMetrics:
             put(self.borrowed, (tenant,), status.borrowed_slices / SLICES_PER_GPU)
             put(self.share, (tenant,), fair.tenants[tenant].weighted_share)
             put(self.fair_share, (tenant,), fair.tenants[tenant].entitlement)
-        self.jain.set(fair.jain_index)
+        self.jain.set(math.nan if fair.jain_index is None else fair.jain_index)
         for gauge in (self.pending, self.usage, self.nominal, self.borrow_limit, self.borrowed,
                       self.share, self.fair_share):
             self._drop_others(gauge, seen.get(gauge, set()))

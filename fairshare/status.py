@@ -16,7 +16,8 @@ Contract:
   ``override``, ``withheld`` (capacity withheld for released pods the scheduler cannot
   place, by capacity key) and ``unschedulable`` (those pods: ``pod``, ``ticket``,
   ``tenant``, ``demand``, ``since``, ``message``), or null; :func:`capacity_lines` prints
-  it), ``jainIndex`` (of used / entitlement) and
+  it), ``jainIndex`` (:func:`~fairshare.queue.entitlement.entitled_jain`: of used /
+  entitlement, null when not defined) and
   ``held``: the capacity held at ``now`` for entries owed it (:meth:`FairQueue.holds`),
   per tier in queue order: ``tenant``, ``band``, ``pod`` (``namespace/name`` of the head
   pod, a gang's first queued member), ``group`` (a gang's id, else null), ``demand`` and
@@ -69,7 +70,7 @@ from audit import ADMIT, DENY, DISPATCH, QUEUE, RELEASE, AuditLog, AuditRecord
 from fairshare.cluster.cluster import CapacityReport, PodRef
 from fairshare.connection import COMMAND_TIMEOUT, RedisTarget, connect_redis
 from fairshare.queue.budget import BudgetStatus, held_note, money, percent
-from fairshare.queue.entitlement import TenantFairness, snapshot_fairness
+from fairshare.queue.entitlement import TenantFairness, jain_text, snapshot_fairness
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import GangRecord, Hold, TenantStatus, TicketStatus, gang_name
 from tenants.placement import placement_of_key
@@ -136,7 +137,7 @@ def status_report(queue: FairQueue, now: float | None = None) -> dict[str, Any]:
         "capacity": round(fair.capacity, 2),
         "capacityByClass": class_rows(snapshot.capacity, queue.class_usage()),
         "capacityNotes": queue.capacity_notes(),
-        "jainIndex": round(fair.jain_index, 4),
+        "jainIndex": None if fair.jain_index is None else round(fair.jain_index, 4),
         "held": [hold_row(h, gangs.get(h.group) if h.group else None) for h in holds],
         "gangs": [g.to_json() for g in queue.incomplete_gangs()],
         "tenants": {s.tenant: tenant_row(s, fair.tenants[s.tenant], twins.get(s.tenant, 0))
@@ -297,7 +298,7 @@ def render_status(report: dict[str, Any], console: Console) -> None:
     console.print(table)
     console.print(
         f"capacity {report['capacity']:g} GPU-eq; Jain's index of used / entitlement "
-        f"{report['jainIndex']:.3f}. entitlement: the tenant's fair share, the capacity "
+        f"{jain_text(report['jainIndex'], 3)}. entitlement: the tenant's fair share, the capacity "
         "split by weight among tenants with demand, each capped at used + queued and at "
         "nominal + borrowLimit.", highlight=False,
     )

@@ -14,6 +14,14 @@ Contract:
   integer slices elsewhere.
 - :func:`jain_index` is Jain's fairness index of the given values: 1.0 when all are
   equal, 1/n when one value takes everything; 1.0 for no values or all zero.
+- :func:`entitled_jain` (printed by :func:`jain_text`) is the one fairness figure every
+  surface shows (the gauge, ``fairgate status``, the console, ``fairgate simulate``'s
+  headline and window): Jain's
+  index of used / entitlement over the tenants entitled to something, or None ("n/a")
+  when it says nothing: fewer than two such tenants (one tenant is always "fair" to
+  itself, even holding nothing of what it is owed), or none of them uses anything.
+  A backlogged tenant holding 0 of its entitlement beside one holding all of its own
+  reads 0.5, not 1.
 - :func:`fairness` is the one computation behind the fairness gauges, ``fairgate
   status`` and ``fairgate simulate --timeline``: from each tenant's :class:`TenantLoad`
   (usage, queued demand, quota limit, weight) and the cluster capacity, per tenant its
@@ -21,9 +29,9 @@ Contract:
   demand, each capped at what it uses plus what it has queued, and at nominal plus
   borrow limit; inference goes ahead of training, so a tenant's inference demand, held
   or queued, is its floor, and the tenants share the rest by weight), its weighted
-  share (GPU-equivalents used per unit of weight), and Jain's index of allocation /
-  entitlement over tenants entitled to something (1.0 when every such tenant holds
-  exactly its entitlement, whatever the weights or caps).
+  share (GPU-equivalents used per unit of weight), and :func:`entitled_jain` (1.0
+  when every tenant entitled to something holds exactly its entitlement, whatever the
+  weights or caps; None when not defined).
   :func:`snapshot_fairness` applies it to a :class:`~fairshare.queue.model.QueueSnapshot`.
 """
 
@@ -103,12 +111,23 @@ def jain_index(values: Iterable[float]) -> float:
     return sum(xs) ** 2 / (len(xs) * squares)
 
 
+def entitled_jain(of_entitlement: Iterable[float | None]) -> float | None:
+    """Jain's index of the tenants' used / entitlement ratios (None: entitled to
+    nothing, left out); None when fewer than two are entitled or none uses anything."""
+    xs = [x for x in of_entitlement if x is not None]
+    if len(xs) < 2 or not any(xs):
+        return None
+    return jain_index(xs)
+
+
 @dataclass(frozen=True)
 class TenantLoad:
     """What one tenant holds and asks for, in slices.
 
     ``limit_slices``: the most its quota lets it hold (nominal + borrow limit), None
     for no limit. ``inference_slices``: the part of used + queued that is inference.
+    ``by_key``: used + queued per capacity key (placement class), and
+    ``inference_by_key`` the inference part of it (None: not known per class).
     """
 
     weight: float
@@ -116,6 +135,8 @@ class TenantLoad:
     queued_slices: int
     limit_slices: int | None = None
     inference_slices: int = 0
+    by_key: Mapping[str, int] | None = None
+    inference_by_key: Mapping[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -136,28 +157,58 @@ class TenantFairness:
 
 @dataclass(frozen=True)
 class Fairness:
-    """Per-tenant fair shares out of ``capacity`` (GPU-equivalents), and Jain's index of
-    allocation / entitlement over the tenants entitled to something."""
+    """Per-tenant fair shares out of ``capacity`` (GPU-equivalents), and
+    :func:`entitled_jain` of them (None: not defined)."""
 
     capacity: float
     tenants: dict[str, TenantFairness]
-    jain_index: float
+    jain_index: float | None
 
 
-def fairness(capacity_slices: int, loads: Mapping[str, TenantLoad]) -> Fairness:
-    """Entitlements, weighted shares and Jain's index (see the module docstring)."""
+def _entitled(capacity: float, loads: Mapping[str, TenantLoad], demand: Mapping[str, float],
+              inference: Mapping[str, float]) -> dict[str, float]:
+    """Water-fill ``capacity`` (GPU-equivalents) among the tenants with ``demand``, each
+    capped at it and at its limit, its ``inference`` first."""
+    gpu = float(SLICES_PER_GPU)
+    wanting = {name for name, d in demand.items() if d > 0}
+    caps: dict[str, float | None] = {
+        name: min(demand[name], limit / gpu)
+        if (limit := loads[name].limit_slices) is not None else demand[name]
+        for name in wanting
+    }
+    return water_fill(capacity, {name: loads[name].weight for name in wanting}, caps,
+                      {name: inference.get(name, 0.0) for name in wanting})
+
+
+def fairness(capacity_slices: int, loads: Mapping[str, TenantLoad],
+             capacity_by_key: Mapping[str, int] | None = None) -> Fairness:
+    """Entitlements, weighted shares and Jain's index (see the module docstring).
+
+    With ``capacity_by_key`` (slices per capacity key) and every load's ``by_key``, each
+    placement class is water-filled on its own, so no tenant is entitled to more of a
+    class than it has; a tenant's entitlement is the sum over classes, at most its limit.
+    """
     gpu = float(SLICES_PER_GPU)
     demand = {name: (load.used_slices + load.queued_slices) / gpu
               for name, load in loads.items()}
-    wanting = {name for name, d in demand.items() if d > 0}
-    caps: dict[str, float | None] = {
-        name: min(demand[name], load.limit_slices / gpu)
-        if load.limit_slices is not None else demand[name]
-        for name, load in loads.items() if name in wanting
-    }
-    entitled = water_fill(capacity_slices / gpu,
-                          {name: loads[name].weight for name in wanting}, caps,
-                          {name: loads[name].inference_slices / gpu for name in wanting})
+    if capacity_by_key is None or any(load.by_key is None for load in loads.values()):
+        entitled = _entitled(capacity_slices / gpu, loads, demand,
+                             {name: load.inference_slices / gpu
+                              for name, load in loads.items()})
+    else:
+        entitled = {}
+        keys = set(capacity_by_key).union(*(load.by_key or {} for load in loads.values()))
+        for key in sorted(keys):
+            share = _entitled(
+                capacity_by_key.get(key, 0) / gpu, loads,
+                {name: (load.by_key or {}).get(key, 0) / gpu for name, load in loads.items()},
+                {name: (load.inference_by_key or {}).get(key, 0) / gpu
+                 for name, load in loads.items()})
+            for name, amount in share.items():
+                entitled[name] = entitled.get(name, 0.0) + amount
+        for name, load in loads.items():
+            if name in entitled and load.limit_slices is not None:
+                entitled[name] = min(entitled[name], load.limit_slices / gpu)
     tenants = {
         name: TenantFairness(
             weight=load.weight, used=load.used_slices / gpu, demand=demand[name],
@@ -166,8 +217,8 @@ def fairness(capacity_slices: int, loads: Mapping[str, TenantLoad]) -> Fairness:
         )
         for name, load in loads.items()
     }
-    ratios = [r for t in tenants.values() if (r := t.of_entitlement) is not None]
-    return Fairness(capacity_slices / gpu, tenants, jain_index(ratios))
+    return Fairness(capacity_slices / gpu, tenants,
+                    entitled_jain(t.of_entitlement for t in tenants.values()))
 
 
 def snapshot_fairness(snapshot: QueueSnapshot) -> Fairness:
@@ -180,3 +231,8 @@ def snapshot_fairness(snapshot: QueueSnapshot) -> Fairness:
         for s in snapshot.tenants
     }
     return fairness(total_slices(snapshot.capacity), loads)
+
+
+def jain_text(index: float | None, digits: int = 4) -> str:
+    """:func:`entitled_jain` for people: ``0.9871``, or ``n/a`` when not defined."""
+    return "n/a" if index is None else f"{index:.{digits}f}"

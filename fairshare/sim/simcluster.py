@@ -42,6 +42,7 @@ from fairshare.cluster.cluster import (
     PodRef,
 )
 from tenants.models import GENERATED_SUFFIX, PodClass, PriorityBand, PriorityClasses
+from tenants.resources import slices_of
 
 Clock = Callable[[], float]
 _Method = TypeVar("_Method", bound=Callable[..., Any])
@@ -161,6 +162,9 @@ class SimulatedCluster:
         self._waiting_slices: Counter[str] = Counter()  # slices asked by waiting pods
         self._waiting_class_slices: Counter[tuple[str, PodClass]] = Counter()  # same, by class
         self._waiting_resources: Counter[str] = Counter()
+        # slices held or asked for by running and waiting pods, per (tenant, capacity
+        # key, class)
+        self._key_slices: Counter[tuple[str, str, PodClass]] = Counter()
         self._ends: list[tuple[float, int, str]] = []  # heap of running pods' end times
         self._changes: list[ClusterChange] = []
         self._uids = itertools.count(1)
@@ -324,6 +328,17 @@ class SimulatedCluster:
         return {name: n for name, n in held.items() if n}
 
     @_locked
+    def demand_by_key(self) -> dict[tuple[str, str, PodClass], int]:
+        """Slices held or asked for by running and waiting pods, per (tenant, capacity
+        key, class)."""
+        return {key: n for key, n in self._key_slices.items() if n}
+
+    def _key_counts(self, sim: _SimPod, sign: int) -> None:
+        for name, units in sim.pod.demand.items():
+            self._key_slices[sim.pod.tenant, name, sim.pod.pod_class] += \
+                sign * units * slices_of(name)
+
+    @_locked
     def wanted_resources(self) -> set[str]:
         """Resources that waiting pods ask for."""
         return {name for name, n in self._waiting_resources.items() if n}
@@ -355,12 +370,15 @@ class SimulatedCluster:
         self._waiting_tenants[sim.pod.tenant] += sign
         self._waiting_slices[sim.pod.tenant] += sign * sim.pod.slices
         self._waiting_class_slices[sim.pod.tenant, sim.pod.pod_class] += sign * sim.pod.slices
-        for name in sim.pod.demand:
+        for name, units in sim.pod.demand.items():
             self._waiting_resources[name] += sign
+            self._key_slices[sim.pod.tenant, name, sim.pod.pod_class] += \
+                sign * units * slices_of(name)
 
     def _stop_running(self, sim: _SimPod) -> None:
         del self._running[sim.pod.uid]
         self._used.subtract(sim.pod.demand)
+        self._key_counts(sim, -1)
         self._tenant_slices[sim.pod.tenant] -= sim.pod.slices
         self._class_slices[sim.pod.tenant, sim.pod.pod_class] -= sim.pod.slices
 
@@ -415,6 +433,7 @@ class SimulatedCluster:
         self._wait(sim, False)
         self._running[sim.pod.uid] = sim
         self._used.update(sim.pod.demand)
+        self._key_counts(sim, 1)
         self._tenant_slices[sim.pod.tenant] += sim.pod.slices
         self._class_slices[sim.pod.tenant, sim.pod.pod_class] += sim.pod.slices
         heapq.heappush(self._ends, (sim.ends, sim.seq, sim.pod.uid))

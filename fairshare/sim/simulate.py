@@ -10,12 +10,14 @@ Contract:
   changes. Keys live under a private prefix that is deleted afterwards, so a shared
   Redis is never disturbed.
 - The :class:`SimulationReport` (``to_json`` is the ``--json`` object of
-  docs/reference.md): ``jain_index``: Jain's index of x_i = (tenant i's mean usage in
-  slices while it is backlogged) / weight_i, counting only the time when at least two
-  tenants are backlogged (a tenant is backlogged while it has a pod waiting); 1.0 when
-  that never happens. ``utilization``: used / capacity slice-seconds over busy time (a
-  pod running or waiting). ``wait_seconds``: per class, p50/p99/max of
-  creation-to-start; a pod still waiting at the horizon counts with the wait so far.
+  docs/reference.md): ``jain_index``: over the whole run,
+  :func:`~fairshare.queue.entitlement.entitled_jain` of each tenant's GPU-seconds /
+  entitled GPU-seconds (the integral of its entitlement, below), None when not defined
+  (fewer than two tenants were ever entitled to something, or none ran anything): the
+  same figure as ``fairgate status`` and the fairness gauge. ``utilization``: used /
+  capacity slice-seconds over busy time (a pod running or waiting). ``wait_seconds``:
+  per class, p50/p99/max of creation-to-start; a pod still waiting at the horizon
+  counts with the wait so far.
   ``tenants``: weight, share (fraction of all slice-seconds used), admitted (pods
   released that started), waiting (pods not started at the horizon), each pod counted
   once, a preempted one as its re-creation (so admitted + waiting is at most the pods
@@ -32,9 +34,11 @@ Contract:
 - The timeline samples every tenant at 0, N, 2N, ... virtual seconds and at the horizon,
   after the events of that instant: ``allocated`` is what its running pods hold (and
   ``by_class``, the same per class), and ``entitlement`` its fair share at that instant
-  (:func:`fairshare.queue.entitlement.fairness` over the capacity, among tenants with running
-  or waiting pods, each capped at running + waiting and at nominal + borrow limit: the
-  definition of the ``fairgate_tenant_fair_share`` gauge). See :mod:`fairshare.sim.timeline`.
+  (:func:`fairshare.queue.entitlement.fairness` per placement class: each capacity key
+  among the tenants with running or waiting pods in it, each capped at running +
+  waiting, summed per tenant and capped at nominal + borrow limit; the
+  ``fairgate_tenant_fair_share`` gauge still splits the whole capacity, not knowing the
+  tenants' demand per class). See :mod:`fairshare.sim.timeline`.
 - The window measures (:class:`WindowReport`, over a :class:`Window`, default the whole
   run) integrate, between events (when nothing changes), per tenant: the GPU-seconds
   its running pods hold, by class; that same entitlement (so ``entitled_gpu_seconds``
@@ -68,7 +72,14 @@ from fairshare.cluster.cluster import GpuPod
 from fairshare.connection import RedisTarget, connect_redis
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
 from fairshare.localredis import local_redis
-from fairshare.queue.entitlement import Fairness, TenantLoad, fairness, jain_index
+from fairshare.queue.entitlement import (
+    Fairness,
+    TenantFairness,
+    TenantLoad,
+    entitled_jain,
+    fairness,
+    jain_text,
+)
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import PodRequest
 from fairshare.sim.simcluster import Placement, PodHistory, PodSpec, SimulatedCluster, VirtualClock
@@ -120,7 +131,7 @@ class TenantReport:
 class SimulationReport:
     """What a simulation measured (see the module docstring)."""
 
-    jain_index: float
+    jain_index: float | None
     utilization: float
     wait_seconds: dict[str, WaitStats]
     tenants: dict[str, TenantReport]
@@ -137,7 +148,7 @@ class SimulationReport:
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` object: exactly the keys of docs/reference.md."""
         return {
-            "jain_index": round(self.jain_index, 4),
+            "jain_index": _ratio(self.jain_index),
             "utilization": round(self.utilization, 4),
             "wait_seconds": {
                 cls: {"p50": round(w.p50, 3), "p99": round(w.p99, 3), "max": round(w.max, 3)}
@@ -156,20 +167,21 @@ class SimulationReport:
         }
 
 
-def _window_json(window: WindowReport) -> dict[str, Any]:
-    def ratio(value: float | None) -> float | None:
-        return None if value is None else round(value, 4)
+def _ratio(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
 
+
+def _window_json(window: WindowReport) -> dict[str, Any]:
     return {
         "from": window.start, "to": window.end,
         "utilization": round(window.utilization, 4),
-        "jain_index": round(window.jain_index, 4),
+        "jain_index": _ratio(window.jain_index),
         "tenants": {
             name: {"gpu_seconds": round(t.gpu_seconds, 3),
                    "gpu_seconds_by_class": {cls: round(v, 3)
                                             for cls, v in t.gpu_seconds_by_class.items()},
                    "entitled_gpu_seconds": round(t.entitled_gpu_seconds, 3),
-                   "of_entitlement": ratio(t.of_entitlement),
+                   "of_entitlement": _ratio(t.of_entitlement),
                    "backlogged_seconds": round(t.backlogged_seconds, 3)}
             for name, t in window.tenants.items()
         },
@@ -215,14 +227,14 @@ class WindowReport:
     """Every tenant against its integrated entitlement over ``start`` .. ``end``.
 
     ``utilization``: used / capacity over the time in the window when a pod waited (1.0
-    when none did); ``jain_index``: Jain's index of ``of_entitlement`` over the tenants
-    entitled to something (1.0 when all got exactly their entitlement)."""
+    when none did); ``jain_index``: :func:`~fairshare.queue.entitlement.entitled_jain` of
+    ``of_entitlement`` (1.0 when all got exactly their entitlement, None: n/a)."""
 
     start: float
     end: float
     tenants: dict[str, TenantWindow]
     utilization: float
-    jain_index: float
+    jain_index: float | None
 
 
 def _gpu(slices: float) -> float:
@@ -244,8 +256,7 @@ class _Meter:
             tenant = config.tenant(name)
             self.limits[name] = tenant.nominal_slices + tenant.borrow_slices if tenant else None
         self.used_seconds = dict.fromkeys(self.weights, 0.0)  # slice-seconds
-        self.backlog_used = dict.fromkeys(self.weights, 0.0)  # slice-seconds while contended
-        self.backlog_time = dict.fromkeys(self.weights, 0.0)
+        self.entitled_seconds = dict.fromkeys(self.weights, 0.0)  # GPU-seconds
         self.busy_time = 0.0
         self.busy_used = 0.0
         self.waiting_capacity = 0.0  # slice-seconds of resources that pods waited for
@@ -265,12 +276,19 @@ class _Meter:
         """Every tenant's allocation and entitlement now (see the module docstring)."""
         running, waiting = cluster.running_slices(), cluster.waiting_slices()
         inference = cluster.inference_slices()
+        by_key: dict[str, dict[str, int]] = {name: {} for name in self.weights}
+        inference_by_key: dict[str, dict[str, int]] = {name: {} for name in self.weights}
+        for (tenant, key, pod_class), n in cluster.demand_by_key().items():
+            by_key[tenant][key] = by_key[tenant].get(key, 0) + n
+            if pod_class == "inference":
+                inference_by_key[tenant][key] = inference_by_key[tenant].get(key, 0) + n
         loads = {
             name: TenantLoad(weight, running.get(name, 0), waiting.get(name, 0),
-                             self.limits[name], inference.get(name, 0))
+                             self.limits[name], inference.get(name, 0),
+                             by_key[name], inference_by_key[name])
             for name, weight in self.weights.items()
         }
-        return fairness(self.capacity, loads)
+        return fairness(self.capacity, loads, self.capacity_of)
 
     def interval(self, start: float, end: float, cluster: SimulatedCluster) -> None:
         """Account for ``start`` .. ``end``, over which ``cluster`` did not change."""
@@ -289,19 +307,18 @@ class _Meter:
         for name in cluster.wanted_resources():
             self.waiting_capacity += self.capacity_of.get(name, 0) * dt
             self.waiting_used += used_units.get(name, 0) * resources.slices_of(name) * dt
-        if len(waiting) >= 2:
-            for tenant in waiting:
-                self.backlog_used[tenant] += usage.get(tenant, 0) * dt
-                self.backlog_time[tenant] += dt
+        fair = self.fairness(cluster).tenants if total or waiting else {}
+        for name, share in fair.items():
+            self.entitled_seconds[name] += share.entitlement * dt
         inside = min(end, self.window_end) - max(start, self.window_start)
         if inside > 0:
-            self._window(inside, cluster, waiting, total)
+            self._window(inside, cluster, waiting, total, fair)
 
     def _window(self, dt: float, cluster: SimulatedCluster, waiting: set[str],
-                total: int) -> None:
+                total: int, fair: dict[str, TenantFairness]) -> None:
         for key, used in cluster.running_slices_by_class().items():
             self.window_used[key] = self.window_used.get(key, 0.0) + used * dt
-        for name, share in self.fairness(cluster).tenants.items():
+        for name, share in fair.items():
             self.window_entitled[name] += share.entitlement * dt
         for tenant in waiting:
             self.window_backlogged[tenant] += dt
@@ -321,19 +338,17 @@ class _Meter:
             for name in self.weights
         }
         busy = self.capacity * self.window_waiting_time
-        ratios = [r for t in tenants.values() if (r := t.of_entitlement) is not None]
         return WindowReport(
             start=self.window_start, end=self.window_end, tenants=tenants,
             utilization=self.window_waiting_used / busy if busy else 1.0,
-            jain_index=jain_index(ratios),
+            jain_index=entitled_jain(t.of_entitlement for t in tenants.values()),
         )
 
-    def jain(self) -> float:
-        xs = [
-            self.backlog_used[t] / self.backlog_time[t] / self.weights[t]
-            for t in self.weights if self.backlog_time[t] > 0
-        ]
-        return jain_index(xs) if len(xs) >= 2 else 1.0
+    def jain(self) -> float | None:
+        """The headline: entitled_jain of the whole run's GPU-seconds / entitled GPU-seconds."""
+        return entitled_jain(
+            _gpu(self.used_seconds[t]) / entitled if (entitled := self.entitled_seconds[t]) > 0
+            else None for t in self.weights)
 
     def utilization(self) -> float:
         busy = self.capacity * self.busy_time
@@ -616,7 +631,7 @@ def _batches(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
 def render_report(report: SimulationReport, console: Console) -> None:
     """The report as tables for humans."""
     summary = Table(title="fairgate simulation", show_header=False)
-    summary.add_row("Jain's index (share/weight, backlogged tenants)", f"{report.jain_index:.4f}")
+    summary.add_row("Jain's index (GPU-time / entitlement)", jain_text(report.jain_index))
     summary.add_row("utilisation (busy time)", f"{report.utilization:.1%}")
     summary.add_row("utilisation (while pods wait)", f"{report.backlogged_utilization:.1%}")
     summary.add_row("preempted pods (GPU-h they had run)",
@@ -648,7 +663,7 @@ def render_report(report: SimulationReport, console: Console) -> None:
 def render_window(window: WindowReport, console: Console) -> None:
     """The window measures as a table for humans."""
     table = Table(title=f"window {window.start:g}-{window.end:g} s: GPU-time against "
-                  f"integrated entitlement (Jain {window.jain_index:.4f}, utilisation "
+                  f"integrated entitlement (Jain {jain_text(window.jain_index)}, utilisation "
                   f"while pods wait {window.utilization:.1%})")
     for column in ("tenant", "GPU-s", *(f"{cls} GPU-s" for cls in CLASSES),
                    "entitled GPU-s", "of entitlement", "backlogged s"):

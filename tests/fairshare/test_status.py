@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import replace
 
 import pytest
 import redis
@@ -119,6 +120,27 @@ def test_status_command_prints_json_and_a_table(queue: FairQueue, redis_url: str
     row_a = next(line for line in text.splitlines() if "team-a" in line)
     assert "3.33" in row_a and "94%" in row_a  # entitlement, used / entitlement
     assert "Jain's index of used / entitlement 0.953" in text.replace("\n", " ")
+
+
+def test_status_jain_is_na_when_the_only_backlogged_tenant_holds_nothing(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    """team-b's gang member waits for its second member: team-b is entitled to its 2
+    GPUs and holds none, and no other tenant is entitled to anything. Jain's index of
+    one ratio says nothing (it read 1.000): status says n/a."""
+    q = FairQueue(redis_client)
+    q.sync_config(CONFIG, {"gpu": 4})
+    request = replace(_request("b-0", "b-0", tenant="team-b", demand={"gpu": 2}),
+                      group="job", group_size=2)
+    assert q.admit(request, NOW).outcome == "queued"
+    assert q.confirm("b-0", pod_uid("b-0"), "team-b-dev", "b-0") == "confirmed"
+    report = status_report(q)
+    b = report["tenants"]["team-b"]
+    assert (b["used"], b["entitlement"], b["ofEntitlement"]) == (0.0, 2.0, 0.0)
+    assert report["jainIndex"] is None
+    table = io.StringIO()
+    assert status_command(redis_url, False, out=table) == 0
+    assert "Jain's index of used / entitlement n/a" in table.getvalue().replace("\n", " ")
 
 
 def test_status_shows_what_the_dispatcher_left_out_of_capacity(

@@ -48,4 +48,21 @@ def test_a_tenant_that_goes_idle_gets_one_zero_sample(
     points = history.series(["team-a"], now - 1)["team-a"]
     assert points[0][1] == 1.0
     assert [p[1:] for p in points[1:]] == [[0.0, 0.0]]  # one sample of zeros, then none
-    assert len(history.jain(now - 1)) == 4
+    # one Jain sample per slot; with a single tenant it is n/a, so none is charted
+    assert redis_client.xlen("fairgate:fh") == 4
+    assert history.jain(now - 1) == []
+
+
+def test_jain_is_charted_over_two_tenants_entitled_to_something(
+        redis_client: redis.Redis, tmp_path: Path) -> None:
+    queue = FairQueue(redis_client)
+    queue.sync_config(load_config_dir(write_config(tmp_path / "config")), {"gpu": 8})
+    history = FairnessHistory(redis_client, queue, interval=60)
+    now = time.time()
+    for tenant in ("team-a", "team-b"):
+        ticket, uid = str(uuid.uuid4()), str(uuid.uuid4())
+        queue.admit(PodRequest(ticket, tenant, f"{tenant}-dev", "p", "training",
+                               {"gpu": 1}), now)
+        queue.confirm(ticket, uid, f"{tenant}-dev", "p")
+    assert history.sample(now)
+    assert [index for _, index in history.jain(now - 1)] == [1.0]

@@ -4,7 +4,8 @@ Contract:
 - :meth:`FairnessHistory.sample` takes one :func:`~fairshare.queue.entitlement.snapshot_fairness`
   of the queue and appends, per tenant with usage or an entitlement, ``used`` and
   ``entitlement`` (GPU-equivalents) to the stream ``<prefix>fh:<tenant>``, and Jain's
-  index to ``<prefix>fh``; a tenant this replica sampled last time that now has neither
+  index (:func:`~fairshare.queue.entitlement.entitled_jain`, ``n/a`` when not defined) to
+  ``<prefix>fh``; a tenant this replica sampled last time that now has neither
   gets one sample of zeros (its line ends at 0, not at its last use). Each stream keeps
   about ``keep`` seconds of samples (``XADD MAXLEN ~ keep / interval``), so memory is
   bounded: about 40 bytes per sample per tenant (1,000 tenants, 6 h every 60 s: about
@@ -26,7 +27,7 @@ from typing import Any
 
 import redis
 
-from fairshare.queue.entitlement import snapshot_fairness
+from fairshare.queue.entitlement import jain_text, snapshot_fairness
 from fairshare.queue.fairqueue import FairQueue
 
 DEFAULT_INTERVAL = 60.0
@@ -74,7 +75,7 @@ class FairnessHistory:
         self._active = set(rows)
         rows.update({tenant: (0.0, 0.0) for tenant in ended})
         with self.client.pipeline(transaction=False) as pipe:
-            pipe.xadd(f"{self.prefix}fh", {"j": f"{fair.jain_index:.4f}"}, id=stamp,
+            pipe.xadd(f"{self.prefix}fh", {"j": jain_text(fair.jain_index)}, id=stamp,
                       maxlen=self.maxlen, approximate=True)
             for tenant, (used, entitlement) in rows.items():
                 pipe.xadd(f"{self.prefix}fh:{tenant}",
@@ -96,10 +97,11 @@ class FairnessHistory:
         }
 
     def jain(self, since: float) -> list[list[float]]:
-        """Jain's index of used / entitlement over time: ``[[t, index], ...]``."""
+        """Jain's index of used / entitlement over time: ``[[t, index], ...]``; the
+        samples where it was not defined (n/a) are left out."""
         entries: list[Any] = list(
             self.client.xrange(f"{self.prefix}fh", min=str(int(since * 1000))) or [])
-        return [[_seconds(sid), float(v[b"j"])] for sid, v in entries]
+        return [[_seconds(sid), float(v[b"j"])] for sid, v in entries if v[b"j"] != b"n/a"]
 
 
 def _seconds(stream_id: bytes | str) -> float:

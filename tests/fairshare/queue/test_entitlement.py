@@ -6,7 +6,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fairshare.queue.entitlement import TenantLoad, fairness, jain_index, water_fill
+from fairshare.queue.entitlement import (
+    TenantLoad,
+    entitled_jain,
+    fairness,
+    jain_index,
+    jain_text,
+    water_fill,
+)
 
 
 def test_uncapped_tenants_share_by_weight() -> None:
@@ -158,3 +165,47 @@ def test_fairness_jain_is_one_when_everyone_holds_its_entitlement() -> None:
     })
     assert [t.entitlement for t in fair.tenants.values()] == pytest.approx([2, 6, 2])
     assert fair.jain_index == pytest.approx(1.0)
+
+
+def test_entitled_jain_is_not_defined_for_one_tenant_or_no_usage() -> None:
+    assert entitled_jain([]) is None
+    assert entitled_jain([None, 0.0]) is None  # one tenant entitled to something
+    assert entitled_jain([1.0]) is None
+    assert entitled_jain([0.0, 0.0]) is None  # nobody uses anything
+    assert entitled_jain([1.0, 0.0, None]) == pytest.approx(0.5)
+    assert jain_text(None) == "n/a" and jain_text(0.5, 3) == "0.500"
+
+
+def test_a_lone_backlogged_tenant_holding_nothing_does_not_read_fair() -> None:
+    """The only backlogged tenant holds 0 of its 4 entitled GPUs: n/a, never 1.0."""
+    gpu = 7
+    fair = fairness(4 * gpu, {
+        "a": TenantLoad(weight=1, used_slices=0, queued_slices=4 * gpu),
+        "idle": TenantLoad(weight=1, used_slices=0, queued_slices=0),
+    })
+    assert fair.tenants["a"].entitlement == pytest.approx(4)
+    assert fair.jain_index is None
+    # beside a tenant holding all of its entitlement, it reads 0.5
+    fair = fairness(8 * gpu, {
+        "a": TenantLoad(weight=1, used_slices=0, queued_slices=4 * gpu),
+        "b": TenantLoad(weight=1, used_slices=4 * gpu, queued_slices=0),
+    })
+    assert fair.jain_index == pytest.approx(0.5)
+
+
+def test_fairness_per_placement_class_entitles_no_one_to_more_than_a_class_has() -> None:
+    """8 whole GPUs and 8 GPU-equivalents of MIG: a whole-GPU tenant of weight 3 beside
+    a MIG-only tenant is entitled to the 8 whole GPUs, not 12 of a pooled 16."""
+    gpu = 7
+    loads = {
+        "whole": TenantLoad(weight=3, used_slices=8 * gpu, queued_slices=40 * gpu,
+                            by_key={"gpu": 48 * gpu}),
+        "mig": TenantLoad(weight=1, used_slices=8 * gpu, queued_slices=0,
+                          by_key={"mig-1g.5gb#single": 8 * gpu}),
+    }
+    pooled = fairness(16 * gpu, loads)
+    assert pooled.tenants["whole"].entitlement == pytest.approx(12)
+    per_class = fairness(16 * gpu, loads, {"gpu": 8 * gpu, "mig-1g.5gb#single": 8 * gpu})
+    assert {n: t.entitlement for n, t in per_class.tenants.items()} == pytest.approx(
+        {"whole": 8, "mig": 8})
+    assert per_class.jain_index == pytest.approx(1.0)

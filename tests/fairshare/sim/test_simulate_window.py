@@ -190,3 +190,36 @@ def test_the_text_report_has_the_window_table(redis_url: str, tmp_path: Path,
     assert "window 300-620 s: GPU-time against integrated entitlement" in text
     for column in ("entitled GPU-s", "of entitlement", "backlogged s", "inference GPU-s"):
         assert column in text
+
+
+def test_entitlements_are_water_filled_per_placement_class(redis_url: str) -> None:
+    """examples/placement.yaml: team-a's whole-GPU backlog can only use the 8 whole GPUs
+    (the MIG devices and the pool's GPUs are other classes), so it is never entitled to
+    more than 8, and the run that gives every class to whom it may reads fair."""
+    trace = parse_trace(yaml.safe_load(
+        (Path(__file__).parents[3] / "examples" / "placement.yaml").read_text()))
+    report = run_simulation(trace, redis_url, timeline_every=60)
+    entitled = [row.entitlement for row in report.timeline if row.tenant == "team-a"]
+    assert max(entitled) == pytest.approx(8)
+    pool = [row.entitlement for row in report.timeline if row.tenant == "team-pool"]
+    assert max(pool) <= 4 + 1e-9
+    assert report.window is not None
+    for name, tenant in report.window.tenants.items():
+        assert tenant.of_entitlement == pytest.approx(1.0, abs=0.01), name
+    assert report.jain_index == pytest.approx(1.0, abs=0.001)
+    assert report.window.jain_index == pytest.approx(1.0, abs=0.001)
+
+
+def test_a_lone_backlogged_tenant_holding_nothing_does_not_read_fair(redis_url: str) -> None:
+    """Only one tenant is ever entitled to something: the headline is n/a, not 1.0."""
+    report = run("""
+capacity: {gpu: 4}
+tenants:
+  team-a: {weight: 1, nominal: {gpu: 4}}
+  team-b: {weight: 1, nominal: {gpu: 4}}
+arrivals:
+  - {at: 0, tenant: team-a, class: training, demand: {gpu: 4}, duration: 100, count: 1}
+horizon: 50
+""", redis_url)
+    assert report.jain_index is None
+    assert report.to_json()["jain_index"] is None
