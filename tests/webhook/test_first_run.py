@@ -265,7 +265,7 @@ def test_every_page_renders_in_headless_chromium_with_no_console_message(
             assert row.text.startswith(
                 f"gang of pod group {group} ({gang_waiting}, 2 pods)"), row.text
         if url == "/fairness":
-            _check_fairness_charts(driver)
+            _check_fairness_charts(driver, demo.redis)
         if url == "/audit?decision=deny":  # the denial in the words the user was told
             row = next(r for r in driver.find_elements(By.CSS_SELECTOR, "tr[data-seq]")
                        if TOO_BIG in r.text)
@@ -276,16 +276,25 @@ def test_every_page_renders_in_headless_chromium_with_no_console_message(
     assert rendered == {url: [] for url in pages}
 
 
-def _check_fairness_charts(driver: WebDriver) -> None:
-    """The demo's run is charted: many samples over its virtual hours, and every chart
-    has a time axis from the window's start to now."""
+def _check_fairness_charts(driver: WebDriver, target: RedisTarget) -> None:
+    """The demo's run is charted: many samples over its virtual hours, every one where
+    Jain's index is defined (two tenants entitled, one using GPUs) on its line, and every
+    chart has a time axis from the window's start to now."""
     charts = driver.find_elements(By.CSS_SELECTOR, "figure.chart")
     assert len(charts) >= 4  # Jain's index and the three tenants
     for chart in charts:
         times = [t.text for t in chart.find_elements(By.CSS_SELECTOR, "text.tick.time")]
         assert len(times) == 5 and all(re.fullmatch(r"\d\d:\d\d", t) for t in times), times
+    client = connect_redis(target, 5.0)
+    try:
+        samples = client.xrange("fairgate:fh")
+    finally:
+        client.close()
+    assert len(samples) >= HORIZON / SAMPLE_EVERY * 0.95  # a sample a minute, all kept
+    defined = [s for _, s in samples if s[b"j"] != b"n/a"]
+    assert len(defined) > 10  # the tenants overlap for part of the run
     jain = driver.find_element(By.CSS_SELECTOR, "figure.chart polyline.line.s0")
-    assert len((jain.get_attribute("points") or "").split()) >= HORIZON / SAMPLE_EVERY * 0.95
+    assert len((jain.get_attribute("points") or "").split()) >= len(defined) * 0.95
     used = driver.find_element(
         By.CSS_SELECTOR, 'figure[data-tenant="team-a"] polyline.line.used')
     points = (used.get_attribute("points") or "").split()
