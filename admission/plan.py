@@ -355,10 +355,9 @@ def _check_fit(tenant: Tenant, pod_class: PodClass, demand: Mapping[str, int],
             raise _Refusal(
                 "never-fits",
                 f"{wanted} ({eq(slices)} GPU-eq) but {tenant.name} may hold at most "
-                f"{eq(most)} GPU-eq of it as training, ever: its nominal quota of these "
-                f"resources ({eq(tenant.nominal_slices)} GPU-eq in all, less inferenceReserve "
-                f"{eq(tenant.reserve_slices)}) plus borrowLimit {eq(tenant.borrow_slices)}: "
-                f"{fix}",
+                f"{eq(most)} GPU-eq of it as training (nominal {eq(tenant.nominal_slices)} in all, "
+                f"less inferenceReserve {eq(tenant.reserve_slices)}, plus borrowLimit "
+                f"{eq(tenant.borrow_slices)}): {fix}",
             )
 
 
