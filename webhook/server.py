@@ -26,6 +26,8 @@ Contract:
 - Connections are bounded (:mod:`webhook.connections`): ``connections.max_connections``
   open per worker process, a request whole within ``connections.request_seconds`` of
   its first byte.
+- ``/metrics`` names no tenant unless ``metrics_tenant_labels`` is ``names``: the port
+  must be open to the API server, whose addresses a NetworkPolicy cannot select.
 - SIGTERM: stop accepting, finish requests in flight (up to ``graceful_seconds``),
   flush the audit queue, return (``fairgate serve`` exits 0). SIGINT (Ctrl-C) does the
   same and the command exits 130.
@@ -67,6 +69,7 @@ from tenants.source import ConfigEdit, ConfigNotReadyError, ConfigSource, start_
 from webhook.app import create_app
 from webhook.auditing import audit_config_edit
 from webhook.connections import DEFAULT_LIMITS, ConnectionLimits, bounded_http
+from webhook.metrics import WebhookMetrics
 from webhook.service import AdmissionService, asks_for_gpu, parsed
 
 if TYPE_CHECKING:
@@ -112,6 +115,7 @@ class ServeOptions:
     audit_retention: Retention = DEFAULT_RETENTION
     connections: ConnectionLimits = DEFAULT_LIMITS
     clock_file: Path | None = None  # fairgate demo's virtual time (see file_clock)
+    metrics_tenant_labels: str = "none"  # "names": /metrics counts decisions by tenant name
 
 
 def file_clock(path: Path) -> Callable[[], float]:
@@ -289,6 +293,7 @@ def _run_uvicorn(options: ServeOptions, sock: socket.socket | None,
             replica_timeout=options.replica_ack_timeout,
             dra=dra,
             gangs=gangs,
+            metrics=WebhookMetrics(tenant_labels=options.metrics_tenant_labels),
         )
         app = create_app(service, deadline_seconds=options.deadline_seconds)
         server, reloader = https_server(
