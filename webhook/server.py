@@ -68,7 +68,12 @@ from tenants.models import CONTROL_NAMESPACE
 from tenants.source import ConfigEdit, ConfigNotReadyError, ConfigSource, start_local_source
 from webhook.app import create_app
 from webhook.auditing import audit_config_edit
-from webhook.connections import DEFAULT_LIMITS, ConnectionLimits, bounded_http
+from webhook.connections import (
+    DEFAULT_LIMITS,
+    ConnectionLimits,
+    bounded_http,
+    handshake_timeout,
+)
 from webhook.metrics import WebhookMetrics
 from webhook.service import AdmissionService, asks_for_gpu, parsed
 
@@ -264,9 +269,14 @@ def https_server(app: ASGIApp, cert_dir: Path, **settings: Any
 async def serve_https(server: uvicorn.Server, reloader: CertReloader,
                       sockets: list[socket.socket] | None = None) -> None:
     """Serve until uvicorn stops, with the reloader watching the certificate on the
-    serving loop (where no handshake can fall between its two steps)."""
-    async with reloader.running():
-        await server.serve(sockets=sockets)
+    serving loop (where no handshake can fall between its two steps); with a bounded
+    ``http`` protocol (:func:`webhook.connections.bounded_http`), a TLS handshake must
+    finish within its ``request_seconds``."""
+    limits = getattr(server.config.http, "limits", None)
+    with handshake_timeout(asyncio.get_running_loop(), limits.request_seconds) if isinstance(
+            limits, ConnectionLimits) else contextlib.nullcontext():
+        async with reloader.running():
+            await server.serve(sockets=sockets)
 
 
 def _run_uvicorn(options: ServeOptions, sock: socket.socket | None,
