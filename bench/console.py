@@ -18,19 +18,37 @@ before the index). The baseline is ``/healthz`` in the same run.
 Idle SSE clients: the Redis commands and CPU seconds of the console process over
 ``--idle`` seconds with 0 and with ``--clients`` subscribed, idle event-stream clients.
 
+Connections at the cap (``--flood N``, instead of the pages): a real ``fairgate console``
+(plain HTTP) and a real ``fairgate serve`` (TLS, ``examples/config``), each with its
+default ``--max-connections`` and ``--request-timeout``, get ``N`` connections at once:
+on the console half send nothing and half a request cut off in its headers; on the
+webhook all send nothing (no TLS handshake). The server's RSS and open file descriptors
+are read from ``/proc`` before, 3 s after the last connect (at the cap), after the
+request timeout, and after the clients close; with how many connections the server
+answered ``503``, closed, or left open, and the time of a ``/healthz`` meanwhile.
+
     python bench/console.py                         # 1,000 tenants, 100,000 queued
     python bench/console.py --tenants 100 --queued 10000 --json out.json
+    python bench/console.py --flood 10000 --json flood.json
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import io
 import json
+import os
 import random
+import resource
+import selectors
+import signal
+import socket
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -44,6 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dispatch import make_config, pod_uid, pods
 
 from audit import STREAM, AuditLog
+from certs import write_bundle
 from fairshare.localredis import local_redis
 from fairshare.queue.fairqueue import FairQueue
 from tenants.models import TENANT_LABEL, FairgateConfig
@@ -53,6 +72,7 @@ from webhook.console.data import ConsoleData
 from webhook.console.events import Broadcaster
 from webhook.console.history import FairnessHistory
 from webhook.console.namespaces import NamespaceIndex
+from webhook.process import ServeProcess, client_context
 
 ROUTES = ["/healthz", "/tenants", "/api/tenants", "/queue", "/api/queue",
           "/queue?page=1000", "/queue?tenant=team-0500", "/queue?namespace=team-0500-ml",
@@ -142,6 +162,147 @@ async def idle_cost(client: redis.Redis, events: Broadcaster, clients: int,
             "cpu_s_per_s": round(used_cpu / seconds, 4)}
 
 
+HALF_SENT = b"GET /api/tenants HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
+
+
+def server_state(pid: int) -> dict[str, float]:
+    """RSS (MiB) and open file descriptors of process ``pid``."""
+    rss = 0.0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            rss = int(line.split()[1]) / 1024
+    return {"rss_mib": round(rss, 1), "fds": len(os.listdir(f"/proc/{pid}/fd"))}
+
+
+class Flood:
+    """``count`` client sockets to ``port``, connected without waiting; ``payload(i)``
+    is sent on socket ``i`` once connected (nothing when empty)."""
+
+    def __init__(self, port: int, count: int, payload: Any) -> None:
+        self.selector = selectors.DefaultSelector()
+        self.open: dict[socket.socket, bytes] = {}
+        self.refused = self.closed = self.failed = 0
+        for i in range(count):
+            sock = socket.socket()
+            sock.setblocking(False)
+            if sock.connect_ex(("127.0.0.1", port)) not in (0, 115):  # 115: EINPROGRESS
+                self.failed += 1
+                sock.close()
+                continue
+            self.open[sock] = payload(i)
+            self.selector.register(sock, selectors.EVENT_WRITE)
+
+    def pump(self, seconds: float) -> None:
+        """Send payloads as sockets connect; read answers and closes for ``seconds``."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for key, events in self.selector.select(timeout=0.2):
+                sock = key.fileobj
+                assert isinstance(sock, socket.socket)
+                if events & selectors.EVENT_WRITE:
+                    if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                        self._drop(sock)
+                        self.failed += 1
+                        continue
+                    with contextlib.suppress(OSError):
+                        sock.send(self.open[sock])
+                    self.selector.modify(sock, selectors.EVENT_READ)
+                    continue
+                try:
+                    data = sock.recv(4096)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    data = b""
+                if data.startswith(b"HTTP/1.1 503"):
+                    self.refused += 1
+                    self._drop(sock)
+                elif not data:
+                    self.closed += 1
+                    self._drop(sock)
+
+    def _drop(self, sock: socket.socket) -> None:
+        self.selector.unregister(sock)
+        del self.open[sock]
+        sock.close()
+
+    def counts(self) -> dict[str, int]:
+        return {"open": len(self.open), "refused_503": self.refused,
+                "closed_by_server": self.closed, "connect_failed": self.failed}
+
+    def close(self) -> None:
+        for sock in list(self.open):
+            self._drop(sock)
+        self.selector.close()
+
+
+def healthz_ms(url: str, verify: Any) -> float | None:
+    start = time.perf_counter()
+    try:
+        ok = httpx.get(url + "/healthz", timeout=10, verify=verify).status_code == 200
+    except httpx.HTTPError:
+        ok = False
+    return round((time.perf_counter() - start) * 1000, 1) if ok else None
+
+
+def flood_server(name: str, pid: int, port: int, url: str, verify: Any, count: int,
+                 payload: Any, phases: list[tuple[str, float]]) -> dict[str, Any]:
+    """``count`` connections to the server ``pid``; its state after each phase."""
+    rows: dict[str, Any] = {"before": server_state(pid)}
+    started = time.monotonic()
+    flood = Flood(port, count, payload)
+    rows["connect_seconds"] = round(time.monotonic() - started, 1)
+    for label, seconds in phases:
+        flood.pump(seconds)
+        rows[label] = {**server_state(pid), **flood.counts(),
+                       "healthz_ms": healthz_ms(url, verify)}
+        print(f"{name} {label}: {rows[label]}", flush=True)
+    flood.close()
+    time.sleep(2)
+    rows["after_close"] = {**server_state(pid), "healthz_ms": healthz_ms(url, verify)}
+    print(f"{name} after close: {rows['after_close']}", flush=True)
+    return rows
+
+
+def flood(count: int) -> dict[str, Any]:
+    """The connection flood against a real console and a real webhook."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, count + 1000)), hard))
+    result: dict[str, Any] = {"attempted": count}
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    with local_redis() as url, tempfile.TemporaryDirectory() as tmp:
+        console = subprocess.Popen(
+            [sys.executable, "-m", "webhook.cli", "console", "--redis-url", url, "--port",
+             "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        try:
+            assert console.stdout is not None
+            line = console.stdout.readline().strip().removeprefix("console: ")
+            base = line.split("/?")[0].rstrip("/")
+            port = int(base.rsplit(":", 1)[1])
+            while healthz_ms(base, True) is None:
+                time.sleep(0.1)
+            result["console"] = flood_server(
+                "console", console.pid, port, base, True, count,
+                lambda i: HALF_SENT if i % 2 else b"",
+                [("at_cap", 3.0), ("after_request_timeout", 10.0)])
+        finally:
+            console.send_signal(signal.SIGINT)
+            console.wait(15)
+        certs = Path(tmp) / "certs"
+        write_bundle(certs, extra_sans=["127.0.0.1"])
+        with ServeProcess(certs, url, root / "examples" / "config",
+                          Path(tmp) / "serve.log") as server:
+            assert server.process is not None
+            verify = client_context(server.ca_file)
+            result["serve"] = flood_server(
+                "serve", server.process.pid, server.port, server.base_url, verify, count,
+                lambda i: b"", [("at_cap", 3.0), ("after_request_timeout", 10.0),
+                                 ("after_60s", 50.0)])
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tenants", type=int, default=1000)
@@ -151,7 +312,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=1000)
     parser.add_argument("--idle", type=float, default=5.0)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--flood", type=int, metavar="N",
+                        help="only the connection flood, with N connections a server")
     args = parser.parse_args(argv)
+    if args.flood:
+        result = flood(args.flood)
+        if args.json is not None:
+            args.json.write_text(json.dumps(result, indent=2))
+        return 0
     with local_redis() as url:
         client = redis.Redis.from_url(url, socket_timeout=120)  # a loaded machine
         start = time.perf_counter()

@@ -36,6 +36,7 @@ from fairshare.queue.fastpath import REPLICA_ACK_TIMEOUT
 from tenants.models import CONTROL_NAMESPACE
 from tenants.schema import ConfigError
 from webhook.connections import CONSOLE_LIMITS, DEFAULT_LIMITS, ConnectionLimits
+from webhook.metrics import TENANT_LABELS
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -308,6 +309,7 @@ def _serve(args: argparse.Namespace) -> int:
         audit_retention=args.audit_retention,
         connections=_connection_limits(args),
         clock_file=Path(args.clock_file) if args.clock_file else None,
+        metrics_tenant_labels=args.metrics_tenant_labels,
     )
     try:
         serve(options)
@@ -421,6 +423,11 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                        metavar="SECONDS",
                        help="how long to wait for the replicas (default: %(default)s; "
                        "below the 0.5 s Redis timeout)")
+    serve.add_argument("--metrics-tenant-labels", choices=TENANT_LABELS, default="none",
+                       help="how /metrics shows tenants: none (no tenant label) or names "
+                       "(decisions counted by tenant name; anyone who can reach --port can "
+                       "read them, so first admit only the API server and Prometheus to it) "
+                       "(default: %(default)s)")
     _audit_retention_argument(serve)
     serve.add_argument("--clock-file", help=argparse.SUPPRESS)  # fairgate demo's virtual time
     serve.add_argument("--log-level", default="info",

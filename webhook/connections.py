@@ -6,8 +6,9 @@ Contract:
 - ``max_connections``: a connection beyond that many open ones (in this process) is
   answered at once with ``503`` and ``Connection: close`` saying so, and closed a second
   later (what it sends meanwhile is discarded); it never reaches the app. A TLS
-  connection counts once its handshake is done (asyncio ends a handshake that does not
-  finish within its own timeout).
+  connection counts once its handshake is done; :func:`handshake_timeout` ends a
+  handshake that does not finish within ``request_seconds`` (instead of the event
+  loop's 60 s).
 - ``request_seconds``: a request must arrive whole (request line, headers and body) within
   that many seconds of its first byte, and a new connection must send its first request
   within that many seconds; otherwise the connection is closed. Idle time between
@@ -18,8 +19,10 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
@@ -144,3 +147,21 @@ def bounded_http(limits: ConnectionLimits) -> type[asyncio.Protocol]:
     from uvicorn.protocols.http.auto import AutoHTTPProtocol  # not for every CLI command
 
     return type("BoundedHTTP", (_BoundedHTTP,), {"limits": limits, "base": AutoHTTPProtocol})
+
+
+@contextlib.contextmanager
+def handshake_timeout(loop: asyncio.AbstractEventLoop, seconds: float) -> Iterator[None]:
+    """While open, TLS servers that ``loop`` creates (uvicorn's, which pass ``ssl=`` and
+    no handshake timeout) end a handshake not done within ``seconds``."""
+    create_server = loop.create_server
+
+    async def with_timeout(*args: Any, **kwargs: Any) -> asyncio.Server:
+        if kwargs.get("ssl") is not None:
+            kwargs.setdefault("ssl_handshake_timeout", seconds)
+        return await create_server(*args, **kwargs)
+
+    setattr(loop, "create_server", with_timeout)  # noqa: B010 - this loop's servers only
+    try:
+        yield
+    finally:
+        delattr(loop, "create_server")

@@ -26,6 +26,8 @@ Contract:
 - Connections are bounded (:mod:`webhook.connections`): ``connections.max_connections``
   open per worker process, a request whole within ``connections.request_seconds`` of
   its first byte.
+- ``/metrics`` names no tenant unless ``metrics_tenant_labels`` is ``names``: the port
+  must be open to the API server, whose addresses a NetworkPolicy cannot select.
 - SIGTERM: stop accepting, finish requests in flight (up to ``graceful_seconds``),
   flush the audit queue, return (``fairgate serve`` exits 0). SIGINT (Ctrl-C) does the
   same and the command exits 130.
@@ -66,7 +68,13 @@ from tenants.models import CONTROL_NAMESPACE
 from tenants.source import ConfigEdit, ConfigNotReadyError, ConfigSource, start_local_source
 from webhook.app import create_app
 from webhook.auditing import audit_config_edit
-from webhook.connections import DEFAULT_LIMITS, ConnectionLimits, bounded_http
+from webhook.connections import (
+    DEFAULT_LIMITS,
+    ConnectionLimits,
+    bounded_http,
+    handshake_timeout,
+)
+from webhook.metrics import WebhookMetrics
 from webhook.service import AdmissionService, asks_for_gpu, parsed
 
 if TYPE_CHECKING:
@@ -112,6 +120,7 @@ class ServeOptions:
     audit_retention: Retention = DEFAULT_RETENTION
     connections: ConnectionLimits = DEFAULT_LIMITS
     clock_file: Path | None = None  # fairgate demo's virtual time (see file_clock)
+    metrics_tenant_labels: str = "none"  # "names": /metrics counts decisions by tenant name
 
 
 def file_clock(path: Path) -> Callable[[], float]:
@@ -260,9 +269,14 @@ def https_server(app: ASGIApp, cert_dir: Path, **settings: Any
 async def serve_https(server: uvicorn.Server, reloader: CertReloader,
                       sockets: list[socket.socket] | None = None) -> None:
     """Serve until uvicorn stops, with the reloader watching the certificate on the
-    serving loop (where no handshake can fall between its two steps)."""
-    async with reloader.running():
-        await server.serve(sockets=sockets)
+    serving loop (where no handshake can fall between its two steps); with a bounded
+    ``http`` protocol (:func:`webhook.connections.bounded_http`), a TLS handshake must
+    finish within its ``request_seconds``."""
+    limits = getattr(server.config.http, "limits", None)
+    with handshake_timeout(asyncio.get_running_loop(), limits.request_seconds) if isinstance(
+            limits, ConnectionLimits) else contextlib.nullcontext():
+        async with reloader.running():
+            await server.serve(sockets=sockets)
 
 
 def _run_uvicorn(options: ServeOptions, sock: socket.socket | None,
@@ -289,6 +303,7 @@ def _run_uvicorn(options: ServeOptions, sock: socket.socket | None,
             replica_timeout=options.replica_ack_timeout,
             dra=dra,
             gangs=gangs,
+            metrics=WebhookMetrics(tenant_labels=options.metrics_tenant_labels),
         )
         app = create_app(service, deadline_seconds=options.deadline_seconds)
         server, reloader = https_server(

@@ -929,7 +929,7 @@ class AdmissionService:
         }
         if progress.abandoned:
             return annotations
-        self.metrics.decisions.labels(decision.tenant, decision.verdict).inc()
+        self.metrics.decided(decision.tenant, decision.verdict)
         latency_ms = (time.perf_counter() - progress.started) * 1000
         if not request.dry_run:
             self.audit.submit(

@@ -302,6 +302,7 @@ def test_service_monitor_scrapes_the_webhook_over_tls(helm: Path, helm_home: Pat
      "at '/platform/onRedisUnavailable': value must be one of 'deny', 'allow'"),
     (["quotas.team-a.nominal.gpu=-1"], "at '/quotas/team-a/nominal/gpu': minimum: got -1, want 0"),
     (["redis.storage=lots"], "at '/redis/storage'"),
+    (["metrics.tenantLabels=hashed"], "at '/metrics/tenantLabels'"),
     (["console.tls.mode=acme"],
      "at '/console/tls/mode': value must be one of 'self-signed', 'secret', 'cert-manager'"),
 ])
@@ -311,6 +312,19 @@ def test_values_schema_refuses_bad_values(
     stderr = refused(helm, helm_home, *sets)
     assert "values don't meet the specifications of the schema(s)" in stderr
     assert message in stderr, stderr
+
+
+def test_metrics_tenant_labels_are_the_operators_choice(helm: Path, helm_home: Path) -> None:
+    """By default the webhook's /metrics names no tenant (no flag: the command's default);
+    metrics.tenantLabels=names passes the flag."""
+    def command(*sets: str) -> list[str]:
+        webhook = find(render(helm, helm_home, *sets), "Deployment", "fairgate-webhook")
+        (container,) = webhook["spec"]["template"]["spec"]["containers"]
+        return [str(part) for part in container["command"]]
+
+    assert "--metrics-tenant-labels" not in command()
+    named = command("metrics.tenantLabels=names")
+    assert named[named.index("--metrics-tenant-labels") + 1] == "names"
 
 
 @pytest.mark.parametrize(("sets", "message"), [

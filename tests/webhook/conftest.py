@@ -29,10 +29,11 @@ def start_server(
     started: list[ServeProcess] = []
 
     def start(redis_url: str, policy: str = "deny", cert_dir: Path = cert_dir,
-              capacity: bool = True) -> ServeProcess:
+              capacity: bool = True, extra: tuple[str, ...] = ()) -> ServeProcess:
         n = len(started)
         config = write_config(tmp_path / f"config-{n}", policy, capacity)
-        server = ServeProcess(cert_dir, redis_url, config, tmp_path / f"serve-{n}.log")
+        server = ServeProcess(cert_dir, redis_url, config, tmp_path / f"serve-{n}.log",
+                              extra=extra)
         started.append(server)
         server.start()
         return server

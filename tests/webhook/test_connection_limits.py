@@ -125,3 +125,27 @@ def test_the_webhook_closes_half_sent_tls_requests_and_caps_connections(
             sock.close()
         with httpx.Client(base_url=server.base_url, verify=context, timeout=5) as client:
             assert client.get("/healthz").status_code == 200
+
+
+def test_the_webhook_ends_a_tls_handshake_that_never_starts(
+        tmp_path: Path, redis_url: str, cert_dir: Path) -> None:
+    """A TCP connection that never sends a ClientHello is closed within the request
+    timeout, not the event loop's 60 s handshake timeout."""
+    timeout = 2.0
+    config = write_config(tmp_path / "config")
+    with ServeProcess(cert_dir, redis_url, config, tmp_path / "serve.log",
+                      extra=("--request-timeout", str(timeout))) as server:
+        assert server.process is not None
+        pid = server.process.pid
+        before = _open_fds(pid)
+        socks = [socket.create_connection(("127.0.0.1", server.port), timeout=5)
+                 for _ in range(50)]
+        time.sleep(0.5)
+        assert _open_fds(pid) >= before + 40  # accepted, waiting for a ClientHello
+        started = time.monotonic()
+        closed, answers = _closed_within(socks, timeout + 6)
+        assert closed == 50 and not answers
+        assert time.monotonic() - started < timeout + 4
+        for sock in socks:
+            sock.close()
+        assert _open_fds(pid) <= before + 5

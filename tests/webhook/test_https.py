@@ -172,7 +172,7 @@ def _metric(text: str, sample: str) -> float:
 
 def test_metrics_count_decisions_and_latency(server: ServeProcess) -> None:
     count = 'fairgate_admission_duration_seconds_count{operation="CREATE",webhook="mutate"}'
-    denied = 'fairgate_admission_decisions_total{tenant="",verdict="deny"}'
+    denied = 'fairgate_admission_decisions_total{verdict="deny"}'
     with server.client() as client:
         before = client.get("/metrics").text
         mutate(server, review(gpu_pod("sandbox", "nb-0")))

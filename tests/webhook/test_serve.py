@@ -116,6 +116,32 @@ def test_readyz_tells_an_unauthenticated_caller_nothing_about_an_invalid_quota(
         assert secret not in text, (secret, text)
 
 
+def test_metrics_name_no_tenant_unless_the_operator_says_so(
+    start_server: ServerFactory, redis_url: str
+) -> None:
+    """/metrics is on the port every source may reach: by default it counts decisions
+    by verdict only, and no tenant or namespace name appears in it; with
+    --metrics-tenant-labels names, decisions are counted by tenant."""
+    hidden = start_server(redis_url)
+    named = start_server(redis_url, extra=("--metrics-tenant-labels", "names"))
+    texts = []
+    for server in (hidden, named):
+        assert _decision(server, "team-a-dev", "metrics-0") in ("admit", "queue")
+        assert _decision(server, "team-b-dev", "metrics-1") in ("admit", "queue")
+        with httpx.Client(base_url=server.base_url, timeout=10,
+                          verify=client_context(server.cert_dir / "ca.crt")) as anonymous:
+            reply = anonymous.get("/metrics")
+        assert reply.status_code == 200
+        texts.append(reply.text)
+    hidden_text, named_text = texts
+    for name in ("team-a", "team-b", "race", "tenant="):
+        assert name not in hidden_text, name
+    decided = [line for line in hidden_text.splitlines()
+               if line.startswith("fairgate_admission_decisions_total{")]
+    assert sum(float(line.split()[-1]) for line in decided) == 2, decided
+    assert 'tenant="team-a"' in named_text and 'tenant="team-b"' in named_text
+
+
 def test_a_file_edit_is_audited_as_quota_change_and_logged_while_a_broken_one_waits(
     start_server: ServerFactory, redis_url: str
 ) -> None:

@@ -120,5 +120,5 @@ def review(
 
 
 ServerFactory = Callable[..., ServeProcess]
-"""``start_server(redis_url, policy="deny", cert_dir=..., capacity=True)`` of the
+"""``start_server(redis_url, policy="deny", cert_dir=..., capacity=True, extra=())`` of the
 ``start_server`` fixture."""
