@@ -6,7 +6,8 @@ tainted `nvidia.com/gpu:NoSchedule`. The fake kubelet acts as each node's own id
 (`system:node:<name>`, group `system:nodes`, so the Node authorizer and NodeRestriction
 apply): it marks pods bound to its nodes Running, finishes them on request, keeps the
 node Lease and Ready condition fresh and completes graceful deletions, which is what the
-scheduler's preemption waits for.
+scheduler's preemption waits for: at once, or, for a pod annotated `HONOUR_GRACE`, when its
+grace period has passed.
 
 Node kinds, made by :func:`whole_gpu_node` (optionally in a node pool, label
 `fairgate.io/node-pool`, or cordoned from the start) and :func:`single_mig_node` (MIG
@@ -36,6 +37,9 @@ NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 STRATEGIC = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"
+# A pod annotated so keeps running through its termination grace period once deleted or
+# evicted, as a real kubelet lets it; other pods are removed at once.
+HONOUR_GRACE = "e2e.fairgate.io/honour-grace-period"
 _BASE_RESOURCES = {"cpu": "64", "memory": "512Gi", "pods": "110", "ephemeral-storage": "1Ti"}
 
 
@@ -177,6 +181,17 @@ DEFAULT_GPU_NODES: tuple[GpuNode, ...] = (
         81920,
     ),
 )
+
+
+def _in_grace(pod: Any) -> bool:
+    """A pod annotated `HONOUR_GRACE: "true"` that is being deleted is still within its
+    grace period (a real kubelet gives every pod that; the fake one, to keep tests fast,
+    only pods that ask)."""
+    annotations = pod.metadata.annotations or {}
+    if annotations.get(HONOUR_GRACE) != "true":
+        return False
+    deadline: datetime.datetime = pod.metadata.deletion_timestamp
+    return datetime.datetime.now(datetime.timezone.utc) < deadline
 
 
 @dataclass
@@ -352,6 +367,8 @@ class FakeKubelet:
             meta = pod.metadata
             try:
                 if meta.deletion_timestamp is not None:
+                    if _in_grace(pod):
+                        continue
                     core.delete_namespaced_pod(
                         meta.name,
                         meta.namespace,
