@@ -191,7 +191,7 @@ def _in_grace(pod: Any) -> bool:
     if annotations.get(HONOUR_GRACE) != "true":
         return False
     deadline: datetime.datetime = pod.metadata.deletion_timestamp
-    return datetime.datetime.now(datetime.timezone.utc) < deadline
+    return datetime.datetime.now(datetime.UTC) < deadline
 
 
 @dataclass
