@@ -561,7 +561,9 @@ def why_command(
     redis_target: RedisTarget | str, ref: str, json_out: bool = False, out: TextIO | None = None,
     err: TextIO | None = None,
 ) -> int:
-    """``fairgate why <ns>/<pod>``: 0, 2 for a malformed reference, 1 when Redis fails."""
+    """``fairgate why <ns>/<pod>``: 0; 1 when fairgate knows nothing of the pod (verdict
+    ``unknown``: the reason on ``err`` as ``fairgate: error: ...``, or the report on ``out``
+    with ``json_out``) or Redis fails; 2 for a malformed reference."""
     stdout, stderr = out or sys.stdout, err or sys.stderr
     try:
         pod = PodRef.parse(ref)
@@ -579,6 +581,8 @@ def why_command(
         client.close()
     if json_out:
         stdout.write(json.dumps(report.to_json()) + "\n")
+    elif report.verdict == "unknown":
+        stderr.write(f"fairgate: error: {report.summary}\n")
     else:
         render_why(report, stdout)
-    return 0
+    return 1 if report.verdict == "unknown" else 0

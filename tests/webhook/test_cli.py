@@ -226,6 +226,23 @@ def test_why_explains_a_queued_pod(server: ServeProcess, redis_url: str) -> None
     assert "Traceback" not in bad.stderr
 
 
+def test_why_of_a_pod_fairgate_never_saw_exits_1_saying_so(
+    server: ServeProcess, redis_url: str
+) -> None:
+    _admit(server, "team-b-dev", "known")
+    unknown = _fairgate("why", "team-b-dev/no-such-pod", "--redis-url", redis_url)
+    assert unknown.returncode == 1
+    assert unknown.stdout == ""
+    assert unknown.stderr.startswith(
+        "fairgate: error: fairgate has no record of team-b-dev/no-such-pod: either it is not "
+        "fairgate's business"), unknown.stderr
+    as_json = _fairgate("why", "team-b-dev/no-such-pod", "--json", "--redis-url", redis_url)
+    assert as_json.returncode == 1
+    assert json.loads(as_json.stdout)["verdict"] == "unknown"
+    known = _fairgate("why", "team-b-dev/known", "--redis-url", redis_url)
+    assert known.returncode == 0, known.stderr
+
+
 def test_audit_commands_read_and_verify_the_webhooks_records(
     server: ServeProcess, redis_url: str
 ) -> None:
@@ -243,6 +260,13 @@ def test_audit_commands_read_and_verify_the_webhooks_records(
     verify = _fairgate("audit", "verify", "--redis-url", redis_url)
     assert verify.returncode == 0, verify.stdout
     assert verify.stdout.startswith("OK")
+    as_json = _fairgate("audit", "verify", "--json", "--redis-url", redis_url)
+    assert as_json.returncode == 0, as_json.stderr
+    outcome = json.loads(as_json.stdout)
+    assert outcome["ok"] is True and outcome["stream"] == "fairgate:audit"
+    assert outcome["checked"] >= len(records) and outcome["first_seq"] == 1
+    assert outcome["last_seq"] == outcome["checked"]
+    assert outcome["first_bad"] is None and outcome["problem"] == ""
     tail = _fairgate("audit", "tail", "--no-follow", "--redis-url", redis_url)
     assert "sandbox" in tail.stdout
 
@@ -641,3 +665,37 @@ def test_the_demo_runtime_is_stated_one_way(capsys: pytest.CaptureFixture[str]) 
         flat = " ".join(text.split())
         assert DEMO_RUNTIME in flat, where
         assert duration.findall(flat.replace(DEMO_RUNTIME, "")) == [], where
+
+
+def test_report_and_audit_query_take_the_same_times_in_the_same_words(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--since``/``--until`` mean the same in both: one metavar, one help wording (only
+    the default start differs), one parser (the same error for a bad time, exit 2)."""
+    helps = {}
+    for words in (["report"], ["audit", "query"]):
+        with pytest.raises(SystemExit):
+            main([*words, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert "[--since TIME] [--until TIME]" in text
+        assert ("TIME is RFC 3339 (2026-01-31T12:00:00Z), a date (2026-01-31, UTC) or an age "
+                "before now (30s, 15m, 2h, 7d, 1w).") in text
+        assert "WHEN" not in text
+        helps[words[0]] = text
+    for text in helps.values():
+        assert ("--since TIME from TIME on, inclusive: RFC 3339, a date (UTC) or an age such "
+                "as 7d (default: ") in text
+        assert ("--until TIME up to TIME, exclusive: RFC 3339, a date (UTC) or an age such "
+                "as 7d (default and at most: now)") in text
+
+
+def test_dispatch_help_describes_the_order_by_virtual_time(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["dispatch", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "lowest share / weight" not in text
+    assert "inference before training; then the tenant with the lowest virtual time" in text
+    assert "idle time earns no credit" in text
+    assert "A gang is released whole or not at all" in text
