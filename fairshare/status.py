@@ -31,7 +31,8 @@ Contract:
   :func:`budget_lines` prints it.
   Fair shares come from :func:`fairshare.queue.entitlement.snapshot_fairness`, the
   computation behind the metrics.
-  :func:`render_status` prints it as a table. :func:`status_command` is the CLI entry.
+  :func:`render_status` prints it as tables (:func:`status_tables`) and lines.
+  :func:`status_command` is the CLI entry.
 - :func:`why_report` explains one pod (``<namespace>/<name>``) from the audit stream
   (``fairgate:audit``: the webhook's admit/queue/deny records, the dispatcher's
   dispatch/release records) and the queue's ticket state; the pod is also looked up by
@@ -75,6 +76,7 @@ from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import GangRecord, Hold, TenantStatus, TicketStatus, gang_name
 from tenants.placement import placement_of_key
 from tenants.resources import SLICES_PER_GPU, format_counts, gpu_equivalents, total_slices
+from tenants.tables import tenant_table
 
 # A denial's audited reason is "<tag>: <the message the user got>" (webhook.service).
 _TAG = re.compile(r"[a-z][a-z-]*")
@@ -271,42 +273,58 @@ def budget_lines(budgets: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return lines
 
 
-def render_status(report: dict[str, Any], console: Console) -> None:
-    """The status report as a table (GPU-equivalents unless a unit is shown)."""
-    table = Table(title="fairgate tenants (GPU-equivalents)")
-    columns = ("tenant", "weight", "nominal", "borrowLimit", "used", "entitlement",
-               "of entitlement", "borrowed", "queued inference", "queued training",
-               "weighted share")
-    for column in columns:
-        table.add_column(column, justify="left" if column == "tenant" else "right")
-    for name, row in report["tenants"].items():
-        nominal = f"{row['nominalGpuEquivalents']:.2f}"
-        if row["nominal"]:
-            nominal += f" ({format_counts(row['nominal'])})"
+def status_tables(report: dict[str, Any]) -> tuple[Table, Table, Table]:
+    """The tenants of the status report as three tables that fit 80 columns: quota and
+    queued pods, use against entitlement (GPU-equivalents), and the nominal quota per
+    resource (in units of each resource)."""
+    tenants = report["tenants"]
+    names = sorted({res for row in tenants.values() for res, n in row["nominal"].items() if n})
+    quota = tenant_table("fairgate tenants: quota and queued pods",
+                         ("tenant", "weight", "nominal", "borrow limit", "queued inference",
+                          "queued training"), caption="nominal and borrow limit in GPU-eq")
+    use = tenant_table("fairgate tenants: use against entitlement",
+                       ("tenant", "used", "borrowed", "entitlement", "of entitlement",
+                        "weighted share"),
+                       caption="in GPU-eq; entitlement: the tenant's fair share (below); "
+                       "weighted share: used / weight")
+    per_resource = tenant_table("nominal quota per resource (in units of each)",
+                                ("tenant", *names))
+    for name, row in tenants.items():
         ratio = row["ofEntitlement"]
-        table.add_row(
-            name, f"{row['weight']:g}", nominal, f"{row['borrowLimit']:.2f}",
-            f"{row['used']:.2f}", f"{row['entitlement']:.2f}",
-            f"{ratio:.0%}" if ratio is not None else "-",
-            f"{row['borrowed']:.2f}", str(row["queued"]["inference"]),
-            str(row["queued"]["training"]), f"{row['weightedShare']:.3f}",
+        quota.add_row(
+            name, f"{row['weight']:g}", f"{row['nominalGpuEquivalents']:.2f}",
+            f"{row['borrowLimit']:.2f}", str(row["queued"]["inference"]),
+            str(row["queued"]["training"]),
         )
+        use.add_row(
+            name, f"{row['used']:.2f}", f"{row['borrowed']:.2f}", f"{row['entitlement']:.2f}",
+            f"{ratio:.0%}" if ratio is not None else "-", f"{row['weightedShare']:.3f}",
+        )
+        per_resource.add_row(name, *(str(row["nominal"].get(res, 0)) for res in names))
+    return quota, use, per_resource
+
+
+def render_status(report: dict[str, Any], console: Console) -> None:
+    """The status report: :func:`status_tables`, then the fairness, capacity, holds,
+    gangs and budgets in lines (not wrapped: the terminal wraps them, ``grep`` finds them
+    whole)."""
     if not report["tenants"]:
         console.print("no tenants in the queue yet: is the dispatcher or webhook running "
                       "against this Redis (check --redis-url)?")
         return
-    console.print(table)
+    for table in status_tables(report):
+        console.print(table)
     console.print(
         f"capacity {report['capacity']:g} GPU-eq; Jain's index of used / entitlement "
         f"{jain_text(report['jainIndex'], 3)}. entitlement: the tenant's fair share, the capacity "
         "split by weight among tenants with demand, each capped at used + queued and at "
-        "nominal + borrowLimit.", highlight=False,
+        "nominal + borrowLimit.", highlight=False, soft_wrap=True,
     )
     for line in (twin_lines(report["tenants"]) + class_lines(report["capacityByClass"])
                  + held_lines(report["held"]) + gang_lines(report.get("gangs") or [])
                  + budget_lines(report.get("budgets") or {})
                  + capacity_lines(report.get("capacityNotes"))):
-        console.print(line, highlight=False, markup=False)
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 @dataclass(frozen=True)
@@ -553,7 +571,7 @@ def status_command(
     if json_out:
         stdout.write(json.dumps(report) + "\n")
     else:
-        render_status(report, Console(file=stdout, width=170))
+        render_status(report, Console(file=stdout))
     return 0
 
 

@@ -533,8 +533,8 @@ def _split(core: Any, namespace: str, selector: str) -> tuple[list[str], list[st
 
 
 def _why(fairgate: FairgateStack, namespace: str, name: str) -> dict[str, Any]:
-    result = fairgate.run_cli("why", f"{namespace}/{name}", "--json",
-                              "--redis-url", fairgate.redis_url)
+    result = fairgate.run_cli("why", f"{namespace}/{name}", "--json",  # exit 1: unknown
+                              "--redis-url", fairgate.redis_url, check=False)
     report: dict[str, Any] = yaml.safe_load(result.stdout)
     return report
 

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 import redis
+import tablefit
 
 from audit import ADMIT, DENY, DISPATCH, QUEUE, RELEASE, AuditLog
 from fairshare.cluster.cluster import CapacityReport, ForeignHold, GpuPod, NodeExclusion, PodRef
@@ -19,6 +20,7 @@ from fairshare.status import (
     capacity_lines,
     status_command,
     status_report,
+    status_tables,
     why_command,
     why_report,
 )
@@ -109,17 +111,39 @@ def test_status_entitlement_is_capped_by_demand_and_by_quota(queue: FairQueue) -
     assert shares == {"team-a": 5.14, "team-b": 2.0, "team-c": 0.0}  # a: all it asks
 
 
-def test_status_command_prints_json_and_a_table(queue: FairQueue, redis_url: str) -> None:
+def test_status_command_prints_json_and_a_table(queue: FairQueue, redis_url: str,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "120")  # rows on one line each
     out = io.StringIO()
     assert status_command(redis_url, True, out=out) == 0
     assert json.loads(out.getvalue()) == status_report(queue)
     table = io.StringIO()
     assert status_command(redis_url, False, out=table) == 0
     text = table.getvalue()
-    assert "team-a" in text and "5.00 (gpu=4,mig-1g.5gb=7)" in text and "3.14" in text
-    row_a = next(line for line in text.splitlines() if "team-a" in line)
-    assert "3.33" in row_a and "94%" in row_a  # entitlement, used / entitlement
+    quota_a, use_a, nominal_a = (line for line in text.splitlines()
+                                 if line.startswith("│ team-a "))
+    assert "5.00" in quota_a and "2.00" in quota_a  # nominal, borrow limit
+    assert "3.14" in use_a and "3.33" in use_a and "94%" in use_a  # used, entitlement, ratio
+    assert nominal_a.split() == ["│", "team-a", "│", "4", "│", "7", "│"]  # gpu, mig-1g.5gb
     assert "Jain's index of used / entitlement 0.953" in text.replace("\n", " ")
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_status_tables_fit_the_terminal(queue: FairQueue, redis_url: str, width: int,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fairgate status`` in a terminal of 80 columns cuts no header or name and prints
+    no line wider; at 120 no header or row wraps either."""
+    monkeypatch.setenv("COLUMNS", str(width))
+    queue.sync_config(make_config({**RAW_CONFIG, "research-long": {
+        "weight": 1, "nominal": {"gpu": 2, "mig-1g.5gb": 14, "mig-3g.40gb": 2}}}), None)
+    out = io.StringIO()
+    assert status_command(redis_url, False, out=out) == 0
+    text = out.getvalue()
+    headers = [str(c.header) for t in status_tables(status_report(queue)) for c in t.columns]
+    assert tablefit.problems(text, width, headers, unwrapped=width >= 120) == []
+    names = [line[1:].split("│")[0].strip() for line in text.splitlines()
+             if line.startswith("│ ")]
+    assert sorted(names) == ["research-long"] * 3 + ["team-a"] * 3 + ["team-b"] * 3, names
 
 
 def test_status_jain_is_na_when_the_only_backlogged_tenant_holds_nothing(
@@ -335,7 +359,7 @@ def test_why_explains_a_controllers_gated_pod_by_the_name_kubectl_shows(
                  reason="waiting for 1 x gpu of cluster capacity")
     ref = f"team-b-ns/{name}"
     out = io.StringIO()
-    assert why_command(redis_url, ref, json_out=True, out=out) == 0
+    assert why_command(redis_url, ref, json_out=True, out=out) == 1  # nothing known: exit 1
     assert json.loads(out.getvalue())["verdict"] == "unknown"  # the dispatcher has not seen it
 
     rig.settle()  # the dispatcher sees the pod: its ticket takes the pod's name

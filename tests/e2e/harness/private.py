@@ -49,8 +49,8 @@ class PrivateCluster:
 
     def why(self, namespace: str, name: str) -> dict[str, Any]:
         """`fairgate why <namespace>/<name> --json`, parsed."""
-        result = self.fairgate.run_cli("why", f"{namespace}/{name}", "--json",
-                                       "--redis-url", self.fairgate.redis_url)
+        result = self.fairgate.run_cli("why", f"{namespace}/{name}", "--json",  # 1: unknown
+                                       "--redis-url", self.fairgate.redis_url, check=False)
         report: dict[str, Any] = yaml.safe_load(result.stdout)
         return report
 
