@@ -679,7 +679,7 @@ def _add_report(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         "starts and whenever it changes; edits of fairgate-platform are audited), each\n"
         "from its time on, never retroactively; a MIG slice costs slices/7 of its GPU.\n"
         f"{TIME_FORMATS}\nDefault window: this calendar month (UTC) until now. JSON carries\n"
-        "OpenCost's names too (gpuHours, gpuCost).",
+        "OpenCost's names too (per row: opencost.gpuHours, opencost.gpuCost).",
         "  export REDIS_URL=redis://127.0.0.1:6379/0\n"
         "  fairgate report\n"
         "  fairgate report --since 2026-03-01 --until 2026-04-01 --csv > march.csv\n"
@@ -728,7 +728,7 @@ def _add_status(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         "by pods fairgate\n"
         "does not manage (subtracted), e.g. \"node gpu-3 cordoned (gpu=4 not counted)\",\n"
         "and the capacity withheld for released pods the scheduler reports Unschedulable\n"
-        "past --unschedulable-grace (JSON: capacityNotes.withheld, .unschedulable).\n"
+        "past --unschedulable-grace (JSON: capacity_notes.withheld, .unschedulable).\n"
         "From the queue in Redis.",
         "  fairgate status --redis-url redis://127.0.0.1:6379/0\n"
         "  REDIS_URL=redis://127.0.0.1:6379/0 fairgate status --json | jq '.tenants'\n",

@@ -82,7 +82,8 @@ def test_the_report_bills_the_verified_log_exactly(redis_client: redis.Redis) ->
     rows = {r["tenant"]: r for r in data["rows"]}
     a, b = rows["team-a"], rows["team-b"]
     assert a["gpu_hours"] == 4 + 1 and a["borrowed_gpu_hours"] == 1
-    assert abs(a["cost"] - (4 * 3.5 + 1 * 4.0)) < 1e-9 and a["gpuCost"] == a["cost"]
+    assert abs(a["cost"] - (4 * 3.5 + 1 * 4.0)) < 1e-9 and a["opencost"] == {
+        "gpuHours": a["gpu_hours"], "gpuCost": a["cost"]}
     assert a["preempted_pods"] == 1 and a["preempted_gpu_hours"] == 1
     assert abs(b["gpu_hours"] - 4 * 3 / 7) < 1e-12
     assert abs(b["cost"] - (2 * 3 / 7 * 2.0 + 2 * 3 / 7 * 4.0)) < 1e-9

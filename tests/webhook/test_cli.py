@@ -699,3 +699,52 @@ def test_dispatch_help_describes_the_order_by_virtual_time(
     assert "inference before training; then the tenant with the lowest virtual time" in text
     assert "idle time earns no credit" in text
     assert "A gang is released whole or not at all" in text
+
+
+def _camel_keys(data: Any, where: str = "") -> list[str]:
+    """The keys in ``data`` (nested) with a capital letter: not snake_case. OpenCost's own
+    names, under ``opencost``, are OpenCost's."""
+    if isinstance(data, list):
+        return [bad for i, item in enumerate(data) for bad in _camel_keys(item, f"{where}[{i}]")]
+    if not isinstance(data, dict):
+        return []
+    found = []
+    for key, value in data.items():
+        if any(c.isupper() for c in key):
+            found.append(f"{where}.{key}")
+        if key != "opencost":
+            found += _camel_keys(value, f"{where}.{key}")
+    return found
+
+
+def test_every_json_output_names_its_fields_in_snake_case(
+    server: ServeProcess, redis_url: str, tmp_path: Path
+) -> None:
+    """status, why, audit query and verify, report and simulate: one style of field names
+    (snake_case, as the simulation's and the report's documented keys)."""
+    _admit(server, "team-b-dev", "holder")
+    assert _admit(server, "team-b-dev", "waiter")["auditAnnotations"]["decision"] == "queue"
+    _admit(server, "sandbox", "nb")
+    trace = tmp_path / "small.yaml"
+    trace.write_text(_SMALL_TRACE)
+    outputs = {
+        "status": _fairgate("status", "--json", env_redis=redis_url),
+        "why": _fairgate("why", "team-b-dev/waiter", "--json", env_redis=redis_url),
+        "audit query": _fairgate("audit", "query", "--json", env_redis=redis_url),
+        "audit verify": _fairgate("audit", "verify", "--json", env_redis=redis_url),
+        "report": _fairgate("report", "--json", env_redis=redis_url),
+        "simulate": _fairgate("simulate", str(trace), "--json", "--window", "100:"),
+    }
+    for command, done in outputs.items():
+        assert done.returncode == 0, (command, done.stderr)
+        documents = [json.loads(line) for line in done.stdout.splitlines() if line.strip()] \
+            if command == "audit query" else [json.loads(done.stdout)]
+        assert documents, command
+        for document in documents:
+            assert _camel_keys(document) == [], (command, document)
+    status = json.loads(outputs["status"].stdout)
+    why = json.loads(outputs["why"].stdout)
+    assert {"jain_index", "capacity_by_class", "capacity_notes", "held"} <= set(status)
+    assert {"borrow_limit", "weighted_share", "of_entitlement"} <= set(
+        status["tenants"]["team-b"])
+    assert why["queue_length"] == status["tenants"]["team-b"]["queued"]["training"]

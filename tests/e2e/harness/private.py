@@ -56,7 +56,7 @@ class PrivateCluster:
 
     def class_capacity(self) -> dict[str, int]:
         """Capacity per capacity key, as `fairgate status --json` shows it."""
-        return {row["key"]: row["capacity"] for row in self.status()["capacityByClass"]}
+        return {row["key"]: row["capacity"] for row in self.status()["capacity_by_class"]}
 
     def metric(self, name: str) -> float:
         """The sum of every sample of metric `name` the dispatcher serves now."""
