@@ -112,5 +112,5 @@ class Head:
         return {"key": self.key, "tickets": list(self.tickets), "tenant": self.tenant,
                 "demand": dict(self.demand), "since": self.since, "state": self.state,
                 "request": self.request, "attempts": self.attempts,
-                "retryIn": max(0.0, self.retry_at - now) if self.state == "retrying" else None,
+                "retry_in": max(0.0, self.retry_at - now) if self.state == "retrying" else None,
                 "message": self.message}

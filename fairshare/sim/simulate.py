@@ -94,6 +94,7 @@ from fairshare.sim.trace import Trace, TracePod, load_trace
 from tenants import resources
 from tenants.models import CLASSES, FairgateConfig
 from tenants.schema import ConfigError
+from tenants.tables import tenant_table
 
 # Virtual seconds between dispatcher chores; a reconcile is never needed in a simulation.
 _SETTINGS = DispatcherSettings(
@@ -628,8 +629,9 @@ def _batches(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
         yield batch
 
 
-def render_report(report: SimulationReport, console: Console) -> None:
-    """The report as tables for humans."""
+def report_tables(report: SimulationReport) -> list[Table]:
+    """The report as tables that fit 80 columns: the summary, the waits per class, the
+    tenants, and the window measures when the report has them."""
     summary = Table(title="fairgate simulation", show_header=False)
     summary.add_row("Jain's index (GPU-time / entitlement)", jain_text(report.jain_index))
     summary.add_row("utilisation (busy time)", f"{report.utilization:.1%}")
@@ -640,41 +642,43 @@ def render_report(report: SimulationReport, console: Console) -> None:
         summary.add_row("gangs partly released", ", ".join(report.gang_violations))
     if report.quota_violations:
         summary.add_row("quota exceeded", "; ".join(report.quota_violations))
-    console.print(summary)
-    waits = Table(title="wait from creation to start (s)")
-    for column in ("class", "p50", "p99", "max"):
-        waits.add_column(column, justify="left" if column == "class" else "right")
+    waits = tenant_table("wait from creation to start (s)", ("class", "p50", "p99", "max"))
     for cls, w in report.wait_seconds.items():
         waits.add_row(cls, f"{w.p50:.1f}", f"{w.p99:.1f}", f"{w.max:.1f}")
-    console.print(waits)
-    tenants = Table(title="tenants")
-    for column in ("tenant", "weight", "share", "share/weight", "admitted", "waiting",
-                   "GPU-h", "cost"):
-        tenants.add_column(column, justify="left" if column == "tenant" else "right")
+    tenants = tenant_table("tenants", ("tenant", "weight", "share", "per weight", "admitted",
+                                       "waiting", "GPU-h", "cost"),
+                           caption="share: of the GPU-time used; per weight: share / weight; "
+                           "waiting: pods not started at the end; GPU-h: GPU-equivalent hours")
     for name, t in report.tenants.items():
         tenants.add_row(name, f"{t.weight:g}", f"{t.share:.1%}", f"{t.share / t.weight:.3f}",
                         str(t.admitted), str(t.waiting), f"{t.gpu_hours:.2f}",
                         "-" if t.cost is None else f"{t.cost:,.2f}")
-    console.print(tenants)
-    if report.window is not None:
-        render_window(report.window, console)
+    tables = [summary, waits, tenants]
+    return tables if report.window is None else [*tables, window_table(report.window)]
 
 
-def render_window(window: WindowReport, console: Console) -> None:
+def render_report(report: SimulationReport, console: Console) -> None:
+    """The report as tables for humans (:func:`report_tables`)."""
+    for table in report_tables(report):
+        console.print(table)
+
+
+def window_table(window: WindowReport) -> Table:
     """The window measures as a table for humans."""
-    table = Table(title=f"window {window.start:g}-{window.end:g} s: GPU-time against "
-                  f"integrated entitlement (Jain {jain_text(window.jain_index)}, utilisation "
-                  f"while pods wait {window.utilization:.1%})")
-    for column in ("tenant", "GPU-s", *(f"{cls} GPU-s" for cls in CLASSES),
-                   "entitled GPU-s", "of entitlement", "backlogged s"):
-        table.add_column(column, justify="left" if column == "tenant" else "right")
+    table = tenant_table(
+        f"window {window.start:g}-{window.end:g} s: GPU-time against integrated entitlement "
+        f"(Jain {jain_text(window.jain_index)}, utilisation while pods wait "
+        f"{window.utilization:.1%})",
+        ("tenant", "used", *CLASSES, "entitled", "used / entitled", "backlog"),
+        caption="in GPU-seconds: used, all and per class, and entitled (the entitlement "
+        "integrated over the window); backlog: seconds the tenant had a pod waiting")
     for name, t in window.tenants.items():
         ratio = t.of_entitlement
         table.add_row(name, f"{t.gpu_seconds:,.0f}",
                       *(f"{t.gpu_seconds_by_class[cls]:,.0f}" for cls in CLASSES),
                       f"{t.entitled_gpu_seconds:,.0f}", "-" if ratio is None else f"{ratio:.3f}",
                       f"{t.backlogged_seconds:,.0f}")
-    console.print(table)
+    return table
 
 
 DEFAULT_TIMELINE_EVERY = 60.0

@@ -165,7 +165,7 @@ def test_tenants_show_what_fairgate_status_shows_plus_ceiling_and_split(
             assert row[key] == value, (name, key)
     assert rows["team-a"]["used"] == 2.0
     assert rows["team-a"]["ceiling"] == 8.0
-    assert rows["team-b"]["usedNominal"] == 1.0
+    assert rows["team-b"]["used_nominal"] == 1.0
     assert rows["team-b"]["queued"] == {"inference": 0, "training": 2}
     html = _get(stack, "/tenants").text
     assert '<tr data-tenant="team-b">' in html
@@ -187,7 +187,7 @@ def test_queue_rows_say_what_fairgate_why_says(stack: ConsoleProcess,
         assert row["position"] == why["position"]
         assert row["class"] == "training"
         assert row["demand"] == "gpu=1"
-        assert row["waitedSeconds"] >= 0
+        assert row["waited_seconds"] >= 0
     assert answer["rows"][0]["position"] == 1
     assert _get(stack, "/api/queue", tenant="team-a").json()["total"] == 0
     assert _get(stack, "/api/queue", namespace="team-b-dev").json()["total"] == 2
@@ -328,7 +328,7 @@ def test_a_complete_gang_waits_as_one_row_and_filters_by_its_namespace(
     assert row["gang"] == "team-b-dev/g" and row["tenant"] == "team-b"
     assert "gang team-b-dev/g" in row["why"]
     # the same row (its wait, rounded to 0.1 s, was read a moment later)
-    assert abs(by_namespace["rows"][0].pop("waitedSeconds") - row.pop("waitedSeconds")) <= 0.2
+    assert abs(by_namespace["rows"][0].pop("waited_seconds") - row.pop("waited_seconds")) <= 0.2
     assert by_namespace["rows"] == page["rows"]
     assert "never fits" in row["why"] and "waiting for a larger quota" in row["why"]
     assert elsewhere["total"] == 0
@@ -379,7 +379,7 @@ def test_the_queue_page_renders_a_waiting_gang_in_headless_chromium(
                 assert "gang team-b-dev/g" in page.text
             (row,) = _get(console, "/api/queue").json()["rows"]
             assert row["class"] == "training" and row["members"] == 2
-            assert 90 <= row["waitedSeconds"] < 150
+            assert 90 <= row["waited_seconds"] < 150
             _open(driver, console, "queue")
             cells = driver.find_element(By.CSS_SELECTOR, 'tr[data-pod="team-b-dev/g"]')
             texts = [c.text for c in cells.find_elements(By.CSS_SELECTOR, "th, td")]
@@ -707,7 +707,7 @@ def test_a_tenant_viewer_sees_nothing_of_other_tenants_in_any_answer(
                data.audit(viewer, q="team-a"), data.cost(viewer)]
     client.close()
     text = json.dumps(answers)
-    for other in ("team-a", "race", "sandbox", "capacityNotes", "jainIndex\": ["):
+    for other in ("team-a", "race", "sandbox", "capacity_notes", "jain_index\": ["):
         assert other not in text
     assert '"name": "team-b"' in text
     assert "b-1" in text

@@ -6,15 +6,15 @@ Contract:
   tenants (not their names, counts or records) is in the answer.
 - :meth:`ConsoleData.tenants`: the rows of ``fairgate status`` (``fairshare.status``,
   the same computation, shared between requests by :meth:`ConsoleData.status`) plus
-  ``ceiling`` (from the config, null when unknown) and ``usedNominal`` (used -
+  ``ceiling`` (from the config, null when unknown) and ``used_nominal`` (used -
   borrowed), filtered by ``q`` (substring of the name) and paginated by name.
 - :meth:`ConsoleData.queue`: every waiting queue entry of the visible tenants, grouped by
   tenant (by name), then by lane (shape), FIFO within a lane, paginated; each pod row says
   what ``fairgate why`` says (:func:`fairshare.status.status_why`), with ``position`` /
-  ``queueLength`` among its tenant's pods of its class and ``waitedSeconds``. A complete
+  ``queue_length`` among its tenant's pods of its class and ``waited_seconds``. A complete
   gang waiting as one entry is one row (``gang``, ``members``, ``source``: where it was
   declared, e.g. ``Indexed Job trainer``, null when the queue was not told; its
-  ``class`` and ``waitedSeconds`` since its first member was created), its ``why``
+  ``class`` and ``waited_seconds`` since its first member was created), its ``why``
   naming it with the queue's counts (``gang of Indexed Job trainer: 4 of 4 pods
   created, released together (...), waiting for ...``). Gang members still waiting for
   their gang to be complete are not listed (``fairgate why`` and ``fairgate status``
@@ -116,12 +116,12 @@ class ConsoleData:
             row["name"] = name
             row["ceiling"] = (round(tenant.ceiling_slices / SLICES_PER_GPU, 2)
                               if tenant is not None else None)
-            row["usedNominal"] = round(row["used"] - row["borrowed"], 2)
-            row["nominalDemand"] = format_counts(row["nominal"])
+            row["used_nominal"] = round(row["used"] - row["borrowed"], 2)
+            row["nominal_demand"] = format_counts(row["nominal"])
             rows.append(row)
         answer: dict[str, Any] = {
             "capacity": report["capacity"],
-            "jainIndex": report["jainIndex"],
+            "jain_index": report["jain_index"],
             "held": [h for h in report["held"] if viewer.sees(h["tenant"])],
             "tenants": rows,
             "total": len(names),
@@ -129,7 +129,7 @@ class ConsoleData:
             "pages": pages(len(names), per_page),
         }
         if viewer.everything:
-            answer["capacityNotes"] = report["capacityNotes"]
+            answer["capacity_notes"] = report["capacity_notes"]
         return answer
 
     def status(self) -> dict[str, Any]:
@@ -186,8 +186,8 @@ class ConsoleData:
         for row in rows:
             if row is not None:
                 row["why"] = redactor.text(row["why"])
-                if row.get("waitingFor"):
-                    row["waitingFor"] = redactor.text(row["waitingFor"])
+                if row.get("waiting_for"):
+                    row["waiting_for"] = redactor.text(row["waiting_for"])
         return {"total": total, "page": page, "pages": pages(total, per_page),
                 "rows": [r for r in rows if r is not None]}
 
@@ -255,7 +255,7 @@ class ConsoleData:
                 "class": known[0].pod_class if known else None,
                 "members": len(members),
                 "source": record.source or None if record is not None else None,
-                "waitedSeconds": round(max(0.0, now - min(m.submitted_at for m in known)), 1)
+                "waited_seconds": round(max(0.0, now - min(m.submitted_at for m in known)), 1)
                 if known else None,
                 "why": f"{said}, released together ({shape}), waiting for "
                        + next((m.waiting_for for m in known if m.waiting_for),
@@ -269,8 +269,8 @@ class ConsoleData:
         return {
             "pod": report.pod, "tenant": status.tenant, "class": status.pod_class,
             "band": status.band, "demand": report.demand, "position": report.position,
-            "queueLength": report.queue_length, "waitingFor": report.waiting_for,
-            "waitedSeconds": round(max(0.0, now - status.submitted_at), 1),
+            "queue_length": report.queue_length, "waiting_for": report.waiting_for,
+            "waited_seconds": round(max(0.0, now - status.submitted_at), 1),
             "why": report.summary, "verdict": report.verdict, "gang": status.group,
         }
 
@@ -288,12 +288,12 @@ class ConsoleData:
         shown = names[(page - 1) * per_page: page * per_page]
         answer: dict[str, Any] = {
             "since": since, "until": at, "hours": hours,
-            "intervalSeconds": self.history.interval,
+            "interval_seconds": self.history.interval,
             "series": self.history.series(shown, since),
             "total": len(names), "page": page, "pages": pages(len(names), per_page),
         }
         if viewer.everything:
-            answer["jainIndex"] = self.history.jain(since)
+            answer["jain_index"] = self.history.jain(since)
         return answer
 
     # -- audit ---------------------------------------------------------------------
@@ -341,7 +341,7 @@ class ConsoleData:
         status = self.verify()
         if viewer.everything or status["ok"]:
             return status
-        return {"ok": False, "checkedAt": status["checkedAt"],
+        return {"ok": False, "checked_at": status["checked_at"],
                 "summary": "the audit chain does not verify: a platform admin can see where "
                            "(fairgate audit verify)"}
 
@@ -434,6 +434,6 @@ def _chain_json(result: VerifyResult, now: float) -> dict[str, Any]:
                    f"{result.last_seq})" if result.checked else "verified: no records yet")
     else:
         summary = f"BROKEN at seq {result.first_bad}: {result.problem}"
-    return {"ok": result.ok, "checked": result.checked, "firstSeq": result.first_seq,
-            "lastSeq": result.last_seq, "firstBad": result.first_bad,
-            "summary": summary, "checkedAt": now}
+    return {"ok": result.ok, "checked": result.checked, "first_seq": result.first_seq,
+            "last_seq": result.last_seq, "first_bad": result.first_bad,
+            "summary": summary, "checked_at": now}

@@ -49,14 +49,14 @@ class PrivateCluster:
 
     def why(self, namespace: str, name: str) -> dict[str, Any]:
         """`fairgate why <namespace>/<name> --json`, parsed."""
-        result = self.fairgate.run_cli("why", f"{namespace}/{name}", "--json",
-                                       "--redis-url", self.fairgate.redis_url)
+        result = self.fairgate.run_cli("why", f"{namespace}/{name}", "--json",  # 1: unknown
+                                       "--redis-url", self.fairgate.redis_url, check=False)
         report: dict[str, Any] = yaml.safe_load(result.stdout)
         return report
 
     def class_capacity(self) -> dict[str, int]:
         """Capacity per capacity key, as `fairgate status --json` shows it."""
-        return {row["key"]: row["capacity"] for row in self.status()["capacityByClass"]}
+        return {row["key"]: row["capacity"] for row in self.status()["capacity_by_class"]}
 
     def metric(self, name: str) -> float:
         """The sum of every sample of metric `name` the dispatcher serves now."""
