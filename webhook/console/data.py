@@ -12,11 +12,13 @@ Contract:
   tenant (by name), then by lane (shape), FIFO within a lane, paginated; each pod row says
   what ``fairgate why`` says (:func:`fairshare.status.status_why`), with ``position`` /
   ``queueLength`` among its tenant's pods of its class and ``waitedSeconds``. A complete
-  gang waiting as one entry is one row (``gang``, ``members``, ``source``: where it was
+  gang waiting as one entry is one row (``gang``, ``members``, ``shape`` and
+  ``shapeText``: its lane's shape and that in words, ``1 GPU training + 3 GPUs
+  borrowed``, ``source``: where it was
   declared, e.g. ``Indexed Job trainer``, null when the queue was not told; its
   ``class`` and ``waitedSeconds`` since its first member was created), its ``why``
   naming it with the queue's counts (``gang of Indexed Job trainer: 4 of 4 pods
-  created, released together (...), waiting for ...``). Gang members still waiting for
+  created, released together (<shapeText>), waiting for ...``). Gang members still waiting for
   their gang to be complete are not listed (``fairgate why`` and ``fairgate status``
   explain them). Filters:
   ``tenant``, ``namespace``: exactly the entries whose pods are in the namespace, read
@@ -55,6 +57,7 @@ from audit.chain import CHAIN_FIELDS, canonical_json
 from audit.log import parse_entry
 from cost.billing import Bill, bill_bodies
 from cost.report import month_start
+from fairshare.queue.calls import shape_in_words
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import GangRecord, TicketStatus, gang_name
 from fairshare.status import status_report, status_why
@@ -251,13 +254,15 @@ class ConsoleData:
         with the queue's counts (``record``)."""
         known = [m for m in members if m is not None]
         said = record.describe() if record is not None else gang_name(gang, "")
+        words = shape_in_words(shape)
         return {"pod": gang, "gang": gang, "tenant": tenant, "shape": shape,
+                "shapeText": words,
                 "class": known[0].pod_class if known else None,
                 "members": len(members),
                 "source": record.source or None if record is not None else None,
                 "waitedSeconds": round(max(0.0, now - min(m.submitted_at for m in known)), 1)
                 if known else None,
-                "why": f"{said}, released together ({shape}), waiting for "
+                "why": f"{said}, released together ({words}), waiting for "
                        + next((m.waiting_for for m in known if m.waiting_for),
                               "its release as one entry")}
 
