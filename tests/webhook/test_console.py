@@ -893,7 +893,8 @@ def test_fairness_charts_share_one_scale_with_a_legend_and_units(
     figures = {f.get_attribute("data-tenant"): f for f in driver.find_elements(
         By.CSS_SELECTOR, "figure[data-tenant]")}
     assert {"team-a", "team-b"} <= set(figures)
-    ticks = {tenant: [t.text for t in figure.find_elements(By.CSS_SELECTOR, "text.tick.y")]
+    ticks = {tenant: [t.text for t in figure.find_elements(By.CSS_SELECTOR,
+                                                           "text.tick:not(.time)")]
              for tenant, figure in figures.items()}
     assert len({tuple(t) for t in ticks.values()}) == 1, ticks  # one scale
     assert float(ticks["team-a"][-1]) >= 2  # team-a's 2 GPUs fit it
