@@ -356,6 +356,17 @@ def test_a_gang_row_names_where_the_gang_was_declared(tmp_path: Path) -> None:
                                  "together (2 GPUs training), waiting for ")
 
 
+def _queue_gang(queue: FairQueue, size: int) -> None:
+    """Gang ``g`` of ``size`` 1-GPU training pods in team-b-dev, the first created 90 s
+    ago, all confirmed."""
+    for i in range(size):
+        ticket = str(uuid.uuid4())
+        queue.admit(PodRequest(ticket, "team-b", "team-b-dev", f"g-{i}", "training",
+                               {"gpu": 1}, group="g", group_size=size,
+                               submitted_at=time.time() - 90 + i), time.time())
+        queue.confirm(ticket, str(uuid.uuid4()), "team-b-dev", f"g-{i}")
+
+
 def test_the_queue_page_renders_a_waiting_gang_in_headless_chromium(
         tmp_path: Path, driver: WebDriver) -> None:
     """A complete gang waiting as one entry has a row with its class, members and wait,
@@ -365,12 +376,7 @@ def test_the_queue_page_renders_a_waiting_gang_in_headless_chromium(
         client = redis.Redis.from_url(url)
         queue = FairQueue(client)
         queue.sync_config(load_config_dir(config), {"gpu": 8})
-        for i in range(2):  # 2 x 1 GPU: team-b's nominal is 1 GPU, so the gang waits
-            ticket = str(uuid.uuid4())
-            queue.admit(PodRequest(ticket, "team-b", "team-b-dev", f"g-{i}", "training",
-                                   {"gpu": 1}, group="g", group_size=2,
-                                   submitted_at=time.time() - 90 + i), time.time())
-            queue.confirm(ticket, str(uuid.uuid4()), "team-b-dev", f"g-{i}")
+        _queue_gang(queue, 2)  # 2 x 1 GPU: team-b's nominal is 1 GPU, so the gang waits
         client.close()
         with ConsoleProcess(url, config, tmp_path / "console.log") as console:
             for params in ({}, {"tenant": "team-b"}):
@@ -924,12 +930,7 @@ def test_a_shape_on_the_queue_page_is_said_in_words(tmp_path: Path, driver: WebD
                          {"gpu": 7}, submitted_at=time.time() - 120)
         queue.admit(hog, time.time())
         queue.confirm(hog.ticket, str(uuid.uuid4()), "team-a-dev", "hog")
-        for i in range(4):
-            ticket = str(uuid.uuid4())
-            queue.admit(PodRequest(ticket, "team-b", "team-b-dev", f"g-{i}", "training",
-                                   {"gpu": 1}, group="g", group_size=4,
-                                   submitted_at=time.time() - 90 + i), time.time())
-            queue.confirm(ticket, str(uuid.uuid4()), "team-b-dev", f"g-{i}")
+        _queue_gang(queue, 4)
         client.close()
         with ConsoleProcess(url, config, tmp_path / "console.log") as console:
             [row] = [r for r in _get(console, "/api/queue").json()["rows"]
