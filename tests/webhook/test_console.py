@@ -918,7 +918,7 @@ def test_fairness_charts_share_one_scale_with_a_legend_and_units(
 def test_a_shape_on_the_queue_page_is_said_in_words(tmp_path: Path, driver: WebDriver) -> None:
     """A gang of 4 x 1 GPU of team-b (nominal 1, borrowLimit 3) waits as one entry above
     its nominal quota: its lane's shape (b/gpu=4) reads "4 GPUs borrowed", in its
-    Demand cell and its why."""
+    Demand cell and its why; a single pod's shape is said so too."""
     config = write_config(tmp_path / "config")
     config.joinpath("quota-team-b.yaml").write_text(
         "nominal: {gpu: 1}\nborrowLimit: {gpuEquivalents: 3}\ndefaultClass: training\n")
@@ -931,6 +931,7 @@ def test_a_shape_on_the_queue_page_is_said_in_words(tmp_path: Path, driver: WebD
         queue.admit(hog, time.time())
         queue.confirm(hog.ticket, str(uuid.uuid4()), "team-a-dev", "hog")
         _queue_gang(queue, 4)
+        _wait_pod(queue, "team-b", "team-b-dev", "solo")
         client.close()
         with ConsoleProcess(url, config, tmp_path / "console.log") as console:
             [row] = [r for r in _get(console, "/api/queue").json()["rows"]
@@ -939,6 +940,9 @@ def test_a_shape_on_the_queue_page_is_said_in_words(tmp_path: Path, driver: WebD
             _open(driver, console, "queue")
             cells = driver.find_element(By.CSS_SELECTOR, 'tr[data-pod="team-b-dev/g"]')
             texts = [c.text for c in cells.find_elements(By.CSS_SELECTOR, "th, td")]
+            solo = driver.find_element(By.CSS_SELECTOR, 'tr[data-pod="team-b-dev/solo"]')
+            solo_texts = [c.text for c in solo.find_elements(By.CSS_SELECTOR, "th, td")]
+    assert solo_texts[4] == "1 GPU training", solo_texts
     assert texts[4] == "4 GPUs borrowed"
     assert "released together (4 GPUs borrowed)" in texts[6]
     assert "b/gpu" not in " ".join(texts)

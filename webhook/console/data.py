@@ -11,10 +11,10 @@ Contract:
 - :meth:`ConsoleData.queue`: every waiting queue entry of the visible tenants, grouped by
   tenant (by name), then by lane (shape), FIFO within a lane, paginated; each pod row says
   what ``fairgate why`` says (:func:`fairshare.status.status_why`), with ``position`` /
-  ``queueLength`` among its tenant's pods of its class and ``waitedSeconds``. A complete
-  gang waiting as one entry is one row (``gang``, ``members``, ``shape`` and
-  ``shapeText``: its lane's shape and that in words, ``1 GPU training + 3 GPUs
-  borrowed``, ``source``: where it was
+  ``queueLength`` among its tenant's pods of its class and ``waitedSeconds``; every row
+  has its lane's ``shape`` and ``shapeText``, that in words (``1 GPU training + 3 GPUs
+  borrowed``). A complete
+  gang waiting as one entry is one row (``gang``, ``members``, ``source``: where it was
   declared, e.g. ``Indexed Job trainer``, null when the queue was not told; its
   ``class`` and ``waitedSeconds`` since its first member was created), its ``why``
   naming it with the queue's counts (``gang of Indexed Job trainer: 4 of 4 pods
@@ -183,7 +183,7 @@ class ConsoleData:
         rows = [self._gang_row(t, shape, entry[1:],
                                [statuses.get(m) for m in members[entry[1:]]], at,
                                records.get(entry[1:]))
-                if entry.startswith("@") else self._row(statuses.get(entry), at)
+                if entry.startswith("@") else self._row(statuses.get(entry), shape, at)
                 for t, shape, entry in chosen]
         redactor = self.redactor(viewer, known)
         for row in rows:
@@ -267,13 +267,14 @@ class ConsoleData:
                               "its release as one entry")}
 
     @staticmethod
-    def _row(status: TicketStatus | None, now: float) -> dict[str, Any] | None:
+    def _row(status: TicketStatus | None, shape: str, now: float) -> dict[str, Any] | None:
         if status is None:  # released or forgotten since the lanes were read
             return None
         report = status_why(status, f"{status.namespace}/{status.name}")
         return {
             "pod": report.pod, "tenant": status.tenant, "class": status.pod_class,
-            "band": status.band, "demand": report.demand, "position": report.position,
+            "band": status.band, "demand": report.demand, "shape": shape,
+            "shapeText": shape_in_words(shape), "position": report.position,
             "queueLength": report.queue_length, "waitingFor": report.waiting_for,
             "waitedSeconds": round(max(0.0, now - status.submitted_at), 1),
             "why": report.summary, "verdict": report.verdict, "gang": status.group,
