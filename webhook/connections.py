@@ -11,12 +11,12 @@ Contract:
   loop's 60 s), and bounds a TLS shutdown the same way (instead of 30 s).
 - ``request_seconds``: a request must arrive whole (request line, headers and body) within
   that many seconds of its first byte, and a new connection must send its first request
-  within that many seconds; otherwise the connection is closed.
-- A refused or timed-out connection is closed at once, without waiting for a TLS
-  client's close_notify: a client that never answers holds no descriptor and no place
-  under the cap after its refusal or its timeout. Idle time between
+  within that many seconds; otherwise the connection is closed. Idle time between
   requests is uvicorn's ``timeout_keep_alive``; a response being streamed (the console's
   event stream) is not limited.
+- A refused or timed-out connection is closed at once, without waiting for a TLS
+  client's close_notify: a client that never answers holds no descriptor and no place
+  under the cap after its refusal or its timeout.
 """
 
 from __future__ import annotations

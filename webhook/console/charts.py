@@ -7,8 +7,9 @@ the SVG ``points`` attribute per series plus y-axis ticks and a time axis (``xti
 more than a day); values are clipped at 0 and
 the y range is ``[0, top]``, ``top`` by default ``max(values, 1e-9)`` rounded up to a
 "nice" number. :func:`shared_top` is that number over every tenant's samples, so that the
-Fairness page draws the tenants of a page on one y-scale (a small tenant is a low
-line, not a spike). :func:`split_series` splits the Fairness page's ``[t, used, entitlement]`` samples.
+Fairness page draws the tenants of a page on one y-scale (a small tenant is a low line,
+not a spike). :func:`split_series` splits the Fairness page's ``[t, used,
+entitlement]`` samples.
 """
 
 from __future__ import annotations
