@@ -353,7 +353,18 @@ def test_a_gang_row_names_where_the_gang_was_declared(tmp_path: Path) -> None:
     (row,) = page["rows"]
     assert row["source"] == "Indexed Job trainer" and row["members"] == 2
     assert row["why"].startswith("gang of Indexed Job trainer: 2 of 2 pods created, released "
-                                 "together (t/gpu=2), waiting for ")
+                                 "together (2 GPUs training), waiting for ")
+
+
+def _queue_gang(queue: FairQueue, size: int) -> None:
+    """Gang ``g`` of ``size`` 1-GPU training pods in team-b-dev, the first created 90 s
+    ago, all confirmed."""
+    for i in range(size):
+        ticket = str(uuid.uuid4())
+        queue.admit(PodRequest(ticket, "team-b", "team-b-dev", f"g-{i}", "training",
+                               {"gpu": 1}, group="g", group_size=size,
+                               submitted_at=time.time() - 90 + i), time.time())
+        queue.confirm(ticket, str(uuid.uuid4()), "team-b-dev", f"g-{i}")
 
 
 def test_the_queue_page_renders_a_waiting_gang_in_headless_chromium(
@@ -365,12 +376,7 @@ def test_the_queue_page_renders_a_waiting_gang_in_headless_chromium(
         client = redis.Redis.from_url(url)
         queue = FairQueue(client)
         queue.sync_config(load_config_dir(config), {"gpu": 8})
-        for i in range(2):  # 2 x 1 GPU: team-b's nominal is 1 GPU, so the gang waits
-            ticket = str(uuid.uuid4())
-            queue.admit(PodRequest(ticket, "team-b", "team-b-dev", f"g-{i}", "training",
-                                   {"gpu": 1}, group="g", group_size=2,
-                                   submitted_at=time.time() - 90 + i), time.time())
-            queue.confirm(ticket, str(uuid.uuid4()), "team-b-dev", f"g-{i}")
+        _queue_gang(queue, 2)  # 2 x 1 GPU: team-b's nominal is 1 GPU, so the gang waits
         client.close()
         with ConsoleProcess(url, config, tmp_path / "console.log") as console:
             for params in ({}, {"tenant": "team-b"}):
@@ -385,7 +391,7 @@ def test_the_queue_page_renders_a_waiting_gang_in_headless_chromium(
             texts = [c.text for c in cells.find_elements(By.CSS_SELECTOR, "th, td")]
     assert texts[0] == "gang team-b-dev/g (2 pods)"
     assert texts[1:4] == ["team-b", "-", "training"]
-    assert "gpu" in texts[4]
+    assert texts[4] == "2 GPUs training"
     assert texts[5].startswith("1m ")
     assert texts[6].startswith("gang team-b-dev/g: 2 of 2 pods created, released together")
 
@@ -879,3 +885,99 @@ def test_a_browser_page_updates_itself_after_a_decision(
     assert "latest decision: queue team-b-dev/live-b" in driver.find_element(
         By.ID, "last-event").text
     assert time.monotonic() - posted < 5
+
+
+# -- read at a glance: one scale, a legend, units, shapes in words, 800 px wide ---------
+
+
+def test_fairness_charts_share_one_scale_with_a_legend_and_units(
+        stack: ConsoleProcess, driver: WebDriver) -> None:
+    """team-a uses 2 GPUs, team-b 1: both charts are drawn on one y-scale (the same
+    ticks, team-b's line half as high), each says its unit, and a legend names the solid
+    and the dashed line."""
+    _open(driver, stack, "fairness")
+    figures = {f.get_attribute("data-tenant"): f for f in driver.find_elements(
+        By.CSS_SELECTOR, "figure[data-tenant]")}
+    assert {"team-a", "team-b"} <= set(figures)
+    ticks = {tenant: [t.text for t in figure.find_elements(By.CSS_SELECTOR,
+                                                           "text.tick:not(.time)")]
+             for tenant, figure in figures.items()}
+    assert len({tuple(t) for t in ticks.values()}) == 1, ticks  # one scale
+    assert float(ticks["team-a"][-1]) >= 2  # team-a's 2 GPUs fit it
+    for figure in figures.values():
+        assert figure.find_element(By.CSS_SELECTOR, "text.unit").text == "GPU-eq"
+    legend = driver.find_element(By.CSS_SELECTOR, "[data-legend]")
+    assert legend.is_displayed()
+    assert [item.text for item in legend.find_elements(By.TAG_NAME, "li")] == [
+        "used (solid)", "entitlement (dashed)"]
+    used = legend.find_element(By.CSS_SELECTOR, "line.used")
+    assert used.value_of_css_property("stroke") == figures["team-a"].find_element(
+        By.CSS_SELECTOR, "polyline.used").value_of_css_property("stroke")
+
+
+def test_a_shape_on_the_queue_page_is_said_in_words(tmp_path: Path, driver: WebDriver) -> None:
+    """A gang of 4 x 1 GPU of team-b (nominal 1, borrowLimit 3) waits as one entry above
+    its nominal quota: its lane's shape (b/gpu=4) reads "4 GPUs borrowed", in its
+    Demand cell and its why; a single pod's shape is said so too."""
+    config = write_config(tmp_path / "config")
+    config.joinpath("quota-team-b.yaml").write_text(
+        "nominal: {gpu: 1}\nborrowLimit: {gpuEquivalents: 3}\ndefaultClass: training\n")
+    with local_redis() as url:
+        client = redis.Redis.from_url(url)
+        queue = FairQueue(client)
+        queue.sync_config(load_config_dir(config), {"gpu": 8})
+        hog = PodRequest(str(uuid.uuid4()), "team-a", "team-a-dev", "hog", "training",
+                         {"gpu": 7}, submitted_at=time.time() - 120)
+        queue.admit(hog, time.time())
+        queue.confirm(hog.ticket, str(uuid.uuid4()), "team-a-dev", "hog")
+        _queue_gang(queue, 4)
+        _wait_pod(queue, "team-b", "team-b-dev", "solo")
+        client.close()
+        with ConsoleProcess(url, config, tmp_path / "console.log") as console:
+            [row] = [r for r in _get(console, "/api/queue").json()["rows"]
+                     if r["pod"] == "team-b-dev/g"]
+            assert row["shape"] == "b/gpu=4"
+            _open(driver, console, "queue")
+            cells = driver.find_element(By.CSS_SELECTOR, 'tr[data-pod="team-b-dev/g"]')
+            texts = [c.text for c in cells.find_elements(By.CSS_SELECTOR, "th, td")]
+            solo = driver.find_element(By.CSS_SELECTOR, 'tr[data-pod="team-b-dev/solo"]')
+            solo_texts = [c.text for c in solo.find_elements(By.CSS_SELECTOR, "th, td")]
+    assert solo_texts[4] == "1 GPU training", solo_texts
+    assert texts[4] == "4 GPUs borrowed"
+    assert "released together (4 GPUs borrowed)" in texts[6]
+    assert "b/gpu" not in " ".join(texts)
+
+
+# Every element of a page that ends beyond the window's right edge, or whose text is cut
+# by its own box (overflow hidden), and the page's own horizontal overflow.
+CUT_AT_WIDTH = """
+const width = document.documentElement.clientWidth;
+const cut = [];
+if (document.documentElement.scrollWidth > width)
+  cut.push('page scrolls sideways: ' + document.documentElement.scrollWidth + ' > ' + width);
+for (const el of document.querySelectorAll('header *, main *, footer *')) {
+  if (el.closest('.skip')) continue;
+  const box = el.getBoundingClientRect();
+  const what = el.tagName + ' ' + (el.textContent || '').trim().slice(0, 50);
+  if (box.width > 0 && box.right > width + 1) cut.push('beyond the edge: ' + what);
+  if (el.scrollWidth > el.clientWidth + 1 && getComputedStyle(el).overflowX !== 'visible')
+    cut.push('clipped: ' + what);
+}
+return cut;
+"""
+
+
+@pytest.fixture(scope="module")
+def narrow() -> Iterator[WebDriver]:
+    """Headless Chromium in a window 800 px wide."""
+    chrome = browser("800,900")
+    yield chrome
+    chrome.quit()
+
+
+@pytest.mark.parametrize("page", list(BROWSER_EXPECTS))
+def test_nothing_is_cut_in_a_window_800_px_wide(
+        stack: ConsoleProcess, narrow: WebDriver, page: str) -> None:
+    _open(narrow, stack, page)
+    assert narrow.execute_script("return window.innerWidth") == 800
+    assert narrow.execute_script(CUT_AT_WIDTH) == []

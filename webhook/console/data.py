@@ -11,12 +11,14 @@ Contract:
 - :meth:`ConsoleData.queue`: every waiting queue entry of the visible tenants, grouped by
   tenant (by name), then by lane (shape), FIFO within a lane, paginated; each pod row says
   what ``fairgate why`` says (:func:`fairshare.status.status_why`), with ``position`` /
-  ``queue_length`` among its tenant's pods of its class and ``waited_seconds``. A complete
+  ``queue_length`` among its tenant's pods of its class and ``waited_seconds``; every row
+  has its lane's ``shape`` and ``shape_text``, that in words (``1 GPU training + 3 GPUs
+  borrowed``). A complete
   gang waiting as one entry is one row (``gang``, ``members``, ``source``: where it was
   declared, e.g. ``Indexed Job trainer``, null when the queue was not told; its
   ``class`` and ``waited_seconds`` since its first member was created), its ``why``
   naming it with the queue's counts (``gang of Indexed Job trainer: 4 of 4 pods
-  created, released together (...), waiting for ...``). Gang members still waiting for
+  created, released together (<shape_text>), waiting for ...``). Gang members still waiting for
   their gang to be complete are not listed (``fairgate why`` and ``fairgate status``
   explain them). Filters:
   ``tenant``, ``namespace``: exactly the entries whose pods are in the namespace, read
@@ -55,6 +57,7 @@ from audit.chain import CHAIN_FIELDS, canonical_json
 from audit.log import parse_entry
 from cost.billing import Bill, bill_bodies
 from cost.report import month_start
+from fairshare.queue.calls import shape_in_words
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import GangRecord, TicketStatus, gang_name
 from fairshare.status import status_report, status_why
@@ -180,7 +183,7 @@ class ConsoleData:
         rows = [self._gang_row(t, shape, entry[1:],
                                [statuses.get(m) for m in members[entry[1:]]], at,
                                records.get(entry[1:]))
-                if entry.startswith("@") else self._row(statuses.get(entry), at)
+                if entry.startswith("@") else self._row(statuses.get(entry), shape, at)
                 for t, shape, entry in chosen]
         redactor = self.redactor(viewer, known)
         for row in rows:
@@ -251,24 +254,27 @@ class ConsoleData:
         with the queue's counts (``record``)."""
         known = [m for m in members if m is not None]
         said = record.describe() if record is not None else gang_name(gang, "")
+        words = shape_in_words(shape)
         return {"pod": gang, "gang": gang, "tenant": tenant, "shape": shape,
+                "shape_text": words,
                 "class": known[0].pod_class if known else None,
                 "members": len(members),
                 "source": record.source or None if record is not None else None,
                 "waited_seconds": round(max(0.0, now - min(m.submitted_at for m in known)), 1)
                 if known else None,
-                "why": f"{said}, released together ({shape}), waiting for "
+                "why": f"{said}, released together ({words}), waiting for "
                        + next((m.waiting_for for m in known if m.waiting_for),
                               "its release as one entry")}
 
     @staticmethod
-    def _row(status: TicketStatus | None, now: float) -> dict[str, Any] | None:
+    def _row(status: TicketStatus | None, shape: str, now: float) -> dict[str, Any] | None:
         if status is None:  # released or forgotten since the lanes were read
             return None
         report = status_why(status, f"{status.namespace}/{status.name}")
         return {
             "pod": report.pod, "tenant": status.tenant, "class": status.pod_class,
-            "band": status.band, "demand": report.demand, "position": report.position,
+            "band": status.band, "demand": report.demand, "shape": shape,
+            "shape_text": shape_in_words(shape), "position": report.position,
             "queue_length": report.queue_length, "waiting_for": report.waiting_for,
             "waited_seconds": round(max(0.0, now - status.submitted_at), 1),
             "why": report.summary, "verdict": report.verdict, "gang": status.group,
