@@ -13,8 +13,10 @@ Contract (docs/dra.md):
     ``spec.extendedResourceName`` (KEP-5004): N devices of that class, under the same
     effective-request rule as ``nvidia.com/*`` (:mod:`admission.demand`);
   * ``spec.resourceClaims[].resourceClaimTemplateName``: the template's claim, per pod;
-  * ``spec.resourceClaims[].resourceClaimName``: the shared claim, charged in full to
-    every pod that references it (never less than what runs).
+  * ``spec.resourceClaims[].resourceClaimName``: the shared claim, priced in full for
+    every pod that references it; :func:`shared_claims` names it by uid, so that a
+    tenant is charged for it once however many of its pods share it
+    (:mod:`admission.sharing`).
 - Per request: ``exactly`` with ``allocationMode: ExactCount`` (the default) counts
   ``count`` devices (default 1); ``adminAccess: true`` consumes nothing;
   ``allocationMode: All`` is refused (it cannot be bounded before allocation);
@@ -225,15 +227,41 @@ def allocated_demand(pod: PodView, context: DraContext) -> ResourceCounts | None
         claims = list(_resolved(pod, context, _actual(pod, context)))
     except (_Missing, PodError):
         return None
+    if any(claim.allocation is None for _, claim in claims):
+        return None
+    return _total(_allocated(claim, context) for _, claim in claims)
+
+
+def _allocated(claim: DraObject, context: DraContext) -> ResourceCounts:
+    """The devices ``claim`` was allocated, by resource (none before allocation)."""
     total: ResourceCounts = {}
-    for _, claim in claims:
-        if claim.allocation is None:
-            return None
-        for device in claim.allocation:
-            short = _allocated_resource(claim.spec, device, context)
-            if short is not None:
-                total[short] = total.get(short, 0) + 1
+    for device in claim.allocation or ():
+        short = _allocated_resource(claim.spec, device, context)
+        if short is not None:
+            total[short] = total.get(short, 0) + 1
     return total
+
+
+def shared_claims(pod: PodView, context: DraContext) -> dict[str, ResourceCounts]:
+    """The ResourceClaims the pod names by name (shared claims, not made from a
+    template), by the uid of the claim of that name now: the devices each gives, the
+    larger, per resource, of its price and its allocation. A claim not there, without a
+    uid, or that cannot be priced is left out (the pod is then charged for it in full,
+    alone). A claim deleted and made again under the same name has a new uid: it is
+    another claim."""
+    shared: dict[str, ResourceCounts] = {}
+    for claim in pod.claims:
+        found = context.objects.claims.get((context.namespace, claim.object_name))
+        if claim.kind != CLAIM or found is None or not found.uid:
+            continue
+        try:
+            priced = claim_spec_demand(found.spec, context, claim.where)
+        except PodError:
+            continue
+        held = _allocated(found, context)
+        shared[found.uid] = {r: max(priced.get(r, 0), held.get(r, 0))
+                             for r in {*priced, *held}}
+    return shared
 
 
 def _allocated_resource(spec: Mapping[str, Any], device: AllocatedDevice,
