@@ -19,9 +19,10 @@ Contract:
   triggers a reconcile, so usage and queue always converge on the cluster's truth.
 - Shared ResourceClaims (:mod:`admission.sharing`): a pod naming a claim that another
   live pod of its tenant names, appearing, being released, or ending while it held
-  capacity, triggers a reconcile (instead of a ``release`` when it ends), which charges
-  each such claim to one pod that holds capacity, so the charge moves to a pod still
-  holding it and usage never drops while its devices are held. A pod charged nothing
+  capacity, triggers a reconcile, which charges each such claim to one pod that holds
+  capacity; when it ends, that reconcile is made before its ``release``, so the charge
+  moves to a pod still holding the claim and usage never drops while its devices are
+  held. A pod charged nothing
   (a *rider*: all its GPUs are such a claim, paid by another pod that holds capacity)
   has no ticket in the queue: its gate is lifted at once (``dispatch`` audit record,
   ``Admitted`` Event naming the shared claim).
@@ -655,16 +656,14 @@ class Dispatcher:
         started = self._started.pop(pod.ticket, None)
         self._evicting.discard(pod.ticket)
         self._riders.discard(pod.ticket)
-        if held and self._shares(pod):
-            # its shared claims' charge moves to a pod still holding them: the reconcile
-            # replaces usage in one step, so it never drops while the devices are held
+        moved = held and self._shares(pod)
+        if moved:
+            # the pods still holding its shared claims are charged for them first (one
+            # rebuild), then its ticket goes: usage never drops while the devices are held
             log.info("pod sharing a ResourceClaim ended: reconciling",
                      extra={"fields": _fields(pod, reason=why)})
-            self._need_reconcile = True
-            self._record(RELEASE, pod, reason=f"{why}; the ResourceClaim it shares stays "
-                                              "charged while other pods hold it")
-            return
-        if self.queue.release(pod.ticket, pod.uid, self.clock()):
+            self.reconcile()
+        if self.queue.release(pod.ticket, pod.uid, self.clock()) or moved:
             log.info("released usage", extra={"fields": _fields(pod, reason=why)})
             if started is not None and pod.preempted:
                 self._preempted(pod, started)
