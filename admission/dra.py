@@ -48,7 +48,12 @@ from typing import Any
 from admission.devices import Device, candidates, size_of
 from admission.pods import CLAIM, TEMPLATE, ClaimKind, PodClaim, PodError, PodView, mapping
 from tenants import resources
-from tenants.models import DEFAULT_DEVICE_CLASSES, MIG_RULE, NONE_RULE
+from tenants.models import (
+    DEFAULT_DEVICE_CLASSES,
+    MIG_RULE,
+    NONE_RULE,
+    PRICED_CLAIMS_ANNOTATION,
+)
 from tenants.resources import ResourceCounts
 
 DEVICE_CLASS_PREFIX = "deviceclass.resource.kubernetes.io/"
@@ -161,10 +166,36 @@ def claim_spec_demand(spec: Mapping[str, Any], context: DraContext,
 
 def priced_record(pod: PodView, context: DraContext) -> str:
     """The record of what the pod's claims were priced from: per entry of
-    ``spec.resourceClaims``, ``<entry>=<ResourceClaim|ResourceClaimTemplate>/<name>/<uid>``,
-    joined by ``,`` (empty for a pod without claims)."""
-    return ",".join(f"{claim.name}={claim.kind}/{claim.object_name}/{found.uid}"
-                    for claim, found in _resolved(pod, context, _named(context)))
+    ``spec.resourceClaims``,
+    ``<entry>=<ResourceClaim|ResourceClaimTemplate>/<name>/<uid>/<price>``, joined by
+    ``,`` (empty for a pod without claims); ``<price>`` is the devices that object was
+    priced at, ``gpu:3+mig-1g.5gb:1`` (``none`` for no GPU)."""
+    return ",".join(
+        f"{claim.name}={claim.kind}/{claim.object_name}/{found.uid}/"
+        + ("+".join(f"{short}:{count}" for short, count in sorted(
+            _claim_demand(found.spec, context, claim.where).items()) if count) or "none")
+        for claim, found in _resolved(pod, context, _named(context)))
+
+
+def _recorded_claims(pod: PodView) -> dict[str, tuple[str, ResourceCounts]]:
+    """Per claim entry named in the pod's :func:`priced_record` (its
+    ``fairgate.io/priced-claims`` stamp, immutable), the uid and price of the
+    ResourceClaim it was priced from; an entry not recorded so is left out."""
+    recorded: dict[str, tuple[str, ResourceCounts]] = {}
+    for item in pod.annotations.get(PRICED_CLAIMS_ANNOTATION, "").split(","):
+        entry, _, source = item.partition("=")
+        parts = source.split("/")
+        if len(parts) != 4 or parts[0] != CLAIM or not parts[2]:
+            continue
+        price: ResourceCounts = {}
+        for part in parts[3].split("+") if parts[3] != "none" else ():
+            short, _, count = part.partition(":")
+            if not count.isdigit():
+                break
+            price[short] = int(count)
+        else:
+            recorded[entry] = (parts[2], price)
+    return recorded
 
 
 @dataclass(frozen=True)
@@ -244,23 +275,31 @@ def _allocated(claim: DraObject, context: DraContext) -> ResourceCounts:
 
 def shared_claims(pod: PodView, context: DraContext) -> dict[str, ResourceCounts]:
     """The ResourceClaims the pod names by name (shared claims, not made from a
-    template), by the uid of the claim of that name now: the devices each gives, the
-    larger, per resource, of its price and its allocation. A claim not there, without a
-    uid, or that cannot be priced is left out (the pod is then charged for it in full,
-    alone). A claim deleted and made again under the same name has a new uid: it is
-    another claim."""
+    template), by the uid of the claim it was priced from at admission (its
+    :func:`priced_record`): the devices each gives, the larger, per resource, of that
+    price and what the claim of that uid was allocated. A claim deleted, or made again
+    under the same name (a new uid: another claim), keeps its recorded uid and price. A
+    pod without that record (admitted before fairgate recorded prices) shares by the
+    claim of that name now; one not there or that cannot be priced is left out (the pod
+    is then charged for it in full, alone)."""
+    recorded = _recorded_claims(pod)
     shared: dict[str, ResourceCounts] = {}
     for claim in pod.claims:
         found = context.objects.claims.get((context.namespace, claim.object_name))
-        if claim.kind != CLAIM or found is None or not found.uid:
+        if claim.kind != CLAIM:
             continue
-        try:
-            priced = claim_spec_demand(found.spec, context, claim.where)
-        except PodError:
+        if claim.name in recorded:
+            uid, priced = recorded[claim.name]
+        elif found is not None and found.uid:
+            uid = found.uid
+            try:
+                priced = claim_spec_demand(found.spec, context, claim.where)
+            except PodError:
+                continue
+        else:
             continue
-        held = _allocated(found, context)
-        shared[found.uid] = {r: max(priced.get(r, 0), held.get(r, 0))
-                             for r in {*priced, *held}}
+        held = _allocated(found, context) if found is not None and found.uid == uid else {}
+        shared[uid] = {r: max(priced.get(r, 0), held.get(r, 0)) for r in {*priced, *held}}
     return shared
 
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_dra import CLAIM, TEMPLATE, claim_spec, context, dra_pod, exact
 
-from admission.dra import AllocatedDevice, DraContext, DraObject, shared_claims
+from admission.dra import AllocatedDevice, DraContext, DraObject, priced_record, shared_claims
 from admission.pods import PodView
 from admission.sharing import Sharer, charged, exemptions, shares_held_claim
 
@@ -45,6 +45,24 @@ def test_a_claim_made_again_under_the_same_name_is_another_claim() -> None:
         **{**first.objects.__dict__,
            "claims": {("team-a", "c"): DraObject(GPU3, uid="uid-new")}}))
     assert _shared(dra_pod(CLAIM), first).keys() != _shared(dra_pod(CLAIM), again).keys()
+
+
+def test_a_recorded_claim_is_shared_by_the_uid_and_price_it_was_admitted_for() -> None:
+    """The pod's priced-claims stamp names the claim it was priced from: a claim deleted
+    or made again under the same name since does not change what the pod shares."""
+    admitted = context(claims={"c": GPU3})
+    pod = PodView.parse(dra_pod(CLAIM))
+    stamped = dra_pod(CLAIM)
+    stamped["metadata"]["annotations"] = {
+        "fairgate.io/priced-claims": priced_record(pod, admitted)}
+    assert stamped["metadata"]["annotations"]["fairgate.io/priced-claims"] == (
+        "gpus=ResourceClaim/c/uid-c-c/gpu:3")
+    assert _shared(stamped, admitted) == {"uid-c-c": {"gpu": 3}}
+    assert _shared(stamped, context()) == {"uid-c-c": {"gpu": 3}}  # deleted since
+    again = DraContext(admitted.namespace, admitted.rules, type(admitted.objects)(
+        **{**admitted.objects.__dict__, "claims": {("team-a", "c"): DraObject(
+            claim_spec({"exactly": exact(1)}), uid="uid-new")}}))
+    assert _shared(stamped, again) == {"uid-c-c": {"gpu": 3}}  # made again, smaller
 
 
 def _pod(uid: str, created: float, holds: bool, tenant: str = "team-a",
