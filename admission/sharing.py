@@ -16,7 +16,9 @@ Contract (docs/dra.md, "Shared claims"):
   namespace, and a namespace belongs to one tenant, so only pods stamped for different
   tenants (a namespace moved between tenants while its pods run) can name the same
   claim from two tenants; each such tenant pays it once.
-- A claim made again under the same name has a new uid: it is a new demand.
+- A claim is known by the uid the pod was priced for at admission (its
+  ``fairgate.io/priced-claims`` stamp): a claim made again under the same name has a
+  new uid, so pods created after that name a new demand.
 Pure: pods come in as :class:`Sharer`, plain data.
 """
 
