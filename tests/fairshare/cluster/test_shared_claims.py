@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from test_dra_swap_properties import CLAIM, COUNTS, QUOTA, Pod, TenantSwaps
 
 from admission.demand import held_demand
-from admission.dra import DraKind, Refuse, Release, priced_record, release_check, shared_claims
+from admission.dra import DraKind, priced_record, shared_claims
 from admission.pods import PodView
 from fairshare.cluster.cluster import GpuPod
 from fairshare.cluster.kube import pod_from_manifest
@@ -68,21 +68,11 @@ class SharedClaims(TenantSwaps):
         """What the tenant is charged with ``names`` the pods holding capacity."""
         return sum(sum(c.values()) for c in pod_charges([self._pod(n) for n in names]).values())
 
-    def _release(self, pod: str) -> None:
-        found = self.pods.get(pod)
-        if found is None or found.state != "queued":
-            return
-        found.state = "released"  # what it would be charged, released
+    def _fits(self, found: Pod) -> bool:
+        found.state = "released"  # what the tenant would be charged with it released
         fits = self.charged(self._held()) <= QUOTA
         found.state = "queued"
-        if not fits:
-            return
-        verdict = release_check(PodView.parse(self._manifest(pod, found)), found.admitted,
-                                self._context())
-        if isinstance(verdict, Release):
-            found.state = "released"
-        elif isinstance(verdict, Refuse):
-            found.state = "refused"
+        return fits
 
     def allocated_within_quota_and_charge(self) -> None:
         held = self._held()
@@ -91,10 +81,12 @@ class SharedClaims(TenantSwaps):
         charged = self.charged(held)
         assert sum(allocated.values()) <= charged <= QUOTA, (allocated, charged, self.pods)
         # a claim held by several pods is charged once: with only claim x held, by pods
-        # whose price is x's, the charge is x's devices
+        # priced for this x (not one it replaced: that is another demand), the charge is
+        # x's devices
         sharing = [p for p in held if self._claim_of(self.pods[p]) == "x"]
         if len(sharing) == len(held) > 1 and "x" in allocated and all(
-                sum(self.pods[p].admitted.values()) == allocated["x"] for p in sharing):
+                f"/x/{self.claims['x'].uid}/" in self.records[self.pods[p].uid]
+                for p in sharing):
             assert charged == allocated["x"], (charged, allocated, self.pods)
 
 
