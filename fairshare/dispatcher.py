@@ -17,6 +17,15 @@ Contract:
   not know (Redis lost data, or a reservation expired before the pod appeared), or a queue that
   holds less usage or fewer queued pods than the pods seen (checked every status pass),
   triggers a reconcile, so usage and queue always converge on the cluster's truth.
+- Shared ResourceClaims (:mod:`admission.sharing`): a pod naming a claim that another
+  live pod of its tenant names, appearing, being released, or ending while it held
+  capacity, triggers a reconcile, which charges each such claim to one pod that holds
+  capacity; when it ends, that reconcile is made before its ``release``, so the charge
+  moves to a pod still holding the claim and usage never drops while its devices are
+  held. A pod charged nothing
+  (a *rider*: all its GPUs are such a claim, paid by another pod that holds capacity)
+  has no ticket in the queue: its gate is lifted at once (``dispatch`` audit record,
+  ``Admitted`` Event naming the shared claim).
 - Reclaim (``fairShare.reclaim``, off unless set, and only with an ``evictor``): every
   ``reclaim_every`` seconds the first training hold (the head owed the next capacity)
   is checked; :func:`fairshare.reclaim.choose` picks what to evict for it from the pods
@@ -83,6 +92,7 @@ from typing import Any
 
 import redis
 
+from admission.sharing import shares_held_claim
 from audit import (
     BUDGET,
     CAPACITY,
@@ -123,7 +133,7 @@ from fairshare.cluster.cluster import (
 )
 from fairshare.cluster.pod_evict import EVICTED, Evictor
 from fairshare.cluster.provisioning import Provisioner
-from fairshare.cluster.reconcile import reconcile, twin_ticket
+from fairshare.cluster.reconcile import pod_charges, reconcile, twin_ticket
 from fairshare.metrics import DispatcherMetrics
 from fairshare.queue.budget import (
     DEFAULT_BUDGET_EVERY,
@@ -137,7 +147,7 @@ from fairshare.queue.entitlement import snapshot_fairness
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import Hold, Release, ServiceSnapshot, TenantStatus, gang_id
 from tenants.models import PROVISIONING_CLASS, AutoscalingSpec, FairgateConfig, PodClass
-from tenants.resources import SLICES_PER_GPU, format_counts
+from tenants.resources import SLICES_PER_GPU, format_counts, total_slices
 
 log = logging.getLogger("fairgate.dispatcher")
 
@@ -264,6 +274,7 @@ class Dispatcher:
         self._service: ServiceSnapshot | None = None  # as last read, for a Redis loss
         self._posted: dict[str, _Posted] = {}
         self._twins: set[str] = set()  # uids of pods told that their ticket is another's
+        self._riders: set[str] = set()  # tickets of pods a shared claim's payer covers
         self._unseen: dict[str, tuple[Release, float]] = {}  # released, pod not seen yet
         self._gang_words: dict[str, str] = {}  # gang id -> its name, for this round's records
         self._stuck: dict[str, _Stuck] = {}  # ticket -> released pod reported Unschedulable
@@ -423,6 +434,7 @@ class Dispatcher:
                             bound={t: p.uid for t, p in self.pods.items()},
                             started=self._started)
         self.pods = summary.owners
+        self._riders = {rider.ticket for rider in summary.riders}
         self._twins &= {twin.uid for twin in summary.twins}  # the others own their tickets
         for twin in summary.twins:
             self._twin(twin)
@@ -438,6 +450,8 @@ class Dispatcher:
             self._check_started(pod)
         self._unseen.clear()
         self._need_reconcile = False
+        for rider in summary.riders:
+            self._lift_rider(rider)
         self._last_reconcile = self.clock()
         self.metrics.reconciles.labels("ok").inc()
         log.info("reconciled queue from the cluster", extra={"fields": {
@@ -483,7 +497,11 @@ class Dispatcher:
                 log.info("pod not in the queue: reconciling", extra={"fields": _fields(pod)})
                 self._need_reconcile = True
         self._check_overrun(pod, known)
+        if (known is None or known.gated != pod.gated) and self._shares(pod):
+            self._need_reconcile = True  # who pays for a shared claim may change
         self.pods[pod.ticket] = pod
+        if pod.gated and pod.ticket in self._riders:
+            self._lift_rider(pod)
         self._track(pod)
         self._check_started(pod)
         unseen = self._unseen.pop(pod.ticket, None)
@@ -536,6 +554,30 @@ class Dispatcher:
         if pod.uid in self._twins:
             self._twins.discard(pod.uid)
             self._free(replace(pod, ticket=twin_ticket(pod)), why)
+
+    def _shares(self, pod: GpuPod) -> bool:
+        """Whether another live pod of ``pod``'s tenant names a shared claim it names."""
+        return bool(pod.shared) and shares_held_claim(
+            pod.sharer, (p.sharer for p in self.pods.values() if p.shared))
+
+    def _lift_rider(self, pod: GpuPod) -> None:
+        """Lift the gate of a rider (its GPUs are a shared claim another pod that holds
+        capacity is charged for); a claim check that waits is tried again when the pod
+        or its claims change."""
+        outcome = self.cluster.lift_gate(pod)
+        self.metrics.lifts.labels(outcome.value).inc()
+        if outcome is LiftOutcome.REFUSED:
+            self._refused.add(pod.uid)
+        if outcome is not LiftOutcome.LIFTED:
+            return
+        self.pods[pod.ticket] = replace(pod, gated=False)
+        self.cluster.post_event(
+            pod, "Admitted", "Admitted: its GPUs are a shared ResourceClaim that another "
+            f"pod of {pod.tenant} holds and is charged for", "Normal")
+        log.info("lifted gate of a pod sharing a charged ResourceClaim",
+                 extra={"fields": _fields(pod)})
+        self._record(DISPATCH, pod, reason="released: its GPUs are a shared ResourceClaim "
+                                           "another pod holds and is charged for")
 
     def _gone(self, pod: GpuPod) -> None:
         if pod.uid in self._refused:
@@ -606,12 +648,22 @@ class Dispatcher:
             sum(1 for s in self._stuck.values() if s.caught), self.withheld())
 
     def _free(self, pod: GpuPod, why: str) -> None:
+        known = self.pods.get(pod.ticket)
+        held = known is not None and known.uid == pod.uid and known.holds_capacity
         self._forget_pod(pod)
         self._meter(pod, self.clock())
         self._metered.pop(pod.ticket, None)
         started = self._started.pop(pod.ticket, None)
         self._evicting.discard(pod.ticket)
-        if self.queue.release(pod.ticket, pod.uid, self.clock()):
+        self._riders.discard(pod.ticket)
+        moved = held and self._shares(pod)
+        if moved:
+            # the pods still holding its shared claims are charged for them first (one
+            # rebuild), then its ticket goes: usage never drops while the devices are held
+            log.info("pod sharing a ResourceClaim ended: reconciling",
+                     extra={"fields": _fields(pod, reason=why)})
+            self.reconcile()
+        if self.queue.release(pod.ticket, pod.uid, self.clock()) or moved:
             log.info("released usage", extra={"fields": _fields(pod, reason=why)})
             if started is not None and pod.preempted:
                 self._preempted(pod, started)
@@ -745,6 +797,8 @@ class Dispatcher:
         if outcome is LiftOutcome.LIFTED:
             result.released.append(release)
             self._admitted(pod, release)
+            if self._shares(pod):
+                self._need_reconcile = True  # the pods sharing its claims may ride now
         return True
 
     def _name_gangs(self, pods: Iterable[GpuPod]) -> dict[str, str]:
@@ -1036,12 +1090,17 @@ class Dispatcher:
         """Reconcile when Redis holds less than the pods seen: it lost data (a flush)."""
         used: dict[str, int] = {}
         queued: dict[tuple[str, PodClass], int] = {}
-        for pod in self.pods.values():
-            if pod.gated and pod.ticket not in self._held:
+        held = [pod if pod.ticket not in self._held else replace(pod, gated=False)
+                for pod in self.pods.values()]
+        charges = pod_charges(held)
+        for pod in held:
+            if not charges[pod.uid]:
+                continue  # a rider: no ticket of its own
+            if pod.gated:
                 key = (pod.tenant, pod.pod_class)
                 queued[key] = queued.get(key, 0) + 1
             else:
-                used[pod.tenant] = used.get(pod.tenant, 0) + pod.slices
+                used[pod.tenant] = used.get(pod.tenant, 0) + total_slices(charges[pod.uid])
         known = {s.tenant: s for s in statuses}
         for tenant in {t for t, _ in queued} | set(used):
             status = known.get(tenant)

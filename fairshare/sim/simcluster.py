@@ -87,6 +87,8 @@ class PodSpec:
     group: str | None = None
     group_size: int = 1
     preemptible: bool = False  # labelled fairgate.io/preemptible: "true"
+    shared: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    """Shared ResourceClaims it names (claim uid -> devices, counted in ``demand``)."""
 
 
 @dataclass(frozen=True)
@@ -240,7 +242,7 @@ class SimulatedCluster:
             tenant=spec.tenant, pod_class=spec.pod_class, band=placement.band,
             demand=dict(spec.demand), group=spec.group, group_size=spec.group_size,
             preemptible=spec.preemptible, phase="Pending", gated=placement.gated, node=None,
-            created=now,
+            created=now, shared=spec.shared,
         )
         sim = _SimPod(pod, spec, seq)
         self._pods[uid] = sim
