@@ -824,7 +824,7 @@ class Dispatcher:
 
     def _follow(self, head: Head, spec: AutoscalingSpec, now: float,
                 result: StepResult) -> None:
-        """One head: done once its pods are bound or gone (its request deleted); else
+        """One head: done once its pods are bound or gone (the pods own its requests); else
         released when its request is Provisioned, retried with backoff when it failed."""
         pods = self._head_pods(head)
         if not pods or all(p.node is not None for p in pods):
@@ -852,17 +852,20 @@ class Dispatcher:
             self._release_head(head, result, f"ProvisioningRequest {head.request} is "
                                f"Provisioned ({message})")
         elif said == "failed":
-            self.provisioner.delete(head.request, namespace)
-            wait = backoff(head.attempts)
-            head.state, head.retry_at, head.attempts = "retrying", now + wait, head.attempts + 1
-            head.message = (f"ProvisioningRequest {head.request} failed ({message}): asking "
-                            f"again in {wait:.0f}s (attempt {head.attempts})")
-            for pod in pods:
-                self.cluster.post_event(pod, "ProvisioningFailed", head.message, "Warning")
-            log.warning("provisioning request failed", extra={"fields": {
-                "request": head.request, "head": head.key, "message": message}})
+            self._retry(head, pods, now, f"ProvisioningRequest {head.request} failed ({message})")
         else:
             head.message = message or f"ProvisioningRequest {head.request} not provisioned yet"
+
+    def _retry(self, head: Head, pods: list[GpuPod], now: float, failure: str) -> None:
+        """Ask again after a backoff, with a new request (the failed one stays, owned by
+        the pods, until they are gone), and say so on the pods."""
+        wait = backoff(head.attempts)
+        head.state, head.retry_at, head.attempts = "retrying", now + wait, head.attempts + 1
+        head.message = f"{failure}: asking again in {wait:.0f}s (attempt {head.attempts})"
+        for pod in pods:
+            self.cluster.post_event(pod, "ProvisioningFailed", head.message, "Warning")
+        log.warning("provisioning request failed", extra={"fields": {
+            "head": head.key, "message": head.message}})
 
     def _request(self, head: Head) -> None:
         """Create the head's ProvisioningRequest and say so on its pods."""
@@ -870,8 +873,13 @@ class Dispatcher:
         pods = self._head_pods(head)
         if not pods:
             return
-        self.provisioner.create(head.request, pods[0].ref.namespace, pods,
-                                {HEAD_LABEL: head.request})
+        try:
+            self.provisioner.create(head.request, pods[0].ref.namespace, pods,
+                                    {HEAD_LABEL: head.request})
+        except ValueError as refused:  # a shape cluster-autoscaler would refuse
+            self._retry(head, pods, self.clock(), f"ProvisioningRequest {head.request} "
+                        f"not made: {refused}")
+            return
         head.state = "requesting"
         head.message = (f"waiting for nodes: ProvisioningRequest {head.request} "
                         f"({PROVISIONING_CLASS}, attempt {head.attempts}) for "
@@ -900,12 +908,11 @@ class Dispatcher:
                                     "Normal")
 
     def _end_head(self, head: Head, why: str) -> None:
-        """Forget a head (its pods bound or gone) and delete its request, if any."""
+        """Forget a head (its pods bound or gone); its requests are the pods' to clean up
+        (they own them: the garbage collector deletes them with the last pod)."""
         self._heads.pop(head.key, None)
         for ticket in head.tickets:  # a held pod that is gone was freed as it went
             self._held.pop(ticket, None)
-        if self.provisioner is not None and head.releases:
-            self.provisioner.delete(head.request, head.releases[0].namespace)
         log.info("head no longer waits for nodes", extra={"fields": {
             "head": head.key, "why": why, "waited": round(self.clock() - head.since, 3)}})
 
