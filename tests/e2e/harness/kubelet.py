@@ -11,7 +11,8 @@ scheduler's preemption waits for.
 Node kinds, made by :func:`whole_gpu_node` (optionally in a node pool, label
 `fairgate.io/node-pool`, or cordoned from the start) and :func:`single_mig_node` (MIG
 `single` strategy: `nvidia.com/gpu` counts MIG devices, `nvidia.com/gpu.product` names
-the profile). :meth:`FakeKubelet.add_node` registers one more node on a running kubelet;
+the profile). :meth:`FakeKubelet.add_node` registers one more node on a running kubelet,
+:meth:`FakeKubelet.remove_node` deletes one;
 :meth:`FakeKubelet.set_ready` makes a node's kubelet report Ready=False (or True again),
 as a kubelet whose container runtime is down does; :func:`cordon` cordons or uncordons.
 """
@@ -239,6 +240,20 @@ class FakeKubelet:
             self._add_clients(node)
         self._create(node)
         self._wait_registered(node)
+
+    def remove_node(self, name: str) -> None:
+        """Stop serving node `name` and delete its Node object and Lease (as a node
+        autoscaler removes a node it scaled down); pods still bound to it are the
+        caller's to delete first."""
+        with self._nodes_lock:
+            self.nodes = tuple(n for n in self.nodes if n.name != name)
+            self._core.pop(name)
+            self._leases.pop(name)
+            self._not_ready.pop(name, None)
+            self._ready_again.pop(name, None)
+        self._admin.delete_node(name)
+        client.CoordinationV1Api(self._cp.admin).delete_namespaced_lease(
+            name, "kube-node-lease")
 
     def set_ready(self, name: str, ready: bool) -> None:
         """Make node `name`'s kubelet report Ready=`ready` (at once, then on every
