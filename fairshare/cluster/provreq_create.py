@@ -2,15 +2,18 @@
 
 Contract: :func:`pod_sets` turns pod manifests into PodTemplate bodies, one per pod
 shape, with the count of pods of that shape. A shape is the pod's spec without what
-names one pod (scheduling gates, node name, ``hostname``: an Indexed Job's pods differ
-only there and in their labels and annotations); a template carries the labels and
-annotations all its pods share. More shapes than cluster-autoscaler accepts
-(:data:`MAX_POD_SETS`) is a :class:`ValueError` saying so. :func:`request_body` names
-the templates with class :data:`~tenants.models.PROVISIONING_CLASS`. Templates and
-request are owned by the pods (``ownerReferences``): Kubernetes' garbage collector
-deletes them once every pod they were made for is gone, so fairgate needs no delete
-grant. :func:`create` creates the templates, then the request; an object that exists
-already is kept (409 is success: a restarted dispatcher finds its own request).
+names one pod: scheduling gates, node name, ``hostname`` (an Indexed Job's pods differ
+there and in their labels and annotations), and the API token volume the ServiceAccount
+admission plugin adds to every pod under a random name (``kube-api-access-<random>``,
+projected) with its mounts, which the pods of a template get again when created; a
+template carries the labels and annotations all its pods share. More shapes than
+cluster-autoscaler accepts (:data:`MAX_POD_SETS`) is a :class:`ValueError` saying so.
+:func:`request_body` names the templates with class
+:data:`~tenants.models.PROVISIONING_CLASS`. Templates and request are owned by the pods
+(``ownerReferences``): Kubernetes' garbage collector deletes them once every pod they
+were made for is gone, so fairgate needs no delete grant. :func:`create` creates the
+templates, then the request; an object that exists already is kept (409 is success: a
+restarted dispatcher finds its own request).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ GROUP, VERSION, PLURAL = "autoscaling.x-k8s.io", "v1", "provisioningrequests"
 MAX_POD_SETS = 32
 """``spec.podSets`` maxItems in cluster-autoscaler's ProvisioningRequest CRD."""
 _DROPPED_SPEC = ("schedulingGates", "nodeName", "hostname")
+_TOKEN_VOLUME = "kube-api-access-"
+_CONTAINER_LISTS = ("containers", "initContainers")
 
 
 def _owners(pods: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -41,12 +46,28 @@ def _shared(maps: Sequence[Mapping[str, str]]) -> dict[str, str]:
     return {k: v for k, v in maps[0].items() if all(m.get(k) == v for m in maps[1:])}
 
 
+def _shape(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The pod's spec without what names one pod (see the module docstring)."""
+    spec = {k: v for k, v in (pod.get("spec") or {}).items() if k not in _DROPPED_SPEC}
+    tokens = {v["name"] for v in spec.get("volumes") or []
+              if v["name"].startswith(_TOKEN_VOLUME) and "projected" in v}
+    if not tokens:
+        return spec
+    spec["volumes"] = [v for v in spec["volumes"] if v["name"] not in tokens]
+    for field in _CONTAINER_LISTS:
+        if field in spec:
+            spec[field] = [{**c, "volumeMounts": [m for m in c.get("volumeMounts") or []
+                                                  if m["name"] not in tokens]}
+                           for c in spec[field]]
+    return spec
+
+
 def pod_sets(name: str, pods: Sequence[Mapping[str, Any]],
              labels: Mapping[str, str]) -> list[tuple[dict[str, Any], int]]:
     """PodTemplate bodies for ``pods`` (named ``<name>-<i>``), each with its count."""
     shapes: dict[str, tuple[dict[str, Any], list[Mapping[str, Any]]]] = {}
     for pod in pods:
-        spec = {k: v for k, v in (pod.get("spec") or {}).items() if k not in _DROPPED_SPEC}
+        spec = _shape(pod)
         shapes.setdefault(json.dumps(spec, sort_keys=True), (spec, []))[1].append(
             pod.get("metadata") or {})
     if len(shapes) > MAX_POD_SETS:

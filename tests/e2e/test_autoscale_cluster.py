@@ -59,15 +59,15 @@ def autoscaler(env: PrivateCluster) -> Iterator[FakeAutoscaler]:
 
 @pytest.fixture
 def clean(env: PrivateCluster, autoscaler: FakeAutoscaler) -> Iterator[None]:
-    """After the test: its pods deleted, fairgate idle, the added nodes removed (a
-    scale-down), the autoscaler's knobs back."""
+    """After the test: its pods deleted, their requests collected, fairgate idle, the
+    added nodes removed (a scale-down), the autoscaler's knobs back."""
     yield
     for namespace in (A, B):
         env.admin.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
         wait_for(partial(no_pods, env.admin, namespace), 60, f"pods of {namespace} to go")
+        wait_for(lambda ns=namespace: not _requests(env, ns), 60, f"requests of {namespace} to go")
     env.fairgate.wait_idle(60)
-    autoscaler.remove_nodes()
-    autoscaler.delay, autoscaler.fail_next = DELAY, 0
+    autoscaler.reset(DELAY)
     wait_for(lambda: env.class_capacity().get("gpu") == 2, 30, "the base node's capacity only")
 
 
@@ -150,9 +150,9 @@ def test_two_tenants_backlogs_get_nodes_in_fair_order(
         for request in _requests(env, namespace):
             [owner] = request["metadata"]["ownerReferences"]
             owners[f"{namespace}/{request['metadata']['name']}"] = owner["name"]
-    order = [owners[key] for key, _ in sorted(autoscaler.seen.items(),
-                                              key=lambda kv: kv[1].first_seen)]
+    order = [owners[k] for k in sorted(owners, key=lambda k: autoscaler.seen[k].first_seen)]
     assert sorted(order) == ["a1", "a2", "a3", "b1", "b2"], order
+    print("requests in the order made:", order)
     assert order.index("b1") < order.index("a3"), order  # not first come, first served
     assert [p for p in order if p.startswith("a")] == ["a1", "a2", "a3"]  # FIFO within
     starts = sorted(autoscaler.seen[k].first_seen for k in owners)

@@ -361,7 +361,9 @@ class FakeKubelet:
             request.done.set()
 
     def _sync_node(self, node: GpuNode) -> None:
-        core = self._core[node.name]
+        core = self._core.get(node.name)
+        if core is None:  # removed since this pass began
+            return
         pods = core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node.name}")
         for pod in pods.items:
             meta = pod.metadata
@@ -452,12 +454,15 @@ class FakeKubelet:
         with self._nodes_lock:
             down_since = self._not_ready.get(node.name)
             up_since = self._ready_again.get(node.name, self._ready_since)
-        self._leases[node.name].patch_namespaced_lease(
+            leases, core = self._leases.get(node.name), self._core.get(node.name)
+        if leases is None or core is None:  # removed since this pass began
+            return
+        leases.patch_namespaced_lease(
             node.name, "kube-node-lease", {"spec": {"renewTime": _now_micro()}}, _content_type=MERGE
         )
         ready = down_since is None
         transition = up_since if down_since is None else down_since
-        self._core[node.name].patch_node_status(
+        core.patch_node_status(
             node.name,
             {
                 "status": {"conditions": [_ready_condition(_now(), transition, ready)]},

@@ -14,7 +14,7 @@ Requests of other classes are left alone.
 
 What it does not do, unlike cluster-autoscaler: book the new nodes for the request's
 pods (any pod may land there), expire bookings (`BookingExpired`), scale idle nodes
-down (`remove_nodes` does, when a test asks), or retry a scale-up itself.
+down (`reset` does, when a test asks), or retry a scale-up itself.
 """
 
 from __future__ import annotations
@@ -106,12 +106,14 @@ class FakeAutoscaler:
         """The nodes it added and has not removed."""
         return [n for s in self.seen.values() for n in s.nodes]
 
-    def remove_nodes(self) -> None:
-        """Delete every node it added (their pods must be gone), as a scale-down would."""
+    def reset(self, delay: float) -> None:
+        """Delete every node it added (their pods and requests must be gone), as a
+        scale-down would, forget the requests it saw, and take `delay` and no failures."""
         for seen in self.seen.values():
             for node in seen.nodes:
                 self._kubelet.remove_node(node)
-            seen.nodes = ()
+        self.seen.clear()
+        self.delay, self.fail_next = delay, 0
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):

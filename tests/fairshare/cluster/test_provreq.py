@@ -81,6 +81,25 @@ def test_an_indexed_gang_of_40_is_one_pod_set_valid_under_the_crd() -> None:
     jsonschema.validate(body, _v1_schema())
 
 
+def test_the_api_token_volume_of_each_pod_is_not_its_shape() -> None:
+    """The ServiceAccount admission plugin gives every pod a projected token volume of a
+    random name, mounted in each container: pods of one gang are still one shape."""
+    pods = []
+    for suffix in ("x7k2q", "p9w4z"):
+        pod = _pod(f"w-{suffix}", 2)
+        pod["spec"]["volumes"] = [
+            {"name": f"kube-api-access-{suffix}", "projected": {"sources": []}},
+            {"name": "data", "emptyDir": {}}]
+        pod["spec"]["containers"][0]["volumeMounts"] = [
+            {"name": f"kube-api-access-{suffix}", "mountPath": "/var/run/secrets"},
+            {"name": "data", "mountPath": "/data"}]
+        pods.append(pod)
+    [(template, count)] = pod_sets("fairgate-abc", pods, LABELS)
+    spec = template["template"]["spec"]
+    assert count == 2 and spec["volumes"] == [{"name": "data", "emptyDir": {}}]
+    assert spec["containers"][0]["volumeMounts"] == [{"name": "data", "mountPath": "/data"}]
+
+
 def test_more_shapes_than_a_request_holds_is_refused_saying_so() -> None:
     pods = [_pod(f"p{i}", i + 1) for i in range(MAX_POD_SETS + 1)]
     with pytest.raises(ValueError, match="at most 32 pod sets"):
