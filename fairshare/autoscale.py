@@ -104,6 +104,7 @@ class Head:
     retry_at: float = 0.0
     message: str = ""
     releases: list[Any] = field(default_factory=list)  # the queue's Release per pod
+    seen: set[str] = field(default_factory=set)  # tickets whose pods the watch has shown
 
     @property
     def request(self) -> str:

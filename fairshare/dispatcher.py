@@ -802,12 +802,14 @@ class Dispatcher:
         self.sync()  # the notes fairgate status and why read say where each head stands
 
     def _heads_of(self, releases: list[Release], now: float) -> list[Head]:
-        """The queue's releases as heads: a gang's members (released together) are one."""
+        """The queue's releases as heads: a gang's members (released together) are one.
+        The gang is the queue's (a member's pod may not have reached the watch yet)."""
         heads: list[Head] = []
-        for release in releases:
-            pod = self.pods.get(release.ticket)
-            key = f"{release.namespace}/{pod.group}" if pod is not None and pod.group \
-                else release.ticket
+        statuses = self.queue.ticket_statuses([r.ticket for r in releases], now) \
+            if releases else []
+        for release, status in zip(releases, statuses, strict=True):
+            gang = status.group if status is not None else None  # namespace/group
+            key = gang or release.ticket
             if heads and heads[-1].key == key:
                 last = heads[-1]
                 last.tickets += (release.ticket,)
@@ -819,13 +821,24 @@ class Dispatcher:
                                   now, "requesting", releases=[release]))
         return heads
 
+    def _unseen_pods(self, head: Head, now: float) -> bool:
+        """Whether some pods of a new head have not reached the watch yet (the queue
+        released them as their admission ended): wait, at most ``unseen_grace``. A pod
+        seen once and gone since is gone, not unseen."""
+        head.seen.update(t for t in head.tickets if t in self.pods)
+        return len(head.seen) < len(head.tickets) and \
+            now - head.since < self.settings.unseen_grace
+
     def _head_pods(self, head: Head) -> list[GpuPod]:
         return [p for t in head.tickets if (p := self.pods.get(t)) is not None and not p.ended]
 
     def _follow(self, head: Head, spec: AutoscalingSpec, now: float,
                 result: StepResult) -> None:
         """One head: done once its pods are bound or gone (the pods own its requests); else
-        released when its request is Provisioned, retried with backoff when it failed."""
+        released when its request is Provisioned, retried with backoff when it failed.
+        Not before the watch has shown all its pods (at most ``unseen_grace``)."""
+        if self._unseen_pods(head, now):
+            return
         pods = self._head_pods(head)
         if not pods or all(p.node is not None for p in pods):
             self._end_head(head, "its pods are bound to nodes" if pods else "its pods are gone")
@@ -871,7 +884,7 @@ class Dispatcher:
         """Create the head's ProvisioningRequest and say so on its pods."""
         assert self.provisioner is not None
         pods = self._head_pods(head)
-        if not pods:
+        if not pods or self._unseen_pods(head, self.clock()):  # _follow asks when seen
             return
         try:
             self.provisioner.create(head.request, pods[0].ref.namespace, pods,

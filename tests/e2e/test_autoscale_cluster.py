@@ -23,7 +23,7 @@ from harness.fairgate import GATE, PLATFORM_YAML, SYSTEM_NAMESPACE, pods_api, te
 from harness.kubelet import whole_gpu_node
 from harness.pods import is_gated, no_pods, pod_manifest, running_node
 from harness.private import PrivateCluster, private_cluster
-from harness.provisioner import GROUP, PLURAL, VERSION, FakeAutoscaler, fake_autoscaler
+from harness.provisioner import FakeAutoscaler, fake_autoscaler, requests_in
 from harness.waiting import wait_for
 from kubernetes import client
 
@@ -72,10 +72,7 @@ def clean(env: PrivateCluster, autoscaler: FakeAutoscaler) -> Iterator[None]:
 
 
 def _requests(env: PrivateCluster, namespace: str) -> list[dict[str, Any]]:
-    found = client.CustomObjectsApi(env.cp.admin).list_namespaced_custom_object(
-        GROUP, VERSION, namespace, PLURAL)
-    items: list[dict[str, Any]] = found["items"]
-    return items
+    return requests_in(env.cp.admin, namespace)
 
 
 def _templates(env: PrivateCluster, namespace: str) -> list[Any]:

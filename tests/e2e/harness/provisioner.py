@@ -183,6 +183,14 @@ class FakeAutoscaler:
                 raise
 
 
+def requests_in(api: client.ApiClient, namespace: str) -> list[dict[str, Any]]:
+    """The ProvisioningRequests in `namespace`, as the API server returns them."""
+    found = client.CustomObjectsApi(api).list_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL)
+    items: list[dict[str, Any]] = found["items"]
+    return items
+
+
 @contextmanager
 def fake_autoscaler(controlplane: ControlPlane, kubelet: FakeKubelet,
                     **settings: Any) -> Iterator[FakeAutoscaler]:
