@@ -172,9 +172,12 @@ class FakeProvisioner:
         self.requests: dict[str, list[dict[str, str]]] = {}
         self.made: list[tuple[str, tuple[str, ...]]] = []
         self.consumed: dict[str, str] = {}
+        self.refusal = ""  # set: create raises ValueError (a shape the API would refuse)
 
     def create(self, name: str, namespace: str, pods: Sequence[GpuPod],
                labels: Mapping[str, str]) -> None:
+        if self.refusal:
+            raise ValueError(self.refusal)
         self.requests.setdefault(name, [])
         self.made.append((name, tuple(p.ref.name for p in pods)))
 
@@ -235,6 +238,23 @@ def test_a_failed_request_is_retried_with_backoff_and_said(redis_url: str) -> No
     fake.requests[retry] = [_cond("Provisioned")]
     rig.at(rig.clock() + 1)
     assert _states(rig, a1) == ["running"] and fake.consumed == {"a1": retry}
+
+
+def test_a_request_that_cannot_be_made_is_said_and_asked_again(redis_url: str) -> None:
+    fake = FakeProvisioner()
+    fake.refusal = "33 pods of 33 shapes: a ProvisioningRequest holds at most 32 pod sets"
+    rig = _autoscaled(make_rig(redis_url, TEAMS, {"gpu": 1}),
+                      _spec("provisioningRequest", most=4), fake)
+    rig.pod("a0", duration=10_000)
+    a1 = rig.pod("a1")
+    rig.settle()
+    warned = [e.message for e in rig.cluster.events if e.reason == "ProvisioningFailed"]
+    assert warned == [f"ProvisioningRequest {request_name(a1.ticket)} not made: "
+                      f"{fake.refusal}: asking again in {BACKOFF_BASE:.0f}s (attempt 2)"]
+    assert _states(rig, a1) == ["gated"] and fake.made == []
+    fake.refusal = ""
+    rig.at(rig.clock() + BACKOFF_BASE + 1)
+    assert [made for made, _ in fake.made] == [request_name(a1.ticket, 2)]
 
 
 def test_a_head_whose_pods_are_gone_is_forgotten_and_their_quota_freed(
