@@ -102,6 +102,15 @@ def _for_nothing(env: PrivateCluster, autoscaler: FakeAutoscaler, delay: float,
             "leftover_requests": len(leftover), "leftover_templates": len(templates)}
 
 
+def _measure(env: PrivateCluster, autoscaler: FakeAutoscaler,
+             args: argparse.Namespace) -> dict[str, Any]:
+    pods_api(env.cp, "team-a").create_namespaced_pod(NS, pod_manifest("base", GPU))
+    wait_for(partial(running_node, env.admin, NS, "base"), 60, "base to run")
+    return {"turn_to_running": [_turn_to_running(env, autoscaler, d, args.pods)
+                                for d in args.delays],
+            "for_nothing": _for_nothing(env, autoscaler, args.cancel_delay, args.pods)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--delays", type=float, nargs="+", default=[2.0, 5.0])
@@ -111,14 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="fairgate-bench-autoscale-") as work, \
             private_cluster(Path(work), (whole_gpu_node("gpu-base-0", gpus=2),),
-                            platform_yaml=PLATFORM + AUTOSCALING, quotas=QUOTAS) as env, \
-            fake_autoscaler(env.cp, env.kubelet) as autoscaler:
+                            platform_yaml=PLATFORM + AUTOSCALING, quotas=QUOTAS) as env:
         serve_crd(env.cp.admin, CRDS / "autoscaling.x-k8s.io_provisioningrequests.yaml")
-        pods_api(env.cp, "team-a").create_namespaced_pod(NS, pod_manifest("base", GPU))
-        wait_for(partial(running_node, env.admin, NS, "base"), 60, "base to run")
-        result = {"turn_to_running": [_turn_to_running(env, autoscaler, d, args.pods)
-                                      for d in args.delays],
-                  "for_nothing": _for_nothing(env, autoscaler, args.cancel_delay, args.pods)}
+        with fake_autoscaler(env.cp, env.kubelet) as autoscaler:
+            result = _measure(env, autoscaler, args)
     for row in result["turn_to_running"]:
         print(f"delay {row['delay']:g} s: turn to Running p50 {row['wait_p50']:.2f} s, max "
               f"{row['wait_max']:.2f} s; over the delay p50 {row['over_delay_p50']:.2f} s, "

@@ -4,14 +4,14 @@ Contract: :class:`SimAutoscaler` is the dispatcher's
 :class:`~fairshare.cluster.provisioning.Provisioner` in ``fairgate simulate`` (trace key
 ``autoscaling: {maxCapacity, provisionSeconds}``). A request asks for what its pods
 demand (by capacity key); ``provision_seconds`` after it is made, :meth:`provision_due`
-adds that capacity to the :class:`~fairshare.sim.simcluster.SimulatedCluster` (nodes
-arrive: they stay, the simulator scales nothing down) and the request reads
-``Provisioned``. Requests never fail. :meth:`next_due` is the virtual time of the next
-arrival of nodes, an event of the simulation like arrivals and completions.
-:meth:`waits` (from a request to the start of the last of its pods; one not started
-by the horizon counts with its wait so far) and :meth:`provisioned_gpus`
-(GPU-equivalents of capacity added) are what ``--json`` reports under
-``autoscaling``.
+adds that capacity to the :class:`~fairshare.sim.simcluster.SimulatedCluster`, never
+past ``max_capacity`` per key (the pools' maximum: a request made while pods ran may
+come due after they ended; nodes that arrive stay, the simulator scales nothing down),
+and the request reads ``Provisioned``. Requests never fail. :meth:`next_due` is the
+virtual time of the next arrival of nodes, an event of the simulation like arrivals and
+completions. :meth:`waits` (from a request to the start of the last of its pods; one not
+started by the horizon counts with its wait so far) and :meth:`provisioned_gpus` (GPU-
+equivalents of capacity added) are what ``--json`` reports under ``autoscaling``.
 """
 
 from __future__ import annotations
@@ -33,14 +33,16 @@ class SimRequest:
     demand: dict[str, int]
     pods: tuple[str, ...]
     provisioned: float | None = None
+    added: dict[str, int] | None = None  # what arrived for it (at most the maximum)
 
 
 class SimAutoscaler:
     """See the module docstring."""
 
     def __init__(self, cluster: SimulatedCluster, clock: Callable[[], float],
-                 provision_seconds: float) -> None:
+                 provision_seconds: float, max_capacity: Mapping[str, int]) -> None:
         self.cluster = cluster
+        self.max_capacity = dict(max_capacity)
         self.clock = clock
         self.provision_seconds = provision_seconds
         self.requests: dict[str, SimRequest] = {}
@@ -77,8 +79,12 @@ class SimAutoscaler:
         """Add the capacity of every request due by ``now``."""
         for request in self.requests.values():
             if request.provisioned is None and request.made + self.provision_seconds <= now:
+                have = self.cluster.capacity()
                 request.provisioned = now
-                self.cluster.grow(request.demand)
+                request.added = {key: min(n, max(0, self.max_capacity.get(key, 0)
+                                                 - have.get(key, 0)))
+                                 for key, n in request.demand.items()}
+                self.cluster.grow(request.added)
 
     def waits(self, started: Mapping[str, float | None], horizon: float) -> list[float]:
         """Per request, seconds from it to the start of the last of its pods;
@@ -93,6 +99,6 @@ class SimAutoscaler:
 
     def provisioned_gpus(self) -> float:
         """GPU-equivalents of the capacity added so far."""
-        slices = sum(resources.total_slices(r.demand) for r in self.requests.values()
-                     if r.provisioned is not None)
+        slices = sum(resources.total_slices(r.added) for r in self.requests.values()
+                     if r.added is not None)
         return slices / resources.SLICES_PER_GPU

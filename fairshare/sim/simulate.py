@@ -528,7 +528,8 @@ class Simulation:
         config = trace.config()
         self.cluster = SimulatedCluster(dict(trace.capacity), self._admit, self.clock)
         self.autoscaler = None if trace.autoscaling is None else SimAutoscaler(
-            self.cluster, self.clock, trace.autoscaling.provision_seconds)
+            self.cluster, self.clock, trace.autoscaling.provision_seconds,
+            trace.autoscaling.max_capacity)
         self.dispatcher = Dispatcher(self.queue, self.cluster, lambda: config,
                                      clock=self.clock, settings=_SETTINGS,
                                      provisioner=self.autoscaler)

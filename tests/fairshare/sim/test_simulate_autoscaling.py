@@ -55,6 +55,21 @@ def test_nothing_is_requested_past_max_capacity(redis_url: str) -> None:
     assert report["wait_seconds"]["training"]["max"] == 1060.0  # a1 ended at 60 + 1000
 
 
+def test_the_pools_never_grow_past_max_capacity(redis_url: str) -> None:
+    """Streams of pods and gangs that end while requests are on their way: what arrives
+    stops at maxCapacity (48 GPUs, 8 there already), however many requests come due."""
+    tenants = {"team-a": {"weight": 2, "nominal": {"gpu": 32}},
+               "team-b": {"weight": 1, "nominal": {"gpu": 32}}}
+    arrivals = [_pods("team-a", 30, every=10, duration=1800),
+                {**_pods("team-b", 10, every=30, duration=1800, group="ddp", groupSize=2),
+                 "demand": {"gpu": 4}}]
+    trace = {**_trace(arrivals, {"maxCapacity": {"gpu": 48}, "provisionSeconds": 300},
+                      **tenants), "capacity": {"gpu": 8}, "horizon": 7200}
+    report = _run(trace, redis_url)
+    assert report["autoscaling"]["requests"] > 10
+    assert report["autoscaling"]["provisioned_gpus"] == 40.0
+
+
 def test_a_gang_is_one_request_for_all_of_it(redis_url: str) -> None:
     gang = _pods("team-a", 1, group="ddp", groupSize=3)
     report = _run(_trace([gang], {"maxCapacity": {"gpu": 8}, "provisionSeconds": 30}),
