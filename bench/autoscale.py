@@ -94,8 +94,9 @@ def _for_nothing(env: PrivateCluster, autoscaler: FakeAutoscaler, delay: float,
         gone_at.values())]
     leftover = [r["metadata"]["name"] for r in requests_in(env.cp.admin, NS)
                 if any(o["uid"] in gone_at for o in r["metadata"]["ownerReferences"])]
-    templates = env.admin.list_namespaced_pod_template(
+    templates = [t for t in env.admin.list_namespaced_pod_template(
         NS, label_selector="fairgate.io/provisioning-for").items
+        if any(o.uid in gone_at for o in t.metadata.owner_references or [])]
     return {"delay": delay, "pods": pods, "requests": len(made),
             "for_nothing": len(for_nothing),
             "provisioned_anyway": sum(s.outcome == "Provisioned" for s in made),
