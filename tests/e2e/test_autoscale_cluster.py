@@ -5,7 +5,8 @@ server validates every request fairgate makes) and the harness's fake autoscaler
 after a delay). A private cluster of one 2-GPU node; `fairgate-platform` has
 `autoscaling: {mode: provisioningRequest, maxCapacity: {gpu: 16}, inFlight: 1}`, so
 requests are made one at a time, in queue order. fairgate's dispatcher runs with the
-base manifests' RBAC: it may create requests and templates, never delete them.
+base manifests' RBAC: it may create requests and templates, never delete them. The
+last two tests switch fairgate-platform to `mode: pending` and to no `autoscaling`.
 """
 
 from __future__ import annotations
@@ -216,32 +217,62 @@ def test_pods_gone_their_request_and_templates_are_collected(
     wait_for(lambda: env.status()["tenants"]["team-a"]["used"] == 2, 30, "a1's GPUs freed")
 
 
+def _platform(env: PrivateCluster, text: str) -> None:
+    client.CoreV1Api(env.cp.admin).patch_namespaced_config_map(
+        "fairgate-platform", SYSTEM_NAMESPACE, {"data": {"platform.yaml": text}})
+
+
+def _past_the_pools(env: PrivateCluster) -> bool:
+    """Whether the webhook refuses an 8-GPU pod naming autoscaling.maxCapacity (dry run):
+    it shows which platform config the webhook has read."""
+    try:
+        pods_api(env.cp, "team-a").create_namespaced_pod(
+            A, pod_manifest("big", {"nvidia.com/gpu": 8}), dry_run="All")
+    except client.exceptions.ApiException as error:
+        return "autoscaling.maxCapacity" in message_of(error)
+    return False
+
+
+def test_pending_mode_lifts_the_gate_for_the_autoscaler_to_see(
+    env: PrivateCluster, autoscaler: FakeAutoscaler, clean: None,
+) -> None:
+    """`mode: pending`: the head beyond the nodes is released at once, pending and
+    unschedulable; an autoscaler that reacts to pending pods adds a node and it runs; no
+    ProvisioningRequest is made."""
+    autoscaler.pending_pods = True
+    pending = AUTOSCALING.replace("provisioningRequest", "pending")
+    _platform(env, PLATFORM_YAML + pending.replace("{gpu: 16}", "{gpu: 6}"))
+    try:
+        wait_for(lambda: _past_the_pools(env), 30, "the webhook to read mode pending")
+        time.sleep(5)  # the dispatcher reads the same ConfigMap
+        _fill_base(env)
+        pods_api(env.cp, "team-a").create_namespaced_pod(
+            A, pod_manifest("a1", {"nvidia.com/gpu": 2}))
+        wait_for(lambda: not is_gated(env.admin.read_namespaced_pod("a1", A)), 30,
+                 "a1's gate lifted for the autoscaler to see it pending")
+        said = wait_for(lambda: _reasons(env, A, "a1").get("WaitingForNodes"), 30,
+                        "a WaitingForNodes Event")
+        assert any("autoscaling mode pending" in m for m in said), said
+        node = wait_for(partial(running_node, env.admin, A, "a1"), 60, "a1 to run")
+        assert node in autoscaler.nodes() and autoscaler.seen[f"pod:{A}/a1"].nodes == (node,)
+        assert not _requests(env, A)
+    finally:
+        _platform(env, PLATFORM_YAML + AUTOSCALING)
+        wait_for(lambda: not _past_the_pools(env), 30, "mode provisioningRequest back")
+
+
 def test_without_autoscaling_nothing_is_requested(
     env: PrivateCluster, autoscaler: FakeAutoscaler, clean: None,
 ) -> None:
     """`autoscaling` taken out of fairgate-platform: a pod beyond the nodes waits gated
     and no request is made. (The webhook shows when the new config is read: with
     maxCapacity {gpu: 6} an 8-GPU pod is refused naming it, without autoscaling not.)"""
-    configmaps = client.CoreV1Api(env.cp.admin)
     core = pods_api(env.cp, "team-a")
-
-    def platform(text: str) -> None:
-        configmaps.patch_namespaced_config_map("fairgate-platform", SYSTEM_NAMESPACE,
-                                               {"data": {"platform.yaml": text}})
-
-    def past_the_pools() -> bool:
-        try:
-            core.create_namespaced_pod(A, pod_manifest("big", {"nvidia.com/gpu": 8}),
-                                       dry_run="All")
-        except client.exceptions.ApiException as error:
-            return "autoscaling.maxCapacity" in message_of(error)
-        return False
-
-    platform(PLATFORM_YAML + AUTOSCALING.replace("{gpu: 16}", "{gpu: 6}"))
+    _platform(env, PLATFORM_YAML + AUTOSCALING.replace("{gpu: 16}", "{gpu: 6}"))
     try:
-        wait_for(past_the_pools, 30, "the webhook to refuse a pod past maxCapacity 6")
-        platform(PLATFORM_YAML)
-        wait_for(lambda: not past_the_pools(), 30, "the webhook to read: no autoscaling")
+        wait_for(lambda: _past_the_pools(env), 30, "the webhook to refuse past maxCapacity 6")
+        _platform(env, PLATFORM_YAML)
+        wait_for(lambda: not _past_the_pools(env), 30, "the webhook to read: no autoscaling")
         time.sleep(5)  # the dispatcher reads the same ConfigMap
         _fill_base(env)
         core.create_namespaced_pod(A, pod_manifest("a1", {"nvidia.com/gpu": 2}))
@@ -254,4 +285,4 @@ def test_without_autoscaling_nothing_is_requested(
         why = env.why(A, "a1")
         assert why["verdict"] == "queued" and "waiting for nodes" not in why["summary"], why
     finally:
-        platform(PLATFORM_YAML + AUTOSCALING)
+        _platform(env, PLATFORM_YAML + AUTOSCALING)

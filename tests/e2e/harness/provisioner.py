@@ -10,7 +10,10 @@ pod's GPUs when it asks for more), and then `Provisioned=True` is set. All or no
 a request whose pods ask for what it cannot make (MIG devices, DRA claims) gets
 `Failed=True` (reason `NotSupported`) and no node. The knob `fail_next` makes the next
 requests fail instead (`Failed=True`, reason `OutOfStock`), as a cloud out of GPUs does.
-Requests of other classes are left alone.
+Requests of other classes are left alone. With `pending_pods` set it also plays
+cluster-autoscaler without ProvisioningRequests (fairgate's `pending` mode): a pod that
+the scheduler reports unschedulable gets a node for its GPUs `delay` seconds after it is
+first seen so (tracked in `seen` as `pod:<namespace>/<name>`).
 
 What it does not do, unlike cluster-autoscaler: book the new nodes for the request's
 pods (any pod may land there), expire bookings (`BookingExpired`), scale idle nodes
@@ -59,11 +62,10 @@ def _condition(kind: str, reason: str, message: str) -> dict[str, str]:
             "lastTransitionTime": now}
 
 
-def _pod_gpus(template: Any) -> tuple[int, list[str]]:
-    """Whole GPUs one pod of `template` asks for (the larger of its app containers' sum
-    and its largest init container), and what else it asks for that only cluster-
-    autoscaler's real node groups could give."""
-    spec = template.template.spec
+def _pod_gpus(spec: Any) -> tuple[int, list[str]]:
+    """Whole GPUs a pod of `spec` asks for (the larger of its app containers' sum and its
+    largest init container), and what else it asks for that only cluster-autoscaler's
+    real node groups could give."""
     other = [f"resourceClaims {[c.name for c in spec.resource_claims]}"] \
         if spec.resource_claims else []
 
@@ -85,6 +87,7 @@ class FakeAutoscaler:
         self.delay = delay
         self.node_gpus = node_gpus
         self.fail_next = 0
+        self.pending_pods = False
         self.seen: dict[str, Seen] = {}
         self.errors: list[str] = []
         self._kubelet = kubelet
@@ -113,7 +116,7 @@ class FakeAutoscaler:
             for node in seen.nodes:
                 self._kubelet.remove_node(node)
         self.seen.clear()
-        self.delay, self.fail_next = delay, 0
+        self.delay, self.fail_next, self.pending_pods = delay, 0, False
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
@@ -137,6 +140,28 @@ class FakeAutoscaler:
                                             "e2e harness's fake autoscaler")])
             elif not seen.outcome and time.monotonic() - seen.first_seen >= self.delay:
                 self._provision(seen, spec["podSets"])
+        if self.pending_pods:
+            self._pending_pass()
+
+    def _pending_pass(self) -> None:
+        for pod in self._core.list_pod_for_all_namespaces(
+                field_selector="spec.nodeName=,status.phase=Pending").items:
+            scheduled = next((c for c in pod.status.conditions or []
+                              if c.type == "PodScheduled"), None)
+            if scheduled is None or scheduled.reason != "Unschedulable":
+                continue
+            key = f"pod:{pod.metadata.namespace}/{pod.metadata.name}"
+            seen = self.seen.setdefault(key, Seen(pod.metadata.namespace, pod.metadata.name,
+                                                  time.monotonic(), pods=1))
+            gpus, other = _pod_gpus(pod.spec)
+            if seen.outcome or other or not gpus or \
+                    time.monotonic() - seen.first_seen < self.delay:
+                continue
+            self._made += 1
+            seen.nodes = (f"autoscaled-{self._made}",)
+            self._kubelet.add_node(whole_gpu_node(seen.nodes[0],
+                                                  gpus=max(self.node_gpus, gpus)))
+            seen.outcome, seen.done_at = "Provisioned", time.monotonic()
 
     def _provision(self, seen: Seen, pod_sets: list[Mapping[str, Any]]) -> None:
         accepted = _condition("Accepted", "Accepted", "accepted")
@@ -149,7 +174,7 @@ class FakeAutoscaler:
         for pod_set in pod_sets:
             template = self._core.read_namespaced_pod_template(
                 pod_set["podTemplateRef"]["name"], seen.namespace)
-            gpus, other = _pod_gpus(template)
+            gpus, other = _pod_gpus(template.template.spec)
             if other or gpus == 0:
                 self._finish(seen, [accepted, _condition(
                     "Failed", "NotSupported", f"the fake autoscaler makes whole-GPU nodes "
