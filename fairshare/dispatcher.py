@@ -856,12 +856,14 @@ class Dispatcher:
         self.sync()  # the notes fairgate status and why read say where each head stands
 
     def _heads_of(self, releases: list[Release], now: float) -> list[Head]:
-        """The queue's releases as heads: a gang's members (released together) are one."""
+        """The queue's releases as heads: a gang's members (released together) are one.
+        The gang is the queue's (a member's pod may not have reached the watch yet)."""
         heads: list[Head] = []
-        for release in releases:
-            pod = self.pods.get(release.ticket)
-            key = f"{release.namespace}/{pod.group}" if pod is not None and pod.group \
-                else release.ticket
+        statuses = self.queue.ticket_statuses([r.ticket for r in releases], now) \
+            if releases else []
+        for release, status in zip(releases, statuses, strict=True):
+            gang = status.group if status is not None else None  # namespace/group
+            key = gang or release.ticket
             if heads and heads[-1].key == key:
                 last = heads[-1]
                 last.tickets += (release.ticket,)
@@ -873,13 +875,24 @@ class Dispatcher:
                                   now, "requesting", releases=[release]))
         return heads
 
+    def _unseen_pods(self, head: Head, now: float) -> bool:
+        """Whether some pods of a new head have not reached the watch yet (the queue
+        released them as their admission ended): wait, at most ``unseen_grace``. A pod
+        seen once and gone since is gone, not unseen."""
+        head.seen.update(t for t in head.tickets if t in self.pods)
+        return len(head.seen) < len(head.tickets) and \
+            now - head.since < self.settings.unseen_grace
+
     def _head_pods(self, head: Head) -> list[GpuPod]:
         return [p for t in head.tickets if (p := self.pods.get(t)) is not None and not p.ended]
 
     def _follow(self, head: Head, spec: AutoscalingSpec, now: float,
                 result: StepResult) -> None:
-        """One head: done once its pods are bound or gone (its request deleted); else
-        released when its request is Provisioned, retried with backoff when it failed."""
+        """One head: done once its pods are bound or gone (the pods own its requests); else
+        released when its request is Provisioned, retried with backoff when it failed.
+        Not before the watch has shown all its pods (at most ``unseen_grace``)."""
+        if self._unseen_pods(head, now):
+            return
         pods = self._head_pods(head)
         if not pods or all(p.node is not None for p in pods):
             self._end_head(head, "its pods are bound to nodes" if pods else "its pods are gone")
@@ -906,26 +919,34 @@ class Dispatcher:
             self._release_head(head, result, f"ProvisioningRequest {head.request} is "
                                f"Provisioned ({message})")
         elif said == "failed":
-            self.provisioner.delete(head.request, namespace)
-            wait = backoff(head.attempts)
-            head.state, head.retry_at, head.attempts = "retrying", now + wait, head.attempts + 1
-            head.message = (f"ProvisioningRequest {head.request} failed ({message}): asking "
-                            f"again in {wait:.0f}s (attempt {head.attempts})")
-            for pod in pods:
-                self.cluster.post_event(pod, "ProvisioningFailed", head.message, "Warning")
-            log.warning("provisioning request failed", extra={"fields": {
-                "request": head.request, "head": head.key, "message": message}})
+            self._retry(head, pods, now, f"ProvisioningRequest {head.request} failed ({message})")
         else:
             head.message = message or f"ProvisioningRequest {head.request} not provisioned yet"
+
+    def _retry(self, head: Head, pods: list[GpuPod], now: float, failure: str) -> None:
+        """Ask again after a backoff, with a new request (the failed one stays, owned by
+        the pods, until they are gone), and say so on the pods."""
+        wait = backoff(head.attempts)
+        head.state, head.retry_at, head.attempts = "retrying", now + wait, head.attempts + 1
+        head.message = f"{failure}: asking again in {wait:.0f}s (attempt {head.attempts})"
+        for pod in pods:
+            self.cluster.post_event(pod, "ProvisioningFailed", head.message, "Warning")
+        log.warning("provisioning request failed", extra={"fields": {
+            "head": head.key, "message": head.message}})
 
     def _request(self, head: Head) -> None:
         """Create the head's ProvisioningRequest and say so on its pods."""
         assert self.provisioner is not None
         pods = self._head_pods(head)
-        if not pods:
+        if not pods or self._unseen_pods(head, self.clock()):  # _follow asks when seen
             return
-        self.provisioner.create(head.request, pods[0].ref.namespace, pods,
-                                {HEAD_LABEL: head.request})
+        try:
+            self.provisioner.create(head.request, pods[0].ref.namespace, pods,
+                                    {HEAD_LABEL: head.request})
+        except ValueError as refused:  # a shape cluster-autoscaler would refuse
+            self._retry(head, pods, self.clock(), f"ProvisioningRequest {head.request} "
+                        f"not made: {refused}")
+            return
         head.state = "requesting"
         head.message = (f"waiting for nodes: ProvisioningRequest {head.request} "
                         f"({PROVISIONING_CLASS}, attempt {head.attempts}) for "
@@ -954,12 +975,11 @@ class Dispatcher:
                                     "Normal")
 
     def _end_head(self, head: Head, why: str) -> None:
-        """Forget a head (its pods bound or gone) and delete its request, if any."""
+        """Forget a head (its pods bound or gone); its requests are the pods' to clean up
+        (they own them: the garbage collector deletes them with the last pod)."""
         self._heads.pop(head.key, None)
         for ticket in head.tickets:  # a held pod that is gone was freed as it went
             self._held.pop(ticket, None)
-        if self.provisioner is not None and head.releases:
-            self.provisioner.delete(head.request, head.releases[0].namespace)
         log.info("head no longer waits for nodes", extra={"fields": {
             "head": head.key, "why": why, "waited": round(self.clock() - head.since, 3)}})
 

@@ -57,7 +57,7 @@ import json
 import math
 import sys
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +82,7 @@ from fairshare.queue.entitlement import (
 )
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import PodRequest
+from fairshare.sim.autoscaler import SimAutoscaler
 from fairshare.sim.simcluster import Placement, PodHistory, PodSpec, SimulatedCluster, VirtualClock
 from fairshare.sim.timeline import (
     PlotUnavailableError,
@@ -145,6 +146,9 @@ class SimulationReport:
     timeline: list[TimelineRow] = field(default_factory=list)
     waited: dict[str, int] = field(default_factory=dict)  # pods per class that waited
     window: WindowReport | None = None
+    autoscaling_requests: int = 0
+    provisioned_gpus: float = 0.0
+    provisioning_waits: list[float] = field(default_factory=list)  # seconds, per request
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` object: exactly the keys of docs/reference.md."""
@@ -165,6 +169,11 @@ class SimulationReport:
                            "gpu_hours_lost": round(self.preempted_gpu_hours, 4)},
             "waited": dict(self.waited),
             "window": None if self.window is None else _window_json(self.window),
+            "autoscaling": {
+                "requests": self.autoscaling_requests,
+                "provisioned_gpus": round(self.provisioned_gpus, 2),
+                "wait_seconds": {"p50": round(_percentile(self.provisioning_waits, 0.5), 3),
+                                 "max": round(max(self.provisioning_waits, default=0.0), 3)}},
         }
 
 
@@ -247,10 +256,9 @@ class _Meter:
     each tenant's usage by class, entitlement and backlogged time."""
 
     def __init__(self, trace: Trace, config: FairgateConfig, window: Window) -> None:
-        self.capacity = resources.total_slices(trace.capacity)
-        self.capacity_of = {
-            name: n * resources.slices_of(name) for name, n in trace.capacity.items()
-        }
+        self.capacity = 0
+        self.capacity_of: dict[str, int] = {}
+        self._capacity(trace.capacity)
         self.weights = {name: t.weight for name, t in trace.tenants.items()}
         self.limits: dict[str, int | None] = {}
         for name in trace.tenants:
@@ -260,6 +268,8 @@ class _Meter:
         self.entitled_seconds = dict.fromkeys(self.weights, 0.0)  # GPU-seconds
         self.busy_time = 0.0
         self.busy_used = 0.0
+        self.busy_capacity = 0.0  # capacity slice-seconds while busy
+        self.window_waiting_capacity = 0.0
         self.waiting_capacity = 0.0  # slice-seconds of resources that pods waited for
         self.waiting_used = 0.0
         self.window_start = float(window.start)
@@ -272,6 +282,10 @@ class _Meter:
         self.window_backlogged = dict.fromkeys(self.weights, 0.0)
         self.window_waiting_used = 0.0
         self.window_waiting_time = 0.0
+
+    def _capacity(self, counts: Mapping[str, int]) -> None:
+        self.capacity_of = {name: n * resources.slices_of(name) for name, n in counts.items()}
+        self.capacity = sum(self.capacity_of.values())
 
     def fairness(self, cluster: SimulatedCluster) -> Fairness:
         """Every tenant's allocation and entitlement now (see the module docstring)."""
@@ -296,6 +310,7 @@ class _Meter:
         dt = end - start
         if dt <= 0:
             return
+        self._capacity(cluster.capacity())  # autoscaled pools grow
         usage = cluster.running_slices()
         used_units = cluster.used()
         waiting = cluster.waiting_tenants()
@@ -305,6 +320,7 @@ class _Meter:
         if total or waiting:
             self.busy_time += dt
             self.busy_used += total * dt
+            self.busy_capacity += self.capacity * dt
         for name in cluster.wanted_resources():
             self.waiting_capacity += self.capacity_of.get(name, 0) * dt
             self.waiting_used += used_units.get(name, 0) * resources.slices_of(name) * dt
@@ -326,6 +342,7 @@ class _Meter:
         if waiting:
             self.window_waiting_time += dt
             self.window_waiting_used += total * dt
+            self.window_waiting_capacity += self.capacity * dt
 
     def window(self) -> WindowReport:
         tenants = {
@@ -338,7 +355,7 @@ class _Meter:
             )
             for name in self.weights
         }
-        busy = self.capacity * self.window_waiting_time
+        busy = self.window_waiting_capacity
         return WindowReport(
             start=self.window_start, end=self.window_end, tenants=tenants,
             utilization=self.window_waiting_used / busy if busy else 1.0,
@@ -352,7 +369,7 @@ class _Meter:
             else None for t in self.weights)
 
     def utilization(self) -> float:
-        busy = self.capacity * self.busy_time
+        busy = self.busy_capacity
         return self.busy_used / busy if busy else 1.0
 
     def waiting_utilization(self) -> float:
@@ -425,7 +442,7 @@ def _gang_violations(history: dict[str, PodHistory]) -> list[str]:
 
 def _report(
     trace: Trace, meter: _Meter, cluster: SimulatedCluster, violations: list[str],
-    timeline: list[TimelineRow],
+    timeline: list[TimelineRow], autoscaler: SimAutoscaler | None,
 ) -> SimulationReport:
     end = trace.horizon
     waits: dict[str, list[float]] = {cls: [] for cls in CLASSES}
@@ -483,6 +500,10 @@ def _report(
         timeline=timeline,
         waited=waited,
         window=meter.window(),
+        autoscaling_requests=len(autoscaler.requests) if autoscaler else 0,
+        provisioned_gpus=autoscaler.provisioned_gpus() if autoscaler else 0.0,
+        provisioning_waits=autoscaler.waits(
+            {uid: r.started for uid, r in cluster.history.items()}, end) if autoscaler else [],
     )
 
 
@@ -507,8 +528,12 @@ class Simulation:
         self.queue = FairQueue(client, prefix=prefix)
         config = trace.config()
         self.cluster = SimulatedCluster(dict(trace.capacity), self._admit, self.clock)
+        self.autoscaler = None if trace.autoscaling is None else SimAutoscaler(
+            self.cluster, self.clock, trace.autoscaling.provision_seconds,
+            trace.autoscaling.max_capacity)
         self.dispatcher = Dispatcher(self.queue, self.cluster, lambda: config,
-                                     clock=self.clock, settings=_SETTINGS)
+                                     clock=self.clock, settings=_SETTINGS,
+                                     provisioner=self.autoscaler)
         self.meter = _Meter(trace, config, window or Window())
         self.config = config
         self.quota_violations: list[str] = []
@@ -540,13 +565,17 @@ class Simulation:
         while True:
             pending = self._arrivals[self._next] if self._next < len(self._arrivals) else None
             next_end = self.cluster.next_completion()
+            nodes = self.autoscaler.next_due() if self.autoscaler is not None else None
             when = min(pending.at if pending is not None else math.inf,
-                       next_end if next_end is not None else math.inf)
+                       next_end if next_end is not None else math.inf,
+                       nodes if nodes is not None else math.inf)
             if when > until:
                 break
             self.meter.interval(self.clock(), when, self.cluster)
             self.clock.advance_to(when)
             self.cluster.advance()
+            if self.autoscaler is not None:
+                self.autoscaler.provision_due(when)
             while self._next < len(self._arrivals) and self._arrivals[self._next].at <= when:
                 self.cluster.create_pod(_spec(self._arrivals[self._next]))
                 self._next += 1
@@ -588,7 +617,8 @@ class Simulation:
         self.advance(self.trace.horizon, progress)
         if timeline_every is not None:
             timeline += self.sample()
-        return _report(self.trace, self.meter, self.cluster, self.quota_violations, timeline)
+        return _report(self.trace, self.meter, self.cluster, self.quota_violations, timeline,
+                       self.autoscaler)
 
 
 def _spec(pod: TracePod) -> PodSpec:

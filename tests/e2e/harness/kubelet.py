@@ -12,7 +12,8 @@ grace period has passed.
 Node kinds, made by :func:`whole_gpu_node` (optionally in a node pool, label
 `fairgate.io/node-pool`, or cordoned from the start) and :func:`single_mig_node` (MIG
 `single` strategy: `nvidia.com/gpu` counts MIG devices, `nvidia.com/gpu.product` names
-the profile). :meth:`FakeKubelet.add_node` registers one more node on a running kubelet;
+the profile). :meth:`FakeKubelet.add_node` registers one more node on a running kubelet,
+:meth:`FakeKubelet.remove_node` deletes one;
 :meth:`FakeKubelet.set_ready` makes a node's kubelet report Ready=False (or True again),
 as a kubelet whose container runtime is down does; :func:`cordon` cordons or uncordons.
 """
@@ -255,6 +256,20 @@ class FakeKubelet:
         self._create(node)
         self._wait_registered(node)
 
+    def remove_node(self, name: str) -> None:
+        """Stop serving node `name` and delete its Node object and Lease (as a node
+        autoscaler removes a node it scaled down); pods still bound to it are the
+        caller's to delete first."""
+        with self._nodes_lock:
+            self.nodes = tuple(n for n in self.nodes if n.name != name)
+            self._core.pop(name)
+            self._leases.pop(name)
+            self._not_ready.pop(name, None)
+            self._ready_again.pop(name, None)
+        self._admin.delete_node(name)
+        client.CoordinationV1Api(self._cp.admin).delete_namespaced_lease(
+            name, "kube-node-lease")
+
     def set_ready(self, name: str, ready: bool) -> None:
         """Make node `name`'s kubelet report Ready=`ready` (at once, then on every
         heartbeat); the node lifecycle controller taints a not-Ready node at once."""
@@ -361,7 +376,9 @@ class FakeKubelet:
             request.done.set()
 
     def _sync_node(self, node: GpuNode) -> None:
-        core = self._core[node.name]
+        core = self._core.get(node.name)
+        if core is None:  # removed since this pass began
+            return
         pods = core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node.name}")
         for pod in pods.items:
             meta = pod.metadata
@@ -454,12 +471,15 @@ class FakeKubelet:
         with self._nodes_lock:
             down_since = self._not_ready.get(node.name)
             up_since = self._ready_again.get(node.name, self._ready_since)
-        self._leases[node.name].patch_namespaced_lease(
+            leases, core = self._leases.get(node.name), self._core.get(node.name)
+        if leases is None or core is None:  # removed since this pass began
+            return
+        leases.patch_namespaced_lease(
             node.name, "kube-node-lease", {"spec": {"renewTime": _now_micro()}}, _content_type=MERGE
         )
         ready = down_since is None
         transition = up_since if down_since is None else down_since
-        self._core[node.name].patch_node_status(
+        core.patch_node_status(
             node.name,
             {
                 "status": {"conditions": [_ready_condition(_now(), transition, ready)]},
