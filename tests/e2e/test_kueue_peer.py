@@ -2,7 +2,11 @@
 modules) comes up with the plain-pod integration and fair sharing, gates a tenant's pod
 at create and admits it (ungated, bound, Running) within its ClusterQueue's quota,
 keeps a pod that no quota can hold gated, and a short trace runs through both systems
-with the bench's own measurement."""
+with the bench's own measurement.
+
+Marked `peer`: left out of `python -m pytest` (Kueue's cold build takes about 18 min);
+run with `python -m pytest -m peer`. test_peer_harness.py checks the harness's manifests
+and the bench's arithmetic without building Kueue."""
 
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import peer_kueue
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.peer]
 
 TENANTS = (Tenant("team-a", 1, 2), Tenant("team-b", 1, 2))
 

@@ -2,20 +2,24 @@
 # Build the Kueue manager (the peer bench/peer_kueue.py compares fairgate with) from Go
 # modules, and keep its CRDs and manager config beside it.
 #
-# Usage: bash tests/e2e/controlplane/build_kueue.sh [--force]
+# Usage: bash tests/e2e/controlplane/build_kueue.sh [--force | --config-only]
 #
 # `go install sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION` into $FAIRGATE_CP_CACHE/kueue/bin
 # (default ~/.cache/fairgate-controlplane/kueue/bin); the module's config/components/
 # (CRDs, webhook and RBAC manifests) is copied to $FAIRGATE_CP_CACHE/kueue/config. Skipped
 # when the Go toolchain, the version and this script are unchanged. Needs Go 1.26+ and
-# the Go module proxy.
+# the Go module proxy. A cold build takes about 18 min on 2 busy cores (BENCHMARKS.md),
+# which is why only the peer benchmark and `python -m pytest -m peer` run it.
+# --config-only: download the module (no build, seconds) and copy only its config/, for
+# the tests of the harness's manifests.
 set -euo pipefail
 
 version=${KUEUE_VERSION:-v0.17.0}
 cache=${FAIRGATE_CP_CACHE:-$HOME/.cache/fairgate-controlplane}
 dest="$cache/kueue"
-force=0
+force=0 config_only=0
 [[ ${1:-} == --force ]] && force=1
+[[ ${1:-} == --config-only ]] && config_only=1
 
 say() { printf '[kueue %s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
 fail() { printf '[kueue] BUILD FAILED: %s\n' "$*" >&2; exit 1; }
@@ -34,21 +38,34 @@ if (( !force )) && [[ -x $dest/bin/kueue && -d $dest/config/crd && -f $dest/stam
   say "up to date in $dest (kueue $version, stamp ${stamp:0:12})"
   exit 0
 fi
-
-say "cold build of kueue $version into $dest/bin: several minutes on 2 cores (BENCHMARKS.md)"
-started=$SECONDS
 export GOFLAGS="-trimpath -buildvcs=false" CGO_ENABLED=0
+
+copy_config() {  # the module's config/components as $dest/config
+  local module
+  module=$(go mod download -json "sigs.k8s.io/kueue@$version" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')
+  [[ -d $module/config/components/crd ]] ||
+    fail "no config/components/crd in the module sigs.k8s.io/kueue@$version ('$module'; is the module proxy reachable?)"
+  rm -rf "$dest/config"
+  cp -r "$module/config/components" "$dest/config"
+  chmod -R u+w "$dest/config"
+}
+
+if (( config_only )); then
+  copy_config
+  say "config of kueue $version in $dest/config (not built)"
+  exit 0
+fi
+
+say "cold build of kueue $version into $dest/bin: about 18 min on 2 busy cores (BENCHMARKS.md)"
+started=$SECONDS
 ldflags="-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$version"
 tmp=$(mktemp -d "$dest/build.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 GOBIN="$tmp" go install -p 2 -ldflags "$ldflags" "sigs.k8s.io/kueue/cmd/kueue@$version" ||
   fail "go install sigs.k8s.io/kueue/cmd/kueue@$version failed (see above; is the module proxy reachable?)"
-module=$(go env GOMODCACHE)/sigs.k8s.io/kueue@$version
-[[ -d $module/config/components/crd ]] || fail "no config/components/crd in $module"
 mkdir -p "$dest/bin"
 mv -f "$tmp/kueue" "$dest/bin/kueue"
-rm -rf "$dest/config"
-cp -r "$module/config/components" "$dest/config"
-chmod -R u+w "$dest/config"
+copy_config
 echo "$stamp" >"$dest/stamp"
 say "done in $((SECONDS - started))s: $dest/bin/kueue"

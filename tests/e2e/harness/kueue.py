@@ -56,10 +56,14 @@ QUEUE = "default"
 GPU = "nvidia.com/gpu"
 
 
-def build_kueue() -> Path:
-    """Build (or reuse) the Kueue manager; return its cache directory (bin/, config/)."""
-    result = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True,
-                            check=False)
+def build_kueue(config_only: bool = False) -> Path:
+    """Build (or reuse) the Kueue manager; return its cache directory (bin/, config/).
+
+    `config_only`: only download the module and copy its config/ (seconds, no bin/kueue):
+    enough for `crds()` and `webhook_configurations()`. Raises ControlPlaneError with the
+    script's output when it fails."""
+    command = ["bash", str(BUILD_SCRIPT), *(["--config-only"] if config_only else [])]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise ControlPlaneError(
             f"{BUILD_SCRIPT} failed (exit {result.returncode}):\n"
@@ -80,9 +84,32 @@ class Tenant:
     nominal: int
 
 
-def _webhook_configurations(config: Path) -> list[Manifest]:
-    """The module's webhook configurations, only the webhooks for Pods and Kueue's own
-    objects (the other integrations are off), named and routed as kustomize would."""
+def crds(config: Path) -> list[Manifest]:
+    """The module's CRDs (`config`: its config/components), with the conversion webhook
+    that its kustomization patches in routed to Kueue's webhook Service."""
+    converted = {yaml.safe_load((config / "crd" / p["path"]).read_text())["metadata"]["name"]
+                 for p in yaml.safe_load((config / "crd" / "kustomization.yaml").read_text())
+                 ["patches"]}
+    result = [yaml.safe_load(p.read_text())
+              for p in sorted((config / "crd" / "bases").glob("*.yaml"))]
+    for crd in result:
+        if crd["metadata"]["name"] in converted:
+            crd["spec"]["conversion"] = {
+                "strategy": "Webhook",
+                "webhook": {
+                    "clientConfig": {"service": {"name": SERVICE, "namespace": NAMESPACE,
+                                                 "path": "/convert"}},
+                    "conversionReviewVersions": ["v1"],
+                },
+            }
+    return result
+
+
+def webhook_configurations(config: Path) -> list[Manifest]:
+    """The module's webhook configurations (`config`: its config/components), only the
+    webhooks for Pods and Kueue's own objects (the other integrations are off), named
+    `kueue-<name>` and routed to Kueue's webhook Service as kustomize would; the Pod
+    webhooks only see namespaces labelled `fairgate.io/tenant`."""
     result = []
     for obj in yaml.safe_load_all((config / "webhook" / "manifests.yaml").read_text()):
         if not obj or obj["kind"] not in WEBHOOK_KINDS:
@@ -122,26 +149,12 @@ class KueueStack:
         """CRDs (with the conversion webhooks of the module's kustomization), namespace,
         the Secret the certificates go in, and the webhook configurations."""
         config = self.home / "config"
-        converted = {yaml.safe_load((config / "crd" / p["path"]).read_text())["metadata"]["name"]
-                     for p in yaml.safe_load((config / "crd" / "kustomization.yaml").read_text())
-                     ["patches"]}
-        crds = [yaml.safe_load(p.read_text())
-                for p in sorted((config / "crd" / "bases").glob("*.yaml"))]
-        for crd in crds:
-            if crd["metadata"]["name"] in converted:
-                crd["spec"]["conversion"] = {
-                    "strategy": "Webhook",
-                    "webhook": {
-                        "clientConfig": {"service": {"name": SERVICE, "namespace": NAMESPACE,
-                                                     "path": "/convert"}},
-                        "conversionReviewVersions": ["v1"],
-                    },
-                }
-        apply(self.cp.admin, crds)
+        definitions = crds(config)
+        apply(self.cp.admin, definitions)
         extensions: Any = client.ApiextensionsV1Api(self.cp.admin)
 
         def established() -> bool:
-            for crd in crds:
+            for crd in definitions:
                 status = extensions.read_custom_resource_definition(crd["metadata"]["name"]).status
                 if not any(c.type == "Established" and c.status == "True"
                            for c in status.conditions or []):
@@ -154,7 +167,7 @@ class KueueStack:
             {"apiVersion": "v1", "kind": "Secret",
              "metadata": {"name": SECRET, "namespace": NAMESPACE}},
         ])
-        self.webhooks = _webhook_configurations(config)
+        self.webhooks = webhook_configurations(config)
         for kind in WEBHOOK_KINDS:
             apply(self.cp.admin, [o for o in self.webhooks if o["kind"] == kind])
 
