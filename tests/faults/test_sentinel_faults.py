@@ -176,13 +176,10 @@ def _run_fault(
 def _check(run: Run, sentinel_cluster: SentinelCluster, tmp_path: Path) -> None:
     answers, faulted, promoted = run.answers, run.faulted, run.promoted
     assert [a for a in answers if a.status != 200][:3] == []  # no 5xx, no transport error
-    slow = max(answers, key=lambda a: a.seconds)  # the clients' own clock, queueing included
-    slowest = slow.seconds
+    slowest = max(a.seconds for a in answers)  # the clients' own clock, queueing included
     assert slowest < API_SERVER_TIMEOUT, (
-        f"a client waited {slowest:.3f} s, sent {slow.sent - faulted:+.3f} s from the fault "
-        f"(failover done at {'-' if promoted is None else f'{promoted - faulted:+.3f} s'}): "
-        f"the API server would have given up at {API_SERVER_TIMEOUT} s (timeoutSeconds) "
-        "and refused the pod")
+        f"a client waited {slowest:.3f} s: the API server would have given up at "
+        f"{API_SERVER_TIMEOUT} s (timeoutSeconds) and refused the pod")
     for a in answers:
         assert a.response is not None
         assert a.decision in DECIDED or a.response["auditAnnotations"]["reason"] in (
@@ -195,8 +192,7 @@ def _check(run: Run, sentinel_cluster: SentinelCluster, tmp_path: Path) -> None:
     refused = [run.causes[a.uid] for a in late if run.redis_denied(a)]
     assert refused == [], f"{len(refused)} Redis denials after failover + 2 s: {refused[:3]}"
     before = [a for a in answers if a.sent + a.seconds < faulted]
-    early = [run.causes[a.uid] for a in before if run.redis_denied(a)]
-    assert before and early == [], f"{len(early)} Redis denials before the fault: {early[:3]}"
+    assert before and not any(run.redis_denied(a) for a in before)
 
     # Acknowledged means replicated: every reservation and queue entry the webhook
     # answered before the promotion is on the new primary.
