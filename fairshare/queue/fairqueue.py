@@ -52,6 +52,7 @@ from fairshare.queue.calls import (
     queue_error,
     queued_demand,
     resize_args,
+    run_arg,
     sync_args,
     tenant_statuses,
     text,
@@ -302,6 +303,7 @@ class FairQueue:
         dispatched since): every other ticket is dropped. Configuration is kept. A
         running pod's run began when its ticket was released, or at ``started_at``
         when Redis no longer knows the ticket (the expected run time learns from it).
+        Each pod's ``run_seconds`` (declared run time) is kept for backfill.
         """
         cutoff = "" if listed_at is None else num(listed_at - self.reservation_ttl)
         args: list[str | int | float] = [cutoff]
@@ -310,7 +312,8 @@ class FairQueue:
                      CLASS_CODE[pod.pod_class], BAND_CODE[pod.band],
                      format_counts(pod.demand), pod.gang or "",
                      pod.group_size if pod.gang else 1, num(0.0), pod.uid,
-                     "" if pod.started_at is None else num(pod.started_at)]
+                     "" if pod.started_at is None else num(pod.started_at),
+                     run_arg(pod.run_seconds)]
         ordered = sorted(gated, key=lambda g: (g.request.submitted_at, g.request.ticket))
         for gated_pod in ordered:
             req = gated_pod.request
@@ -318,7 +321,7 @@ class FairQueue:
                      CLASS_CODE[req.pod_class], BAND_CODE[gated_pod.band],
                      format_counts(req.demand), req.gang or "",
                      req.group_size if req.gang else 1, num(req.submitted_at),
-                     gated_pod.uid, ""]
+                     gated_pod.uid, "", run_arg(req.run_seconds)]
         self._run("rebuild", *args)
 
     def unsized(self) -> list[str]:
