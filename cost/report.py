@@ -36,7 +36,8 @@ from tenants.models import PricingSpec
 
 Format = Literal["table", "csv", "json"]
 COLUMNS = ("tenant", "class", "gpu_hours", "borrowed_gpu_hours", "cost", "preempted_pods",
-           "preempted_gpu_hours", "idle_gpu_hours", "idle_cost", "total_cost")
+           "preempted_gpu_hours", "reclaimed_pods", "reclaimed_gpu_hours", "idle_gpu_hours",
+           "idle_cost", "total_cost")
 
 
 def month_start(now: datetime) -> datetime:
@@ -107,6 +108,7 @@ def _text(when: datetime) -> str:
 def _values(row: BillRow, tenant: str, pod_class: str) -> list[str]:
     return [tenant, pod_class, f"{row.gpu_hours:.4f}", f"{row.borrowed_gpu_hours:.4f}",
             f"{row.cost:.2f}", str(row.preempted_pods), f"{row.preempted_gpu_hours:.4f}",
+            str(row.reclaimed_pods), f"{row.reclaimed_gpu_hours:.4f}",
             f"{row.idle_gpu_hours:.4f}", f"{row.idle_cost:.2f}",
             f"{row.cost + row.idle_cost:.2f}"]
 
@@ -121,7 +123,7 @@ def write_csv(billed: Bill, out: TextIO) -> None:
     idle = billed.idle_gpu_hours
     writer.writerow(["(idle)", "", "" if idle is None else f"{idle:.4f}", "",
                      "" if billed.idle_cost is None else f"{billed.idle_cost:.2f}",
-                     "", "", "", "", ""])
+                     "", "", "", "", "", "", ""])
 
 
 def bill_table(billed: Bill, title: str = "") -> Table:
@@ -129,7 +131,8 @@ def bill_table(billed: Bill, title: str = "") -> Table:
     table = Table(title=title or f"GPU cost, {_text(billed.since)} to {_text(billed.until)} "
                   f"({billed.currency})", title_justify="left")
     headers: Sequence[str] = ("tenant", "class", "GPU-h", "borrowed GPU-h", "cost",
-                              "preempted pods", "preempted GPU-h")
+                              "preempted pods", "preempted GPU-h", "reclaimed pods",
+                              "reclaimed GPU-h")
     if billed.share_idle:
         headers = (*headers, "idle GPU-h share", "idle cost share", "total cost")
     for i, header in enumerate(headers):
@@ -139,7 +142,8 @@ def bill_table(billed: Bill, title: str = "") -> Table:
         values = _values(row, tenant, pod_class)
         shown = [values[0], values[1], f"{row.gpu_hours:,.2f}",
                  f"{row.borrowed_gpu_hours:,.2f}", f"{row.cost:,.2f}", values[5],
-                 f"{row.preempted_gpu_hours:,.2f}"]
+                 f"{row.preempted_gpu_hours:,.2f}", values[7],
+                 f"{row.reclaimed_gpu_hours:,.2f}"]
         if billed.share_idle:
             shown += [f"{row.idle_gpu_hours:,.2f}", f"{row.idle_cost:,.2f}",
                       f"{row.cost + row.idle_cost:,.2f}"]

@@ -988,6 +988,7 @@ class Dispatcher:
         reason = (f"reclaimed for {for_whom} (owed its fair share) after {ran:.1f}s "
                   "running")
         log.info("reclaimed", extra={"fields": _fields(pod, owed=for_whom, ran_seconds=ran)})
+        self.metrics.observe_reclaim(pod.tenant, ran * pod.slices / SLICES_PER_GPU)
         self.cluster.post_event(pod, "Reclaimed", f"Evicted: {reason}", "Warning")
         self._record(RECLAIM, pod, reason=reason,
                      diff=preempt_detail(pod.band, ran, f"{hold.namespace}/{hold.name}"))

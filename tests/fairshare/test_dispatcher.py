@@ -506,6 +506,17 @@ def test_reclaim_evicts_for_the_owed_head_only_what_it_lacks(redis_url: str) -> 
     assert len(evictions.pods) == 2
 
 
+def test_reclaims_are_counted_in_the_metrics(redis_url: str) -> None:
+    """Two 4-GPU pods of "old" reclaimed at 1,700 s, each 700 s into its run."""
+    rig, evictions = _reclaim_rig(redis_url, RECLAIM_ON, preemptible=True)
+    rig.at(1_700.0)
+    assert len(evictions.pods) == 2
+    text = rig.dispatcher.metrics.render().decode()
+    assert 'fairgate_reclaims_total{tenant="old"} 2.0' in text
+    assert 'fairgate_reclaimed_gpu_seconds_total{tenant="old"} 5600.0' in text
+    assert 'fairgate_reclaims_total{tenant="new"}' not in text
+
+
 @pytest.mark.parametrize(("reclaim", "preemptible"),
                          [(None, True), (None, False), (RECLAIM_ON, False)],
                          ids=["off", "off-unlabelled", "on-unlabelled"])
