@@ -495,6 +495,16 @@ class FairQueue:
         ``fairgate status``. Informational: no script reads it, nothing is decided on it."""
         self._client.set(self._keys[0] + "capacity-notes", json.dumps(notes))
 
+    def write_reclaim_notes(self, notes: Mapping[str, Any]) -> None:
+        """Store the dispatcher's reclaim report (JSON, key ``reclaim-notes``; see
+        :meth:`fairshare.dispatcher.Dispatcher`, "Reclaim") for ``fairgate status`` and
+        the console. Informational: no script reads it, nothing is decided on it."""
+        self._client.set(self._keys[0] + "reclaim-notes", json.dumps(notes))
+
+    def reclaim_notes(self) -> dict[str, Any] | None:
+        """What :meth:`write_reclaim_notes` stored last; None if nothing (or not JSON)."""
+        return _json_object(self._client.get(self._keys[0] + "reclaim-notes"))
+
     def class_usage(self) -> dict[str, int]:
         """Cluster usage (all bands) per capacity key, as the queue holds it now
         (``fairgate status``; read-only)."""
@@ -506,14 +516,18 @@ class FairQueue:
 
     def capacity_notes(self) -> dict[str, Any] | None:
         """What :meth:`write_capacity_notes` stored last; None if nothing (or not JSON)."""
-        raw = self._client.get(self._keys[0] + "capacity-notes")
-        if raw is None:
-            return None
-        try:
-            notes = json.loads(raw)
-        except ValueError:
-            return None
-        return notes if isinstance(notes, dict) else None
+        return _json_object(self._client.get(self._keys[0] + "capacity-notes"))
+
+
+def _json_object(raw: Any) -> dict[str, Any] | None:
+    """A stored JSON object; None when nothing is stored, or it is not one."""
+    if raw is None:
+        return None
+    try:
+        notes = json.loads(raw)
+    except ValueError:
+        return None
+    return notes if isinstance(notes, dict) else None
 
 
 def _clock(now: float | None) -> list[str]:
