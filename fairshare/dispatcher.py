@@ -623,8 +623,9 @@ class Dispatcher:
         self._meter(pod, self.clock())
         self._metered.pop(pod.ticket, None)
         started = self._started.pop(pod.ticket, None)
+        reclaimed = pod.ticket in self._evicting
         self._evicting.discard(pod.ticket)
-        if self.queue.release(pod.ticket, pod.uid, self.clock()):
+        if self.queue.release(pod.ticket, pod.uid, self.clock(), reclaimed=reclaimed):
             log.info("released usage", extra={"fields": _fields(pod, reason=why)})
             if started is not None and pod.preempted:
                 self._preempted(pod, started)

@@ -220,7 +220,8 @@ class FairQueue:
             )
         return releases
 
-    def release(self, ticket: str, uid: str, now: float | None = None) -> bool:
+    def release(self, ticket: str, uid: str, now: float | None = None,
+                reclaimed: bool = False) -> bool:
         """The pod ``uid`` holding ``ticket`` ended or was deleted: free its usage or
         queue place.
 
@@ -228,10 +229,13 @@ class FairQueue:
         no pod was seen with yet is freed by any. ``now``: when (the clock of
         :meth:`dispatch`); the tenant's service (virtual time, or decayed usage) is
         counted up to it (without it, only up to the tenant's last change: pass it
-        whenever the time is known, as the dispatcher does). Idempotent; returns False
-        when the ticket was unknown or belongs to another pod.
+        whenever the time is known, as the dispatcher does). ``reclaimed``: the pod was
+        evicted by reclaim: what it frees is not handed over to its tenant's next pod
+        (it was freed for the owed tenant), and its cut run is not learnt as a run time.
+        Idempotent; returns False when the ticket was unknown or belongs to another pod.
         """
-        return bool(self._run("forget", ticket, "any", uid, *_clock(now)))
+        mode = "reclaimed" if reclaimed else "any"
+        return bool(self._run("forget", ticket, mode, uid, *_clock(now)))
 
     def remove(self, ticket: str, uid: str, now: float | None = None) -> bool:
         """The queued pod ``uid`` was deleted: drop it from the queue (a gang becomes

@@ -1243,14 +1243,17 @@ end
 -- (favoured_tops).
 local COMMIT_AFTER = 0.5
 
--- free whatever the ticket holds and forget it
-local function forget(ticket, rec)
+-- free whatever the ticket holds and forget it. `reclaimed`: its pod was evicted by
+-- reclaim, for another tenant owed the capacity: its tenant gets no handover of the
+-- block (it would take back what was freed for the owed one), and its cut run teaches
+-- nothing of how long its tenant's pods run
+local function forget(ticket, rec, reclaimed)
   local state = rec[F_STATE]
   local changed
   unindex_name(ticket, rec)
   resv_remove(ticket)
   if state == 'R' or state == 'A' then
-    if state == 'A' then
+    if state == 'A' and not reclaimed then
       if note_run(rec[F_TENANT], tonumber(rec[F_AT])) then rescore_charged() end
       note_freed(rec)
     end

@@ -745,14 +745,15 @@ class Reference:
         self.gang_link(gid, False)
         return tenant
 
-    def forget(self, ticket: str, now: float | None = None) -> None:
+    def forget(self, ticket: str, now: float | None = None, reclaimed: bool = False) -> None:
         """Free what the ticket holds and forget it; ``now``: when (None: unknown, as
-        for a script called without the time)."""
+        for a script called without the time); ``reclaimed``: its pod was evicted by
+        reclaim (no handover, no run time learnt)."""
         rec = self.recs[ticket]
         self.resv.pop(ticket, None)
         changed = None
         if rec.state in ("R", "A"):
-            if rec.state == "A":
+            if rec.state == "A" and not reclaimed:
                 self.note_run(rec.tenant, rec.at, now)
                 self.note_freed(rec)
             self.fold(rec.tenant, now)
@@ -1050,13 +1051,13 @@ class Reference:
         return out
 
     def release(self, ticket: str, queued_only: bool, uid: str,
-                now: float | None = None) -> bool:
+                now: float | None = None, reclaimed: bool = False) -> bool:
         rec = self.recs.get(ticket)
         if rec is None or (queued_only and rec.state not in ("Q", "G")):
             return False
         if rec.uid and rec.uid != uid:
             return False
-        self.forget(ticket, now)
+        self.forget(ticket, now, reclaimed)
         return True
 
     def confirm(self, ticket: str, uid: str, ns: str, name: str) -> str:
