@@ -13,8 +13,10 @@ Contract (docs/dra.md):
     ``spec.extendedResourceName`` (KEP-5004): N devices of that class, under the same
     effective-request rule as ``nvidia.com/*`` (:mod:`admission.demand`);
   * ``spec.resourceClaims[].resourceClaimTemplateName``: the template's claim, per pod;
-  * ``spec.resourceClaims[].resourceClaimName``: the shared claim, charged in full to
-    every pod that references it (never less than what runs).
+  * ``spec.resourceClaims[].resourceClaimName``: the shared claim, priced in full for
+    every pod that references it; :func:`shared_claims` names it by uid, so that a
+    tenant is charged for it once however many of its pods share it
+    (:mod:`admission.sharing`).
 - Per request: ``exactly`` with ``allocationMode: ExactCount`` (the default) counts
   ``count`` devices (default 1); ``adminAccess: true`` consumes nothing;
   ``allocationMode: All`` is refused (it cannot be bounded before allocation);
@@ -46,7 +48,12 @@ from typing import Any
 from admission.devices import Device, candidates, size_of
 from admission.pods import CLAIM, TEMPLATE, ClaimKind, PodClaim, PodError, PodView, mapping
 from tenants import resources
-from tenants.models import DEFAULT_DEVICE_CLASSES, MIG_RULE, NONE_RULE
+from tenants.models import (
+    DEFAULT_DEVICE_CLASSES,
+    MIG_RULE,
+    NONE_RULE,
+    PRICED_CLAIMS_ANNOTATION,
+)
 from tenants.resources import ResourceCounts
 
 DEVICE_CLASS_PREFIX = "deviceclass.resource.kubernetes.io/"
@@ -159,10 +166,36 @@ def claim_spec_demand(spec: Mapping[str, Any], context: DraContext,
 
 def priced_record(pod: PodView, context: DraContext) -> str:
     """The record of what the pod's claims were priced from: per entry of
-    ``spec.resourceClaims``, ``<entry>=<ResourceClaim|ResourceClaimTemplate>/<name>/<uid>``,
-    joined by ``,`` (empty for a pod without claims)."""
-    return ",".join(f"{claim.name}={claim.kind}/{claim.object_name}/{found.uid}"
-                    for claim, found in _resolved(pod, context, _named(context)))
+    ``spec.resourceClaims``,
+    ``<entry>=<ResourceClaim|ResourceClaimTemplate>/<name>/<uid>/<price>``, joined by
+    ``,`` (empty for a pod without claims); ``<price>`` is the devices that object was
+    priced at, ``gpu:3+mig-1g.5gb:1`` (``none`` for no GPU)."""
+    return ",".join(
+        f"{claim.name}={claim.kind}/{claim.object_name}/{found.uid}/"
+        + ("+".join(f"{short}:{count}" for short, count in sorted(
+            _claim_demand(found.spec, context, claim.where).items()) if count) or "none")
+        for claim, found in _resolved(pod, context, _named(context)))
+
+
+def _recorded_claims(pod: PodView) -> dict[str, tuple[str, ResourceCounts]]:
+    """Per claim entry named in the pod's :func:`priced_record` (its
+    ``fairgate.io/priced-claims`` stamp, immutable), the uid and price of the
+    ResourceClaim it was priced from; an entry not recorded so is left out."""
+    recorded: dict[str, tuple[str, ResourceCounts]] = {}
+    for item in pod.annotations.get(PRICED_CLAIMS_ANNOTATION, "").split(","):
+        entry, _, source = item.partition("=")
+        parts = source.split("/")
+        if len(parts) != 4 or parts[0] != CLAIM or not parts[2]:
+            continue
+        price: ResourceCounts = {}
+        for part in parts[3].split("+") if parts[3] != "none" else ():
+            short, _, count = part.partition(":")
+            if not count.isdigit():
+                break
+            price[short] = int(count)
+        else:
+            recorded[entry] = (parts[2], price)
+    return recorded
 
 
 @dataclass(frozen=True)
@@ -225,15 +258,49 @@ def allocated_demand(pod: PodView, context: DraContext) -> ResourceCounts | None
         claims = list(_resolved(pod, context, _actual(pod, context)))
     except (_Missing, PodError):
         return None
+    if any(claim.allocation is None for _, claim in claims):
+        return None
+    return _total(_allocated(claim, context) for _, claim in claims)
+
+
+def _allocated(claim: DraObject, context: DraContext) -> ResourceCounts:
+    """The devices ``claim`` was allocated, by resource (none before allocation)."""
     total: ResourceCounts = {}
-    for _, claim in claims:
-        if claim.allocation is None:
-            return None
-        for device in claim.allocation:
-            short = _allocated_resource(claim.spec, device, context)
-            if short is not None:
-                total[short] = total.get(short, 0) + 1
+    for device in claim.allocation or ():
+        short = _allocated_resource(claim.spec, device, context)
+        if short is not None:
+            total[short] = total.get(short, 0) + 1
     return total
+
+
+def shared_claims(pod: PodView, context: DraContext) -> dict[str, ResourceCounts]:
+    """The ResourceClaims the pod names by name (shared claims, not made from a
+    template), by the uid of the claim it was priced from at admission (its
+    :func:`priced_record`): the devices each gives, the larger, per resource, of that
+    price and what the claim of that uid was allocated. A claim deleted, or made again
+    under the same name (a new uid: another claim), keeps its recorded uid and price. A
+    pod without that record (admitted before fairgate recorded prices) shares by the
+    claim of that name now; one not there or that cannot be priced is left out (the pod
+    is then charged for it in full, alone)."""
+    recorded = _recorded_claims(pod)
+    shared: dict[str, ResourceCounts] = {}
+    for claim in pod.claims:
+        found = context.objects.claims.get((context.namespace, claim.object_name))
+        if claim.kind != CLAIM:
+            continue
+        if claim.name in recorded:
+            uid, priced = recorded[claim.name]
+        elif found is not None and found.uid:
+            uid = found.uid
+            try:
+                priced = claim_spec_demand(found.spec, context, claim.where)
+            except PodError:
+                continue
+        else:
+            continue
+        held = _allocated(found, context) if found is not None and found.uid == uid else {}
+        shared[uid] = {r: max(priced.get(r, 0), held.get(r, 0)) for r in {*priced, *held}}
+    return shared
 
 
 def _allocated_resource(spec: Mapping[str, Any], device: AllocatedDevice,

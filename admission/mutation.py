@@ -15,7 +15,7 @@ and only add to what the user wrote, except for the fields fairgate owns:
   ``borrowed`` ``fairgate.io/borrowed: "true"``, and exactly when the tenant has a node
   pool ``fairgate.io/node-pool: <pool>`` (what the dispatcher reads the pod's placement
   class from), and exactly when the pod has DRA claims ``fairgate.io/priced-claims`` (the
-  objects they were priced from);
+  objects they were priced from, and at: shared claims are charged by it);
 - ``spec.priorityClassName``, ``spec.priority`` and ``spec.preemptionPolicy`` of the band;
 - the scheduling gate ``fairgate.io/queue``, present exactly when ``gated`` (other gates
   are kept, in order).

@@ -27,8 +27,9 @@ or the :class:`~admission.pods.PodView` the caller parsed it into once):
   cannot use (:class:`~admission.gangs.GangError`) is refused as ``invalid-pod-group``.
 
 User-set ``fairgate.io/*`` keys: users may set the label ``fairgate.io/class`` (a hint, see
-:mod:`admission.classes`), the label ``fairgate.io/pod-group`` and the annotation
-``fairgate.io/pod-group-size``. The label ``fairgate.io/tenant`` is accepted only when it
+:mod:`admission.classes`), the labels ``fairgate.io/pod-group``, ``fairgate.io/mig-profile``
+and ``fairgate.io/preemptible`` (consent to reclaim: it can only cost its own pod) and the
+annotation ``fairgate.io/pod-group-size``. The label ``fairgate.io/tenant`` is accepted only when it
 names the namespace's tenant. Any other ``fairgate.io/`` label or annotation is refused.
 
 Reinvocation rule (ticket reuse): the API server may call the mutating webhook again on
@@ -73,6 +74,7 @@ from tenants.models import (
     PLATFORM_CONFIGMAP,
     POD_GROUP_LABEL,
     POD_GROUP_SIZE_ANNOTATION,
+    PREEMPTIBLE_LABEL,
     PRICED_CLAIMS_ANNOTATION,
     QUOTA_CONFIGMAP_PREFIX,
     TENANT_LABEL,
@@ -94,7 +96,8 @@ from tenants.placement import (
 MAX_MESSAGE_CHARS = 250
 MAX_GROUP_SIZE = MAX_GANG_SIZE
 TICKET_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
-USER_LABELS = frozenset({TENANT_LABEL, CLASS_LABEL, POD_GROUP_LABEL, MIG_PROFILE_LABEL})
+USER_LABELS = frozenset({TENANT_LABEL, CLASS_LABEL, POD_GROUP_LABEL, MIG_PROFILE_LABEL,
+                         PREEMPTIBLE_LABEL})
 USER_ANNOTATIONS = frozenset({POD_GROUP_SIZE_ANNOTATION})
 FAIRGATE_ANNOTATIONS = frozenset({TICKET_ANNOTATION, DEMAND_ANNOTATION, BORROWED_ANNOTATION,
                                   NODE_POOL_ANNOTATION, PRICED_CLAIMS_ANNOTATION})
@@ -310,7 +313,7 @@ def _check_user_keys(
                     "fairgate-field",
                     f"{kind} {quoted(key)} is not a fairgate.io key users may set: remove it "
                     f"(users may set {CLASS_LABEL}, {POD_GROUP_LABEL}, {MIG_PROFILE_LABEL}, "
-                    f"{POD_GROUP_SIZE_ANNOTATION})",
+                    f"{PREEMPTIBLE_LABEL}, {POD_GROUP_SIZE_ANNOTATION})",
                 )
 
 

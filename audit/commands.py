@@ -4,11 +4,13 @@ Contract: each takes a Redis client and output streams and returns the process e
 code. ``tail`` prints stream records as JSON lines (the last ``last`` ones, then new
 ones as they arrive while ``follow``); ``query`` prints matching records as a table or as
 JSON lines (exit 2 on an unreadable ``--since``/``--until``); ``verify`` prints the outcome
-and exits 0 when the chain is intact, 1 naming the first broken or missing record.
+(as text or one JSON object) and exits 0 when the chain is intact, 1 naming the first
+broken or missing record.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 from typing import Any, TextIO
@@ -69,29 +71,39 @@ def query(client: redis.Redis, out: TextIO, *, tenant: str | None = None,
     return 0
 
 
-def verify(client: redis.Redis, out: TextIO, *, stream: str = STREAM) -> int:
-    """Verify the chain in ``stream``; print the result; 0 if intact, else 1."""
+def verify(client: redis.Redis, out: TextIO, *, stream: str = STREAM,
+           as_json: bool = False) -> int:
+    """Verify the chain in ``stream``; print the result (as text, or ``as_json`` one
+    object: ``stream``, ``ok``, ``checked``, ``first_seq``, ``last_seq``, ``first_bad``
+    and ``stream_id`` of the first broken record (null when intact or missing from the
+    end), ``problem`` (empty when intact)); 0 if intact, else 1."""
     scan = AuditLog(client, stream=stream, out=out).scan()
     for _body in scan:
         pass
     result, entries = scan.result, scan.entries
     assert result is not None  # set once the scan is consumed
-    if result.ok:
-        if result.checked == 0:
-            out.write(f"OK: {stream} holds no audit records\n")
-            return 0
+    broken_id = None
+    if not result.ok and result.position is not None and result.position < len(entries):
+        broken_id = entries[result.position].stream_id
+    if as_json:
+        out.write(json.dumps({
+            "stream": stream, "ok": result.ok, "checked": result.checked,
+            "first_seq": result.first_seq, "last_seq": result.last_seq,
+            "first_bad": result.first_bad, "stream_id": broken_id, "problem": result.problem,
+        }) + "\n")
+    elif result.ok and result.checked == 0:
+        out.write(f"OK: {stream} holds no audit records\n")
+    elif result.ok:
         out.write(
             f"OK: {result.checked} records verified (seq {result.first_seq} to "
             f"{result.last_seq}); seq {result.first_seq}'s prev is the trusted anchor "
             f"(older records are removed by retention)\n"
         )
-        return 0
-    where = ""
-    if result.position is not None and result.position < len(entries):
-        where = f" (stream id {entries[result.position].stream_id})"
-    seq = f"seq {result.first_bad}" if result.first_bad is not None else "the first record"
-    out.write(f"BROKEN at {seq}{where}: {result.problem}\n")
-    return 1
+    else:
+        where = f" (stream id {broken_id})" if broken_id is not None else ""
+        seq = f"seq {result.first_bad}" if result.first_bad is not None else "the first record"
+        out.write(f"BROKEN at {seq}{where}: {result.problem}\n")
+    return 0 if result.ok else 1
 
 
 def _print_entry(out: TextIO, entry: StoredRecord) -> None:

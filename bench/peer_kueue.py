@@ -19,6 +19,9 @@ Scenarios (time compressed: pods of seconds):
 - weights-1-2-3: 12 GPUs, weights 1:2:3 (nominal 2/4/6), 300 one-GPU pods (6 s) per
   tenant created at once, the weight-1 tenant's first.
 - mixed-sizes: 8 GPUs, two tenants of weight 1, team-a 4-GPU pods, team-b 1-GPU pods.
+- staggered-sizes: 12 GPUs as three nodes of 4, weights 1:2:3 (nominal 2/4/6), joins
+  staggered by 20 s, each tenant one pod size: team-a 1 GPU, team-b 2, team-c (the
+  latest and heaviest) 4, a whole node each (6 s pods).
 - inference: 8 GPUs, team-a's training backlog (1 GPU, 30 s) fills the cluster
   (borrowing team-b's nominal 4); team-b sends 1-GPU inference pods every 3 s.
 - release: 200 GPUs (2 nodes of 100) held by two 100-GPU pods, a backlog of
@@ -110,6 +113,10 @@ def scenarios() -> dict[str, Scenario]:
                  tuple(Stream(t, 0, 300, 1, 6) for t in ("team-a", "team-b", "team-c")), 220),
         Scenario("mixed-sizes", eight, two,
                  (Stream("team-a", 0, 40, 4, 5), Stream("team-b", 0, 160, 1, 5)), 150),
+        Scenario("staggered-sizes", tuple(whole_gpu_node(f"gpu-{i}", 4) for i in range(3)),
+                 (Tenant("team-a", 1, 2), Tenant("team-b", 2, 4), Tenant("team-c", 3, 6)),
+                 (Stream("team-a", 0, 200, 1, 6), Stream("team-b", 20, 100, 2, 6),
+                  Stream("team-c", 40, 60, 4, 6)), 240),
         Scenario("inference", eight, two,
                  (Stream("team-a", 0, 100, 1, 30),
                   Stream("team-b", 10, 20, 1, 2, every=3, inference=True)), 75),

@@ -141,7 +141,8 @@ class BillRow:
             self.preempted_slice_ms += slice_ms
 
     def to_json(self) -> dict[str, Any]:
-        """Plain data, with OpenCost's names as aliases (``gpuHours``, ``gpuCost``)."""
+        """Plain data in snake_case, with OpenCost's own names for the same figures under
+        ``opencost`` (``gpuHours``, ``gpuCost``), as OpenCost spells them."""
         return {
             "tenant": self.tenant, "class": self.pod_class,
             "gpu_hours": self.gpu_hours, "borrowed_gpu_hours": self.borrowed_gpu_hours,
@@ -151,7 +152,7 @@ class BillRow:
             "reclaimed_gpu_hours": self.reclaimed_gpu_hours,
             "idle_gpu_hours": self.idle_gpu_hours, "idle_cost": self.idle_cost,
             "total_cost": self.cost + self.idle_cost,
-            "gpuHours": self.gpu_hours, "gpuCost": self.cost,
+            "opencost": {"gpuHours": self.gpu_hours, "gpuCost": self.cost},
             "usage": [{"band": u.band, "resource": u.resource, "gpu_product": u.product,
                        "gpu_hours": u.gpu_hours, "cost": u.cost}
                       for _, u in sorted(self.usage.items())],

@@ -33,6 +33,7 @@ from audit.log import STREAM, AuditLog
 from audit.query import parse_when
 from cost.billing import Bill, BillRow, bill_bodies
 from tenants.models import PricingSpec
+from tenants.tables import tenant_table
 
 Format = Literal["table", "csv", "json"]
 COLUMNS = ("tenant", "class", "gpu_hours", "borrowed_gpu_hours", "cost", "preempted_pods",
@@ -126,34 +127,39 @@ def write_csv(billed: Bill, out: TextIO) -> None:
                      "", "", "", "", "", "", ""])
 
 
-def bill_table(billed: Bill, title: str = "") -> Table:
-    """The bill as a rich table with a totals row (the demo and the console reuse it)."""
-    table = Table(title=title or f"GPU cost, {_text(billed.since)} to {_text(billed.until)} "
-                  f"({billed.currency})", title_justify="left")
-    headers: Sequence[str] = ("tenant", "class", "GPU-h", "borrowed GPU-h", "cost",
-                              "preempted pods", "preempted GPU-h", "reclaimed pods",
-                              "reclaimed GPU-h")
-    if billed.share_idle:
-        headers = (*headers, "idle GPU-h share", "idle cost share", "total cost")
-    for i, header in enumerate(headers):
-        table.add_column(header, justify="left" if i < 2 else "right")
+def bill_tables(billed: Bill, title: str = "") -> list[Table]:
+    """The bill as rich tables that fit 80 columns (the demo reuses them), each per tenant
+    and class with a totals row: GPU hours and cost, then work lost to preemption and
+    reclaim, then with
+    ``share_idle`` the idle capacity's shares and the total cost."""
+    bill = tenant_table(
+        title or f"GPU cost, {_text(billed.since)} to {_text(billed.until)} "
+        f"({billed.currency})", ("tenant", "class", "GPU-h", "borrowed GPU-h", "cost"),
+        caption="GPU-h: GPU-equivalent hours", names=2)
+    preempted = tenant_table("preempted and reclaimed pods",
+                             ("tenant", "class", "preempted pods", "lost GPU-h",
+                              "reclaimed pods", "reclaimed GPU-h"),
+                             caption="lost GPU-h, reclaimed GPU-h: what those pods had run",
+                             names=2)
+    idle = tenant_table(f"idle capacity shared in proportion to use ({billed.currency})",
+                        ("tenant", "class", "idle GPU-h share", "idle cost share",
+                         "total cost"), names=2)
 
-    def cells(row: BillRow, tenant: str, pod_class: str) -> list[str]:
-        values = _values(row, tenant, pod_class)
-        shown = [values[0], values[1], f"{row.gpu_hours:,.2f}",
-                 f"{row.borrowed_gpu_hours:,.2f}", f"{row.cost:,.2f}", values[5],
-                 f"{row.preempted_gpu_hours:,.2f}", values[7],
-                 f"{row.reclaimed_gpu_hours:,.2f}"]
-        if billed.share_idle:
-            shown += [f"{row.idle_gpu_hours:,.2f}", f"{row.idle_cost:,.2f}",
-                      f"{row.cost + row.idle_cost:,.2f}"]
-        return shown
+    def add(row: BillRow, tenant: str, pod_class: str, style: str | None = None) -> None:
+        bill.add_row(tenant, pod_class, f"{row.gpu_hours:,.2f}",
+                     f"{row.borrowed_gpu_hours:,.2f}", f"{row.cost:,.2f}", style=style)
+        preempted.add_row(tenant, pod_class, str(row.preempted_pods),
+                          f"{row.preempted_gpu_hours:,.2f}", str(row.reclaimed_pods),
+                          f"{row.reclaimed_gpu_hours:,.2f}", style=style)
+        idle.add_row(tenant, pod_class, f"{row.idle_gpu_hours:,.2f}", f"{row.idle_cost:,.2f}",
+                     f"{row.cost + row.idle_cost:,.2f}", style=style)
 
     for row in billed.rows:
-        table.add_row(*cells(row, row.tenant, row.pod_class))
-    table.add_section()
-    table.add_row(*cells(billed.totals(), "total", ""), style="bold")
-    return table
+        add(row, row.tenant, row.pod_class)
+    for table in (bill, preempted, idle):
+        table.add_section()
+    add(billed.totals(), "total", "", "bold")
+    return [bill, preempted, idle] if billed.share_idle else [bill, preempted]
 
 
 def idle_line(billed: Bill) -> str:
@@ -168,10 +174,13 @@ def idle_line(billed: Bill) -> str:
             + (" (shared in proportion to use)" if billed.share_idle else ""))
 
 
-def print_table(billed: Bill, out: TextIO, warnings: Sequence[str], records: int) -> None:
-    """The bill as a table, the idle line, and warnings."""
-    console = Console(file=out, width=160, highlight=False, soft_wrap=False)
-    console.print(bill_table(billed))
+def print_table(billed: Bill, out: TextIO, warnings: Sequence[str], records: int,
+                width: int | None = None) -> None:
+    """The bill as tables, the idle line, and warnings, ``width`` columns wide (default:
+    the terminal's, ``$COLUMNS``, else 80)."""
+    console = Console(file=out, width=width, highlight=False, soft_wrap=False)
+    for table in bill_tables(billed):
+        console.print(table)
     console.print(idle_line(billed))
     console.print(f"from {records} verified audit records")
     for warning in warnings:

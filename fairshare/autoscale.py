@@ -13,8 +13,10 @@ Contract (pure: no I/O; the dispatcher does the cluster and queue calls):
   expire); else ``waiting``. The message is the deciding condition's.
 - :func:`backoff`: seconds before the ``attempt``-th retry (1: first retry): doubling
   from ``BACKOFF_BASE``, at most ``BACKOFF_MAX``.
-- :func:`request_name`: the ProvisioningRequest (and PodTemplate prefix) name of a head,
-  a DNS label derived from its key, so a restarted dispatcher finds its own request.
+- :func:`request_name`: the ProvisioningRequest (and PodTemplate prefix) name of a head's
+  ``attempt``-th request, a DNS label derived from its key, so a restarted dispatcher
+  finds its own request. A retry is a new request (``-<attempt>`` from the second): a
+  request's spec cannot change, and fairgate deletes none (the pods own them).
 - :class:`Head`: an entry (a pod, or a whole gang) released towards nodes that do not
   exist yet, until its pods are bound to nodes or gone.
 """
@@ -77,9 +79,10 @@ def backoff(attempt: int) -> float:
     return float(min(BACKOFF_MAX, BACKOFF_BASE * 2 ** max(0, attempt - 1)))
 
 
-def request_name(key: str) -> str:
-    """A DNS-label name for the request of head ``key`` (stable across restarts)."""
-    return "fairgate-" + hashlib.sha256(key.encode()).hexdigest()[:20]
+def request_name(key: str, attempt: int = 1) -> str:
+    """A DNS-label name for request ``attempt`` of head ``key`` (stable across restarts)."""
+    base = "fairgate-" + hashlib.sha256(key.encode()).hexdigest()[:20]
+    return base if attempt <= 1 else f"{base}-{attempt}"
 
 
 @dataclass
@@ -101,16 +104,17 @@ class Head:
     retry_at: float = 0.0
     message: str = ""
     releases: list[Any] = field(default_factory=list)  # the queue's Release per pod
+    seen: set[str] = field(default_factory=set)  # tickets whose pods the watch has shown
 
     @property
     def request(self) -> str:
-        """The name of this head's ProvisioningRequest."""
-        return request_name(self.key)
+        """The name of this head's current ProvisioningRequest."""
+        return request_name(self.key, self.attempts)
 
     def to_json(self, now: float) -> dict[str, Any]:
         """What ``fairgate status`` and ``fairgate why`` show of it."""
         return {"key": self.key, "tickets": list(self.tickets), "tenant": self.tenant,
                 "demand": dict(self.demand), "since": self.since, "state": self.state,
                 "request": self.request, "attempts": self.attempts,
-                "retryIn": max(0.0, self.retry_at - now) if self.state == "retrying" else None,
+                "retry_in": max(0.0, self.retry_at - now) if self.state == "retrying" else None,
                 "message": self.message}

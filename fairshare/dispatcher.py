@@ -17,6 +17,15 @@ Contract:
   not know (Redis lost data, or a reservation expired before the pod appeared), or a queue that
   holds less usage or fewer queued pods than the pods seen (checked every status pass),
   triggers a reconcile, so usage and queue always converge on the cluster's truth.
+- Shared ResourceClaims (:mod:`admission.sharing`): a pod naming a claim that another
+  live pod of its tenant names, appearing, being released, or ending while it held
+  capacity, triggers a reconcile, which charges each such claim to one pod that holds
+  capacity; when it ends, that reconcile is made before its ``release``, so the charge
+  moves to a pod still holding the claim and usage never drops while its devices are
+  held. A pod charged nothing
+  (a *rider*: all its GPUs are such a claim, paid by another pod that holds capacity)
+  has no ticket in the queue: its gate is lifted at once (``dispatch`` audit record,
+  ``Admitted`` Event naming the shared claim).
 - Reclaim (``fairShare.reclaim``, off unless set, and only with an ``evictor``): every
   ``reclaim_every`` seconds the first training hold (the head owed the next capacity)
   is checked; :func:`fairshare.reclaim.choose` picks what to evict for it from the pods
@@ -27,10 +36,10 @@ Contract:
   kept by this dispatcher, in memory. Every check stores the reclaim notes for
   ``fairgate status``, ``fairgate why`` and the console
   (:meth:`FairQueue.write_reclaim_notes`): ``on`` (false when ``fairShare.reclaim`` is
-  unset or no evictor was given), ``after``, ``minRuntime`` (seconds), ``perHour``,
-  ``at`` (the check's time), ``lastHour`` (pods reclaimed in the last hour) and
+  unset or no evictor was given), ``after``, ``min_runtime`` (seconds), ``per_hour``,
+  ``at`` (the check's time), ``last_hour`` (pods reclaimed in the last hour) and
   ``recent`` (the last ten of them: ``at``, ``pod``, ``tenant``, ``for`` (the head's
-  ``namespace/name``), ``forTenant``, ``ranSeconds``, ``gpuEquivalents``).
+  ``namespace/name``), ``for_tenant``, ``ran_seconds``, ``gpu_equivalents``).
 - Fencing epoch: every step first asks who the Redis primary is
   (:meth:`FairQueue.primary_epoch`); a new one (a Sentinel failover, a restart) is
   reconciled from the cluster in that same step, before anything is dispatched, since a
@@ -90,6 +99,7 @@ from typing import Any
 
 import redis
 
+from admission.sharing import shares_held_claim
 from audit import (
     BUDGET,
     CAPACITY,
@@ -130,7 +140,7 @@ from fairshare.cluster.cluster import (
 )
 from fairshare.cluster.pod_evict import EVICTED, Evictor
 from fairshare.cluster.provisioning import Provisioner
-from fairshare.cluster.reconcile import reconcile, twin_ticket
+from fairshare.cluster.reconcile import pod_charges, reconcile, twin_ticket
 from fairshare.metrics import DispatcherMetrics
 from fairshare.queue.budget import (
     DEFAULT_BUDGET_EVERY,
@@ -150,7 +160,7 @@ from tenants.models import (
     PodClass,
     ReclaimSpec,
 )
-from tenants.resources import SLICES_PER_GPU, format_counts
+from tenants.resources import SLICES_PER_GPU, format_counts, total_slices
 
 log = logging.getLogger("fairgate.dispatcher")
 
@@ -277,6 +287,7 @@ class Dispatcher:
         self._service: ServiceSnapshot | None = None  # as last read, for a Redis loss
         self._posted: dict[str, _Posted] = {}
         self._twins: set[str] = set()  # uids of pods told that their ticket is another's
+        self._riders: set[str] = set()  # tickets of pods a shared claim's payer covers
         self._unseen: dict[str, tuple[Release, float]] = {}  # released, pod not seen yet
         self._gang_words: dict[str, str] = {}  # gang id -> its name, for this round's records
         self._stuck: dict[str, _Stuck] = {}  # ticket -> released pod reported Unschedulable
@@ -436,6 +447,7 @@ class Dispatcher:
                             bound={t: p.uid for t, p in self.pods.items()},
                             started=self._started)
         self.pods = summary.owners
+        self._riders = {rider.ticket for rider in summary.riders}
         self._twins &= {twin.uid for twin in summary.twins}  # the others own their tickets
         for twin in summary.twins:
             self._twin(twin)
@@ -451,6 +463,8 @@ class Dispatcher:
             self._check_started(pod)
         self._unseen.clear()
         self._need_reconcile = False
+        for rider in summary.riders:
+            self._lift_rider(rider)
         self._last_reconcile = self.clock()
         self.metrics.reconciles.labels("ok").inc()
         log.info("reconciled queue from the cluster", extra={"fields": {
@@ -496,7 +510,11 @@ class Dispatcher:
                 log.info("pod not in the queue: reconciling", extra={"fields": _fields(pod)})
                 self._need_reconcile = True
         self._check_overrun(pod, known)
+        if (known is None or known.gated != pod.gated) and self._shares(pod):
+            self._need_reconcile = True  # who pays for a shared claim may change
         self.pods[pod.ticket] = pod
+        if pod.gated and pod.ticket in self._riders:
+            self._lift_rider(pod)
         self._track(pod)
         self._check_started(pod)
         unseen = self._unseen.pop(pod.ticket, None)
@@ -549,6 +567,30 @@ class Dispatcher:
         if pod.uid in self._twins:
             self._twins.discard(pod.uid)
             self._free(replace(pod, ticket=twin_ticket(pod)), why)
+
+    def _shares(self, pod: GpuPod) -> bool:
+        """Whether another live pod of ``pod``'s tenant names a shared claim it names."""
+        return bool(pod.shared) and shares_held_claim(
+            pod.sharer, (p.sharer for p in self.pods.values() if p.shared))
+
+    def _lift_rider(self, pod: GpuPod) -> None:
+        """Lift the gate of a rider (its GPUs are a shared claim another pod that holds
+        capacity is charged for); a claim check that waits is tried again when the pod
+        or its claims change."""
+        outcome = self.cluster.lift_gate(pod)
+        self.metrics.lifts.labels(outcome.value).inc()
+        if outcome is LiftOutcome.REFUSED:
+            self._refused.add(pod.uid)
+        if outcome is not LiftOutcome.LIFTED:
+            return
+        self.pods[pod.ticket] = replace(pod, gated=False)
+        self.cluster.post_event(
+            pod, "Admitted", "Admitted: its GPUs are a shared ResourceClaim that another "
+            f"pod of {pod.tenant} holds and is charged for", "Normal")
+        log.info("lifted gate of a pod sharing a charged ResourceClaim",
+                 extra={"fields": _fields(pod)})
+        self._record(DISPATCH, pod, reason="released: its GPUs are a shared ResourceClaim "
+                                           "another pod holds and is charged for")
 
     def _gone(self, pod: GpuPod) -> None:
         if pod.uid in self._refused:
@@ -619,13 +661,23 @@ class Dispatcher:
             sum(1 for s in self._stuck.values() if s.caught), self.withheld())
 
     def _free(self, pod: GpuPod, why: str) -> None:
+        known = self.pods.get(pod.ticket)
+        held = known is not None and known.uid == pod.uid and known.holds_capacity
         self._forget_pod(pod)
         self._meter(pod, self.clock())
         self._metered.pop(pod.ticket, None)
         started = self._started.pop(pod.ticket, None)
         reclaimed = pod.ticket in self._evicting
         self._evicting.discard(pod.ticket)
-        if self.queue.release(pod.ticket, pod.uid, self.clock(), reclaimed=reclaimed):
+        self._riders.discard(pod.ticket)
+        moved = held and self._shares(pod)
+        if moved:
+            # the pods still holding its shared claims are charged for them first (one
+            # rebuild), then its ticket goes: usage never drops while the devices are held
+            log.info("pod sharing a ResourceClaim ended: reconciling",
+                     extra={"fields": _fields(pod, reason=why)})
+            self.reconcile()
+        if self.queue.release(pod.ticket, pod.uid, self.clock(), reclaimed=reclaimed) or moved:
             log.info("released usage", extra={"fields": _fields(pod, reason=why)})
             if started is not None and pod.preempted:
                 self._preempted(pod, started)
@@ -759,6 +811,8 @@ class Dispatcher:
         if outcome is LiftOutcome.LIFTED:
             result.released.append(release)
             self._admitted(pod, release)
+            if self._shares(pod):
+                self._need_reconcile = True  # the pods sharing its claims may ride now
         return True
 
     def _name_gangs(self, pods: Iterable[GpuPod]) -> dict[str, str]:
@@ -816,12 +870,14 @@ class Dispatcher:
         self.sync()  # the notes fairgate status and why read say where each head stands
 
     def _heads_of(self, releases: list[Release], now: float) -> list[Head]:
-        """The queue's releases as heads: a gang's members (released together) are one."""
+        """The queue's releases as heads: a gang's members (released together) are one.
+        The gang is the queue's (a member's pod may not have reached the watch yet)."""
         heads: list[Head] = []
-        for release in releases:
-            pod = self.pods.get(release.ticket)
-            key = f"{release.namespace}/{pod.group}" if pod is not None and pod.group \
-                else release.ticket
+        statuses = self.queue.ticket_statuses([r.ticket for r in releases], now) \
+            if releases else []
+        for release, status in zip(releases, statuses, strict=True):
+            gang = status.group if status is not None else None  # namespace/group
+            key = gang or release.ticket
             if heads and heads[-1].key == key:
                 last = heads[-1]
                 last.tickets += (release.ticket,)
@@ -833,13 +889,24 @@ class Dispatcher:
                                   now, "requesting", releases=[release]))
         return heads
 
+    def _unseen_pods(self, head: Head, now: float) -> bool:
+        """Whether some pods of a new head have not reached the watch yet (the queue
+        released them as their admission ended): wait, at most ``unseen_grace``. A pod
+        seen once and gone since is gone, not unseen."""
+        head.seen.update(t for t in head.tickets if t in self.pods)
+        return len(head.seen) < len(head.tickets) and \
+            now - head.since < self.settings.unseen_grace
+
     def _head_pods(self, head: Head) -> list[GpuPod]:
         return [p for t in head.tickets if (p := self.pods.get(t)) is not None and not p.ended]
 
     def _follow(self, head: Head, spec: AutoscalingSpec, now: float,
                 result: StepResult) -> None:
-        """One head: done once its pods are bound or gone (its request deleted); else
-        released when its request is Provisioned, retried with backoff when it failed."""
+        """One head: done once its pods are bound or gone (the pods own its requests); else
+        released when its request is Provisioned, retried with backoff when it failed.
+        Not before the watch has shown all its pods (at most ``unseen_grace``)."""
+        if self._unseen_pods(head, now):
+            return
         pods = self._head_pods(head)
         if not pods or all(p.node is not None for p in pods):
             self._end_head(head, "its pods are bound to nodes" if pods else "its pods are gone")
@@ -866,26 +933,34 @@ class Dispatcher:
             self._release_head(head, result, f"ProvisioningRequest {head.request} is "
                                f"Provisioned ({message})")
         elif said == "failed":
-            self.provisioner.delete(head.request, namespace)
-            wait = backoff(head.attempts)
-            head.state, head.retry_at, head.attempts = "retrying", now + wait, head.attempts + 1
-            head.message = (f"ProvisioningRequest {head.request} failed ({message}): asking "
-                            f"again in {wait:.0f}s (attempt {head.attempts})")
-            for pod in pods:
-                self.cluster.post_event(pod, "ProvisioningFailed", head.message, "Warning")
-            log.warning("provisioning request failed", extra={"fields": {
-                "request": head.request, "head": head.key, "message": message}})
+            self._retry(head, pods, now, f"ProvisioningRequest {head.request} failed ({message})")
         else:
             head.message = message or f"ProvisioningRequest {head.request} not provisioned yet"
+
+    def _retry(self, head: Head, pods: list[GpuPod], now: float, failure: str) -> None:
+        """Ask again after a backoff, with a new request (the failed one stays, owned by
+        the pods, until they are gone), and say so on the pods."""
+        wait = backoff(head.attempts)
+        head.state, head.retry_at, head.attempts = "retrying", now + wait, head.attempts + 1
+        head.message = f"{failure}: asking again in {wait:.0f}s (attempt {head.attempts})"
+        for pod in pods:
+            self.cluster.post_event(pod, "ProvisioningFailed", head.message, "Warning")
+        log.warning("provisioning request failed", extra={"fields": {
+            "head": head.key, "message": head.message}})
 
     def _request(self, head: Head) -> None:
         """Create the head's ProvisioningRequest and say so on its pods."""
         assert self.provisioner is not None
         pods = self._head_pods(head)
-        if not pods:
+        if not pods or self._unseen_pods(head, self.clock()):  # _follow asks when seen
             return
-        self.provisioner.create(head.request, pods[0].ref.namespace, pods,
-                                {HEAD_LABEL: head.request})
+        try:
+            self.provisioner.create(head.request, pods[0].ref.namespace, pods,
+                                    {HEAD_LABEL: head.request})
+        except ValueError as refused:  # a shape cluster-autoscaler would refuse
+            self._retry(head, pods, self.clock(), f"ProvisioningRequest {head.request} "
+                        f"not made: {refused}")
+            return
         head.state = "requesting"
         head.message = (f"waiting for nodes: ProvisioningRequest {head.request} "
                         f"({PROVISIONING_CLASS}, attempt {head.attempts}) for "
@@ -914,12 +989,11 @@ class Dispatcher:
                                     "Normal")
 
     def _end_head(self, head: Head, why: str) -> None:
-        """Forget a head (its pods bound or gone) and delete its request, if any."""
+        """Forget a head (its pods bound or gone); its requests are the pods' to clean up
+        (they own them: the garbage collector deletes them with the last pod)."""
         self._heads.pop(head.key, None)
         for ticket in head.tickets:  # a held pod that is gone was freed as it went
             self._held.pop(ticket, None)
-        if self.provisioner is not None and head.releases:
-            self.provisioner.delete(head.request, head.releases[0].namespace)
         log.info("head no longer waits for nodes", extra={"fields": {
             "head": head.key, "why": why, "waited": round(self.clock() - head.since, 3)}})
 
@@ -1006,8 +1080,8 @@ class Dispatcher:
         ran = max(0.0, now - self._started.get(pod.ticket, now))
         self._reclaimed.append({
             "at": now, "pod": str(pod.ref), "tenant": pod.tenant,
-            "for": f"{hold.namespace}/{hold.name}", "forTenant": hold.tenant,
-            "ranSeconds": round(ran, 3), "gpuEquivalents": round(pod.slices / SLICES_PER_GPU, 3)})
+            "for": f"{hold.namespace}/{hold.name}", "for_tenant": hold.tenant,
+            "ran_seconds": round(ran, 3), "gpu_equivalents": round(pod.slices / SLICES_PER_GPU, 3)})
         reason = (f"reclaimed for {for_whom} (owed its fair share) after {ran:.1f}s "
                   "running")
         log.info("reclaimed", extra={"fields": _fields(pod, owed=for_whom, ran_seconds=ran)})
@@ -1060,12 +1134,17 @@ class Dispatcher:
         """Reconcile when Redis holds less than the pods seen: it lost data (a flush)."""
         used: dict[str, int] = {}
         queued: dict[tuple[str, PodClass], int] = {}
-        for pod in self.pods.values():
-            if pod.gated and pod.ticket not in self._held:
+        held = [pod if pod.ticket not in self._held else replace(pod, gated=False)
+                for pod in self.pods.values()]
+        charges = pod_charges(held)
+        for pod in held:
+            if not charges[pod.uid]:
+                continue  # a rider: no ticket of its own
+            if pod.gated:
                 key = (pod.tenant, pod.pod_class)
                 queued[key] = queued.get(key, 0) + 1
             else:
-                used[pod.tenant] = used.get(pod.tenant, 0) + pod.slices
+                used[pod.tenant] = used.get(pod.tenant, 0) + total_slices(charges[pod.uid])
         known = {s.tenant: s for s in statuses}
         for tenant in {t for t, _ in queued} | set(used):
             status = known.get(tenant)

@@ -182,12 +182,12 @@ def _victim(key: str, pods: Sequence[GpuPod], started: Mapping[str, float]) -> V
 
 def notes(spec: ReclaimSpec | None, reclaimed: Sequence[Mapping[str, Any]],
           now: float) -> dict[str, Any]:
-    """The reclaim notes at ``now``: ``on``, the spec's ``after``, ``minRuntime`` and
-    ``perHour`` (when on), ``lastHour`` (how many of ``reclaimed``, the pods reclaimed in
+    """The reclaim notes at ``now``: ``on``, the spec's ``after``, ``min_runtime`` and
+    ``per_hour`` (when on), ``last_hour`` (how many of ``reclaimed``, the pods reclaimed in
     the last hour, oldest first) and ``recent`` (the last :data:`RECENT` of them)."""
-    base: dict[str, Any] = {"on": spec is not None, "at": now, "lastHour": len(reclaimed),
+    base: dict[str, Any] = {"on": spec is not None, "at": now, "last_hour": len(reclaimed),
                             "recent": [dict(r) for r in reclaimed[-RECENT:]]}
     if spec is not None:
-        base.update(after=spec.after, minRuntime=spec.min_runtime, perHour=spec.per_hour)
+        base.update(after=spec.after, min_runtime=spec.min_runtime, per_hour=spec.per_hour)
     return base
 

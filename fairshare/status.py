@@ -2,26 +2,27 @@
 
 Contract:
 - :func:`status_report` reads every tenant's quota, usage and backlog from the queue and
-  returns plain data (JSON-ready): per tenant ``weight``, ``nominal`` (per resource and in
-  GPU-equivalents), ``borrowLimit``, ``used``, ``borrowed`` (GPU-equivalents),
-  ``queued`` by class, ``weightedShare`` (GPU-equivalents used per unit of weight),
-  ``entitlement`` (its fair share in GPU-equivalents), ``ofEntitlement`` (used /
-  entitlement, null when entitled to nothing) and ``ticketTwins`` (the pods presenting a
+  returns plain data (JSON-ready, every key in snake_case as every ``--json`` of fairgate):
+  per tenant ``weight``, ``nominal`` (per resource) and ``nominal_gpu_equivalents``,
+  ``borrow_limit``, ``inference_reserve``, ``used``, ``borrowed`` (GPU-equivalents),
+  ``queued`` by class, ``weighted_share`` (GPU-equivalents used per unit of weight),
+  ``entitlement`` (its fair share in GPU-equivalents), ``of_entitlement`` (used /
+  entitlement, null when entitled to nothing) and ``ticket_twins`` (the pods presenting a
   ticket another pod owns that are counted against it as pods of their own,
   :meth:`FairQueue.twin_counts`; :func:`twin_lines` prints them); and for the cluster ``capacity``
-  (GPU-equivalents), ``capacityByClass`` (per capacity key, :mod:`tenants.placement`:
+  (GPU-equivalents), ``capacity_by_class`` (per capacity key, :mod:`tenants.placement`:
   ``key``, ``class`` in words, ``resource``, ``capacity`` and ``used`` in units of the
-  resource, all bands; :func:`class_lines` prints it), ``capacityNotes`` (the
+  resource, all bands; :func:`class_lines` prints it), ``capacity_notes`` (the
   dispatcher's last :class:`~fairshare.cluster.cluster.CapacityReport` as JSON plus ``at``,
   ``override``, ``withheld`` (capacity withheld for released pods the scheduler cannot
   place, by capacity key) and ``unschedulable`` (those pods: ``pod``, ``ticket``,
   ``tenant``, ``demand``, ``since``, ``message``), or null; :func:`capacity_lines` prints
-  it), ``jainIndex`` (:func:`~fairshare.queue.entitlement.entitled_jain`: of used /
+  it), ``jain_index`` (:func:`~fairshare.queue.entitlement.entitled_jain`: of used /
   entitlement, null when not defined) and
   ``held``: the capacity held at ``now`` for entries owed it (:meth:`FairQueue.holds`),
   per tier in queue order: ``tenant``, ``band``, ``pod`` (``namespace/name`` of the head
   pod, a gang's first queued member), ``group`` (a gang's id, else null), ``demand`` and
-  ``held`` (units per resource), ``heldGpuEquivalents``, ``demandGpuEquivalents`` and
+  ``held`` (units per resource), ``held_gpu_equivalents``, ``demand_gpu_equivalents`` and
   ``gang`` (the queue's record of its gang, :meth:`GangRecord.to_json`, or null);
   :func:`held_lines` prints it; ``gangs``: the gangs still waiting for members or for
   their size (:meth:`FairQueue.incomplete_gangs`, as ``gang``), :func:`gang_lines` prints
@@ -34,7 +35,8 @@ Contract:
   :func:`reclaim_lines` prints it.
   Fair shares come from :func:`fairshare.queue.entitlement.snapshot_fairness`, the
   computation behind the metrics.
-  :func:`render_status` prints it as a table. :func:`status_command` is the CLI entry.
+  :func:`render_status` prints it as tables (:func:`status_tables`) and lines.
+  :func:`status_command` is the CLI entry.
 - :func:`why_report` explains one pod (``<namespace>/<name>``) from the audit stream
   (``fairgate:audit``: the webhook's admit/queue/deny records, the dispatcher's
   dispatch/release records) and the queue's ticket state; the pod is also looked up by
@@ -82,6 +84,7 @@ from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import GangRecord, Hold, TenantStatus, TicketStatus, gang_name
 from tenants.placement import placement_of_key
 from tenants.resources import SLICES_PER_GPU, format_counts, gpu_equivalents, total_slices
+from tenants.tables import tenant_table
 
 # A denial's audited reason is "<tag>: <the message the user got>" (webhook.service).
 _TAG = re.compile(r"[a-z][a-z-]*")
@@ -100,17 +103,17 @@ def tenant_row(status: TenantStatus, fair: TenantFairness, twins: int = 0) -> di
     return {
         "weight": status.weight,
         "nominal": dict(status.nominal),
-        "nominalGpuEquivalents": _gpu_eq(status.nominal_slices),
-        "borrowLimit": _gpu_eq(status.borrow_limit_slices),
-        "inferenceReserve": _gpu_eq(status.inference_reserve_slices),
+        "nominal_gpu_equivalents": _gpu_eq(status.nominal_slices),
+        "borrow_limit": _gpu_eq(status.borrow_limit_slices),
+        "inference_reserve": _gpu_eq(status.inference_reserve_slices),
         "used": _gpu_eq(status.used_slices),
         "borrowed": _gpu_eq(status.borrowed_slices),
         "queued": {"inference": status.queued.get("inference", 0),
                    "training": status.queued.get("training", 0)},
-        "weightedShare": round(fair.weighted_share, 4),
+        "weighted_share": round(fair.weighted_share, 4),
         "entitlement": round(fair.entitlement, 2),
-        "ofEntitlement": round(ratio, 4) if ratio is not None else None,
-        "ticketTwins": twins,
+        "of_entitlement": round(ratio, 4) if ratio is not None else None,
+        "ticket_twins": twins,
     }
 
 
@@ -125,13 +128,13 @@ def hold_row(hold: Hold, gang: GangRecord | None = None) -> dict[str, Any]:
         "gang": gang.to_json() if gang is not None else None,
         "demand": dict(hold.demand),
         "held": {res: hold.held.get(res, 0) for res in hold.demand},
-        "heldGpuEquivalents": _gpu_eq(total_slices(hold.held)),
-        "demandGpuEquivalents": _gpu_eq(total_slices(hold.demand)),
+        "held_gpu_equivalents": _gpu_eq(total_slices(hold.held)),
+        "demand_gpu_equivalents": _gpu_eq(total_slices(hold.demand)),
     }
 
 
 def status_report(queue: FairQueue, now: float | None = None) -> dict[str, Any]:
-    """``{"capacity", "capacityNotes", "jainIndex", "held", "tenants": {name: row}}``
+    """``{"capacity", "capacity_notes", "jain_index", "held", "tenants": {name: row}}``
     for every tenant the queue knows (see tenant_row), from one snapshot of the queue;
     ``held`` as the queue holds it at ``now`` (default: the current time)."""
     snapshot = queue.snapshot()
@@ -142,9 +145,9 @@ def status_report(queue: FairQueue, now: float | None = None) -> dict[str, Any]:
     twins = queue.twin_counts()
     return {
         "capacity": round(fair.capacity, 2),
-        "capacityByClass": class_rows(snapshot.capacity, queue.class_usage()),
-        "capacityNotes": queue.capacity_notes(),
-        "jainIndex": None if fair.jain_index is None else round(fair.jain_index, 4),
+        "capacity_by_class": class_rows(snapshot.capacity, queue.class_usage()),
+        "capacity_notes": queue.capacity_notes(),
+        "jain_index": None if fair.jain_index is None else round(fair.jain_index, 4),
         "held": [hold_row(h, gangs.get(h.group) if h.group else None) for h in holds],
         "gangs": [g.to_json() for g in queue.incomplete_gangs()],
         "tenants": {s.tenant: tenant_row(s, fair.tenants[s.tenant], twins.get(s.tenant, 0))
@@ -165,7 +168,7 @@ def class_rows(capacity: Mapping[str, int], used: Mapping[str, int]) -> list[dic
 
 
 def class_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """``capacityByClass`` as text: one line per class and resource."""
+    """``capacity_by_class`` as text: one line per class and resource."""
     if not rows:
         return ["capacity per placement class: none stored yet"]
     lines = ["capacity per placement class (a pod is released only against its own):"]
@@ -209,9 +212,9 @@ def gang_lines(gangs: list[dict[str, Any]]) -> list[str]:
 
 
 def twin_lines(tenants: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """The tenants' ``ticketTwins`` as one line, e.g. ``ticket twins counted (...):
+    """The tenants' ``ticket_twins`` as one line, e.g. ``ticket twins counted (...):
     team-a 1, team-b 0``."""
-    counts = ", ".join(f"{name} {row.get('ticketTwins', 0)}" for name, row in tenants.items())
+    counts = ", ".join(f"{name} {row.get('ticket_twins', 0)}" for name, row in tenants.items())
     return ["ticket twins counted (pods presenting a ticket another pod owns, each counted "
             f"as a pod of its own until it ends): {counts}"]
 
@@ -292,59 +295,75 @@ def reclaim_lines(notes: Mapping[str, Any] | None,
         return ["reclaim: off (fairShare.reclaim is not set in fairgate-platform): no "
                 "training pod is evicted for another tenant's"]
     header = (f"reclaim: on (after {notes.get('after', 0):g}s waiting, pods that ran at "
-              f"least {notes.get('minRuntime', 0):g}s, at most {notes.get('perHour', 0)} an "
+              f"least {notes.get('min_runtime', 0):g}s, at most {notes.get('per_hour', 0)} an "
               "hour)")
     if sees is None:  # the cluster-wide count tells of every tenant
-        header += f": {notes.get('lastHour', 0)} reclaimed in the last hour"
+        header += f": {notes.get('last_hour', 0)} reclaimed in the last hour"
     lines = [header]
     for r in notes.get("recent") or []:
         if sees is not None and not (sees(str(r.get("tenant"))) and
-                                     sees(str(r.get("forTenant")))):
+                                     sees(str(r.get("for_tenant")))):
             continue
         lines.append(f"  at {_when(float(r.get('at', 0)))} reclaimed {r.get('pod')} of "
-                     f"tenant {r.get('tenant')} ({r.get('gpuEquivalents', 0):g} GPU-eq, after "
-                     f"{r.get('ranSeconds', 0):g}s running) for {r.get('for')} of tenant "
-                     f"{r.get('forTenant')}")
+                     f"tenant {r.get('tenant')} ({r.get('gpu_equivalents', 0):g} GPU-eq, after "
+                     f"{r.get('ran_seconds', 0):g}s running) for {r.get('for')} of tenant "
+                     f"{r.get('for_tenant')}")
     return lines
 
 
-def render_status(report: dict[str, Any], console: Console) -> None:
-    """The status report as a table (GPU-equivalents unless a unit is shown)."""
-    table = Table(title="fairgate tenants (GPU-equivalents)")
-    columns = ("tenant", "weight", "nominal", "borrowLimit", "used", "entitlement",
-               "of entitlement", "borrowed", "queued inference", "queued training",
-               "weighted share")
-    for column in columns:
-        table.add_column(column, justify="left" if column == "tenant" else "right")
-    for name, row in report["tenants"].items():
-        nominal = f"{row['nominalGpuEquivalents']:.2f}"
-        if row["nominal"]:
-            nominal += f" ({format_counts(row['nominal'])})"
-        ratio = row["ofEntitlement"]
-        table.add_row(
-            name, f"{row['weight']:g}", nominal, f"{row['borrowLimit']:.2f}",
-            f"{row['used']:.2f}", f"{row['entitlement']:.2f}",
-            f"{ratio:.0%}" if ratio is not None else "-",
-            f"{row['borrowed']:.2f}", str(row["queued"]["inference"]),
-            str(row["queued"]["training"]), f"{row['weightedShare']:.3f}",
+def status_tables(report: dict[str, Any]) -> tuple[Table, Table, Table]:
+    """The tenants of the status report as three tables that fit 80 columns: quota and
+    queued pods, use against entitlement (GPU-equivalents), and the nominal quota per
+    resource (in units of each resource)."""
+    tenants = report["tenants"]
+    names = sorted({res for row in tenants.values() for res, n in row["nominal"].items() if n})
+    quota = tenant_table("fairgate tenants: quota and queued pods",
+                         ("tenant", "weight", "nominal", "borrow limit", "queued inference",
+                          "queued training"), caption="nominal and borrow limit in GPU-eq")
+    use = tenant_table("fairgate tenants: use against entitlement",
+                       ("tenant", "used", "borrowed", "entitlement", "of entitlement",
+                        "weighted share"),
+                       caption="in GPU-eq; entitlement: the tenant's fair share (below); "
+                       "weighted share: used / weight")
+    per_resource = tenant_table("nominal quota per resource (in units of each)",
+                                ("tenant", *names))
+    for name, row in tenants.items():
+        ratio = row["of_entitlement"]
+        quota.add_row(
+            name, f"{row['weight']:g}", f"{row['nominal_gpu_equivalents']:.2f}",
+            f"{row['borrow_limit']:.2f}", str(row["queued"]["inference"]),
+            str(row["queued"]["training"]),
         )
+        use.add_row(
+            name, f"{row['used']:.2f}", f"{row['borrowed']:.2f}", f"{row['entitlement']:.2f}",
+            f"{ratio:.0%}" if ratio is not None else "-", f"{row['weighted_share']:.3f}",
+        )
+        per_resource.add_row(name, *(str(row["nominal"].get(res, 0)) for res in names))
+    return quota, use, per_resource
+
+
+def render_status(report: dict[str, Any], console: Console) -> None:
+    """The status report: :func:`status_tables`, then the fairness, capacity, holds,
+    gangs and budgets in lines (not wrapped: the terminal wraps them, ``grep`` finds them
+    whole)."""
     if not report["tenants"]:
         console.print("no tenants in the queue yet: is the dispatcher or webhook running "
                       "against this Redis (check --redis-url)?")
         return
-    console.print(table)
+    for table in status_tables(report):
+        console.print(table)
     console.print(
         f"capacity {report['capacity']:g} GPU-eq; Jain's index of used / entitlement "
-        f"{jain_text(report['jainIndex'], 3)}. entitlement: the tenant's fair share, the capacity "
+        f"{jain_text(report['jain_index'], 3)}. entitlement: the tenant's fair share, the capacity "
         "split by weight among tenants with demand, each capped at used + queued and at "
-        "nominal + borrowLimit.", highlight=False,
+        "nominal + borrowLimit.", highlight=False, soft_wrap=True,
     )
-    for line in (twin_lines(report["tenants"]) + class_lines(report["capacityByClass"])
+    for line in (twin_lines(report["tenants"]) + class_lines(report["capacity_by_class"])
                  + held_lines(report["held"]) + gang_lines(report.get("gangs") or [])
                  + budget_lines(report.get("budgets") or {})
                  + reclaim_lines(report.get("reclaim"))
-                 + capacity_lines(report.get("capacityNotes"))):
-        console.print(line, highlight=False, markup=False)
+                 + capacity_lines(report.get("capacity_notes"))):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 @dataclass(frozen=True)
@@ -623,7 +642,7 @@ def status_command(
     if json_out:
         stdout.write(json.dumps(report) + "\n")
     else:
-        render_status(report, Console(file=stdout, width=170))
+        render_status(report, Console(file=stdout))
     return 0
 
 
@@ -631,7 +650,9 @@ def why_command(
     redis_target: RedisTarget | str, ref: str, json_out: bool = False, out: TextIO | None = None,
     err: TextIO | None = None,
 ) -> int:
-    """``fairgate why <ns>/<pod>``: 0, 2 for a malformed reference, 1 when Redis fails."""
+    """``fairgate why <ns>/<pod>``: 0; 1 when fairgate knows nothing of the pod (verdict
+    ``unknown``: the reason on ``err`` as ``fairgate: error: ...``, or the report on ``out``
+    with ``json_out``) or Redis fails; 2 for a malformed reference."""
     stdout, stderr = out or sys.stdout, err or sys.stderr
     try:
         pod = PodRef.parse(ref)
@@ -649,6 +670,8 @@ def why_command(
         client.close()
     if json_out:
         stdout.write(json.dumps(report.to_json()) + "\n")
+    elif report.verdict == "unknown":
+        stderr.write(f"fairgate: error: {report.summary}\n")
     else:
         render_why(report, stdout)
-    return 0
+    return 1 if report.verdict == "unknown" else 0

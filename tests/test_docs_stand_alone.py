@@ -85,3 +85,29 @@ def test_benchmarks_is_a_results_page_and_every_cited_section_exists() -> None:
     }
     assert cited, "no citation found: the pattern is stale"
     assert not {(where, name) for where, name in cited if name not in headings}
+
+
+def _commits_named(text: str) -> list[str]:
+    """The words of ``text`` that name a commit of this repository (7 to 40 hex digits
+    that ``git`` resolves to a commit)."""
+    words = set(re.findall(r"\b[0-9a-f]{7,40}\b", text))
+    return sorted(word for word in words if subprocess.run(
+        ["git", "cat-file", "-e", f"{word}^{{commit}}"], cwd=ROOT, capture_output=True,
+    ).returncode == 0)
+
+
+def test_operator_pages_speak_to_operators_not_of_how_they_were_made() -> None:
+    """README.md and docs/*.md say what fairgate guarantees and how it is tested, not
+    what was delivered to whom: no deliverables, no reviewer, no commit hashes (a
+    baseline commit in BENCHMARKS.md is a measurement's setup and stays there)."""
+    assert _commits_named(subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=ROOT,
+                                         capture_output=True, text=True).stdout)
+    talk = re.compile(r"\b(?:deliverables?|reviewer(?:'s|s)?)\b", re.IGNORECASE)
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    bad = {}
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        found = talk.findall(text) + _commits_named(text)
+        if found:
+            bad[str(page.relative_to(ROOT))] = found
+    assert not bad, bad

@@ -57,7 +57,8 @@ CONFIG_MODELS = {
         models.ReclaimSpec, models.BudgetSpec, models.AutoscalingSpec, models.PriorityClasses,
         models.PriorityClassSpec, models.Principals),
     "Quota (`quota.yaml` of `quota-<tenant>`)": (models.QuotaSpec,),
-    "Simulation trace": (trace_models.Trace, trace_models.TraceTenant, trace_models.Arrival),
+    "Simulation trace": (trace_models.Trace, trace_models.TraceTenant, trace_models.Arrival,
+                         trace_models.TraceAutoscaling),
 }
 
 
@@ -80,5 +81,6 @@ def test_every_key_of_simulate_json_is_in_the_reference(redis_url: str) -> None:
     report = run_simulation(trace, redis_url).to_json()
     text = _section("Simulation trace")
     keys = list(report) + list(report["tenants"]["team-a"]) + list(report["preemption"])
+    keys += list(report["autoscaling"]) + list(report["autoscaling"]["wait_seconds"])
     keys += [key for waits in report["wait_seconds"].values() for key in waits]
     assert [key for key in keys if not _mentioned(key, text)] == []

@@ -512,7 +512,24 @@ def _audit_query(args: argparse.Namespace) -> int:
 def _audit_verify(args: argparse.Namespace) -> int:
     from audit import commands
 
-    return commands.verify(_redis_client(args), sys.stdout)
+    return commands.verify(_redis_client(args), sys.stdout, as_json=args.json)
+
+
+TIME_FORMATS = ("TIME is RFC 3339 (2026-01-31T12:00:00Z), a date (2026-01-31, UTC) or an\n"
+                "age before now (30s, 15m, 2h, 7d, 1w).")
+"""The times ``--since`` and ``--until`` take (:func:`audit.query.parse_when`), in the
+words of every help that has them."""
+
+
+def _time_arguments(parser: argparse.ArgumentParser, *, since_default: str) -> None:
+    """``--since TIME`` and ``--until TIME`` in the same words wherever they are taken
+    (``fairgate audit query``, ``fairgate report``): both read by
+    :func:`audit.query.parse_when`, ``since`` inclusive, ``until`` exclusive."""
+    hint = "RFC 3339, a date (UTC) or an age such as 7d"
+    parser.add_argument("--since", metavar="TIME",
+                        help=f"from TIME on, inclusive: {hint} (default: {since_default})")
+    parser.add_argument("--until", metavar="TIME",
+                        help=f"up to TIME, exclusive: {hint} (default and at most: now)")
 
 
 def _add_audit(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -542,8 +559,7 @@ def _add_audit(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     query = _subparser(
         audit_sub, "query", "print the records matching filters",
         "Print records matching every filter given, oldest first, as a table or JSON lines.\n"
-        "Times are RFC 3339 (2026-01-31T12:00:00Z), a date (2026-01-31, UTC) or an age\n"
-        "(30s, 15m, 2h, 7d, 1w).",
+        f"{TIME_FORMATS}",
         "  export REDIS_URL=redis://127.0.0.1:6379/0\n"
         "  fairgate audit query --tenant team-a --decision deny --since 2h\n"
         "  fairgate audit query --user alice@example.com --json\n",
@@ -552,17 +568,20 @@ def _add_audit(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     query.add_argument("--decision", choices=DECISIONS, metavar="DECISION",
                        help="only this decision: " + ", ".join(DECISIONS))
     query.add_argument("--user", help="only requests by this user")
-    query.add_argument("--since", metavar="WHEN", help="only records at or after WHEN")
-    query.add_argument("--until", metavar="WHEN", help="only records before WHEN")
+    _time_arguments(query, since_default="the oldest record kept")
     query.add_argument("--json", action="store_true", help="print JSON lines, not a table")
     _redis_url_argument(query)
     query.set_defaults(handler=_audit_query)
     verify = _subparser(
         audit_sub, "verify", "check the hash chain; name the first broken record",
         "Verify every record's hash and link. Exit 0 when intact; 1 naming the first\n"
-        "edited, removed or reordered record.",
-        "  export REDIS_URL=redis://127.0.0.1:6379/0\n  fairgate audit verify\n",
+        "edited, removed or reordered record. --json prints one object: stream, ok,\n"
+        "checked, first_seq, last_seq, first_bad, stream_id (of the first broken\n"
+        "record) and problem.",
+        "  export REDIS_URL=redis://127.0.0.1:6379/0\n  fairgate audit verify\n"
+        "  fairgate audit verify --json | jq .ok\n",
     )
+    verify.add_argument("--json", action="store_true", help="print one JSON object")
     _redis_url_argument(verify)
     verify.set_defaults(handler=_audit_verify)
 
@@ -589,12 +608,17 @@ def _dispatch(args: argparse.Namespace) -> int:
 def _add_dispatch(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dispatch = _subparser(
         subparsers, "dispatch", "run the dispatcher and reconciler",
-        "Release gated pods from the weighted-fair queue (inference first, then the tenant\n"
-        "with the lowest share / weight, FIFO; gangs all at once) by lifting their\n"
-        "fairgate.io/queue gate, free usage when pods end, expire unconfirmed\n"
-        "reservations, post Events, and rebuild the queue from the cluster at start and\n"
-        "on a timer. Talks to the cluster with in-cluster credentials or $KUBECONFIG.\n"
-        "Several replicas may run at once. SIGTERM stops it.",
+        "Release gated pods from the weighted-fair queue by lifting their\n"
+        "fairgate.io/queue gate, in this order: inference before training; then the\n"
+        "tenant with the lowest virtual time (the GPU service it received while it had\n"
+        "pods running or waiting, per unit of weight; a tenant back from idle starts at\n"
+        "the active tenants' lowest, so idle time earns no credit); ties to the tenant\n"
+        "whose waiting pod was created first, then first in, first out. A gang is\n"
+        "released whole or not at all. See docs/fairness.md. It also frees usage when\n"
+        "pods end, expires unconfirmed reservations, posts Events, and rebuilds the\n"
+        "queue from the cluster at start and on a timer. Talks to the cluster with\n"
+        "in-cluster credentials or $KUBECONFIG. Several replicas may run at once.\n"
+        "SIGTERM stops it.",
         "  fairgate dispatch --redis-url redis://fairgate-redis:6379/0\n"
         "  KUBECONFIG=~/.kube/config fairgate dispatch --config-dir examples/config "
         "--metrics-port 9090\n",
@@ -656,8 +680,8 @@ def _add_report(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         "Prices come from the log (the dispatcher records platform.yaml's pricing when it\n"
         "starts and whenever it changes; edits of fairgate-platform are audited), each\n"
         "from its time on, never retroactively; a MIG slice costs slices/7 of its GPU.\n"
-        "Times: RFC 3339, a date (UTC) or an age such as 7d. Default window: this calendar\n"
-        "month (UTC) until now. JSON carries OpenCost's names too (gpuHours, gpuCost).",
+        f"{TIME_FORMATS}\nDefault window: this calendar month (UTC) until now. JSON carries\n"
+        "OpenCost's names too (per row: opencost.gpuHours, opencost.gpuCost).",
         "  export REDIS_URL=redis://127.0.0.1:6379/0\n"
         "  fairgate report\n"
         "  fairgate report --since 2026-03-01 --until 2026-04-01 --csv > march.csv\n"
@@ -665,10 +689,7 @@ def _add_report(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         "  fairgate report --share-idle proportional\n",
     )
     _redis_url_argument(report)
-    report.add_argument("--since", metavar="TIME",
-                        help="start of the window (default: the 1st of this month, UTC)")
-    report.add_argument("--until", metavar="TIME",
-                        help="end of the window, exclusive (default and at most: now)")
+    _time_arguments(report, since_default="the 1st of this month, UTC")
     formats = report.add_mutually_exclusive_group()
     formats.add_argument("--json", action="store_true", help="print one JSON object")
     formats.add_argument("--csv", action="store_true",
@@ -709,7 +730,7 @@ def _add_status(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         "by pods fairgate\n"
         "does not manage (subtracted), e.g. \"node gpu-3 cordoned (gpu=4 not counted)\",\n"
         "and the capacity withheld for released pods the scheduler reports Unschedulable\n"
-        "past --unschedulable-grace (JSON: capacityNotes.withheld, .unschedulable).\n"
+        "past --unschedulable-grace (JSON: capacity_notes.withheld, .unschedulable).\n"
         "From the queue in Redis.",
         "  fairgate status --redis-url redis://127.0.0.1:6379/0\n"
         "  REDIS_URL=redis://127.0.0.1:6379/0 fairgate status --json | jq '.tenants'\n",
@@ -730,7 +751,9 @@ def _add_why(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         subparsers, "why", "explain what happened to a pod",
         "Say in plain words whether a pod is not fairgate's business, was denied (and\n"
         "why), is queued (position, and what it waits for: tenant quota, inference\n"
-        "reserve, cluster capacity, gang members) or was released (when, after how long).",
+        "reserve, cluster capacity, gang members) or was released (when, after how long).\n"
+        "Exit status: 0; 1 when fairgate has no record of the pod (not a GPU pod, never\n"
+        "created, a mistyped name, or older than the audit retention) or Redis fails.",
         "  export REDIS_URL=redis://127.0.0.1:6379/0\n"
         "  fairgate why team-a-dev/trainer-0\n  fairgate why team-a-dev/trainer-0 --json\n",
     )

@@ -8,12 +8,15 @@ Contract:
   later (what it sends meanwhile is discarded); it never reaches the app. A TLS
   connection counts once its handshake is done; :func:`handshake_timeout` ends a
   handshake that does not finish within ``request_seconds`` (instead of the event
-  loop's 60 s).
+  loop's 60 s), and bounds a TLS shutdown the same way (instead of 30 s).
 - ``request_seconds``: a request must arrive whole (request line, headers and body) within
   that many seconds of its first byte, and a new connection must send its first request
   within that many seconds; otherwise the connection is closed. Idle time between
   requests is uvicorn's ``timeout_keep_alive``; a response being streamed (the console's
   event stream) is not limited.
+- A refused or timed-out connection is closed at once, without waiting for a TLS
+  client's close_notify: a client that never answers holds no descriptor and no place
+  under the cap after its refusal or its timeout.
 """
 
 from __future__ import annotations
@@ -91,8 +94,9 @@ class _BoundedHTTP(asyncio.Protocol):
             if writer.can_write_eof():
                 writer.write_eof()
             # Closed after a moment, not at once: closing with the client's request unread
-            # would reset the connection, and the refusal with it.
-            self._loop.call_later(_LINGER, transport.close)
+            # would reset the connection, and the refusal with it. Aborted: a TLS close
+            # would wait for the client's close_notify, keeping the descriptor meanwhile.
+            self._loop.call_later(_LINGER, writer.abort)
             return
         self._inner.connection_made(transport)
         self._arm(None)
@@ -136,10 +140,11 @@ class _BoundedHTTP(asyncio.Protocol):
         cycle = self._inner.cycle
         if cycle is not None and cycle is not self._waiting_after and not cycle.more_body:
             return  # the awaited request arrived whole
-        if self._transport is not None and not self._transport.is_closing():
+        transport = cast(asyncio.Transport | None, self._transport)
+        if transport is not None and not transport.is_closing():
             log.debug("closing a connection whose request did not arrive within %gs",
                       self.limits.request_seconds)
-            self._transport.close()
+            transport.abort()  # no TLS close_notify awaited (see connection_made)
 
 
 def bounded_http(limits: ConnectionLimits) -> type[asyncio.Protocol]:
@@ -152,12 +157,14 @@ def bounded_http(limits: ConnectionLimits) -> type[asyncio.Protocol]:
 @contextlib.contextmanager
 def handshake_timeout(loop: asyncio.AbstractEventLoop, seconds: float) -> Iterator[None]:
     """While open, TLS servers that ``loop`` creates (uvicorn's, which pass ``ssl=`` and
-    no handshake timeout) end a handshake not done within ``seconds``."""
+    no handshake timeout) end a handshake not done within ``seconds``, and a TLS shutdown
+    (the client's close_notify awaited) too."""
     create_server = loop.create_server
 
     async def with_timeout(*args: Any, **kwargs: Any) -> asyncio.Server:
         if kwargs.get("ssl") is not None:
             kwargs.setdefault("ssl_handshake_timeout", seconds)
+            kwargs.setdefault("ssl_shutdown_timeout", seconds)
         return await create_server(*args, **kwargs)
 
     setattr(loop, "create_server", with_timeout)  # noqa: B010 - this loop's servers only

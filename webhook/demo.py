@@ -63,7 +63,7 @@ from rich.table import Table
 from audit import AuditLog
 from certs import write_bundle
 from cost.billing import bill
-from cost.report import bill_table, idle_line, window
+from cost.report import bill_tables, idle_line, window
 from fairshare.connection import RedisTarget, connect_redis
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
 from fairshare.localredis import local_redis
@@ -80,6 +80,7 @@ from tenants.models import (
     FairgateConfig,
     PodClass,
 )
+from tenants.tables import tenant_table
 from webhook.console.history import FairnessHistory
 from webhook.process import ServeProcess
 
@@ -477,25 +478,28 @@ def _wait(waits: Mapping[str, list[float]], pod_class: str) -> str:
     return f"{statistics.median(values):.0f}/{max(values):.0f}"
 
 
-def _table(tallies: Mapping[str, TenantTally]) -> Table:
-    table = Table(title="per tenant: nominal quota in GPU-eq (7 compute slices), pods "
-                  "admitted at once / queued / denied / released later by the dispatcher, "
-                  "GPU-eq hours used, wait from creation to start in virtual s (median/max)")
-    columns = ("tenant", "weight", "nominal", "admitted", "queued", "denied", "released",
-               "GPU-eq h", "inference wait", "training wait")
-    for column in columns:
-        table.add_column(column, justify="left" if column == "tenant" else "right")
+def tenant_tables(tallies: Mapping[str, TenantTally]) -> tuple[Table, Table]:
+    """The per-tenant results as two tables that fit 80 columns: the pods (quota,
+    admitted, queued, denied, released), then the GPU time used and the waits."""
+    pods = tenant_table("pods per tenant", ("tenant", "weight", "nominal", "admitted",
+                                            "queued", "denied", "released"),
+                        caption="nominal: quota in GPU-eq (7 compute slices); admitted: at "
+                        "once; queued: behind the gate; released: later, by the dispatcher")
+    use = tenant_table("GPU time and waits per tenant",
+                       ("tenant", "GPU-eq h", "inference wait", "training wait"),
+                       caption="GPU-eq h: GPU-equivalent hours used; wait: from creation to "
+                       "start, virtual s, median/max")
     for name in sorted(tallies):
         t = tallies[name]
-        table.add_row(
+        pods.add_row(
             name,
             f"{t.weight:g}" if t.weight else "-",
             resources.gpu_equivalents(t.nominal_slices) if t.weight else "-",
             str(t.admitted), str(t.queued), str(t.denied), str(t.released),
-            f"{t.slice_seconds / resources.SLICES_PER_GPU / 3600:.2f}",
-            _wait(t.waits, "inference"), _wait(t.waits, "training"),
         )
-    return table
+        use.add_row(name, f"{t.slice_seconds / resources.SLICES_PER_GPU / 3600:.2f}",
+                    _wait(t.waits, "inference"), _wait(t.waits, "training"))
+    return pods, use
 
 
 def _reasons(tallies: Mapping[str, TenantTally]) -> str:
@@ -598,8 +602,6 @@ def run_demo(redis_url: RedisTarget | str | None = None, pods: int = 120,
     on it (``console_port``, or any free port when that one is taken) until Ctrl-C."""
     began = time.monotonic()
     out = console or Console()
-    if not out.is_terminal:
-        out.width = max(out.width, 120)
     with ExitStack() as stack:
         stack.enter_context(_hangup_and_term_as_ctrl_c())
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fairgate-demo-")))
@@ -652,7 +654,8 @@ def run_demo(redis_url: RedisTarget | str | None = None, pods: int = 120,
             out.print(f"[red]demo failed:[/red] {exc}\n--- fairgate serve log ---\n"
                       + server.log_tail())
             return 1
-        out.print(_table(demo.tallies))
+        for table in tenant_tables(demo.tallies):
+            out.print(table)
         out.print(_reasons(demo.tallies))
         out.print(_counts(demo, pods))
         result, entries = AuditLog(client, out=io.StringIO()).verify()
@@ -666,8 +669,9 @@ def run_demo(redis_url: RedisTarget | str | None = None, pods: int = 120,
             return 1
         since, until = window(None, None)  # `fairgate report`'s and the console's window
         billed = bill((e.record for e in entries if e.record is not None), since, until)
-        out.print(bill_table(billed, f"cost from the verified audit log, {billed.currency}, "
-                                     f"this month so far (what `fairgate report` prints)"))
+        for table in bill_tables(billed, f"cost from the verified audit log, {billed.currency}, "
+                                         "this month so far (what `fairgate report` prints)"):
+            out.print(table)
         out.print(idle_line(billed))
         out.print(f"{HORIZON / 3600:g} virtual hours replayed in "
                   f"{time.monotonic() - began:.1f} s")

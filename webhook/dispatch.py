@@ -32,14 +32,14 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from admission.demand import container_demand, held_demand
-from admission.dra import DraContext, ReleaseVerdict, release_check
+from admission.dra import DraContext, ReleaseVerdict, release_check, shared_claims
 from admission.pods import PodView
 from audit import AuditLog
 from audit.log import DEFAULT_RETENTION, Retention
 from cost.budget import AuditSpend
 from fairshare.cluster.cluster import DEFAULT_NOT_READY_GRACE, DEFAULT_UNSCHEDULABLE_GRACE
 from fairshare.cluster.dra import DraWatch
-from fairshare.cluster.kube import KubeCluster, ReleaseCheck, api_client
+from fairshare.cluster.kube import KubeCluster, ReleaseCheck, SharedOf, api_client
 from fairshare.cluster.pod_evict import KubeEvictor
 from fairshare.cluster.provisioning import KubeProvisioner
 from fairshare.connection import RedisTarget, connect_redis
@@ -118,6 +118,15 @@ def _demand_of(source: ConfigSource, dra: DraWatch) -> Callable[[PodView], Resou
     return demand_of
 
 
+def _shared_of(source: ConfigSource, dra: DraWatch) -> SharedOf:
+    """:func:`admission.dra.shared_claims` with the platform's rules and the DRA objects
+    seen now."""
+    def shared_of(pod: PodView) -> Mapping[str, ResourceCounts]:
+        return shared_claims(pod, _context(source, dra, pod))
+
+    return shared_of
+
+
 def _release_check(source: ConfigSource, dra: DraWatch) -> ReleaseCheck:
     """:func:`admission.dra.release_check` of a pod manifest against the devices its claims
     were priced at when it was admitted (its demand stamp less its containers')."""
@@ -156,7 +165,8 @@ def run_dispatch(redis_target: RedisTarget | str, config_dir: Path | None = None
     dra = DraWatch(api)
     cluster = KubeCluster(api, priority_classes, demand_of=_demand_of(source, dra),
                           not_ready_grace=not_ready_grace, dra=dra,
-                          release_check=_release_check(source, dra))
+                          release_check=_release_check(source, dra),
+                          shared_of=_shared_of(source, dra))
     metrics = DispatcherMetrics()
     if metrics_port is not None:
         start_http_server(metrics_port, registry=metrics.registry)

@@ -7,8 +7,10 @@ Contract:
   ``fairgate.io/queue`` gate, node, creation time, whether it is being deleted, its
   node's GPU product (label ``nvidia.com/gpu.product``), whether the scheduler reports it
   unschedulable (``PodScheduled=False``, reason ``Unschedulable``, and no node nominated
-  for it by preemption) and whether the scheduler preempted it (and for whom, when the
-  cluster can tell).
+  for it by preemption), whether the scheduler preempted it (and for whom, when the
+  cluster can tell) and the shared ResourceClaims it names, by uid
+  (:mod:`admission.sharing`: its demand counts each in full; the reconciler charges each
+  to one pod of the tenant).
 - A :class:`Cluster` lists and watches such pods, reports the GPU capacity that fairgate's
   pods can use (short resource names) and why the rest is not counted
   (:class:`CapacityReport`), lifts the gate of one pod and posts Events on pods.
@@ -26,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from admission.sharing import Sharer
 from tenants import resources
 from tenants.models import PodClass, PriorityBand
 
@@ -90,6 +93,9 @@ class GpuPod:
     """What its DRA claims were allocated beyond what it was admitted for, by resource
     (counted in :attr:`demand`); empty when within."""
     run_seconds: int | None = None  # its own spec.activeDeadlineSeconds (declared run time)
+    shared: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    """The ResourceClaims it names by name, by uid: the devices each gives, keyed as
+    :attr:`demand` (which counts each in full)."""
 
     @property
     def finished(self) -> bool:
@@ -112,6 +118,11 @@ class GpuPod:
     def holds_capacity(self) -> bool:
         """Whether the pod counts against usage: released (no gate) and not finished."""
         return not self.gated and not self.finished
+
+    @property
+    def sharer(self) -> Sharer:
+        """The pod as the accounting of shared claims sees it."""
+        return Sharer(self.uid, self.tenant, self.created, self.holds_capacity, self.shared)
 
 
 @dataclass(frozen=True)

@@ -155,11 +155,18 @@ def _band(
 
 
 DemandOf = Callable[[PodView], resources.ResourceCounts]
+SharedOf = Callable[[PodView], Mapping[str, resources.ResourceCounts]]
 ReleaseCheck = Callable[[Mapping[str, Any]], ReleaseVerdict]
+
+
+def no_shared(_pod: PodView) -> Mapping[str, resources.ResourceCounts]:
+    """A ``shared_of`` for clusters without DRA: no pod names a shared claim."""
+    return {}
 
 
 def pod_from_manifest(
     obj: Mapping[str, Any], priority_classes: PriorityClasses, demand_of: DemandOf,
+    shared_of: SharedOf = no_shared,
 ) -> GpuPod | None:
     """The :class:`GpuPod` of a pod manifest, or None if fairgate did not stamp it.
 
@@ -171,7 +178,8 @@ def pod_from_manifest(
     was admitted for is logged and kept in :attr:`GpuPod.overrun`. The demand is keyed
     by the pod's placement class (:func:`tenants.placement.pod_placement` of it, its
     ``fairgate.io/mig-profile`` label and the pool in its ``fairgate.io/node-pool``
-    annotation, all immutable after CREATE).
+    annotation, all immutable after CREATE). ``shared_of(obj)`` are the shared claims it
+    names (:func:`admission.dra.shared_claims`), keyed the same way.
     """
     meta = obj.get("metadata") or {}
     labels: Mapping[str, str] = meta.get("labels") or {}
@@ -193,12 +201,14 @@ def pod_from_manifest(
                     meta.get("namespace"), meta.get("name"))
         return None
     try:
-        held = demand_of(PodView.parse(obj))
+        view = PodView.parse(obj)
+        held = demand_of(view)
+        shared = shared_of(view)
     except ValueError as error:  # not expected: the containers passed admission
         log.warning("pod %s/%s: demand from its spec: %s; counted as admitted (%s)",
                     meta.get("namespace"), meta.get("name"), error,
                     resources.format_counts(demand))
-        held = demand
+        held, shared = demand, {}
     overrun = {r: n - demand.get(r, 0) for r, n in held.items() if n > demand.get(r, 0)}
     if overrun:
         log.warning("pod %s/%s holds %s, more than the %r it was admitted for; the larger "
@@ -232,6 +242,7 @@ def pod_from_manifest(
         preemptible=labels.get(PREEMPTIBLE_LABEL) == "true",
         overrun=overrun,
         run_seconds=_deadline(spec.get("activeDeadlineSeconds")),
+        shared={uid: where.keyed(counts) for uid, counts in shared.items()},
     )
 
 
@@ -462,6 +473,7 @@ class KubeCluster:
         tick: float = 1.0,
         dra: DraWatch | None = None,
         release_check: ReleaseCheck | None = None,
+        shared_of: SharedOf = no_shared,
     ) -> None:
         """Talk to the API server through ``api``; nothing happens until a call.
 
@@ -472,13 +484,15 @@ class KubeCluster:
         ``dra``: the DRA objects (with slices), whose published GPUs add to capacity;
         ``release_check``: whether a pod with DRA claims may be released now
         (:func:`admission.dra.release_check` with the platform's rules and ``dra``'s
-        objects), asked before its gate is lifted.
+        objects), asked before its gate is lifted; ``shared_of``: the shared claims a
+        pod names (:func:`admission.dra.shared_claims` with ``dra``'s objects).
         """
         if not_ready_grace < 0 or tick <= 0:
             raise ValueError("not_ready_grace must be >= 0 and tick > 0 (seconds)")
         self._core = client.CoreV1Api(api)
         self._priority_classes = priority_classes or PriorityClasses()
         self._demand_of = demand_of
+        self._shared_of = shared_of
         self._backoff = backoff or Backoff()
         self._instance = instance or socket.gethostname()
         self._grace = not_ready_grace
@@ -771,7 +785,8 @@ class KubeCluster:
 
     def _remember(self, obj: Mapping[str, Any], deleted: bool = False) -> GpuPod | None:
         """Parse a pod and remember where its gate is (for a one-request lift)."""
-        pod = pod_from_manifest(obj, self._priority_classes, self._demand_of)
+        pod = pod_from_manifest(obj, self._priority_classes, self._demand_of,
+                                self._shared_of)
         if pod is None:
             return None
         if pod.node is not None:

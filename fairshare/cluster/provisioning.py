@@ -3,10 +3,11 @@
 Contract: a :class:`Provisioner` creates a head's request (with one PodTemplate per
 distinct pod of the head, as the ``autoscaling.x-k8s.io/v1`` API requires: a request
 names templates, never pods), reads its ``status.conditions`` (None: there is no such
-request), deletes it with its templates, and marks pods to consume it (the annotations
-cluster-autoscaler reads). ``fairshare.cluster.provreq_create``, ``provreq_get`` and
-``provreq_delete`` are the Kubernetes calls, one verb each; :class:`KubeProvisioner`
-puts them together.
+request) and marks pods to consume it (the annotations cluster-autoscaler reads). It
+deletes nothing: the pods own the request and its templates, and the garbage collector
+deletes them once the pods are gone. ``fairshare.cluster.provreq_create`` and
+``provreq_get`` are the Kubernetes calls, one verb each; :class:`KubeProvisioner` puts
+them together.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from typing import Any, Protocol, cast
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from fairshare.autoscale import CLASS_ANNOTATION, CONSUME_ANNOTATION, HEAD_LABEL
-from fairshare.cluster import provreq_create, provreq_delete, provreq_get
+from fairshare.autoscale import CLASS_ANNOTATION, CONSUME_ANNOTATION
+from fairshare.cluster import provreq_create, provreq_get
 from fairshare.cluster.cluster import GpuPod
 from tenants.models import PROVISIONING_CLASS
 
@@ -29,15 +30,12 @@ class Provisioner(Protocol):
 
     def create(self, name: str, namespace: str, pods: Sequence[GpuPod],
                labels: Mapping[str, str]) -> None:
-        """Create request ``name`` for ``pods`` (an existing one is kept)."""
+        """Create request ``name`` for ``pods``, owned by them (an existing one is kept);
+        ValueError when cluster-autoscaler would refuse its shape (the message says why)."""
         ...
 
     def conditions(self, name: str, namespace: str) -> list[dict[str, Any]] | None:
         """The request's ``status.conditions``; None when it does not exist."""
-        ...
-
-    def delete(self, name: str, namespace: str) -> None:
-        """Delete the request and its PodTemplates (gone already: nothing to do)."""
         ...
 
     def consume(self, pod: GpuPod, name: str) -> bool:
@@ -61,9 +59,6 @@ class KubeProvisioner:
 
     def conditions(self, name: str, namespace: str) -> list[dict[str, Any]] | None:
         return provreq_get.conditions(self._api, name, namespace)
-
-    def delete(self, name: str, namespace: str) -> None:
-        provreq_delete.delete(self._api, name, namespace, HEAD_LABEL)
 
     def consume(self, pod: GpuPod, name: str) -> bool:
         patch = {"metadata": {"annotations": {CONSUME_ANNOTATION: name,

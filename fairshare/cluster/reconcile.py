@@ -9,45 +9,54 @@ script. Queue order is the pods' creation time (then ticket), which is the
 and usage equal those before (invariant 6). Pods that cannot be represented (a malformed
 annotation someone forged) are skipped and counted, and so are twins: pods carrying a
 ticket an older pod owns (copied stamps, invariant 7) that hold nothing (gated); a twin
-that holds capacity is counted as its own pod (:func:`twin_ticket`). The caller must have synced the
+that holds capacity is counted as its own pod (:func:`twin_ticket`). A ResourceClaim
+that several pods of a tenant share is charged to one of them (:mod:`admission.sharing`):
+the others are counted without it, and one that is then charged nothing (all its GPUs
+are such a claim) is a *rider*, held by no ticket. The caller must have synced the
 config into the queue first (``rebuild`` keeps config, a flushed Redis has none).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from admission.sharing import charged, exemptions
 from fairshare.cluster.cluster import GpuPod
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import GatedPod, InvalidRequestError, PodRequest, RunningPod
+from tenants.resources import ResourceCounts
 
 log = logging.getLogger("fairgate.reconcile")
 
 
 @dataclass(frozen=True)
 class ClusterTruth:
-    """What the cluster says: pods holding GPUs, pods gated, pods skipped; and the
-    :func:`ticket_owners` split they were taken from."""
+    """What the cluster says: pods holding GPUs, pods gated, pods skipped; the
+    :func:`ticket_owners` split they were taken from; and the riders (pods charged
+    nothing: their GPUs are a shared claim another pod that holds capacity pays)."""
 
     running: list[RunningPod]
     gated: list[GatedPod]
     skipped: int
     owners: dict[str, GpuPod]
     twins: list[GpuPod]
+    riders: list[GpuPod]
 
 
 @dataclass(frozen=True)
 class ReconcileSummary:
     """How many pods a reconcile put back as usage and as queued, and how many it skipped;
-    ``owners`` and ``twins`` are the :func:`ticket_owners` split of the pods it was given."""
+    ``owners`` and ``twins`` are the :func:`ticket_owners` split of the pods it was given,
+    ``riders`` the pods it charged nothing (:class:`ClusterTruth`)."""
 
     running: int
     gated: int
     skipped: int
     owners: dict[str, GpuPod]
     twins: list[GpuPod]
+    riders: list[GpuPod]
 
 
 def twin_ticket(pod: GpuPod) -> str:
@@ -80,13 +89,24 @@ def ticket_owners(
     return owners, twins
 
 
+def pod_charges(pods: Sequence[GpuPod]) -> dict[str, ResourceCounts]:
+    """Pod uid -> what each of ``pods`` (the live pods, all of them) is charged: its
+    demand less the shared claims another of them pays
+    (:func:`admission.sharing.exemptions`; empty for a rider)."""
+    exempt = exemptions(pod.sharer for pod in pods if pod.shared)
+    return {pod.uid: charged(pod.demand, pod.shared, exempt.get(pod.uid, ()))
+            if pod.uid in exempt else dict(pod.demand) for pod in pods}
+
+
 def cluster_truth(pods: Iterable[GpuPod], bound: Mapping[str, str] | None = None
                   ) -> ClusterTruth:
     """Usage and queue records for the owners of ``pods``' tickets (:func:`ticket_owners`)
     and for the twins that hold capacity (:func:`twin_ticket`); gated twins are skipped
-    and counted."""
+    and counted. Each is charged what :func:`pod_charges` says; one charged nothing is a
+    rider, with no record."""
     running: list[RunningPod] = []
     gated: list[GatedPod] = []
+    riders: list[GpuPod] = []
     owners, twins = ticket_owners(pods, bound)
     skipped = 0
     counted = [replace(pod, ticket=twin_ticket(pod)) for pod in twins if pod.holds_capacity]
@@ -95,7 +115,14 @@ def cluster_truth(pods: Iterable[GpuPod], bound: Mapping[str, str] | None = None
             skipped += 1
             log.warning("pod %s skipped by reconcile: its ticket belongs to an older pod",
                         pod.ref)
-    for pod in [*owners.values(), *counted]:
+    accounted = [*owners.values(), *counted]
+    charges = pod_charges(accounted)
+    for listed in accounted:
+        demand = charges[listed.uid]
+        if not demand:
+            riders.append(listed)
+            continue
+        pod = replace(listed, demand=demand)
         try:
             if pod.gated:
                 request = PodRequest(
@@ -116,7 +143,7 @@ def cluster_truth(pods: Iterable[GpuPod], bound: Mapping[str, str] | None = None
         except InvalidRequestError as error:
             skipped += 1
             log.warning("pod %s skipped by reconcile: %s", pod.ref, error)
-    return ClusterTruth(running, gated, skipped, owners, twins)
+    return ClusterTruth(running, gated, skipped, owners, twins, riders)
 
 
 def reconcile(
@@ -137,4 +164,4 @@ def reconcile(
     running = [replace(pod, started_at=began.get(pod.ticket)) for pod in truth.running]
     queue.rebuild(running, truth.gated, listed_at)
     return ReconcileSummary(len(truth.running), len(truth.gated), truth.skipped,
-                            truth.owners, truth.twins)
+                            truth.owners, truth.twins, truth.riders)

@@ -333,14 +333,37 @@ def holds(raw: Sequence[Any]) -> list[Hold]:
     for entry in raw:
         tier, tenant, shape, held, head, ns, name = (text(v) for v in entry)
         demand: dict[str, int] = {}
-        for part in shape.split("+"):  # "<band>/<counts>" per band of the entry
-            for res, units in parse_counts(part.partition("/")[2]).items():
+        for _band, counts in shape_bands(shape):
+            for res, units in counts.items():
                 demand[res] = demand.get(res, 0) + units
         result.append(Hold(
             tenant=tenant, band=BAND_NAME[tier], demand=demand, held=parse_counts(held),
             namespace=ns, name=name, group=head[1:] if head.startswith("@") else None,
         ))
     return result
+
+
+def shape_bands(shape: str) -> list[tuple[PriorityBand, ResourceCounts]]:
+    """A lane's shape, ``<band code>/<counts>`` per band of its entry joined by ``+``
+    (``t/gpu=1+b/gpu=3``), as ``(band, counts)`` pairs in that order."""
+    return [(BAND_NAME[code], parse_counts(counts))
+            for code, _, counts in (part.partition("/") for part in shape.split("+"))]
+
+
+def shape_in_words(shape: str) -> str:
+    """A lane's shape for people: ``t/gpu=1+b/gpu=3`` is ``1 GPU training + 3 GPUs
+    borrowed`` (the units in each priority band: training within the tenant's nominal
+    quota, borrowed above it); MIG devices by profile, a placement class named."""
+    said = []
+    for band, counts in shape_bands(shape):
+        for key, units in sorted(counts.items()):
+            resource, where = placement_of_key(key)
+            name = (("GPU" if units == 1 else "GPUs") if resource == "gpu"
+                    else resource.replace("mig-", "MIG ", 1))
+            if key != resource:
+                name += f" ({where.describe()})"
+            said.append(f"{units} {name} {band}")
+    return " + ".join(said)
 
 
 def in_words(key: str) -> str:

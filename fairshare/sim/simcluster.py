@@ -97,6 +97,8 @@ class PodSpec:
     group_size: int = 1
     preemptible: bool = False  # labelled fairgate.io/preemptible: "true"
     run_seconds: int | None = None  # spec.activeDeadlineSeconds: it runs at most this long
+    shared: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    """Shared ResourceClaims it names (claim uid -> devices, counted in ``demand``)."""
 
     @property
     def runs_for(self) -> float:
@@ -258,7 +260,7 @@ class SimulatedCluster:
             tenant=spec.tenant, pod_class=spec.pod_class, band=placement.band,
             demand=dict(spec.demand), group=spec.group, group_size=spec.group_size,
             preemptible=spec.preemptible, phase="Pending", gated=placement.gated, node=None,
-            created=now, run_seconds=spec.run_seconds,
+            created=now, run_seconds=spec.run_seconds, shared=spec.shared,
         )
         sim = _SimPod(pod, spec, seq)
         self._pods[uid] = sim

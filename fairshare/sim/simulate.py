@@ -63,7 +63,7 @@ import json
 import math
 import sys
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,6 +88,7 @@ from fairshare.queue.entitlement import (
 )
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import PodRequest
+from fairshare.sim.autoscaler import SimAutoscaler
 from fairshare.sim.simcluster import Placement, PodHistory, PodSpec, SimulatedCluster, VirtualClock
 from fairshare.sim.timeline import (
     PlotUnavailableError,
@@ -100,6 +101,7 @@ from fairshare.sim.trace import Trace, TracePod, load_trace
 from tenants import resources
 from tenants.models import CLASSES, FairgateConfig
 from tenants.schema import ConfigError
+from tenants.tables import tenant_table
 
 # Virtual seconds between dispatcher chores; a reconcile is never needed in a simulation.
 _SETTINGS = DispatcherSettings(
@@ -153,6 +155,9 @@ class SimulationReport:
     timeline: list[TimelineRow] = field(default_factory=list)
     waited: dict[str, int] = field(default_factory=dict)  # pods per class that waited
     window: WindowReport | None = None
+    autoscaling_requests: int = 0
+    provisioned_gpus: float = 0.0
+    provisioning_waits: list[float] = field(default_factory=list)  # seconds, per request
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` object: exactly the keys of docs/reference.md."""
@@ -176,6 +181,11 @@ class SimulationReport:
                         "min_run_seconds": round(self.reclaim_min_run, 3)},
             "waited": dict(self.waited),
             "window": None if self.window is None else _window_json(self.window),
+            "autoscaling": {
+                "requests": self.autoscaling_requests,
+                "provisioned_gpus": round(self.provisioned_gpus, 2),
+                "wait_seconds": {"p50": round(_percentile(self.provisioning_waits, 0.5), 3),
+                                 "max": round(max(self.provisioning_waits, default=0.0), 3)}},
         }
 
 
@@ -258,10 +268,9 @@ class _Meter:
     each tenant's usage by class, entitlement and backlogged time."""
 
     def __init__(self, trace: Trace, config: FairgateConfig, window: Window) -> None:
-        self.capacity = resources.total_slices(trace.capacity)
-        self.capacity_of = {
-            name: n * resources.slices_of(name) for name, n in trace.capacity.items()
-        }
+        self.capacity = 0
+        self.capacity_of: dict[str, int] = {}
+        self._capacity(trace.capacity)
         self.weights = {name: t.weight for name, t in trace.tenants.items()}
         self.limits: dict[str, int | None] = {}
         for name in trace.tenants:
@@ -271,6 +280,8 @@ class _Meter:
         self.entitled_seconds = dict.fromkeys(self.weights, 0.0)  # GPU-seconds
         self.busy_time = 0.0
         self.busy_used = 0.0
+        self.busy_capacity = 0.0  # capacity slice-seconds while busy
+        self.window_waiting_capacity = 0.0
         self.waiting_capacity = 0.0  # slice-seconds of resources that pods waited for
         self.waiting_used = 0.0
         self.window_start = float(window.start)
@@ -283,6 +294,10 @@ class _Meter:
         self.window_backlogged = dict.fromkeys(self.weights, 0.0)
         self.window_waiting_used = 0.0
         self.window_waiting_time = 0.0
+
+    def _capacity(self, counts: Mapping[str, int]) -> None:
+        self.capacity_of = {name: n * resources.slices_of(name) for name, n in counts.items()}
+        self.capacity = sum(self.capacity_of.values())
 
     def fairness(self, cluster: SimulatedCluster) -> Fairness:
         """Every tenant's allocation and entitlement now (see the module docstring)."""
@@ -307,6 +322,7 @@ class _Meter:
         dt = end - start
         if dt <= 0:
             return
+        self._capacity(cluster.capacity())  # autoscaled pools grow
         usage = cluster.running_slices()
         used_units = cluster.used()
         waiting = cluster.waiting_tenants()
@@ -316,6 +332,7 @@ class _Meter:
         if total or waiting:
             self.busy_time += dt
             self.busy_used += total * dt
+            self.busy_capacity += self.capacity * dt
         for name in cluster.wanted_resources():
             self.waiting_capacity += self.capacity_of.get(name, 0) * dt
             self.waiting_used += used_units.get(name, 0) * resources.slices_of(name) * dt
@@ -337,6 +354,7 @@ class _Meter:
         if waiting:
             self.window_waiting_time += dt
             self.window_waiting_used += total * dt
+            self.window_waiting_capacity += self.capacity * dt
 
     def window(self) -> WindowReport:
         tenants = {
@@ -349,7 +367,7 @@ class _Meter:
             )
             for name in self.weights
         }
-        busy = self.capacity * self.window_waiting_time
+        busy = self.window_waiting_capacity
         return WindowReport(
             start=self.window_start, end=self.window_end, tenants=tenants,
             utilization=self.window_waiting_used / busy if busy else 1.0,
@@ -363,7 +381,7 @@ class _Meter:
             else None for t in self.weights)
 
     def utilization(self) -> float:
-        busy = self.capacity * self.busy_time
+        busy = self.busy_capacity
         return self.busy_used / busy if busy else 1.0
 
     def waiting_utilization(self) -> float:
@@ -436,7 +454,7 @@ def _gang_violations(history: dict[str, PodHistory]) -> list[str]:
 
 def _report(
     trace: Trace, meter: _Meter, cluster: SimulatedCluster, violations: list[str],
-    timeline: list[TimelineRow],
+    timeline: list[TimelineRow], autoscaler: SimAutoscaler | None,
 ) -> SimulationReport:
     end = trace.horizon
     waits: dict[str, list[float]] = {cls: [] for cls in CLASSES}
@@ -503,6 +521,10 @@ def _report(
         timeline=timeline,
         waited=waited,
         window=meter.window(),
+        autoscaling_requests=len(autoscaler.requests) if autoscaler else 0,
+        provisioned_gpus=autoscaler.provisioned_gpus() if autoscaler else 0.0,
+        provisioning_waits=autoscaler.waits(
+            {uid: r.started for uid, r in cluster.history.items()}, end) if autoscaler else [],
     )
 
 
@@ -527,9 +549,12 @@ class Simulation:
         self.queue = FairQueue(client, prefix=prefix)
         config = trace.config()
         self.cluster = SimulatedCluster(dict(trace.capacity), self._admit, self.clock)
+        self.autoscaler = None if trace.autoscaling is None else SimAutoscaler(
+            self.cluster, self.clock, trace.autoscaling.provision_seconds,
+            trace.autoscaling.max_capacity)
         self.dispatcher = Dispatcher(self.queue, self.cluster, lambda: config,
                                      clock=self.clock, settings=_SETTINGS,
-                                     evictor=self.cluster)
+                                     provisioner=self.autoscaler, evictor=self.cluster)
         # with reclaim on, the dispatcher's reclaim checks while a pod waits
         self._reclaim_every = (_SETTINGS.reclaim_every
                                if config.platform.fair_share.reclaim is not None else None)
@@ -565,14 +590,18 @@ class Simulation:
         while True:
             pending = self._arrivals[self._next] if self._next < len(self._arrivals) else None
             next_end = self.cluster.next_completion()
+            nodes = self.autoscaler.next_due() if self.autoscaler is not None else None
             when = min(pending.at if pending is not None else math.inf,
                        next_end if next_end is not None else math.inf,
+                       nodes if nodes is not None else math.inf,
                        self._next_reclaim_check())
             if when > until:
                 break
             self.meter.interval(self.clock(), when, self.cluster)
             self.clock.advance_to(when)
             self.cluster.advance()
+            if self.autoscaler is not None:
+                self.autoscaler.provision_due(when)
             while self._next < len(self._arrivals) and self._arrivals[self._next].at <= when:
                 self.cluster.create_pod(_spec(self._arrivals[self._next]))
                 self._next += 1
@@ -621,7 +650,8 @@ class Simulation:
         self.advance(self.trace.horizon, progress)
         if timeline_every is not None:
             timeline += self.sample()
-        return _report(self.trace, self.meter, self.cluster, self.quota_violations, timeline)
+        return _report(self.trace, self.meter, self.cluster, self.quota_violations, timeline,
+                       self.autoscaler)
 
 
 def _spec(pod: TracePod) -> PodSpec:
@@ -663,8 +693,9 @@ def _batches(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
         yield batch
 
 
-def render_report(report: SimulationReport, console: Console) -> None:
-    """The report as tables for humans."""
+def report_tables(report: SimulationReport) -> list[Table]:
+    """The report as tables that fit 80 columns: the summary, the waits per class, the
+    tenants, and the window measures when the report has them."""
     summary = Table(title="fairgate simulation", show_header=False)
     summary.add_row("Jain's index (GPU-time / entitlement)", jain_text(report.jain_index))
     summary.add_row("utilisation (busy time)", f"{report.utilization:.1%}")
@@ -675,41 +706,43 @@ def render_report(report: SimulationReport, console: Console) -> None:
         summary.add_row("gangs partly released", ", ".join(report.gang_violations))
     if report.quota_violations:
         summary.add_row("quota exceeded", "; ".join(report.quota_violations))
-    console.print(summary)
-    waits = Table(title="wait from creation to start (s)")
-    for column in ("class", "p50", "p99", "max"):
-        waits.add_column(column, justify="left" if column == "class" else "right")
+    waits = tenant_table("wait from creation to start (s)", ("class", "p50", "p99", "max"))
     for cls, w in report.wait_seconds.items():
         waits.add_row(cls, f"{w.p50:.1f}", f"{w.p99:.1f}", f"{w.max:.1f}")
-    console.print(waits)
-    tenants = Table(title="tenants")
-    for column in ("tenant", "weight", "share", "share/weight", "admitted", "waiting",
-                   "GPU-h", "cost"):
-        tenants.add_column(column, justify="left" if column == "tenant" else "right")
+    tenants = tenant_table("tenants", ("tenant", "weight", "share", "per weight", "admitted",
+                                       "waiting", "GPU-h", "cost"),
+                           caption="share: of the GPU-time used; per weight: share / weight; "
+                           "waiting: pods not started at the end; GPU-h: GPU-equivalent hours")
     for name, t in report.tenants.items():
         tenants.add_row(name, f"{t.weight:g}", f"{t.share:.1%}", f"{t.share / t.weight:.3f}",
                         str(t.admitted), str(t.waiting), f"{t.gpu_hours:.2f}",
                         "-" if t.cost is None else f"{t.cost:,.2f}")
-    console.print(tenants)
-    if report.window is not None:
-        render_window(report.window, console)
+    tables = [summary, waits, tenants]
+    return tables if report.window is None else [*tables, window_table(report.window)]
 
 
-def render_window(window: WindowReport, console: Console) -> None:
+def render_report(report: SimulationReport, console: Console) -> None:
+    """The report as tables for humans (:func:`report_tables`)."""
+    for table in report_tables(report):
+        console.print(table)
+
+
+def window_table(window: WindowReport) -> Table:
     """The window measures as a table for humans."""
-    table = Table(title=f"window {window.start:g}-{window.end:g} s: GPU-time against "
-                  f"integrated entitlement (Jain {jain_text(window.jain_index)}, utilisation "
-                  f"while pods wait {window.utilization:.1%})")
-    for column in ("tenant", "GPU-s", *(f"{cls} GPU-s" for cls in CLASSES),
-                   "entitled GPU-s", "of entitlement", "backlogged s"):
-        table.add_column(column, justify="left" if column == "tenant" else "right")
+    table = tenant_table(
+        f"window {window.start:g}-{window.end:g} s: GPU-time against integrated entitlement "
+        f"(Jain {jain_text(window.jain_index)}, utilisation while pods wait "
+        f"{window.utilization:.1%})",
+        ("tenant", "used", *CLASSES, "entitled", "used / entitled", "backlog"),
+        caption="in GPU-seconds: used, all and per class, and entitled (the entitlement "
+        "integrated over the window); backlog: seconds the tenant had a pod waiting")
     for name, t in window.tenants.items():
         ratio = t.of_entitlement
         table.add_row(name, f"{t.gpu_seconds:,.0f}",
                       *(f"{t.gpu_seconds_by_class[cls]:,.0f}" for cls in CLASSES),
                       f"{t.entitled_gpu_seconds:,.0f}", "-" if ratio is None else f"{ratio:.3f}",
                       f"{t.backlogged_seconds:,.0f}")
-    console.print(table)
+    return table
 
 
 DEFAULT_TIMELINE_EVERY = 60.0

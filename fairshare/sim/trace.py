@@ -13,7 +13,9 @@ Contract (format in docs/reference.md, "Simulation trace"):
 - :meth:`Trace.config` is the :class:`~tenants.models.FairgateConfig` the queue runs with
   (each tenant's ceiling is its nominal quota, rounded up to whole GPU-equivalents;
   the optional ``fairShare`` is platform.yaml's, e.g. ``{usageHalfLife: 30m}`` or
-  ``{reclaim: {after: 5m, minRuntime: 30m, perHour: 12}}``).
+  ``{reclaim: {after: 5m, minRuntime: 30m, perHour: 12}}``; the optional
+  ``autoscaling: {maxCapacity, provisionSeconds}`` is platform.yaml's ``autoscaling`` in
+  ``provisioningRequest`` mode with that ``maxCapacity``).
 - :meth:`Trace.pods` expands arrivals into :class:`TracePod` items sorted by arrival time,
   each with its demand by capacity key of its placement class (:mod:`tenants.placement`:
   the arrival's ``migProfile``, as the pod label ``fairgate.io/mig-profile``, and its
@@ -145,6 +147,16 @@ class TracePod:
     run_seconds: int | None = None  # activeDeadlineSeconds: its declared run time
 
 
+class TraceAutoscaling(_Strict):
+    """``autoscaling``: the pools grow up to ``maxCapacity`` (per capacity key, as
+    ``capacity``); the nodes a request asks for arrive ``provisionSeconds`` after it."""
+
+    max_capacity: dict[str, NonNegativeInt] = Field(alias="maxCapacity")
+    provision_seconds: float = Field(ge=0, alias="provisionSeconds")
+
+    _known_keys = field_validator("max_capacity")(_capacity_keys)
+
+
 class Trace(_Strict):
     """A whole trace file."""
 
@@ -154,6 +166,7 @@ class Trace(_Strict):
     horizon: float = Field(gt=0)
     fair_share: FairShareSpec = Field(FairShareSpec(), alias="fairShare")
     pricing: PricingSpec | None = None
+    autoscaling: TraceAutoscaling | None = None
 
     _known_capacity = field_validator("capacity")(_capacity_keys)
 
@@ -170,6 +183,9 @@ class Trace(_Strict):
                     for name, t in self.tenants.items()
                 },
                 "fairShare": self.fair_share,
+                **({"autoscaling": {"mode": "provisioningRequest",
+                                    "maxCapacity": self.autoscaling.max_capacity}}
+                   if self.autoscaling is not None else {}),
             }
         )
         quotas = {name: t.quota() for name, t in self.tenants.items()}

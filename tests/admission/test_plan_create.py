@@ -15,6 +15,7 @@ from tenants.models import (
     DEMAND_ANNOTATION,
     POD_GROUP_LABEL,
     POD_GROUP_SIZE_ANNOTATION,
+    PREEMPTIBLE_LABEL,
     TENANT_LABEL,
     TICKET_ANNOTATION,
 )
@@ -380,6 +381,13 @@ def test_pods_that_can_fit_are_planned(pod: Any, namespace: str, pod_class: str)
 def test_user_class_label_and_tenant_label_matching_namespace_are_accepted() -> None:
     result = planned(gpu_pod(labels={CLASS_LABEL: "inference", TENANT_LABEL: "team-a"}))
     assert result.pod_class == "inference"
+    assert result.warnings == ()
+
+
+def test_a_user_may_mark_training_preemptible() -> None:
+    """Consent to reclaim is the user's own: the label is accepted as it is."""
+    result = planned(gpu_pod(labels={PREEMPTIBLE_LABEL: "true"}))
+    assert result.pod_class == "training"
     assert result.warnings == ()
 
 

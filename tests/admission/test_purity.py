@@ -26,6 +26,7 @@ MODULES = (
     "admission.mutation",
     "admission.validation",
     "admission.claimguard",
+    "admission.sharing",
 )
 
 

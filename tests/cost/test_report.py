@@ -13,13 +13,16 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
+import tablefit
 
 from audit import AuditLog
 from audit.chain import format_time
 from audit.log import STREAM
 from audit.usage import capacity_detail, preempt_detail, pricing_detail, start_detail
-from cost.report import month_start, report_command, window
+from cost.billing import bill_bodies
+from cost.report import bill_tables, month_start, report_command, window
 
 NOW = datetime(2026, 3, 20, 12, tzinfo=UTC)
 A100 = "NVIDIA-A100-SXM4-80GB"
@@ -79,7 +82,8 @@ def test_the_report_bills_the_verified_log_exactly(redis_client: redis.Redis) ->
     rows = {r["tenant"]: r for r in data["rows"]}
     a, b = rows["team-a"], rows["team-b"]
     assert a["gpu_hours"] == 4 + 1 and a["borrowed_gpu_hours"] == 1
-    assert abs(a["cost"] - (4 * 3.5 + 1 * 4.0)) < 1e-9 and a["gpuCost"] == a["cost"]
+    assert abs(a["cost"] - (4 * 3.5 + 1 * 4.0)) < 1e-9 and a["opencost"] == {
+        "gpuHours": a["gpu_hours"], "gpuCost": a["cost"]}
     assert a["preempted_pods"] == 1 and a["preempted_gpu_hours"] == 1
     assert abs(b["gpu_hours"] - 4 * 3 / 7) < 1e-12
     assert abs(b["cost"] - (2 * 3 / 7 * 2.0 + 2 * 3 / 7 * 4.0)) < 1e-9
@@ -215,3 +219,25 @@ def test_gpu_hours_lost_to_reclaim_are_counted_per_tenant(redis_client: redis.Re
     assert table["(idle)"]["reclaimed_pods"] == ""
     code, out, _ = _run(redis_client, since="2026-03-16", until="2026-03-17")
     assert "reclaimed GPU-h" in out and "4.00" in out
+
+
+@pytest.mark.parametrize("width", [80, 120])
+@pytest.mark.parametrize("share_idle", [False, True], ids=["bill", "share-idle"])
+def test_the_report_tables_fit_the_terminal(redis_client: redis.Redis, width: int,
+                                            share_idle: bool,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fairgate report`` in a terminal of 80 columns cuts no header or name and prints
+    no table line wider; at 120 no header or row wraps either (with --share-idle too)."""
+    monkeypatch.setenv("COLUMNS", str(width))
+    log = _fill(redis_client)
+    _pod(log, "c1", "research-long", "gpu=8", _at(16), _at(18), product=A100)
+    code, out, err = _run(redis_client, share_idle=share_idle)
+    assert code == 0, err
+    billed = bill_bodies(AuditLog(redis_client, out=io.StringIO()).scan(), month_start(NOW),
+                         NOW, share_idle=share_idle)
+    headers = [str(c.header) for t in bill_tables(billed) for c in t.columns]
+    assert len(bill_tables(billed)) == (3 if share_idle else 2)
+    assert tablefit.problems(out, width, headers, unwrapped=width >= 120) == []
+    names = {line[1:].split("│")[0].strip() for line in out.splitlines()
+             if line.startswith("│ ")}
+    assert names == {"team-a", "team-b", "research-long", "total"}

@@ -105,6 +105,6 @@ def test_an_exhausted_budget_keeps_nominal_and_stops_borrowing(env: PrivateClust
     status = json.loads(fairgate.run_cli("status", "--json", "--redis-url",
                                          fairgate.redis_url).stdout)
     assert status["budgets"]["team-a"]["state"] == "exhausted"
-    assert status["tenants"]["team-a"]["borrowLimit"] == 0
+    assert status["tenants"]["team-a"]["borrow_limit"] == 0
     verify = fairgate.run_cli("audit", "verify", "--redis-url", fairgate.redis_url)
     assert verify.returncode == 0

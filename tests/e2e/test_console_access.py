@@ -4,6 +4,12 @@ another tenant on any page, API route or the event stream. As in the cluster
 (manifests/console.yaml), it listens on every address and serves HTTPS with a certificate
 of ``fairgate certs generate``; the tests' clients check it against its CA.
 
+The attacks the console is hardened against, each against this real API server's
+identities: a tenant admin guessing another tenant's hidden names through the audit
+search, another tenant's namespace, pod and user names in the audit log and the event
+stream, the token cookie behind a TLS-terminating proxy, and a flood of half-open
+connections. (The webhook's ``/readyz`` is in test_open_endpoints.py.)
+
 Uses its own control namespace (``console-e2e-system``) and redis-server, so it does not
 depend on (or disturb) the module that installs fairgate itself.
 """
@@ -13,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import ssl
 import subprocess
 import sys
@@ -22,6 +29,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlsplit
 
 import httpx
 import pytest
@@ -36,6 +44,7 @@ from fairshare.localredis import local_redis
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import PodRequest
 from tenants.localdir import load_config_dir, write_config_dir
+from tests.webhook.console_helpers import closed_within, open_fds
 
 pytestmark = pytest.mark.e2e
 
@@ -57,7 +66,12 @@ QUOTAS = {"team-a": "nominal: {gpu: 1}\n", "team-b": "nominal: {gpu: 1}\n"}
 REDIS_URLS: dict[str, str] = {}
 CONFIG_DIRS: dict[str, Path] = {}
 TRUST: dict[str, ssl.SSLContext] = {}  # per console URL: its certificate's CA
-NAMESPACES = "team-a-dev: {fairgate.io/tenant: team-a}\nteam-b-dev: {fairgate.io/tenant: team-b}\n"
+# team-a's namespace "lab" does not spell its tenant's name: it is hidden by whom it
+# belongs to, not by its spelling.
+NAMESPACES = ("team-a-dev: {fairgate.io/tenant: team-a}\nlab: {fairgate.io/tenant: team-a}\n"
+              "team-b-dev: {fairgate.io/tenant: team-b}\n")
+ACCOUNTS = ("console", "platform", "team-a-admin", "team-b-admin", "nobody")
+HIDDEN = "(another tenant)"
 
 
 def _bind(rbac: Any, role_kind: str, role: str, account: str, name: str) -> None:
@@ -82,25 +96,26 @@ def _token(core: Any, account: str) -> str:
 def tokens(controlplane: ControlPlane) -> Iterator[dict[str, str]]:
     """ServiceAccounts: ``console`` (TokenReview + SubjectAccessReview via
     system:auth-delegator), ``platform`` (may get every ConfigMap of the control
-    namespace), ``team-a-admin`` (may get quota-team-a only), ``nobody``."""
+    namespace), ``team-a-admin`` (may get quota-team-a only), ``team-b-admin``
+    (quota-team-b only), ``nobody``."""
     core: Any = client.CoreV1Api(controlplane.admin)
     rbac: Any = client.RbacAuthorizationV1Api(controlplane.admin)
     create_namespace(core, CONTROL)
-    for account in ("console", "platform", "team-a-admin", "nobody"):
+    for account in ACCOUNTS:
         core.create_namespaced_service_account(CONTROL, {"metadata": {"name": account}})
     _bind(rbac, "ClusterRole", "system:auth-delegator", "console", "console-e2e-delegator")
     rbac.create_namespaced_role(CONTROL, {
         "metadata": {"name": "read-config"},
         "rules": [{"apiGroups": [""], "resources": ["configmaps"],
                    "verbs": ["get", "list", "watch"]}]})
-    rbac.create_namespaced_role(CONTROL, {
-        "metadata": {"name": "read-quota-team-a"},
-        "rules": [{"apiGroups": [""], "resources": ["configmaps"],
-                   "resourceNames": ["quota-team-a"], "verbs": ["get"]}]})
+    for tenant in ("team-a", "team-b"):
+        rbac.create_namespaced_role(CONTROL, {
+            "metadata": {"name": f"read-quota-{tenant}"},
+            "rules": [{"apiGroups": [""], "resources": ["configmaps"],
+                       "resourceNames": [f"quota-{tenant}"], "verbs": ["get"]}]})
+        _bind(rbac, "Role", f"read-quota-{tenant}", f"{tenant}-admin", f"{tenant}-reads-quota")
     _bind(rbac, "Role", "read-config", "platform", "platform-reads-config")
-    _bind(rbac, "Role", "read-quota-team-a", "team-a-admin", "team-a-reads-quota")
-    yield {account: _token(core, account)
-           for account in ("console", "platform", "team-a-admin", "nobody")}
+    yield {account: _token(core, account) for account in ACCOUNTS}
     rbac.delete_cluster_role_binding("console-e2e-delegator")
     core.delete_namespace(CONTROL)
 
@@ -143,27 +158,34 @@ def console(controlplane: ControlPlane, tokens: dict[str, str],
             seeded.close()
 
 
-def _start(kubeconfig: Path, url: str, config_dir: Path | None,
-           log: Path) -> tuple[subprocess.Popen[str], str]:
+def _start(kubeconfig: Path, url: str, config_dir: Path | None, log: Path,
+           https: bool = True) -> tuple[subprocess.Popen[str], str]:
     """``fairgate console --auth kubernetes`` as the kubeconfig's identity, with
-    ``--config-dir`` unless None (then the config comes from the cluster), over HTTPS on
-    every address with a new certificate for 127.0.0.1 (trusted in ``TRUST``): (process,
-    URL)."""
+    ``--config-dir`` unless None (then the config comes from the cluster), on every
+    address, over HTTPS with a new certificate for 127.0.0.1 (trusted in ``TRUST``), or
+    with ``https`` off over plain HTTP as behind a TLS-terminating proxy
+    (``--plain-http``): (process, URL)."""
     env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_NAMESPACE": CONTROL,
            "PYTHONPATH": str(REPO)}
-    tls = write_bundle(log.parent / "console-tls", "fairgate-console", CONTROL, ("127.0.0.1",))
+    transport = ["--plain-http"]
+    if https:
+        tls = write_bundle(log.parent / "console-tls", "fairgate-console", CONTROL,
+                           ("127.0.0.1",))
+        transport = ["--cert-dir", str(tls.cert.parent)]
     process = subprocess.Popen(
         [sys.executable, "-m", "webhook.cli", "console", "--redis-url", url,
-         "--auth", "kubernetes", "--host", "0.0.0.0", "--port", "0",
-         "--cert-dir", str(tls.cert.parent), "--sample-every", "1",
+         "--auth", "kubernetes", "--host", "0.0.0.0", "--port", "0", *transport,
+         "--sample-every", "1",
          *(["--config-dir", str(config_dir)] if config_dir is not None else [])],
         stdout=subprocess.PIPE, stderr=log.open("w"), text=True, env=env)
     assert process.stdout is not None
     line = process.stdout.readline().strip()
-    assert line.startswith("console: https://127.0.0.1:"), log.read_text()
+    scheme = "https" if https else "http"
+    assert line.startswith(f"console: {scheme}://127.0.0.1:"), log.read_text()
     assert "token=" not in line  # Kubernetes mode: the user brings the token
     base = line.removeprefix("console: ").rstrip("/")
-    TRUST[base] = ssl.create_default_context(cafile=str(tls.ca_cert))
+    TRUST[base] = (ssl.create_default_context(cafile=str(tls.ca_cert)) if https
+                   else ssl.create_default_context())
     return process, base
 
 
@@ -212,36 +234,52 @@ def test_no_token_a_bad_token_or_no_rights_are_refused_everywhere(
         assert "team-" not in none.text.replace("quota-<tenant>", "")
 
 
-def test_the_event_stream_carries_only_the_tenant_admins_tenant(
-        console: str, tokens: dict[str, str]) -> None:
+def _record(base: str, *records: dict[str, Any]) -> None:
+    """Append ``records`` (``decision`` plus AuditRecord fields) to the console's audit
+    log, as fairgate serve and dispatch do."""
+    seeded = redis.Redis.from_url(REDIS_URLS[base])
+    log = AuditLog(seeded, out=open(os.devnull, "w"))  # noqa: SIM115
+    for fields in records:
+        log.record(**fields)
+    seeded.close()
+
+
+def _events_while(base: str, token: str, *records: dict[str, Any]) -> list[dict[str, Any]]:
+    """The decisions the event stream sends ``token``'s user while ``records`` are
+    appended, up to the first event of the last record's pod (or 20 s)."""
+    last = f"{records[-1]['namespace']}/{records[-1]['name']}"
     seen: list[dict[str, Any]] = []
     ready = threading.Event()
 
     def listen() -> None:
-        headers = {"Authorization": f"Bearer {tokens['team-a-admin']}"}
-        with httpx.stream("GET", console + "/api/events", headers=headers,
-                          timeout=20, verify=TRUST[console]) as events:
+        with httpx.stream("GET", base + "/api/events", timeout=20, verify=TRUST[base],
+                          headers={"Authorization": f"Bearer {token}"}) as events:
             for line in events.iter_lines():
                 if line == ": connected":
                     ready.set()
                 if line.startswith("data: "):
                     seen.append(json.loads(line[6:]))
-                    if seen[-1]["tenant"] == "team-a":
+                    if seen[-1]["pod"] == last:
                         return
 
     listener = threading.Thread(target=listen, daemon=True)
     listener.start()
     assert ready.wait(20)
     time.sleep(1.5)  # the producer starts reading at the stream's end
-    seeded = redis.Redis.from_url(REDIS_URLS[console])
-    log = AuditLog(seeded, out=open(os.devnull, "w"))  # noqa: SIM115
-    log.record("queue", tenant="team-b", namespace="team-b-dev", name="secret-b",
-               reason="team-b waits")
-    log.record("queue", tenant="team-a", namespace="team-a-dev", name="live-a",
-               reason="capacity held for team-b-dev/secret-b")
-    seeded.close()
-    listener.join(10)
-    assert seen and seen[-1]["tenant"] == "team-a"
+    _record(base, *records)
+    listener.join(20)
+    assert seen and seen[-1]["pod"] == last, seen
+    return seen
+
+
+def test_the_event_stream_carries_only_the_tenant_admins_tenant(
+        console: str, tokens: dict[str, str]) -> None:
+    seen = _events_while(
+        console, tokens["team-a-admin"],
+        {"decision": "queue", "tenant": "team-b", "namespace": "team-b-dev",
+         "name": "secret-b", "reason": "team-b waits"},
+        {"decision": "queue", "tenant": "team-a", "namespace": "team-a-dev",
+         "name": "live-a", "reason": "capacity held for team-b-dev/secret-b"})
     assert all(event["tenant"] == "team-a" for event in seen)
     assert "team-b" not in json.dumps(seen)
     assert "(another tenant)" in seen[-1]["reason"]
@@ -326,3 +364,167 @@ def test_without_a_config_dir_the_console_reads_the_config_from_the_cluster(
         rbac.delete_cluster_role_binding("console-e2e-namespaces")
         rbac.delete_cluster_role("console-e2e-namespaces")
     assert ceilings == {"team-a": 3.0, "team-b": 4.0}, (tmp_path / "console.log").read_text()
+
+
+# -- the attacks (docs/security.md, "The console and the webhook's open endpoints") ------
+
+# What team-a owns, spelled unlike its tenant: the namespace "lab", its pod "p-secret", its
+# ServiceAccount's user name. None of it may reach team-b's admin.
+TEAM_A_SECRETS = ("team-a", "lab", "p-secret", "system:serviceaccount:lab:trainer")
+
+
+def _audit_as(base: str, token: str, q: str = "") -> dict[str, Any]:
+    """``/api/audit?q=`` as the holder of ``token``, without the chain's check time."""
+    answer = _get(base, "/api/audit?limit=1000" + (f"&q={quote(q)}" if q else ""), token)
+    assert answer.status_code == 200, answer.text
+    body: dict[str, Any] = answer.json()
+    body["chain"].pop("checkedAt", None)
+    return body
+
+
+def test_guesses_of_a_hidden_name_in_the_audit_search_get_identical_answers(
+        console: str, tokens: dict[str, str]) -> None:
+    """The attack: team-b's admin is shown its record as "capacity held for (another
+    tenant)" and searches for guesses of the hidden words, letter by letter. A right
+    guess and a wrong one get the same answer: nothing; the shown text is found."""
+    reason = "capacity held for team-a-dev/a-secret of team-a"
+    _record(console, {"decision": "queue", "tenant": "team-b", "namespace": "team-b-dev",
+                      "name": "b-held", "reason": reason})
+    team_b = tokens["team-b-admin"]
+    [held] = [r for r in _audit_as(console, team_b)["records"] if r["name"] == "b-held"]
+    assert held["reason"] == f"capacity held for {HIDDEN} of {HIDDEN}"
+    wrong = _audit_as(console, team_b, "capacity held for x")
+    assert wrong["records"] == []
+    for guess in ("capacity held for t", "capacity held for te", "capacity held for team-a-",
+                  "capacity held for team-a-dev/a-secret", "team-a-dev/a", "a-secret",
+                  "of team-a", "of t", "held for team"):
+        assert _audit_as(console, team_b, guess) == wrong, guess
+    assert _audit_as(console, team_b, f"held for {HIDDEN}")["records"] == [held]
+    everything = _audit_as(console, tokens["platform"], "held for team-a-dev/a")["records"]
+    assert [r["reason"] for r in everything] == [reason]  # the record is there, in full
+
+
+def test_another_tenants_namespace_pod_and_user_names_never_reach_the_audit_or_the_stream(
+        console: str, tokens: dict[str, str]) -> None:
+    """team-b records whose reason and quota diff name team-a, its namespace "lab" (which
+    does not spell team-a), its pod and its ServiceAccount: team-b's admin gets them with
+    each of those words hidden, in /api/audit and on the event stream; the platform
+    admin reads them as written."""
+    records = (
+        {"decision": "queue", "tenant": "team-b", "namespace": "team-b-dev", "name": "b-1",
+         "reason": "capacity held for lab/p-secret"},
+        {"decision": "quota-change", "tenant": "team-b", "namespace": CONTROL,
+         "name": "quota-team-b", "reason": "namespace lab lends to team-b",
+         "diff": {"lab": {"old": ["system:serviceaccount:lab:trainer", 1], "new": 2}}},
+        {"decision": "admit", "tenant": "team-b", "namespace": "team-b-dev", "name": "b-2",
+         "reason": "after system:serviceaccount:lab:trainer released team-a/training"},
+    )
+    seen = _events_while(console, tokens["team-b-admin"], *records)
+    shown = _audit_as(console, tokens["team-b-admin"])["records"]
+    mine = [r for r in shown if r["name"] in ("b-1", "quota-team-b", "b-2")]
+    assert len(mine) == 3 and {e["pod"].rsplit("/", 1)[1] for e in seen} >= {"b-1", "b-2"}
+    for secret in TEAM_A_SECRETS:
+        assert secret not in json.dumps(shown), (secret, mine)
+        assert secret not in json.dumps(seen), (secret, seen)
+    assert HIDDEN in json.dumps(mine) and HIDDEN in json.dumps(seen)
+    everything = json.dumps(_audit_as(console, tokens["platform"])["records"])
+    assert all(secret in everything for secret in TEAM_A_SECRETS)
+
+
+def _login(base: str, token: str, source: str, **headers: str) -> list[str]:
+    """The Set-Cookie of a first visit with ``?token=``, sent from address ``source``:
+    its attributes, lower-cased."""
+    transport = httpx.HTTPTransport(local_address=source)
+    with httpx.Client(transport=transport, timeout=30) as browser:
+        answer = browser.get(f"{base}/tenants", params={"token": token}, headers=headers)
+    assert answer.status_code == 303, answer.text
+    return [part.strip().lower() for part in answer.headers["set-cookie"].split(";")]
+
+
+def test_the_token_cookie_is_secure_behind_a_tls_terminating_proxy(
+        console: str, tokens: dict[str, str], controlplane: ControlPlane,
+        tmp_path: Path) -> None:
+    """--plain-http: a proxy ends TLS and reaches the console over http. Whether the proxy
+    is trusted for X-Forwarded-Proto (127.0.0.1, the default) or not (127.0.0.2), and
+    with no such header, the cookie carrying the user's Kubernetes token is Secure,
+    HttpOnly and SameSite=Strict: browsers never send it back over plain http."""
+    kubeconfig = controlplane.token_kubeconfig(CONTROL, "console")
+    process, base = _start(kubeconfig, REDIS_URLS[console], CONFIG_DIRS[console],
+                           tmp_path / "console.log", https=False)
+    port = urlsplit(base).port
+    token = tokens["team-b-admin"]
+    try:
+        for source, headers in (("127.0.0.1", {"X-Forwarded-Proto": "https"}),
+                                ("127.0.0.2", {"X-Forwarded-Proto": "https"}),
+                                ("127.0.0.1", {"X-Forwarded-Proto": "http"}),
+                                ("127.0.0.2", {})):
+            cookie = _login(f"http://127.0.0.1:{port}", token, source, **headers)
+            assert cookie[0] == f"fairgate_console={token}".lower()
+            assert {"secure", "httponly", "samesite=strict"} <= set(cookie), (source, headers)
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+FLOOD = 2000
+CAP, REQUEST_SECONDS = 512, 10.0  # fairgate console's defaults (docs/console.md)
+HALF_SENT = b"GET /api/tenants HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
+
+
+def test_2000_half_open_connections_are_bounded_while_a_user_is_served(
+        console: str, tokens: dict[str, str], controlplane: ControlPlane,
+        tmp_path: Path) -> None:
+    """2,000 TLS connections that send half a request and stop, against a console with
+    its default limits: beyond 512 open they are refused with a 503 saying so, the
+    console's descriptors stay at the cap, every one is closed within the request timeout
+    (10 s) of the flood's end, and a user already connected is served throughout, a new
+    one right after."""
+    kubeconfig = controlplane.token_kubeconfig(CONTROL, "console")
+    process, base = _start(kubeconfig, REDIS_URLS[console], CONFIG_DIRS[console],
+                           tmp_path / "console.log")
+    user = httpx.Client(base_url=base, timeout=30, verify=TRUST[base],
+                        headers={"Authorization": f"Bearer {tokens['team-b-admin']}"})
+    served: list[int] = []
+    stop = threading.Event()
+
+    def browse() -> None:
+        while not stop.is_set():
+            served.append(user.get("/api/tenants").status_code)
+            stop.wait(0.3)
+
+    socks: list[ssl.SSLSocket] = []
+    try:
+        assert user.get("/api/tenants").status_code == 200  # connected before the flood
+        before = open_fds(process.pid)
+        browsing = threading.Thread(target=browse, daemon=True)
+        browsing.start()
+        parts = urlsplit(base)
+        for _ in range(FLOOD):
+            raw = socket.create_connection((parts.hostname, parts.port), timeout=30)
+            sock = TRUST[base].wrap_socket(raw, server_hostname="127.0.0.1")
+            sock.sendall(HALF_SENT)
+            socks.append(sock)
+        flooded = time.monotonic()
+        time.sleep(2)  # refused ones are read for a second, so that the 503 arrives
+        assert open_fds(process.pid) <= before + CAP + 10
+        closed, answers = closed_within(socks, flooded + REQUEST_SECONDS + 5
+                                        - time.monotonic())
+        assert closed == FLOOD, f"{FLOOD - closed} still open {REQUEST_SECONDS + 5:g} s after"
+        refused = [a for a in answers if a.startswith(b"HTTP/1.1 503")]
+        assert len(refused) >= FLOOD - 2 * CAP, len(refused)
+        assert all(b"too many connections" in a for a in refused)
+        stop.set()
+        browsing.join(30)
+        assert served and set(served) == {200}, served
+        with httpx.Client(base_url=base, timeout=30, verify=TRUST[base]) as newcomer:
+            answer = newcomer.get("/api/tenants", headers={
+                "Authorization": f"Bearer {tokens['team-b-admin']}"})
+        assert answer.status_code == 200
+        assert open_fds(process.pid) <= before + 10
+    finally:
+        stop.set()
+        for sock in socks:
+            sock.close()
+        user.close()
+        process.terminate()
+        process.wait(10)

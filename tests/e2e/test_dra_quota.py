@@ -7,8 +7,9 @@ only in a ResourceSlice (the NVIDIA DRA driver's way), and a `mixed` MIG node wh
 1g.5gb devices are published the same way. team-b may hold 4 GPUs (nominal 4, no
 borrowing). Every route a tenant user has to a GPU is tried: the implicit extended
 resource `deviceclass.resource.kubernetes.io/gpu.nvidia.com`, a ResourceClaimTemplate,
-a ResourceClaim shared by several pods, and DRA mixed with `nvidia.com/gpu`; in each,
-team-b's running GPUs never pass 4 and fairgate charges what runs.
+a ResourceClaim shared by several pods (charged once), and DRA mixed with
+`nvidia.com/gpu`; in each, team-b's running GPUs never pass 4 and fairgate charges what
+runs.
 """
 
 from __future__ import annotations
@@ -157,17 +158,37 @@ def test_a_template_is_counted_per_pod(env: PrivateCluster, claims: ClaimsApi) -
     assert _used(env) == 4.0 and _running_gpus(env) == 4
 
 
-def test_a_shared_claim_is_charged_in_full_to_every_pod(
+def test_a_shared_claim_is_charged_once_and_while_any_pod_holds_it(
     env: PrivateCluster, claims: ClaimsApi,
 ) -> None:
-    claims.create(claim_manifest("shared-two", exactly(GPU_CLASS, 2)))
-    for name in ("shared-0", "shared-1", "shared-2"):
-        _create(env, _with_claims(pod_manifest(name), gpus={"resourceClaimName": "shared-two"}))
+    """Two pods naming one 3-GPU claim both run on team-b's 4 GPUs, charged 3 (the
+    claim's devices, once); a third pod asking 2 GPUs of its own waits; the claim stays
+    charged when the pod first charged for it ends while the other still holds it, and
+    its charge goes with the last of them."""
+    claims.create(claim_manifest("shared-three", exactly(GPU_CLASS, 3)))
     for name in ("shared-0", "shared-1"):
-        _runs(env, name)
-    _stays_gated(env, "shared-2")
-    # Charged 2 + 2 while the two pods share 2 GPUs: never less than what runs.
-    assert _used(env) == 4.0 and _running_gpus(env) == 2
+        _create(env, _with_claims(pod_manifest(name),
+                                  gpus={"resourceClaimName": "shared-three"}))
+    for name in ("shared-0", "shared-1"):
+        assert _runs(env, name) == DRA_NODE.name
+    wait_for(lambda: _used(env) == 3.0 or None, 30, "team-b to be charged 3 GPUs")
+    assert _running_gpus(env) == 3
+    _create(env, pod_manifest("own-2", {IMPLICIT_GPU: 2}))
+    _stays_gated(env, "own-2")
+    assert _used(env) == 3.0
+
+    env.admin.delete_namespaced_pod("shared-0", NS, grace_period_seconds=0)
+    wait_for(partial(_gone, env, "shared-0"), 60, "shared-0 to go")
+    for _ in range(10):  # the claim's devices are still held: still charged, own-2 waits
+        assert _used(env) == 3.0
+        assert is_gated(env.admin.read_namespaced_pod("own-2", NS))
+    env.admin.delete_namespaced_pod("shared-1", NS, grace_period_seconds=0)
+    assert _runs(env, "own-2") == DRA_NODE.name
+    wait_for(lambda: _used(env) == 2.0 or None, 30, "team-b to be charged own-2's 2 GPUs")
+
+
+def _gone(env: PrivateCluster, name: str) -> bool:
+    return name not in {p.metadata.name for p in env.admin.list_namespaced_pod(NS).items}
 
 
 def test_dra_and_nvidia_gpu_pods_share_one_quota(env: PrivateCluster, claims: ClaimsApi) -> None:

@@ -533,8 +533,8 @@ def _split(core: Any, namespace: str, selector: str) -> tuple[list[str], list[st
 
 
 def _why(fairgate: FairgateStack, namespace: str, name: str) -> dict[str, Any]:
-    result = fairgate.run_cli("why", f"{namespace}/{name}", "--json",
-                              "--redis-url", fairgate.redis_url)
+    result = fairgate.run_cli("why", f"{namespace}/{name}", "--json",  # exit 1: unknown
+                              "--redis-url", fairgate.redis_url, check=False)
     report: dict[str, Any] = yaml.safe_load(result.stdout)
     return report
 
@@ -816,7 +816,7 @@ SINGLE_MIG_NODE = GpuNode(
 
 
 def _class_capacity(fairgate: FairgateStack) -> dict[str, int]:
-    return {row["key"]: row["capacity"] for row in fairgate.status()["capacityByClass"]}
+    return {row["key"]: row["capacity"] for row in fairgate.status()["capacity_by_class"]}
 
 
 def test_a_whole_gpu_backlog_is_released_only_onto_whole_gpus_and_single_mig_pods_run(
@@ -870,7 +870,7 @@ def test_a_whole_gpu_backlog_is_released_only_onto_whole_gpus_and_single_mig_pod
             node = wait_for(partial(running_node, core, ns, f"mig-single-{i}"), 30,
                             f"single-MIG pod {i} to run")
             assert node == SINGLE_MIG_NODE.name
-        used = {row["key"]: row["used"] for row in fairgate.status()["capacityByClass"]}
+        used = {row["key"]: row["used"] for row in fairgate.status()["capacity_by_class"]}
         assert used["mig-1g.5gb#single"] == 3 and used["gpu"] == CLUSTER_GPUS
         refused, message = refusal(lambda: core.create_namespaced_pod(ns, pod_manifest(
             "mig-wrong", {"nvidia.com/mig-1g.5gb": 1},

@@ -8,22 +8,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from harness.api import CRDS, serve_crd
 from harness.controlplane import ControlPlane
 from harness.fairgate import FairgateStack, pods_api, tenant_namespace
 from harness.kubelet import FakeKubelet, cordon
 from harness.pods import is_gated, pod_manifest
 from harness.waiting import wait_for
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 pytestmark = pytest.mark.e2e
 
-CRD = Path(__file__).parent / "crds" / "jobset.x-k8s.io_jobsets.yaml"
 SPLIT_SECONDS = 5.0
 """How long a gang's gates may be seen partly lifted: one dispatch round's lifts."""
 
@@ -143,23 +141,9 @@ def test_kueue_pods_created_10_s_apart_none_runs_before_the_last(
 
 
 @pytest.fixture
-def jobset_crd(controlplane: ControlPlane) -> Iterator[None]:
+def jobset_crd(controlplane: ControlPlane) -> None:
     """The JobSet CRD, served (established)."""
-    ext = client.ApiextensionsV1Api(controlplane.admin)
-    body = yaml.safe_load(CRD.read_text())
-    name = body["metadata"]["name"]
-    try:
-        ext.create_custom_resource_definition(body)
-    except ApiException as error:
-        if error.status != 409:
-            raise
-
-    def established() -> bool:
-        conditions = ext.read_custom_resource_definition(name).status.conditions or []
-        return any(c.type == "Established" and c.status == "True" for c in conditions)
-
-    wait_for(established, 30, "the JobSet CRD to be served")
-    yield
+    serve_crd(controlplane.admin, CRDS / "jobset.x-k8s.io_jobsets.yaml")
 
 
 def _jobset_pod(name: str, jobset: dict[str, Any], index: int) -> dict[str, Any]:

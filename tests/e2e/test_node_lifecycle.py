@@ -106,7 +106,7 @@ def _used(status: Any) -> dict[str, float]:
 
 def test_a_cordoned_node_is_not_capacity_and_status_says_why(env: PrivateCluster) -> None:
     status = env.status()
-    notes = status["capacityNotes"]
+    notes = status["capacity_notes"]
     assert notes["total"]["gpu"] == GPUS
     assert [(e["node"], e["reason"]) for e in notes["excluded"]] == [(CORDONED.name,
                                                                       "cordoned")]
@@ -180,7 +180,7 @@ def _caught_then_freed(env: PrivateCluster, core: Any) -> None:
     assert env.metric("fairgate_unschedulable_withheld_capacity") == 4
 
     status = env.status()
-    notes = status["capacityNotes"]
+    notes = status["capacity_notes"]
     assert notes["withheld"] == {"gpu": 4}
     assert sorted(p["pod"].split("/")[1] for p in notes["unschedulable"]) == sorted(stuck)
     used = _used(status)
@@ -194,14 +194,14 @@ def _caught_then_freed(env: PrivateCluster, core: Any) -> None:
     # Their owners delete the stuck pods: their quota comes back exactly once.
     for name, (tenant, _) in stuck.items():
         core.delete_namespaced_pod(name, tenant_namespace(tenant), grace_period_seconds=0)
-    wait_for(lambda: not env.status()["capacityNotes"]["unschedulable"], 30,
+    wait_for(lambda: not env.status()["capacity_notes"]["unschedulable"], 30,
              "the deleted pods to leave the capacity notes")
     assert sum(_used(env.status()).values()) == 8
     assert env.metric("fairgate_unschedulable_pods") == 0
 
     # Past its grace the NotReady node is no capacity: a fitting pod waits behind the gate.
     wait_for(lambda: any(e["node"] == FLAKY.name and e["reason"].startswith("NotReady since")
-                         for e in env.status()["capacityNotes"]["excluded"]),
+                         for e in env.status()["capacity_notes"]["excluded"]),
              NOT_READY_GRACE + 30, "the NotReady node to leave capacity")
     used = _used(env.status())
     tenant = next(t for t in CEILING if used[t] < CEILING[t])
@@ -228,9 +228,9 @@ def test_pods_stay_gated_while_their_capacity_is_cordoned_and_run_once_uncordone
     cordon(core, FLAKY.name)
     cordon(core, spare)
     try:
-        wait_for(lambda: {e["node"] for e in env.status()["capacityNotes"]["excluded"]}
+        wait_for(lambda: {e["node"] for e in env.status()["capacity_notes"]["excluded"]}
                  == {CORDONED.name, FLAKY.name, spare}, 30, "the cordons to leave capacity")
-        assert env.status()["capacityNotes"]["total"]["gpu"] == 4
+        assert env.status()["capacity_notes"]["total"]["gpu"] == 4
         team_b = pods_api(env.cp, "team-b")
         for i in range(4):
             team_b.create_namespaced_pod(tenant_namespace("team-b"),

@@ -109,6 +109,9 @@ def test_request_names_are_stable_dns_labels() -> None:
     name = request_name("team-a-ns/gang-0")
     assert name == request_name("team-a-ns/gang-0") != request_name("team-a-ns/gang-1")
     assert len(name) <= 63 and name.replace("-", "").isalnum() and name.islower()
+    # a retry is a new request (a request's spec cannot change), still a DNS label
+    assert request_name("team-a-ns/gang-0", 1) == name
+    assert request_name("team-a-ns/gang-0", 12) == f"{name}-12"
 
 
 # -- pending mode -------------------------------------------------------------------------
@@ -161,25 +164,25 @@ def test_a_head_whose_pod_is_deleted_frees_its_slot(redis_url: str) -> None:
 # -- provisioningRequest mode --------------------------------------------------------------
 
 class FakeProvisioner:
-    """ProvisioningRequests kept in memory; the test sets their conditions."""
+    """ProvisioningRequests kept in memory; the test sets their conditions. There is no
+    delete: the pods own their requests (the e2e tests show the garbage collector at
+    work)."""
 
     def __init__(self) -> None:
         self.requests: dict[str, list[dict[str, str]]] = {}
         self.made: list[tuple[str, tuple[str, ...]]] = []
-        self.deleted: list[str] = []
         self.consumed: dict[str, str] = {}
+        self.refusal = ""  # set: create raises ValueError (a shape the API would refuse)
 
     def create(self, name: str, namespace: str, pods: Sequence[GpuPod],
                labels: Mapping[str, str]) -> None:
+        if self.refusal:
+            raise ValueError(self.refusal)
         self.requests.setdefault(name, [])
         self.made.append((name, tuple(p.ref.name for p in pods)))
 
     def conditions(self, name: str, namespace: str) -> list[dict[str, str]] | None:
         return self.requests.get(name)
-
-    def delete(self, name: str, namespace: str) -> None:
-        if self.requests.pop(name, None) is not None:
-            self.deleted.append(name)
 
     def consume(self, pod: GpuPod, name: str) -> bool:
         self.consumed[pod.ref.name] = name
@@ -207,7 +210,7 @@ def test_a_head_gets_a_request_and_runs_once_it_is_provisioned(redis_url: str) -
     assert _states(rig, *gang) == ["running", "running"]
     assert fake.consumed == {"g0": name, "g1": name}
     rig.settle()
-    assert fake.deleted == [name] and rig.dispatcher._heads == {}  # nothing left behind
+    assert rig.dispatcher._heads == {} and len(fake.made) == 1  # nothing more asked
 
 
 def test_a_failed_request_is_retried_with_backoff_and_said(redis_url: str) -> None:
@@ -217,10 +220,10 @@ def test_a_failed_request_is_retried_with_backoff_and_said(redis_url: str) -> No
     rig.pod("a0", duration=10_000)
     a1 = rig.pod("a1")
     rig.settle()
-    name = request_name(a1.ticket)
+    name, retry = request_name(a1.ticket), request_name(a1.ticket, 2)
     fake.requests[name] = [_cond("Failed", reason="OutOfStock", message="no GPUs in zone")]
     rig.at(rig.clock() + 1)
-    assert fake.deleted == [name] and _states(rig, a1) == ["gated"]
+    assert _states(rig, a1) == ["gated"]
     warned = [e for e in rig.cluster.events if e.reason == "ProvisioningFailed"]
     assert [e.message for e in warned] == [
         f"ProvisioningRequest {name} failed (Failed: OutOfStock (no GPUs in zone)): asking "
@@ -230,14 +233,31 @@ def test_a_failed_request_is_retried_with_backoff_and_said(redis_url: str) -> No
     rig.at(rig.clock() + BACKOFF_BASE / 2)
     assert len(fake.made) == 1  # not before the backoff
     rig.at(rig.clock() + BACKOFF_BASE)
-    assert len(fake.made) == 2 and fake.requests[name] == []
+    assert [made for made, _ in fake.made] == [name, retry] and fake.requests[retry] == []
     rig.cluster.grow({"gpu": 1})
-    fake.requests[name] = [_cond("Provisioned")]
+    fake.requests[retry] = [_cond("Provisioned")]
     rig.at(rig.clock() + 1)
-    assert _states(rig, a1) == ["running"]
+    assert _states(rig, a1) == ["running"] and fake.consumed == {"a1": retry}
 
 
-def test_a_request_whose_pods_are_gone_is_deleted_and_their_quota_freed(
+def test_a_request_that_cannot_be_made_is_said_and_asked_again(redis_url: str) -> None:
+    fake = FakeProvisioner()
+    fake.refusal = "33 pods of 33 shapes: a ProvisioningRequest holds at most 32 pod sets"
+    rig = _autoscaled(make_rig(redis_url, TEAMS, {"gpu": 1}),
+                      _spec("provisioningRequest", most=4), fake)
+    rig.pod("a0", duration=10_000)
+    a1 = rig.pod("a1")
+    rig.settle()
+    warned = [e.message for e in rig.cluster.events if e.reason == "ProvisioningFailed"]
+    assert warned == [f"ProvisioningRequest {request_name(a1.ticket)} not made: "
+                      f"{fake.refusal}: asking again in {BACKOFF_BASE:.0f}s (attempt 2)"]
+    assert _states(rig, a1) == ["gated"] and fake.made == []
+    fake.refusal = ""
+    rig.at(rig.clock() + BACKOFF_BASE + 1)
+    assert [made for made, _ in fake.made] == [request_name(a1.ticket, 2)]
+
+
+def test_a_head_whose_pods_are_gone_is_forgotten_and_their_quota_freed(
     redis_url: str
 ) -> None:
     fake = FakeProvisioner()
@@ -250,7 +270,7 @@ def test_a_request_whose_pods_are_gone_is_deleted_and_their_quota_freed(
     assert used == 14  # a0 and the held a1
     rig.cluster.delete_pod(a1.uid)
     rig.settle()
-    assert fake.deleted == [request_name(a1.ticket)]
+    assert rig.dispatcher._heads == {} and len(fake.made) == 1
     used = next(s.used_slices for s in rig.queue.tenant_status() if s.tenant == "team-a")
     assert used == 7
 

@@ -543,10 +543,10 @@ def test_reclaims_are_shown_by_status_and_why(redis_url: str) -> None:
     assert len(evictions.pods) == 2
     report = status_report(rig.queue, now=1_700.0)
     notes = report["reclaim"]
-    assert notes["on"] is True and notes["lastHour"] == 2
-    assert (notes["after"], notes["minRuntime"], notes["perHour"]) == (60.0, 600.0, 12)
+    assert notes["on"] is True and notes["last_hour"] == 2
+    assert (notes["after"], notes["min_runtime"], notes["per_hour"]) == (60.0, 600.0, 12)
     assert {r["pod"] for r in notes["recent"]} == {str(p.ref) for p in evictions.pods}
-    assert {(r["tenant"], r["for"], r["forTenant"], r["ranSeconds"], r["gpuEquivalents"])
+    assert {(r["tenant"], r["for"], r["for_tenant"], r["ran_seconds"], r["gpu_equivalents"])
             for r in notes["recent"]} == {("old", "new-ns/new-0", "new", 700.0, 4.0)}
     out = io.StringIO()
     render_status(report, Console(file=out, width=170))
@@ -589,7 +589,7 @@ def test_status_says_when_reclaim_is_off(redis_url: str, evictor: bool) -> None:
         rig.dispatcher.evictor = None  # a dispatcher that may not evict: reclaim is off
     rig.at(1_700.0)
     notes = rig.queue.reclaim_notes()
-    assert notes is not None and notes["on"] is False and notes["lastHour"] == 0
+    assert notes is not None and notes["on"] is False and notes["last_hour"] == 0
     assert reclaim_lines(notes) == [
         "reclaim: off (fairShare.reclaim is not set in fairgate-platform): no training "
         "pod is evicted for another tenant's"]
@@ -597,8 +597,8 @@ def test_status_says_when_reclaim_is_off(redis_url: str, evictor: bool) -> None:
 
 def test_reclaim_lines_leave_out_reclaims_of_tenants_not_seen() -> None:
     entry = {"at": 0.0, "pod": "old-ns/old-1", "tenant": "old", "for": "new-ns/new-0",
-             "forTenant": "new", "ranSeconds": 700.0, "gpuEquivalents": 4.0}
-    notes = {"on": True, "after": 60.0, "minRuntime": 600.0, "perHour": 12, "lastHour": 1,
+             "for_tenant": "new", "ran_seconds": 700.0, "gpu_equivalents": 4.0}
+    notes = {"on": True, "after": 60.0, "min_runtime": 600.0, "per_hour": 12, "last_hour": 1,
              "recent": [entry]}
     assert len(reclaim_lines(notes)) == 2
     assert len(reclaim_lines(notes, lambda t: t == "new")) == 1  # old's pod is not shown

@@ -193,7 +193,7 @@ class ReclaimMachine(RuleBasedStateMachine):
             str(p.ref) for p in batch.pods)
         notes = self.rig.queue.reclaim_notes() or {}
         evicted = {str(p.ref) for p in batch.pods}
-        owed = {r["forTenant"] for r in notes.get("recent", []) if r["pod"] in evicted}
+        owed = {r["for_tenant"] for r in notes.get("recent", []) if r["pod"] in evicted}
         assert len(owed) == 1, owed
         batch.owed, batch.epoch = owed.pop(), self.epoch
         s = batch.standings

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 import redis
+import tablefit
 
 from audit import ADMIT, DENY, DISPATCH, QUEUE, RELEASE, AuditLog
 from fairshare.cluster.cluster import CapacityReport, ForeignHold, GpuPod, NodeExclusion, PodRef
@@ -19,6 +20,7 @@ from fairshare.status import (
     capacity_lines,
     status_command,
     status_report,
+    status_tables,
     why_command,
     why_report,
 )
@@ -71,17 +73,17 @@ def test_status_reports_quota_usage_backlog_and_share(queue: FairQueue) -> None:
     # 5 GPU-eq of capacity, both tenants with demand above their share (a: 22 slices
     # used + 14 queued, cap 5.14; b: 7 + 7, cap 2 = its nominal): split 2:1.
     assert a == {
-        "weight": 2.0, "nominal": {"gpu": 4, "mig-1g.5gb": 7}, "nominalGpuEquivalents": 5.0,
-        "borrowLimit": 2.0, "inferenceReserve": 1.0, "used": 3.14, "borrowed": 0.0,
-        "queued": {"inference": 0, "training": 2}, "weightedShare": round(22 / 7 / 2, 4),
-        "entitlement": 3.33, "ofEntitlement": round(22 / 7 / (10 / 3), 4), "ticketTwins": 0,
+        "weight": 2.0, "nominal": {"gpu": 4, "mig-1g.5gb": 7}, "nominal_gpu_equivalents": 5.0,
+        "borrow_limit": 2.0, "inference_reserve": 1.0, "used": 3.14, "borrowed": 0.0,
+        "queued": {"inference": 0, "training": 2}, "weighted_share": round(22 / 7 / 2, 4),
+        "entitlement": 3.33, "of_entitlement": round(22 / 7 / (10 / 3), 4), "ticket_twins": 0,
     }
     assert b["used"] == 1.0 and b["queued"] == {"inference": 0, "training": 1}
-    assert b["weightedShare"] == 1.0
-    assert b["entitlement"] == 1.67 and b["ofEntitlement"] == 0.6
+    assert b["weighted_share"] == 1.0
+    assert b["entitlement"] == 1.67 and b["of_entitlement"] == 0.6
     assert report["capacity"] == 5.0
     ratios = (22 / 7 / (10 / 3), 0.6)
-    assert report["jainIndex"] == round(sum(ratios) ** 2 / (2 * sum(r * r for r in ratios)), 4)
+    assert report["jain_index"] == round(sum(ratios) ** 2 / (2 * sum(r * r for r in ratios)), 4)
 
 
 def test_status_entitlement_is_capped_by_demand_and_by_quota(queue: FairQueue) -> None:
@@ -94,8 +96,8 @@ def test_status_entitlement_is_capped_by_demand_and_by_quota(queue: FairQueue) -
     report = status_report(queue)
     shares = {name: row["entitlement"] for name, row in report["tenants"].items()}
     assert shares == {"team-a": 4.0, "team-b": 1.0, "team-c": 0.0}
-    assert report["tenants"]["team-b"]["ofEntitlement"] == 1.0
-    assert report["tenants"]["team-c"]["ofEntitlement"] is None
+    assert report["tenants"]["team-b"]["of_entitlement"] == 1.0
+    assert report["tenants"]["team-c"]["of_entitlement"] is None
 
     queue.sync_config(make_config(RAW_CONFIG), {"gpu": 10, "mig-1g.5gb": 7})  # 11 GPU-eq
     for i in range(2):  # team-b asks for 3 GPUs, its nominal is 2 (no borrowing)
@@ -109,17 +111,39 @@ def test_status_entitlement_is_capped_by_demand_and_by_quota(queue: FairQueue) -
     assert shares == {"team-a": 5.14, "team-b": 2.0, "team-c": 0.0}  # a: all it asks
 
 
-def test_status_command_prints_json_and_a_table(queue: FairQueue, redis_url: str) -> None:
+def test_status_command_prints_json_and_a_table(queue: FairQueue, redis_url: str,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "120")  # rows on one line each
     out = io.StringIO()
     assert status_command(redis_url, True, out=out) == 0
     assert json.loads(out.getvalue()) == status_report(queue)
     table = io.StringIO()
     assert status_command(redis_url, False, out=table) == 0
     text = table.getvalue()
-    assert "team-a" in text and "5.00 (gpu=4,mig-1g.5gb=7)" in text and "3.14" in text
-    row_a = next(line for line in text.splitlines() if "team-a" in line)
-    assert "3.33" in row_a and "94%" in row_a  # entitlement, used / entitlement
+    quota_a, use_a, nominal_a = (line for line in text.splitlines()
+                                 if line.startswith("│ team-a "))
+    assert "5.00" in quota_a and "2.00" in quota_a  # nominal, borrow limit
+    assert "3.14" in use_a and "3.33" in use_a and "94%" in use_a  # used, entitlement, ratio
+    assert nominal_a.split() == ["│", "team-a", "│", "4", "│", "7", "│"]  # gpu, mig-1g.5gb
     assert "Jain's index of used / entitlement 0.953" in text.replace("\n", " ")
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_status_tables_fit_the_terminal(queue: FairQueue, redis_url: str, width: int,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fairgate status`` in a terminal of 80 columns cuts no header or name and prints
+    no line wider; at 120 no header or row wraps either."""
+    monkeypatch.setenv("COLUMNS", str(width))
+    queue.sync_config(make_config({**RAW_CONFIG, "research-long": {
+        "weight": 1, "nominal": {"gpu": 2, "mig-1g.5gb": 14, "mig-3g.40gb": 2}}}), None)
+    out = io.StringIO()
+    assert status_command(redis_url, False, out=out) == 0
+    text = out.getvalue()
+    headers = [str(c.header) for t in status_tables(status_report(queue)) for c in t.columns]
+    assert tablefit.problems(text, width, headers, unwrapped=width >= 120) == []
+    names = [line[1:].split("│")[0].strip() for line in text.splitlines()
+             if line.startswith("│ ")]
+    assert sorted(names) == ["research-long"] * 3 + ["team-a"] * 3 + ["team-b"] * 3, names
 
 
 def test_status_jain_is_na_when_the_only_backlogged_tenant_holds_nothing(
@@ -136,8 +160,8 @@ def test_status_jain_is_na_when_the_only_backlogged_tenant_holds_nothing(
     assert q.confirm("b-0", pod_uid("b-0"), "team-b-dev", "b-0") == "confirmed"
     report = status_report(q)
     b = report["tenants"]["team-b"]
-    assert (b["used"], b["entitlement"], b["ofEntitlement"]) == (0.0, 2.0, 0.0)
-    assert report["jainIndex"] is None
+    assert (b["used"], b["entitlement"], b["of_entitlement"]) == (0.0, 2.0, 0.0)
+    assert report["jain_index"] is None
     table = io.StringIO()
     assert status_command(redis_url, False, out=table) == 0
     assert "Jain's index of used / entitlement n/a" in table.getvalue().replace("\n", " ")
@@ -159,7 +183,7 @@ def test_status_shows_what_the_dispatcher_left_out_of_capacity(
     queue.write_capacity_notes({**report.to_json(), "at": NOW, "override": False})
     out = io.StringIO()
     assert status_command(redis_url, True, out=out) == 0
-    notes = json.loads(out.getvalue())["capacityNotes"]
+    notes = json.loads(out.getvalue())["capacity_notes"]
     assert CapacityReport.from_json(notes) == report and notes["at"] == NOW
     table = io.StringIO()
     assert status_command(redis_url, False, out=table) == 0
@@ -298,8 +322,8 @@ def test_status_shows_capacity_held_and_for_whom(redis_client: redis.Redis,
     report = status_report(q, NOW + 700)
     assert report["held"] == [{
         "tenant": "team-b", "band": "training", "pod": "team-b-dev/big", "group": None,
-        "gang": None, "demand": {"gpu": 4}, "held": {"gpu": 2}, "heldGpuEquivalents": 2.0,
-        "demandGpuEquivalents": 4.0,
+        "gang": None, "demand": {"gpu": 4}, "held": {"gpu": 2}, "held_gpu_equivalents": 2.0,
+        "demand_gpu_equivalents": 4.0,
     }]
     out = io.StringIO()
     assert status_command(redis_url, True, out=out) == 0
@@ -335,7 +359,7 @@ def test_why_explains_a_controllers_gated_pod_by_the_name_kubectl_shows(
                  reason="waiting for 1 x gpu of cluster capacity")
     ref = f"team-b-ns/{name}"
     out = io.StringIO()
-    assert why_command(redis_url, ref, json_out=True, out=out) == 0
+    assert why_command(redis_url, ref, json_out=True, out=out) == 1  # nothing known: exit 1
     assert json.loads(out.getvalue())["verdict"] == "unknown"  # the dispatcher has not seen it
 
     rig.settle()  # the dispatcher sees the pod: its ticket takes the pod's name
@@ -366,7 +390,7 @@ def test_status_shows_capacity_and_usage_per_placement_class(
     assert q.admit(_request("g", "g", demand={"gpu": 2}), NOW).outcome == "reserved"
     assert q.admit(_request("s", "s", pod_class="inference",
                             demand={"mig-1g.5gb#single": 3}), NOW).outcome == "reserved"
-    rows = status_report(q, NOW)["capacityByClass"]
+    rows = status_report(q, NOW)["capacity_by_class"]
     assert rows == [
         {"key": "gpu", "class": "whole GPUs", "resource": "gpu", "capacity": 8, "used": 2},
         {"key": "mig-1g.5gb", "class": "MIG mixed", "resource": "mig-1g.5gb",
@@ -387,14 +411,14 @@ def test_status_counts_the_ticket_twins_of_each_tenant(queue: FairQueue, redis_u
                       pod_class="training", band="training", demand={"gpu": 1}, group=None,
                       group_size=1, phase="Running", gated=False, node="n1", created=NOW)
 
-    assert status_report(queue)["tenants"]["team-b"]["ticketTwins"] == 0
+    assert status_report(queue)["tenants"]["team-b"]["ticket_twins"] == 0
     reconcile(queue, [pod(pod_uid("b-run"), "b-run"), pod("uid-copy", "copy")],
               bound={"b-run": pod_uid("b-run")})
     assert queue.twin_counts() == {"team-b": 1}
     out = io.StringIO()
     assert status_command(redis_url, True, out=out) == 0
     tenants = json.loads(out.getvalue())["tenants"]
-    assert {name: row["ticketTwins"] for name, row in tenants.items()} == {
+    assert {name: row["ticket_twins"] for name, row in tenants.items()} == {
         "team-a": 0, "team-b": 1}
     assert tenants["team-b"]["used"] == 2.0  # the owner and its twin
     table = io.StringIO()

@@ -102,7 +102,13 @@ EXPECTED: dict[Subject, set[Grant]] = {
                           # reclaim evicts through the Eviction API: a create on the
                           # pods/eviction subresource (PDBs and grace periods hold), never
                           # a delete of the pod
-                          (None, "", "pods/eviction", "create", None)},
+                          (None, "", "pods/eviction", "create", None),
+                          # autoscaling (provisioningRequest mode): the request and its
+                          # templates are owned by their pods, so the garbage collector
+                          # deletes them; the dispatcher deletes nothing
+                          (None, "", "podtemplates", "create", None)}
+    | {(None, "autoscaling.x-k8s.io", "provisioningrequests", v, None)
+       for v in ("create", "get", "list", "watch")},
     # TokenReview and SubjectAccessReview, and reads: the console's access checks; its
     # own certificate Secret (the TLS sidecar creates and renews it).
     CONSOLE: {(None, "authentication.k8s.io", "tokenreviews", "create", None),

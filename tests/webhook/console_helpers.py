@@ -1,11 +1,14 @@
 """Helpers of the console tests: ``fairgate console`` as a child process, a real browser
-(Debian's Chromium through selenium)."""
+(Debian's Chromium through selenium), and what a server did with raw sockets opened to
+it."""
 
 from __future__ import annotations
 
 import os
+import selectors
 import shutil
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -109,3 +112,36 @@ def browser(size: str = "1400,900") -> WebDriver:
     options.binary_location = CHROMIUM
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     return webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+
+
+def open_fds(pid: int) -> int:
+    """How many file descriptors process ``pid`` has open."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def closed_within(socks: list[socket.socket] | list[ssl.SSLSocket], seconds: float
+                   ) -> tuple[int, list[bytes]]:
+    """How many of ``socks`` the server closed within ``seconds``, and what it sent."""
+    selector = selectors.DefaultSelector()
+    for sock in socks:
+        sock.setblocking(False)
+        selector.register(sock, selectors.EVENT_READ)
+    closed, answers = 0, []
+    deadline = time.monotonic() + seconds
+    while closed < len(socks) and time.monotonic() < deadline:
+        for key, _ in selector.select(timeout=0.2):
+            sock = key.fileobj
+            assert isinstance(sock, socket.socket)
+            try:
+                data = sock.recv(4096)
+            except (ssl.SSLWantReadError, BlockingIOError):
+                continue
+            except OSError:
+                data = b""
+            if data:
+                answers.append(data)
+                continue
+            selector.unregister(sock)
+            closed += 1
+    selector.close()
+    return closed, answers

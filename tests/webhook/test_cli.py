@@ -226,6 +226,23 @@ def test_why_explains_a_queued_pod(server: ServeProcess, redis_url: str) -> None
     assert "Traceback" not in bad.stderr
 
 
+def test_why_of_a_pod_fairgate_never_saw_exits_1_saying_so(
+    server: ServeProcess, redis_url: str
+) -> None:
+    _admit(server, "team-b-dev", "known")
+    unknown = _fairgate("why", "team-b-dev/no-such-pod", "--redis-url", redis_url)
+    assert unknown.returncode == 1
+    assert unknown.stdout == ""
+    assert unknown.stderr.startswith(
+        "fairgate: error: fairgate has no record of team-b-dev/no-such-pod: either it is not "
+        "fairgate's business"), unknown.stderr
+    as_json = _fairgate("why", "team-b-dev/no-such-pod", "--json", "--redis-url", redis_url)
+    assert as_json.returncode == 1
+    assert json.loads(as_json.stdout)["verdict"] == "unknown"
+    known = _fairgate("why", "team-b-dev/known", "--redis-url", redis_url)
+    assert known.returncode == 0, known.stderr
+
+
 def test_audit_commands_read_and_verify_the_webhooks_records(
     server: ServeProcess, redis_url: str
 ) -> None:
@@ -243,6 +260,13 @@ def test_audit_commands_read_and_verify_the_webhooks_records(
     verify = _fairgate("audit", "verify", "--redis-url", redis_url)
     assert verify.returncode == 0, verify.stdout
     assert verify.stdout.startswith("OK")
+    as_json = _fairgate("audit", "verify", "--json", "--redis-url", redis_url)
+    assert as_json.returncode == 0, as_json.stderr
+    outcome = json.loads(as_json.stdout)
+    assert outcome["ok"] is True and outcome["stream"] == "fairgate:audit"
+    assert outcome["checked"] >= len(records) and outcome["first_seq"] == 1
+    assert outcome["last_seq"] == outcome["checked"]
+    assert outcome["first_bad"] is None and outcome["problem"] == ""
     tail = _fairgate("audit", "tail", "--no-follow", "--redis-url", redis_url)
     assert "sandbox" in tail.stdout
 
@@ -641,3 +665,86 @@ def test_the_demo_runtime_is_stated_one_way(capsys: pytest.CaptureFixture[str]) 
         flat = " ".join(text.split())
         assert DEMO_RUNTIME in flat, where
         assert duration.findall(flat.replace(DEMO_RUNTIME, "")) == [], where
+
+
+def test_report_and_audit_query_take_the_same_times_in_the_same_words(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--since``/``--until`` mean the same in both: one metavar, one help wording (only
+    the default start differs), one parser (the same error for a bad time, exit 2)."""
+    helps = {}
+    for words in (["report"], ["audit", "query"]):
+        with pytest.raises(SystemExit):
+            main([*words, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert "[--since TIME] [--until TIME]" in text
+        assert ("TIME is RFC 3339 (2026-01-31T12:00:00Z), a date (2026-01-31, UTC) or an age "
+                "before now (30s, 15m, 2h, 7d, 1w).") in text
+        assert "WHEN" not in text
+        helps[words[0]] = text
+    for text in helps.values():
+        assert ("--since TIME from TIME on, inclusive: RFC 3339, a date (UTC) or an age such "
+                "as 7d (default: ") in text
+        assert ("--until TIME up to TIME, exclusive: RFC 3339, a date (UTC) or an age such "
+                "as 7d (default and at most: now)") in text
+
+
+def test_dispatch_help_describes_the_order_by_virtual_time(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["dispatch", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "lowest share / weight" not in text
+    assert "inference before training; then the tenant with the lowest virtual time" in text
+    assert "idle time earns no credit" in text
+    assert "A gang is released whole or not at all" in text
+
+
+def _camel_keys(data: Any, where: str = "") -> list[str]:
+    """The keys in ``data`` (nested) with a capital letter: not snake_case. OpenCost's own
+    names, under ``opencost``, are OpenCost's."""
+    if isinstance(data, list):
+        return [bad for i, item in enumerate(data) for bad in _camel_keys(item, f"{where}[{i}]")]
+    if not isinstance(data, dict):
+        return []
+    found = []
+    for key, value in data.items():
+        if any(c.isupper() for c in key):
+            found.append(f"{where}.{key}")
+        if key != "opencost":
+            found += _camel_keys(value, f"{where}.{key}")
+    return found
+
+
+def test_every_json_output_names_its_fields_in_snake_case(
+    server: ServeProcess, redis_url: str, tmp_path: Path
+) -> None:
+    """status, why, audit query and verify, report and simulate: one style of field names
+    (snake_case, as the simulation's and the report's documented keys)."""
+    _admit(server, "team-b-dev", "holder")
+    assert _admit(server, "team-b-dev", "waiter")["auditAnnotations"]["decision"] == "queue"
+    _admit(server, "sandbox", "nb")
+    trace = tmp_path / "small.yaml"
+    trace.write_text(_SMALL_TRACE)
+    outputs = {
+        "status": _fairgate("status", "--json", env_redis=redis_url),
+        "why": _fairgate("why", "team-b-dev/waiter", "--json", env_redis=redis_url),
+        "audit query": _fairgate("audit", "query", "--json", env_redis=redis_url),
+        "audit verify": _fairgate("audit", "verify", "--json", env_redis=redis_url),
+        "report": _fairgate("report", "--json", env_redis=redis_url),
+        "simulate": _fairgate("simulate", str(trace), "--json", "--window", "100:"),
+    }
+    for command, done in outputs.items():
+        assert done.returncode == 0, (command, done.stderr)
+        documents = [json.loads(line) for line in done.stdout.splitlines() if line.strip()] \
+            if command == "audit query" else [json.loads(done.stdout)]
+        assert documents, command
+        for document in documents:
+            assert _camel_keys(document) == [], (command, document)
+    status = json.loads(outputs["status"].stdout)
+    why = json.loads(outputs["why"].stdout)
+    assert {"jain_index", "capacity_by_class", "capacity_notes", "held"} <= set(status)
+    assert {"borrow_limit", "weighted_share", "of_entitlement"} <= set(
+        status["tenants"]["team-b"])
+    assert why["queue_length"] == status["tenants"]["team-b"]["queued"]["training"]

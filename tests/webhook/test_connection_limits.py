@@ -5,53 +5,18 @@ answers. Real sockets against a real ``fairgate console`` (HTTP) and ``fairgate 
 
 from __future__ import annotations
 
-import os
-import selectors
 import socket
-import ssl
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
-from console_helpers import ConsoleProcess
+from console_helpers import ConsoleProcess, closed_within, open_fds
 from webhook_helpers import write_config
 
 from webhook.process import ServeProcess, client_context
 
 HALF_SENT = b"GET /api/tenants HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
-
-
-def _open_fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def _closed_within(socks: list[socket.socket] | list[ssl.SSLSocket], seconds: float
-                   ) -> tuple[int, list[bytes]]:
-    """How many of ``socks`` the server closed within ``seconds``, and what it sent."""
-    selector = selectors.DefaultSelector()
-    for sock in socks:
-        sock.setblocking(False)
-        selector.register(sock, selectors.EVENT_READ)
-    closed, answers = 0, []
-    deadline = time.monotonic() + seconds
-    while closed < len(socks) and time.monotonic() < deadline:
-        for key, _ in selector.select(timeout=0.2):
-            sock = key.fileobj
-            assert isinstance(sock, socket.socket)
-            try:
-                data = sock.recv(4096)
-            except (ssl.SSLWantReadError, BlockingIOError):
-                continue
-            except OSError:
-                data = b""
-            if data:
-                answers.append(data)
-                continue
-            selector.unregister(sock)
-            closed += 1
-    selector.close()
-    return closed, answers
 
 
 def test_the_console_closes_half_sent_requests_and_caps_connections(
@@ -62,7 +27,7 @@ def test_the_console_closes_half_sent_requests_and_caps_connections(
                         str(timeout)) as console:
         assert console.process is not None
         pid = console.process.pid
-        before = _open_fds(pid)
+        before = open_fds(pid)
         parts = urlsplit(console.base)
         socks = []
         for _ in range(tried):
@@ -70,9 +35,9 @@ def test_the_console_closes_half_sent_requests_and_caps_connections(
             sock.sendall(HALF_SENT)
             socks.append(sock)
         time.sleep(2)  # refused ones are read for a second, so that the 503 arrives
-        assert _open_fds(pid) <= before + cap + 5  # at the cap: the rest were closed
+        assert open_fds(pid) <= before + cap + 5  # at the cap: the rest were closed
         started = time.monotonic()
-        closed, answers = _closed_within(socks, timeout + 5)
+        closed, answers = closed_within(socks, timeout + 5)
         elapsed = time.monotonic() - started
         assert closed == tried, (closed, elapsed)
         refused = [a for a in answers if a.startswith(b"HTTP/1.1 503")]
@@ -81,7 +46,7 @@ def test_the_console_closes_half_sent_requests_and_caps_connections(
         assert elapsed < timeout + 3
         for sock in socks:
             sock.close()
-        assert _open_fds(pid) <= before + 5
+        assert open_fds(pid) <= before + 5
         with console.client() as client:  # still serving, and to a real request at once
             assert client.get("/api/tenants").status_code == 200
 
@@ -94,7 +59,7 @@ def test_an_idle_connection_is_closed_and_a_slow_request_body_too(
         silent = socket.create_connection((parts.hostname, parts.port), timeout=5)
         slow = socket.create_connection((parts.hostname, parts.port), timeout=5)
         slow.sendall(b"POST /api/tenants HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n12")
-        closed, _ = _closed_within([silent, slow], 5)
+        closed, _ = closed_within([silent, slow], 5)
         assert closed == 2
         silent.close()
         slow.close()
@@ -116,7 +81,7 @@ def test_the_webhook_closes_half_sent_tls_requests_and_caps_connections(
             sock.sendall(b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{")
             socks.append(sock)
         started = time.monotonic()
-        closed, answers = _closed_within(socks, timeout + 6)
+        closed, answers = closed_within(socks, timeout + 6)
         assert closed == tried
         assert time.monotonic() - started < timeout + 4
         refused = [a for a in answers if a.startswith(b"HTTP/1.1 503")]
@@ -137,15 +102,15 @@ def test_the_webhook_ends_a_tls_handshake_that_never_starts(
                       extra=("--request-timeout", str(timeout))) as server:
         assert server.process is not None
         pid = server.process.pid
-        before = _open_fds(pid)
+        before = open_fds(pid)
         socks = [socket.create_connection(("127.0.0.1", server.port), timeout=5)
                  for _ in range(50)]
         time.sleep(0.5)
-        assert _open_fds(pid) >= before + 40  # accepted, waiting for a ClientHello
+        assert open_fds(pid) >= before + 40  # accepted, waiting for a ClientHello
         started = time.monotonic()
-        closed, answers = _closed_within(socks, timeout + 6)
+        closed, answers = closed_within(socks, timeout + 6)
         assert closed == 50 and not answers
         assert time.monotonic() - started < timeout + 4
         for sock in socks:
             sock.close()
-        assert _open_fds(pid) <= before + 5
+        assert open_fds(pid) <= before + 5

@@ -165,7 +165,7 @@ def test_tenants_show_what_fairgate_status_shows_plus_ceiling_and_split(
             assert row[key] == value, (name, key)
     assert rows["team-a"]["used"] == 2.0
     assert rows["team-a"]["ceiling"] == 8.0
-    assert rows["team-b"]["usedNominal"] == 1.0
+    assert rows["team-b"]["used_nominal"] == 1.0
     assert rows["team-b"]["queued"] == {"inference": 0, "training": 2}
     html = _get(stack, "/tenants").text
     assert '<tr data-tenant="team-b">' in html
@@ -187,7 +187,7 @@ def test_queue_rows_say_what_fairgate_why_says(stack: ConsoleProcess,
         assert row["position"] == why["position"]
         assert row["class"] == "training"
         assert row["demand"] == "gpu=1"
-        assert row["waitedSeconds"] >= 0
+        assert row["waited_seconds"] >= 0
     assert answer["rows"][0]["position"] == 1
     assert _get(stack, "/api/queue", tenant="team-a").json()["total"] == 0
     assert _get(stack, "/api/queue", namespace="team-b-dev").json()["total"] == 2
@@ -328,7 +328,7 @@ def test_a_complete_gang_waits_as_one_row_and_filters_by_its_namespace(
     assert row["gang"] == "team-b-dev/g" and row["tenant"] == "team-b"
     assert "gang team-b-dev/g" in row["why"]
     # the same row (its wait, rounded to 0.1 s, was read a moment later)
-    assert abs(by_namespace["rows"][0].pop("waitedSeconds") - row.pop("waitedSeconds")) <= 0.2
+    assert abs(by_namespace["rows"][0].pop("waited_seconds") - row.pop("waited_seconds")) <= 0.2
     assert by_namespace["rows"] == page["rows"]
     assert "never fits" in row["why"] and "waiting for a larger quota" in row["why"]
     assert elsewhere["total"] == 0
@@ -353,7 +353,18 @@ def test_a_gang_row_names_where_the_gang_was_declared(tmp_path: Path) -> None:
     (row,) = page["rows"]
     assert row["source"] == "Indexed Job trainer" and row["members"] == 2
     assert row["why"].startswith("gang of Indexed Job trainer: 2 of 2 pods created, released "
-                                 "together (t/gpu=2), waiting for ")
+                                 "together (2 GPUs training), waiting for ")
+
+
+def _queue_gang(queue: FairQueue, size: int) -> None:
+    """Gang ``g`` of ``size`` 1-GPU training pods in team-b-dev, the first created 90 s
+    ago, all confirmed."""
+    for i in range(size):
+        ticket = str(uuid.uuid4())
+        queue.admit(PodRequest(ticket, "team-b", "team-b-dev", f"g-{i}", "training",
+                               {"gpu": 1}, group="g", group_size=size,
+                               submitted_at=time.time() - 90 + i), time.time())
+        queue.confirm(ticket, str(uuid.uuid4()), "team-b-dev", f"g-{i}")
 
 
 def test_the_queue_page_renders_a_waiting_gang_in_headless_chromium(
@@ -365,12 +376,7 @@ def test_the_queue_page_renders_a_waiting_gang_in_headless_chromium(
         client = redis.Redis.from_url(url)
         queue = FairQueue(client)
         queue.sync_config(load_config_dir(config), {"gpu": 8})
-        for i in range(2):  # 2 x 1 GPU: team-b's nominal is 1 GPU, so the gang waits
-            ticket = str(uuid.uuid4())
-            queue.admit(PodRequest(ticket, "team-b", "team-b-dev", f"g-{i}", "training",
-                                   {"gpu": 1}, group="g", group_size=2,
-                                   submitted_at=time.time() - 90 + i), time.time())
-            queue.confirm(ticket, str(uuid.uuid4()), "team-b-dev", f"g-{i}")
+        _queue_gang(queue, 2)  # 2 x 1 GPU: team-b's nominal is 1 GPU, so the gang waits
         client.close()
         with ConsoleProcess(url, config, tmp_path / "console.log") as console:
             for params in ({}, {"tenant": "team-b"}):
@@ -379,13 +385,13 @@ def test_the_queue_page_renders_a_waiting_gang_in_headless_chromium(
                 assert "gang team-b-dev/g" in page.text
             (row,) = _get(console, "/api/queue").json()["rows"]
             assert row["class"] == "training" and row["members"] == 2
-            assert 90 <= row["waitedSeconds"] < 150
+            assert 90 <= row["waited_seconds"] < 150
             _open(driver, console, "queue")
             cells = driver.find_element(By.CSS_SELECTOR, 'tr[data-pod="team-b-dev/g"]')
             texts = [c.text for c in cells.find_elements(By.CSS_SELECTOR, "th, td")]
     assert texts[0] == "gang team-b-dev/g (2 pods)"
     assert texts[1:4] == ["team-b", "-", "training"]
-    assert "gpu" in texts[4]
+    assert texts[4] == "2 GPUs training"
     assert texts[5].startswith("1m ")
     assert texts[6].startswith("gang team-b-dev/g: 2 of 2 pods created, released together")
 
@@ -707,7 +713,7 @@ def test_a_tenant_viewer_sees_nothing_of_other_tenants_in_any_answer(
                data.audit(viewer, q="team-a"), data.cost(viewer)]
     client.close()
     text = json.dumps(answers)
-    for other in ("team-a", "race", "sandbox", "capacityNotes", "jainIndex\": ["):
+    for other in ("team-a", "race", "sandbox", "capacity_notes", "jain_index\": ["):
         assert other not in text
     assert '"name": "team-b"' in text
     assert "b-1" in text
@@ -885,12 +891,12 @@ def test_the_tenants_page_shows_reclaims_a_viewer_may_see() -> None:
     """The dispatcher's reclaim notes: a platform viewer gets every line, a tenant viewer
     the header and no reclaim that names a tenant it does not see."""
     entry = {"at": 1_700.0, "pod": "old-ns/old-1", "tenant": "old", "for": "new-ns/new-0",
-             "forTenant": "new", "ranSeconds": 700.0, "gpuEquivalents": 4.0}
+             "for_tenant": "new", "ran_seconds": 700.0, "gpu_equivalents": 4.0}
     with local_redis() as url:
         client = redis.Redis.from_url(url)
         queue = FairQueue(client)
         queue.write_reclaim_notes({"on": True, "at": 1_700.0, "after": 60.0,
-                                   "minRuntime": 600.0, "perHour": 12, "lastHour": 1,
+                                   "min_runtime": 600.0, "per_hour": 12, "last_hour": 1,
                                    "recent": [entry]})
         data = ConsoleData(client, queue, FairnessHistory(client, queue))
         everyone = data.tenants(Viewer("p", everything=True))
@@ -901,3 +907,99 @@ def test_the_tenants_page_shows_reclaims_a_viewer_may_see() -> None:
     assert everyone["reclaim"][0].endswith(": 1 reclaimed in the last hour")
     assert new_only["reclaim"] == [
         "reclaim: on (after 60s waiting, pods that ran at least 600s, at most 12 an hour)"]
+
+
+# -- read at a glance: one scale, a legend, units, shapes in words, 800 px wide ---------
+
+
+def test_fairness_charts_share_one_scale_with_a_legend_and_units(
+        stack: ConsoleProcess, driver: WebDriver) -> None:
+    """team-a uses 2 GPUs, team-b 1: both charts are drawn on one y-scale (the same
+    ticks, team-b's line half as high), each says its unit, and a legend names the solid
+    and the dashed line."""
+    _open(driver, stack, "fairness")
+    figures = {f.get_attribute("data-tenant"): f for f in driver.find_elements(
+        By.CSS_SELECTOR, "figure[data-tenant]")}
+    assert {"team-a", "team-b"} <= set(figures)
+    ticks = {tenant: [t.text for t in figure.find_elements(By.CSS_SELECTOR,
+                                                           "text.tick:not(.time)")]
+             for tenant, figure in figures.items()}
+    assert len({tuple(t) for t in ticks.values()}) == 1, ticks  # one scale
+    assert float(ticks["team-a"][-1]) >= 2  # team-a's 2 GPUs fit it
+    for figure in figures.values():
+        assert figure.find_element(By.CSS_SELECTOR, "text.unit").text == "GPU-eq"
+    legend = driver.find_element(By.CSS_SELECTOR, "[data-legend]")
+    assert legend.is_displayed()
+    assert [item.text for item in legend.find_elements(By.TAG_NAME, "li")] == [
+        "used (solid)", "entitlement (dashed)"]
+    used = legend.find_element(By.CSS_SELECTOR, "line.used")
+    assert used.value_of_css_property("stroke") == figures["team-a"].find_element(
+        By.CSS_SELECTOR, "polyline.used").value_of_css_property("stroke")
+
+
+def test_a_shape_on_the_queue_page_is_said_in_words(tmp_path: Path, driver: WebDriver) -> None:
+    """A gang of 4 x 1 GPU of team-b (nominal 1, borrowLimit 3) waits as one entry above
+    its nominal quota: its lane's shape (b/gpu=4) reads "4 GPUs borrowed", in its
+    Demand cell and its why; a single pod's shape is said so too."""
+    config = write_config(tmp_path / "config")
+    config.joinpath("quota-team-b.yaml").write_text(
+        "nominal: {gpu: 1}\nborrowLimit: {gpuEquivalents: 3}\ndefaultClass: training\n")
+    with local_redis() as url:
+        client = redis.Redis.from_url(url)
+        queue = FairQueue(client)
+        queue.sync_config(load_config_dir(config), {"gpu": 8})
+        hog = PodRequest(str(uuid.uuid4()), "team-a", "team-a-dev", "hog", "training",
+                         {"gpu": 7}, submitted_at=time.time() - 120)
+        queue.admit(hog, time.time())
+        queue.confirm(hog.ticket, str(uuid.uuid4()), "team-a-dev", "hog")
+        _queue_gang(queue, 4)
+        _wait_pod(queue, "team-b", "team-b-dev", "solo")
+        client.close()
+        with ConsoleProcess(url, config, tmp_path / "console.log") as console:
+            [row] = [r for r in _get(console, "/api/queue").json()["rows"]
+                     if r["pod"] == "team-b-dev/g"]
+            assert row["shape"] == "b/gpu=4"
+            _open(driver, console, "queue")
+            cells = driver.find_element(By.CSS_SELECTOR, 'tr[data-pod="team-b-dev/g"]')
+            texts = [c.text for c in cells.find_elements(By.CSS_SELECTOR, "th, td")]
+            solo = driver.find_element(By.CSS_SELECTOR, 'tr[data-pod="team-b-dev/solo"]')
+            solo_texts = [c.text for c in solo.find_elements(By.CSS_SELECTOR, "th, td")]
+    assert solo_texts[4] == "1 GPU training", solo_texts
+    assert texts[4] == "4 GPUs borrowed"
+    assert "released together (4 GPUs borrowed)" in texts[6]
+    assert "b/gpu" not in " ".join(texts)
+
+
+# Every element of a page that ends beyond the window's right edge, or whose text is cut
+# by its own box (overflow hidden), and the page's own horizontal overflow.
+CUT_AT_WIDTH = """
+const width = document.documentElement.clientWidth;
+const cut = [];
+if (document.documentElement.scrollWidth > width)
+  cut.push('page scrolls sideways: ' + document.documentElement.scrollWidth + ' > ' + width);
+for (const el of document.querySelectorAll('header *, main *, footer *')) {
+  if (el.closest('.skip')) continue;
+  const box = el.getBoundingClientRect();
+  const what = el.tagName + ' ' + (el.textContent || '').trim().slice(0, 50);
+  if (box.width > 0 && box.right > width + 1) cut.push('beyond the edge: ' + what);
+  if (el.scrollWidth > el.clientWidth + 1 && getComputedStyle(el).overflowX !== 'visible')
+    cut.push('clipped: ' + what);
+}
+return cut;
+"""
+
+
+@pytest.fixture(scope="module")
+def narrow() -> Iterator[WebDriver]:
+    """Headless Chromium in a window 800 px wide."""
+    chrome = browser("800,900")
+    yield chrome
+    chrome.quit()
+
+
+@pytest.mark.parametrize("page", list(BROWSER_EXPECTS))
+def test_nothing_is_cut_in_a_window_800_px_wide(
+        stack: ConsoleProcess, narrow: WebDriver, page: str) -> None:
+    _open(narrow, stack, page)
+    assert narrow.execute_script("return window.innerWidth") == 800
+    assert narrow.execute_script(CUT_AT_WIDTH) == []

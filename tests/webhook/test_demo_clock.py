@@ -95,8 +95,9 @@ def _table_sum(output: str, columns: tuple[str, ...]) -> int:
     header = next(line for line in lines if line.startswith("┃ tenant") and "admitted" in line)
     names = [cell.strip() for cell in header.strip("┃").split("┃")]
     at = [names.index(column) for column in columns]
-    rows = [line for line in lines[lines.index(header):] if line.startswith("│ ")]
-    rows = rows[:next((i for i, row in enumerate(rows) if "│" not in row[1:]), len(rows))]
+    body = lines[lines.index(header):]
+    body = body[:next(i for i, line in enumerate(body) if line.startswith("└"))]
+    rows = [line for line in body if line.startswith("│ ")]
     total = 0
     for row in rows:
         if row.startswith("│ total"):

@@ -1,5 +1,6 @@
-"""The Fairness page's charts: a time axis on every chart and a line that ends at 0 when a
-tenant goes idle (``fairgate demo``'s run charted: tests/webhook/test_first_run.py)."""
+"""The Fairness page's charts: a time axis on every chart, one y-scale for all tenants and
+a line that ends at 0 when a tenant goes idle (``fairgate demo``'s run charted:
+tests/webhook/test_first_run.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from webhook_helpers import write_config
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import PodRequest
 from tenants.localdir import load_config_dir
-from webhook.console.charts import WIDTH, line_chart, time_ticks
+from webhook.console.charts import WIDTH, line_chart, shared_top, time_ticks
 from webhook.console.history import FairnessHistory
 
 
@@ -66,3 +67,20 @@ def test_jain_is_charted_over_two_tenants_entitled_to_something(
         queue.confirm(ticket, uid, f"{tenant}-dev", "p")
     assert history.sample(now)
     assert [index for _, index in history.jain(now - 1)] == [1.0]
+
+
+def test_one_scale_holds_every_tenants_used_and_entitlement() -> None:
+    """A tenant using 1 of 8 GPUs is drawn at an eighth of the height of one using 8, not
+    as a full-height spike of its own scale."""
+    samples = {"big": [[0.0, 8.0, 6.0], [60.0, 7.0, 6.0]],
+               "small": [[0.0, 1.0, 1.0], [60.0, 1.0, 2.5]]}
+    top = shared_top(samples)
+    assert top == 10.0 and shared_top({}) == 1.0
+    small = line_chart({"used": [[0.0, 1.0]]}, 0.0, 60.0, top)
+    big = line_chart({"used": [[0.0, 8.0]]}, 0.0, 60.0, top)
+    assert small["ticks"] == big["ticks"] and small["ticks"][-1][1] == "10"
+    base, height = small["ticks"][0][0], small["ticks"][0][0] - small["ticks"][-1][0]
+    small_y, big_y = (int(c["lines"]["used"].split(",")[1]) for c in (small, big))
+    assert base - small_y == round(height / 10)
+    assert base - big_y == round(height * 8 / 10)
+    assert line_chart({"used": [[0.0, 1.0]]}, 0.0, 60.0)["top"] == 1.0  # its own scale

@@ -45,7 +45,7 @@ from starlette.responses import (
 from starlette.routing import Route
 
 from webhook.console.access import COOKIE, Access, Denied, Viewer, token_of
-from webhook.console.charts import line_chart, split_series
+from webhook.console.charts import line_chart, shared_top, split_series
 from webhook.console.data import ConsoleData
 from webhook.console.events import Broadcaster
 
@@ -118,6 +118,7 @@ def _environment() -> Environment:
     env.globals["pct"] = _pct
     env.globals["line_chart"] = line_chart
     env.globals["split_series"] = split_series
+    env.globals["shared_top"] = shared_top
     env.globals["urlencode"] = urlencode
     return env
 

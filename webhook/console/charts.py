@@ -5,8 +5,11 @@ until]`` (whole pixels) into a ``width`` x ``height`` box with a margin for axis
 the SVG ``points`` attribute per series plus y-axis ticks and a time axis (``xticks``: five
 ``(x, label, anchor)`` from ``since`` to ``until``, UTC ``HH:MM``, ``MM-DD HH:MM`` over
 more than a day); values are clipped at 0 and
-the y range is ``[0, max(values, 1e-9)]`` rounded up to a "nice" number.
-:func:`split_series` splits the Fairness page's ``[t, used, entitlement]`` samples.
+the y range is ``[0, top]``, ``top`` by default ``max(values, 1e-9)`` rounded up to a
+"nice" number. :func:`shared_top` is that number over every tenant's samples, so that the
+Fairness page draws the tenants of a page on one y-scale (a small tenant is a low line,
+not a spike). :func:`split_series` splits the Fairness page's ``[t, used,
+entitlement]`` samples.
 """
 
 from __future__ import annotations
@@ -31,11 +34,13 @@ def nice_ceiling(value: float) -> float:
 
 
 def line_chart(series: Mapping[str, Sequence[Sequence[float]]], since: float,
-               until: float) -> dict[str, Any]:
+               until: float, top: float | None = None) -> dict[str, Any]:
     """``{"width", "height", "left", "bottom", "lines": {name: points}, "ticks": [(y,
-    label)], "xticks": [(x, label, anchor)], "top"}``."""
-    values = [p[1] for points in series.values() for p in points]
-    top = nice_ceiling(max(values, default=0.0))
+    label)], "xticks": [(x, label, anchor)], "top"}``; ``top``: the y range's top (by
+    default the series' own, see the module contract)."""
+    if top is None:
+        top = nice_ceiling(max((p[1] for points in series.values() for p in points),
+                               default=0.0))
     span = max(until - since, 1e-9)
     plot_w, plot_h = WIDTH - LEFT, HEIGHT - BOTTOM - TOP
     x_scale, y_scale, base = plot_w / span, plot_h / top, TOP + plot_h
@@ -65,6 +70,13 @@ def time_ticks(since: float, until: float) -> list[tuple[int, str, str]]:
         label = datetime.fromtimestamp(at, UTC).strftime(form)
         marks.append((round(LEFT + (WIDTH - LEFT) * i / 4), label, anchor))
     return marks
+
+
+def shared_top(samples: Mapping[str, Sequence[Sequence[float]]]) -> float:
+    """The y range's top that holds every used and entitlement value of every tenant's
+    ``[t, used, entitlement]`` samples (a "nice" number, as :func:`line_chart`'s own)."""
+    return nice_ceiling(max((v for points in samples.values() for p in points
+                             for v in p[1:3]), default=0.0))
 
 
 def split_series(points: Sequence[Sequence[float]]) -> tuple[list[list[float]], list[list[float]]]:

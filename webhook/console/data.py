@@ -6,7 +6,7 @@ Contract:
   tenants (not their names, counts or records) is in the answer.
 - :meth:`ConsoleData.tenants`: the rows of ``fairgate status`` (``fairshare.status``,
   the same computation, shared between requests by :meth:`ConsoleData.status`) plus
-  ``ceiling`` (from the config, null when unknown) and ``usedNominal`` (used -
+  ``ceiling`` (from the config, null when unknown) and ``used_nominal`` (used -
   borrowed), filtered by ``q`` (substring of the name) and paginated by name; and
   ``reclaim``, the reclaim lines of ``fairgate status``
   (:func:`fairshare.status.reclaim_lines`) without the reclaims that name a tenant the
@@ -14,12 +14,14 @@ Contract:
 - :meth:`ConsoleData.queue`: every waiting queue entry of the visible tenants, grouped by
   tenant (by name), then by lane (shape), FIFO within a lane, paginated; each pod row says
   what ``fairgate why`` says (:func:`fairshare.status.status_why`), with ``position`` /
-  ``queueLength`` among its tenant's pods of its class and ``waitedSeconds``. A complete
+  ``queue_length`` among its tenant's pods of its class and ``waited_seconds``; every row
+  has its lane's ``shape`` and ``shape_text``, that in words (``1 GPU training + 3 GPUs
+  borrowed``). A complete
   gang waiting as one entry is one row (``gang``, ``members``, ``source``: where it was
   declared, e.g. ``Indexed Job trainer``, null when the queue was not told; its
-  ``class`` and ``waitedSeconds`` since its first member was created), its ``why``
+  ``class`` and ``waited_seconds`` since its first member was created), its ``why``
   naming it with the queue's counts (``gang of Indexed Job trainer: 4 of 4 pods
-  created, released together (...), waiting for ...``). Gang members still waiting for
+  created, released together (<shape_text>), waiting for ...``). Gang members still waiting for
   their gang to be complete are not listed (``fairgate why`` and ``fairgate status``
   explain them). Filters:
   ``tenant``, ``namespace``: exactly the entries whose pods are in the namespace, read
@@ -58,6 +60,7 @@ from audit.chain import CHAIN_FIELDS, canonical_json
 from audit.log import parse_entry
 from cost.billing import Bill, bill_bodies
 from cost.report import month_start
+from fairshare.queue.calls import shape_in_words
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import GangRecord, TicketStatus, gang_name
 from fairshare.status import reclaim_lines, status_report, status_why
@@ -119,12 +122,12 @@ class ConsoleData:
             row["name"] = name
             row["ceiling"] = (round(tenant.ceiling_slices / SLICES_PER_GPU, 2)
                               if tenant is not None else None)
-            row["usedNominal"] = round(row["used"] - row["borrowed"], 2)
-            row["nominalDemand"] = format_counts(row["nominal"])
+            row["used_nominal"] = round(row["used"] - row["borrowed"], 2)
+            row["nominal_demand"] = format_counts(row["nominal"])
             rows.append(row)
         answer: dict[str, Any] = {
             "capacity": report["capacity"],
-            "jainIndex": report["jainIndex"],
+            "jain_index": report["jain_index"],
             "held": [h for h in report["held"] if viewer.sees(h["tenant"])],
             "reclaim": reclaim_lines(report["reclaim"],
                                      None if viewer.everything else viewer.sees),
@@ -134,7 +137,7 @@ class ConsoleData:
             "pages": pages(len(names), per_page),
         }
         if viewer.everything:
-            answer["capacityNotes"] = report["capacityNotes"]
+            answer["capacity_notes"] = report["capacity_notes"]
         return answer
 
     def status(self) -> dict[str, Any]:
@@ -185,14 +188,14 @@ class ConsoleData:
         rows = [self._gang_row(t, shape, entry[1:],
                                [statuses.get(m) for m in members[entry[1:]]], at,
                                records.get(entry[1:]))
-                if entry.startswith("@") else self._row(statuses.get(entry), at)
+                if entry.startswith("@") else self._row(statuses.get(entry), shape, at)
                 for t, shape, entry in chosen]
         redactor = self.redactor(viewer, known)
         for row in rows:
             if row is not None:
                 row["why"] = redactor.text(row["why"])
-                if row.get("waitingFor"):
-                    row["waitingFor"] = redactor.text(row["waitingFor"])
+                if row.get("waiting_for"):
+                    row["waiting_for"] = redactor.text(row["waiting_for"])
         return {"total": total, "page": page, "pages": pages(total, per_page),
                 "rows": [r for r in rows if r is not None]}
 
@@ -256,26 +259,29 @@ class ConsoleData:
         with the queue's counts (``record``)."""
         known = [m for m in members if m is not None]
         said = record.describe() if record is not None else gang_name(gang, "")
+        words = shape_in_words(shape)
         return {"pod": gang, "gang": gang, "tenant": tenant, "shape": shape,
+                "shape_text": words,
                 "class": known[0].pod_class if known else None,
                 "members": len(members),
                 "source": record.source or None if record is not None else None,
-                "waitedSeconds": round(max(0.0, now - min(m.submitted_at for m in known)), 1)
+                "waited_seconds": round(max(0.0, now - min(m.submitted_at for m in known)), 1)
                 if known else None,
-                "why": f"{said}, released together ({shape}), waiting for "
+                "why": f"{said}, released together ({words}), waiting for "
                        + next((m.waiting_for for m in known if m.waiting_for),
                               "its release as one entry")}
 
     @staticmethod
-    def _row(status: TicketStatus | None, now: float) -> dict[str, Any] | None:
+    def _row(status: TicketStatus | None, shape: str, now: float) -> dict[str, Any] | None:
         if status is None:  # released or forgotten since the lanes were read
             return None
         report = status_why(status, f"{status.namespace}/{status.name}")
         return {
             "pod": report.pod, "tenant": status.tenant, "class": status.pod_class,
-            "band": status.band, "demand": report.demand, "position": report.position,
-            "queueLength": report.queue_length, "waitingFor": report.waiting_for,
-            "waitedSeconds": round(max(0.0, now - status.submitted_at), 1),
+            "band": status.band, "demand": report.demand, "shape": shape,
+            "shape_text": shape_in_words(shape), "position": report.position,
+            "queue_length": report.queue_length, "waiting_for": report.waiting_for,
+            "waited_seconds": round(max(0.0, now - status.submitted_at), 1),
             "why": report.summary, "verdict": report.verdict, "gang": status.group,
         }
 
@@ -293,12 +299,12 @@ class ConsoleData:
         shown = names[(page - 1) * per_page: page * per_page]
         answer: dict[str, Any] = {
             "since": since, "until": at, "hours": hours,
-            "intervalSeconds": self.history.interval,
+            "interval_seconds": self.history.interval,
             "series": self.history.series(shown, since),
             "total": len(names), "page": page, "pages": pages(len(names), per_page),
         }
         if viewer.everything:
-            answer["jainIndex"] = self.history.jain(since)
+            answer["jain_index"] = self.history.jain(since)
         return answer
 
     # -- audit ---------------------------------------------------------------------
@@ -346,7 +352,7 @@ class ConsoleData:
         status = self.verify()
         if viewer.everything or status["ok"]:
             return status
-        return {"ok": False, "checkedAt": status["checkedAt"],
+        return {"ok": False, "checked_at": status["checked_at"],
                 "summary": "the audit chain does not verify: a platform admin can see where "
                            "(fairgate audit verify)"}
 
@@ -439,6 +445,6 @@ def _chain_json(result: VerifyResult, now: float) -> dict[str, Any]:
                    f"{result.last_seq})" if result.checked else "verified: no records yet")
     else:
         summary = f"BROKEN at seq {result.first_bad}: {result.problem}"
-    return {"ok": result.ok, "checked": result.checked, "firstSeq": result.first_seq,
-            "lastSeq": result.last_seq, "firstBad": result.first_bad,
-            "summary": summary, "checkedAt": now}
+    return {"ok": result.ok, "checked": result.checked, "first_seq": result.first_seq,
+            "last_seq": result.last_seq, "first_bad": result.first_bad,
+            "summary": summary, "checked_at": now}

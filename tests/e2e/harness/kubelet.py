@@ -6,12 +6,14 @@ tainted `nvidia.com/gpu:NoSchedule`. The fake kubelet acts as each node's own id
 (`system:node:<name>`, group `system:nodes`, so the Node authorizer and NodeRestriction
 apply): it marks pods bound to its nodes Running, finishes them on request, keeps the
 node Lease and Ready condition fresh and completes graceful deletions, which is what the
-scheduler's preemption waits for.
+scheduler's preemption waits for: at once, or, for a pod annotated `HONOUR_GRACE`, when its
+grace period has passed.
 
 Node kinds, made by :func:`whole_gpu_node` (optionally in a node pool, label
 `fairgate.io/node-pool`, or cordoned from the start) and :func:`single_mig_node` (MIG
 `single` strategy: `nvidia.com/gpu` counts MIG devices, `nvidia.com/gpu.product` names
-the profile). :meth:`FakeKubelet.add_node` registers one more node on a running kubelet;
+the profile). :meth:`FakeKubelet.add_node` registers one more node on a running kubelet,
+:meth:`FakeKubelet.remove_node` deletes one;
 :meth:`FakeKubelet.set_ready` makes a node's kubelet report Ready=False (or True again),
 as a kubelet whose container runtime is down does; :func:`cordon` cordons or uncordons.
 """
@@ -36,6 +38,9 @@ NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 STRATEGIC = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"
+# A pod annotated so keeps running through its termination grace period once deleted or
+# evicted, as a real kubelet lets it; other pods are removed at once.
+HONOUR_GRACE = "e2e.fairgate.io/honour-grace-period"
 _BASE_RESOURCES = {"cpu": "64", "memory": "512Gi", "pods": "110", "ephemeral-storage": "1Ti"}
 
 
@@ -179,6 +184,17 @@ DEFAULT_GPU_NODES: tuple[GpuNode, ...] = (
 )
 
 
+def _in_grace(pod: Any) -> bool:
+    """A pod annotated `HONOUR_GRACE: "true"` that is being deleted is still within its
+    grace period (a real kubelet gives every pod that; the fake one, to keep tests fast,
+    only pods that ask)."""
+    annotations = pod.metadata.annotations or {}
+    if annotations.get(HONOUR_GRACE) != "true":
+        return False
+    deadline: datetime.datetime = pod.metadata.deletion_timestamp
+    return datetime.datetime.now(datetime.UTC) < deadline
+
+
 @dataclass
 class _Finish:
     namespace: str
@@ -239,6 +255,20 @@ class FakeKubelet:
             self._add_clients(node)
         self._create(node)
         self._wait_registered(node)
+
+    def remove_node(self, name: str) -> None:
+        """Stop serving node `name` and delete its Node object and Lease (as a node
+        autoscaler removes a node it scaled down); pods still bound to it are the
+        caller's to delete first."""
+        with self._nodes_lock:
+            self.nodes = tuple(n for n in self.nodes if n.name != name)
+            self._core.pop(name)
+            self._leases.pop(name)
+            self._not_ready.pop(name, None)
+            self._ready_again.pop(name, None)
+        self._admin.delete_node(name)
+        client.CoordinationV1Api(self._cp.admin).delete_namespaced_lease(
+            name, "kube-node-lease")
 
     def set_ready(self, name: str, ready: bool) -> None:
         """Make node `name`'s kubelet report Ready=`ready` (at once, then on every
@@ -346,12 +376,16 @@ class FakeKubelet:
             request.done.set()
 
     def _sync_node(self, node: GpuNode) -> None:
-        core = self._core[node.name]
+        core = self._core.get(node.name)
+        if core is None:  # removed since this pass began
+            return
         pods = core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node.name}")
         for pod in pods.items:
             meta = pod.metadata
             try:
                 if meta.deletion_timestamp is not None:
+                    if _in_grace(pod):
+                        continue
                     core.delete_namespaced_pod(
                         meta.name,
                         meta.namespace,
@@ -437,12 +471,15 @@ class FakeKubelet:
         with self._nodes_lock:
             down_since = self._not_ready.get(node.name)
             up_since = self._ready_again.get(node.name, self._ready_since)
-        self._leases[node.name].patch_namespaced_lease(
+            leases, core = self._leases.get(node.name), self._core.get(node.name)
+        if leases is None or core is None:  # removed since this pass began
+            return
+        leases.patch_namespaced_lease(
             node.name, "kube-node-lease", {"spec": {"renewTime": _now_micro()}}, _content_type=MERGE
         )
         ready = down_since is None
         transition = up_since if down_since is None else down_since
-        self._core[node.name].patch_node_status(
+        core.patch_node_status(
             node.name,
             {
                 "status": {"conditions": [_ready_condition(_now(), transition, ready)]},

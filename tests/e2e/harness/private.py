@@ -20,7 +20,7 @@ import yaml
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
-from .controlplane import ControlPlane, build_controlplane, free_port
+from .controlplane import CONTROLLERS, ControlPlane, build_controlplane, free_port
 from .fairgate import PLATFORM_YAML, QUOTA_YAML, FairgateStack
 from .kubelet import FakeKubelet, GpuNode
 
@@ -49,14 +49,14 @@ class PrivateCluster:
 
     def why(self, namespace: str, name: str) -> dict[str, Any]:
         """`fairgate why <namespace>/<name> --json`, parsed."""
-        result = self.fairgate.run_cli("why", f"{namespace}/{name}", "--json",
-                                       "--redis-url", self.fairgate.redis_url)
+        result = self.fairgate.run_cli("why", f"{namespace}/{name}", "--json",  # 1: unknown
+                                       "--redis-url", self.fairgate.redis_url, check=False)
         report: dict[str, Any] = yaml.safe_load(result.stdout)
         return report
 
     def class_capacity(self) -> dict[str, int]:
         """Capacity per capacity key, as `fairgate status --json` shows it."""
-        return {row["key"]: row["capacity"] for row in self.status()["capacityByClass"]}
+        return {row["key"]: row["capacity"] for row in self.status()["capacity_by_class"]}
 
     def metric(self, name: str) -> float:
         """The sum of every sample of metric `name` the dispatcher serves now."""
@@ -71,10 +71,12 @@ class PrivateCluster:
 def private_cluster(
     work_dir: Path, nodes: Sequence[GpuNode], *dispatch_args: str,
     platform_yaml: str = PLATFORM_YAML, quotas: Mapping[str, str] = QUOTA_YAML,
+    controllers: Sequence[str] = CONTROLLERS,
 ) -> Iterator[PrivateCluster]:
     """Start everything under `work_dir`, yield it, stop everything; fails if the fake
-    kubelet reported errors. `quotas`: each tenant's quota.yaml (FairgateStack)."""
-    cp = ControlPlane(build_controlplane(), work_dir / "controlplane")
+    kubelet reported errors. `quotas`: each tenant's quota.yaml (FairgateStack);
+    `controllers`: the kube-controller-manager controllers to run."""
+    cp = ControlPlane(build_controlplane(), work_dir / "controlplane", controllers)
     cp.start()
     kubelet = FakeKubelet(cp, nodes)
     (work_dir / "fairgate").mkdir(parents=True, exist_ok=True)

@@ -130,7 +130,7 @@ def test_a_cordoned_node_leaves_capacity_and_status_says_so(
         report = status_report(queue)
         assert report["capacity"] == round(total_slices(WITHOUT_SPARE) / SLICES_PER_GPU, 2)
         assert "  node gpu-spare cordoned (gpu=4 not counted)" in capacity_lines(
-            report["capacityNotes"])
+            report["capacity_notes"])
     finally:
         core.patch_node(SPARE.name, {"spec": {"unschedulable": False}})
     _wait(lambda: watched.capacity() == ALL, "the uncordon to count")

@@ -242,12 +242,15 @@ class TenantSwaps:
         for pod in list(self.pods):
             self._release(pod)
 
+    def _fits(self, found: Pod) -> bool:
+        """Whether the queue would release ``found``: its price beside the charges of the
+        released pods fits the quota."""
+        used = sum(self._charged(n, p) for n, p in self.pods.items() if p.state == "released")
+        return used + sum(found.admitted.values()) <= QUOTA
+
     def _release(self, pod: str) -> None:
         found = self.pods.get(pod)
-        if found is None or found.state != "queued":
-            return
-        used = sum(self._charged(n, p) for n, p in self.pods.items() if p.state == "released")
-        if used + sum(found.admitted.values()) > QUOTA:
+        if found is None or found.state != "queued" or not self._fits(found):
             return
         verdict = release_check(PodView.parse(self._manifest(pod, found)), found.admitted,
                                 self._context())

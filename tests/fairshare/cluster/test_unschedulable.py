@@ -202,7 +202,7 @@ def test_status_and_why_say_what_is_stuck_and_what_is_withheld(redis_url: str) -
     rig, pods = _stuck_rig(redis_url)
     rig.at(1_040.0)
     report = status_report(rig.queue, now=1_040.0)
-    notes = report["capacityNotes"]
+    notes = report["capacity_notes"]
     assert notes["withheld"] == {"gpu": 4}
     assert sorted(n["pod"] for n in notes["unschedulable"]) == sorted(
         str(p.ref) for p in pods[4:8])

@@ -125,7 +125,9 @@ def test_json_output_has_exactly_the_designed_keys(redis_url: str, tmp_path: Pat
     assert simulate_command(trace, True, redis_url, out=out) == 0
     data = json.loads(out.getvalue())
     assert set(data) == {"jain_index", "utilization", "wait_seconds", "tenants", "preemption",
-                         "reclaim", "waited", "window"}
+                         "reclaim", "waited", "window", "autoscaling"}
+    assert data["autoscaling"] == {"requests": 0, "provisioned_gpus": 0.0,
+                                   "wait_seconds": {"p50": 0.0, "max": 0.0}}
     assert set(data["window"]) == {"from", "to", "utilization", "jain_index", "tenants"}
     assert set(data["window"]["tenants"]["team-b"]) == {
         "gpu_seconds", "gpu_seconds_by_class", "entitled_gpu_seconds", "of_entitlement",

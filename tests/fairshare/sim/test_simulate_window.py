@@ -11,9 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tablefit
 import yaml
 
-from fairshare.sim.simulate import SimulationReport, Window, run_simulation, simulate_command
+from fairshare.sim.simulate import (
+    SimulationReport,
+    Window,
+    report_tables,
+    run_simulation,
+    simulate_command,
+)
 from fairshare.sim.trace import parse_trace
 from tests.fairshare.simkit import JOIN_TRACE
 from webhook.cli import main
@@ -188,8 +195,31 @@ def test_the_text_report_has_the_window_table(redis_url: str, tmp_path: Path,
                             window=Window(300.0)) == 0
     text = out.getvalue()
     assert "window 300-620 s: GPU-time against integrated entitlement" in text
-    for column in ("entitled GPU-s", "of entitlement", "backlogged s", "inference GPU-s"):
-        assert column in text
+    for column in ("entitled", "used / entitled", "backlog", "inference", "training"):
+        assert f" {column} ┃" in text
+    assert "in GPU-seconds: used, all and per class, and entitled" in text
+
+
+@pytest.mark.parametrize("width", [80, 120])
+@pytest.mark.parametrize("example", ["preemption-cost.yaml", "placement.yaml"])
+def test_the_text_report_fits_the_terminal(redis_url: str, width: int, example: str,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fairgate simulate`` of the examples (costs, preemptions, three tenants, a window)
+    in a terminal of 80 columns cuts no header or name and prints no table line wider;
+    at 120 no header or row wraps either."""
+    monkeypatch.setenv("COLUMNS", str(width))
+    path = Path(__file__).parents[3] / "examples" / example
+    out = io.StringIO()
+    assert simulate_command(path, False, redis_url, out=out, err=io.StringIO(),
+                            window=Window(0.0)) == 0
+    text = out.getvalue()
+    trace = parse_trace(yaml.safe_load(path.read_text()))
+    tables = report_tables(run_simulation(trace, redis_url, window=Window(0.0)))
+    assert len(tables) == 4  # summary, waits, tenants, window
+    headers = [str(c.header) for t in tables for c in t.columns if c.header]
+    assert tablefit.problems(text, width, headers, unwrapped=width >= 120) == []
+    for name in trace.tenants:
+        assert sum(line.startswith(f"│ {name} ") for line in text.splitlines()) == 2
 
 
 def test_entitlements_are_water_filled_per_placement_class(redis_url: str) -> None:
