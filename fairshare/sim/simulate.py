@@ -702,6 +702,10 @@ def report_tables(report: SimulationReport) -> list[Table]:
     summary.add_row("utilisation (while pods wait)", f"{report.backlogged_utilization:.1%}")
     summary.add_row("preempted pods (GPU-h they had run)",
                     f"{report.preemptions} ({report.preempted_gpu_hours:.2f})")
+    if report.reclaims:
+        summary.add_row("reclaimed pods (GPU-h they had run; shortest run)",
+                        f"{report.reclaims} ({report.reclaimed_gpu_hours:.2f}; "
+                        f"{report.reclaim_min_run:g}s)")
     if report.gang_violations:
         summary.add_row("gangs partly released", ", ".join(report.gang_violations))
     if report.quota_violations:

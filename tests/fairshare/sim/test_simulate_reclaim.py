@@ -135,3 +135,12 @@ def test_what_reclaim_frees_goes_to_the_owed_heads(redis_url: str) -> None:
                     if h.spec.tenant == "team-b" and h.started is not None)
     assert starts == [300.0, 300.0]  # each at its first check after waiting 5 minutes
     assert report.tenants["team-b"].gpu_hours == pytest.approx(8.0)
+
+
+def test_the_table_says_what_was_reclaimed(redis_url: str, tmp_path: Any) -> None:
+    path = tmp_path / "reclaim.yaml"
+    path.write_text(yaml.safe_dump(trace()))
+    out = io.StringIO()
+    assert simulate_command(path, False, redis_url, out=out) == 0
+    assert "reclaimed pods (GPU-h they had run; shortest run)" in out.getvalue()
+    assert "4 (4.33; 3900s)" in out.getvalue()
