@@ -303,6 +303,21 @@ def _indexed_job(pod: PodView, namespace: str, objects: GangObjects,
     return Gang(key, _size(_count(parallelism), f"Job {name} parallelism"), source)
 
 
+def declared_run(pod: PodView, objects: GangObjects = NO_GANG_OBJECTS) -> int | None:
+    """The pod's declared run time in seconds, an upper bound on how long it runs: the
+    shorter of its own ``spec.activeDeadlineSeconds`` and that of the ``batch/v1`` Job
+    that controls it, as seen in ``objects`` (a Job not seen yet, or without a deadline,
+    adds nothing); None when neither declares one. A Job's deadline counts from the
+    Job's start, so it bounds each of its pods' run times too."""
+    runs = [pod.active_deadline_seconds]
+    owner = pod.controller
+    if owner is not None and (owner.api_version, owner.kind) == ("batch/v1", "Job"):
+        job_run = _path(objects.jobs.get(owner.uid) or {}, "spec").get("activeDeadlineSeconds")
+        if isinstance(job_run, int) and not isinstance(job_run, bool) and job_run >= 1:
+            runs.append(job_run)
+    return min((r for r in runs if r is not None), default=None)
+
+
 def _path(obj: Json, *keys: str) -> Json:
     """``obj[k1][k2]...`` where each is an object; anything else reads as empty."""
     for key in keys:

@@ -55,7 +55,14 @@ from dataclasses import dataclass, field, replace
 from admission.classes import ClassError, resolve_class
 from admission.demand import DemandError, pod_demand
 from admission.dra import NO_OBJECTS, DraContext, DraError, DraObjects, priced_record
-from admission.gangs import MAX_GANG_SIZE, NO_GANG_OBJECTS, GangError, GangObjects, pod_gang
+from admission.gangs import (
+    MAX_GANG_SIZE,
+    NO_GANG_OBJECTS,
+    GangError,
+    GangObjects,
+    declared_run,
+    pod_gang,
+)
 from admission.pods import PodError, PodView
 from admission.reviews import one_line
 from tenants import resources
@@ -143,7 +150,9 @@ class PodPlan:
     ``placement`` is the placement class (:mod:`tenants.placement`) of the pod's nodes;
     ``priced_claims`` records the objects its DRA claims were priced from
     (:func:`admission.dra.priced_record`; empty without claims): such a pod is held
-    behind the gate until the dispatcher has checked the claims it will be allocated.
+    behind the gate until the dispatcher has checked the claims it will be allocated;
+    ``run_seconds`` its declared run time (:func:`admission.gangs.declared_run`; None:
+    none), which backfill reads in place of its tenant's expected run time.
     """
 
     tenant: Tenant
@@ -157,6 +166,7 @@ class PodPlan:
     warnings: tuple[str, ...] = field(default=())
     placement: Placement = field(default=Placement())
     priced_claims: str = ""
+    run_seconds: int | None = None
 
 
 PlanResult = NotOurs | Denied | PodPlan
@@ -215,7 +225,8 @@ def plan_create(
     try:
         plan = _plan(view, namespace, request_uid, config, demand,
                      lambda: _group(view, namespace, gangs, asks_for_gpu))
-        return replace(plan, priced_claims=priced_record(view, context))
+        return replace(plan, priced_claims=priced_record(view, context),
+                       run_seconds=declared_run(view, gangs))
     except _Refusal as refusal:
         return replace(refusal.denied, demand=demand)
     except DraError as exc:  # pod_demand refused these first

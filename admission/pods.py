@@ -80,7 +80,8 @@ class PodView:
     """What fairgate's rules read of a pod. ``pod_group_name`` is
     ``spec.schedulingGroup.podGroupName`` (Workload API); ``claim_statuses`` maps a
     ``spec.resourceClaims`` entry to the ResourceClaim generated for it
-    (``status.resourceClaimStatuses``)."""
+    (``status.resourceClaimStatuses``); ``active_deadline_seconds`` is
+    ``spec.activeDeadlineSeconds`` (None when unset)."""
 
     name: str = ""
     generate_name: str = ""
@@ -96,6 +97,7 @@ class PodView:
     priority_class_name: str | None = None
     pod_group_name: str = ""
     claim_statuses: Mapping[str, str] = field(default_factory=dict)
+    active_deadline_seconds: int | None = None
 
     def __post_init__(self) -> None:
         _freeze(self, "labels", "annotations", "claim_statuses")
@@ -129,6 +131,8 @@ class PodView:
             pod_group_name=_string(group.get("podGroupName"),
                                    "spec.schedulingGroup.podGroupName"),
             claim_statuses=_claim_statuses(status),
+            active_deadline_seconds=deadline(spec.get("activeDeadlineSeconds"),
+                                             "spec.activeDeadlineSeconds"),
         )
 
     @property
@@ -187,6 +191,17 @@ def _optional(value: object, where: str) -> str | None:
 
 def _string(value: object, where: str) -> str:
     return _optional(value, where) or ""
+
+
+def deadline(value: object, where: str) -> int | None:
+    """An ``activeDeadlineSeconds`` field: a whole number of seconds >= 1, or None when
+    unset; raises :class:`PodError` naming ``where`` otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PodError(f"{where} must be a whole number of seconds >= 1 (or left out), "
+                       f"got {value!r}")
+    return value
 
 
 def _strings(value: object, where: str) -> Mapping[str, str]:

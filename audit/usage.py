@@ -66,6 +66,14 @@ def read_start(diff: Mapping[str, Any] | None) -> tuple[str | None, str | None]:
             product if isinstance(product, str) and product else None)
 
 
+def read_preemptor(diff: Mapping[str, Any] | None) -> str | None:
+    """``preemptor`` of a ``preempt`` or ``reclaim`` record's diff (for a reclaim: the
+    head it was made for), None when absent."""
+    preemption = (diff or {}).get("preemption")
+    by = preemption.get("preemptor") if isinstance(preemption, Mapping) else None
+    return by if isinstance(by, str) else None
+
+
 def read_ran_seconds(diff: Mapping[str, Any] | None) -> float:
     """``ranSeconds`` of a ``preempt`` record's diff (0 when absent)."""
     preemption = (diff or {}).get("preemption")

@@ -3,7 +3,8 @@
 Contract:
 - :func:`bill` reads audit records (oldest first, as the stream holds them) and returns a
   :class:`Bill` for the window ``[since, until)``: one :class:`BillRow` per (tenant,
-  class) with GPU-equivalent hours (slices / 7), borrowed hours, cost, preemptions, and
+  class) with GPU-equivalent hours (slices / 7), borrowed hours, cost, preemptions,
+  reclaims, and
   the breakdown by band (``inference``, ``training``, ``borrowed``), resource (``gpu`` or
   a MIG profile) and GPU product; totals; and the cluster's idle GPU hours.
 - A pod's GPU-time runs from its ``start`` record (the dispatcher saw it Running) to its
@@ -28,7 +29,9 @@ Contract:
   in ``fairgate report``) before that.
 - Preemptions: a ``preempt`` record counts in the window holding its time, with the whole
   GPU-time the pod had run (``diff.preemption.ranSeconds`` x slices / 7): lost work is
-  one event, not spread over time.
+  one event, not spread over time. A ``reclaim`` record (fairgate evicted the pod for a
+  tenant owed its fair share, ``fairShare.reclaim``) counts the same way, in
+  ``reclaimed_pods`` and ``reclaimed_gpu_hours`` of the tenant that lost it.
 - Idle: ``capacity`` records (the dispatcher's capacity, ``diff`` of per-resource
   ``before``/``after``) give capacity over time; ``idle_gpu_hours`` is capacity hours
   minus used hours over the part of the window where capacity is known (None when no
@@ -53,6 +56,7 @@ from audit.chain import (
     PREEMPT,
     PRICING,
     QUOTA_CHANGE,
+    RECLAIM,
     RELEASE,
     START,
     AuditRecord,
@@ -95,6 +99,8 @@ class BillRow:
     usage: dict[tuple[str, str, str], Usage] = field(default_factory=dict)
     preempted_pods: int = 0
     preempted_slice_ms: int = 0
+    reclaimed_pods: int = 0
+    reclaimed_slice_ms: int = 0
     idle_gpu_hours: float = 0.0  # its share, with share_idle
     idle_cost: float = 0.0
 
@@ -119,6 +125,21 @@ class BillRow:
         """GPU-equivalent hours its preempted pods had run (lost work)."""
         return self.preempted_slice_ms / SLICES / MS_PER_HOUR
 
+    @property
+    def reclaimed_gpu_hours(self) -> float:
+        """GPU-equivalent hours its reclaimed pods had run (lost work)."""
+        return self.reclaimed_slice_ms / SLICES / MS_PER_HOUR
+
+    def lose(self, decision: str, slice_ms: int) -> None:
+        """Count one pod preempted (``preempt``) or reclaimed (``reclaim``) that had run
+        ``slice_ms`` slice-milliseconds."""
+        if decision == RECLAIM:
+            self.reclaimed_pods += 1
+            self.reclaimed_slice_ms += slice_ms
+        else:
+            self.preempted_pods += 1
+            self.preempted_slice_ms += slice_ms
+
     def to_json(self) -> dict[str, Any]:
         """Plain data in snake_case, with OpenCost's own names for the same figures under
         ``opencost`` (``gpuHours``, ``gpuCost``), as OpenCost spells them."""
@@ -127,6 +148,8 @@ class BillRow:
             "gpu_hours": self.gpu_hours, "borrowed_gpu_hours": self.borrowed_gpu_hours,
             "cost": self.cost, "preempted_pods": self.preempted_pods,
             "preempted_gpu_hours": self.preempted_gpu_hours,
+            "reclaimed_pods": self.reclaimed_pods,
+            "reclaimed_gpu_hours": self.reclaimed_gpu_hours,
             "idle_gpu_hours": self.idle_gpu_hours, "idle_cost": self.idle_cost,
             "total_cost": self.cost + self.idle_cost,
             "opencost": {"gpuHours": self.gpu_hours, "gpuCost": self.cost},
@@ -159,6 +182,8 @@ class Bill:
                 into.cost += use.cost
             total.preempted_pods += row.preempted_pods
             total.preempted_slice_ms += row.preempted_slice_ms
+            total.reclaimed_pods += row.reclaimed_pods
+            total.reclaimed_slice_ms += row.reclaimed_slice_ms
             total.idle_gpu_hours += row.idle_gpu_hours
             total.idle_cost += row.idle_cost
         return total
@@ -299,7 +324,7 @@ def bill_bodies(bodies: Iterable[Mapping[str, Any]], since: datetime, until: dat
     prices = _Prices(pricing)
     capacity: list[tuple[int, int]] = []  # (ms, slices) from each capacity record on
     capacity_now: dict[str, int] = {}
-    preemptions: list[tuple[str, str, int]] = []  # tenant, class, slice-ms lost
+    losses: list[tuple[str, str, str, int]] = []  # decision, tenant, class, slice-ms lost
     record_ms = _TimeParser()
     for body in bodies:
         decision = body["decision"]
@@ -326,11 +351,11 @@ def bill_bodies(bodies: Iterable[Mapping[str, Any]], since: datetime, until: dat
                                          band=band, fallback=record_ms(body["time"]))
             elif pod.start is None:
                 pod.fallback, pod.band = record_ms(body["time"]), band
-        elif decision == PREEMPT:
+        elif decision in (PREEMPT, RECLAIM):
             at = record_ms(body["time"])
             if lo <= at < hi:
                 lost = round(read_ran_seconds(body.get("diff")) * 1000) * _slices(body["demand"])
-                preemptions.append((body["tenant"], body["class"], lost))
+                losses.append((decision, body["tenant"], body["class"], lost))
         elif decision == CAPACITY and body.get("diff"):
             for name, change in body["diff"].items():
                 after = change.get("after") if isinstance(change, Mapping) else None
@@ -374,12 +399,11 @@ def bill_bodies(bodies: Iterable[Mapping[str, Any]], since: datetime, until: dat
             use.slice_ms += slices * (b - a)
             use.cost += _cost(prices, breaks, pod.product, slices, a, b)
         used_ms.append((a, b, sum(slices for _, slices in demand)))
-    for tenant, pod_class, lost in preemptions:
+    for decision, tenant, pod_class, lost in losses:
         row = rows.get((tenant, pod_class))
         if row is None:
             row = rows[(tenant, pod_class)] = BillRow(tenant, pod_class)
-        row.preempted_pods += 1
-        row.preempted_slice_ms += lost
+        row.lose(decision, lost)
     ordered = [rows[key] for key in sorted(rows)]
     capacity_hours, idle_hours, idle_cost = _idle(capacity, used_ms, prices, breaks, lo, hi)
     if share_idle and idle_hours is not None and idle_cost is not None:

@@ -37,7 +37,8 @@ from tenants.tables import tenant_table
 
 Format = Literal["table", "csv", "json"]
 COLUMNS = ("tenant", "class", "gpu_hours", "borrowed_gpu_hours", "cost", "preempted_pods",
-           "preempted_gpu_hours", "idle_gpu_hours", "idle_cost", "total_cost")
+           "preempted_gpu_hours", "reclaimed_pods", "reclaimed_gpu_hours", "idle_gpu_hours",
+           "idle_cost", "total_cost")
 
 
 def month_start(now: datetime) -> datetime:
@@ -108,6 +109,7 @@ def _text(when: datetime) -> str:
 def _values(row: BillRow, tenant: str, pod_class: str) -> list[str]:
     return [tenant, pod_class, f"{row.gpu_hours:.4f}", f"{row.borrowed_gpu_hours:.4f}",
             f"{row.cost:.2f}", str(row.preempted_pods), f"{row.preempted_gpu_hours:.4f}",
+            str(row.reclaimed_pods), f"{row.reclaimed_gpu_hours:.4f}",
             f"{row.idle_gpu_hours:.4f}", f"{row.idle_cost:.2f}",
             f"{row.cost + row.idle_cost:.2f}"]
 
@@ -122,20 +124,23 @@ def write_csv(billed: Bill, out: TextIO) -> None:
     idle = billed.idle_gpu_hours
     writer.writerow(["(idle)", "", "" if idle is None else f"{idle:.4f}", "",
                      "" if billed.idle_cost is None else f"{billed.idle_cost:.2f}",
-                     "", "", "", "", ""])
+                     "", "", "", "", "", "", ""])
 
 
 def bill_tables(billed: Bill, title: str = "") -> list[Table]:
     """The bill as rich tables that fit 80 columns (the demo reuses them), each per tenant
-    and class with a totals row: GPU hours and cost, then preemptions, then with
+    and class with a totals row: GPU hours and cost, then work lost to preemption and
+    reclaim, then with
     ``share_idle`` the idle capacity's shares and the total cost."""
     bill = tenant_table(
         title or f"GPU cost, {_text(billed.since)} to {_text(billed.until)} "
         f"({billed.currency})", ("tenant", "class", "GPU-h", "borrowed GPU-h", "cost"),
         caption="GPU-h: GPU-equivalent hours", names=2)
-    preempted = tenant_table("preempted pods", ("tenant", "class", "preempted pods",
-                                                "lost GPU-h"),
-                             caption="lost GPU-h: what the preempted pods had run", names=2)
+    preempted = tenant_table("preempted and reclaimed pods",
+                             ("tenant", "class", "preempted pods", "lost GPU-h",
+                              "reclaimed pods", "reclaimed GPU-h"),
+                             caption="lost GPU-h, reclaimed GPU-h: what those pods had run",
+                             names=2)
     idle = tenant_table(f"idle capacity shared in proportion to use ({billed.currency})",
                         ("tenant", "class", "idle GPU-h share", "idle cost share",
                          "total cost"), names=2)
@@ -144,7 +149,8 @@ def bill_tables(billed: Bill, title: str = "") -> list[Table]:
         bill.add_row(tenant, pod_class, f"{row.gpu_hours:,.2f}",
                      f"{row.borrowed_gpu_hours:,.2f}", f"{row.cost:,.2f}", style=style)
         preempted.add_row(tenant, pod_class, str(row.preempted_pods),
-                          f"{row.preempted_gpu_hours:,.2f}", style=style)
+                          f"{row.preempted_gpu_hours:,.2f}", str(row.reclaimed_pods),
+                          f"{row.reclaimed_gpu_hours:,.2f}", style=style)
         idle.add_row(tenant, pod_class, f"{row.idle_gpu_hours:,.2f}", f"{row.idle_cost:,.2f}",
                      f"{row.cost + row.idle_cost:,.2f}", style=style)
 

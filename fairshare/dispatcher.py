@@ -31,8 +31,15 @@ Contract:
   is checked; :func:`fairshare.reclaim.choose` picks what to evict for it from the pods
   running (their start as this dispatcher saw it), each victim pod is evicted through
   the Eviction API, gets a ``Reclaimed`` Warning Event and a ``reclaim`` audit record
-  naming the head. No new reclaim is made while a pod evicted by the last one is still
-  there; the hour's count (``perHour``) is kept by this dispatcher, in memory.
+  naming the head, and counts in ``fairgate_reclaims_total``. No new reclaim is made
+  while a pod evicted by the last one is still there; the hour's count (``perHour``) is
+  kept by this dispatcher, in memory. Every check stores the reclaim notes for
+  ``fairgate status``, ``fairgate why`` and the console
+  (:meth:`FairQueue.write_reclaim_notes`): ``on`` (false when ``fairShare.reclaim`` is
+  unset or no evictor was given), ``after``, ``min_runtime`` (seconds), ``per_hour``,
+  ``at`` (the check's time), ``last_hour`` (pods reclaimed in the last hour) and
+  ``recent`` (the last ten of them: ``at``, ``pod``, ``tenant``, ``for`` (the head's
+  ``namespace/name``), ``for_tenant``, ``ran_seconds``, ``gpu_equivalents``).
 - Fencing epoch: every step first asks who the Redis primary is
   (:meth:`FairQueue.primary_epoch`); a new one (a Sentinel failover, a restart) is
   reconciled from the cluster in that same step, before anything is dispatched, since a
@@ -146,7 +153,13 @@ from fairshare.queue.calls import UnknownTenantError
 from fairshare.queue.entitlement import snapshot_fairness
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import Hold, Release, ServiceSnapshot, TenantStatus, gang_id
-from tenants.models import PROVISIONING_CLASS, AutoscalingSpec, FairgateConfig, PodClass
+from tenants.models import (
+    PROVISIONING_CLASS,
+    AutoscalingSpec,
+    FairgateConfig,
+    PodClass,
+    ReclaimSpec,
+)
 from tenants.resources import SLICES_PER_GPU, format_counts, total_slices
 
 log = logging.getLogger("fairgate.dispatcher")
@@ -252,7 +265,7 @@ class Dispatcher:
         self.provisioner = provisioner
         self.evictor = evictor
         self._last_reclaim = float("-inf")
-        self._reclaimed: list[float] = []  # when each pod reclaimed in the last hour was
+        self._reclaimed: list[dict[str, Any]] = []  # the pods reclaimed in the last hour
         self._evicting: set[str] = set()  # tickets evicted by reclaim, not released yet
         self._heads: dict[str, Head] = {}  # key -> an entry released towards new nodes
         self._held: dict[str, str] = {}  # ticket -> its head, released but kept gated
@@ -654,6 +667,7 @@ class Dispatcher:
         self._meter(pod, self.clock())
         self._metered.pop(pod.ticket, None)
         started = self._started.pop(pod.ticket, None)
+        reclaimed = pod.ticket in self._evicting
         self._evicting.discard(pod.ticket)
         self._riders.discard(pod.ticket)
         moved = held and self._shares(pod)
@@ -663,7 +677,7 @@ class Dispatcher:
             log.info("pod sharing a ResourceClaim ended: reconciling",
                      extra={"fields": _fields(pod, reason=why)})
             self.reconcile()
-        if self.queue.release(pod.ticket, pod.uid, self.clock()) or moved:
+        if self.queue.release(pod.ticket, pod.uid, self.clock(), reclaimed=reclaimed) or moved:
             log.info("released usage", extra={"fields": _fields(pod, reason=why)})
             if started is not None and pod.preempted:
                 self._preempted(pod, started)
@@ -1024,9 +1038,15 @@ class Dispatcher:
         :func:`fairshare.reclaim.choose` picks; one reclaim at a time (none while the
         pods of the last one are still terminating)."""
         spec = self._synced[0].platform.fair_share.reclaim if self._synced else None
-        if spec is None or self.evictor is None:
-            return
-        self._reclaimed = [at for at in self._reclaimed if now - at < reclaim.HOUR]
+        if self.evictor is None:
+            spec = None
+        self._reclaimed = [r for r in self._reclaimed if now - r["at"] < reclaim.HOUR]
+        if spec is not None:
+            self._reclaim_for(spec, now)
+        self.queue.write_reclaim_notes(reclaim.notes(spec, self._reclaimed, now))
+
+    def _reclaim_for(self, spec: ReclaimSpec, now: float) -> None:
+        """The reclaim check of :meth:`_reclaim`, reclaim being on."""
         self._evicting &= set(self.pods)
         if self._evicting:
             return
@@ -1043,7 +1063,7 @@ class Dispatcher:
         running = {ticket: pod for ticket, pod in self.pods.items()
                    if pod.phase == "Running" and not pod.gated and not pod.deleting}
         chosen = reclaim.choose(owed, standings, reclaim.victims(running, self._started),
-                                spec, now, self._reclaimed)
+                                spec, now, [r["at"] for r in self._reclaimed])
         for victim in chosen:
             for ticket in victim.tickets:
                 self._evict(running[ticket], hold, now)
@@ -1056,12 +1076,16 @@ class Dispatcher:
             log.info("reclaim: eviction not made",
                      extra={"fields": _fields(pod, outcome=outcome, owed=for_whom)})
             return
-        self._reclaimed.append(now)
         self._evicting.add(pod.ticket)
         ran = max(0.0, now - self._started.get(pod.ticket, now))
+        self._reclaimed.append({
+            "at": now, "pod": str(pod.ref), "tenant": pod.tenant,
+            "for": f"{hold.namespace}/{hold.name}", "for_tenant": hold.tenant,
+            "ran_seconds": round(ran, 3), "gpu_equivalents": round(pod.slices / SLICES_PER_GPU, 3)})
         reason = (f"reclaimed for {for_whom} (owed its fair share) after {ran:.1f}s "
                   "running")
         log.info("reclaimed", extra={"fields": _fields(pod, owed=for_whom, ran_seconds=ran)})
+        self.metrics.observe_reclaim(pod.tenant, ran * pod.slices / SLICES_PER_GPU)
         self.cluster.post_event(pod, "Reclaimed", f"Evicted: {reason}", "Warning")
         self._record(RECLAIM, pod, reason=reason,
                      diff=preempt_detail(pod.band, ran, f"{hold.namespace}/{hold.name}"))

@@ -41,7 +41,11 @@ Contract: every :class:`DispatcherMetrics` owns its own ``CollectorRegistry``.
   seconds (slices / 7), ``fairgate_tenant_cost_total{tenant, currency}`` at the prices of
   ``pricing`` in platform.yaml, ``fairgate_preemptions_total{tenant}`` (pods that ran and
   were preempted by the scheduler) and ``fairgate_preempted_gpu_seconds_total{tenant}``
-  (the GPU-equivalent seconds they had run: lost work).
+  (the GPU-equivalent seconds they had run: lost work); the same for reclaim
+  (``fairShare.reclaim``): ``fairgate_reclaims_total{tenant}``, pods fairgate evicted
+  from a tenant for another one owed its fair share, and
+  ``fairgate_reclaimed_gpu_seconds_total{tenant}``. Like every series of the dispatcher's
+  ``/metrics``, they name the tenant (the webhook's ``/metrics`` does not unless told).
 - Budgets (set on the dispatcher's budget pass, for tenants with ``budget`` in
   platform.yaml; others have no series): ``fairgate_tenant_budget_spent_ratio{tenant}``,
   this month's spend / monthly budget (0.8: warning, 1: exhausted);
@@ -163,6 +167,13 @@ class DispatcherMetrics:
             "fairgate_preempted_gpu_seconds_total",
             "GPU-equivalent seconds preempted pods had run (lost work).",
             ["tenant"], registry=r)
+        self.reclaims = Counter("fairgate_reclaims_total",
+                                "Pods of a tenant evicted by reclaim (fairShare.reclaim).",
+                                ["tenant"], registry=r)
+        self.reclaimed_gpu_seconds = Counter(
+            "fairgate_reclaimed_gpu_seconds_total",
+            "GPU-equivalent seconds reclaimed pods had run (lost work).",
+            ["tenant"], registry=r)
 
         self.budget_ratio = Gauge(
             "fairgate_tenant_budget_spent_ratio",
@@ -206,6 +217,12 @@ class DispatcherMetrics:
         """Count one preempted pod that had run ``gpu_seconds`` GPU-equivalent seconds."""
         self.preemptions.labels(tenant).inc()
         self.preempted_gpu_seconds.labels(tenant).inc(gpu_seconds)
+
+    def observe_reclaim(self, tenant: str, gpu_seconds: float) -> None:
+        """Count one pod reclaimed from ``tenant`` that had run ``gpu_seconds``
+        GPU-equivalent seconds."""
+        self.reclaims.labels(tenant).inc()
+        self.reclaimed_gpu_seconds.labels(tenant).inc(gpu_seconds)
 
     def observe_tenants(self, snapshot: QueueSnapshot) -> None:
         """Set the per-tenant and fairness gauges from a queue snapshot; series of

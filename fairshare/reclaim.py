@@ -23,6 +23,9 @@ docs/fairness.md, "Reclaim"):
 - :func:`victims` groups running pods into candidates: a pod without a gang is one; a
   gang is one only when all its ``group_size`` members are running and known (a
   gang is reclaimed whole or not at all).
+- :func:`notes` is what the dispatcher stores after each check for ``fairgate status``,
+  ``fairgate why`` and the console (see :mod:`fairshare.dispatcher`);
+  :func:`fairshare.status.reclaim_lines` says it in words.
 - Loop-freedom: with Φ = Σ used² / entitlement over tenants, a reclaim that moves G_v
   from each victim tenant v to the owed tenant o under the rule above lowers Φ by at
   least G² / e_o, G = Σ G_v (docs/fairness.md gives the algebra). Φ >= 0 and every
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from fairshare.cluster.cluster import GpuPod
 from fairshare.queue.model import gang_id
@@ -42,6 +46,7 @@ from tenants.models import ReclaimSpec
 from tenants.resources import SLICES_PER_GPU, total_slices
 
 HOUR = 3600.0
+RECENT = 10  # reclaims listed in the notes
 
 
 @dataclass(frozen=True)
@@ -173,3 +178,16 @@ def _victim(key: str, pods: Sequence[GpuPod], started: Mapping[str, float]) -> V
                   pods=len(pods), preemptible=all(p.preemptible for p in pods),
                   training=all(p.pod_class == "training" for p in pods),
                   tickets=tuple(sorted(p.ticket for p in pods)))
+
+
+def notes(spec: ReclaimSpec | None, reclaimed: Sequence[Mapping[str, Any]],
+          now: float) -> dict[str, Any]:
+    """The reclaim notes at ``now``: ``on``, the spec's ``after``, ``min_runtime`` and
+    ``per_hour`` (when on), ``last_hour`` (how many of ``reclaimed``, the pods reclaimed in
+    the last hour, oldest first) and ``recent`` (the last :data:`RECENT` of them)."""
+    base: dict[str, Any] = {"on": spec is not None, "at": now, "last_hour": len(reclaimed),
+                            "recent": [dict(r) for r in reclaimed[-RECENT:]]}
+    if spec is not None:
+        base.update(after=spec.after, min_runtime=spec.min_runtime, per_hour=spec.per_hour)
+    return base
+

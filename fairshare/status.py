@@ -29,7 +29,10 @@ Contract:
   them; ``budgets``: per tenant with a budget, its
   :class:`~fairshare.queue.budget.BudgetStatus` as the dispatcher last stored it (``tenant``,
   ``monthly``, ``spent``, ``currency``, ``month``, ``at``, ``ratio``, ``state``);
-  :func:`budget_lines` prints it.
+  :func:`budget_lines` prints it; ``reclaim``: the dispatcher's reclaim notes
+  (:func:`fairshare.reclaim.notes`: on or off, its limits, the pods reclaimed in the
+  last hour and the last ones), or null before a dispatcher checked;
+  :func:`reclaim_lines` prints it.
   Fair shares come from :func:`fairshare.queue.entitlement.snapshot_fairness`, the
   computation behind the metrics.
   :func:`render_status` prints it as tables (:func:`status_tables`) and lines.
@@ -48,7 +51,10 @@ Contract:
   the record), ``reserved`` /
   ``running`` (released: when, after how long; ``unschedulable`` carries the scheduler's
   message when the dispatcher caught it Unschedulable past its grace) or ``ended`` (its
-  usage was freed). A queued borrowed pod of a tenant whose budget is exhausted waits for
+  usage was freed; a pod reclaimed, ``fairShare.reclaim``, says for whom and after how
+  long it ran, and a pod still terminating after its reclaim says it is being reclaimed).
+  A pod other tenants' pods were reclaimed for says how many and when the last was. A
+  queued borrowed pod of a tenant whose budget is exhausted waits for
   :func:`fairshare.queue.budget.held_note`.
   :func:`why_command` is the CLI entry. Times are the queue's clock (Unix seconds).
 """
@@ -60,7 +66,7 @@ import json
 import re
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, TextIO
 
@@ -68,7 +74,8 @@ import redis
 from rich.console import Console
 from rich.table import Table
 
-from audit import ADMIT, DENY, DISPATCH, QUEUE, RELEASE, AuditLog, AuditRecord
+from audit import ADMIT, DENY, DISPATCH, QUEUE, RECLAIM, RELEASE, AuditLog, AuditRecord
+from audit.usage import read_preemptor
 from fairshare.cluster.cluster import CapacityReport, PodRef
 from fairshare.connection import COMMAND_TIMEOUT, RedisTarget, connect_redis
 from fairshare.queue.budget import BudgetStatus, held_note, money, percent
@@ -146,6 +153,7 @@ def status_report(queue: FairQueue, now: float | None = None) -> dict[str, Any]:
         "tenants": {s.tenant: tenant_row(s, fair.tenants[s.tenant], twins.get(s.tenant, 0))
                     for s in snapshot.tenants},
         "budgets": {name: b.to_json() for name, b in sorted(queue.budgets().items())},
+        "reclaim": queue.reclaim_notes(),
     }
 
 
@@ -274,6 +282,35 @@ def budget_lines(budgets: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return lines
 
 
+def reclaim_lines(notes: Mapping[str, Any] | None,
+                  sees: Callable[[str], bool] | None = None) -> list[str]:
+    """``reclaim`` of the status report (the dispatcher's reclaim notes,
+    :func:`fairshare.reclaim.notes`) as text: whether it is on and with what limits, how
+    many pods it took in the last hour, then one line per recent reclaim (``[]`` when no
+    dispatcher has checked yet). ``sees``: which tenants the reader may see; a reclaim
+    naming another is left out, and so is the cluster-wide count."""
+    if notes is None:
+        return []
+    if not notes.get("on"):
+        return ["reclaim: off (fairShare.reclaim is not set in fairgate-platform): no "
+                "training pod is evicted for another tenant's"]
+    header = (f"reclaim: on (after {notes.get('after', 0):g}s waiting, pods that ran at "
+              f"least {notes.get('min_runtime', 0):g}s, at most {notes.get('per_hour', 0)} an "
+              "hour)")
+    if sees is None:  # the cluster-wide count tells of every tenant
+        header += f": {notes.get('last_hour', 0)} reclaimed in the last hour"
+    lines = [header]
+    for r in notes.get("recent") or []:
+        if sees is not None and not (sees(str(r.get("tenant"))) and
+                                     sees(str(r.get("for_tenant")))):
+            continue
+        lines.append(f"  at {_when(float(r.get('at', 0)))} reclaimed {r.get('pod')} of "
+                     f"tenant {r.get('tenant')} ({r.get('gpu_equivalents', 0):g} GPU-eq, after "
+                     f"{r.get('ran_seconds', 0):g}s running) for {r.get('for')} of tenant "
+                     f"{r.get('for_tenant')}")
+    return lines
+
+
 def status_tables(report: dict[str, Any]) -> tuple[Table, Table, Table]:
     """The tenants of the status report as three tables that fit 80 columns: quota and
     queued pods, use against entitlement (GPU-equivalents), and the nominal quota per
@@ -324,6 +361,7 @@ def render_status(report: dict[str, Any], console: Console) -> None:
     for line in (twin_lines(report["tenants"]) + class_lines(report["capacity_by_class"])
                  + held_lines(report["held"]) + gang_lines(report.get("gangs") or [])
                  + budget_lines(report.get("budgets") or {})
+                 + reclaim_lines(report.get("reclaim"))
                  + capacity_lines(report.get("capacity_notes"))):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
 
@@ -362,15 +400,22 @@ def _when(seconds: float) -> str:
 
 
 def _records_of(ref: PodRef, records: Iterable[AuditRecord],
-                known: str | None) -> list[AuditRecord]:
+                known: str | None) -> tuple[list[AuditRecord], list[AuditRecord]]:
     """Records about ``ref``: by namespace/name, plus every record sharing their tickets
     or the ticket ``known`` the queue holds for it (the webhook's records of a pod
-    created with ``generateName`` carry ``<generateName>*``, not the pod's name)."""
-    everything = [r for r in records if r.namespace == ref.namespace]
+    created with ``generateName`` carry ``<generateName>*``, not the pod's name); and
+    the ``reclaim`` records of pods reclaimed for it."""
+    everything: list[AuditRecord] = []
+    for_it: list[AuditRecord] = []
+    for r in records:
+        if r.namespace == ref.namespace:
+            everything.append(r)
+        if r.decision == RECLAIM and read_preemptor(r.diff) == str(ref):
+            for_it.append(r)
     tickets = {r.uid for r in everything if r.name == ref.name and r.uid}
     if known is not None:
         tickets.add(known)
-    return [r for r in everything if r.name == ref.name or r.uid in tickets]
+    return [r for r in everything if r.name == ref.name or r.uid in tickets], for_it
 
 
 def _history(records: list[AuditRecord]) -> list[str]:
@@ -389,12 +434,13 @@ def why_report(
     webhook's records about ``<generateName>*`` joined through that ticket.
     """
     known = queue.find(ref.namespace, ref.name)
-    mine = _records_of(ref, records, known)
+    mine, reclaimed_for_it = _records_of(ref, records, known)
     history = _history(mine)
     if not mine:  # audit trimmed or not written
         status = queue.ticket_status(known, now) if known is not None else None
         if known is not None and status is not None:
-            report = status_why(status, str(ref), _gang_of(status, queue))
+            report = _reclaims(status_why(status, str(ref), _gang_of(status, queue)),
+                               None, reclaimed_for_it)
             return _held_by_budget(_unschedulable(report, queue), status, queue)
         return WhyReport(
             str(ref), "unknown",
@@ -403,7 +449,8 @@ def why_report(
             "older than the audit log's retention",
         )
     last = mine[-1]
-    tickets = [r.uid for r in mine if r.decision in (ADMIT, QUEUE, DISPATCH, RELEASE) and r.uid]
+    tickets = [r.uid for r in mine
+               if r.decision in (ADMIT, QUEUE, DISPATCH, RELEASE, RECLAIM) and r.uid]
     if last.decision == DENY or not tickets:
         tag, _, message = last.reason.partition(": ")
         told = f"{message} ({tag})" if message and _TAG.fullmatch(tag) else last.reason
@@ -417,6 +464,15 @@ def why_report(
         "pod_class": last.pod_class or None, "demand": last.demand or None,
         "history": history,
     }
+    reclaimed = next((r for r in reversed(mine) if r.decision == RECLAIM), None)
+    if status is None and reclaimed is not None:
+        return WhyReport(
+            verdict="ended",
+            summary=f"{reclaimed.reason} (at {reclaimed.time}; fairShare.reclaim): its "
+                    "usage was freed; its controller's replacement, if any, is queued like "
+                    "any new pod",
+            **common,
+        )
     if status is None:
         ended = next((r for r in reversed(mine) if r.decision == RELEASE), None)
         why = f" ({ended.reason})" if ended is not None and ended.reason else ""
@@ -426,8 +482,22 @@ def why_report(
                     "deleted, or its reservation expired before the pod was created",
             **common,
         )
-    report = _from_status(status, common, _gang_of(status, queue))
+    report = _reclaims(_from_status(status, common, _gang_of(status, queue)), reclaimed,
+                       reclaimed_for_it)
     return _held_by_budget(_unschedulable(report, queue), status, queue)
+
+
+def _reclaims(report: WhyReport, reclaimed: AuditRecord | None,
+              for_it: list[AuditRecord]) -> WhyReport:
+    """``report`` of a pod still in the queue, saying that it is being reclaimed (its
+    ``reclaim`` record) and how many pods were reclaimed for it."""
+    summary = report.summary
+    if reclaimed is not None:  # evicted, still terminating
+        summary += f"; being {reclaimed.reason}"
+    if for_it:
+        summary += (f"; {len(for_it)} pod{'' if len(for_it) == 1 else 's'} of other tenants "
+                    f"reclaimed for it, the last at {for_it[-1].time} (fairShare.reclaim)")
+    return replace(report, summary=summary)
 
 
 def _gang_of(status: TicketStatus, queue: FairQueue) -> GangRecord | None:

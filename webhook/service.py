@@ -598,6 +598,7 @@ class AdmissionService:
                 hold=bool(plan.priced_claims),
                 group_source=gang_source(plan.group),
                 group_awaiting=plan.group.awaiting if plan.group else "",
+                run_seconds=plan.run_seconds,
             )
             admission = await self._admit(config, queued, request.dry_run, plan.reused_ticket)
         except InvalidRequestError as exc:  # e.g. a gang mixing classes or tenants

@@ -92,6 +92,7 @@ class GpuPod:
     overrun: Mapping[str, int] = field(default_factory=dict)
     """What its DRA claims were allocated beyond what it was admitted for, by resource
     (counted in :attr:`demand`); empty when within."""
+    run_seconds: int | None = None  # its own spec.activeDeadlineSeconds (declared run time)
     shared: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     """The ResourceClaims it names by name, by uid: the devices each gives, keyed as
     :attr:`demand` (which counts each in full)."""

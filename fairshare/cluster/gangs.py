@@ -53,14 +53,15 @@ JOBSET_VERSION = "v1alpha2"
 
 def trimmed(kind: str, obj: Mapping[str, Any]) -> Json:
     """The fields of a watched object that gangs are sized from: its name, namespace and
-    uid, and ``spec`` (a Job's ``parallelism``, ``completions`` and ``completionMode``
-    only), plus a JobSet's ``status.restarts``."""
+    uid, and ``spec`` (a Job's ``parallelism``, ``completions``, ``completionMode`` and
+    ``activeDeadlineSeconds`` only: the last bounds its pods' run times), plus a JobSet's
+    ``status.restarts``."""
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     kept: Json = {"metadata": {k: meta[k] for k in ("name", "namespace", "uid") if k in meta}}
     if kind == "jobs":
-        kept["spec"] = {k: spec[k] for k in ("parallelism", "completions", "completionMode")
-                        if k in spec}
+        kept["spec"] = {k: spec[k] for k in ("parallelism", "completions", "completionMode",
+                                             "activeDeadlineSeconds") if k in spec}
     else:
         kept["spec"] = spec
     if kind == "jobsets":

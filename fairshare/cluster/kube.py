@@ -46,7 +46,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from admission.dra import Refuse, ReleaseVerdict, Wait
-from admission.pods import PodView
+from admission.pods import PodError, PodView, deadline
 from fairshare.cluster.cluster import (
     DEFAULT_NOT_READY_GRACE,
     CapacityReport,
@@ -125,6 +125,15 @@ def _claim_names(pod: Mapping[str, Any]) -> set[str]:
                  for status in (pod.get("status") or {}).get("resourceClaimStatuses") or []
                  if status.get("resourceClaimName")}
     return named | generated
+
+
+def _deadline(value: object) -> int | None:
+    """A listed pod's ``spec.activeDeadlineSeconds`` (its declared run time); None when
+    unset or unusable (the API server validates it: never expected)."""
+    try:
+        return deadline(value, "spec.activeDeadlineSeconds")
+    except PodError:
+        return None
 
 
 def _timestamp(text: str | None) -> float:
@@ -232,6 +241,7 @@ def pod_from_manifest(
         preempted=preempted_by_scheduler(status),
         preemptible=labels.get(PREEMPTIBLE_LABEL) == "true",
         overrun=overrun,
+        run_seconds=_deadline(spec.get("activeDeadlineSeconds")),
         shared={uid: where.keyed(counts) for uid, counts in shared.items()},
     )
 

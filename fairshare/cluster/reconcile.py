@@ -129,7 +129,7 @@ def cluster_truth(pods: Iterable[GpuPod], bound: Mapping[str, str] | None = None
                     ticket=pod.ticket, tenant=pod.tenant, namespace=pod.ref.namespace,
                     name=pod.ref.name, pod_class=pod.pod_class, demand=dict(pod.demand),
                     group=pod.group, group_size=pod.group_size if pod.group else 1,
-                    submitted_at=pod.created,
+                    submitted_at=pod.created, run_seconds=pod.run_seconds,
                 )
                 gated.append(GatedPod(request, pod.band, pod.uid))
             else:
@@ -138,6 +138,7 @@ def cluster_truth(pods: Iterable[GpuPod], bound: Mapping[str, str] | None = None
                     name=pod.ref.name, pod_class=pod.pod_class, band=pod.band,
                     demand=dict(pod.demand), uid=pod.uid,
                     group=pod.group, group_size=pod.group_size if pod.group else 1,
+                    run_seconds=pod.run_seconds,
                 ))
         except InvalidRequestError as error:
             skipped += 1

@@ -225,7 +225,13 @@ def admit_args(
         1 if req.hold else 0,
         req.group_source if req.gang else "",
         req.group_awaiting if req.gang else "",
+        run_arg(req.run_seconds),
     ]
+
+
+def run_arg(run_seconds: int | None) -> str:
+    """A declared run time as the scripts take it (F_RUN): seconds, or '' for none."""
+    return "" if run_seconds is None else str(run_seconds)
 
 
 def admission(raw: Sequence[Any], req: PodRequest) -> Admission:

@@ -52,6 +52,7 @@ from fairshare.queue.calls import (
     queue_error,
     queued_demand,
     resize_args,
+    run_arg,
     sync_args,
     tenant_statuses,
     text,
@@ -219,7 +220,8 @@ class FairQueue:
             )
         return releases
 
-    def release(self, ticket: str, uid: str, now: float | None = None) -> bool:
+    def release(self, ticket: str, uid: str, now: float | None = None,
+                reclaimed: bool = False) -> bool:
         """The pod ``uid`` holding ``ticket`` ended or was deleted: free its usage or
         queue place.
 
@@ -227,10 +229,13 @@ class FairQueue:
         no pod was seen with yet is freed by any. ``now``: when (the clock of
         :meth:`dispatch`); the tenant's service (virtual time, or decayed usage) is
         counted up to it (without it, only up to the tenant's last change: pass it
-        whenever the time is known, as the dispatcher does). Idempotent; returns False
-        when the ticket was unknown or belongs to another pod.
+        whenever the time is known, as the dispatcher does). ``reclaimed``: the pod was
+        evicted by reclaim: what it frees is not handed over to its tenant's next pod
+        (it was freed for the owed tenant), and its cut run is not learnt as a run time.
+        Idempotent; returns False when the ticket was unknown or belongs to another pod.
         """
-        return bool(self._run("forget", ticket, "any", uid, *_clock(now)))
+        mode = "reclaimed" if reclaimed else "any"
+        return bool(self._run("forget", ticket, mode, uid, *_clock(now)))
 
     def remove(self, ticket: str, uid: str, now: float | None = None) -> bool:
         """The queued pod ``uid`` was deleted: drop it from the queue (a gang becomes
@@ -302,6 +307,7 @@ class FairQueue:
         dispatched since): every other ticket is dropped. Configuration is kept. A
         running pod's run began when its ticket was released, or at ``started_at``
         when Redis no longer knows the ticket (the expected run time learns from it).
+        Each pod's ``run_seconds`` (declared run time) is kept for backfill.
         """
         cutoff = "" if listed_at is None else num(listed_at - self.reservation_ttl)
         args: list[str | int | float] = [cutoff]
@@ -310,7 +316,8 @@ class FairQueue:
                      CLASS_CODE[pod.pod_class], BAND_CODE[pod.band],
                      format_counts(pod.demand), pod.gang or "",
                      pod.group_size if pod.gang else 1, num(0.0), pod.uid,
-                     "" if pod.started_at is None else num(pod.started_at)]
+                     "" if pod.started_at is None else num(pod.started_at),
+                     run_arg(pod.run_seconds)]
         ordered = sorted(gated, key=lambda g: (g.request.submitted_at, g.request.ticket))
         for gated_pod in ordered:
             req = gated_pod.request
@@ -318,7 +325,7 @@ class FairQueue:
                      CLASS_CODE[req.pod_class], BAND_CODE[gated_pod.band],
                      format_counts(req.demand), req.gang or "",
                      req.group_size if req.gang else 1, num(req.submitted_at),
-                     gated_pod.uid, ""]
+                     gated_pod.uid, "", run_arg(req.run_seconds)]
         self._run("rebuild", *args)
 
     def unsized(self) -> list[str]:
@@ -492,6 +499,16 @@ class FairQueue:
         ``fairgate status``. Informational: no script reads it, nothing is decided on it."""
         self._client.set(self._keys[0] + "capacity-notes", json.dumps(notes))
 
+    def write_reclaim_notes(self, notes: Mapping[str, Any]) -> None:
+        """Store the dispatcher's reclaim report (JSON, key ``reclaim-notes``; see
+        :meth:`fairshare.dispatcher.Dispatcher`, "Reclaim") for ``fairgate status`` and
+        the console. Informational: no script reads it, nothing is decided on it."""
+        self._client.set(self._keys[0] + "reclaim-notes", json.dumps(notes))
+
+    def reclaim_notes(self) -> dict[str, Any] | None:
+        """What :meth:`write_reclaim_notes` stored last; None if nothing (or not JSON)."""
+        return _json_object(self._client.get(self._keys[0] + "reclaim-notes"))
+
     def class_usage(self) -> dict[str, int]:
         """Cluster usage (all bands) per capacity key, as the queue holds it now
         (``fairgate status``; read-only)."""
@@ -503,14 +520,18 @@ class FairQueue:
 
     def capacity_notes(self) -> dict[str, Any] | None:
         """What :meth:`write_capacity_notes` stored last; None if nothing (or not JSON)."""
-        raw = self._client.get(self._keys[0] + "capacity-notes")
-        if raw is None:
-            return None
-        try:
-            notes = json.loads(raw)
-        except ValueError:
-            return None
-        return notes if isinstance(notes, dict) else None
+        return _json_object(self._client.get(self._keys[0] + "capacity-notes"))
+
+
+def _json_object(raw: Any) -> dict[str, Any] | None:
+    """A stored JSON object; None when nothing is stored, or it is not one."""
+    if raw is None:
+        return None
+    try:
+        notes = json.loads(raw)
+    except ValueError:
+        return None
+    return notes if isinstance(notes, dict) else None
 
 
 def _clock(now: float | None) -> list[str]:

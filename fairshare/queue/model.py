@@ -84,6 +84,15 @@ def _check_demand(demand: Mapping[str, int]) -> None:
             )
 
 
+def _check_run(run_seconds: int | None) -> None:
+    if run_seconds is not None and (isinstance(run_seconds, bool)
+                                    or not isinstance(run_seconds, int) or run_seconds < 1):
+        raise InvalidRequestError(
+            f"declared run time {run_seconds!r} is not usable: it must be a whole number "
+            f"of seconds >= 1 (activeDeadlineSeconds), or None when the pod declares none"
+        )
+
+
 UNKNOWN_GANG_SIZE = 1_000_000
 """The size a gang is queued with while the object that declares it has not been seen
 (``resize.lua`` and ``unsized.lua`` know it too): more members than any gang has, so it
@@ -203,6 +212,9 @@ class PodRequest:
     (seconds, any epoch the caller keeps consistent). ``hold``: never reserved at
     admission, however much is free; queued, so that the dispatcher checks it before
     its release (a pod whose DRA claims must be checked against what it was priced for).
+    ``run_seconds``: its declared run time (``activeDeadlineSeconds`` of the pod or of its
+    Job, an upper bound on how long it runs), which backfill reads in place of its
+    tenant's expected run time; None when it declares none.
     """
 
     ticket: str
@@ -217,10 +229,12 @@ class PodRequest:
     hold: bool = False
     group_source: str = ""
     group_awaiting: str = ""
+    run_seconds: int | None = None
 
     def __post_init__(self) -> None:
         _check_ticket(self.ticket)
         _check_text("tenant", self.tenant)
+        _check_run(self.run_seconds)
         _check_text("namespace", self.namespace)
         _check_text("name", self.name)
         if self.pod_class not in CLASSES:
@@ -309,10 +323,12 @@ class RunningPod:
     group: str | None = None
     group_size: int = 1
     started_at: float | None = None  # when its run began, if the caller saw it begin
+    run_seconds: int | None = None  # its declared run time, as in PodRequest
 
     def __post_init__(self) -> None:
         _check_ticket(self.ticket)
         _check_uid(self.uid)
+        _check_run(self.run_seconds)
         for what, value in (("tenant", self.tenant), ("namespace", self.namespace),
                             ("name", self.name)):
             _check_text(what, value)

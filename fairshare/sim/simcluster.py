@@ -16,6 +16,14 @@ Contract:
   of them would not make room, nobody is evicted and it stays pending. Evicted pods end
   ``Failed`` and are deleted; their controller re-creates them (a new pod, a new admission)
   from scratch (as a Job's controller does).
+- It is an :class:`~fairshare.cluster.pod_evict.Evictor` (reclaim): :meth:`evict` ends a
+  running pod at once (``Failed``, deleted, no grace period) and its controller
+  re-creates it, a new pod queued like any other, for its whole duration again; a gang
+  member's replacement joins the gang its controller restarts (the same new group
+  name for every member evicted). :attr:`SimulatedCluster.reclaims` counts them.
+- A pod with a declared run time (``run_seconds``, its ``activeDeadlineSeconds``) runs
+  at most that long: one whose duration is longer is stopped then and ends ``Failed``,
+  as the kubelet stops it.
 - Every change is reported through :meth:`changes` like a watch would, in order.
 - Safe to share between threads (one re-entrant lock around every public method), so the
   demo can run the dispatcher loop beside the code that creates pods.
@@ -41,6 +49,7 @@ from fairshare.cluster.cluster import (
     LiftOutcome,
     PodRef,
 )
+from fairshare.cluster.pod_evict import EVICTED, EvictOutcome
 from tenants.models import GENERATED_SUFFIX, PodClass, PriorityBand, PriorityClasses
 from tenants.resources import slices_of
 
@@ -87,8 +96,15 @@ class PodSpec:
     group: str | None = None
     group_size: int = 1
     preemptible: bool = False  # labelled fairgate.io/preemptible: "true"
+    run_seconds: int | None = None  # spec.activeDeadlineSeconds: it runs at most this long
     shared: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     """Shared ResourceClaims it names (claim uid -> devices, counted in ``demand``)."""
+
+    @property
+    def runs_for(self) -> float:
+        """How long it runs once started: its duration, cut at its declared run time."""
+        return self.duration if self.run_seconds is None else min(self.duration,
+                                                                  self.run_seconds)
 
 
 @dataclass(frozen=True)
@@ -135,6 +151,7 @@ class PodHistory:
     started: float | None = None
     ended: float | None = None
     preempted: bool = False
+    reclaimed: bool = False
 
 
 @dataclass
@@ -173,6 +190,7 @@ class SimulatedCluster:
         self.events: deque[PostedEvent] = deque(maxlen=self.keep_events)
         self.history: dict[str, PodHistory] = {}
         self.preemptions = 0
+        self.reclaims = 0
         self._scheduling = False
         self._lock = threading.RLock()
 
@@ -242,7 +260,7 @@ class SimulatedCluster:
             tenant=spec.tenant, pod_class=spec.pod_class, band=placement.band,
             demand=dict(spec.demand), group=spec.group, group_size=spec.group_size,
             preemptible=spec.preemptible, phase="Pending", gated=placement.gated, node=None,
-            created=now, shared=spec.shared,
+            created=now, run_seconds=spec.run_seconds, shared=spec.shared,
         )
         sim = _SimPod(pod, spec, seq)
         self._pods[uid] = sim
@@ -285,8 +303,28 @@ class SimulatedCluster:
             sim = self._running[heapq.heappop(self._ends)[2]]
             self._stop_running(sim)
             self.history[sim.pod.uid].ended = now
-            self._set(sim, replace(sim.pod, phase="Succeeded"))
+            cut = sim.spec.runs_for < sim.spec.duration  # stopped at its deadline
+            self._set(sim, replace(sim.pod, phase="Failed" if cut else "Succeeded"))
         self.schedule()
+
+    @_locked
+    def evict(self, pod: GpuPod) -> EvictOutcome:
+        """Evict ``pod`` (reclaim): it ends now and its controller re-creates it (see the
+        module docstring); a pod already gone, or not this uid, counts as evicted."""
+        sim = self._pods.get(pod.uid)
+        if sim is None:
+            return EVICTED
+        now = self.clock()
+        self.reclaims += 1
+        history = self.history[pod.uid]
+        history.ended, history.reclaimed = now, True
+        self._remove(sim)
+        sim.ends = None
+        self._set(sim, replace(sim.pod, phase="Failed"))
+        self._changes.append(ClusterChange(ChangeKind.POD_GONE, sim.pod))
+        self._recreate(sim)
+        self.schedule()
+        return EVICTED
 
     @_locked
     def forget_finished(self) -> None:
@@ -431,7 +469,7 @@ class SimulatedCluster:
     def _start(self, sim: _SimPod) -> None:
         now = self.clock()
         sim.started = now
-        sim.ends = now + sim.spec.duration
+        sim.ends = now + sim.spec.runs_for
         self._wait(sim, False)
         self._running[sim.pod.uid] = sim
         self._used.update(sim.pod.demand)
@@ -495,11 +533,16 @@ class SimulatedCluster:
                 now, member.pod.ref, "Preempted", "Preempted by a higher-priority pod", "Normal"
             ))
         for member in gang:
-            group = member.spec.group
-            self.create_pod(replace(
-                member.spec, name=_next_name(member.spec.name),
-                group=_next_name(group) if group is not None else None,
-            ))
+            self._recreate(member)
+
+    def _recreate(self, sim: _SimPod) -> None:
+        """Its controller creates the pod again (a gang member: in the gang restarted
+        under the next name)."""
+        group = sim.spec.group
+        self.create_pod(replace(
+            sim.spec, name=_next_name(sim.spec.name),
+            group=_next_name(group) if group is not None else None,
+        ))
 
     def _set(self, sim: _SimPod, pod: GpuPod) -> None:
         sim.pod = pod

@@ -25,7 +25,13 @@ Contract:
   hours at the trace's ``pricing`` default price, the trace's GPUs having no product;
   None without ``pricing``); ``preemption``: ``pods`` preempted by the modelled
   scheduler and ``gpu_hours_lost``, the GPU-equivalent hours they had run when
-  preempted; ``waited``: per class, how many pods did not start the instant they were
+  preempted; ``reclaim``: ``pods`` reclaimed (``fairShare.reclaim``: the real
+  dispatcher's rule, :func:`fairshare.reclaim.choose`, evicting through the simulated
+  cluster), ``gpu_hours_lost`` (the GPU-equivalent hours they had run) and
+  ``min_run_seconds`` (the shortest any had run; 0 when none was); zeros when reclaim is
+  off. With reclaim on, the dispatcher also wakes every ``reclaim_every`` virtual
+  seconds while a pod waits (not only at arrivals and completions), as it does in a
+  cluster. ``waited``: per class, how many pods did not start the instant they were
   created (still waiting at the horizon included); ``window``: the window measures
   below. Extra attributes for tests and capacity planning: ``backlogged_utilization``
   (utilisation of the resources that waiting pods ask for, while they wait),
@@ -142,6 +148,9 @@ class SimulationReport:
     quota_violations: list[str] = field(default_factory=list)
     preemptions: int = 0
     preempted_gpu_hours: float = 0.0
+    reclaims: int = 0
+    reclaimed_gpu_hours: float = 0.0
+    reclaim_min_run: float = 0.0  # seconds: the shortest run of a reclaimed pod
     horizon: float = 0.0
     timeline: list[TimelineRow] = field(default_factory=list)
     waited: dict[str, int] = field(default_factory=dict)  # pods per class that waited
@@ -167,6 +176,9 @@ class SimulationReport:
             },
             "preemption": {"pods": self.preemptions,
                            "gpu_hours_lost": round(self.preempted_gpu_hours, 4)},
+            "reclaim": {"pods": self.reclaims,
+                        "gpu_hours_lost": round(self.reclaimed_gpu_hours, 4),
+                        "min_run_seconds": round(self.reclaim_min_run, 3)},
             "waited": dict(self.waited),
             "window": None if self.window is None else _window_json(self.window),
             "autoscaling": {
@@ -454,7 +466,7 @@ def _report(
         # Each pod once: a preempted one is counted as its re-creation (its controller's).
         if record.started is None and record.ended is None:
             waiting[spec.tenant] += 1
-        elif record.released is not None and not record.preempted:
+        elif record.released is not None and not record.preempted and not record.reclaimed:
             admitted[spec.tenant] += 1
         if record.started is not None:
             wait = record.started - record.created
@@ -465,9 +477,15 @@ def _report(
         waits[spec.pod_class].append(wait)
         waited[spec.pod_class] += wait > 0
     total_used = sum(meter.used_seconds.values())
-    lost = sum((r.ended - r.started) * resources.total_slices(r.spec.demand)
-               for r in cluster.history.values()
-               if r.preempted and r.started is not None and r.ended is not None)
+
+    def runs(taken: Callable[[PodHistory], bool]) -> list[tuple[float, int]]:
+        """(seconds run, slices) of the pods ``taken`` ended before their end."""
+        return [(r.ended - r.started, resources.total_slices(r.spec.demand))
+                for r in cluster.history.values()
+                if taken(r) and r.started is not None and r.ended is not None]
+
+    lost = sum(ran * n for ran, n in runs(lambda r: r.preempted))
+    reclaimed = runs(lambda r: r.reclaimed)
     price = trace.pricing.price(None) if trace.pricing is not None else None
 
     def gpu_hours(slice_seconds: float) -> float:
@@ -496,6 +514,9 @@ def _report(
         quota_violations=violations,
         preemptions=cluster.preemptions,
         preempted_gpu_hours=gpu_hours(lost),
+        reclaims=cluster.reclaims,
+        reclaimed_gpu_hours=gpu_hours(sum(ran * n for ran, n in reclaimed)),
+        reclaim_min_run=min((ran for ran, _ in reclaimed), default=0.0),
         horizon=end,
         timeline=timeline,
         waited=waited,
@@ -533,7 +554,10 @@ class Simulation:
             trace.autoscaling.max_capacity)
         self.dispatcher = Dispatcher(self.queue, self.cluster, lambda: config,
                                      clock=self.clock, settings=_SETTINGS,
-                                     provisioner=self.autoscaler)
+                                     provisioner=self.autoscaler, evictor=self.cluster)
+        # with reclaim on, the dispatcher's reclaim checks while a pod waits
+        self._reclaim_every = (_SETTINGS.reclaim_every
+                               if config.platform.fair_share.reclaim is not None else None)
         self.meter = _Meter(trace, config, window or Window())
         self.config = config
         self.quota_violations: list[str] = []
@@ -547,6 +571,7 @@ class Simulation:
             ticket=uid, tenant=spec.tenant, namespace=spec.namespace, name=spec.name,
             pod_class=spec.pod_class, demand=dict(spec.demand), group=spec.group,
             group_size=spec.group_size if spec.group else 1, submitted_at=now,
+            run_seconds=spec.run_seconds,
         )
         admission = self.queue.admit(request, now)
         return Placement(uid, admission.band, admission.outcome == "queued")
@@ -568,7 +593,8 @@ class Simulation:
             nodes = self.autoscaler.next_due() if self.autoscaler is not None else None
             when = min(pending.at if pending is not None else math.inf,
                        next_end if next_end is not None else math.inf,
-                       nodes if nodes is not None else math.inf)
+                       nodes if nodes is not None else math.inf,
+                       self._next_reclaim_check())
             if when > until:
                 break
             self.meter.interval(self.clock(), when, self.cluster)
@@ -589,6 +615,13 @@ class Simulation:
                 progress(when)
         self.meter.interval(self.clock(), until, self.cluster)
         self.clock.advance_to(until)
+
+    def _next_reclaim_check(self) -> float:
+        """When the dispatcher next checks for reclaim while a pod waits (inf: reclaim
+        off, or nothing waits)."""
+        if self._reclaim_every is None or not self.cluster.waiting_tenants():
+            return math.inf
+        return self.clock() + self._reclaim_every
 
     def sample(self) -> list[TimelineRow]:
         """Every tenant's allocation and entitlement now (see the module docstring)."""
@@ -625,7 +658,8 @@ def _spec(pod: TracePod) -> PodSpec:
     return PodSpec(
         namespace=f"{pod.tenant}-sim", name=pod.name, tenant=pod.tenant,
         pod_class=pod.pod_class, demand=dict(pod.demand), duration=pod.duration,
-        group=pod.group, group_size=pod.group_size,
+        group=pod.group, group_size=pod.group_size, preemptible=pod.preemptible,
+        run_seconds=pod.run_seconds,
     )
 
 
@@ -668,6 +702,10 @@ def report_tables(report: SimulationReport) -> list[Table]:
     summary.add_row("utilisation (while pods wait)", f"{report.backlogged_utilization:.1%}")
     summary.add_row("preempted pods (GPU-h they had run)",
                     f"{report.preemptions} ({report.preempted_gpu_hours:.2f})")
+    if report.reclaims:
+        summary.add_row("reclaimed pods (GPU-h they had run; shortest run)",
+                        f"{report.reclaims} ({report.reclaimed_gpu_hours:.2f}; "
+                        f"{report.reclaim_min_run:g}s)")
     if report.gang_violations:
         summary.add_row("gangs partly released", ", ".join(report.gang_violations))
     if report.quota_violations:

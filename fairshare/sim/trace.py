@@ -6,12 +6,16 @@ Contract (format in docs/reference.md, "Simulation trace"):
   (``arrivals.3.demand``), what is wrong and how to fix it.
 - Times and durations are seconds. An arrival with ``count: n, every: s`` is a stream of
   ``n`` pods (or gangs) at ``at, at+s, ...``. With ``group``/``groupSize`` each item of the
-  stream is a gang of ``groupSize`` pods that must be released together.
+  stream is a gang of ``groupSize`` pods that must be released together. ``preemptible``
+  labels its pods ``fairgate.io/preemptible: "true"`` (reclaim may evict them);
+  ``activeDeadlineSeconds`` is their declared run time (an upper bound: a pod still
+  running then is stopped, as the kubelet stops it).
 - :meth:`Trace.config` is the :class:`~tenants.models.FairgateConfig` the queue runs with
   (each tenant's ceiling is its nominal quota, rounded up to whole GPU-equivalents;
-  the optional ``fairShare`` is platform.yaml's, e.g. ``{usageHalfLife: 30m}``; the
-  optional ``autoscaling: {maxCapacity, provisionSeconds}`` is platform.yaml's
-  ``autoscaling`` in ``provisioningRequest`` mode with that ``maxCapacity``).
+  the optional ``fairShare`` is platform.yaml's, e.g. ``{usageHalfLife: 30m}`` or
+  ``{reclaim: {after: 5m, minRuntime: 30m, perHour: 12}}``; the optional
+  ``autoscaling: {maxCapacity, provisionSeconds}`` is platform.yaml's ``autoscaling`` in
+  ``provisioningRequest`` mode with that ``maxCapacity``).
 - :meth:`Trace.pods` expands arrivals into :class:`TracePod` items sorted by arrival time,
   each with its demand by capacity key of its placement class (:mod:`tenants.placement`:
   the arrival's ``migProfile``, as the pod label ``fairgate.io/mig-profile``, and its
@@ -108,6 +112,8 @@ class Arrival(_Strict):
     group: str | None = None
     group_size: PositiveInt | None = Field(None, alias="groupSize")
     mig_profile: str | None = Field(None, alias="migProfile")
+    preemptible: bool = False
+    active_deadline_seconds: PositiveInt | None = Field(None, alias="activeDeadlineSeconds")
 
     _known_demand = field_validator("demand")(_counts)
 
@@ -137,6 +143,8 @@ class TracePod:
     duration: float
     group: str | None
     group_size: int
+    preemptible: bool = False
+    run_seconds: int | None = None  # activeDeadlineSeconds: its declared run time
 
 
 class TraceAutoscaling(_Strict):
@@ -162,14 +170,6 @@ class Trace(_Strict):
 
     _known_capacity = field_validator("capacity")(_capacity_keys)
 
-    @field_validator("fair_share")
-    @classmethod
-    def _no_reclaim(cls, value: FairShareSpec) -> FairShareSpec:
-        if value.reclaim is not None:
-            raise ValueError("the simulator does not play fairShare.reclaim: leave it out "
-                             "of the trace (the simulation runs with reclaim off)")
-        return value
-
     def config(self) -> FairgateConfig:
         """The platform and quota configuration the simulated queue runs with."""
         platform = PlatformConfig.model_validate(
@@ -182,7 +182,7 @@ class Trace(_Strict):
                     }
                     for name, t in self.tenants.items()
                 },
-                "fairShare": {"usageHalfLife": self.fair_share.usage_half_life},
+                "fairShare": self.fair_share,
                 **({"autoscaling": {"mode": "provisioningRequest",
                                     "maxCapacity": self.autoscaling.max_capacity}}
                    if self.autoscaling is not None else {}),
@@ -222,6 +222,8 @@ class Trace(_Strict):
                             duration=arrival.duration,
                             group=group,
                             group_size=arrival.pods_per_item,
+                            preemptible=arrival.preemptible,
+                            run_seconds=arrival.active_deadline_seconds,
                         )
                     )
         pods.sort(key=lambda p: p.at)

@@ -29,6 +29,7 @@ from admission.gangs import (
     Gang,
     GangError,
     GangObjects,
+    declared_run,
     declared_sizes,
     gang_key,
     jobset_size,
@@ -356,3 +357,51 @@ def test_any_declaration_gives_a_usable_gang_or_says_why(
     assert 1 <= len(found.key) <= 63 and set(found.key) <= LABEL_VALUE_CHARS
     assert found.size is None or 2 <= found.size <= MAX_GANG_SIZE
     assert (found.size is None) == bool(found.awaiting)
+
+
+# -- declared run time (activeDeadlineSeconds of the pod or of its Job) -----------------
+
+
+def _with_deadline(obj: dict[str, Any], seconds: int) -> dict[str, Any]:
+    return {**obj, "spec": {**obj["spec"], "activeDeadlineSeconds": seconds}}
+
+
+@pytest.mark.parametrize(
+    ("pod_deadline", "job_deadline", "job_seen", "expected"),
+    [
+        (None, None, True, None),  # declares nothing
+        (900, None, True, 900),  # the pod's own
+        (None, 3600, True, 3600),  # its Job's, read from the watch cache
+        (900, 3600, True, 900),  # the shorter of both
+        (7200, 3600, True, 3600),
+        (None, 3600, False, None),  # the Job not seen yet: the pod's own field alone
+        (900, 3600, False, 900),
+    ],
+)
+def test_the_declared_run_time_is_the_shorter_of_the_pod_and_its_job(
+        pod_deadline: int | None, job_deadline: int | None, job_seen: bool,
+        expected: int | None) -> None:
+    pod = indexed_job_pod()
+    if pod_deadline is not None:
+        pod = _with_deadline(pod, pod_deadline)
+    owner = job()
+    if job_deadline is not None:
+        owner = _with_deadline(owner, job_deadline)
+    assert planned(pod, *([owner] if job_seen else [])).run_seconds == expected
+
+
+def test_a_deadline_of_another_owner_kind_is_not_read() -> None:
+    """Only a batch/v1 Job controller's deadline bounds the pod: another kind's object
+    with the same uid is not one."""
+    pod = indexed_job_pod()
+    pod["metadata"]["ownerReferences"][0]["kind"] = "CronJob"
+    assert declared_run(PodView.parse(pod), objects(_with_deadline(job(), 60))) is None
+
+
+@pytest.mark.parametrize("bad", [0, -5, 1.5, "60", True])
+def test_an_unusable_pod_deadline_is_refused_naming_the_field(bad: object) -> None:
+    pod = indexed_job_pod()
+    pod["spec"]["activeDeadlineSeconds"] = bad
+    result = plan_create(pod, NS, UID, CONFIG)
+    assert isinstance(result, Denied), result
+    assert "spec.activeDeadlineSeconds must be a whole number of seconds >= 1" in result.message

@@ -193,6 +193,34 @@ def test_the_command_line(redis_url: str) -> None:
     assert "fairgate report --since 2026-03-01" in helped.stdout
 
 
+def test_gpu_hours_lost_to_reclaim_are_counted_per_tenant(redis_client: redis.Redis) -> None:
+    """team-b's 2-GPU pod ran 2 h and was reclaimed (fairgate evicted it for team-a, owed
+    its fair share): 4 GPU-hours lost, apart from preemption, in JSON, CSV and table."""
+    log = _fill(redis_client)
+    common: dict[str, Any] = {"uid": "b2", "tenant": "team-b", "pod_class": "training",
+                              "demand": "gpu=2", "namespace": "team-b-dev", "name": "b2"}
+    log.record("start", time=_at(16, 1), diff=start_detail("training", "n1", None), **common)
+    log.record("reclaim", time=_at(16, 3), reason="reclaimed for team-a-dev/a9 of tenant "
+               "team-a (owed its fair share) after 7200.0s running",
+               diff=preempt_detail("training", 7200.0, "team-a-dev/a9"), **common)
+    log.record("release", time=_at(16, 3), reason="pod Failed", **common)
+    code, out, err = _run(redis_client, output="json")
+    assert code == 0, err
+    data = json.loads(out)
+    rows = {r["tenant"]: r for r in data["rows"]}
+    assert rows["team-b"]["reclaimed_pods"] == 1 and rows["team-b"]["reclaimed_gpu_hours"] == 4
+    assert rows["team-b"]["preempted_pods"] == 0
+    assert rows["team-a"]["reclaimed_pods"] == 0  # its preemption stays a preemption
+    assert data["totals"]["reclaimed_gpu_hours"] == 4
+    code, out, _ = _run(redis_client, output="csv")
+    table = {r["tenant"]: r for r in csv.DictReader(io.StringIO(out))}
+    assert table["team-b"]["reclaimed_pods"] == "1"
+    assert table["team-b"]["reclaimed_gpu_hours"] == "4.0000"
+    assert table["(idle)"]["reclaimed_pods"] == ""
+    code, out, _ = _run(redis_client, since="2026-03-16", until="2026-03-17")
+    assert "reclaimed GPU-h" in out and "4.00" in out
+
+
 @pytest.mark.parametrize("width", [80, 120])
 @pytest.mark.parametrize("share_idle", [False, True], ids=["bill", "share-idle"])
 def test_the_report_tables_fit_the_terminal(redis_client: redis.Redis, width: int,

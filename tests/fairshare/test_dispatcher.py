@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import redis
+from rich.console import Console
 
 from audit import CAPACITY, DISPATCH, RECLAIM, RELEASE, START, AuditLog
 from fairshare.cluster.cluster import (
@@ -18,12 +19,14 @@ from fairshare.cluster.cluster import (
     EventType,
     GpuPod,
     LiftOutcome,
+    PodRef,
 )
 from fairshare.cluster.pod_evict import EVICTED, EvictOutcome
 from fairshare.dispatcher import Dispatcher, DispatcherSettings
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import PodRequest
 from fairshare.sim.simcluster import PodSpec, SimulatedCluster, VirtualClock
+from fairshare.status import reclaim_lines, render_status, status_report, why_report
 from tenants.models import FairgateConfig, FairShareSpec
 from tests.fairshare.simkit import admit_hook, make_config, make_rig
 
@@ -506,6 +509,17 @@ def test_reclaim_evicts_for_the_owed_head_only_what_it_lacks(redis_url: str) -> 
     assert len(evictions.pods) == 2
 
 
+def test_reclaims_are_counted_in_the_metrics(redis_url: str) -> None:
+    """Two 4-GPU pods of "old" reclaimed at 1,700 s, each 700 s into its run."""
+    rig, evictions = _reclaim_rig(redis_url, RECLAIM_ON, preemptible=True)
+    rig.at(1_700.0)
+    assert len(evictions.pods) == 2
+    text = rig.dispatcher.metrics.render().decode()
+    assert 'fairgate_reclaims_total{tenant="old"} 2.0' in text
+    assert 'fairgate_reclaimed_gpu_seconds_total{tenant="old"} 5600.0' in text
+    assert 'fairgate_reclaims_total{tenant="new"}' not in text
+
+
 @pytest.mark.parametrize(("reclaim", "preemptible"),
                          [(None, True), (None, False), (RECLAIM_ON, False)],
                          ids=["off", "off-unlabelled", "on-unlabelled"])
@@ -517,3 +531,75 @@ def test_no_training_pod_is_evicted_for_training_unless_reclaim_is_on(
         rig.at(at)
     assert evictions.pods == []
     assert not [e for e in rig.cluster.events if e.reason == "Reclaimed"]
+
+
+def test_reclaims_are_shown_by_status_and_why(redis_url: str) -> None:
+    """After the reclaim (two of old's pods, still terminating): ``fairgate status`` says
+    reclaim is on and lists both; ``fairgate why`` says a victim is being reclaimed and
+    that the head had pods reclaimed for it."""
+    audit = AuditLog(redis.Redis.from_url(redis_url), out=io.StringIO())
+    rig, evictions = _reclaim_rig(redis_url, RECLAIM_ON, preemptible=True, audit=audit)
+    rig.at(1_700.0)
+    assert len(evictions.pods) == 2
+    report = status_report(rig.queue, now=1_700.0)
+    notes = report["reclaim"]
+    assert notes["on"] is True and notes["last_hour"] == 2
+    assert (notes["after"], notes["min_runtime"], notes["per_hour"]) == (60.0, 600.0, 12)
+    assert {r["pod"] for r in notes["recent"]} == {str(p.ref) for p in evictions.pods}
+    assert {(r["tenant"], r["for"], r["for_tenant"], r["ran_seconds"], r["gpu_equivalents"])
+            for r in notes["recent"]} == {("old", "new-ns/new-0", "new", 700.0, 4.0)}
+    out = io.StringIO()
+    render_status(report, Console(file=out, width=170))
+    text = out.getvalue()
+    assert ("reclaim: on (after 60s waiting, pods that ran at least 600s, at most 12 an "
+            "hour): 2 reclaimed in the last hour") in text
+    assert (f"reclaimed {evictions.pods[0].ref} of tenant old (4 GPU-eq, after 700s running) "
+            "for new-ns/new-0 of tenant new") in text
+    records = [e.record for e in audit.entries() if e.record is not None]
+    victim = why_report(evictions.pods[0].ref, rig.queue, records, 1_700.0)
+    assert "; being reclaimed for new-ns/new-0 of tenant new" in victim.summary
+    head = why_report(PodRef("new-ns", "new-0"), rig.queue, records, 1_700.0)
+    assert head.verdict == "queued"
+    assert "2 pods of other tenants reclaimed for it" in head.summary
+
+
+def test_a_reclaimed_pod_that_is_gone_is_explained(redis_url: str) -> None:
+    """With the cluster evicting for real (its pods end at once and are re-created), the
+    evicted pod's why says it was reclaimed, for whom and after how long."""
+    audit = AuditLog(redis.Redis.from_url(redis_url), out=io.StringIO())
+    rig, _ = _reclaim_rig(redis_url, RECLAIM_ON, preemptible=True, audit=audit)
+    rig.dispatcher.evictor = rig.cluster
+    rig.at(1_700.0)
+    rig.at(1_710.0)
+    gone = [h for h in rig.cluster.history.values() if h.reclaimed]
+    assert len(gone) == 2
+    records = [e.record for e in audit.entries() if e.record is not None]
+    ref = PodRef(gone[0].spec.namespace, gone[0].spec.name)
+    why = why_report(ref, rig.queue, records, 1_710.0)
+    assert why.verdict == "ended"
+    assert why.summary.startswith(
+        "reclaimed for new-ns/new-0 of tenant new (owed its fair share) after 700.0s running")
+    assert "its controller's replacement, if any, is queued like any new pod" in why.summary
+
+
+@pytest.mark.parametrize("evictor", [True, False])
+def test_status_says_when_reclaim_is_off(redis_url: str, evictor: bool) -> None:
+    rig, _ = _reclaim_rig(redis_url, None if evictor else RECLAIM_ON, preemptible=True)
+    if not evictor:
+        rig.dispatcher.evictor = None  # a dispatcher that may not evict: reclaim is off
+    rig.at(1_700.0)
+    notes = rig.queue.reclaim_notes()
+    assert notes is not None and notes["on"] is False and notes["last_hour"] == 0
+    assert reclaim_lines(notes) == [
+        "reclaim: off (fairShare.reclaim is not set in fairgate-platform): no training "
+        "pod is evicted for another tenant's"]
+
+
+def test_reclaim_lines_leave_out_reclaims_of_tenants_not_seen() -> None:
+    entry = {"at": 0.0, "pod": "old-ns/old-1", "tenant": "old", "for": "new-ns/new-0",
+             "for_tenant": "new", "ran_seconds": 700.0, "gpu_equivalents": 4.0}
+    notes = {"on": True, "after": 60.0, "min_runtime": 600.0, "per_hour": 12, "last_hour": 1,
+             "recent": [entry]}
+    assert len(reclaim_lines(notes)) == 2
+    assert len(reclaim_lines(notes, lambda t: t == "new")) == 1  # old's pod is not shown
+    assert reclaim_lines(None) == []  # no dispatcher has checked yet

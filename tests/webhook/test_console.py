@@ -887,6 +887,28 @@ def test_a_browser_page_updates_itself_after_a_decision(
     assert time.monotonic() - posted < 5
 
 
+def test_the_tenants_page_shows_reclaims_a_viewer_may_see() -> None:
+    """The dispatcher's reclaim notes: a platform viewer gets every line, a tenant viewer
+    the header and no reclaim that names a tenant it does not see."""
+    entry = {"at": 1_700.0, "pod": "old-ns/old-1", "tenant": "old", "for": "new-ns/new-0",
+             "for_tenant": "new", "ran_seconds": 700.0, "gpu_equivalents": 4.0}
+    with local_redis() as url:
+        client = redis.Redis.from_url(url)
+        queue = FairQueue(client)
+        queue.write_reclaim_notes({"on": True, "at": 1_700.0, "after": 60.0,
+                                   "min_runtime": 600.0, "per_hour": 12, "last_hour": 1,
+                                   "recent": [entry]})
+        data = ConsoleData(client, queue, FairnessHistory(client, queue))
+        everyone = data.tenants(Viewer("p", everything=True))
+        new_only = data.tenants(Viewer("n", tenants=frozenset({"new"})))
+        client.close()
+    assert everyone["reclaim"][0].startswith("reclaim: on (after 60s waiting")
+    assert "reclaimed old-ns/old-1 of tenant old" in everyone["reclaim"][1]
+    assert everyone["reclaim"][0].endswith(": 1 reclaimed in the last hour")
+    assert new_only["reclaim"] == [
+        "reclaim: on (after 60s waiting, pods that ran at least 600s, at most 12 an hour)"]
+
+
 # -- read at a glance: one scale, a legend, units, shapes in words, 800 px wide ---------
 
 

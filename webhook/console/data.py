@@ -7,7 +7,10 @@ Contract:
 - :meth:`ConsoleData.tenants`: the rows of ``fairgate status`` (``fairshare.status``,
   the same computation, shared between requests by :meth:`ConsoleData.status`) plus
   ``ceiling`` (from the config, null when unknown) and ``used_nominal`` (used -
-  borrowed), filtered by ``q`` (substring of the name) and paginated by name.
+  borrowed), filtered by ``q`` (substring of the name) and paginated by name; and
+  ``reclaim``, the reclaim lines of ``fairgate status``
+  (:func:`fairshare.status.reclaim_lines`) without the reclaims that name a tenant the
+  viewer does not see.
 - :meth:`ConsoleData.queue`: every waiting queue entry of the visible tenants, grouped by
   tenant (by name), then by lane (shape), FIFO within a lane, paginated; each pod row says
   what ``fairgate why`` says (:func:`fairshare.status.status_why`), with ``position`` /
@@ -60,7 +63,7 @@ from cost.report import month_start
 from fairshare.queue.calls import shape_in_words
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import GangRecord, TicketStatus, gang_name
-from fairshare.status import status_report, status_why
+from fairshare.status import reclaim_lines, status_report, status_why
 from tenants.models import FairgateConfig
 from tenants.resources import SLICES_PER_GPU, format_counts
 from webhook.console.access import Redactor, Viewer
@@ -126,6 +129,8 @@ class ConsoleData:
             "capacity": report["capacity"],
             "jain_index": report["jain_index"],
             "held": [h for h in report["held"] if viewer.sees(h["tenant"])],
+            "reclaim": reclaim_lines(report["reclaim"],
+                                     None if viewer.everything else viewer.sees),
             "tenants": rows,
             "total": len(names),
             "page": page,

@@ -14,12 +14,15 @@
 -- ARGV[15], ARGV[16]: a gang member's gang source (e.g. 'Indexed Job trainer') and,
 -- while its size is unknown, what the size awaits; kept in the gang's hash (src, aw)
 -- for the words of why, status and the console.
+-- ARGV[17]: the pod's declared run time in seconds ('' for none; F_RUN), which
+-- backfill reads in place of its tenant's expected run time.
 local now, dry = tonumber(ARGV[1]), ARGV[2] == '1'
 local ticket, tenant, ns, name, cls, demand = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local gid, gsize, submitted = ARGV[9], ARGV[10], ARGV[11]
 local wait_for_rebuild, presented = ARGV[12] == '1', ARGV[13] == '1'
 local hold = ARGV[14] == '1'
 local gsource, gawaiting = ARGV[15] or '', ARGV[16] or ''
+local run = ARGV[17] or ''
 NOW = now
 
 local function reply(dup, outcome, band, position, length, free, nominal, reason)
@@ -188,10 +191,10 @@ if reason == nil then
   if band ~= 'b' then free = math.max(0, free - ds) end
   if dry then return reply(0, 'reserved', band, 0, qc, free, cfg.ns, {}) end
   local seq = redis.call('INCR', K_SEQ)
-  put_rec(ticket, {'R', tenant, cls, band, counts, ns, name, '', '1', submitted,
-                   seq, ARGV[1], ''})
+  put_rec(ticket, with_run({'R', tenant, cls, band, counts, ns, name, '', '1', submitted,
+                            seq, ARGV[1], ''}, run))
   add_usage(tenant, band, d, 1, st)
-  note_running(ticket, tenant, d, 1)
+  note_running(ticket, tenant, d, 1, nil, tonumber(run))
   index_name(ticket, {'R', tenant, cls, band, '', ns, name})
   resv_add(ticket, ARGV[1])
   redis.call('SADD', K_TENANTS, tenant)
@@ -202,8 +205,8 @@ end
 
 if not dry then
   local seq = redis.call('INCR', K_SEQ)
-  local rec = {'Q', tenant, cls, band, counts, ns, name, gid, gsize, submitted,
-               seq, '', ''}
+  local rec = with_run({'Q', tenant, cls, band, counts, ns, name, gid, gsize, submitted,
+                        seq, '', ''}, run)
   enqueue(ticket, rec, false, st)
   if gid ~= '' and gsource ~= '' then
     redis.call('HSET', P .. 'g:' .. gid, 'src', gsource, 'aw', gawaiting)

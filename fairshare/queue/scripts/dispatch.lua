@@ -19,7 +19,8 @@ local function release(ticket, entry)
   count_queued(rec, -1)
   count_lane(rec, -1)
   add_usage(rec[F_TENANT], rec[F_BAND], parse_counts(rec[F_DEMAND]), 1)
-  note_running(ticket, rec[F_TENANT], parse_counts(rec[F_DEMAND]), 1)
+  note_running(ticket, rec[F_TENANT], parse_counts(rec[F_DEMAND]), 1, nil,
+               declared_run(rec))
   rec[F_STATE] = 'A'
   rec[F_AT] = ARGV[1]
   put_rec(ticket, rec)

@@ -23,6 +23,9 @@ local F_GANG, F_GSIZE, F_SUBMITTED, F_SEQ, F_AT, F_UID = 8, 9, 10, 11, 12, 13
 -- the pod was stored ('' until then; a record without it has 13 fields): no other pod
 -- can ever present the ticket, and only that uid can confirm it
 local F_CLAIM = 14
+-- F_RUN: the pod's declared run time in seconds (activeDeadlineSeconds of the pod, or of
+-- its Job: an upper bound on how long it runs); '' or absent when it declares none
+local F_RUN = 15
 
 local K_TICKETS = P .. 'tk'
 local K_RESV = P .. 'resv'
@@ -611,13 +614,30 @@ local function add_usage(tenant, band, d, sign, st, started)
   track_active(tenant, st or usage_state(tenant))
 end
 
+-- a ticket record with its declared run time `run` (seconds as text, '' for none): a
+-- record of 13 fields gets an empty F_CLAIM first (the same as none)
+local function with_run(rec, run)
+  if run ~= '' then
+    rec[F_CLAIM] = rec[F_CLAIM] or ''
+    rec[F_RUN] = run
+  end
+  return rec
+end
+
+-- the declared run time of a ticket record, nil when it declares none
+local function declared_run(rec)
+  return rec and tonumber(rec[F_RUN] or '')
+end
+
 -- Expected ends (backfill): each capacity key's running and reserved tickets in the
 -- sorted set re:<capacity key>, scored by when they are expected to end: their start
 -- plus their tenant's expected run time at that moment (the cluster's before one of
--- its pods ended). Kept in every order; only virtual time reads it (backfills).
-local function note_running(ticket, tenant, d, sign, started)
+-- its pods ended), or their declared run time (`run`, seconds; nil: none) when that is
+-- shorter: it is an upper bound. Kept in every order; only virtual time reads it
+-- (backfills).
+local function note_running(ticket, tenant, d, sign, started, run)
   if sign > 0 then
-    local ends = (started or NOW or 0) + expected_run(tenant)
+    local ends = (started or NOW or 0) + math.min(expected_run(tenant), run or math.huge)
     for k, _ in pairs(d) do redis.call('ZADD', P .. 're:' .. k, ends, ticket) end
   else
     for k, _ in pairs(d) do redis.call('ZREM', P .. 're:' .. k, ticket) end
@@ -1223,14 +1243,17 @@ end
 -- (favoured_tops).
 local COMMIT_AFTER = 0.5
 
--- free whatever the ticket holds and forget it
-local function forget(ticket, rec)
+-- free whatever the ticket holds and forget it. `reclaimed`: its pod was evicted by
+-- reclaim, for another tenant owed the capacity: its tenant gets no handover of the
+-- block (it would take back what was freed for the owed one), and its cut run teaches
+-- nothing of how long its tenant's pods run
+local function forget(ticket, rec, reclaimed)
   local state = rec[F_STATE]
   local changed
   unindex_name(ticket, rec)
   resv_remove(ticket)
   if state == 'R' or state == 'A' then
-    if state == 'A' then
+    if state == 'A' and not reclaimed then
       if note_run(rec[F_TENANT], tonumber(rec[F_AT])) then rescore_charged() end
       note_freed(rec)
     end
@@ -1458,6 +1481,23 @@ local function favoured_tops(tier, now)
   return out, {shape = cs, tenant = ct, base = cu}
 end
 
+-- How long a lane entry (as its lane holds it: pack_entry, or '@' .. gang id) is
+-- expected to run when released now: its declared run time (a gang: the longest of its
+-- members', when every member declares one), else its tenant's expected run time.
+local function entry_run(entry, tenant)
+  local tickets = {unpack_entry(entry)}
+  if string.sub(entry, 1, 1) == '@' then
+    tickets = gang_members(hash_table(P .. 'g:' .. string.sub(entry, 2)))
+  end
+  local run = nil
+  for _, ticket in ipairs(tickets) do
+    local declared = declared_run(get_rec(ticket))
+    if not declared then return expected_run(tenant) end
+    run = math.max(run or 0, declared)
+  end
+  return run or expected_run(tenant)
+end
+
 -- The expected end by which `units` of capacity key `res` come free, as the running
 -- tickets of bands of priority >= `prio` end in their expected order (re:<res>): NOW
 -- when one that must end first has outrun its expected end; nil when they never free
@@ -1487,7 +1527,8 @@ end
 -- outruns its expected end. A held top's expected fit is kept on it for the plan.
 local function backfills(top, held, now)
   if #held == 0 or not now or not halflife().virtual then return false end
-  local ends = now + expected_run(top.tenant)
+  local ends = now + entry_run(redis.call('LINDEX', lane_key(top.tenant, top.shape), 0),
+                               top.tenant)
   local mine = {}
   for _, res in ipairs(top.D.all) do mine[res] = 1 end
   local lacking = {}

@@ -3,10 +3,11 @@
 -- a reservation/release time F_AT) later than the cutoff are in flight, made after
 -- the pods were listed or too recently for the list to show them; they are kept with
 -- their usage (and reservation expiry), before the list is applied.
--- ARGV[2..]: records of 13 fields: kind ('A' running | 'Q' gated, gated in queue
+-- ARGV[2..]: records of 14 fields: kind ('A' running | 'Q' gated, gated in queue
 -- order), ticket, tenant, namespace, name, class, band, demand, gang id, gang size,
 -- submitted, pod uid (the listed pods are seen: their tickets are bound to them), when
--- a running pod's run began ('' unknown; used when Redis no longer knows it). A
+-- a running pod's run began ('' unknown; used when Redis no longer knows it), its
+-- declared run time in seconds ('' none; F_RUN). A
 -- listed ticket that is kept stays as it is (a listed running pod confirms a kept
 -- reservation, and binds it to its uid when it was unseen).
 -- A listed running pod whose ticket was held before keeps its reservation/release time
@@ -68,7 +69,8 @@ local function hold(ticket, rec)
   index_name(ticket, rec)
   add_usage(rec[F_TENANT], rec[F_BAND], parse_counts(rec[F_DEMAND]), 1, nil,
             tonumber(rec[F_AT]))
-  note_running(ticket, rec[F_TENANT], parse_counts(rec[F_DEMAND]), 1, tonumber(rec[F_AT]))
+  note_running(ticket, rec[F_TENANT], parse_counts(rec[F_DEMAND]), 1, tonumber(rec[F_AT]),
+               declared_run(rec))
   if uid_of(rec) == '' then resv_add(ticket, rec[F_AT]) end
   local gid = rec[F_GANG]
   if gid ~= '' then
@@ -88,14 +90,14 @@ for _, item in ipairs(kept) do
   item[2][F_SEQ] = seq
   hold(item[1], item[2])
 end
-for i = 2, #ARGV, 13 do
-  local kind, ticket, tenant, ns, name, cls, band, demand, gid, gsize, submitted, uid, start =
-    unpack(ARGV, i, i + 12)
+for i = 2, #ARGV, 14 do
+  local kind, ticket, tenant, ns, name, cls, band, demand, gid, gsize, submitted, uid, start,
+    run = unpack(ARGV, i, i + 13)
   local rec = get_rec(ticket)
   if not rec then
     seq = seq + 1
-    rec = {kind, tenant, cls, band, demand, ns, name, gid, gsize, submitted, seq,
-           kind == 'A' and (began[ticket] or start) or '', uid}
+    rec = with_run({kind, tenant, cls, band, demand, ns, name, gid, gsize, submitted, seq,
+                    kind == 'A' and (began[ticket] or start) or '', uid}, run)
     if kind == 'A' then
       hold(ticket, rec)
     else

@@ -113,6 +113,7 @@ class Rec:
     at: float | None = None  # reserved/released at (a running pod: when its run began)
     uid: str = ""  # the pod the ticket is bound to ("" while unseen)
     ends: float | None = None  # holding usage: when it is expected to end (re:<key>)
+    run: int | None = None  # its declared run time (seconds), an upper bound
 
 
 @dataclass
@@ -236,6 +237,23 @@ class Reference:
         s = self.du.get(tenant)
         return s.r if s is not None and s.r is not None else self.cluster_run()
 
+    def ends(self, rec: Rec, started: float) -> float:
+        """When a ticket holding usage since ``started`` is expected to end: its tenant's
+        expected run time after, or its declared run time when that is shorter."""
+        run = self.expected_run(rec.tenant)
+        return started + (run if rec.run is None else min(run, rec.run))
+
+    def entry_run(self, tenant: str, key: str) -> float:
+        """How long the head entry of the tenant's lane ``key`` runs when released: its
+        declared run time (a gang: its members' longest, when all declare one), else its
+        tenant's expected run time."""
+        entry = self.lanes[(tenant, key)][0]
+        tickets = self.gangs[entry[1:]].members if entry.startswith("@") else [entry]
+        runs = [self.recs[t].run for t in tickets]
+        if not runs or any(r is None for r in runs):
+            return self.expected_run(tenant)
+        return float(max(r for r in runs if r is not None))
+
     def drained_by(self, res: str, units: int, prio: int, now: float) -> float | None:
         """When ``units`` of ``res`` come free as the tickets holding it, of bands of
         priority >= ``prio``, end in their expected order (never before ``now``); None
@@ -258,7 +276,7 @@ class Reference:
         resources, what it and the held tops before it still lack."""
         if not held or not self.virtual:
             return False
-        ends = now + self.expected_run(top.tenant)
+        ends = now + self.entry_run(top.tenant, top.key)
         mine = shape_resources(shape)
         lacking: dict[str, int] = {}
         for h in held:
@@ -727,14 +745,15 @@ class Reference:
         self.gang_link(gid, False)
         return tenant
 
-    def forget(self, ticket: str, now: float | None = None) -> None:
+    def forget(self, ticket: str, now: float | None = None, reclaimed: bool = False) -> None:
         """Free what the ticket holds and forget it; ``now``: when (None: unknown, as
-        for a script called without the time)."""
+        for a script called without the time); ``reclaimed``: its pod was evicted by
+        reclaim (no handover, no run time learnt)."""
         rec = self.recs[ticket]
         self.resv.pop(ticket, None)
         changed = None
         if rec.state in ("R", "A"):
-            if rec.state == "A":
+            if rec.state == "A" and not reclaimed:
                 self.note_run(rec.tenant, rec.at, now)
                 self.note_freed(rec)
             self.fold(rec.tenant, now)
@@ -969,9 +988,10 @@ class Reference:
             if not dry:
                 self.seq += 1
                 self.fold(tenant, now)
-                self.recs[req.ticket] = Rec("R", tenant, cls, band, d, req.namespace,
-                                            req.name, "", 1, req.submitted_at, self.seq, now,
-                                            ends=now + self.expected_run(tenant))
+                rec = Rec("R", tenant, cls, band, d, req.namespace, req.name, "", 1,
+                          req.submitted_at, self.seq, now, run=req.run_seconds)
+                rec.ends = self.ends(rec, now)
+                self.recs[req.ticket] = rec
                 self.resv[req.ticket] = now
                 self.tenants.add(tenant)
                 self.track(tenant, now)
@@ -981,7 +1001,8 @@ class Reference:
             self.seq += 1
             self.enqueue(req.ticket, Rec("Q", tenant, cls, band, d, req.namespace, req.name,
                                          gid, req.group_size if gid else 1,
-                                         req.submitted_at, self.seq), False)
+                                         req.submitted_at, self.seq, run=req.run_seconds),
+                         False)
             if gid and req.group_source:
                 self.gangs[gid].source = req.group_source
                 self.gangs[gid].awaiting = req.group_awaiting
@@ -1017,7 +1038,7 @@ class Reference:
                 rec = self.recs[t]
                 self.fold(rec.tenant, now)
                 rec.state, rec.at = "A", now
-                rec.ends = now + self.expected_run(rec.tenant)
+                rec.ends = self.ends(rec, now)
                 if not rec.uid:
                     self.resv[t] = now
                 out.append(Release(t, rec.tenant, rec.ns, rec.name, BAND_NAME[rec.band],
@@ -1030,13 +1051,13 @@ class Reference:
         return out
 
     def release(self, ticket: str, queued_only: bool, uid: str,
-                now: float | None = None) -> bool:
+                now: float | None = None, reclaimed: bool = False) -> bool:
         rec = self.recs.get(ticket)
         if rec is None or (queued_only and rec.state not in ("Q", "G")):
             return False
         if rec.uid and rec.uid != uid:
             return False
-        self.forget(ticket, now)
+        self.forget(ticket, now, reclaimed)
         return True
 
     def confirm(self, ticket: str, uid: str, ns: str, name: str) -> str:
@@ -1111,7 +1132,7 @@ class Reference:
     def hold(self, ticket: str, rec: Rec) -> None:
         """Put back a ticket holding usage (its gang counts it as running)."""
         self.recs[ticket] = rec
-        rec.ends = (rec.at or 0.0) + self.expected_run(rec.tenant)
+        rec.ends = self.ends(rec, rec.at or 0.0)
         if rec.gang:
             g = self.gangs.setdefault(rec.gang, Gang(rec.tenant, rec.cls, rec.gsize))
             g.tenant, g.cls, g.size = rec.tenant, rec.cls, rec.gsize

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from fairshare.queue.fairqueue import FairQueue
-from fairshare.queue.model import Admission, PodRequest, RunningPod
+from fairshare.queue.model import Admission, GatedPod, PodRequest, RunningPod
 from tenants.models import FairgateConfig, PlatformConfig, QuotaSpec
 from tests.fairshare.queue.reference import Reference, waiting_for
 from tests.fairshare.tickets import pod_uid
@@ -32,10 +32,11 @@ class Both:
         self.q.sync_config(config, {"gpu": 2})
         self.ref.sync(config, {"gpu": 2})
 
-    def admit(self, ticket: str, tenant: str, gpus: int, at: float) -> Admission:
+    def admit(self, ticket: str, tenant: str, gpus: int, at: float,
+              run: int | None = None) -> Admission:
         req = PodRequest(ticket=ticket, tenant=tenant, namespace=f"ns-{tenant}",
                          name=ticket, pod_class="training", demand={"gpu": gpus},
-                         submitted_at=at)
+                         submitted_at=at, run_seconds=run)
         got = self.q.admit(req, at)
         want, reason = self.ref.admit(req, at, False)
         assert got == dataclasses.replace(
@@ -56,15 +57,17 @@ class Both:
         return [r.ticket for r in got]
 
 
-def drained_for_a(client: redis.Redis, b_runs: float, half_life: str | None = None) -> Both:
+def drained_for_a(client: redis.Redis, b_runs: float, half_life: str | None = None,
+                  b2_declares: int | None = None, c1_declares: int | None = None) -> Both:
     """2 GPUs, both running from t=0 (c1, b1: expected to end at 600 s, no pod having
-    ended yet); a's 2-GPU pod and b's next 1-GPU pod wait. b1 ends after ``b_runs``:
+    ended yet, or at ``c1_declares`` if c1 declares a shorter run time); a's 2-GPU pod
+    and b's next 1-GPU pod (declaring ``b2_declares``) wait. b1 ends after ``b_runs``:
     one GPU is free and held for a, which is owed it; b2 fits that GPU only."""
     both = Both(client, half_life)
-    assert both.admit("c1", "c", 1, 0.0).outcome == "reserved"
+    assert both.admit("c1", "c", 1, 0.0, c1_declares).outcome == "reserved"
     assert both.admit("b1", "b", 1, 0.0).outcome == "reserved"
     assert both.admit("a1", "a", 2, 1.0).outcome == "queued"
-    assert both.admit("b2", "b", 1, 2.0).outcome == "queued"
+    assert both.admit("b2", "b", 1, 2.0, b2_declares).outcome == "queued"
     both.end("b1", b_runs)
     return both
 
@@ -111,3 +114,56 @@ def test_expected_ends_are_kept_per_capacity_key_and_rebuilt_from_the_pods(
                                pod_uid("c1"), started_at=0.0)], [])
     assert redis_client.zrange("fairgate:re:gpu", 0, -1, withscores=True) == [
         (b"c1", 50.0)]
+
+
+def test_a_pod_that_declares_it_ends_in_time_is_backfilled(redis_client: redis.Redis) -> None:
+    """b's pods run 500 s on average, but b2 declares activeDeadlineSeconds 60: it ends by
+    560 s at the latest, before c1 (600 s), so it runs in the GPU held for a; its own
+    expected end is its declared one."""
+    both = drained_for_a(redis_client, 500.0, b2_declares=60)
+    assert both.dispatch(500.0) == ["b2"]
+    assert redis_client.zscore("fairgate:re:gpu", "b2") == 560.0
+
+
+def test_a_pod_that_declares_it_outlasts_the_drain_waits(redis_client: redis.Redis) -> None:
+    """b's pods run 50 s on average, but b2 declares 1,000 s: it may run until 1,050 s,
+    past c1's end (600 s), and so would delay a: the GPU stays held for a."""
+    both = drained_for_a(redis_client, 50.0, b2_declares=1000)
+    assert both.dispatch(50.0) == []
+    both.end("c1", 610.0)
+    assert both.dispatch(610.0) == ["a1"]
+
+
+@pytest.mark.parametrize(("c1_declares", "backfilled"), [(None, ["b2"]), (200, [])])
+def test_a_running_pod_that_declares_a_shorter_run_ends_the_drain_sooner(
+        redis_client: redis.Redis, c1_declares: int | None, backfilled: list[str]) -> None:
+    """b's pods run 150 s: b2 is expected to end at 300 s. c1 is expected to end at 600 s
+    (b2 is backfilled), unless it declares 200 s, shorter: then a is expected to fit at
+    200 s, which b2 would delay, and b2 waits."""
+    both = drained_for_a(redis_client, 150.0, c1_declares=c1_declares)
+    assert redis_client.zscore("fairgate:re:gpu", "c1") == (c1_declares or 600.0)
+    assert both.dispatch(150.0) == backfilled
+
+
+def test_a_declared_run_time_outlived_is_handled_as_before(redis_client: redis.Redis) -> None:
+    """c1 declared 200 s and is still running at 250 s (its deadline's grace): a is
+    expected to fit now, so nothing is backfilled into its GPU, even b2 declaring 10 s."""
+    both = drained_for_a(redis_client, 250.0, b2_declares=10, c1_declares=200)
+    assert both.dispatch(250.0) == []
+
+
+def test_a_rebuild_keeps_the_declared_run_times_of_the_listed_pods(
+        redis_client: redis.Redis) -> None:
+    """A running pod listed with its declared run time is expected to end by it when that
+    is shorter than its tenant's expected run time (50 s here); a gated one keeps it for
+    its backfill."""
+    both = drained_for_a(redis_client, 50.0)
+    gated = PodRequest(ticket="b2", tenant="b", namespace="ns-b", name="b2",
+                       pod_class="training", demand={"gpu": 1}, submitted_at=2.0,
+                       run_seconds=900)
+    both.q.rebuild([RunningPod("c1", "c", "ns-c", "c1", "training", "training", {"gpu": 1},
+                               pod_uid("c1"), started_at=0.0, run_seconds=20)],
+                   [GatedPod(gated, "training", pod_uid("b2"))])
+    assert redis_client.zrange("fairgate:re:gpu", 0, -1, withscores=True) == [
+        (b"c1", 20.0)]
+    assert redis_client.hget("fairgate:tk", "b2").decode().split("|")[14] == "900"

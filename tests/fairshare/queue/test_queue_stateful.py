@@ -186,9 +186,9 @@ class QueueMachine(RuleBasedStateMachine):
             self.admit(tenant, pod_class, demand, gang)
             self.quota_safety()
 
-    @rule(index=st.integers(0, 10_000))
-    def finish(self, index: int) -> None:
-        self.release(index, "RA")
+    @rule(index=st.integers(0, 10_000), reclaimed=st.booleans())
+    def finish(self, index: int, reclaimed: bool = False) -> None:
+        self.release(index, "RA", reclaimed)
 
     @rule(tenant=st.sampled_from(TENANTS), pod_class=st.sampled_from(["inference", "training"]),
           demand=st.integers(0, len(DEMANDS) - 1), gang=st.sampled_from([0, 1]))
@@ -288,13 +288,14 @@ class QueueMachine(RuleBasedStateMachine):
                 self.ref.release(ticket, False, uid, self.now)
         self.dispatch(limit)
 
-    @rule(index=st.integers(0, 10_000), states=st.just("QGRA"))
-    def release(self, index: int, states: str) -> None:
+    @rule(index=st.integers(0, 10_000), states=st.just("QGRA"), reclaimed=st.booleans())
+    def release(self, index: int, states: str, reclaimed: bool) -> None:
+        """A pod ends or is deleted (``reclaimed``: evicted by reclaim)."""
         ticket = self.pick(index, states)
         if ticket is not None:
             uid = pod_uid(ticket)
-            assert self.queue.release(ticket, uid, self.now) == \
-                self.ref.release(ticket, False, uid, self.now)
+            assert self.queue.release(ticket, uid, self.now, reclaimed=reclaimed) == \
+                self.ref.release(ticket, False, uid, self.now, reclaimed)
             assert not self.queue.release(ticket, uid, self.now)
 
     @rule(index=st.integers(0, 10_000))

@@ -125,7 +125,7 @@ def test_json_output_has_exactly_the_designed_keys(redis_url: str, tmp_path: Pat
     assert simulate_command(trace, True, redis_url, out=out) == 0
     data = json.loads(out.getvalue())
     assert set(data) == {"jain_index", "utilization", "wait_seconds", "tenants", "preemption",
-                         "waited", "window", "autoscaling"}
+                         "reclaim", "waited", "window", "autoscaling"}
     assert data["autoscaling"] == {"requests": 0, "provisioned_gpus": 0.0,
                                    "wait_seconds": {"p50": 0.0, "max": 0.0}}
     assert set(data["window"]) == {"from", "to", "utilization", "jain_index", "tenants"}
@@ -144,6 +144,7 @@ def test_json_output_has_exactly_the_designed_keys(redis_url: str, tmp_path: Pat
     assert data["tenants"]["team-b"]["gpu_hours"] == round(2 * 5 / 3600, 4)
     assert data["tenants"]["team-a"]["cost"] is None
     assert data["preemption"] == {"pods": 2, "gpu_hours_lost": 0.0}
+    assert data["reclaim"] == {"pods": 0, "gpu_hours_lost": 0.0, "min_run_seconds": 0.0}
     # The 2 training pods that started first were preempted by inference at t=0 and
     # re-created by their controller: 6 + 2 pods released for team-a, which are the 6
     # pods it submitted, each counted once.
@@ -335,16 +336,3 @@ def test_a_preempted_pod_is_counted_once(redis_url: str) -> None:
         research = report.tenants["research"]
         assert research.admitted + research.waiting == sum(
             1 for pod in trace.pods() if pod.tenant == "research" and pod.at <= horizon)
-
-
-def test_a_trace_that_asks_for_reclaim_is_refused_not_played_without_it() -> None:
-    with pytest.raises(ConfigError) as caught:
-        parse_trace({
-            "capacity": {"gpu": 2},
-            "tenants": {"team-a": {"weight": 1, "nominal": {"gpu": 1}}},
-            "arrivals": [{"at": 0, "tenant": "team-a", "class": "training",
-                          "demand": {"gpu": 1}, "duration": 5}],
-            "horizon": 10,
-            "fairShare": {"reclaim": {"after": "5m", "minRuntime": "30m", "perHour": 2}},
-        })
-    assert "does not play fairShare.reclaim" in str(caught.value)
