@@ -582,6 +582,8 @@ end
 -- `st`: see bump_state
 -- `started`: when the usage being added (sign 1) or removed (-1) began; nil: NOW when
 -- adding
+-- k:<band>:<capacity key>: the tenant's running units per placement class and band,
+-- borrowed included (what per-class entitlements read; nothing else does)
 local function add_usage(tenant, band, d, sign, st, started)
   fold_decay(tenant, st)
   local deltas = {['u' .. band] = sign * slices(d)}
@@ -590,6 +592,7 @@ local function add_usage(tenant, band, d, sign, st, started)
       local field = 'u:' .. base_of(k)
       deltas[field] = (deltas[field] or 0) + sign * v
     end
+    deltas['k:' .. band .. ':' .. k] = sign * v
     local now_used = redis.call('HINCRBY', K_USED, band .. ':' .. k, sign * v)
     if USED[k] then USED[k][band] = now_used end
   end
@@ -823,11 +826,14 @@ end
 -- qd:<band>:<res>, qs:<band> (queued demand, what admit counts as "queued ahead" when
 -- it picks a band): queued tickets whose pod was seen (bound to a uid), so that an
 -- entry whose pod never came to exist (a later admission step refused it) cannot push
--- a legitimate pod into the borrowed band (added to `deltas`)
+-- a legitimate pod into the borrowed band (added to `deltas`); qk:<band>:<capacity key>
+-- the same units per placement class (what per-class entitlements read)
 local function seen_demand_deltas(rec, sign, deltas)
   local d = parse_counts(rec[F_DEMAND])
   for k, v in pairs(d) do
     local field = 'qd:' .. rec[F_BAND] .. ':' .. base_of(k)
+    deltas[field] = (deltas[field] or 0) + sign * v
+    field = 'qk:' .. rec[F_BAND] .. ':' .. k
     deltas[field] = (deltas[field] or 0) + sign * v
   end
   deltas['qs:' .. rec[F_BAND]] = (deltas['qs:' .. rec[F_BAND]] or 0) + sign * slices(d)
