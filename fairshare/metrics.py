@@ -102,9 +102,9 @@ class DispatcherMetrics:
                            ["tenant"], registry=r)
         self.fair_share = Gauge(
             "fairgate_tenant_fair_share",
-            "Entitlement in GPU-equivalents: the capacity water-filled by weight among "
-            "tenants with demand, each capped at usage + queued and at nominal + borrow "
-            "limit (0 without demand).",
+            "Entitlement in GPU-equivalents: each placement class's capacity water-filled "
+            "by weight among tenants with demand in it, each capped at usage + queued, "
+            "summed over classes and capped at nominal + borrow limit (0 without demand).",
             ["tenant"], registry=r)
         self.jain = Gauge(
             "fairgate_fairness_jain_index",
