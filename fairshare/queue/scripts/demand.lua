@@ -9,14 +9,7 @@ for res, n in pairs(hash_table(K_CAP)) do cap[res] = tonumber(n) end
 local out = {format_counts(cap)}
 for _, tenant in ipairs(names) do
   local st = state_of(tenant)
-  local keys, ikeys = {}, {}
-  for k, v in pairs(st) do
-    local band, key = string.match(k, '^qk:(%a):(.+)$')
-    if key then
-      keys[key] = (keys[key] or 0) + tonumber(v)
-      if band == 'i' then ikeys[key] = tonumber(v) end
-    end
-  end
+  local keys, ikeys = class_counts(st, 'qk')
   out[#out + 1] = tenant
   out[#out + 1] = tostring(num(st, 'qs:i') + num(st, 'qs:t') + num(st, 'qs:b'))
   out[#out + 1] = tostring(num(st, 'qs:i'))

@@ -858,6 +858,21 @@ local function lane_deltas(rec, sign, deltas)
   return deltas
 end
 
+-- a tenant's state (state_of) per placement class: its `<field>:<band>:<capacity key>`
+-- counts (k: running, qk: queued) as units per key in all bands, and in band i
+local function class_counts(st, field)
+  local all, inference = {}, {}
+  local pattern = '^' .. field .. ':(%a):(.+)$'
+  for k, v in pairs(st) do
+    local band, key = string.match(k, pattern)
+    if key then
+      all[key] = (all[key] or 0) + tonumber(v)
+      if band == 'i' then inference[key] = tonumber(v) end
+    end
+  end
+  return all, inference
+end
+
 local function count_queued(rec, sign)
   bump_state(rec[F_TENANT], queued_deltas(rec, sign, {}))
 end

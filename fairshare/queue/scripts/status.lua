@@ -6,16 +6,12 @@ local out = {}
 for _, tenant in ipairs(names) do
   local c = cfg_of(tenant)
   local st = state_of(tenant)
-  local used, keys, ikeys = {}, {}, {}
+  local used = {}
   for k, v in pairs(st) do
     local res = string.match(k, '^u:(.+)$')
     if res then used[res] = tonumber(v) end
-    local band, key = string.match(k, '^k:(%a):(.+)$')
-    if key then
-      keys[key] = (keys[key] or 0) + tonumber(v)
-      if band == 'i' then ikeys[key] = tonumber(v) end
-    end
   end
+  local keys, ikeys = class_counts(st, 'k')
   out[#out + 1] = {'tenant', tenant, 'w', c.wraw, 'nominal', c.nominal,
                    'ns', tostring(c.ns), 'b', tostring(c.b), 'rs', tostring(c.rs),
                    'used', format_counts(used), 'ui', tostring(num(st, 'ui')),
