@@ -38,7 +38,8 @@ Contract:
   entitled to more of a class than the class has, nor to a class it does not ask for.
   :func:`snapshot_fairness` applies it per class to a
   :class:`~fairshare.queue.model.QueueSnapshot`, as ``fairgate simulate`` does to its
-  simulated cluster.
+  simulated cluster; :func:`slices_by_key` turns units per capacity key into the slices
+  per key both pass.
 """
 
 from __future__ import annotations
@@ -227,8 +228,9 @@ def fairness(capacity_slices: int, loads: Mapping[str, TenantLoad],
                     entitled_jain(t.of_entitlement for t in tenants.values()))
 
 
-def _key_slices(*counts: Mapping[str, int]) -> dict[str, int]:
-    """Units per capacity key, summed over ``counts``, as slices per key."""
+def slices_by_key(*counts: Mapping[str, int]) -> dict[str, int]:
+    """Units per capacity key, summed over ``counts``, as slices per key (what
+    :func:`fairness` takes per class)."""
     out: dict[str, int] = {}
     for each in counts:
         for key, units in each.items():
@@ -245,12 +247,12 @@ def snapshot_fairness(snapshot: QueueSnapshot) -> Fairness:
             s.weight, s.used_slices, snapshot.queued_slices.get(s.tenant, 0),
             s.nominal_slices + s.borrow_limit_slices,
             s.inference_slices + snapshot.queued_inference_slices.get(s.tenant, 0),
-            _key_slices(s.running_by_key, snapshot.queued_by_key.get(s.tenant, {})),
-            _key_slices(s.running_inference_by_key,
+            slices_by_key(s.running_by_key, snapshot.queued_by_key.get(s.tenant, {})),
+            slices_by_key(s.running_inference_by_key,
                         snapshot.queued_inference_by_key.get(s.tenant, {})))
         for s in snapshot.tenants
     }
-    return fairness(total_slices(snapshot.capacity), loads, _key_slices(snapshot.capacity))
+    return fairness(total_slices(snapshot.capacity), loads, slices_by_key(snapshot.capacity))
 
 
 def jain_text(index: float | None, digits: int = 4) -> str:
