@@ -859,15 +859,18 @@ local function lane_deltas(rec, sign, deltas)
 end
 
 -- a tenant's state (state_of) per placement class: its `<field>:<band>:<capacity key>`
--- counts (k: running, qk: queued) as units per key in all bands, and in band i
+-- counts (k: running, qk: queued) as units per key in all bands, and in band i. A
+-- count below 0 reads as 0: a pod admitted by a version that kept no such counts and
+-- freed by this one leaves one there until the next rebuild (the reconciler's).
 local function class_counts(st, field)
   local all, inference = {}, {}
   local pattern = '^' .. field .. ':(%a):(.+)$'
   for k, v in pairs(st) do
     local band, key = string.match(k, pattern)
     if key then
-      all[key] = (all[key] or 0) + tonumber(v)
-      if band == 'i' then inference[key] = tonumber(v) end
+      local n = math.max(0, tonumber(v))
+      all[key] = (all[key] or 0) + n
+      if band == 'i' then inference[key] = n end
     end
   end
   return all, inference

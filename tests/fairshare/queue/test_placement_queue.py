@@ -270,3 +270,17 @@ def test_quota_and_capacity_hold_per_key_under_random_traffic(
         for status in q.tenant_status():
             for res, n in status.used.items():
                 assert n <= nominal.get(res, 0), (step, status.tenant, res)
+
+
+def test_a_per_class_count_left_negative_by_an_older_version_reads_as_zero(
+        redis_client: redis.Redis) -> None:
+    """A pod admitted by a version that kept no per-class counts and freed by this one
+    leaves its count at -1 until the next rebuild: the snapshot reads it as 0 (the
+    dispatcher's chores and `fairgate status` keep working), the other bands' counts
+    of the key as they are."""
+    q = queue(redis_client, {"gpu": 4}, {"t": tenant()}, {"t": {"nominal": {"gpu": 4}}})
+    req = pod("t0", "t", {"gpu": 1})
+    assert q.admit(req, 0.0).outcome == "reserved"
+    redis_client.hincrby("fairgate:ts:t", "k:b:gpu", -1)  # what that release leaves
+    (status,) = q.snapshot().tenants
+    assert dict(status.running_by_key) == {"gpu": 1}
