@@ -17,10 +17,11 @@ Contract: every :class:`DispatcherMetrics` owns its own ``CollectorRegistry``.
 - Fairness (one computation, :func:`fairshare.queue.entitlement.fairness`, shared with
   ``fairgate status``): ``fairgate_tenant_weighted_share{tenant}``, GPU-equivalents used
   per unit of weight (all bands); ``fairgate_tenant_fair_share{tenant}``, the tenant's
-  entitlement in GPU-equivalents (the capacity water-filled by weight among tenants with
-  demand, each capped at its usage + queued demand and at nominal + borrow limit, and
-  given at least its inference usage + queued demand, which goes first; 0 without
-  demand); ``fairgate_fairness_jain_index``,
+  entitlement in GPU-equivalents (each placement class's capacity water-filled by weight
+  among tenants with demand in it, each capped at its usage + queued demand there and
+  given at least its inference usage + queued demand there, which goes first; summed
+  over classes and capped at nominal + borrow limit; 0 without demand);
+  ``fairgate_fairness_jain_index``,
   :func:`~fairshare.queue.entitlement.entitled_jain`: Jain's index of usage /
   entitlement over the tenants entitled to something (1 = every one holds exactly its
   fair share), NaN when not defined (fewer than two such tenants, or no usage).
@@ -106,9 +107,9 @@ class DispatcherMetrics:
                            ["tenant"], registry=r)
         self.fair_share = Gauge(
             "fairgate_tenant_fair_share",
-            "Entitlement in GPU-equivalents: the capacity water-filled by weight among "
-            "tenants with demand, each capped at usage + queued and at nominal + borrow "
-            "limit (0 without demand).",
+            "Entitlement in GPU-equivalents: each placement class's capacity water-filled "
+            "by weight among tenants with demand in it, each capped at usage + queued, "
+            "summed over classes and capped at nominal + borrow limit (0 without demand).",
             ["tenant"], registry=r)
         self.jain = Gauge(
             "fairgate_fairness_jain_index",

@@ -354,9 +354,10 @@ def render_status(report: dict[str, Any], console: Console) -> None:
         console.print(table)
     console.print(
         f"capacity {report['capacity']:g} GPU-eq; Jain's index of used / entitlement "
-        f"{jain_text(report['jain_index'], 3)}. entitlement: the tenant's fair share, the capacity "
-        "split by weight among tenants with demand, each capped at used + queued and at "
-        "nominal + borrowLimit.", highlight=False, soft_wrap=True,
+        f"{jain_text(report['jain_index'], 3)}. entitlement: the tenant's fair share, each "
+        "placement class's capacity split by weight among tenants with demand in it, each "
+        "capped at used + queued, summed over classes and capped at nominal + borrowLimit.",
+        highlight=False, soft_wrap=True,
     )
     for line in (twin_lines(report["tenants"]) + class_lines(report["capacity_by_class"])
                  + held_lines(report["held"]) + gang_lines(report.get("gangs") or [])

@@ -716,9 +716,10 @@ def _status(args: argparse.Namespace) -> int:
 def _add_status(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     status = _subparser(
         subparsers, "status", "per-tenant usage against fair share, quota and queues",
-        "Per tenant: weight, nominal, borrowLimit, used, its entitlement (fair share of\n"
-        "the capacity: split by weight among tenants with demand, each capped at used +\n"
-        "queued and at nominal + borrowLimit) and used / entitlement, borrowed, queued by\n"
+        "Per tenant: weight, nominal, borrowLimit, used, its entitlement (fair share:\n"
+        "each placement class's capacity split by weight among tenants with demand in\n"
+        "it, each capped at used + queued there, summed over classes and capped at\n"
+        "nominal + borrowLimit) and used / entitlement, borrowed, queued by\n"
         "class and weighted share (usage / weight); Jain's index of used / entitlement\n"
         "over the tenants entitled to something (n/a with fewer than two, or no usage).\n"
         "Then the capacity held for the pods owed it that do not fit yet (in fair-share\n"

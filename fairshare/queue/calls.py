@@ -35,6 +35,7 @@ from fairshare.queue.model import (
     InvalidRequestError,
     PodRequest,
     PricedTicket,
+    QueueSnapshot,
     TenantStatus,
     TicketState,
     gang_missing,
@@ -309,6 +310,8 @@ def tenant_statuses(raw: Sequence[Any]) -> list[TenantStatus]:
                 borrowed_slices=int(fields["ub"]),
                 training_slices=int(fields["ut"]),
                 inference_slices=int(fields["ui"]),
+                running_by_key=parse_counts(fields["keys"]),
+                running_inference_by_key=parse_counts(fields["ikeys"]),
                 queued={"inference": int(fields["qci"]), "training": int(fields["qct"])},
                 weighted_share=total / weight,
             )
@@ -316,15 +319,20 @@ def tenant_statuses(raw: Sequence[Any]) -> list[TenantStatus]:
     return result
 
 
-def queued_demand(raw: Sequence[Any]
-                  ) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
-    """The reply of ``demand.lua``: (stored capacity in units, tenant -> queued slices,
-    tenant -> the queued slices of its inference pods)."""
-    capacity, *rows = (text(v) for v in raw)
-    tenants, queued, inference = rows[::3], rows[1::3], rows[2::3]
-    return (parse_counts(capacity),
-            {t: int(n) for t, n in zip(tenants, queued, strict=True)},
-            {t: int(n) for t, n in zip(tenants, inference, strict=True)})
+def queue_snapshot(status_raw: Sequence[Any], demand_raw: Sequence[Any]) -> QueueSnapshot:
+    """The replies of ``status.lua`` and ``demand.lua`` (read in one transaction) as a
+    snapshot."""
+    capacity, *rows = (text(v) for v in demand_raw)
+    tenants = rows[::5]
+    return QueueSnapshot(
+        tenants=tuple(tenant_statuses(status_raw)),
+        queued_slices={t: int(n) for t, n in zip(tenants, rows[1::5], strict=True)},
+        capacity=parse_counts(capacity),
+        queued_inference_slices={t: int(n) for t, n in zip(tenants, rows[2::5], strict=True)},
+        queued_by_key={t: parse_counts(c) for t, c in zip(tenants, rows[3::5], strict=True)},
+        queued_inference_by_key={t: parse_counts(c)
+                                 for t, c in zip(tenants, rows[4::5], strict=True)},
+    )
 
 
 def holds(raw: Sequence[Any]) -> list[Hold]:

@@ -32,7 +32,14 @@ Contract:
   share (GPU-equivalents used per unit of weight), and :func:`entitled_jain` (1.0
   when every tenant entitled to something holds exactly its entitlement, whatever the
   weights or caps; None when not defined).
-  :func:`snapshot_fairness` applies it to a :class:`~fairshare.queue.model.QueueSnapshot`.
+  With the capacity and every tenant's demand per capacity key (placement class: ``gpu``,
+  ``gpu@pool-a``, ``mig-1g.5gb``), each class is water-filled on its own and a
+  tenant's entitlement is the sum over classes (at most its limit): no tenant is
+  entitled to more of a class than the class has, nor to a class it does not ask for.
+  :func:`snapshot_fairness` applies it per class to a
+  :class:`~fairshare.queue.model.QueueSnapshot`, as ``fairgate simulate`` does to its
+  simulated cluster; :func:`slices_by_key` turns units per capacity key into the slices
+  per key both pass.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from fairshare.queue.model import QueueSnapshot
-from tenants.resources import SLICES_PER_GPU, total_slices
+from tenants.resources import SLICES_PER_GPU, slices_of, total_slices
 
 
 def water_fill(
@@ -221,16 +228,31 @@ def fairness(capacity_slices: int, loads: Mapping[str, TenantLoad],
                     entitled_jain(t.of_entitlement for t in tenants.values()))
 
 
+def slices_by_key(*counts: Mapping[str, int]) -> dict[str, int]:
+    """Units per capacity key, summed over ``counts``, as slices per key (what
+    :func:`fairness` takes per class)."""
+    out: dict[str, int] = {}
+    for each in counts:
+        for key, units in each.items():
+            out[key] = out.get(key, 0) + units * slices_of(key)
+    return out
+
+
 def snapshot_fairness(snapshot: QueueSnapshot) -> Fairness:
-    """:func:`fairness` of a queue snapshot: limits are nominal + borrow limit."""
+    """:func:`fairness` of a queue snapshot, per placement class (each capacity key of
+    the capacity, the tenants' running units and their queued units): limits are
+    nominal + borrow limit, inference is the inference band (running and queued)."""
     loads = {
-        s.tenant: TenantLoad(s.weight, s.used_slices, snapshot.queued_slices.get(s.tenant, 0),
-                             s.nominal_slices + s.borrow_limit_slices,
-                             s.inference_slices
-                             + snapshot.queued_inference_slices.get(s.tenant, 0))
+        s.tenant: TenantLoad(
+            s.weight, s.used_slices, snapshot.queued_slices.get(s.tenant, 0),
+            s.nominal_slices + s.borrow_limit_slices,
+            s.inference_slices + snapshot.queued_inference_slices.get(s.tenant, 0),
+            slices_by_key(s.running_by_key, snapshot.queued_by_key.get(s.tenant, {})),
+            slices_by_key(s.running_inference_by_key,
+                        snapshot.queued_inference_by_key.get(s.tenant, {})))
         for s in snapshot.tenants
     }
-    return fairness(total_slices(snapshot.capacity), loads)
+    return fairness(total_slices(snapshot.capacity), loads, slices_by_key(snapshot.capacity))
 
 
 def jain_text(index: float | None, digits: int = 4) -> str:

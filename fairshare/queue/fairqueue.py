@@ -50,7 +50,7 @@ from fairshare.queue.calls import (
     num,
     priced_tickets,
     queue_error,
-    queued_demand,
+    queue_snapshot,
     resize_args,
     run_arg,
     sync_args,
@@ -348,12 +348,12 @@ class FairQueue:
         return tenant_statuses(self._run("status"))
 
     def snapshot(self) -> QueueSnapshot:
-        """:meth:`tenant_status` plus each tenant's queued slices and the stored
-        capacity, all read in one transaction (what fair-share entitlements need)."""
+        """:meth:`tenant_status` plus each tenant's queued slices (in all and per
+        capacity key) and the stored capacity, all read in one transaction (what
+        fair-share entitlements need)."""
         status_raw, demand_raw = self._functions.pipelined(
             [("status", ()), ("demand", ())], transaction=True)
-        capacity, queued, inference = queued_demand(demand_raw)
-        return QueueSnapshot(tuple(tenant_statuses(status_raw)), queued, capacity, inference)
+        return queue_snapshot(status_raw, demand_raw)
 
     def holds(self, now: float) -> list[Hold]:
         """The capacity held at ``now`` and for whom (``fairgate status``): the entries

@@ -372,6 +372,8 @@ class TenantStatus:
     borrowed_slices: int
     training_slices: int  # non-borrowed training
     inference_slices: int
+    running_by_key: ResourceCounts  # units per capacity key, all bands (borrowed too)
+    running_inference_by_key: ResourceCounts  # the inference band's part of it
     queued: Mapping[PodClass, int] = field(default_factory=dict)
     weighted_share: float = 0.0
 
@@ -379,13 +381,17 @@ class TenantStatus:
 @dataclass(frozen=True)
 class QueueSnapshot:
     """Every tenant's status, its queued slices (all bands, gang members waiting for
-    their gang included), the capacity the queue dispatches against, and the part of the
-    queued slices that is inference, read at one instant."""
+    their gang included), the capacity the queue dispatches against (units per capacity
+    key), the part of the queued slices that is inference, and per tenant its queued
+    units per capacity key (all bands, and the inference band's part), read at one
+    instant."""
 
     tenants: tuple[TenantStatus, ...]
     queued_slices: Mapping[str, int]
     capacity: ResourceCounts
-    queued_inference_slices: Mapping[str, int] = field(default_factory=dict)
+    queued_inference_slices: Mapping[str, int]
+    queued_by_key: Mapping[str, ResourceCounts]
+    queued_inference_by_key: Mapping[str, ResourceCounts]
 
 
 @dataclass(frozen=True)

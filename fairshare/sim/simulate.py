@@ -85,6 +85,7 @@ from fairshare.queue.entitlement import (
     entitled_jain,
     fairness,
     jain_text,
+    slices_by_key,
 )
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import PodRequest
@@ -296,7 +297,7 @@ class _Meter:
         self.window_waiting_time = 0.0
 
     def _capacity(self, counts: Mapping[str, int]) -> None:
-        self.capacity_of = {name: n * resources.slices_of(name) for name, n in counts.items()}
+        self.capacity_of = slices_by_key(counts)
         self.capacity = sum(self.capacity_of.values())
 
     def fairness(self, cluster: SimulatedCluster) -> Fairness:

@@ -18,12 +18,14 @@ def _status(tenant: str, queued: int, used: dict[str, int]) -> TenantStatus:
         tenant=tenant, weight=2.0, nominal={"gpu": 2}, nominal_slices=14,
         borrow_limit_slices=7, inference_reserve_slices=0, used=used,
         used_slices=sum(used.values()) * 7, borrowed_slices=7, training_slices=7,
-        inference_slices=0, queued={"training": queued}, weighted_share=3.5,
+        inference_slices=0, running_by_key=used, running_inference_by_key={},
+        queued={"training": queued}, weighted_share=3.5,
     )
 
 
 def _snapshot(*statuses: TenantStatus) -> QueueSnapshot:
-    return QueueSnapshot(statuses, {s.tenant: 14 for s in statuses}, {"gpu": 8})
+    return QueueSnapshot(statuses, {s.tenant: 14 for s in statuses}, {"gpu": 8},
+                         {}, {s.tenant: {"gpu": 2} for s in statuses}, {})
 
 
 def _lines(metrics: DispatcherMetrics, name: str) -> list[str]:

@@ -70,19 +70,22 @@ def queue(redis_client: redis.Redis) -> FairQueue:
 def test_status_reports_quota_usage_backlog_and_share(queue: FairQueue) -> None:
     report = status_report(queue)
     a, b = report["tenants"]["team-a"], report["tenants"]["team-b"]
-    # 5 GPU-eq of capacity, both tenants with demand above their share (a: 22 slices
-    # used + 14 queued, cap 5.14; b: 7 + 7, cap 2 = its nominal): split 2:1.
+    # 5 GPU-eq of capacity, water-filled per placement class: the 4 GPUs between the
+    # two tenants asking for whole GPUs above their share (a: 3 used + 2 queued; b: 1 + 1,
+    # cap 2 = its nominal) split 2:1; of the 7 MIG slices only team-a's one (inference)
+    # is asked for, so the other 6 entitle no one.
+    a_entitled = 4 * 2 / 3 + 1 / 7
     assert a == {
         "weight": 2.0, "nominal": {"gpu": 4, "mig-1g.5gb": 7}, "nominal_gpu_equivalents": 5.0,
         "borrow_limit": 2.0, "inference_reserve": 1.0, "used": 3.14, "borrowed": 0.0,
         "queued": {"inference": 0, "training": 2}, "weighted_share": round(22 / 7 / 2, 4),
-        "entitlement": 3.33, "of_entitlement": round(22 / 7 / (10 / 3), 4), "ticket_twins": 0,
+        "entitlement": 2.81, "of_entitlement": round(22 / 7 / a_entitled, 4), "ticket_twins": 0,
     }
     assert b["used"] == 1.0 and b["queued"] == {"inference": 0, "training": 1}
     assert b["weighted_share"] == 1.0
-    assert b["entitlement"] == 1.67 and b["of_entitlement"] == 0.6
+    assert b["entitlement"] == 1.33 and b["of_entitlement"] == 0.75
     assert report["capacity"] == 5.0
-    ratios = (22 / 7 / (10 / 3), 0.6)
+    ratios = (22 / 7 / a_entitled, 0.75)
     assert report["jain_index"] == round(sum(ratios) ** 2 / (2 * sum(r * r for r in ratios)), 4)
 
 
@@ -95,7 +98,8 @@ def test_status_entitlement_is_capped_by_demand_and_by_quota(queue: FairQueue) -
     assert queue.remove("b-wait", pod_uid("b-wait"))  # team-b: 1 GPU used, nothing queued
     report = status_report(queue)
     shares = {name: row["entitlement"] for name, row in report["tenants"].items()}
-    assert shares == {"team-a": 4.0, "team-b": 1.0, "team-c": 0.0}
+    # whole GPUs: team-b's 1 and the other 3 for team-a; MIG: team-a's one slice
+    assert shares == {"team-a": 3.14, "team-b": 1.0, "team-c": 0.0}
     assert report["tenants"]["team-b"]["of_entitlement"] == 1.0
     assert report["tenants"]["team-c"]["of_entitlement"] is None
 
@@ -123,9 +127,9 @@ def test_status_command_prints_json_and_a_table(queue: FairQueue, redis_url: str
     quota_a, use_a, nominal_a = (line for line in text.splitlines()
                                  if line.startswith("│ team-a "))
     assert "5.00" in quota_a and "2.00" in quota_a  # nominal, borrow limit
-    assert "3.14" in use_a and "3.33" in use_a and "94%" in use_a  # used, entitlement, ratio
+    assert "3.14" in use_a and "2.81" in use_a and "112%" in use_a  # used, entitlement, ratio
     assert nominal_a.split() == ["│", "team-a", "│", "4", "│", "7", "│"]  # gpu, mig-1g.5gb
-    assert "Jain's index of used / entitlement 0.953" in text.replace("\n", " ")
+    assert "Jain's index of used / entitlement 0.963" in text.replace("\n", " ")
 
 
 @pytest.mark.parametrize("width", [80, 120])

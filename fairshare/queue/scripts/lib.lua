@@ -585,6 +585,8 @@ end
 -- `st`: see bump_state
 -- `started`: when the usage being added (sign 1) or removed (-1) began; nil: NOW when
 -- adding
+-- k:<band>:<capacity key>: the tenant's running units per placement class and band,
+-- borrowed included (what per-class entitlements read; nothing else does)
 local function add_usage(tenant, band, d, sign, st, started)
   fold_decay(tenant, st)
   local deltas = {['u' .. band] = sign * slices(d)}
@@ -593,6 +595,7 @@ local function add_usage(tenant, band, d, sign, st, started)
       local field = 'u:' .. base_of(k)
       deltas[field] = (deltas[field] or 0) + sign * v
     end
+    deltas['k:' .. band .. ':' .. k] = sign * v
     local now_used = redis.call('HINCRBY', K_USED, band .. ':' .. k, sign * v)
     if USED[k] then USED[k][band] = now_used end
   end
@@ -843,11 +846,14 @@ end
 -- qd:<band>:<res>, qs:<band> (queued demand, what admit counts as "queued ahead" when
 -- it picks a band): queued tickets whose pod was seen (bound to a uid), so that an
 -- entry whose pod never came to exist (a later admission step refused it) cannot push
--- a legitimate pod into the borrowed band (added to `deltas`)
+-- a legitimate pod into the borrowed band (added to `deltas`); qk:<band>:<capacity key>
+-- the same units per placement class (what per-class entitlements read)
 local function seen_demand_deltas(rec, sign, deltas)
   local d = parse_counts(rec[F_DEMAND])
   for k, v in pairs(d) do
     local field = 'qd:' .. rec[F_BAND] .. ':' .. base_of(k)
+    deltas[field] = (deltas[field] or 0) + sign * v
+    field = 'qk:' .. rec[F_BAND] .. ':' .. k
     deltas[field] = (deltas[field] or 0) + sign * v
   end
   deltas['qs:' .. rec[F_BAND]] = (deltas['qs:' .. rec[F_BAND]] or 0) + sign * slices(d)
@@ -870,6 +876,24 @@ local function lane_deltas(rec, sign, deltas)
     deltas[field] = (deltas[field] or 0) + sign
   end
   return deltas
+end
+
+-- a tenant's state (state_of) per placement class: its `<field>:<band>:<capacity key>`
+-- counts (k: running, qk: queued) as units per key in all bands, and in band i. A
+-- count below 0 reads as 0: a pod admitted by a version that kept no such counts and
+-- freed by this one leaves one there until the next rebuild (the reconciler's).
+local function class_counts(st, field)
+  local all, inference = {}, {}
+  local pattern = '^' .. field .. ':(%a):(.+)$'
+  for k, v in pairs(st) do
+    local band, key = string.match(k, pattern)
+    if key then
+      local n = math.max(0, tonumber(v))
+      all[key] = (all[key] or 0) + n
+      if band == 'i' then inference[key] = n end
+    end
+  end
+  return all, inference
 end
 
 local function count_queued(rec, sign)

@@ -1,4 +1,5 @@
--- status: per known tenant (by name), a flat field/value list.
+-- status: per known tenant (by name), a flat field/value list; `keys`/`ikeys`: its
+-- running units per capacity key in all bands / in the inference band.
 local names = redis.call('SMEMBERS', K_TENANTS)
 table.sort(names)
 local out = {}
@@ -10,10 +11,12 @@ for _, tenant in ipairs(names) do
     local res = string.match(k, '^u:(.+)$')
     if res then used[res] = tonumber(v) end
   end
+  local keys, ikeys = class_counts(st, 'k')
   out[#out + 1] = {'tenant', tenant, 'w', c.wraw, 'nominal', c.nominal,
                    'ns', tostring(c.ns), 'b', tostring(c.b), 'rs', tostring(c.rs),
                    'used', format_counts(used), 'ui', tostring(num(st, 'ui')),
                    'ut', tostring(num(st, 'ut')), 'ub', tostring(num(st, 'ub')),
-                   'qci', tostring(num(st, 'qc:i')), 'qct', tostring(num(st, 'qc:t'))}
+                   'qci', tostring(num(st, 'qc:i')), 'qct', tostring(num(st, 'qc:t')),
+                   'keys', format_counts(keys), 'ikeys', format_counts(ikeys)}
 end
 return out

@@ -12,8 +12,11 @@ from fairshare.queue.entitlement import (
     fairness,
     jain_index,
     jain_text,
+    snapshot_fairness,
     water_fill,
 )
+from fairshare.queue.model import QueueSnapshot, TenantStatus
+from tenants.resources import base_of, total_slices
 
 
 def test_uncapped_tenants_share_by_weight() -> None:
@@ -209,3 +212,66 @@ def test_fairness_per_placement_class_entitles_no_one_to_more_than_a_class_has()
     assert {n: t.entitlement for n, t in per_class.tenants.items()} == pytest.approx(
         {"whole": 8, "mig": 8})
     assert per_class.jain_index == pytest.approx(1.0)
+
+
+def _status(tenant: str, weight: float, nominal: dict[str, int], borrow_gpus: int,
+            running: dict[str, int], inference: dict[str, int] | None = None,
+            borrowed_slices: int = 0) -> TenantStatus:
+    used, inference_slices = total_slices(running), total_slices(inference or {})
+    return TenantStatus(
+        tenant=tenant, weight=weight, nominal=nominal, nominal_slices=total_slices(nominal),
+        borrow_limit_slices=7 * borrow_gpus, inference_reserve_slices=0,
+        used={base_of(k): n for k, n in running.items()},
+        used_slices=used, borrowed_slices=borrowed_slices,
+        training_slices=used - inference_slices - borrowed_slices,
+        inference_slices=inference_slices, running_by_key=running,
+        running_inference_by_key=inference or {})
+
+
+def test_snapshot_fairness_is_per_placement_class() -> None:
+    """The queue's snapshot of examples/placement.yaml's cluster (8 whole GPUs, 56
+    single-strategy MIG devices, 4 GPUs in a100-pool), each tenant holding all of the
+    one class it asks for and more queued: each is entitled to what its class has (not
+    team-a 12 GPUs of a pooled 20), so the fair allocation reads 1.0 of entitlement for
+    every tenant and Jain 1."""
+    snapshot = QueueSnapshot(
+        tenants=(
+            _status("team-a", 2, {"gpu": 8, "mig-1g.5gb": 14}, 8, {"gpu": 8}),
+            _status("team-b", 1, {"gpu": 2, "mig-1g.5gb": 42}, 4, {"mig-1g.5gb#single": 56},
+                    inference={"mig-1g.5gb#single": 42}, borrowed_slices=14),
+            _status("team-pool", 1, {"gpu": 2}, 8, {"gpu@a100-pool": 4},
+                    borrowed_slices=14),
+        ),
+        queued_slices={"team-a": 52 * 7, "team-b": 40, "team-pool": 36 * 7},
+        capacity={"gpu": 8, "mig-1g.5gb#single": 56, "gpu@a100-pool": 4},
+        queued_inference_slices={"team-b": 40},
+        queued_by_key={"team-a": {"gpu": 52}, "team-b": {"mig-1g.5gb#single": 40},
+                       "team-pool": {"gpu@a100-pool": 36}},
+        queued_inference_by_key={"team-b": {"mig-1g.5gb#single": 40}},
+    )
+    fair = snapshot_fairness(snapshot)
+    assert fair.capacity == pytest.approx(20)
+    assert {n: t.entitlement for n, t in fair.tenants.items()} == pytest.approx(
+        {"team-a": 8, "team-b": 8, "team-pool": 4})
+    assert all(t.of_entitlement == pytest.approx(1.0) for t in fair.tenants.values())
+    assert fair.jain_index == pytest.approx(1.0)
+
+
+def test_snapshot_fairness_shares_a_class_by_weight_and_leaves_unasked_classes() -> None:
+    """Two tenants asking for the same 8 whole GPUs share them 2:1, whatever MIG
+    capacity no one asks for; a tenant's inference in a class is its floor there."""
+    snapshot = QueueSnapshot(
+        tenants=(
+            _status("team-a", 2, {"gpu": 16}, 0, {"gpu": 8}),
+            _status("team-b", 1, {"gpu": 16}, 0, {}),
+        ),
+        queued_slices={"team-a": 8 * 7, "team-b": 8 * 7},
+        capacity={"gpu": 8, "mig-1g.5gb#single": 56},
+        queued_inference_slices={"team-b": 5 * 7},
+        queued_by_key={"team-a": {"gpu": 8}, "team-b": {"gpu": 8}},
+        queued_inference_by_key={"team-b": {"gpu": 5}},
+    )
+    fair = snapshot_fairness(snapshot)
+    assert {n: t.entitlement for n, t in fair.tenants.items()} == pytest.approx(
+        {"team-a": 3, "team-b": 5})
+    assert sum(t.entitlement for t in fair.tenants.values()) <= 8

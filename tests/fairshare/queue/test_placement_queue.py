@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import redis
 
+from fairshare.queue.entitlement import snapshot_fairness
 from fairshare.queue.fairqueue import FairQueue
-from fairshare.queue.model import PodRequest
+from fairshare.queue.model import GatedPod, PodRequest, RunningPod
 from tenants.models import FairgateConfig, PlatformConfig, QuotaSpec
 from tenants.placement import Placement, pod_placement
 from tests.fairshare.tickets import pod_uid, seen
 
 SINGLE = Placement("single", "1g.5gb")
+A100 = Placement("none", None, "a100-pool")
 POOL_A = Placement("none", None, "a")
 POOL_B = Placement("none", None, "b")
 
@@ -124,6 +127,76 @@ def test_a_pool_tenant_never_takes_another_pools_capacity_not_even_borrowing(
             "reserved"
 
 
+def _per_key(q: FairQueue) -> dict[str, tuple[dict[str, int], ...]]:
+    """Per tenant: running units per key (all bands, inference band), queued (same)."""
+    snap = q.snapshot()
+    return {s.tenant: (dict(s.running_by_key), dict(s.running_inference_by_key),
+                       dict(snap.queued_by_key[s.tenant]),
+                       dict(snap.queued_inference_by_key[s.tenant]))
+            for s in snap.tenants}
+
+
+def test_the_snapshot_carries_usage_and_demand_per_class_and_entitles_per_class(
+        redis_client: redis.Redis) -> None:
+    """examples/placement.yaml's cluster through admit: each tenant holds all of the one
+    class it asks for (team-pool partly borrowed) with more queued. The snapshot has
+    each tenant's running units per capacity key (all bands) and its seen queued units
+    per key, and the inference band's part of each; the entitlement is per class: no
+    one is entitled to more of a class than it has, every tenant reads 1.0 of its
+    entitlement, Jain 1. A pod that ends, a queued pod deleted, and a rebuild from the
+    same pods keep the per-key counts exact."""
+    q = queue(redis_client, {"gpu": 8, "mig-1g.5gb#single": 56, "gpu@a100-pool": 4},
+              {"team-a": {**tenant(), "weight": 2}, "team-b": tenant(),
+               "team-pool": tenant(pool="a100-pool")},
+              {"team-a": {"nominal": {"gpu": 8, "mig-1g.5gb": 14},
+                          "borrowLimit": {"gpuEquivalents": 8}},
+               "team-b": {"nominal": {"gpu": 2, "mig-1g.5gb": 56},
+                          "borrowLimit": {"gpuEquivalents": 4}},
+               "team-pool": {"nominal": {"gpu": 2}, "borrowLimit": {"gpuEquivalents": 8}}})
+    pods = ([pod(f"a{i}", "team-a", {"gpu": 1}, at=i) for i in range(10)]
+            + [pod(f"b{i}", "team-b", {"mig-1g.5gb": 2}, SINGLE, at=i, pod_class="inference")
+               for i in range(30)]
+            + [pod(f"p{i}", "team-pool", {"gpu": 1}, A100, at=i) for i in range(6)])
+    bands, reserved = {}, set()
+    for req in pods:
+        admission = q.admit(req, req.submitted_at)
+        bands[req.ticket] = admission.band
+        if admission.outcome == "reserved":
+            reserved.add(req.ticket)
+        seen(q, req)
+    assert len(reserved) == 8 + 28 + 4
+    assert [bands[f"p{i}"] for i in range(4)] == ["training"] * 2 + ["borrowed"] * 2
+
+    snapshot = q.snapshot()
+    assert _per_key(q) == {
+        "team-a": ({"gpu": 8}, {}, {"gpu": 2}, {}),
+        "team-b": ({"mig-1g.5gb#single": 56}, {"mig-1g.5gb#single": 56},
+                   {"mig-1g.5gb#single": 4}, {"mig-1g.5gb#single": 4}),
+        "team-pool": ({"gpu@a100-pool": 4}, {}, {"gpu@a100-pool": 2}, {}),
+    }
+    fair = snapshot_fairness(snapshot)
+    assert {t: f.entitlement for t, f in fair.tenants.items()} == pytest.approx(
+        {"team-a": 8, "team-b": 8, "team-pool": 4})
+    assert fair.jain_index == pytest.approx(1.0)
+
+    assert q.release("p3", pod_uid("p3"))  # a borrowed pod ends
+    assert q.remove("a9", pod_uid("a9"))
+    expected = {
+        "team-a": ({"gpu": 8}, {}, {"gpu": 1}, {}),
+        "team-b": ({"mig-1g.5gb#single": 56}, {"mig-1g.5gb#single": 56},
+                   {"mig-1g.5gb#single": 4}, {"mig-1g.5gb#single": 4}),
+        "team-pool": ({"gpu@a100-pool": 3}, {}, {"gpu@a100-pool": 2}, {}),
+    }
+    assert _per_key(q) == expected
+    gone = {"p3", "a9"}
+    q.rebuild([RunningPod(req.ticket, req.tenant, req.namespace, req.name, req.pod_class,
+                          bands[req.ticket], req.demand, pod_uid(req.ticket))
+               for req in pods if req.ticket in reserved - gone],
+              [GatedPod(req, bands[req.ticket], pod_uid(req.ticket))
+               for req in pods if req.ticket not in reserved | gone])
+    assert _per_key(q) == expected
+
+
 def test_a_hold_for_one_class_does_not_block_another(redis_client: redis.Redis) -> None:
     """The hold (capacity owed to the tenant first in order) is per class."""
     q = queue(redis_client, {"gpu": 4, "mig-1g.5gb#single": 7},
@@ -197,3 +270,17 @@ def test_quota_and_capacity_hold_per_key_under_random_traffic(
         for status in q.tenant_status():
             for res, n in status.used.items():
                 assert n <= nominal.get(res, 0), (step, status.tenant, res)
+
+
+def test_a_per_class_count_left_negative_by_an_older_version_reads_as_zero(
+        redis_client: redis.Redis) -> None:
+    """A pod admitted by a version that kept no per-class counts and freed by this one
+    leaves its count at -1 until the next rebuild: the snapshot reads it as 0 (the
+    dispatcher's chores and `fairgate status` keep working), the other bands' counts
+    of the key as they are."""
+    q = queue(redis_client, {"gpu": 4}, {"t": tenant()}, {"t": {"nominal": {"gpu": 4}}})
+    req = pod("t0", "t", {"gpu": 1})
+    assert q.admit(req, 0.0).outcome == "reserved"
+    redis_client.hincrby("fairgate:ts:t", "k:b:gpu", -1)  # what that release leaves
+    (status,) = q.snapshot().tenants
+    assert dict(status.running_by_key) == {"gpu": 1}
