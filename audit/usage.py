@@ -14,6 +14,12 @@ Contract: one builder per decision, so writer (:mod:`fairshare.dispatcher`) and 
 - ``budget`` (a tenant's budget state changed: ``ok``, ``warning``, ``exhausted``, or
   ``""`` for none): ``{"budget": {"before", "after", "spent", "monthly", "currency",
   "month"}}`` (``spent`` to the cent, ``month`` as ``YYYY-MM``).
+- ``charge`` (what a pod sharing a ResourceClaim is charged changed: the charge of a
+  shared claim moved to it or away from it), and the ``dispatch`` of a *rider* (a pod
+  released charged only its own demand): ``{"charge": {"before", "after", "riding"}}``,
+  ``before``/``after`` demand texts (``gpu=3``; ``""`` for nothing), ``riding``: claim uid
+  -> ``namespace/name`` of the pod that pays it, for the shared claims the pod is not
+  charged for. Billing bills the pod's ``after`` from the record's time on.
 """
 
 from __future__ import annotations
@@ -54,6 +60,24 @@ def budget_detail(before: str, after: str, spent: float, monthly: float | None,
     """The ``diff`` of a ``budget`` record."""
     return {"budget": {"before": before, "after": after, "spent": round(spent, 2),
                        "monthly": monthly, "currency": currency, "month": month}}
+
+
+def charge_detail(before: str, after: str, riding: Mapping[str, str]) -> Detail:
+    """The ``diff`` of a ``charge`` record, or of a rider's ``dispatch``."""
+    return {"charge": {"before": before, "after": after, "riding": dict(sorted(riding.items()))}}
+
+
+def read_charge(diff: Mapping[str, Any] | None) -> tuple[str, dict[str, str]] | None:
+    """``(after, riding)`` of a record's ``charge`` diff: the demand the pod is charged from
+    the record's time on and the shared claims it rides on (claim uid -> paying pod);
+    None when the record states no charge (older records, other decisions)."""
+    charge = (diff or {}).get("charge")
+    after = charge.get("after") if isinstance(charge, Mapping) else None
+    if not isinstance(charge, Mapping) or not isinstance(after, str):
+        return None
+    riding = charge.get("riding")
+    return after, ({str(k): str(v) for k, v in riding.items()}
+                   if isinstance(riding, Mapping) else {})
 
 
 def read_start(diff: Mapping[str, Any] | None) -> tuple[str | None, str | None]:

@@ -25,7 +25,13 @@ Contract:
   held. A pod charged nothing
   (a *rider*: all its GPUs are such a claim, paid by another pod that holds capacity)
   has no ticket in the queue: its gate is lifted at once (``dispatch`` audit record,
-  ``Admitted`` Event naming the shared claim).
+  ``Admitted`` Event naming the shared claim). What such pods are charged is audited as
+  it changes, for billing and ``fairgate why``: a rider's ``dispatch`` carries its charge
+  (``diff.charge``, :func:`audit.usage.charge_detail`: nothing, and the claims it rides
+  on with the pod that pays each), and a ``charge`` record is written whenever what a
+  pod holding capacity is charged differs from what was last recorded for it (its full
+  demand unless recorded otherwise): when the charge of a shared claim moves to it or
+  away from it.
 - Reclaim (``fairShare.reclaim``, off unless set, and only with an ``evictor``): every
   ``reclaim_every`` seconds the first training hold (the head owed the next capacity)
   is checked; :func:`fairshare.reclaim.choose` picks what to evict for it from the pods
@@ -96,6 +102,7 @@ from admission.sharing import shares_held_claim
 from audit import (
     BUDGET,
     CAPACITY,
+    CHARGE,
     DISPATCH,
     OVERRUN,
     PREEMPT,
@@ -109,6 +116,7 @@ from audit.chain import format_time
 from audit.usage import (
     budget_detail,
     capacity_detail,
+    charge_detail,
     preempt_detail,
     pricing_detail,
     start_detail,
@@ -133,7 +141,7 @@ from fairshare.cluster.cluster import (
 )
 from fairshare.cluster.pod_evict import EVICTED, Evictor
 from fairshare.cluster.provisioning import Provisioner
-from fairshare.cluster.reconcile import pod_charges, reconcile, twin_ticket
+from fairshare.cluster.reconcile import pod_charges, reconcile, riding, twin_ticket
 from fairshare.metrics import DispatcherMetrics
 from fairshare.queue.budget import (
     DEFAULT_BUDGET_EVERY,
@@ -275,6 +283,7 @@ class Dispatcher:
         self._posted: dict[str, _Posted] = {}
         self._twins: set[str] = set()  # uids of pods told that their ticket is another's
         self._riders: set[str] = set()  # tickets of pods a shared claim's payer covers
+        self._charged: dict[str, str] = {}  # ticket -> charge last audited, if not its demand
         self._unseen: dict[str, tuple[Release, float]] = {}  # released, pod not seen yet
         self._gang_words: dict[str, str] = {}  # gang id -> its name, for this round's records
         self._stuck: dict[str, _Stuck] = {}  # ticket -> released pod reported Unschedulable
@@ -452,6 +461,7 @@ class Dispatcher:
         self._need_reconcile = False
         for rider in summary.riders:
             self._lift_rider(rider)
+        self._record_charges()
         self._last_reconcile = self.clock()
         self.metrics.reconciles.labels("ok").inc()
         log.info("reconciled queue from the cluster", extra={"fields": {
@@ -560,10 +570,39 @@ class Dispatcher:
         return bool(pod.shared) and shares_held_claim(
             pod.sharer, (p.sharer for p in self.pods.values() if p.shared))
 
+    def _charge_of(self, pod: GpuPod) -> tuple[str, dict[str, str]]:
+        """What ``pod`` is charged now (a demand text) and the shared claims it rides on
+        (claim uid -> the pod that pays it), among the pods this dispatcher knows."""
+        live = [known for known in self.pods.values() if known.shared]
+        charge = pod_charges(live).get(pod.uid, pod.demand)
+        return format_counts(charge), riding(live).get(pod.uid, {})
+
+    def _record_charges(self) -> None:
+        """Audit a ``charge`` for every pod sharing a claim that holds capacity and is
+        charged other than last recorded (its demand when nothing was)."""
+        live = [pod for pod in self.pods.values() if pod.shared]
+        charges = pod_charges(live)
+        rides = riding(live)
+        for pod in live:
+            after = format_counts(charges[pod.uid])
+            before = self._charged.get(pod.ticket, format_counts(pod.demand))
+            if not pod.holds_capacity or after == before:
+                continue
+            self._charged[pod.ticket] = after
+            claims = rides.get(pod.uid, {})
+            told = "; ".join(f"rides on shared ResourceClaim uid {claim} that {payer} pays "
+                             f"for" for claim, payer in claims.items())
+            self._record(CHARGE, pod, reason=f"charged {after or 'nothing'} (was "
+                         f"{before or 'nothing'}): " + (
+                             f"{told}; charged only its own demand" if claims else
+                             "pays for the shared ResourceClaims it holds"),
+                         diff=charge_detail(before, after, claims))
+
     def _lift_rider(self, pod: GpuPod) -> None:
         """Lift the gate of a rider (its GPUs are a shared claim another pod that holds
         capacity is charged for); a claim check that waits is tried again when the pod
         or its claims change."""
+        charge, claims = self._charge_of(pod)
         outcome = self.cluster.lift_gate(pod)
         self.metrics.lifts.labels(outcome.value).inc()
         if outcome is LiftOutcome.REFUSED:
@@ -576,8 +615,13 @@ class Dispatcher:
             f"pod of {pod.tenant} holds and is charged for", "Normal")
         log.info("lifted gate of a pod sharing a charged ResourceClaim",
                  extra={"fields": _fields(pod)})
+        self._charged[pod.ticket] = charge
+        paid = "; ".join(f"claim uid {claim} is paid by {payer}"
+                         for claim, payer in claims.items())
         self._record(DISPATCH, pod, reason="released: its GPUs are a shared ResourceClaim "
-                                           "another pod holds and is charged for")
+                                           f"another pod holds and is charged for ({paid}); "
+                                           "charged only its own demand",
+                     diff=charge_detail(format_counts(pod.demand), charge, claims))
 
     def _gone(self, pod: GpuPod) -> None:
         if pod.uid in self._refused:
@@ -656,6 +700,7 @@ class Dispatcher:
         started = self._started.pop(pod.ticket, None)
         self._evicting.discard(pod.ticket)
         self._riders.discard(pod.ticket)
+        self._charged.pop(pod.ticket, None)
         moved = held and self._shares(pod)
         if moved:
             # the pods still holding its shared claims are charged for them first (one
@@ -799,6 +844,7 @@ class Dispatcher:
             self._admitted(pod, release)
             if self._shares(pod):
                 self._need_reconcile = True  # the pods sharing its claims may ride now
+                self._record_charges()  # it holds: charges of the claims it names move
         return True
 
     def _name_gangs(self, pods: Iterable[GpuPod]) -> dict[str, str]:

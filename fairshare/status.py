@@ -48,7 +48,12 @@ Contract:
   the record), ``reserved`` /
   ``running`` (released: when, after how long; ``unschedulable`` carries the scheduler's
   message when the dispatcher caught it Unschedulable past its grace) or ``ended`` (its
-  usage was freed). A queued borrowed pod of a tenant whose budget is exhausted waits for
+  usage was freed). A *rider* (a pod whose GPUs are a shared ResourceClaim another pod
+  pays for, docs/dra.md "Shared claims") has no ticket in the queue: it is ``running``
+  from the dispatcher's records of its charge (its ``dispatch`` or last ``charge``,
+  :func:`audit.usage.read_charge`) until its ``release``, with ``charged`` (the demand
+  it is charged) and ``riding`` (claim uid -> the pod that pays it). A queued borrowed
+  pod of a tenant whose budget is exhausted waits for
   :func:`fairshare.queue.budget.held_note`.
   :func:`why_command` is the CLI entry. Times are the queue's clock (Unix seconds).
 """
@@ -68,7 +73,8 @@ import redis
 from rich.console import Console
 from rich.table import Table
 
-from audit import ADMIT, DENY, DISPATCH, QUEUE, RELEASE, AuditLog, AuditRecord
+from audit import ADMIT, CHARGE, DENY, DISPATCH, QUEUE, RELEASE, AuditLog, AuditRecord
+from audit.usage import read_charge
 from fairshare.cluster.cluster import CapacityReport, PodRef
 from fairshare.connection import COMMAND_TIMEOUT, RedisTarget, connect_redis
 from fairshare.queue.budget import BudgetStatus, held_note, money, percent
@@ -346,6 +352,8 @@ class WhyReport:
     waited_seconds: float | None = None
     unschedulable: str | None = None
     gang: dict[str, Any] | None = None
+    charged: str | None = None  # a rider's charge (a demand text, "" for nothing)
+    riding: dict[str, str] | None = None  # a rider's shared claims: uid -> paying pod
     history: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -418,6 +426,9 @@ def why_report(
         "history": history,
     }
     if status is None:
+        rider = _rider(mine, common)
+        if rider is not None:
+            return rider
         ended = next((r for r in reversed(mine) if r.decision == RELEASE), None)
         why = f" ({ended.reason})" if ended is not None and ended.reason else ""
         return WhyReport(
@@ -428,6 +439,29 @@ def why_report(
         )
     report = _from_status(status, common, _gang_of(status, queue))
     return _held_by_budget(_unschedulable(report, queue), status, queue)
+
+
+def _rider(records: list[AuditRecord], common: dict[str, Any]) -> WhyReport | None:
+    """The report of a pod that rides on shared ResourceClaims another pod pays for, from
+    the last charge its ``dispatch``/``charge`` records state (None when it rides on
+    nothing, or was released since)."""
+    riding: tuple[AuditRecord, str, dict[str, str]] | None = None
+    for record in records:
+        if record.decision == RELEASE:
+            riding = None
+        elif record.decision in (DISPATCH, CHARGE):
+            charge = read_charge(record.diff)
+            if charge is not None:
+                riding = (record, *charge)
+    if riding is None or not riding[2]:
+        return None
+    record, charged, claims = riding
+    paid = "; ".join(f"runs on shared ResourceClaim uid {claim} that {payer} pays for"
+                     for claim, payer in claims.items())
+    own = (f"only its own demand ({charged})" if charged
+           else "nothing: it asks for no GPUs of its own")
+    return WhyReport(verdict="running", summary=f"{paid}; charged {own}, since {record.time}",
+                     charged=charged, riding=claims, **common)
 
 
 def _gang_of(status: TicketStatus, queue: FairQueue) -> GangRecord | None:
