@@ -700,7 +700,7 @@ class Dispatcher:
         started = self._started.pop(pod.ticket, None)
         self._evicting.discard(pod.ticket)
         self._riders.discard(pod.ticket)
-        self._charged.pop(pod.ticket, None)
+        rode = self._charged.pop(pod.ticket, None) is not None  # a rider has no ticket
         moved = held and self._shares(pod)
         if moved:
             # the pods still holding its shared claims are charged for them first (one
@@ -708,7 +708,7 @@ class Dispatcher:
             log.info("pod sharing a ResourceClaim ended: reconciling",
                      extra={"fields": _fields(pod, reason=why)})
             self.reconcile()
-        if self.queue.release(pod.ticket, pod.uid, self.clock()) or moved:
+        if self.queue.release(pod.ticket, pod.uid, self.clock()) or moved or rode:
             log.info("released usage", extra={"fields": _fields(pod, reason=why)})
             if started is not None and pod.preempted:
                 self._preempted(pod, started)
