@@ -78,7 +78,8 @@ Contract:
   a pod that ran and that the scheduler preempted (DisruptionTarget condition, reason
   PreemptionByScheduler; ``diff.preemption``: band, ``ranSeconds`` since its start as
   this dispatcher saw it, preemptor if known); ``release`` for every pod whose usage was
-  freed; ``capacity`` whenever the capacity pushed into the queue differs from the one
+  freed, and for a rider that ended (it held no ticket); ``charge`` (above) for pods
+  sharing a ResourceClaim; ``capacity`` whenever the capacity pushed into the queue differs from the one
   this dispatcher last recorded (``diff``: per resource before/after); ``pricing`` when
   the config's ``pricing`` differs from what it last recorded (at start, too). These are what
   :mod:`cost.billing` bills from. Logs are JSON-ready (``extra.fields``).
