@@ -79,9 +79,10 @@ Contract:
   PreemptionByScheduler; ``diff.preemption``: band, ``ranSeconds`` since its start as
   this dispatcher saw it, preemptor if known); ``release`` for every pod whose usage was
   freed, and for a rider that ended (it held no ticket); ``charge`` (above) for pods
-  sharing a ResourceClaim; ``capacity`` whenever the capacity pushed into the queue differs from the one
-  this dispatcher last recorded (``diff``: per resource before/after); ``pricing`` when
-  the config's ``pricing`` differs from what it last recorded (at start, too). These are what
+  sharing a ResourceClaim; ``capacity`` whenever the capacity pushed into the queue
+  differs from the one this dispatcher last recorded (``diff``: per resource
+  before/after); ``pricing`` when the config's ``pricing`` differs from what it last
+  recorded (at start, too). These are what
   :mod:`cost.billing` bills from. Logs are JSON-ready (``extra.fields``).
 """
 

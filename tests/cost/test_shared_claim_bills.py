@@ -23,16 +23,17 @@ CLAIM = {"claim-uid-x": {"gpu": 3}}
 T0 = 1_000.0  # the rig's clock at start (Unix seconds)
 
 
-def _rig(redis_url: str) -> tuple[Rig, redis.Redis]:
+def _sharing(redis_url: str, first: float) -> tuple[Rig, redis.Redis]:
+    """A rig whose dispatcher audits into Redis, with two pods whose only GPUs are the
+    shared 3-GPU claim, settled: ``first`` (created first, it pays) runs ``first``
+    seconds, ``second`` (riding on it) an hour."""
     client = redis.Redis.from_url(redis_url)
     rig = make_rig(redis_url, TEAM_A, {"gpu": 8}, audit=AuditLog(client, out=io.StringIO()))
+    for name, duration in (("first", first), ("second", 3600.0)):
+        rig.cluster.create_pod(PodSpec("team-a-ns", name, "team-a", "training", {"gpu": 3},
+                                       duration, shared=CLAIM))
+    rig.settle()
     return rig, client
-
-
-def _sharer(rig: Rig, name: str, duration: float) -> None:
-    """A pod whose only GPUs are the shared 3-GPU claim."""
-    rig.cluster.create_pod(PodSpec("team-a-ns", name, "team-a", "training", {"gpu": 3},
-                                   duration, shared=CLAIM))
 
 
 def _report(client: redis.Redis, until: float) -> dict[str, object]:
@@ -53,10 +54,7 @@ def _gpu_hours(data: dict[str, object]) -> float:
 
 
 def test_two_pods_sharing_a_3_gpu_claim_for_an_hour_bill_3_gpu_hours(redis_url: str) -> None:
-    rig, client = _rig(redis_url)
-    _sharer(rig, "first", 3600)
-    _sharer(rig, "second", 3600)
-    rig.settle()
+    rig, client = _sharing(redis_url, 3600)
     rig.at(T0 + 3600)
     rig.at(T0 + 3700)  # both ended and released
     data = _report(client, T0 + 3700)
@@ -64,10 +62,7 @@ def test_two_pods_sharing_a_3_gpu_claim_for_an_hour_bill_3_gpu_hours(redis_url: 
 
 
 def test_the_payer_ending_half_way_still_bills_3_gpu_hours_in_all(redis_url: str) -> None:
-    rig, client = _rig(redis_url)
-    _sharer(rig, "first", 1800)
-    _sharer(rig, "second", 3600)
-    rig.settle()
+    rig, client = _sharing(redis_url, 1800)
     rig.at(T0 + 1800)  # the payer ends; the charge moves to the rider
     records = [e.record for e in AuditLog(client).entries() if e.record is not None]
     moved = [r for r in records if r.decision == CHARGE and r.name == "second"]
@@ -82,10 +77,7 @@ def test_the_payer_ending_half_way_still_bills_3_gpu_hours_in_all(redis_url: str
 
 
 def test_why_explains_a_rider_by_the_claim_and_the_pod_that_pays(redis_url: str) -> None:
-    rig, client = _rig(redis_url)
-    _sharer(rig, "first", 3600)
-    _sharer(rig, "second", 3600)
-    rig.settle()
+    rig, client = _sharing(redis_url, 3600)
     records = [e.record for e in AuditLog(client).entries() if e.record is not None]
     report = why_report(PodRef("team-a-ns", "second"), rig.queue, records, rig.clock())
     assert report.verdict == "running", report
