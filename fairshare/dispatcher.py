@@ -116,6 +116,7 @@ from audit import (
 )
 from audit.chain import format_time
 from audit.usage import (
+    Riding,
     budget_detail,
     capacity_detail,
     charge_detail,
@@ -572,7 +573,7 @@ class Dispatcher:
         return bool(pod.shared) and shares_held_claim(
             pod.sharer, (p.sharer for p in self.pods.values() if p.shared))
 
-    def _charge_of(self, pod: GpuPod) -> tuple[str, dict[str, str]]:
+    def _charge_of(self, pod: GpuPod) -> tuple[str, dict[str, Riding]]:
         """What ``pod`` is charged now (a demand text) and the shared claims it rides on
         (claim uid -> the pod that pays it), among the pods this dispatcher knows."""
         live = [known for known in self.pods.values() if known.shared]
@@ -592,8 +593,8 @@ class Dispatcher:
                 continue
             self._charged[pod.ticket] = after
             claims = rides.get(pod.uid, {})
-            told = "; ".join(f"rides on shared ResourceClaim uid {claim} that {payer} pays "
-                             f"for" for claim, payer in claims.items())
+            told = "; ".join(f"runs on shared ResourceClaim {ride.words(uid)}"
+                             for uid, ride in claims.items())
             self._record(CHARGE, pod, reason=f"charged {after or 'nothing'} (was "
                          f"{before or 'nothing'}): " + (
                              f"{told}; charged only its own demand" if claims else
@@ -618,8 +619,7 @@ class Dispatcher:
         log.info("lifted gate of a pod sharing a charged ResourceClaim",
                  extra={"fields": _fields(pod)})
         self._charged[pod.ticket] = charge
-        paid = "; ".join(f"claim uid {claim} is paid by {payer}"
-                         for claim, payer in claims.items())
+        paid = "; ".join(ride.words(uid) for uid, ride in claims.items())
         self._record(DISPATCH, pod, reason="released: its GPUs are a shared ResourceClaim "
                                            f"another pod holds and is charged for ({paid}); "
                                            "charged only its own demand",

@@ -74,7 +74,7 @@ from rich.console import Console
 from rich.table import Table
 
 from audit import ADMIT, CHARGE, DENY, DISPATCH, QUEUE, RELEASE, AuditLog, AuditRecord
-from audit.usage import read_charge
+from audit.usage import Riding, read_charge
 from fairshare.cluster.cluster import CapacityReport, PodRef
 from fairshare.connection import COMMAND_TIMEOUT, RedisTarget, connect_redis
 from fairshare.queue.budget import BudgetStatus, held_note, money, percent
@@ -353,7 +353,7 @@ class WhyReport:
     unschedulable: str | None = None
     gang: dict[str, Any] | None = None
     charged: str | None = None  # a rider's charge (a demand text, "" for nothing)
-    riding: dict[str, str] | None = None  # a rider's shared claims: uid -> paying pod
+    riding: dict[str, dict[str, str | None]] | None = None  # a rider's claims: uid -> claim, payer
     history: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -445,7 +445,7 @@ def _rider(records: list[AuditRecord], common: dict[str, Any]) -> WhyReport | No
     """The report of a pod that rides on shared ResourceClaims another pod pays for, from
     the last charge its ``dispatch``/``charge`` records state (None when it rides on
     nothing, or was released since)."""
-    riding: tuple[AuditRecord, str, dict[str, str]] | None = None
+    riding: tuple[AuditRecord, str, dict[str, Riding]] | None = None
     for record in records:
         if record.decision == RELEASE:
             riding = None
@@ -456,12 +456,13 @@ def _rider(records: list[AuditRecord], common: dict[str, Any]) -> WhyReport | No
     if riding is None or not riding[2]:
         return None
     record, charged, claims = riding
-    paid = "; ".join(f"runs on shared ResourceClaim uid {claim} that {payer} pays for"
-                     for claim, payer in claims.items())
+    paid = "; ".join(f"runs on shared ResourceClaim {ride.words(uid)}"
+                     for uid, ride in claims.items())
     own = (f"only its own demand ({charged})" if charged
            else "nothing: it asks for no GPUs of its own")
     return WhyReport(verdict="running", summary=f"{paid}; charged {own}, since {record.time}",
-                     charged=charged, riding=claims, **common)
+                     charged=charged, riding={uid: ride._asdict() for uid, ride in claims.items()},
+                     **common)
 
 
 def _gang_of(status: TicketStatus, queue: FairQueue) -> GangRecord | None:

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from admission.sharing import charged, exemptions, payers
+from audit.usage import Riding
 from fairshare.cluster.cluster import GpuPod
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import GatedPod, InvalidRequestError, PodRequest, RunningPod
@@ -98,16 +99,17 @@ def pod_charges(pods: Sequence[GpuPod]) -> dict[str, ResourceCounts]:
             if pod.uid in exempt else dict(pod.demand) for pod in pods}
 
 
-def riding(pods: Sequence[GpuPod]) -> dict[str, dict[str, str]]:
+def riding(pods: Sequence[GpuPod]) -> dict[str, dict[str, Riding]]:
     """Pod uid -> the shared claims it names that another of ``pods`` (the live pods)
-    pays (:func:`admission.sharing.payers`): claim uid -> ``namespace/name`` of the pod
-    that pays it. Pods riding on nothing are left out."""
+    pays (:func:`admission.sharing.payers`): claim uid -> its name (None when the pod's
+    stamp does not say) and ``namespace/name`` of the pod that pays it. Pods riding on
+    nothing are left out."""
     sharers = [pod for pod in pods if pod.shared]
     paying = payers(pod.sharer for pod in sharers)
     refs = {pod.uid: str(pod.ref) for pod in sharers}
-    out: dict[str, dict[str, str]] = {}
+    out: dict[str, dict[str, Riding]] = {}
     for pod in sharers:
-        rides = {claim: refs[payer] for claim in pod.shared
+        rides = {claim: Riding(pod.claim_names.get(claim), refs[payer]) for claim in pod.shared
                  if (payer := paying.get((pod.tenant, claim))) not in (None, pod.uid)}
         if rides:
             out[pod.uid] = rides

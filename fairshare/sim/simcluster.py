@@ -88,6 +88,7 @@ class PodSpec:
     group_size: int = 1
     preemptible: bool = False  # labelled fairgate.io/preemptible: "true"
     shared: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    claim_names: Mapping[str, str] = field(default_factory=dict)  # claim uid -> its name
     """Shared ResourceClaims it names (claim uid -> devices, counted in ``demand``)."""
 
 
@@ -242,7 +243,7 @@ class SimulatedCluster:
             tenant=spec.tenant, pod_class=spec.pod_class, band=placement.band,
             demand=dict(spec.demand), group=spec.group, group_size=spec.group_size,
             preemptible=spec.preemptible, phase="Pending", gated=placement.gated, node=None,
-            created=now, shared=spec.shared,
+            created=now, shared=spec.shared, claim_names=spec.claim_names,
         )
         sim = _SimPod(pod, spec, seq)
         self._pods[uid] = sim

@@ -31,7 +31,8 @@ def _sharing(redis_url: str, first: float) -> tuple[Rig, redis.Redis]:
     rig = make_rig(redis_url, TEAM_A, {"gpu": 8}, audit=AuditLog(client, out=io.StringIO()))
     for name, duration in (("first", first), ("second", 3600.0)):
         rig.cluster.create_pod(PodSpec("team-a-ns", name, "team-a", "training", {"gpu": 3},
-                                       duration, shared=CLAIM))
+                                       duration, shared=CLAIM,
+                                       claim_names={"claim-uid-x": "weights"}))
     rig.settle()
     return rig, client
 
@@ -81,9 +82,10 @@ def test_why_explains_a_rider_by_the_claim_and_the_pod_that_pays(redis_url: str)
     records = [e.record for e in AuditLog(client).entries() if e.record is not None]
     report = why_report(PodRef("team-a-ns", "second"), rig.queue, records, rig.clock())
     assert report.verdict == "running", report
-    assert "claim-uid-x" in report.summary and "team-a-ns/first" in report.summary
+    assert "claim weights (uid claim-uid-x) that team-a-ns/first pays for" in report.summary
     assert "charged nothing" in report.summary, report.summary
-    assert report.riding == {"claim-uid-x": "team-a-ns/first"} and report.charged == ""
+    assert report.riding == {"claim-uid-x": {"claim": "weights", "payer": "team-a-ns/first"}}
+    assert report.charged == ""
 
     rig.at(T0 + 3600)  # both end: the rider is no longer running
     records = [e.record for e in AuditLog(client).entries() if e.record is not None]
