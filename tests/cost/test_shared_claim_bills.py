@@ -12,10 +12,12 @@ import redis
 
 from audit import CHARGE, DISPATCH, RELEASE, START, AuditLog, AuditRecord
 from cost.billing import bill
+from cost.budget import AuditSpend
 from cost.report import report_command
 from fairshare.cluster.cluster import PodRef
 from fairshare.sim.simcluster import PodSpec
 from fairshare.status import why_report
+from tenants.models import PricingSpec
 from tests.fairshare.simkit import Rig, make_rig
 
 TEAM_A = {"team-a": {"weight": 1, "nominal": {"gpu": 4}}}
@@ -75,6 +77,11 @@ def test_the_payer_ending_half_way_still_bills_3_gpu_hours_in_all(redis_url: str
     assert abs(_gpu_hours(data) - 3.0) < 0.01, data["totals"]
     half = _report(client, T0 + 1800)  # the first half: the payer's hour-half alone
     assert abs(_gpu_hours(half) - 1.5) < 0.01, half["totals"]
+    # the budget's month-to-date spend bills the same records the same way
+    spent, _ = AuditSpend(AuditLog(client)).spent(
+        datetime.fromtimestamp(0, UTC), datetime.fromtimestamp(T0 + 3700, UTC),
+        PricingSpec.model_validate({"gpuHour": {"default": 2.0}}))
+    assert abs(spent["team-a"] - 6.0) < 0.01, spent
 
 
 def test_why_explains_a_rider_by_the_claim_and_the_pod_that_pays(redis_url: str) -> None:
