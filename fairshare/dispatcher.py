@@ -28,10 +28,10 @@ Contract:
   ``Admitted`` Event naming the shared claim). What such pods are charged is audited as
   it changes, for billing and ``fairgate why``: a rider's ``dispatch`` carries its charge
   (``diff.charge``, :func:`audit.usage.charge_detail`: nothing, and the claims it rides
-  on with the pod that pays each), and a ``charge`` record is written whenever what a
-  pod holding capacity is charged differs from what was last recorded for it (its full
-  demand unless recorded otherwise): when the charge of a shared claim moves to it or
-  away from it.
+  on with the pod that pays each), and each reconcile writes a ``charge`` record for
+  every pod holding capacity that it charges other than last recorded (its full demand
+  unless recorded otherwise): when the charge of a shared claim moves to it or away
+  from it. What is recorded is what the queue's usage was rebuilt with.
 - Reclaim (``fairShare.reclaim``, off unless set, and only with an ``evictor``): every
   ``reclaim_every`` seconds the first training hold (the head owed the next capacity)
   is checked; :func:`fairshare.reclaim.choose` picks what to evict for it from the pods
@@ -285,7 +285,8 @@ class Dispatcher:
         self._service: ServiceSnapshot | None = None  # as last read, for a Redis loss
         self._posted: dict[str, _Posted] = {}
         self._twins: set[str] = set()  # uids of pods told that their ticket is another's
-        self._riders: set[str] = set()  # tickets of pods a shared claim's payer covers
+        # tickets of pods a shared claim's payer covers -> the claims they ride on
+        self._riders: dict[str, dict[str, Riding]] = {}
         self._charged: dict[str, str] = {}  # ticket -> charge last audited, if not its demand
         self._unseen: dict[str, tuple[Release, float]] = {}  # released, pod not seen yet
         self._gang_words: dict[str, str] = {}  # gang id -> its name, for this round's records
@@ -446,7 +447,9 @@ class Dispatcher:
                             bound={t: p.uid for t, p in self.pods.items()},
                             started=self._started)
         self.pods = summary.owners
-        self._riders = {rider.ticket for rider in summary.riders}
+        owners = list(summary.owners.values())
+        rides = riding(owners)
+        self._riders = {rider.ticket: rides.get(rider.uid, {}) for rider in summary.riders}
         self._twins &= {twin.uid for twin in summary.twins}  # the others own their tickets
         for twin in summary.twins:
             self._twin(twin)
@@ -464,7 +467,7 @@ class Dispatcher:
         self._need_reconcile = False
         for rider in summary.riders:
             self._lift_rider(rider)
-        self._record_charges()
+        self._record_charges(owners)
         self._last_reconcile = self.clock()
         self.metrics.reconciles.labels("ok").inc()
         log.info("reconciled queue from the cluster", extra={"fields": {
@@ -573,17 +576,12 @@ class Dispatcher:
         return bool(pod.shared) and shares_held_claim(
             pod.sharer, (p.sharer for p in self.pods.values() if p.shared))
 
-    def _charge_of(self, pod: GpuPod) -> tuple[str, dict[str, Riding]]:
-        """What ``pod`` is charged now (a demand text) and the shared claims it rides on
-        (claim uid -> the pod that pays it), among the pods this dispatcher knows."""
-        live = [known for known in self.pods.values() if known.shared]
-        charge = pod_charges(live).get(pod.uid, pod.demand)
-        return format_counts(charge), riding(live).get(pod.uid, {})
-
-    def _record_charges(self) -> None:
+    def _record_charges(self, owners: list[GpuPod]) -> None:
         """Audit a ``charge`` for every pod sharing a claim that holds capacity and is
-        charged other than last recorded (its demand when nothing was)."""
-        live = [pod for pod in self.pods.values() if pod.shared]
+        charged other than last recorded (its demand when nothing was), as a reconcile
+        charged ``owners`` (its tickets' owners: what the queue's usage was rebuilt
+        from, not the watch's view since, which may lag)."""
+        live = [pod for pod in owners if pod.shared]
         charges = pod_charges(live)
         rides = riding(live)
         for pod in live:
@@ -605,7 +603,7 @@ class Dispatcher:
         """Lift the gate of a rider (its GPUs are a shared claim another pod that holds
         capacity is charged for); a claim check that waits is tried again when the pod
         or its claims change."""
-        charge, claims = self._charge_of(pod)
+        claims = self._riders.get(pod.ticket, {})
         outcome = self.cluster.lift_gate(pod)
         self.metrics.lifts.labels(outcome.value).inc()
         if outcome is LiftOutcome.REFUSED:
@@ -618,12 +616,12 @@ class Dispatcher:
             f"pod of {pod.tenant} holds and is charged for", "Normal")
         log.info("lifted gate of a pod sharing a charged ResourceClaim",
                  extra={"fields": _fields(pod)})
-        self._charged[pod.ticket] = charge
+        self._charged[pod.ticket] = ""  # charged nothing: a rider's claims are paid
         paid = "; ".join(ride.words(uid) for uid, ride in claims.items())
         self._record(DISPATCH, pod, reason="released: its GPUs are a shared ResourceClaim "
                                            f"another pod holds and is charged for ({paid}); "
                                            "charged only its own demand",
-                     diff=charge_detail(format_counts(pod.demand), charge, claims))
+                     diff=charge_detail(format_counts(pod.demand), "", claims))
 
     def _gone(self, pod: GpuPod) -> None:
         if pod.uid in self._refused:
@@ -701,7 +699,7 @@ class Dispatcher:
         self._metered.pop(pod.ticket, None)
         started = self._started.pop(pod.ticket, None)
         self._evicting.discard(pod.ticket)
-        self._riders.discard(pod.ticket)
+        self._riders.pop(pod.ticket, None)
         rode = self._charged.pop(pod.ticket, None) is not None  # a rider has no ticket
         moved = held and self._shares(pod)
         if moved:
@@ -846,7 +844,6 @@ class Dispatcher:
             self._admitted(pod, release)
             if self._shares(pod):
                 self._need_reconcile = True  # the pods sharing its claims may ride now
-                self._record_charges()  # it holds: charges of the claims it names move
         return True
 
     def _name_gangs(self, pods: Iterable[GpuPod]) -> dict[str, str]:
