@@ -119,3 +119,22 @@ def test_records_written_before_charges_were_audited_bill_each_pod_in_full() -> 
     ]
     billed = bill(records, datetime(2026, 3, 1, tzinfo=UTC), datetime(2026, 3, 2, tzinfo=UTC))
     assert abs(billed.totals().gpu_hours - 6.0) < 1e-9
+
+
+def test_a_pod_with_gpus_of_its_own_besides_the_claim_is_billed_those(
+        redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    rig = make_rig(redis_url, {"team-a": {"weight": 1, "nominal": {"gpu": 8}}}, {"gpu": 8},
+                   audit=AuditLog(client, out=io.StringIO()))
+    for name, demand in (("claim-only", {"gpu": 3}), ("claim-and-one", {"gpu": 4})):
+        rig.cluster.create_pod(PodSpec("team-a-ns", name, "team-a", "training", demand,
+                                       3600, shared=CLAIM))
+    rig.settle()
+    rig.at(T0 + 3600)
+    rig.at(T0 + 3700)
+    records = [e.record for e in AuditLog(client).entries() if e.record is not None]
+    charged = [r.diff["charge"]["after"] for r in records
+               if r.decision == CHARGE and r.name == "claim-and-one" and r.diff]
+    assert charged == ["gpu=1"], [(r.decision, r.name, r.diff) for r in records]
+    data = _report(client, T0 + 3700)
+    assert abs(_gpu_hours(data) - 4.0) < 0.01, data["totals"]  # the claim's 3, its own 1
