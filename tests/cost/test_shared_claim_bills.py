@@ -138,3 +138,22 @@ def test_a_pod_with_gpus_of_its_own_besides_the_claim_is_billed_those(
     assert charged == ["gpu=1"], [(r.decision, r.name, r.diff) for r in records]
     data = _report(client, T0 + 3700)
     assert abs(_gpu_hours(data) - 4.0) < 0.01, data["totals"]  # the claim's 3, its own 1
+
+
+def test_a_charge_move_is_billed_from_its_time_clipped_to_the_window() -> None:
+    # the payer ends at 00:30 and the rider pays from then; billed [00:15, 00:45): the
+    # claim held for 30 minutes, 3 GPUs, once
+    records = [
+        _record(DISPATCH, "payer", "2026-03-01T00:00:00.000Z", reason="released as training"),
+        _record(DISPATCH, "rider", "2026-03-01T00:00:00.000Z", reason="released: its GPUs",
+                diff={"charge": {"before": "gpu=3", "after": "", "riding": {}}}),
+        _record(START, "payer", "2026-03-01T00:00:00.000Z"),
+        _record(START, "rider", "2026-03-01T00:00:00.000Z"),
+        _record(CHARGE, "rider", "2026-03-01T00:30:00.000Z",
+                diff={"charge": {"before": "", "after": "gpu=3", "riding": {}}}),
+        _record(RELEASE, "payer", "2026-03-01T00:30:00.000Z", reason="pod Succeeded"),
+        _record(RELEASE, "rider", "2026-03-01T01:00:00.000Z", reason="pod Succeeded"),
+    ]
+    billed = bill(records, datetime(2026, 3, 1, 0, 15, tzinfo=UTC),
+                  datetime(2026, 3, 1, 0, 45, tzinfo=UTC))
+    assert abs(billed.totals().gpu_hours - 1.5) < 1e-9
