@@ -336,7 +336,9 @@ def bill_bodies(bodies: Iterable[Mapping[str, Any]], since: datetime, until: dat
                                          band=band, fallback=record_ms(body["time"]))
             elif pod.start is None:
                 pod.fallback, pod.band = record_ms(body["time"]), band
-        if decision in (DISPATCH, CHARGE):
+            if decision == DISPATCH:  # a rider's states its charge
+                _note_charge(pods, body, record_ms)
+        elif decision == CHARGE:
             _note_charge(pods, body, record_ms)
         elif decision == PREEMPT:
             at = record_ms(body["time"])
