@@ -52,7 +52,8 @@ Contract:
   pays for, docs/dra.md "Shared claims") has no ticket in the queue: it is ``running``
   from the dispatcher's records of its charge (its ``dispatch`` or last ``charge``,
   :func:`audit.usage.read_charge`) until its ``release``, with ``charged`` (the demand
-  it is charged) and ``riding`` (claim uid -> the pod that pays it). A queued borrowed
+  it is charged) and ``riding`` (claim uid -> ``claim``, its name or None, and
+  ``payer``, the pod that pays it). A queued borrowed
   pod of a tenant whose budget is exhausted waits for
   :func:`fairshare.queue.budget.held_note`.
   :func:`why_command` is the CLI entry. Times are the queue's clock (Unix seconds).
