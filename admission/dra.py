@@ -177,11 +177,11 @@ def priced_record(pod: PodView, context: DraContext) -> str:
         for claim, found in _resolved(pod, context, _named(context)))
 
 
-def _recorded_claims(pod: PodView) -> dict[str, tuple[str, ResourceCounts]]:
+def _recorded_claims(pod: PodView) -> dict[str, tuple[str, str, ResourceCounts]]:
     """Per claim entry named in the pod's :func:`priced_record` (its
-    ``fairgate.io/priced-claims`` stamp, immutable), the uid and price of the
+    ``fairgate.io/priced-claims`` stamp, immutable), the name, uid and price of the
     ResourceClaim it was priced from; an entry not recorded so is left out."""
-    recorded: dict[str, tuple[str, ResourceCounts]] = {}
+    recorded: dict[str, tuple[str, str, ResourceCounts]] = {}
     for item in pod.annotations.get(PRICED_CLAIMS_ANNOTATION, "").split(","):
         entry, _, source = item.partition("=")
         parts = source.split("/")
@@ -194,8 +194,14 @@ def _recorded_claims(pod: PodView) -> dict[str, tuple[str, ResourceCounts]]:
                 break
             price[short] = int(count)
         else:
-            recorded[entry] = (parts[2], price)
+            recorded[entry] = (parts[1], parts[2], price)
     return recorded
+
+
+def shared_claim_names(pod: PodView) -> dict[str, str]:
+    """The name of each ResourceClaim the pod was priced from at admission (its
+    ``fairgate.io/priced-claims`` stamp), by uid: what :func:`shared_claims` keys by."""
+    return {uid: name for name, uid, _ in _recorded_claims(pod).values()}
 
 
 @dataclass(frozen=True)
@@ -289,7 +295,7 @@ def shared_claims(pod: PodView, context: DraContext) -> dict[str, ResourceCounts
         if claim.kind != CLAIM:
             continue
         if claim.name in recorded:
-            uid, priced = recorded[claim.name]
+            _, uid, priced = recorded[claim.name]
         elif found is not None and found.uid:
             uid = found.uid
             try:

@@ -42,19 +42,26 @@ class Sharer:
     claims: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
 
+def payers(pods: Iterable[Sharer]) -> dict[tuple[str, str], str]:
+    """(tenant, claim uid) -> the uid of the pod that pays that claim (the oldest of the
+    tenant's pods naming it that holds capacity); claims no such pod holds are left out."""
+    paying: dict[tuple[str, str], str] = {}
+    for pod in sorted((p for p in pods if p.holds), key=lambda p: (p.created, p.uid)):
+        for claim in pod.claims:
+            paying.setdefault((pod.tenant, claim), pod.uid)
+    return paying
+
+
 def exemptions(pods: Iterable[Sharer]) -> dict[str, frozenset[str]]:
     """Pod uid -> the claim uids it names and is not charged for (pods exempt from
     nothing are left out)."""
     listed = list(pods)
-    payers: dict[tuple[str, str], Sharer] = {}
-    for pod in sorted((p for p in listed if p.holds), key=lambda p: (p.created, p.uid)):
-        for claim in pod.claims:
-            payers.setdefault((pod.tenant, claim), pod)
+    paying = payers(listed)
     out: dict[str, frozenset[str]] = {}
     for pod in listed:
         exempt = frozenset(c for c in pod.claims
-                           if (payer := payers.get((pod.tenant, c))) is not None
-                           and payer.uid != pod.uid)
+                           if (payer := paying.get((pod.tenant, c))) is not None
+                           and payer != pod.uid)
         if exempt:
             out[pod.uid] = exempt
     return out

@@ -7,6 +7,7 @@ from audit.chain import (
     ADMIT,
     BUDGET,
     CAPACITY,
+    CHARGE,
     DECISIONS,
     DENY,
     DISPATCH,
@@ -27,7 +28,7 @@ from audit.chain import (
 from audit.log import STREAM, AuditLog, StoredRecord
 
 __all__ = [
-    "ADMIT", "BUDGET", "CAPACITY", "DECISIONS", "DENY", "DISPATCH", "GENESIS", "OVERRUN",
+    "ADMIT", "BUDGET", "CAPACITY", "CHARGE", "DECISIONS", "DENY", "DISPATCH", "GENESIS", "OVERRUN",
     "PREEMPT", "PRICING", "QUEUE",
     "QUOTA_CHANGE", "RECLAIM", "RELEASE", "START", "STREAM", "AuditLog", "AuditRecord", "ChainHead",
     "StoredRecord", "VerifyResult", "verify",

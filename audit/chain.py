@@ -55,8 +55,9 @@ PRICING = "pricing"
 BUDGET = "budget"
 OVERRUN = "overrun"
 RECLAIM = "reclaim"
+CHARGE = "charge"
 DECISIONS: tuple[str, ...] = (ADMIT, QUEUE, DENY, DISPATCH, RELEASE, QUOTA_CHANGE, START,
-                              PREEMPT, RECLAIM, CAPACITY, PRICING, BUDGET, OVERRUN)
+                              PREEMPT, RECLAIM, CAPACITY, PRICING, BUDGET, OVERRUN, CHARGE)
 """The decisions fairgate records; others are allowed if they are lower-case words."""
 
 _DECISION = re.compile(r"^[a-z][a-z-]*$")

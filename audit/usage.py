@@ -14,14 +14,34 @@ Contract: one builder per decision, so writer (:mod:`fairshare.dispatcher`) and 
 - ``budget`` (a tenant's budget state changed: ``ok``, ``warning``, ``exhausted``, or
   ``""`` for none): ``{"budget": {"before", "after", "spent", "monthly", "currency",
   "month"}}`` (``spent`` to the cent, ``month`` as ``YYYY-MM``).
+- ``charge`` (what a pod sharing a ResourceClaim is charged changed: the charge of a
+  shared claim moved to it or away from it), and the ``dispatch`` of a *rider* (a pod
+  released charged only its own demand): ``{"charge": {"before", "after", "riding"}}``,
+  ``before``/``after`` demand texts (``gpu=3``; ``""`` for nothing), ``riding``: per
+  claim uid the pod is not charged for, ``{"claim": its name or None, "payer":
+  "namespace/name" of the pod that pays it}``. Billing bills the pod's ``after`` from
+  the record's time on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 Detail = dict[str, dict[str, Any]]
+
+
+class Riding(NamedTuple):
+    """A shared ResourceClaim a pod is not charged for: its name (None when not known)
+    and ``namespace/name`` of the pod that pays it."""
+
+    claim: str | None
+    payer: str
+
+    def words(self, uid: str) -> str:
+        """``claim data (uid u-1) that ns/pod pays for``."""
+        named = f"{self.claim} (uid {uid})" if self.claim else f"uid {uid}"
+        return f"claim {named} that {self.payer} pays for"
 
 
 def start_detail(band: str, node: str | None, product: str | None) -> Detail:
@@ -54,6 +74,30 @@ def budget_detail(before: str, after: str, spent: float, monthly: float | None,
     """The ``diff`` of a ``budget`` record."""
     return {"budget": {"before": before, "after": after, "spent": round(spent, 2),
                        "monthly": monthly, "currency": currency, "month": month}}
+
+
+def charge_detail(before: str, after: str, riding: Mapping[str, Riding]) -> Detail:
+    """The ``diff`` of a ``charge`` record, or of a rider's ``dispatch``."""
+    return {"charge": {"before": before, "after": after, "riding": {
+        uid: {"claim": ride.claim, "payer": ride.payer} for uid, ride in sorted(riding.items())}}}
+
+
+def read_charge(diff: Mapping[str, Any] | None) -> tuple[str, dict[str, Riding]] | None:
+    """``(after, riding)`` of a record's ``charge`` diff: the demand the pod is charged from
+    the record's time on and the shared claims it rides on (claim uid -> :class:`Riding`);
+    None when the record states no charge (older records, other decisions)."""
+    charge = (diff or {}).get("charge")
+    after = charge.get("after") if isinstance(charge, Mapping) else None
+    if not isinstance(charge, Mapping) or not isinstance(after, str):
+        return None
+    riding = charge.get("riding")
+    rides: dict[str, Riding] = {}
+    for uid, ride in (riding.items() if isinstance(riding, Mapping) else ()):
+        if isinstance(ride, Mapping):
+            claim = ride.get("claim")
+            rides[str(uid)] = Riding(claim if isinstance(claim, str) and claim else None,
+                                     str(ride.get("payer", "")))
+    return after, rides
 
 
 def read_start(diff: Mapping[str, Any] | None) -> tuple[str | None, str | None]:

@@ -17,6 +17,14 @@ Contract:
   bills nothing. A pod still running at ``until`` is billed up to ``until``. Intervals
   are clipped exactly to the window (times have millisecond resolution; all sums are
   exact integers of slice-milliseconds until the final division).
+- What a pod is billed for is its record's ``demand``, except where the log says it was
+  charged otherwise: a pod sharing a ResourceClaim (docs/dra.md, "Shared claims") is
+  charged a shared claim only while it pays it. A rider's ``dispatch`` and every
+  ``charge`` record carry ``diff.charge.after`` (:func:`audit.usage.read_charge`): the
+  demand billed from that record's time on (its pod's ``start`` and ``release`` keep
+  its full demand). So a shared claim's GPU-time is billed once, to the pod that pays
+  it while it pays it, however many pods hold it. Records written before charges were
+  recorded carry none: their pods are billed their full demand, as they were.
 - Prices (:class:`tenants.models.PricingSpec`): a whole GPU of product P costs
   ``gpuHour[P]`` (else ``gpuHour.default``) per hour; a MIG slice slices/7 of its parent
   GPU's price (the product of the node it ran on, when the start record names it). A
@@ -52,6 +60,7 @@ from typing import Any
 from audit.chain import (
     ADMIT,
     CAPACITY,
+    CHARGE,
     DISPATCH,
     PREEMPT,
     PRICING,
@@ -61,7 +70,7 @@ from audit.chain import (
     START,
     AuditRecord,
 )
-from audit.usage import read_ran_seconds, read_start
+from audit.usage import read_charge, read_ran_seconds, read_start
 from tenants import resources
 from tenants.models import CONTROL_NAMESPACE, PLATFORM_CONFIGMAP, PricingSpec
 
@@ -212,6 +221,7 @@ class _Pod:
     fallback: int | None = None  # dispatch or admit time, ms
     end: int | None = None
     ran: bool = True
+    charges: list[tuple[int, str]] | None = None  # (ms, demand) charged from then on
 
 
 class _Prices:
@@ -351,6 +361,10 @@ def bill_bodies(bodies: Iterable[Mapping[str, Any]], since: datetime, until: dat
                                          band=band, fallback=record_ms(body["time"]))
             elif pod.start is None:
                 pod.fallback, pod.band = record_ms(body["time"]), band
+            if decision == DISPATCH:  # a rider's states its charge
+                _note_charge(pods, body, record_ms)
+        elif decision == CHARGE:
+            _note_charge(pods, body, record_ms)
         elif decision in (PREEMPT, RECLAIM):
             at = record_ms(body["time"])
             if lo <= at < hi:
@@ -389,16 +403,17 @@ def bill_bodies(bodies: Iterable[Mapping[str, Any]], since: datetime, until: dat
         row = rows.get((pod.tenant, pod.pod_class))
         if row is None:
             row = rows[(pod.tenant, pod.pod_class)] = BillRow(pod.tenant, pod.pod_class)
-        demand = _demand(pod.demand)
         product = pod.product or UNKNOWN_PRODUCT
-        for name, slices in demand:
-            key = (pod.band, name, product)
-            use = row.usage.get(key)
-            if use is None:
-                use = row.usage[key] = Usage(*key)
-            use.slice_ms += slices * (b - a)
-            use.cost += _cost(prices, breaks, pod.product, slices, a, b)
-        used_ms.append((a, b, sum(slices for _, slices in demand)))
+        for start, end, text in _charged_spans(pod, a, b):
+            demand = _demand(text)
+            for name, slices in demand:
+                key = (pod.band, name, product)
+                use = row.usage.get(key)
+                if use is None:
+                    use = row.usage[key] = Usage(*key)
+                use.slice_ms += slices * (end - start)
+                use.cost += _cost(prices, breaks, pod.product, slices, start, end)
+            used_ms.append((start, end, sum(slices for _, slices in demand)))
     for decision, tenant, pod_class, lost in losses:
         row = rows.get((tenant, pod_class))
         if row is None:
@@ -414,6 +429,42 @@ def bill_bodies(bodies: Iterable[Mapping[str, Any]], since: datetime, until: dat
             row.idle_cost = idle_cost * share
     return Bill(since, until, prices.currency(hi - 1), ordered, capacity_hours, idle_hours,
                 idle_cost, share_idle)
+
+
+def _note_charge(pods: dict[str, _Pod], body: Mapping[str, Any],
+                 record_ms: _TimeParser) -> None:
+    """Keep the charge a ``dispatch`` or ``charge`` record states for its pod, if any."""
+    charge = read_charge(body.get("diff"))
+    if charge is None:
+        return
+    pod = pods.get(body["uid"])
+    if pod is None:
+        pod = pods[body["uid"]] = _Pod(body["tenant"], body["class"], body["demand"])
+    if pod.charges is None:
+        pod.charges = []
+    pod.charges.append((record_ms(body["time"]), charge[0]))
+
+
+def _charged_spans(pod: _Pod, a: int, b: int) -> list[tuple[int, int, str]]:
+    """``[a, b)`` cut where ``pod``'s charge changes: ``(start, end, demand)`` spans, each
+    billed the last charge recorded at or before its start (the pod's demand before
+    any)."""
+    if not pod.charges:
+        return [(a, b, pod.demand)]
+    changes = sorted(pod.charges, key=lambda change: change[0])  # clocks may interleave
+    spans: list[tuple[int, int, str]] = []
+    at = bisect.bisect_right(changes, a, key=lambda change: change[0])
+    current = changes[at - 1][1] if at else pod.demand
+    start = a
+    for when, text in changes[at:]:
+        if when >= b:
+            break
+        if when > start:
+            spans.append((start, when, current))
+            start = when
+        current = text
+    spans.append((start, b, current))
+    return spans
 
 
 @functools.lru_cache(maxsize=4096)

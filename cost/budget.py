@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from audit import ADMIT, DISPATCH, PREEMPT, PRICING, QUOTA_CHANGE, RELEASE, START
+from audit import ADMIT, CHARGE, DISPATCH, PREEMPT, PRICING, QUOTA_CHANGE, RELEASE, START
 from audit.chain import AuditRecord, parse_time
 from audit.log import AuditLog
 from cost.billing import bill
 from tenants.models import PricingSpec
 
-BILLED = frozenset({ADMIT, DISPATCH, START, RELEASE, PREEMPT, PRICING, QUOTA_CHANGE})
+BILLED = frozenset({ADMIT, DISPATCH, START, RELEASE, PREEMPT, PRICING, QUOTA_CHANGE, CHARGE})
 """The decisions :func:`cost.billing.bill` reads for cost (capacity only feeds idle)."""
 
 

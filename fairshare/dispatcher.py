@@ -25,7 +25,13 @@ Contract:
   held. A pod charged nothing
   (a *rider*: all its GPUs are such a claim, paid by another pod that holds capacity)
   has no ticket in the queue: its gate is lifted at once (``dispatch`` audit record,
-  ``Admitted`` Event naming the shared claim).
+  ``Admitted`` Event naming the shared claim). What such pods are charged is audited as
+  it changes, for billing and ``fairgate why``: a rider's ``dispatch`` carries its charge
+  (``diff.charge``, :func:`audit.usage.charge_detail`: nothing, and the claims it rides
+  on with the pod that pays each), and each reconcile writes a ``charge`` record for
+  every pod holding capacity that it charges other than last recorded (its full demand
+  unless recorded otherwise): when the charge of a shared claim moves to it or away
+  from it. What is recorded is what the queue's usage was rebuilt with.
 - Reclaim (``fairShare.reclaim``, off unless set, and only with an ``evictor``): every
   ``reclaim_every`` seconds the first training hold (the head owed the next capacity)
   is checked; :func:`fairshare.reclaim.choose` picks what to evict for it from the pods
@@ -79,9 +85,11 @@ Contract:
   a pod that ran and that the scheduler preempted (DisruptionTarget condition, reason
   PreemptionByScheduler; ``diff.preemption``: band, ``ranSeconds`` since its start as
   this dispatcher saw it, preemptor if known); ``release`` for every pod whose usage was
-  freed; ``capacity`` whenever the capacity pushed into the queue differs from the one
-  this dispatcher last recorded (``diff``: per resource before/after); ``pricing`` when
-  the config's ``pricing`` differs from what it last recorded (at start, too). These are what
+  freed, and for a rider that ended (it held no ticket); ``charge`` (above) for pods
+  sharing a ResourceClaim; ``capacity`` whenever the capacity pushed into the queue
+  differs from the one this dispatcher last recorded (``diff``: per resource
+  before/after); ``pricing`` when the config's ``pricing`` differs from what it last
+  recorded (at start, too). These are what
   :mod:`cost.billing` bills from. Logs are JSON-ready (``extra.fields``).
 """
 
@@ -103,6 +111,7 @@ from admission.sharing import shares_held_claim
 from audit import (
     BUDGET,
     CAPACITY,
+    CHARGE,
     DISPATCH,
     OVERRUN,
     PREEMPT,
@@ -114,8 +123,10 @@ from audit import (
 )
 from audit.chain import format_time
 from audit.usage import (
+    Riding,
     budget_detail,
     capacity_detail,
+    charge_detail,
     preempt_detail,
     pricing_detail,
     start_detail,
@@ -140,7 +151,7 @@ from fairshare.cluster.cluster import (
 )
 from fairshare.cluster.pod_evict import EVICTED, Evictor
 from fairshare.cluster.provisioning import Provisioner
-from fairshare.cluster.reconcile import pod_charges, reconcile, twin_ticket
+from fairshare.cluster.reconcile import pod_charges, reconcile, riding, twin_ticket
 from fairshare.metrics import DispatcherMetrics
 from fairshare.queue.budget import (
     DEFAULT_BUDGET_EVERY,
@@ -287,7 +298,9 @@ class Dispatcher:
         self._service: ServiceSnapshot | None = None  # as last read, for a Redis loss
         self._posted: dict[str, _Posted] = {}
         self._twins: set[str] = set()  # uids of pods told that their ticket is another's
-        self._riders: set[str] = set()  # tickets of pods a shared claim's payer covers
+        # tickets of pods a shared claim's payer covers -> the claims they ride on
+        self._riders: dict[str, dict[str, Riding]] = {}
+        self._charged: dict[str, str] = {}  # ticket -> charge last audited, if not its demand
         self._unseen: dict[str, tuple[Release, float]] = {}  # released, pod not seen yet
         self._gang_words: dict[str, str] = {}  # gang id -> its name, for this round's records
         self._stuck: dict[str, _Stuck] = {}  # ticket -> released pod reported Unschedulable
@@ -447,7 +460,9 @@ class Dispatcher:
                             bound={t: p.uid for t, p in self.pods.items()},
                             started=self._started)
         self.pods = summary.owners
-        self._riders = {rider.ticket for rider in summary.riders}
+        owners = list(summary.owners.values())
+        rides = riding(owners)
+        self._riders = {rider.ticket: rides.get(rider.uid, {}) for rider in summary.riders}
         self._twins &= {twin.uid for twin in summary.twins}  # the others own their tickets
         for twin in summary.twins:
             self._twin(twin)
@@ -465,6 +480,7 @@ class Dispatcher:
         self._need_reconcile = False
         for rider in summary.riders:
             self._lift_rider(rider)
+        self._record_charges(owners)
         self._last_reconcile = self.clock()
         self.metrics.reconciles.labels("ok").inc()
         log.info("reconciled queue from the cluster", extra={"fields": {
@@ -573,10 +589,34 @@ class Dispatcher:
         return bool(pod.shared) and shares_held_claim(
             pod.sharer, (p.sharer for p in self.pods.values() if p.shared))
 
+    def _record_charges(self, owners: list[GpuPod]) -> None:
+        """Audit a ``charge`` for every pod sharing a claim that holds capacity and is
+        charged other than last recorded (its demand when nothing was), as a reconcile
+        charged ``owners`` (its tickets' owners: what the queue's usage was rebuilt
+        from, not the watch's view since, which may lag)."""
+        live = [pod for pod in owners if pod.shared]
+        charges = pod_charges(live)
+        rides = riding(live)
+        for pod in live:
+            after = format_counts(charges[pod.uid])
+            before = self._charged.get(pod.ticket, format_counts(pod.demand))
+            if not pod.holds_capacity or after == before:
+                continue
+            self._charged[pod.ticket] = after
+            claims = rides.get(pod.uid, {})
+            told = "; ".join(f"runs on shared ResourceClaim {ride.words(uid)}"
+                             for uid, ride in claims.items())
+            self._record(CHARGE, pod, reason=f"charged {after or 'nothing'} (was "
+                         f"{before or 'nothing'}): " + (
+                             f"{told}; charged only its own demand" if claims else
+                             "pays for the shared ResourceClaims it holds"),
+                         diff=charge_detail(before, after, claims))
+
     def _lift_rider(self, pod: GpuPod) -> None:
         """Lift the gate of a rider (its GPUs are a shared claim another pod that holds
         capacity is charged for); a claim check that waits is tried again when the pod
         or its claims change."""
+        claims = self._riders.get(pod.ticket, {})
         outcome = self.cluster.lift_gate(pod)
         self.metrics.lifts.labels(outcome.value).inc()
         if outcome is LiftOutcome.REFUSED:
@@ -589,8 +629,12 @@ class Dispatcher:
             f"pod of {pod.tenant} holds and is charged for", "Normal")
         log.info("lifted gate of a pod sharing a charged ResourceClaim",
                  extra={"fields": _fields(pod)})
+        self._charged[pod.ticket] = ""  # charged nothing: a rider's claims are paid
+        paid = "; ".join(ride.words(uid) for uid, ride in claims.items())
         self._record(DISPATCH, pod, reason="released: its GPUs are a shared ResourceClaim "
-                                           "another pod holds and is charged for")
+                                           f"another pod holds and is charged for ({paid}); "
+                                           "charged only its own demand",
+                     diff=charge_detail(format_counts(pod.demand), "", claims))
 
     def _gone(self, pod: GpuPod) -> None:
         if pod.uid in self._refused:
@@ -669,7 +713,8 @@ class Dispatcher:
         started = self._started.pop(pod.ticket, None)
         reclaimed = pod.ticket in self._evicting
         self._evicting.discard(pod.ticket)
-        self._riders.discard(pod.ticket)
+        self._riders.pop(pod.ticket, None)
+        rode = self._charged.pop(pod.ticket, None) is not None  # a rider has no ticket
         moved = held and self._shares(pod)
         if moved:
             # the pods still holding its shared claims are charged for them first (one
@@ -677,7 +722,8 @@ class Dispatcher:
             log.info("pod sharing a ResourceClaim ended: reconciling",
                      extra={"fields": _fields(pod, reason=why)})
             self.reconcile()
-        if self.queue.release(pod.ticket, pod.uid, self.clock(), reclaimed=reclaimed) or moved:
+        if (self.queue.release(pod.ticket, pod.uid, self.clock(), reclaimed=reclaimed)
+                or moved or rode):
             log.info("released usage", extra={"fields": _fields(pod, reason=why)})
             if started is not None and pod.preempted:
                 self._preempted(pod, started)

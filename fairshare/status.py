@@ -54,7 +54,13 @@ Contract:
   usage was freed; a pod reclaimed, ``fairShare.reclaim``, says for whom and after how
   long it ran, and a pod still terminating after its reclaim says it is being reclaimed).
   A pod other tenants' pods were reclaimed for says how many and when the last was. A
-  queued borrowed pod of a tenant whose budget is exhausted waits for
+  *rider* (a pod whose GPUs are a shared ResourceClaim another pod
+  pays for, docs/dra.md "Shared claims") has no ticket in the queue: it is ``running``
+  from the dispatcher's records of its charge (its ``dispatch`` or last ``charge``,
+  :func:`audit.usage.read_charge`) until its ``release``, with ``charged`` (the demand
+  it is charged) and ``riding`` (claim uid -> ``claim``, its name or None, and
+  ``payer``, the pod that pays it). A queued borrowed
+  pod of a tenant whose budget is exhausted waits for
   :func:`fairshare.queue.budget.held_note`.
   :func:`why_command` is the CLI entry. Times are the queue's clock (Unix seconds).
 """
@@ -74,8 +80,8 @@ import redis
 from rich.console import Console
 from rich.table import Table
 
-from audit import ADMIT, DENY, DISPATCH, QUEUE, RECLAIM, RELEASE, AuditLog, AuditRecord
-from audit.usage import read_preemptor
+from audit import ADMIT, CHARGE, DENY, DISPATCH, QUEUE, RECLAIM, RELEASE, AuditLog, AuditRecord
+from audit.usage import Riding, read_charge, read_preemptor
 from fairshare.cluster.cluster import CapacityReport, PodRef
 from fairshare.connection import COMMAND_TIMEOUT, RedisTarget, connect_redis
 from fairshare.queue.budget import BudgetStatus, held_note, money, percent
@@ -385,6 +391,8 @@ class WhyReport:
     waited_seconds: float | None = None
     unschedulable: str | None = None
     gang: dict[str, Any] | None = None
+    charged: str | None = None  # a rider's charge (a demand text, "" for nothing)
+    riding: dict[str, dict[str, str | None]] | None = None  # a rider's claims: uid -> claim, payer
     history: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -475,6 +483,9 @@ def why_report(
             **common,
         )
     if status is None:
+        rider = _rider(mine, common)
+        if rider is not None:
+            return rider
         ended = next((r for r in reversed(mine) if r.decision == RELEASE), None)
         why = f" ({ended.reason})" if ended is not None and ended.reason else ""
         return WhyReport(
@@ -499,6 +510,30 @@ def _reclaims(report: WhyReport, reclaimed: AuditRecord | None,
         summary += (f"; {len(for_it)} pod{'' if len(for_it) == 1 else 's'} of other tenants "
                     f"reclaimed for it, the last at {for_it[-1].time} (fairShare.reclaim)")
     return replace(report, summary=summary)
+
+
+def _rider(records: list[AuditRecord], common: dict[str, Any]) -> WhyReport | None:
+    """The report of a pod that rides on shared ResourceClaims another pod pays for, from
+    the last charge its ``dispatch``/``charge`` records state (None when it rides on
+    nothing, or was released since)."""
+    riding: tuple[AuditRecord, str, dict[str, Riding]] | None = None
+    for record in records:
+        if record.decision == RELEASE:
+            riding = None
+        elif record.decision in (DISPATCH, CHARGE):
+            charge = read_charge(record.diff)
+            if charge is not None:
+                riding = (record, *charge)
+    if riding is None or not riding[2]:
+        return None
+    record, charged, claims = riding
+    paid = "; ".join(f"runs on shared ResourceClaim {ride.words(uid)}"
+                     for uid, ride in claims.items())
+    own = (f"only its own demand ({charged})" if charged
+           else "nothing: it asks for no GPUs of its own")
+    return WhyReport(verdict="running", summary=f"{paid}; charged {own}, since {record.time}",
+                     charged=charged, riding={uid: ride._asdict() for uid, ride in claims.items()},
+                     **common)
 
 
 def _gang_of(status: TicketStatus, queue: FairQueue) -> GangRecord | None:

@@ -96,6 +96,9 @@ class GpuPod:
     shared: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     """The ResourceClaims it names by name, by uid: the devices each gives, keyed as
     :attr:`demand` (which counts each in full)."""
+    claim_names: Mapping[str, str] = field(default_factory=dict)
+    """The names of the ResourceClaims it was priced from at admission, by uid (for
+    people: accounting goes by :attr:`shared`'s uids)."""
 
     @property
     def finished(self) -> bool:

@@ -45,7 +45,7 @@ from typing import Any, cast
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from admission.dra import Refuse, ReleaseVerdict, Wait
+from admission.dra import Refuse, ReleaseVerdict, Wait, shared_claim_names
 from admission.pods import PodError, PodView, deadline
 from fairshare.cluster.cluster import (
     DEFAULT_NOT_READY_GRACE,
@@ -204,11 +204,12 @@ def pod_from_manifest(
         view = PodView.parse(obj)
         held = demand_of(view)
         shared = shared_of(view)
+        names = shared_claim_names(view) if shared else {}
     except ValueError as error:  # not expected: the containers passed admission
         log.warning("pod %s/%s: demand from its spec: %s; counted as admitted (%s)",
                     meta.get("namespace"), meta.get("name"), error,
                     resources.format_counts(demand))
-        held, shared = demand, {}
+        held, shared, names = demand, {}, {}
     overrun = {r: n - demand.get(r, 0) for r, n in held.items() if n > demand.get(r, 0)}
     if overrun:
         log.warning("pod %s/%s holds %s, more than the %r it was admitted for; the larger "
@@ -243,6 +244,7 @@ def pod_from_manifest(
         overrun=overrun,
         run_seconds=_deadline(spec.get("activeDeadlineSeconds")),
         shared={uid: where.keyed(counts) for uid, counts in shared.items()},
+        claim_names={uid: name for uid, name in names.items() if uid in shared},
     )
 
 

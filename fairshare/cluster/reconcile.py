@@ -22,7 +22,8 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from admission.sharing import charged, exemptions
+from admission.sharing import charged, exemptions, payers
+from audit.usage import Riding
 from fairshare.cluster.cluster import GpuPod
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import GatedPod, InvalidRequestError, PodRequest, RunningPod
@@ -96,6 +97,23 @@ def pod_charges(pods: Sequence[GpuPod]) -> dict[str, ResourceCounts]:
     exempt = exemptions(pod.sharer for pod in pods if pod.shared)
     return {pod.uid: charged(pod.demand, pod.shared, exempt.get(pod.uid, ()))
             if pod.uid in exempt else dict(pod.demand) for pod in pods}
+
+
+def riding(pods: Sequence[GpuPod]) -> dict[str, dict[str, Riding]]:
+    """Pod uid -> the shared claims it names that another of ``pods`` (the live pods)
+    pays (:func:`admission.sharing.payers`): claim uid -> its name (None when the pod's
+    stamp does not say) and ``namespace/name`` of the pod that pays it. Pods riding on
+    nothing are left out."""
+    sharers = [pod for pod in pods if pod.shared]
+    paying = payers(pod.sharer for pod in sharers)
+    refs = {pod.uid: str(pod.ref) for pod in sharers}
+    out: dict[str, dict[str, Riding]] = {}
+    for pod in sharers:
+        rides = {claim: Riding(pod.claim_names.get(claim), refs[payer]) for claim in pod.shared
+                 if (payer := paying.get((pod.tenant, claim))) not in (None, pod.uid)}
+        if rides:
+            out[pod.uid] = rides
+    return out
 
 
 def cluster_truth(pods: Iterable[GpuPod], bound: Mapping[str, str] | None = None

@@ -98,6 +98,7 @@ class PodSpec:
     preemptible: bool = False  # labelled fairgate.io/preemptible: "true"
     run_seconds: int | None = None  # spec.activeDeadlineSeconds: it runs at most this long
     shared: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    claim_names: Mapping[str, str] = field(default_factory=dict)  # claim uid -> its name
     """Shared ResourceClaims it names (claim uid -> devices, counted in ``demand``)."""
 
     @property
@@ -261,6 +262,7 @@ class SimulatedCluster:
             demand=dict(spec.demand), group=spec.group, group_size=spec.group_size,
             preemptible=spec.preemptible, phase="Pending", gated=placement.gated, node=None,
             created=now, run_seconds=spec.run_seconds, shared=spec.shared,
+            claim_names=spec.claim_names,
         )
         sim = _SimPod(pod, spec, seq)
         self._pods[uid] = sim

@@ -173,6 +173,15 @@ def test_a_shared_claim_is_charged_once_and_while_any_pod_holds_it(
         assert _runs(env, name) == DRA_NODE.name
     wait_for(lambda: _used(env) == 3.0 or None, 30, "team-b to be charged 3 GPUs")
     assert _running_gpus(env) == 3
+    # `fairgate why` explains the pod riding on the claim by the claim and its payer
+    told = {name: env.why(NS, name) for name in ("shared-0", "shared-1")}
+    riders = {name: t for name, t in told.items() if t.get("riding")}
+    assert len(riders) == 1, told
+    [(rider, said)] = riders.items()
+    payer = ({"shared-0", "shared-1"} - {rider}).pop()
+    assert said["verdict"] == "running" and said["charged"] == "", said
+    assert [ride["claim"] for ride in said["riding"].values()] == ["shared-three"], said
+    assert [ride["payer"] for ride in said["riding"].values()] == [f"{NS}/{payer}"], said
     _create(env, pod_manifest("own-2", {IMPLICIT_GPU: 2}))
     _stays_gated(env, "own-2")
     assert _used(env) == 3.0

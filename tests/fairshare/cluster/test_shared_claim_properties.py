@@ -59,6 +59,9 @@ class SharedClaims(TenantSwaps):
                                   lambda view: held_demand(view, context),
                                   lambda view: shared_claims(view, context))
         assert found is not None
+        record = self.records[found.uid]  # the claim's name, for people, comes from it
+        assert found.claim_names == {uid: "x" for uid in found.shared
+                                     if f"ResourceClaim/x/{uid}/" in record}, found
         return found
 
     def _held(self) -> set[str]:
