@@ -30,8 +30,9 @@ class _Recording(FairQueue):
     def used(self) -> int:
         return next(s.used_slices for s in self.tenant_status() if s.tenant == "team-a")
 
-    def release(self, ticket: str, uid: str, now: float | None = None) -> bool:
-        released = super().release(ticket, uid, now)
+    def release(self, ticket: str, uid: str, now: float | None = None,
+                reclaimed: bool = False) -> bool:
+        released = super().release(ticket, uid, now, reclaimed=reclaimed)
         self.seen.append(self.used())
         return released
 
