@@ -32,6 +32,7 @@ from harness.pods import is_gated, no_pods, pod_manifest, running_node
 from harness.private import PrivateCluster, private_cluster
 from harness.waiting import wait_for
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -133,8 +134,12 @@ def _clean(env: PrivateCluster) -> None:
         policy.delete_namespaced_pod_disruption_budget(pdb.metadata.name, A)
     for namespace in (A, B):
         for pod in _pods(env.admin, namespace):
-            env.admin.delete_namespaced_pod(pod.metadata.name, namespace,
-                                            grace_period_seconds=0)
+            try:
+                env.admin.delete_namespaced_pod(pod.metadata.name, namespace,
+                                                grace_period_seconds=0)
+            except ApiException as error:
+                if error.status != 404:  # gone already: its ReplicaSet's deletion took it
+                    raise
         wait_for(lambda ns=namespace: no_pods(env.admin, ns), 90, f"{namespace} to be empty")
 
 
