@@ -367,13 +367,14 @@ def _backlog(t: _Tenant, capacity: int, horizon: float) -> list[dict[str, Any]]:
     return arrivals
 
 
-def unkind_trace(seed: int, kind: str | None = None, half_life: str | None = None
-                 ) -> dict[str, Any]:
+def unkind_trace(seed: int, kind: str | None = None, half_life: str | None = None,
+                 declared: bool = False) -> dict[str, Any]:
     """An unkind contention trace (see bench/README.md): ``kind`` (default: the seed's,
     ``KINDS[seed % len(KINDS)]``) picks the situation; the all-active window runs from
     the last join or return to the horizon, and every training tenant is backlogged
     throughout it whatever the order. ``_meta`` carries the window, the kind and each
-    tenant's pod size and durations."""
+    tenant's pod size and durations. ``declared``: every training pod declares its run
+    time (``activeDeadlineSeconds``, its duration), which backfill trusts."""
     rng = random.Random(seed)
     kind = kind or KINDS[seed % len(KINDS)]
     capacity = rng.choice([8, 12, 16])
@@ -451,6 +452,8 @@ def unkind_trace(seed: int, kind: str | None = None, half_life: str | None = Non
                  "duration": t.durations[0], "count": early[t.name]}
                 for t in tenants if t.name in early]
     arrivals += [a for t in tenants for a in _backlog(t, capacity, horizon)]
+    if declared:
+        arrivals = [{**a, "activeDeadlineSeconds": math.ceil(a["duration"])} for a in arrivals]
     if inference is not None:
         inference["count"] = max(1, math.ceil((horizon - 300) / inference["every"]))
         arrivals.append(inference)
@@ -699,17 +702,19 @@ def read_outcomes(path: Path, generator: Generator | None = None
 class Generator:
     """Which traces a run makes: the kind random traces (``unkind`` False, with
     ``pods_per_entitlement`` and ``shared_inference``) or the unkind ones (with
-    ``kind``, None for every kind by seed, and ``half_life``)."""
+    ``kind``, None for every kind by seed, ``half_life`` and ``declared``)."""
 
     unkind: bool = False
     pods_per_entitlement: int = PODS_PER_ENTITLEMENT
     shared_inference: bool = False
     kind: str | None = None
     half_life: str | None = None
+    declared: bool = False
 
     def measure(self, seed: int, client: redis.Redis) -> dict[str, Any]:
         if self.unkind:
-            return asdict(check_window(unkind_trace(seed, self.kind, self.half_life), client))
+            return asdict(check_window(unkind_trace(seed, self.kind, self.half_life,
+                                                     self.declared), client))
         data = random_trace(seed, self.pods_per_entitlement, self.shared_inference)
         return asdict(check(data, client))
 
@@ -783,18 +788,22 @@ def main(argv: list[str] | None = None) -> int:
     unkind.add_argument("--half-life", metavar="DURATION",
                         help="fairShare.usageHalfLife of every trace, e.g. 1h (with "
                         "--unkind; default: none, the default configuration)")
+    unkind.add_argument("--declared", action="store_true",
+                        help="every training pod declares its run time "
+                        "(activeDeadlineSeconds = its duration), which backfill trusts "
+                        "(with --unkind)")
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.traces < 1 or args.pods_per_entitlement < 1:
         parser.error("--jobs, --traces and --pods-per-entitlement must be at least 1")
-    if (args.kind or args.half_life) and not args.unkind:
-        parser.error("--kind and --half-life go with --unkind")
+    if (args.kind or args.half_life or args.declared) and not args.unkind:
+        parser.error("--kind, --half-life and --declared go with --unkind")
     if args.resume and args.out is None:
         parser.error("--resume needs --out (the results file to resume)")
     if args.out is not None and args.out.exists() and args.out.stat().st_size and not args.resume:
         parser.error(f"{args.out} already has results: pass --resume to continue that run, "
                      "or choose another --out file")
     generator = Generator(args.unkind, args.pods_per_entitlement, args.shared_inference,
-                          args.kind, args.half_life)
+                          args.kind, args.half_life, args.declared)
     wanted = range(args.seed, args.seed + args.traces)
     outcomes = ([o for o in read_outcomes(args.out, generator) if o.seed in wanted]
                 if args.resume else [])
