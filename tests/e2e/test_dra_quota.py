@@ -189,8 +189,11 @@ def test_a_shared_claim_is_charged_once_and_while_any_pod_holds_it(
     env.admin.delete_namespaced_pod("shared-0", NS, grace_period_seconds=0)
     wait_for(partial(_gone, env, "shared-0"), 60, "shared-0 to go")
     for _ in range(10):  # the claim's devices are still held: still charged, own-2 waits
-        assert _used(env) == 3.0
+        # (while the charge moves to shared-1 it may be counted twice for a moment: an
+        # over-charge, never an under-charge)
+        assert _used(env) >= 3.0
         assert is_gated(env.admin.read_namespaced_pod("own-2", NS))
+    wait_for(lambda: _used(env) == 3.0 or None, 30, "the claim to be charged once again")
     env.admin.delete_namespaced_pod("shared-1", NS, grace_period_seconds=0)
     assert _runs(env, "own-2") == DRA_NODE.name
     wait_for(lambda: _used(env) == 2.0 or None, 30, "team-b to be charged own-2's 2 GPUs")
