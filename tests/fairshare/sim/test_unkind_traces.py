@@ -13,6 +13,7 @@ says why)."""
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -224,7 +225,7 @@ def test_kind_and_half_life_need_unkind(capsys: pytest.CaptureFixture[str]) -> N
     with pytest.raises(SystemExit) as exit_info:
         main(["--kind", "big-pods"])
     assert exit_info.value.code == 2
-    assert "--kind and --half-life go with --unkind" in capsys.readouterr().err
+    assert "--kind, --half-life and --declared go with --unkind" in capsys.readouterr().err
 
 
 def measure_seed(seed: int, kind: str) -> WindowOutcome:
@@ -261,3 +262,16 @@ def test_inference_ahead_of_training_is_not_counted_against_the_training_tenants
     assert outcome.inference_waited == 0
     assert not window_failures(outcome), outcome.per_tenant
 
+
+
+def test_declared_run_times_go_with_unkind_and_are_every_training_pods_duration(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--declared"])
+    assert exit_info.value.code == 2
+    assert "--declared go with --unkind" in capsys.readouterr().err
+    trace = unkind_trace(3, declared=True)
+    training = [a for a in trace["arrivals"] if a["class"] == "training"]
+    assert training and all(a["activeDeadlineSeconds"] == math.ceil(a["duration"])
+                            for a in training)
+    assert all("activeDeadlineSeconds" not in a for a in unkind_trace(3)["arrivals"])
