@@ -168,7 +168,8 @@ def reconcile(
     queue: FairQueue, pods: Iterable[GpuPod], listed_at: float | None = None,
     bound: Mapping[str, str] | None = None, started: Mapping[str, float] | None = None,
 ) -> ReconcileSummary:
-    """Replace the queue's usage and backlog with what ``pods`` say (atomically).
+    """Replace the queue's usage and backlog with what ``pods`` say (atomically), then
+    free the tickets of the riders (pods charged nothing: a shared claim another pod pays).
 
     ``listed_at`` is when ``pods`` were listed (taken *before* the list call, on the
     clock the webhook and dispatcher use): reservations and dispatches made shortly
@@ -181,5 +182,10 @@ def reconcile(
     began = started or {}
     running = [replace(pod, started_at=began.get(pod.ticket)) for pod in truth.running]
     queue.rebuild(running, truth.gated, listed_at)
+    for rider in truth.riders:
+        # a rider is charged nothing, also when its ticket was released lately (the
+        # rebuild keeps such in-flight tickets): the charge moved to another pod of the
+        # claim. Nothing is handed over or learnt: the pod has not ended.
+        queue.release(rider.ticket, rider.uid, listed_at, reclaimed=True)
     return ReconcileSummary(len(truth.running), len(truth.gated), truth.skipped,
                             truth.owners, truth.twins, truth.riders)

@@ -142,3 +142,34 @@ def test_a_twin_that_runs_is_counted_as_its_own_pod_and_never_as_the_owner() -> 
     gated = _stamped("gated-copy", "uid-c", 101.0, gated=True)
     truth = cluster_truth([twin, owner, gated], bound={"t1": "uid-b"})
     assert len(truth.running) == 2 and truth.skipped == 1
+
+
+def test_a_charge_that_moves_to_a_pod_older_by_uid_frees_the_first_payers_ticket(
+    redis_url: str,
+) -> None:
+    """Two pods share a 3-GPU claim and were created in the same second: the dispatcher
+    released the first (charged 3) and let the second ride; the reconcile makes the one
+    with the lower uid pay. The first's ticket, released moments ago (kept by the rebuild
+    as in flight), must not stay charged too: 3 GPUs, not 6."""
+    client = redis.Redis.from_url(redis_url)
+    queue = FairQueue(client)
+    config = make_config(a={"nominal": {"gpu": 4}})
+    queue.sync_config(config, {"gpu": 8})
+    claim = {"claim-uid": {"gpu": 3}}
+    for ticket, name in (("tk-first", "first"), ("tk-second", "second")):
+        request = PodRequest(ticket, "a", "ns-a", name, "training", {"gpu": 3},
+                             submitted_at=10.0, hold=True)
+        assert queue.admit(request, 10.0).outcome == "queued"
+    assert [r.ticket for r in queue.dispatch(11.0)] == ["tk-first"]
+    assert queue.release("tk-second", "uid-a", 11.0)  # the rider's queued place goes
+
+    def pod(name: str, uid: str, ticket: str) -> GpuPod:
+        return GpuPod(ref=PodRef("ns-a", name), uid=uid, ticket=ticket, tenant="a",
+                      pod_class="training", band="training", demand={"gpu": 3}, group=None,
+                      group_size=1, phase="Running", gated=False, node="node-1",
+                      created=10.0, shared=claim)
+
+    listed = [pod("first", "uid-b", "tk-first"), pod("second", "uid-a", "tk-second")]
+    summary = reconcile(queue, listed, listed_at=12.0)
+    assert [r.ref.name for r in summary.riders] == ["first"]  # uid-a is older by uid
+    assert queue.tenant_status()[0].used == {"gpu": 3}
