@@ -145,7 +145,6 @@ def _clean(env: PrivateCluster) -> None:
 
 def test_reclaim_evicts_with_grace_and_the_replacement_queues(env: PrivateCluster) -> None:
     _fill_team_a(env, "train")
-    started = time.monotonic()
     user = pods_api(env.cp, "team-b")
     for name in ("b-0", "b-1"):
         user.create_namespaced_pod(B, pod_manifest(name, {"nvidia.com/gpu": 1}))
@@ -164,12 +163,12 @@ def test_reclaim_evicts_with_grace_and_the_replacement_queues(env: PrivateCluste
     # team-b gets its two GPUs, each freed by one reclaim; team-a keeps its entitlement (6)
     wait_for(lambda: running_node(env.admin, B, "b-0") and running_node(env.admin, B, "b-1"),
              RECLAIM_WAIT, "team-b's two pods to run")
-    assert time.monotonic() - started >= 2  # not before `after`
     events = _reclaim_events(env.admin)
     assert len({e.involved_object.name for e in events}) == 2, [e.message for e in events]
     assert all("team-b" in e.message for e in events), [e.message for e in events]
     records = _reclaim_records(env)
     assert len(records) == 2 and {r["tenant"] for r in records} == {"team-a"}, records
+    assert all(r["diff"]["preemption"]["ranSeconds"] >= MIN_RUNTIME for r in records), records
 
     # the ReplicaSet replaced both; the replacements are queued, not run (team-a holds 6)
     wait_for(lambda: len(_pods(env.admin, A, "app=train")) == 8, 60, "the replacements")
