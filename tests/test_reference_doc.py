@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import get_args
 
 import pytest
 from pydantic import BaseModel
 
 from fairshare.sim import trace as trace_models
+from fairshare.sim.gangs import GangOutcome
 from fairshare.sim.simulate import run_simulation
 from fairshare.sim.trace import parse_trace
 from tenants import models
@@ -75,7 +77,9 @@ def test_every_key_of_simulate_json_is_in_the_reference(redis_url: str) -> None:
         "capacity": {"gpu": 2},
         "tenants": {"team-a": {"weight": 1, "nominal": {"gpu": 1}}},
         "arrivals": [{"at": 0, "tenant": "team-a", "class": "training", "demand": {"gpu": 1},
-                      "duration": 10, "count": 3}],
+                      "duration": 10, "count": 3},
+                     {"at": 0, "tenant": "team-a", "class": "training", "demand": {"gpu": 1},
+                      "duration": 10, "group": "g", "groupSize": 2}],
         "horizon": 60,
     })
     report = run_simulation(trace, redis_url).to_json()
@@ -83,4 +87,6 @@ def test_every_key_of_simulate_json_is_in_the_reference(redis_url: str) -> None:
     keys = list(report) + list(report["tenants"]["team-a"]) + list(report["preemption"])
     keys += list(report["autoscaling"]) + list(report["autoscaling"]["wait_seconds"])
     keys += [key for waits in report["wait_seconds"].values() for key in waits]
+    keys += [key for gang in report["gangs"] for key in gang] + list(get_args(GangOutcome))
+    assert report["gangs"]  # the trace has a gang
     assert [key for key in keys if not _mentioned(key, text)] == []

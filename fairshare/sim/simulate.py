@@ -33,9 +33,13 @@ Contract:
   seconds while a pod waits (not only at arrivals and completions), as it does in a
   cluster. ``waited``: per class, how many pods did not start the instant they were
   created (still waiting at the horizon included); ``window``: the window measures
-  below. Extra attributes for tests and capacity planning: ``backlogged_utilization``
-  (utilisation of the resources that waiting pods ask for, while they wait),
-  ``gang_violations``, ``quota_violations`` (invariant 1, checked after every event, the
+  below; ``gangs``: every gang, each its :class:`~fairshare.sim.gangs.GangReport`
+  (``namespace``, ``group``, ``tenant``, ``size``, ``arrived_at``, ``released_at``, null
+  unless all its pods were released, ``wait_seconds``, ``ran_seconds``, ``outcome``: see
+  :mod:`fairshare.sim.gangs`; an empty list for a trace without gangs). Extra
+  attributes for tests and capacity planning: ``backlogged_utilization`` (utilisation
+  of the resources that waiting pods ask for, while they wait), ``gang_violations``
+  (the gangs partly released), ``quota_violations`` (invariant 1, checked after every event, the
   first ten), ``preemptions``, and ``timeline`` when asked for (``timeline_every``).
 - The timeline samples every tenant at 0, N, 2N, ... virtual seconds and at the horizon,
   after the events of that instant: ``allocated`` is what its running pods hold (and
@@ -55,6 +59,8 @@ Contract:
   so a pod running across a window edge counts in part.
 - :func:`simulate_command` is the CLI entry: trace path, ``--json``, ``--redis-url``,
   ``--timeline out.csv``, ``--timeline-every N``, ``--plot out.png``, ``--window FROM:TO``.
+  Without ``--json`` it prints :func:`report_tables`; with gangs in the trace, a table
+  of them (:func:`gang_table`: the ``GANG_ROWS`` most telling, then how many more).
 """
 
 from __future__ import annotations
@@ -63,7 +69,8 @@ import json
 import math
 import sys
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,6 +97,13 @@ from fairshare.queue.entitlement import (
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import PodRequest
 from fairshare.sim.autoscaler import SimAutoscaler
+from fairshare.sim.gangs import (
+    OUTCOME_WORDS,
+    GangReport,
+    gang_reports,
+    gang_violations,
+    most_telling,
+)
 from fairshare.sim.simcluster import Placement, PodHistory, PodSpec, SimulatedCluster, VirtualClock
 from fairshare.sim.timeline import (
     PlotUnavailableError,
@@ -146,6 +160,7 @@ class SimulationReport:
     tenants: dict[str, TenantReport]
     backlogged_utilization: float = 1.0
     gang_violations: list[str] = field(default_factory=list)
+    gangs: list[GangReport] = field(default_factory=list)
     quota_violations: list[str] = field(default_factory=list)
     preemptions: int = 0
     preempted_gpu_hours: float = 0.0
@@ -187,11 +202,22 @@ class SimulationReport:
                 "provisioned_gpus": round(self.provisioned_gpus, 2),
                 "wait_seconds": {"p50": round(_percentile(self.provisioning_waits, 0.5), 3),
                                  "max": round(max(self.provisioning_waits, default=0.0), 3)}},
+            "gangs": [_gang_json(gang) for gang in self.gangs],
         }
 
 
 def _ratio(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
+
+
+def _gang_json(gang: GangReport) -> dict[str, Any]:
+    return {
+        "namespace": gang.namespace, "group": gang.group, "tenant": gang.tenant,
+        "size": gang.size, "arrived_at": round(gang.arrived, 3),
+        "released_at": None if gang.released is None else round(gang.released, 3),
+        "wait_seconds": round(gang.wait, 3), "ran_seconds": round(gang.ran, 3),
+        "outcome": gang.outcome,
+    }
 
 
 def _window_json(window: WindowReport) -> dict[str, Any]:
@@ -438,21 +464,6 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[rank - 1]
 
 
-def _gang_violations(history: dict[str, PodHistory]) -> list[str]:
-    """Gangs whose members were not all released at one instant."""
-    gangs: dict[tuple[str, str], list[PodHistory]] = {}
-    for record in history.values():
-        if record.spec.group is not None:
-            gangs.setdefault((record.spec.namespace, record.spec.group), []).append(record)
-    problems = []
-    for (namespace, group), members in sorted(gangs.items()):
-        released = {m.released for m in members}
-        complete = len(members) == members[0].spec.group_size
-        if len(released) > 1 or (None not in released and not complete):
-            problems.append(f"{namespace}/{group}: release times {sorted(map(str, released))}")
-    return problems
-
-
 def _report(
     trace: Trace, meter: _Meter, cluster: SimulatedCluster, violations: list[str],
     timeline: list[TimelineRow], autoscaler: SimAutoscaler | None,
@@ -511,7 +522,8 @@ def _report(
             for name, t in trace.tenants.items()
         },
         backlogged_utilization=meter.waiting_utilization(),
-        gang_violations=_gang_violations(cluster.history),
+        gang_violations=gang_violations(cluster.history),
+        gangs=gang_reports(cluster.history, end),
         quota_violations=violations,
         preemptions=cluster.preemptions,
         preempted_gpu_hours=gpu_hours(lost),
@@ -696,7 +708,7 @@ def _batches(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
 
 def report_tables(report: SimulationReport) -> list[Table]:
     """The report as tables that fit 80 columns: the summary, the waits per class, the
-    tenants, and the window measures when the report has them."""
+    tenants, the gangs and the window measures when the report has them."""
     summary = Table(title="fairgate simulation", show_header=False)
     summary.add_row("Jain's index (GPU-time / entitlement)", jain_text(report.jain_index))
     summary.add_row("utilisation (busy time)", f"{report.utilization:.1%}")
@@ -723,6 +735,8 @@ def report_tables(report: SimulationReport) -> list[Table]:
                         str(t.admitted), str(t.waiting), f"{t.gpu_hours:.2f}",
                         "-" if t.cost is None else f"{t.cost:,.2f}")
     tables = [summary, waits, tenants]
+    if report.gangs:
+        tables.append(gang_table(report.gangs))
     return tables if report.window is None else [*tables, window_table(report.window)]
 
 
@@ -730,6 +744,35 @@ def render_report(report: SimulationReport, console: Console) -> None:
     """The report as tables for humans (:func:`report_tables`)."""
     for table in report_tables(report):
         console.print(table)
+
+
+GANG_ROWS = 10  # the gang table's rows at most; --json lists every gang
+
+
+def gang_table(gangs: Sequence[GangReport]) -> Table:
+    """Did each gang run, when, and whole: the :func:`~fairshare.sim.gangs.most_telling`
+    ``GANG_ROWS`` of ``gangs``, how many more there are first in the caption, and in the
+    title how many gangs had each outcome. A gang is named by its group (its namespace
+    is its tenant's, ``<tenant>-sim``), so that the table fits 80 columns."""
+    counts = Counter(gang.outcome for gang in gangs)
+    tally = ", ".join(f"{counts[outcome]} {words}" for outcome, words in OUTCOME_WORDS.items()
+                      if counts[outcome])
+    shown, more = most_telling(gangs, GANG_ROWS)
+    table = tenant_table(
+        f"gangs ({len(gangs)}): {tally}",
+        ("gang", "tenant", "size", "arrived", "released", "wait", "ran", "outcome"),
+        caption=(f"... and {more} more (--json lists every gang); " if more else "")
+        + "gang: its group, in namespace <tenant>-sim (a preempted or reclaimed gang "
+        "restarts as <group>-r1); in virtual seconds: arrived (its first pod created), "
+        "released (all its pods; - never), wait (arrival to release, or to the end), ran "
+        "(first start to last end, or to the end)",
+        names=2)
+    table.columns[-1].justify = "left"
+    for gang in shown:
+        table.add_row(gang.group, gang.tenant, str(gang.size), f"{gang.arrived:,.0f}",
+                      "-" if gang.released is None else f"{gang.released:,.0f}",
+                      f"{gang.wait:,.0f}", f"{gang.ran:,.0f}", OUTCOME_WORDS[gang.outcome])
+    return table
 
 
 def window_table(window: WindowReport) -> Table:

@@ -125,7 +125,8 @@ def test_json_output_has_exactly_the_designed_keys(redis_url: str, tmp_path: Pat
     assert simulate_command(trace, True, redis_url, out=out) == 0
     data = json.loads(out.getvalue())
     assert set(data) == {"jain_index", "utilization", "wait_seconds", "tenants", "preemption",
-                         "reclaim", "waited", "window", "autoscaling"}
+                         "reclaim", "waited", "window", "autoscaling", "gangs"}
+    assert data["gangs"] == []  # a trace without gangs
     assert data["autoscaling"] == {"requests": 0, "provisioned_gpus": 0.0,
                                    "wait_seconds": {"p50": 0.0, "max": 0.0}}
     assert set(data["window"]) == {"from", "to", "utilization", "jain_index", "tenants"}
