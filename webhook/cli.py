@@ -799,9 +799,13 @@ def _add_simulate(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
         "which every tenant has work, e.g. from the last tenant's first pod to the end.\n"
         "JSON: window.tenants.<name>.gpu_seconds, .entitled_gpu_seconds,\n"
         ".of_entitlement, .gpu_seconds_by_class, .backlogged_seconds; and waited.inference:\n"
-        "how many inference pods did not start the instant they were created.",
+        "how many inference pods did not start the instant they were created.\n"
+        "With gangs, a table says whether each ran, when, and whole: arrival, release,\n"
+        "wait, run time and outcome (ran whole, still waiting at the end, preempted, ...);\n"
+        "the ten longest waits there, every gang in JSON: gangs.",
         "  fairgate simulate examples/weights-1-2-3.yaml\n"
-        "  fairgate simulate examples/gangs.yaml --json | jq .jain_index\n"
+        "  fairgate simulate examples/gangs.yaml --json \\\n"
+        "    | jq '[.gangs[] | select(.outcome == \"waiting_at_end\") | .group]'\n"
         "  fairgate simulate examples/weights-1-2-3.yaml --timeline out.csv --timeline-every 30 "
         "--plot out.png\n"
         "  fairgate simulate examples/contention/5-staggered-join.yaml --window 3600: --json \\\n"

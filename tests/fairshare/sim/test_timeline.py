@@ -40,7 +40,7 @@ def test_timeline_samples_allocation_and_entitlement(redis_url: str, trace_path:
     # the documented keys only: the timeline stays out of the report
     assert report.to_json().keys() == {"jain_index", "utilization", "wait_seconds", "tenants",
                                        "preemption", "reclaim", "waited", "window",
-                                       "autoscaling"}
+                                       "autoscaling", "gangs"}
     for row in report.timeline:  # all training: the class split is the allocation
         assert row.by_class == {"inference": 0.0, "training": row.allocated}
 
