@@ -746,7 +746,7 @@ class Dispatcher:
         if (self.queue.release(pod.ticket, pod.uid, self.clock(), hand_over=not evicted)
                 or moved or rode):
             log.info("released usage", extra={"fields": _fields(pod, reason=why)})
-            if started is not None and pod.preempted:
+            if started is not None and pod.preempted and not evicted:  # else recorded
                 self._preempted(pod, started)
             self._record(RELEASE, pod, reason=why)
 
