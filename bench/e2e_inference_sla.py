@@ -270,14 +270,19 @@ def main() -> int:
             refills = itertools.count()
 
             def refill() -> None:
-                # The backlog waits for nominal room (its band, fixed at create, is
-                # training), so it cannot take the preempted pod's borrowed GPU: a new pod
-                # borrows it, as the preempted pod's controller would re-create it. Only
-                # once fairgate has freed the preempted pod's usage: created while the
-                # borrow limit is still full, the new pod would get the training band too.
-                if pods.running(ns_a) < CLUSTER_GPUS:
-                    wait_for(lambda: fairgate.tenant_state("team-a")["borrowed"] < 4, 60,
-                             "fairgate to free the preempted pod's borrowed usage")
+                # The preempted pod's borrowed GPU is taken again by a backlog pod queued
+                # in the borrowed band (a backlog beyond nominal is split between the
+                # bands), or, when none is, by a new pod, as the preempted pod's
+                # controller would re-create it. Only once fairgate has freed the
+                # preempted pod's usage: created while the borrow limit is still full,
+                # the new pod would get the training band.
+                def refilled() -> bool:
+                    return pods.running(ns_a) == CLUSTER_GPUS or \
+                        fairgate.tenant_state("team-a")["borrowed"] < 4
+
+                wait_for(refilled, 60, "fairgate to free the preempted pod's borrowed usage")
+                if pods.running(ns_a) < CLUSTER_GPUS and \
+                        fairgate.tenant_state("team-a")["borrowed"] < 4:
                     team_a.create_namespaced_pod(ns_a, pod_manifest(
                         f"refill-{next(refills)}", {"nvidia.com/gpu": 1}))
                 wait_for(lambda: pods.running(ns_a) == CLUSTER_GPUS, 120,

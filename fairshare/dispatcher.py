@@ -46,6 +46,17 @@ Contract:
   ``at`` (the check's time), ``last_hour`` (pods reclaimed in the last hour) and
   ``recent`` (the last ten of them: ``at``, ``pod``, ``tenant``, ``for`` (the head's
   ``namespace/name``), ``for_tenant``, ``ran_seconds``, ``gpu_equivalents``).
+- Borrowed capacity given back to inference (only with an ``evictor``; reclaim need
+  not be on): when an inference pod first seen in a batch of changes is, once the batch
+  is applied, admitted and still not bound, and the
+  capacity pushed into the queue cannot hold it besides the pods holding capacity, the
+  borrowed pods :func:`fairshare.reclaim.for_inference` picks (the youngest first, a
+  gang whole) are evicted at once through the Eviction API, before the kube-scheduler
+  has tried the pod: each gets a ``Preempted`` Warning Event and a ``preempt`` audit
+  record naming the inference pod, and counts in ``fairgate_preemptions_total``. An
+  eviction a PodDisruptionBudget refuses is left to the scheduler's preemption.
+  What a pod evicted by fairgate frees (here or by reclaim) is not handed over to its
+  tenant's next pod, and its cut run is not learnt as a run time.
 - Fencing epoch: every step first asks who the Redis primary is
   (:meth:`FairQueue.primary_epoch`); a new one (a Sentinel failover, a restart) is
   reconciled from the cluster in that same step, before anything is dispatched, since a
@@ -277,7 +288,8 @@ class Dispatcher:
         self.evictor = evictor
         self._last_reclaim = float("-inf")
         self._reclaimed: list[dict[str, Any]] = []  # the pods reclaimed in the last hour
-        self._evicting: set[str] = set()  # tickets evicted by reclaim, not released yet
+        self._evicting: set[str] = set()  # tickets fairgate evicted, not released yet
+        self._arrivals: list[str] = []  # tickets of inference pods first seen this batch
         self._heads: dict[str, Head] = {}  # key -> an entry released towards new nodes
         self._held: dict[str, str] = {}  # ticket -> its head, released but kept gated
         self._noted_heads: list[dict[str, Any]] | None = None
@@ -489,7 +501,9 @@ class Dispatcher:
     # -- pod changes ----------------------------------------------------------------------
 
     def handle(self, changes: Iterable[ClusterChange]) -> None:
-        """Bring the queue in line with each change."""
+        """Bring the queue in line with each change; then make room for the inference
+        pods that arrived and are still not bound once all of them are applied."""
+        self._arrivals = []
         for change in changes:
             if change.kind is ChangeKind.RESYNC:
                 self._need_reconcile = True
@@ -501,6 +515,11 @@ class Dispatcher:
                     self._gone(change.pod)
                 else:
                     self._seen(change.pod)
+        for ticket in self._arrivals:
+            pod = self.pods.get(ticket)
+            if pod is not None and not pod.gated and pod.node is None and not pod.deleting \
+                    and not pod.ended:
+                self._make_room(pod)
 
     def _seen(self, pod: GpuPod) -> None:
         if pod.uid in self._refused:
@@ -529,6 +548,8 @@ class Dispatcher:
         if (known is None or known.gated != pod.gated) and self._shares(pod):
             self._need_reconcile = True  # who pays for a shared claim may change
         self.pods[pod.ticket] = pod
+        if known is None and pod.band == "inference":
+            self._arrivals.append(pod.ticket)
         if pod.gated and pod.ticket in self._riders:
             self._lift_rider(pod)
         self._track(pod)
@@ -711,7 +732,7 @@ class Dispatcher:
         self._meter(pod, self.clock())
         self._metered.pop(pod.ticket, None)
         started = self._started.pop(pod.ticket, None)
-        reclaimed = pod.ticket in self._evicting
+        evicted = pod.ticket in self._evicting
         self._evicting.discard(pod.ticket)
         self._riders.pop(pod.ticket, None)
         rode = self._charged.pop(pod.ticket, None) is not None  # a rider has no ticket
@@ -722,10 +743,10 @@ class Dispatcher:
             log.info("pod sharing a ResourceClaim ended: reconciling",
                      extra={"fields": _fields(pod, reason=why)})
             self.reconcile()
-        if (self.queue.release(pod.ticket, pod.uid, self.clock(), reclaimed=reclaimed)
+        if (self.queue.release(pod.ticket, pod.uid, self.clock(), hand_over=not evicted)
                 or moved or rode):
             log.info("released usage", extra={"fields": _fields(pod, reason=why)})
-            if started is not None and pod.preempted:
+            if started is not None and pod.preempted and not evicted:  # else recorded
                 self._preempted(pod, started)
             self._record(RELEASE, pod, reason=why)
 
@@ -1135,6 +1156,55 @@ class Dispatcher:
         self.cluster.post_event(pod, "Reclaimed", f"Evicted: {reason}", "Warning")
         self._record(RECLAIM, pod, reason=reason,
                      diff=preempt_detail(pod.band, ran, f"{hold.namespace}/{hold.name}"))
+
+    # -- borrowed capacity returned to inference ---------------------------------------
+
+    def _make_room(self, arrival: GpuPod) -> None:
+        """Evict the borrowed pods :func:`fairshare.reclaim.for_inference` picks for the
+        inference pod ``arrival``, just admitted and not bound, when the capacity pushed
+        into the queue cannot hold it besides the pods holding capacity (those being
+        deleted, evicted or riding on a shared claim left out: they free or hold nothing
+        more)."""
+        if self.evictor is None or self._synced is None:
+            return
+        capacity = self._synced[1]
+        used: dict[str, int] = {}
+        for ticket, pod in self.pods.items():
+            if pod.holds_capacity and not pod.deleting and ticket not in self._evicting \
+                    and ticket not in self._riders:
+                for key, n in pod.demand.items():
+                    used[key] = used.get(key, 0) + n
+        short = {key: min(n, used.get(key, 0) - capacity.get(key, 0))
+                 for key, n in arrival.demand.items() if n > 0}
+        if all(n <= 0 for n in short.values()):
+            return
+        now = self.clock()
+        lent = {ticket: pod for ticket, pod in self.pods.items()
+                if pod.band == "borrowed" and pod.node is not None and pod.holds_capacity
+                and not pod.deleting and ticket not in self._evicting}
+        started = {ticket: self._started.get(ticket, now) for ticket in lent}
+        for victim in reclaim.for_inference(short, reclaim.victims(lent, started)):
+            for ticket in victim.tickets:
+                self._return_borrowed(lent[ticket], arrival, now)
+
+    def _return_borrowed(self, pod: GpuPod, arrival: GpuPod, now: float) -> None:
+        assert self.evictor is not None
+        outcome = self.evictor.evict(pod)
+        if outcome != EVICTED:  # a disruption budget, or gone: the scheduler decides
+            log.info("borrowed pod not evicted for inference",
+                     extra={"fields": _fields(pod, outcome=outcome, inference=str(arrival.ref))})
+            return
+        self._evicting.add(pod.ticket)
+        ran = max(0.0, now - self._started.get(pod.ticket, now))
+        reason = (f"evicted for inference pod {arrival.ref} of tenant {arrival.tenant} after "
+                  f"{ran:.1f}s running: borrowed capacity is given back as soon as inference "
+                  "needs it")
+        log.info("borrowed pod evicted for inference",
+                 extra={"fields": _fields(pod, inference=str(arrival.ref), ran_seconds=ran)})
+        self.metrics.observe_preemption(pod.tenant, ran * pod.slices / SLICES_PER_GPU)
+        self.cluster.post_event(pod, "Preempted", f"Evicted: {reason}", "Warning")
+        self._record(PREEMPT, pod, reason=reason,
+                     diff=preempt_detail(pod.band, ran, str(arrival.ref)))
 
     def _budget_pass(self, now: float, config: FairgateConfig, spend: SpendSource) -> None:
         """Compute month-to-date spend, store and audit the budget states, and sync the

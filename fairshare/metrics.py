@@ -41,7 +41,8 @@ Contract: every :class:`DispatcherMetrics` owns its own ``CollectorRegistry``.
   ``fairgate_tenant_gpu_seconds_total{tenant, class, band, resource}`` in GPU-equivalent
   seconds (slices / 7), ``fairgate_tenant_cost_total{tenant, currency}`` at the prices of
   ``pricing`` in platform.yaml, ``fairgate_preemptions_total{tenant}`` (pods that ran and
-  were preempted by the scheduler) and ``fairgate_preempted_gpu_seconds_total{tenant}``
+  were preempted by the scheduler, or evicted by fairgate to give borrowed capacity
+  back to inference) and ``fairgate_preempted_gpu_seconds_total{tenant}``
   (the GPU-equivalent seconds they had run: lost work); the same for reclaim
   (``fairShare.reclaim``): ``fairgate_reclaims_total{tenant}``, pods fairgate evicted
   from a tenant for another one owed its fair share, and
@@ -162,7 +163,9 @@ class DispatcherMetrics:
                             "Cost of a tenant's GPU-time at the platform's prices.",
                             ["tenant", "currency"], registry=r)
         self.preemptions = Counter("fairgate_preemptions_total",
-                                   "Pods that ran and were preempted by the scheduler.",
+                                   "Pods that ran and were preempted: by the scheduler, or "
+                                   "evicted by fairgate to give borrowed capacity back to "
+                                   "inference.",
                                    ["tenant"], registry=r)
         self.preempted_gpu_seconds = Counter(
             "fairgate_preempted_gpu_seconds_total",

@@ -23,6 +23,13 @@ docs/fairness.md, "Reclaim"):
 - :func:`victims` groups running pods into candidates: a pod without a gang is one; a
   gang is one only when all its ``group_size`` members are running and known (a
   gang is reclaimed whole or not at all).
+- :func:`for_inference` is the other eviction: borrowed capacity returned to inference.
+  It gets what the cluster lacks, per capacity key, once an inference pod just admitted
+  is counted, and the running borrowed candidates; it returns the youngest of them
+  first (a gang whole) until that shortfall is covered, or as far as they go. Borrowed
+  pods are preemptible by definition: no label, ``after`` or ``minRuntime`` applies, and
+  reclaim need not be on. These are the pods the kube-scheduler would preempt for the
+  inference pod (the lowest priority, the latest started), taken before it tries.
 - :func:`notes` is what the dispatcher stores after each check for ``fairgate status``,
   ``fairgate why`` and the console (see :mod:`fairshare.dispatcher`);
   :func:`fairshare.status.reclaim_lines` says it in words.
@@ -144,12 +151,33 @@ def choose(
         left.remove(pick)
         budget -= pick.pods
         taken[pick.tenant] = taken.get(pick.tenant, 0.0) + pick.gpus
-        for key, n in pick.demand.items():
-            if key in lacking:
-                lacking[key] -= n
-                if lacking[key] <= 0:
-                    del lacking[key]
+        _cover(lacking, pick)
     return chosen
+
+
+def for_inference(short: Mapping[str, int], borrowed: Sequence[Victim]) -> list[Victim]:
+    """The borrowed victims to evict so that an inference pod fits: ``short`` is what
+    capacity lacks per key with it counted (keys it does not ask for left out),
+    ``borrowed`` the candidates (see the module contract)."""
+    lacking = {key: n for key, n in short.items() if n > 0}
+    chosen: list[Victim] = []
+    for victim in sorted(borrowed, key=lambda v: (-v.started, v.key)):
+        if not lacking:
+            break
+        if not any(lacking.get(key, 0) > 0 and n > 0 for key, n in victim.demand.items()):
+            continue
+        chosen.append(victim)
+        _cover(lacking, victim)
+    return chosen
+
+
+def _cover(lacking: dict[str, int], victim: Victim) -> None:
+    """Take what evicting ``victim`` frees off ``lacking`` (keys covered are dropped)."""
+    for key, n in victim.demand.items():
+        if key in lacking:
+            lacking[key] -= n
+            if lacking[key] <= 0:
+                del lacking[key]
 
 
 def victims(running: Mapping[str, GpuPod], started: Mapping[str, float]) -> list[Victim]:

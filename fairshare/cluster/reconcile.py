@@ -186,6 +186,6 @@ def reconcile(
         # a rider is charged nothing, also when its ticket was released lately (the
         # rebuild keeps such in-flight tickets): the charge moved to another pod of the
         # claim. Nothing is handed over or learnt: the pod has not ended.
-        queue.release(rider.ticket, rider.uid, listed_at, reclaimed=True)
+        queue.release(rider.ticket, rider.uid, listed_at, hand_over=False)
     return ReconcileSummary(len(truth.running), len(truth.gated), truth.skipped,
                             truth.owners, truth.twins, truth.riders)

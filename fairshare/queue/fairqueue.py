@@ -221,7 +221,7 @@ class FairQueue:
         return releases
 
     def release(self, ticket: str, uid: str, now: float | None = None,
-                reclaimed: bool = False) -> bool:
+                hand_over: bool = True) -> bool:
         """The pod ``uid`` holding ``ticket`` ended or was deleted: free its usage or
         queue place.
 
@@ -229,12 +229,13 @@ class FairQueue:
         no pod was seen with yet is freed by any. ``now``: when (the clock of
         :meth:`dispatch`); the tenant's service (virtual time, or decayed usage) is
         counted up to it (without it, only up to the tenant's last change: pass it
-        whenever the time is known, as the dispatcher does). ``reclaimed``: the pod was
-        evicted by reclaim: what it frees is not handed over to its tenant's next pod
-        (it was freed for the owed tenant), and its cut run is not learnt as a run time.
+        whenever the time is known, as the dispatcher does). ``hand_over=False``: what
+        the pod frees is not handed over to its tenant's next pod (it was evicted for
+        another tenant, or another pod now pays for what it held), and its run, cut
+        short, is not learnt as a run time.
         Idempotent; returns False when the ticket was unknown or belongs to another pod.
         """
-        mode = "reclaimed" if reclaimed else "any"
+        mode = "any" if hand_over else "reclaimed"
         return bool(self._run("forget", ticket, mode, uid, *_clock(now)))
 
     def remove(self, ticket: str, uid: str, now: float | None = None) -> bool:

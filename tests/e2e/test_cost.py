@@ -80,7 +80,7 @@ def test_a_pod_running_a_measured_interval_is_billed_within_a_second(
     assert data["idle_gpu_hours"] is not None  # the dispatcher recorded the capacity
 
 
-def test_a_borrower_the_scheduler_preempts_is_recorded_and_billed_as_preempted(
+def test_a_borrower_evicted_for_inference_is_recorded_and_billed_as_preempted(
     env: PrivateCluster,
 ) -> None:
     controlplane, fairgate = env.cp, env.fairgate
@@ -104,6 +104,8 @@ def test_a_borrower_the_scheduler_preempts_is_recorded_and_billed_as_preempted(
     (record,) = wait_for(lambda: _records(fairgate.redis_url, "preempt", evicted), 30,
                          f"a preempt record for {evicted}")
     assert record["tenant"] == "team-a" and record["diff"]["preemption"]["band"] == "borrowed"
+    assert record["diff"]["preemption"]["preemptor"] == f"{ns_b}/server", record
+    assert "evicted for inference pod" in record["reason"], record
     assert record["diff"]["preemption"]["ranSeconds"] > 0
     data = _report(fairgate, began)
     (row,) = [r for r in data["rows"] if r["tenant"] == "team-a"]

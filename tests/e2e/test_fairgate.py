@@ -204,12 +204,15 @@ def test_pod_that_can_never_fit_is_refused_with_fairgates_message(
 # 4 -------------------------------------------------------------------------------------
 
 
-def test_inference_preempts_borrowed_training_through_the_real_scheduler(
+def test_inference_takes_back_borrowed_capacity_as_it_is_admitted(
     controlplane: ControlPlane,
     kubelet: FakeKubelet,
     fairgate: FairgateStack,
     tenant_pods: None,
 ) -> None:
+    """Exactly one borrowed pod goes for a 1-GPU inference pod: fairgate's dispatcher
+    evicts it through the Eviction API as the pod is admitted (its Event says so), and
+    the kube-scheduler, trying the pod meanwhile, takes no second one."""
     ns_a, ns_b = tenant_namespace("team-a"), tenant_namespace("team-b")
     team_a, team_b = pods_api(controlplane, "team-a"), pods_api(controlplane, "team-b")
     # team-a: nominal 4 GPUs + borrowLimit 4: eight 1-GPU trainers fill all 8 GPUs.
@@ -241,6 +244,14 @@ def test_inference_preempts_borrowed_training_through_the_real_scheduler(
     survivors = {p.metadata.name for p in team_a.list_namespaced_pod(ns_a).items}
     evicted = set(trainers) - survivors
     assert len(evicted) == 1 and evicted <= borrowed, (evicted, borrowed)
+    (victim,) = evicted
+    admin: Any = client.CoreV1Api(controlplane.admin)
+    message = wait_for(lambda: event_message(admin, ns_a, victim, "Preempted"), 30,
+                       "fairgate's Event on the evicted pod")
+    assert f"evicted for inference pod {ns_b}/server of tenant team-b" in message, message
+    time.sleep(3)  # a second eviction, by either, would show by now
+    assert len(set(trainers) - {p.metadata.name
+                                for p in team_a.list_namespaced_pod(ns_a).items}) == 1
 
 
 # 5 -------------------------------------------------------------------------------------

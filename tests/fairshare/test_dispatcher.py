@@ -11,7 +11,7 @@ import pytest
 import redis
 from rich.console import Console
 
-from audit import CAPACITY, DISPATCH, RECLAIM, RELEASE, START, AuditLog
+from audit import CAPACITY, DISPATCH, PREEMPT, RECLAIM, RELEASE, START, AuditLog
 from fairshare.cluster.cluster import (
     CapacityReport,
     ChangeKind,
@@ -27,7 +27,7 @@ from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import PodRequest
 from fairshare.sim.simcluster import PodSpec, SimulatedCluster, VirtualClock
 from fairshare.status import reclaim_lines, render_status, status_report, why_report
-from tenants.models import FairgateConfig, FairShareSpec
+from tenants.models import FairgateConfig, FairShareSpec, PriorityClasses
 from tests.fairshare.simkit import admit_hook, make_config, make_rig
 
 TEAM_A = {"team-a": {"weight": 1, "nominal": {"gpu": 4}}}
@@ -603,3 +603,74 @@ def test_reclaim_lines_leave_out_reclaims_of_tenants_not_seen() -> None:
     assert len(reclaim_lines(notes)) == 2
     assert len(reclaim_lines(notes, lambda t: t == "new")) == 1  # old's pod is not shown
     assert reclaim_lines(None) == []  # no dispatcher has checked yet
+
+
+def _lending_rig(redis_url: str, audit: AuditLog | None = None) -> Any:
+    """8 GPUs: "lender" (nominal 4) sends nothing, so "borrower" (nominal 4, borrowLimit 4)
+    fills all 8 with 1-GPU training pods, one a second from 1,000 s (the last four
+    borrowed). This simulated scheduler does not preempt for inference (its class says
+    Never), so only the dispatcher can make room."""
+    tenants = {"lender": {"nominal": {"gpu": 4}},
+               "borrower": {"nominal": {"gpu": 4}, "borrowLimit": {"gpuEquivalents": 4}}}
+    rig = make_rig(redis_url, tenants, {"gpu": 8}, audit=audit)
+    rig.cluster.priority_classes = PriorityClasses.model_validate(
+        {"inference": {"name": "fairgate-inference", "value": 100000,
+                       "preemptionPolicy": "Never"}})
+    rig.dispatcher.evictor = rig.cluster
+    for i in range(8):
+        rig.at(1_000.0 + i)
+        rig.pod(f"train-{i}", tenant="borrower", duration=3600)
+        rig.settle()
+    assert [p.band for p in _running_of(rig, "borrower")] == ["training"] * 4 + ["borrowed"] * 4
+    return rig
+
+
+def _running_of(rig: Any, tenant: str) -> list[GpuPod]:
+    return sorted((p for p in rig.cluster.list_pods()
+                   if p.tenant == tenant and p.phase == "Running"), key=lambda p: p.created)
+
+
+def test_inference_takes_back_lent_capacity_at_once(redis_url: str) -> None:
+    """A 2-GPU inference pod of the lender: the two youngest borrowed pods are evicted as
+    it is admitted (no training-band pod, nothing more), it runs, and each eviction has
+    its Event, ``preempt`` record and metric."""
+    audit = AuditLog(redis.Redis.from_url(redis_url), out=io.StringIO())
+    rig = _lending_rig(redis_url, audit)
+    rig.at(1_100.0)
+    rig.pod("serve", tenant="lender", pod_class="inference", demand={"gpu": 2})
+    rig.settle()
+    assert [p.ref.name for p in _running_of(rig, "lender")] == ["serve"]
+    assert sorted(h.spec.name for h in rig.cluster.history.values() if h.reclaimed) == \
+        ["train-6", "train-7"]
+    warned = [e for e in rig.cluster.events if e.reason == "Preempted"]
+    assert [e.type_ for e in warned] == ["Warning", "Warning"]
+    assert "evicted for inference pod lender-ns/serve of tenant lender" in warned[0].message
+    records = [e.record for e in audit.entries()
+               if e.record is not None and e.record.decision == PREEMPT]
+    assert sorted(r.name for r in records) == ["train-6", "train-7"]
+    text = rig.dispatcher.metrics.render().decode()
+    assert 'fairgate_preemptions_total{tenant="borrower"} 2.0' in text
+    # the replacements of the evicted pods wait: the lender's quota is its own again
+    assert len(_running_of(rig, "borrower")) == 6
+
+
+def test_inference_that_fits_evicts_nothing(redis_url: str) -> None:
+    rig = _lending_rig(redis_url)
+    rig.at(1_100.0)
+    rig.cluster.delete_pod(_running_of(rig, "borrower")[-1].uid)  # one GPU frees
+    rig.settle()
+    rig.pod("serve", tenant="lender", pod_class="inference", demand={"gpu": 1})
+    rig.settle()
+    assert [p.ref.name for p in _running_of(rig, "lender")] == ["serve"]
+    assert not [h for h in rig.cluster.history.values() if h.reclaimed]
+    assert not [e for e in rig.cluster.events if e.reason == "Preempted"]
+
+
+def test_no_eviction_for_inference_without_an_evictor(redis_url: str) -> None:
+    rig = _lending_rig(redis_url)
+    rig.dispatcher.evictor = None
+    rig.at(1_100.0)
+    rig.pod("serve", tenant="lender", pod_class="inference", demand={"gpu": 1})
+    rig.settle()
+    assert not [h for h in rig.cluster.history.values() if h.reclaimed]
+    assert len(_running_of(rig, "borrower")) == 8

@@ -1,4 +1,5 @@
-"""The reclaim rule (fairshare.reclaim.choose), table by table, and its potential."""
+"""The reclaim rule (fairshare.reclaim.choose), table by table, and its potential; the
+borrowed pods given back to inference (fairshare.reclaim.for_inference)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairshare.reclaim import Owed, Standing, Victim, choose
+from fairshare.reclaim import Owed, Standing, Victim, choose, for_inference
 from tenants.models import ReclaimSpec
 
 SPEC = ReclaimSpec.model_validate({"after": "5m", "minRuntime": "30m", "perHour": 4})
@@ -120,3 +121,27 @@ def test_every_reclaim_lowers_the_potential_and_cannot_be_reversed(
         back = Owed(v.tenant, {"gpu": 1}, {"gpu": 1}, NOW - 600)
         theirs = [pod(f"r{i}", tenant="new", gpus=1) for i in range(int(moved))]
         assert choose(back, after, theirs, spec, NOW, []) == []
+
+
+@pytest.mark.parametrize(
+    ("case", "short", "borrowed", "expected"),
+    [
+        ("nothing short, nothing evicted", {"gpu": 0}, [pod("a", gpus=1)], []),
+        ("the youngest first, no more than is short", {"gpu": 2},
+         [pod(k, gpus=1, started=NOW - 100 + i) for i, k in enumerate("abcd")], ["d", "c"]),
+        ("a gang whole, though it frees more than is short", {"gpu": 1},
+         [pod("g", gpus=4, pods=4, started=NOW - 10), pod("a", gpus=1, started=NOW - 50)],
+         ["g"]),
+        ("a pod that frees nothing short is kept", {"gpu": 1},
+         [pod("m", gpus=0, started=NOW), pod("a", gpus=1, started=NOW - 50)], ["a"]),
+        ("as far as the borrowed pods go", {"gpu": 3}, [pod("a", gpus=1)], ["a"]),
+        ("each resource short is covered", {"gpu": 1, "mig-1g.10gb": 1},
+         [Victim("m", "old", {"mig-1g.10gb": 1}, NOW - 500),
+          pod("a", gpus=1, started=NOW - 400), pod("b", gpus=1, started=NOW - 300)],
+         ["b", "m"]),
+    ],
+)
+def test_borrowed_pods_given_back_to_inference(case: str, short: dict[str, int],
+                                               borrowed: list[Victim],
+                                               expected: list[str]) -> None:
+    assert keys(for_inference(short, borrowed)) == expected, case

@@ -31,8 +31,8 @@ class _Recording(FairQueue):
         return next(s.used_slices for s in self.tenant_status() if s.tenant == "team-a")
 
     def release(self, ticket: str, uid: str, now: float | None = None,
-                reclaimed: bool = False) -> bool:
-        released = super().release(ticket, uid, now, reclaimed=reclaimed)
+                hand_over: bool = True) -> bool:
+        released = super().release(ticket, uid, now, hand_over=hand_over)
         self.seen.append(self.used())
         return released
 

@@ -290,11 +290,11 @@ class QueueMachine(RuleBasedStateMachine):
 
     @rule(index=st.integers(0, 10_000), states=st.just("QGRA"), reclaimed=st.booleans())
     def release(self, index: int, states: str, reclaimed: bool) -> None:
-        """A pod ends or is deleted (``reclaimed``: evicted by reclaim)."""
+        """A pod ends or is deleted (``reclaimed``: evicted for another tenant)."""
         ticket = self.pick(index, states)
         if ticket is not None:
             uid = pod_uid(ticket)
-            assert self.queue.release(ticket, uid, self.now, reclaimed=reclaimed) == \
+            assert self.queue.release(ticket, uid, self.now, hand_over=not reclaimed) == \
                 self.ref.release(ticket, False, uid, self.now, reclaimed)
             assert not self.queue.release(ticket, uid, self.now)
 
