@@ -33,8 +33,11 @@ Contract:
   unless recorded otherwise): when the charge of a shared claim moves to it or away
   from it. What is recorded is what the queue's usage was rebuilt with.
 - Reclaim (``fairShare.reclaim``, off unless set, and only with an ``evictor``): every
-  ``reclaim_every`` seconds the first training hold (the head owed the next capacity)
-  is checked; :func:`fairshare.reclaim.choose` picks what to evict for it from the pods
+  ``reclaim_every`` seconds, and at the first step after every pod the last check
+  evicted is gone (its head is then released, and the next one may be owed: a newcomer
+  owed many pods is not held to one a check), the first training hold (the head owed
+  the next capacity) is checked; :func:`fairshare.reclaim.choose` picks what to evict
+  for it from the pods
   running (their start as this dispatcher saw it), each victim pod is evicted through
   the Eviction API, gets a ``Reclaimed`` Warning Event and a ``reclaim`` audit record
   naming the head, and counts in ``fairgate_reclaims_total``. No new reclaim is made
@@ -278,6 +281,7 @@ class Dispatcher:
         self._last_reclaim = float("-inf")
         self._reclaimed: list[dict[str, Any]] = []  # the pods reclaimed in the last hour
         self._evicting: set[str] = set()  # tickets evicted by reclaim, not released yet
+        self._recheck = False  # the last check evicted: check again once they are gone
         self._heads: dict[str, Head] = {}  # key -> an entry released towards new nodes
         self._held: dict[str, str] = {}  # ticket -> its head, released but kept gated
         self._noted_heads: list[dict[str, Any]] | None = None
@@ -1073,8 +1077,10 @@ class Dispatcher:
                     self._meter(pod, now)
             self._check_drift(snapshot.tenants)
             self._queued_events(now)
-        if now - self._last_reclaim >= self.settings.reclaim_every:
+        if now - self._last_reclaim >= self.settings.reclaim_every or (
+                self._recheck and not self._evicting & self.pods.keys()):
             self._last_reclaim = now
+            self._recheck = False
             self._reclaim(now)
 
     # -- reclaim (fairShare.reclaim) ----------------------------------------------------
@@ -1082,7 +1088,8 @@ class Dispatcher:
     def _reclaim(self, now: float) -> None:
         """With ``fairShare.reclaim`` on, evict for the owed training head what
         :func:`fairshare.reclaim.choose` picks; one reclaim at a time (none while the
-        pods of the last one are still terminating)."""
+        pods of the last one are still terminating; once they are gone, the next step
+        checks again)."""
         spec = self._synced[0].platform.fair_share.reclaim if self._synced else None
         if self.evictor is None:
             spec = None
@@ -1123,6 +1130,7 @@ class Dispatcher:
                      extra={"fields": _fields(pod, outcome=outcome, owed=for_whom)})
             return
         self._evicting.add(pod.ticket)
+        self._recheck = True
         ran = max(0.0, now - self._started.get(pod.ticket, now))
         self._reclaimed.append({
             "at": now, "pod": str(pod.ref), "tenant": pod.tenant,
