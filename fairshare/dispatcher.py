@@ -316,6 +316,7 @@ class Dispatcher:
         )
         self._event_cursor = 0
         self._started: dict[str, float] = {}  # ticket -> when this dispatcher saw it running
+        self._released: dict[str, float] = {}  # ticket -> when this dispatcher released it
         self._metered: dict[str, float] = {}  # ticket -> GPU-time counted in metrics up to
         self._recorded_capacity: dict[str, int] | None = None
         self._recorded_prices: dict[str, Any] | None = None
@@ -477,6 +478,8 @@ class Dispatcher:
         for ticket in set(self._started) - set(self.pods):  # ended while not watched
             self._started.pop(ticket)
             self._metered.pop(ticket, None)
+        for ticket in set(self._released) - set(self.pods):
+            self._released.pop(ticket)
         for pod in self.pods.values():
             self._track(pod)
             self._check_started(pod)
@@ -715,6 +718,7 @@ class Dispatcher:
         self._meter(pod, self.clock())
         self._metered.pop(pod.ticket, None)
         started = self._started.pop(pod.ticket, None)
+        self._released.pop(pod.ticket, None)
         reclaimed = pod.ticket in self._evicting
         self._evicting.discard(pod.ticket)
         self._riders.pop(pod.ticket, None)
@@ -876,6 +880,7 @@ class Dispatcher:
                 if record is not None}
 
     def _admitted(self, pod: GpuPod, release: Release) -> None:
+        self._released[pod.ticket] = self.clock()
         waited = release.waited_seconds
         self.metrics.wait.labels(pod.pod_class, pod.tenant).observe(waited)
         self.metrics.admitted.labels(pod.pod_class, pod.tenant).inc()
@@ -1115,7 +1120,8 @@ class Dispatcher:
                      for name, t in fair.tenants.items()}
         running = {ticket: pod for ticket, pod in self.pods.items()
                    if pod.phase == "Running" and not pod.gated and not pod.deleting}
-        chosen = reclaim.choose(owed, standings, reclaim.victims(running, self._started),
+        chosen = reclaim.choose(owed, standings,
+                                reclaim.victims(running, self._started, self._released),
                                 spec, now, [r["at"] for r in self._reclaimed])
         for victim in chosen:
             for ticket in victim.tickets:
