@@ -65,6 +65,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -559,9 +560,7 @@ def measure(scenario: Scenario, records: list[PodRecord], began: float,
         result["entitled_after_s"] = (round(max(times) - start, 1)
                                       if len(times) == len(reached) else None)
         result["preempted_gpu_s"] = round(sum(r.gpus * ran for r, ran in preempted), 1)
-        reasons: dict[str, int] = {}
-        for r, _ in preempted:
-            reasons[r.disrupted_by or "none"] = reasons.get(r.disrupted_by or "none", 0) + 1
+        reasons = Counter(r.disrupted_by or "no condition" for r, _ in preempted)
         result["preempted_by"] = dict(sorted(reasons.items()))
         if scenario.settle is not None:
             late = sum(1 for r, _ in preempted if r.ended is not None

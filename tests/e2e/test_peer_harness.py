@@ -254,7 +254,7 @@ def test_measure_tells_when_the_newcomer_held_its_share_and_what_preemption_cost
     assert result["preempted"] == 3
     assert result["preempted_gpu_s"] == 14 + 20 + 5
     assert result["preempted_by"] == {"EvictionByEvictionAPI": 1, "PreemptionByScheduler": 1,
-                                      "none": 1}
+                                      "no condition": 1}
     assert result["preempted_after_settle"] == 2
     assert result["preempted_per_hour_after_settle"] == round(2 * 3600 / 24, 1)
 
