@@ -24,6 +24,19 @@ Scenarios (time compressed: pods of seconds):
   latest and heaviest) 4, a whole node each (6 s pods).
 - inference: 8 GPUs, team-a's training backlog (1 GPU, 30 s) fills the cluster
   (borrowing team-b's nominal 4); team-b sends 1-GPU inference pods every 3 s.
+- newcomer (reclaim): 16 GPUs as two nodes of 8, two tenants of weight 1 (Kueue: nominal
+  8 each); team-a fills the cluster with 16 preemptible 1-GPU pods of 8 hours (none ends
+  in the run); team-b joins 60 s later with 16 such pods. fairgate runs with
+  `fairShare.reclaim` on (RECLAIM) and every tenant's nominal quota the whole cluster,
+  so no pod is in the borrowed band and only reclaim moves GPUs between tenants; Kueue
+  preempts by fair sharing (every pod of the same priority).
+- newcomer-borrowed: the same trace, fairgate only, with the quotas of the other rows
+  (nominal 8, borrow limit 8): team-a's pods beyond its nominal run in the borrowed
+  band, which team-b's pods within nominal preempt through the kube-scheduler.
+- two-backlogged (reclaim): 16 GPUs, two tenants of weight 1, both backlogged from the
+  start (creates interleaved, so each runs 8 at once) with preemptible 1-GPU pods of
+  90 s (team-a) and 120 s (team-b) that keep the cluster turning over; quotas and
+  reclaim as in newcomer. Preemptions per hour after a settling time of 60 s.
 - release: 200 GPUs (2 nodes of 100) held by two 100-GPU pods, a backlog of
   `--release-backlog` (2,000) one-GPU pods; both holders finish at once: how fast are
   pods ungated. Also the pod create call latency, 30 pods one at a time, before the
@@ -33,6 +46,10 @@ Per scenario and system: each tenant's GPU-time share over the window in which e
 tenant has a backlog (from the last tenant's first pod to the end) against its
 entitlement (weight / sum of weights), Jain's index of share / entitlement, utilisation
 (GPU-time / capacity x window), pods preempted, inference create-to-Running p50 / p99.
+With preemptible pods (the reclaim scenarios) also: seconds from the last tenant's
+first pod until every tenant has held its entitled GPUs, the GPU-seconds preempted pods
+had run, who ended them (the reason of their DisruptionTarget condition), and with a
+settling time the preemptions per hour after it (see `measure`).
 Prints one Markdown table; `--json` writes every number.
 """
 
@@ -48,6 +65,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -69,7 +87,12 @@ from kubernetes.client.exceptions import ApiException
 GPU = "nvidia.com/gpu"
 DURATION = "bench.fairgate.io/duration"
 INFERENCE_PRIORITY = "bench-inference"  # Kueue's way to say inference: pod priority
+PREEMPTIBLE = "fairgate.io/preemptible"  # fairgate's label: reclaim may evict the pod
 SYSTEMS = ("fairgate", "kueue")
+# fairgate's fairShare.reclaim in the reclaim scenarios: what the docs suggest for 8-hour
+# pods (after 5m, minRuntime 30m, perHour 12) at the runs' scale of one second a minute
+RECLAIM = "{after: 5s, minRuntime: 30s, perHour: 720}"
+HOUR = 3600.0
 
 
 @dataclass(frozen=True)
@@ -84,6 +107,7 @@ class Stream:
     duration: float
     every: float = 0.0
     inference: bool = False
+    preemptible: bool = False  # fairgate: labelled PREEMPTIBLE (Kueue: same priority)
 
 
 @dataclass(frozen=True)
@@ -94,8 +118,20 @@ class Scenario:
     streams: tuple[Stream, ...]
     # seconds from the first create to the end of the measurement: the shares window
     # (from the last backlog's first pod) covers at least 30 pod lengths, the span over
-    # which fairness is defined (docs/fairness.md), and every backlog outlasts it
+    # which fairness is defined (docs/fairness.md), and every backlog outlasts it (the
+    # reclaim scenarios, whose pods outlast the run or turn over a few times, excepted)
     horizon: float
+    # fairgate's fairShare.reclaim (a YAML flow mapping; "": off)
+    reclaim: str = ""
+    # fairgate's quotas: False, those of Kueue's ClusterQueues with the rest of the
+    # cluster as borrow limit (see System._install_fairgate); True, the whole cluster as
+    # every tenant's nominal: no borrowed band, so the kube-scheduler never preempts one
+    # tenant's training for another's and only reclaim moves GPUs between tenants
+    whole_nominal: bool = False
+    # seconds from the first create after which preemptions count as churn (None: not
+    # measured); measure() reports them per hour
+    settle: float | None = None
+    systems: tuple[str, ...] = SYSTEMS  # the systems it is run with
 
     @property
     def capacity(self) -> int:
@@ -105,6 +141,11 @@ class Scenario:
 def scenarios() -> dict[str, Scenario]:
     two = (Tenant("team-a", 1, 4), Tenant("team-b", 1, 4))
     eight = (whole_gpu_node("gpu-0", 4), whole_gpu_node("gpu-1", 4))
+    sixteen = (whole_gpu_node("gpu-0", 8), whole_gpu_node("gpu-1", 8))
+    two_of_16 = (Tenant("team-a", 1, 8), Tenant("team-b", 1, 8))
+    eight_hours = 8 * HOUR
+    newcomer = (Stream("team-a", 0, 16, 1, eight_hours, preemptible=True),
+                Stream("team-b", 60, 16, 1, eight_hours, preemptible=True))
     return {s.name: s for s in (
         Scenario("head-start", (whole_gpu_node("gpu-0", 8),), two,
                  (Stream("team-a", 0, 40, 8, 4), Stream("team-b", 30, 40, 8, 4)), 150),
@@ -120,6 +161,13 @@ def scenarios() -> dict[str, Scenario]:
         Scenario("inference", eight, two,
                  (Stream("team-a", 0, 100, 1, 30),
                   Stream("team-b", 10, 20, 1, 2, every=3, inference=True)), 75),
+        Scenario("newcomer", sixteen, two_of_16, newcomer, 240, RECLAIM, whole_nominal=True),
+        Scenario("newcomer-borrowed", sixteen, two_of_16, newcomer, 240, RECLAIM,
+                 systems=("fairgate",)),
+        Scenario("two-backlogged", sixteen, two_of_16,
+                 (Stream("team-a", 0, 120, 1, 90, every=0.2, preemptible=True),
+                  Stream("team-b", 0.1, 100, 1, 120, every=0.2, preemptible=True)),
+                 600, RECLAIM, whole_nominal=True, settle=60),
     )}
 
 
@@ -144,6 +192,7 @@ class PodRecord:
     running: float | None = None
     ended: float | None = None
     finish_asked: bool = False
+    disrupted_by: str | None = None  # reason of its DisruptionTarget condition, if any
 
 
 class PodLog:
@@ -220,6 +269,10 @@ class PodLog:
                      or pod.status.phase in ("Succeeded", "Failed"))
             if ended and record.ended is None:
                 record.ended = now
+            if record.disrupted_by is None:
+                record.disrupted_by = next(
+                    (c.reason for c in pod.status.conditions or []
+                     if c.type == "DisruptionTarget" and c.status == "True"), None)
 
     def _finish_loop(self) -> None:
         with self._due_ready:
@@ -246,10 +299,14 @@ class System:
 
     def __init__(self, name: str, cp: ControlPlane, work_dir: Path, capacity: int,
                  tenants: Sequence[Tenant], stack: contextlib.ExitStack,
-                 largest: dict[str, int] | None = None) -> None:
-        """`largest`: each tenant's largest pod, in GPUs (see _install_fairgate)."""
+                 largest: dict[str, int] | None = None, reclaim: str = "",
+                 whole_nominal: bool = False) -> None:
+        """`largest`: each tenant's largest pod, in GPUs; `reclaim`, `whole_nominal`:
+        fairgate's, as Scenario has them (see fairgate_config)."""
         self.name = name
         self.largest = dict(largest or {})
+        self.reclaim = reclaim
+        self.whole_nominal = whole_nominal
         self.cp = cp
         self.tenants = tuple(tenants)
         self.capacity = capacity
@@ -265,24 +322,10 @@ class System:
             self._install_kueue()
 
     def _install_fairgate(self) -> None:
-        """Same weights and nominal quotas as Kueue, the rest of the cluster as borrow
-        limit; but fairgate admits a pod whole within its nominal quota or whole within
-        its borrow limit, so a nominal smaller than the tenant's largest pod is raised to
-        it (head-start: nominal 8 of 8 GPUs each, as the simulator's traces have it)."""
-        lines = ["platformAdmins: {groups: [platform-team], users: []}", "capacity: {}",
-                 "tenants:"]
-        quotas = {}
-        for t in self.tenants:
-            nominal = max(t.nominal, self.largest.get(t.name, 0))
-            lines.append(f"  {t.name}: {{weight: {t.weight}, ceiling: {{gpuEquivalents: "
-                         f"{self.capacity}}}, admins: {{groups: [{t.name}-admins], users: []}}}}")
-            quotas[t.name] = (f"nominal: {{gpu: {nominal}}}\n"
-                              f"borrowLimit: {{gpuEquivalents: {self.capacity - nominal}}}\n"
-                              "inferenceReserve: {gpuEquivalents: 0}\ndefaultClass: training\n")
-        lines.append("onRedisUnavailable: deny")
         (self.work_dir / "fairgate").mkdir(parents=True, exist_ok=True)
-        fairgate = FairgateStack(self.cp, self.work_dir / "fairgate",
-                                 "\n".join(lines) + "\n", quotas)
+        platform_yaml, quotas = fairgate_config(self.tenants, self.capacity, self.largest,
+                                                self.reclaim, self.whole_nominal)
+        fairgate = FairgateStack(self.cp, self.work_dir / "fairgate", platform_yaml, quotas)
         self.stack.callback(fairgate.stop)
         fairgate.install()
         fairgate.start_webhook()
@@ -304,16 +347,8 @@ class System:
         self.kueue = kueue
 
     def manifest(self, name: str, gpus: int, duration: float | None,
-                 inference: bool) -> dict[str, Any]:
-        labels: dict[str, str] = {}
-        priority = None
-        if inference and self.name == "fairgate":
-            labels["fairgate.io/class"] = "inference"
-        if inference and self.name == "kueue":
-            priority = INFERENCE_PRIORITY
-        annotations = {DURATION: str(duration)} if duration is not None else {}
-        return pod_manifest(name, {GPU: gpus}, labels=labels, annotations=annotations,
-                            priority_class=priority)
+                 inference: bool, preemptible: bool = False) -> dict[str, Any]:
+        return manifest(self.name, name, gpus, duration, inference, preemptible)
 
     def check_alive(self) -> None:
         if self.fairgate is not None:
@@ -322,12 +357,60 @@ class System:
             self.kueue.check_alive()
 
 
+def fairgate_config(tenants: Sequence[Tenant], capacity: int, largest: dict[str, int],
+                    reclaim: str = "", whole_nominal: bool = False,
+                    ) -> tuple[str, dict[str, str]]:
+    """fairgate's platform.yaml and each tenant's quota.yaml for a run.
+
+    Same weights and nominal quotas as Kueue, the rest of the cluster as borrow limit;
+    but fairgate admits a pod whole within its nominal quota or whole within its borrow
+    limit, so a nominal smaller than the tenant's largest pod (`largest`: tenant -> GPUs)
+    is raised to it (head-start: nominal 8 of 8 GPUs each, as the simulator's traces
+    have it). `whole_nominal`: every tenant's nominal is the whole cluster, no borrowing.
+    `reclaim`: `fairShare.reclaim` (a YAML flow mapping; "": left out, off)."""
+    lines = ["platformAdmins: {groups: [platform-team], users: []}", "capacity: {}",
+             "tenants:"]
+    quotas = {}
+    for t in tenants:
+        nominal = capacity if whole_nominal else max(t.nominal, largest.get(t.name, 0))
+        lines.append(f"  {t.name}: {{weight: {t.weight}, ceiling: {{gpuEquivalents: "
+                     f"{capacity}}}, admins: {{groups: [{t.name}-admins], users: []}}}}")
+        quotas[t.name] = (f"nominal: {{gpu: {nominal}}}\n"
+                          f"borrowLimit: {{gpuEquivalents: {capacity - nominal}}}\n"
+                          "inferenceReserve: {gpuEquivalents: 0}\ndefaultClass: training\n")
+    if reclaim:
+        lines.append(f"fairShare: {{reclaim: {reclaim}}}")
+    lines.append("onRedisUnavailable: deny")
+    return "\n".join(lines) + "\n", quotas
+
+
+def manifest(system: str, name: str, gpus: int, duration: float | None, inference: bool,
+             preemptible: bool = False) -> dict[str, Any]:
+    """A bench pod as `system` is told its class: inference is fairgate's
+    `fairgate.io/class` label or, for Kueue, a higher PriorityClass; preemptible is
+    fairgate's PREEMPTIBLE label, while for Kueue every training pod has the same
+    priority and fair sharing decides what it preempts."""
+    labels: dict[str, str] = {}
+    priority = None
+    if inference and system == "fairgate":
+        labels["fairgate.io/class"] = "inference"
+    if inference and system == "kueue":
+        priority = INFERENCE_PRIORITY
+    if preemptible and system == "fairgate":
+        labels[PREEMPTIBLE] = "true"
+    annotations = {DURATION: str(duration)} if duration is not None else {}
+    return pod_manifest(name, {GPU: gpus}, labels=labels, annotations=annotations,
+                        priority_class=priority)
+
+
 @contextlib.contextmanager
 def cluster(system: str, nodes: Sequence[GpuNode], tenants: Sequence[Tenant],
-            work_dir: Path, largest: dict[str, int] | None = None,
+            work_dir: Path, largest: dict[str, int] | None = None, reclaim: str = "",
+            whole_nominal: bool = False,
             ) -> Iterator[tuple[ControlPlane, FakeKubelet, System, PodLog]]:
     """A fresh control plane with `nodes` and the fake kubelet, `system` not yet
-    installed, and a PodLog watching every pod."""
+    installed (`largest`, `reclaim`, `whole_nominal`: see System), and a PodLog
+    watching every pod."""
     with contextlib.ExitStack() as stack:
         cp = ControlPlane(build_controlplane(), work_dir / "controlplane")
         stack.callback(cp.stop)
@@ -339,7 +422,8 @@ def cluster(system: str, nodes: Sequence[GpuNode], tenants: Sequence[Tenant],
         for tenant in tenants:  # each user's certificate, before threads share the client
             pods_api(cp, tenant.name)
         capacity = sum(n.devices.get(GPU, 0) for n in nodes)
-        peer = System(system, cp, work_dir, capacity, tenants, stack, largest)
+        peer = System(system, cp, work_dir, capacity, tenants, stack, largest, reclaim,
+                      whole_nominal)
         log = PodLog(client.CoreV1Api(cp.admin), kubelet,
                      {tenant_namespace(t.name): t.name for t in tenants})
         log.start()
@@ -352,7 +436,8 @@ RETRIES: dict[str, int] = {}  # system -> creates refused with 503 and retried
 
 
 def create(cp: ControlPlane, peer: System, log: PodLog, tenant: str, name: str, gpus: int,
-           duration: float | None, inference: bool = False) -> float:
+           duration: float | None, inference: bool = False, preemptible: bool = False,
+           ) -> float:
     """Create one pod as the tenant's user; the create call's latency (s). A 503 (a
     webhook past its deadline on a loaded machine) is retried after 0.5 s, as a
     controller would, and counted in RETRIES; the pod's create time stays the first."""
@@ -363,7 +448,7 @@ def create(cp: ControlPlane, peer: System, log: PodLog, tenant: str, name: str, 
     for attempt in range(20):
         try:
             pods_api(cp, tenant).create_namespaced_pod(
-                namespace, peer.manifest(name, gpus, duration, inference))
+                namespace, peer.manifest(name, gpus, duration, inference, preemptible))
             break
         except ApiException as error:
             if error.status != 503 or attempt == 19:
@@ -377,9 +462,8 @@ def run_trace(system: str, scenario: Scenario, work_dir: Path) -> dict[str, Any]
     largest: dict[str, int] = {}
     for stream in scenario.streams:
         largest[stream.tenant] = max(largest.get(stream.tenant, 0), stream.gpus)
-    with cluster(system, scenario.nodes, scenario.tenants, work_dir, largest) as (
-        cp, _, peer, log
-    ):
+    with cluster(system, scenario.nodes, scenario.tenants, work_dir, largest,
+                 scenario.reclaim, scenario.whole_nominal) as (cp, _, peer, log):
         peer.install()
         began = time.perf_counter()
         with ThreadPoolExecutor(8) as pool:
@@ -393,7 +477,7 @@ def run_trace(system: str, scenario: Scenario, work_dir: Path) -> dict[str, Any]
                     time.sleep(delay)
                 futures.append(pool.submit(
                     create, cp, peer, log, stream.tenant, f"{stream.tenant}-{i}", stream.gpus,
-                    stream.duration, stream.inference))
+                    stream.duration, stream.inference, stream.preemptible))
             for future in futures:
                 future.result()
         remaining = began + scenario.horizon - time.perf_counter()
@@ -404,8 +488,36 @@ def run_trace(system: str, scenario: Scenario, work_dir: Path) -> dict[str, Any]
     return measure(scenario, records, began, end)
 
 
+def held_from(records: Sequence[PodRecord], tenant: str, gpus: float,
+              since: float) -> float | None:
+    """The first time from `since` on at which `tenant`'s pods running at once hold at
+    least `gpus` GPUs (`since` itself if they already do then); None if never."""
+    mine = [r for r in records if r.tenant == tenant and r.running is not None]
+    held = sum(r.gpus for r in mine if r.running is not None and r.running <= since
+               and (r.ended is None or r.ended > since))
+    if held >= gpus:
+        return since
+    changes = sorted([(r.running, r.gpus) for r in mine
+                      if r.running is not None and r.running > since]
+                     + [(r.ended, -r.gpus) for r in mine
+                        if r.ended is not None and r.ended > since])  # ends first at a tie
+    for at, delta in changes:
+        held += delta
+        if held >= gpus:
+            return at
+    return None
+
+
 def measure(scenario: Scenario, records: list[PodRecord], began: float,
             end: float) -> dict[str, Any]:
+    """The row's numbers from the pods' records (times in time.perf_counter(); `began`:
+    the first create was due, `end`: the horizon): see the module docstring. With
+    preemptible streams also `entitled_after_s` (from the last backlog's first pod until
+    every backlogged tenant has held its entitled GPUs, capacity x weight / sum of
+    weights; per tenant in `entitled_after_s_by_tenant`; None: never), `preempted_gpu_s`
+    (GPU-seconds the preempted pods had run: the work lost) and `preempted_by` (their
+    DisruptionTarget reasons: how many each); with the scenario's `settle`, the pods
+    preempted from `began + settle` to the end, and that per hour."""
     backlogged = {s.tenant for s in scenario.streams if not s.inference}
     firsts = [min(r.created for r in records if r.tenant == t and r.created is not None)
               for t in backlogged]
@@ -426,8 +538,9 @@ def measure(scenario: Scenario, records: list[PodRecord], began: float,
     inference = [r for r in records if r.inference]
     waits = [(r.running - r.created) * 1000 for r in inference
              if r.running is not None and r.created is not None]
-    preempted = sum(1 for r in records if r.ended is not None and r.running is not None
-                    and not r.finish_asked)
+    # (pod, seconds it ran) of each pod that ended without the bench finishing it
+    preempted = [(r, r.ended - r.running) for r in records
+                 if r.ended is not None and r.running is not None and not r.finish_asked]
     result: dict[str, Any] = {
         "window_s": round(end - start, 1),
         "shares": {t: round(v, 4) for t, v in shares.items()},
@@ -435,9 +548,26 @@ def measure(scenario: Scenario, records: list[PodRecord], began: float,
         "jain": round(jain([shares[t] / entitled[t] for t in shares]), 4)
         if len(shares) > 1 else None,
         "utilisation": round(total / (scenario.capacity * (end - start)), 4),
-        "preempted": preempted,
+        "preempted": len(preempted),
         "pods_run": sum(1 for r in records if r.running is not None),
     }
+    if any(s.preemptible for s in scenario.streams):
+        reached = {t: held_from(records, t, scenario.capacity * entitled[t], start)
+                   for t in sorted(backlogged)}
+        times = [at for at in reached.values() if at is not None]
+        result["entitled_after_s_by_tenant"] = {
+            t: None if at is None else round(at - start, 1) for t, at in reached.items()}
+        result["entitled_after_s"] = (round(max(times) - start, 1)
+                                      if len(times) == len(reached) else None)
+        result["preempted_gpu_s"] = round(sum(r.gpus * ran for r, ran in preempted), 1)
+        reasons = Counter(r.disrupted_by or "no condition" for r, _ in preempted)
+        result["preempted_by"] = dict(sorted(reasons.items()))
+        if scenario.settle is not None:
+            late = sum(1 for r, _ in preempted if r.ended is not None
+                       and r.ended >= began + scenario.settle)
+            result["preempted_after_settle"] = late
+            result["preempted_per_hour_after_settle"] = round(
+                late * HOUR / (end - began - scenario.settle), 1)
     if inference:
         result["inference_ran"] = f"{len(waits)}/{len(inference)}"
         if waits:
@@ -518,8 +648,12 @@ def table(results: dict[str, dict[str, Any]], systems: Sequence[str]) -> str:
 
     def cell(system: str, scenario: str, key: str) -> str:
         value = results.get(system, {}).get(scenario, {}).get(key)
-        if isinstance(value, dict):
-            return " / ".join(f"{v:.3f}" for v in value.values())
+        if key == "shares":
+            return " / ".join(f"{v:.3f}" for v in value.values()) if value else "-"
+        if isinstance(value, dict):  # counts by name
+            return ", ".join(f"{name} {n}" for name, n in value.items()) or "none"
+        if key == "entitled_after_s" and value is None and scenario in results.get(system, {}):
+            return "never"
         return "-" if value is None else str(value)
 
     for scenario in scenarios():
@@ -531,9 +665,18 @@ def table(results: dict[str, dict[str, Any]], systems: Sequence[str]) -> str:
         for key, name in (("shares", f"GPU-time shares (entitled {label})"),
                           ("jain", "Jain's index"), ("utilisation", "utilisation"),
                           ("preempted", "pods preempted"),
+                          ("preempted_by", "preempted by (DisruptionTarget reason)"),
+                          ("preempted_gpu_s", "GPU-s the preempted pods had run (lost)"),
+                          ("entitled_after_s", "s from the last join until every tenant "
+                           "held its entitled GPUs"),
+                          ("preempted_per_hour_after_settle",
+                           "preemptions per hour after settling"),
                           ("inference_p50_ms", "inference create->Running p50 ms"),
                           ("inference_p99_ms", "inference create->Running p99 ms")):
-            if any(results.get(s, {}).get(scenario, {}).get(key) is not None for s in systems):
+            shown = [results.get(s, {}).get(scenario, {}) for s in systems]
+            # a row whose every value is missing is left out; "never" is a value
+            if any(r.get(key) is not None or (key == "entitled_after_s" and key in r)
+                   for r in shown):
                 rows.append(f"| {scenario} | {name} | "
                             + " | ".join(cell(s, scenario, key) for s in systems) + " |")
     for key, name in (("added_p50_ms", "pod create p50 added vs none, ms"),
@@ -570,6 +713,8 @@ def main() -> int:
     results: dict[str, dict[str, Any]] = {s: {} for s in systems}
     for name in chosen:
         for system in systems:
+            if name != "release" and system not in scenarios()[name].systems:
+                continue
             print(f"[{time.strftime('%H:%M:%S')}] {name} with {system} ...", flush=True)
             with contextlib.ExitStack() as keep:
                 if args.keep:

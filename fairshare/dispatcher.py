@@ -33,8 +33,11 @@ Contract:
   unless recorded otherwise): when the charge of a shared claim moves to it or away
   from it. What is recorded is what the queue's usage was rebuilt with.
 - Reclaim (``fairShare.reclaim``, off unless set, and only with an ``evictor``): every
-  ``reclaim_every`` seconds the first training hold (the head owed the next capacity)
-  is checked; :func:`fairshare.reclaim.choose` picks what to evict for it from the pods
+  ``reclaim_every`` seconds, and at the first step after every pod the last check
+  evicted is gone (its head is then released, and the next one may be owed: a newcomer
+  owed many pods is not held to one a check), the first training hold (the head owed
+  the next capacity) is checked; :func:`fairshare.reclaim.choose` picks what to evict
+  for it from the pods
   running (their start as this dispatcher saw it), each victim pod is evicted through
   the Eviction API, gets a ``Reclaimed`` Warning Event and a ``reclaim`` audit record
   naming the head, and counts in ``fairgate_reclaims_total``. No new reclaim is made
@@ -290,6 +293,7 @@ class Dispatcher:
         self._reclaimed: list[dict[str, Any]] = []  # the pods reclaimed in the last hour
         self._evicting: set[str] = set()  # tickets fairgate evicted, not released yet
         self._arrivals: list[str] = []  # tickets of inference pods first seen this batch
+        self._recheck = False  # the last check evicted: check again once they are gone
         self._heads: dict[str, Head] = {}  # key -> an entry released towards new nodes
         self._held: dict[str, str] = {}  # ticket -> its head, released but kept gated
         self._noted_heads: list[dict[str, Any]] | None = None
@@ -324,6 +328,7 @@ class Dispatcher:
         )
         self._event_cursor = 0
         self._started: dict[str, float] = {}  # ticket -> when this dispatcher saw it running
+        self._released: dict[str, float] = {}  # ticket -> when this dispatcher released it
         self._metered: dict[str, float] = {}  # ticket -> GPU-time counted in metrics up to
         self._recorded_capacity: dict[str, int] | None = None
         self._recorded_prices: dict[str, Any] | None = None
@@ -485,6 +490,8 @@ class Dispatcher:
         for ticket in set(self._started) - set(self.pods):  # ended while not watched
             self._started.pop(ticket)
             self._metered.pop(ticket, None)
+        for ticket in set(self._released) - set(self.pods):
+            self._released.pop(ticket)
         for pod in self.pods.values():
             self._track(pod)
             self._check_started(pod)
@@ -732,6 +739,7 @@ class Dispatcher:
         self._meter(pod, self.clock())
         self._metered.pop(pod.ticket, None)
         started = self._started.pop(pod.ticket, None)
+        self._released.pop(pod.ticket, None)
         evicted = pod.ticket in self._evicting
         self._evicting.discard(pod.ticket)
         self._riders.pop(pod.ticket, None)
@@ -893,6 +901,7 @@ class Dispatcher:
                 if record is not None}
 
     def _admitted(self, pod: GpuPod, release: Release) -> None:
+        self._released[pod.ticket] = self.clock()
         waited = release.waited_seconds
         self.metrics.wait.labels(pod.pod_class, pod.tenant).observe(waited)
         self.metrics.admitted.labels(pod.pod_class, pod.tenant).inc()
@@ -1094,8 +1103,10 @@ class Dispatcher:
                     self._meter(pod, now)
             self._check_drift(snapshot.tenants)
             self._queued_events(now)
-        if now - self._last_reclaim >= self.settings.reclaim_every:
+        if now - self._last_reclaim >= self.settings.reclaim_every or (
+                self._recheck and not self._evicting & self.pods.keys()):
             self._last_reclaim = now
+            self._recheck = False
             self._reclaim(now)
 
     # -- reclaim (fairShare.reclaim) ----------------------------------------------------
@@ -1103,7 +1114,8 @@ class Dispatcher:
     def _reclaim(self, now: float) -> None:
         """With ``fairShare.reclaim`` on, evict for the owed training head what
         :func:`fairshare.reclaim.choose` picks; one reclaim at a time (none while the
-        pods of the last one are still terminating)."""
+        pods of the last one are still terminating; once they are gone, the next step
+        checks again)."""
         spec = self._synced[0].platform.fair_share.reclaim if self._synced else None
         if self.evictor is None:
             spec = None
@@ -1129,7 +1141,8 @@ class Dispatcher:
                      for name, t in fair.tenants.items()}
         running = {ticket: pod for ticket, pod in self.pods.items()
                    if pod.phase == "Running" and not pod.gated and not pod.deleting}
-        chosen = reclaim.choose(owed, standings, reclaim.victims(running, self._started),
+        chosen = reclaim.choose(owed, standings,
+                                reclaim.victims(running, self._started, self._released),
                                 spec, now, [r["at"] for r in self._reclaimed])
         for victim in chosen:
             for ticket in victim.tickets:
@@ -1144,6 +1157,7 @@ class Dispatcher:
                      extra={"fields": _fields(pod, outcome=outcome, owed=for_whom)})
             return
         self._evicting.add(pod.ticket)
+        self._recheck = True
         ran = max(0.0, now - self._started.get(pod.ticket, now))
         self._reclaimed.append({
             "at": now, "pod": str(pod.ref), "tenant": pod.tenant,

@@ -13,7 +13,12 @@ docs/fairness.md, "Reclaim"):
   the last hour, cluster-wide (a gang counts all its pods).
 - A victim is training, labelled ``fairgate.io/preemptible: "true"`` (a gang: every
   member), every member has run at least ``minRuntime``, it frees some of what the
-  head lacks, and its tenant is not the owed one. It is taken only when, with it and
+  head lacks, and its tenant is not the owed one nor one the queue released a pod to
+  after the head was created (a pod of it running now, gangs counted by member): the
+  queue gave that tenant capacity while the head waited, which is its own fair-share
+  order at work (a tenant behind in GPU-time runs above its share to catch up), and
+  reclaiming from it would only have the queue hand the next capacity back, a reclaim
+  at every turn of a busy cluster. It is taken only when, with it and
   the victims taken before it from the same tenant gone, that tenant still holds at
   least its own entitlement, and at least the owed tenant's GPU-time / entitlement
   once the head runs (used + the head's whole demand): a strict improvement.
@@ -79,9 +84,11 @@ class Standing:
 class Victim:
     """A running pod, or a whole gang (``pods`` > 1), that could be reclaimed.
 
-    ``started``: when its youngest member started running; ``preemptible``: every
-    member carries ``fairgate.io/preemptible: "true"``; ``training``: every member is
-    training."""
+    ``started``: when its youngest member started running; ``released``: when the
+    queue released its latest member (None: none was released by the dispatcher that
+    sees it, e.g. admitted at once, or before that dispatcher started);
+    ``preemptible``: every member carries ``fairgate.io/preemptible: "true"``;
+    ``training``: every member is training."""
 
     key: str  # a ticket, or a gang id
     tenant: str
@@ -91,6 +98,7 @@ class Victim:
     preemptible: bool = True
     training: bool = True
     tickets: tuple[str, ...] = ()  # of its pods (empty: the key alone)
+    released: float | None = None
 
     @property
     def gpus(self) -> float:
@@ -104,10 +112,16 @@ def _ratio(used: float, entitlement: float) -> float:
 
 def eligible(victim: Victim, owed: Owed, spec: ReclaimSpec, now: float) -> bool:
     """Whether ``victim`` may be reclaimed at all for ``owed`` (label, class, run time,
-    another tenant, frees something the head lacks)."""
+    another tenant, frees something the head lacks); see also :func:`favoured`."""
     return (victim.training and victim.preemptible and victim.tenant != owed.tenant
             and now - victim.started >= spec.min_runtime
             and any(owed.lacks.get(key, 0) > 0 for key, n in victim.demand.items() if n > 0))
+
+
+def favoured(owed: Owed, running: Sequence[Victim]) -> set[str]:
+    """The tenants the queue released a pod of ``running`` to (every running candidate,
+    eligible or not) after ``owed``'s head was created: never victims for it."""
+    return {v.tenant for v in running if v.released is not None and v.released >= owed.since}
 
 
 def choose(
@@ -124,7 +138,9 @@ def choose(
     lacking = {key: n for key, n in owed.lacks.items() if n > 0}
     taken: dict[str, float] = {}
     chosen: list[Victim] = []
-    left = sorted((v for v in victims if eligible(v, owed, spec, now)),
+    passed_over = favoured(owed, victims)
+    left = sorted((v for v in victims
+                   if v.tenant not in passed_over and eligible(v, owed, spec, now)),
                   key=lambda v: (-v.started, v.key))
 
     def after(victim: Victim) -> float:
@@ -180,9 +196,12 @@ def _cover(lacking: dict[str, int], victim: Victim) -> None:
                 del lacking[key]
 
 
-def victims(running: Mapping[str, GpuPod], started: Mapping[str, float]) -> list[Victim]:
+def victims(running: Mapping[str, GpuPod], started: Mapping[str, float],
+            released: Mapping[str, float] | None = None) -> list[Victim]:
     """The candidates among ``running`` (ticket -> pod running now, not being deleted;
-    ``started``: ticket -> when it was seen running), one per pod or whole gang."""
+    ``started``: ticket -> when it was seen running; ``released``: ticket -> when the
+    queue released it, for those the dispatcher released), one per pod or whole gang."""
+    released = released or {}
     gangs: dict[str, list[GpuPod]] = {}
     alone: list[Victim] = []
     for ticket, pod in running.items():
@@ -190,22 +209,25 @@ def victims(running: Mapping[str, GpuPod], started: Mapping[str, float]) -> list
             continue
         gid = gang_id(pod.ref.namespace, pod.group, pod.group_size)
         if gid is None:
-            alone.append(_victim(ticket, [pod], started))
+            alone.append(_victim(ticket, [pod], started, released))
         else:
             gangs.setdefault(gid, []).append(pod)
-    return alone + [_victim(gid, pods, started) for gid, pods in gangs.items()
+    return alone + [_victim(gid, pods, started, released) for gid, pods in gangs.items()
                     if len(pods) >= max(p.group_size for p in pods)]
 
 
-def _victim(key: str, pods: Sequence[GpuPod], started: Mapping[str, float]) -> Victim:
+def _victim(key: str, pods: Sequence[GpuPod], started: Mapping[str, float],
+            released: Mapping[str, float]) -> Victim:
     demand: dict[str, int] = {}
     for pod in pods:
         for name, n in pod.demand.items():
             demand[name] = demand.get(name, 0) + n
+    times = [released[p.ticket] for p in pods if p.ticket in released]
     return Victim(key, pods[0].tenant, demand, max(started[p.ticket] for p in pods),
                   pods=len(pods), preemptible=all(p.preemptible for p in pods),
                   training=all(p.pod_class == "training" for p in pods),
-                  tickets=tuple(sorted(p.ticket for p in pods)))
+                  tickets=tuple(sorted(p.ticket for p in pods)),
+                  released=max(times) if times else None)
 
 
 def notes(spec: ReclaimSpec | None, reclaimed: Sequence[Mapping[str, Any]],

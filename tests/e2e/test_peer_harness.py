@@ -15,6 +15,9 @@ from harness.kubelet import whole_gpu_node
 from harness.kueue import NAMESPACE, SERVICE, TENANT_LABEL, Tenant, build_kueue, crds
 from harness.kueue import webhook_configurations as kueue_webhooks
 
+from tenants.models import PREEMPTIBLE_LABEL
+from tenants.schema import parse_platform, parse_quota
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import peer_kueue
@@ -84,8 +87,8 @@ def test_each_fairness_scenario_measures_30_pod_lengths_of_backlogs() -> None:
     compared = 0
     for scenario in peer_kueue.scenarios().values():
         backlogs = [s for s in scenario.streams if not s.inference]
-        if len({s.tenant for s in backlogs}) < 2:
-            continue
+        if len({s.tenant for s in backlogs}) < 2 or scenario.reclaim:
+            continue  # the reclaim rows: test_the_reclaim_scenarios_are_the_traces_they_say
         compared += 1
         last_start = max(s.at for s in backlogs)
         window = scenario.horizon - last_start
@@ -130,6 +133,143 @@ def test_measure_counts_gpu_time_within_the_shared_window() -> None:
     assert result["preempted"] == 1
     assert result["pods_run"] == 5
     assert (result["inference_ran"], result["inference_p50_ms"]) == ("1/1", 250.0)
+
+
+def _reclaim_spec(scenario: peer_kueue.Scenario) -> dict[str, float]:
+    """The scenario's fairShare.reclaim as fairgate parses it (seconds, pods an hour)."""
+    platform, _ = peer_kueue.fairgate_config(scenario.tenants, scenario.capacity, {},
+                                             scenario.reclaim, scenario.whole_nominal)
+    spec = parse_platform(platform).fair_share.reclaim
+    assert spec is not None
+    return {"after": spec.after, "min_runtime": spec.min_runtime, "per_hour": spec.per_hour}
+
+
+def test_the_reclaim_scenarios_are_the_traces_they_say() -> None:
+    """newcomer: team-a's preemptible 1-GPU pods fill the 16 GPUs, none ends within the
+    run, team-b (equal weight) joins with a backlog once they have all run minRuntime, and
+    fairgate can only give it GPUs by reclaim (every nominal the whole cluster);
+    newcomer-borrowed is the same trace with the other rows' quotas, fairgate only.
+    two-backlogged: both tenants are backlogged from the start (the first 16 creates
+    alternate, 8 each), their pods turn over within the run, no backlog drains before the
+    horizon even at 1.5 times its entitlement, and the settling time leaves most of the run."""
+    by_name = peer_kueue.scenarios()
+    assert {"newcomer", "newcomer-borrowed", "two-backlogged"} <= set(by_name)
+    reclaiming = [s for s in by_name.values() if s.reclaim]
+    assert sorted(s.name for s in reclaiming) == [
+        "newcomer", "newcomer-borrowed", "two-backlogged"]
+    for scenario in reclaiming:
+        assert scenario.capacity == 16
+        assert [t.weight for t in scenario.tenants] == [1, 1]
+        assert all(s.preemptible and s.gpus == 1 and not s.inference
+                   for s in scenario.streams), scenario.name
+        assert _reclaim_spec(scenario) == {"after": 5, "min_runtime": 30, "per_hour": 720}
+
+    newcomer, borrowed = by_name["newcomer"], by_name["newcomer-borrowed"]
+    assert borrowed.streams == newcomer.streams and borrowed.nodes == newcomer.nodes
+    assert (newcomer.whole_nominal, borrowed.whole_nominal) == (True, False)
+    assert (newcomer.systems, borrowed.systems) == (peer_kueue.SYSTEMS, ("fairgate",))
+    first, joiner = newcomer.streams
+    assert (first.tenant, joiner.tenant) == ("team-a", "team-b")
+    assert first.at == 0 and first.count * first.gpus == newcomer.capacity
+    assert joiner.at >= _reclaim_spec(newcomer)["min_runtime"] + 10
+    assert joiner.count * joiner.gpus >= newcomer.capacity / 2  # a backlog of its share
+    assert min(s.duration for s in newcomer.streams) > 10 * newcomer.horizon
+    assert newcomer.settle is None
+
+    both = by_name["two-backlogged"]
+    assert both.whole_nominal and both.settle is not None
+    assert both.horizon - both.settle >= 0.8 * both.horizon
+    order = sorted((s.at + i * s.every, s.tenant) for s in both.streams
+                   for i in range(s.count))
+    assert sorted(t for _, t in order[:both.capacity]) == ["team-a"] * 8 + ["team-b"] * 8
+    for stream in both.streams:
+        assert stream.at < 1
+        assert 2 * stream.duration < both.horizon - both.settle  # pods turn over
+        assert stream.duration >= 3 * _reclaim_spec(both)["min_runtime"]  # reclaimable
+        # half as much again as its entitlement could run: still backlogged at the end
+        assert stream.count * stream.gpus * stream.duration > 1.5 * 8 * both.horizon
+
+
+def test_fairgate_config_of_a_run_is_valid_and_says_its_quotas() -> None:
+    """The platform.yaml and quota.yaml the bench installs parse with fairgate's own
+    schema: reclaim only where the scenario turns it on; nominal as Kueue's (raised to the
+    largest pod) with the rest of the cluster as borrow limit, or the whole cluster."""
+    tenants = (Tenant("team-a", 1, 4), Tenant("team-b", 2, 4))
+    for reclaim, whole in (("", False), (peer_kueue.RECLAIM, False),
+                           (peer_kueue.RECLAIM, True)):
+        text, quotas = peer_kueue.fairgate_config(tenants, 8, {"team-a": 8, "team-b": 1},
+                                                  reclaim, whole)
+        platform = parse_platform(text)
+        assert platform.tenants["team-b"].weight == 2
+        assert (platform.fair_share.reclaim is not None) == bool(reclaim)
+        for name, (nominal, borrow) in {"team-a": (8, 0),
+                                        "team-b": (8, 0) if whole else (4, 4)}.items():
+            quota = parse_quota(quotas[name], name, platform)
+            assert quota.nominal == {"gpu": nominal}, (name, reclaim, whole)
+            assert quota.borrow_limit.gpu_equivalents == borrow, (name, reclaim, whole)
+
+
+def test_a_preemptible_pod_is_labelled_for_fairgate_and_plain_for_kueue() -> None:
+    """fairgate reads its label; Kueue gets no priority class for a training pod,
+    preemptible or not: every tenant's pods have the same priority and fair sharing
+    decides what Kueue preempts."""
+    fairgate = peer_kueue.manifest("fairgate", "p", 1, 10.0, False, preemptible=True)
+    assert fairgate["metadata"]["labels"] == {PREEMPTIBLE_LABEL: "true"}
+    assert peer_kueue.manifest("fairgate", "p", 1, 10.0, False)["metadata"]["labels"] == {}
+    kueue = peer_kueue.manifest("kueue", "p", 1, 10.0, False, preemptible=True)
+    assert kueue["metadata"]["labels"] == {}
+    assert "priorityClassName" not in kueue["spec"]
+
+
+def test_measure_tells_when_the_newcomer_held_its_share_and_what_preemption_cost() -> None:
+    """4 GPUs, two equal tenants; team-a runs 4 pods from 0 s, team-b joins at 10 s.
+    team-a loses two pods (at 14 s and 20 s, after 14 and 20 s of work), team-b one (at
+    20 s after 5 s, as its next starts: never 2 GPUs at once); with a third pod from 30 s
+    team-b holds its 2 GPUs 20 s after the join. Preemptions after the settling time
+    (16 s) count per hour of what is left of the run (16 s to 40 s)."""
+    scenario = peer_kueue.Scenario(
+        "hand", (whole_gpu_node("gpu-0", 4),),
+        (Tenant("team-a", 1, 2), Tenant("team-b", 1, 2)),
+        (peer_kueue.Stream("team-a", 0, 4, 1, 1000, preemptible=True),
+         peer_kueue.Stream("team-b", 10, 3, 1, 1000, preemptible=True)),
+        horizon=40, reclaim=peer_kueue.RECLAIM, settle=16)
+    record = peer_kueue.PodRecord
+    records = [
+        record("team-a", 1, 1000, False, created=0, running=0),
+        record("team-a", 1, 1000, False, created=0, running=0),
+        record("team-a", 1, 1000, False, created=0, running=0, ended=14,
+               disrupted_by="EvictionByEvictionAPI"),
+        record("team-a", 1, 1000, False, created=0, running=0, ended=20),
+        record("team-b", 1, 1000, False, created=10, running=15, ended=20,
+               disrupted_by="PreemptionByScheduler"),
+        record("team-b", 1, 1000, False, created=10, running=20),
+    ]
+    result = peer_kueue.measure(scenario, records, began=0, end=40)
+    assert result["entitled_after_s_by_tenant"] == {"team-a": 0.0, "team-b": None}
+    assert result["entitled_after_s"] is None
+    records.append(record("team-b", 1, 1000, False, created=10, running=30))
+    result = peer_kueue.measure(scenario, records, began=0, end=40)
+    assert result["entitled_after_s_by_tenant"] == {"team-a": 0.0, "team-b": 20.0}
+    assert result["entitled_after_s"] == 20.0
+    assert result["preempted"] == 3
+    assert result["preempted_gpu_s"] == 14 + 20 + 5
+    assert result["preempted_by"] == {"EvictionByEvictionAPI": 1, "PreemptionByScheduler": 1,
+                                      "no condition": 1}
+    assert result["preempted_after_settle"] == 2
+    assert result["preempted_per_hour_after_settle"] == round(2 * 3600 / 24, 1)
+
+
+def test_held_from_counts_pods_running_at_once() -> None:
+    """A pod that ends as another starts (the same instant) is not counted twice."""
+    record = peer_kueue.PodRecord
+    records = [record("t", 2, None, False, running=0, ended=5),
+               record("t", 2, None, False, running=5, ended=9),
+               record("t", 1, None, False, running=7),
+               record("u", 4, None, False, running=1)]
+    assert peer_kueue.held_from(records, "t", 3, 0) == 7
+    assert peer_kueue.held_from(records, "t", 2, 3) == 3
+    assert peer_kueue.held_from(records, "t", 4, 0) is None
+    assert peer_kueue.held_from(records, "u", 4, 0) == 1
 
 
 def test_jain_and_percentile() -> None:

@@ -509,6 +509,42 @@ def test_reclaim_evicts_for_the_owed_head_only_what_it_lacks(redis_url: str) -> 
     assert len(evictions.pods) == 2
 
 
+def test_the_next_reclaim_check_comes_once_the_last_reclaims_pods_are_gone(
+    redis_url: str,
+) -> None:
+    """16 GPUs full of "old"'s preemptible 1-GPU pods; "new" (equal weight) joins with
+    ten. Checks are 10 s apart, but once the pod a reclaim evicted is gone (the cluster
+    evicts at once) and its head runs, the next head is checked at once: at the same
+    instant "new" holds its 8 GPUs, one eviction at a time, and "old" keeps its 8."""
+    tenants = {name: {"weight": 1, "nominal": {"gpu": 16}} for name in ("old", "new")}
+    rig = make_rig(redis_url, tenants, {"gpu": 16},
+                   settings=DispatcherSettings(reclaim_every=10.0))
+    platform = rig.config.platform.model_copy(update={"fair_share": FairShareSpec.model_validate(
+        {"reclaim": {"after": "1m", "minRuntime": "10m", "perHour": 60}})})
+    config = FairgateConfig(platform=platform, quotas=rig.config.quotas)
+    rig.dispatcher.config = lambda: config
+    rig.dispatcher.evictor = rig.cluster  # evicts at once; the controller re-creates
+    for i in range(16):
+        rig.cluster.create_pod(PodSpec("old-ns", f"old-{i}", "old", "training", {"gpu": 1},
+                                       duration=8 * 3600, preemptible=True))
+    rig.settle()
+    rig.at(1_010.0)
+    for i in range(10):
+        rig.cluster.create_pod(PodSpec("new-ns", f"new-{i}", "new", "training", {"gpu": 1},
+                                       duration=8 * 3600))
+    rig.settle()
+    rig.at(1_700.0)  # the pods ran 700 s, the heads waited 690 s
+
+    def running(tenant: str) -> int:
+        return sum(1 for h in rig.cluster.history.values() if h.spec.tenant == tenant
+                   and h.started is not None and h.ended is None)
+
+    assert (running("new"), running("old")) == (8, 8)
+    assert rig.cluster.reclaims == 8
+    rig.at(1_760.0)  # "new" holds its entitlement: nothing more is reclaimed
+    assert (running("new"), running("old"), rig.cluster.reclaims) == (8, 8, 8)
+
+
 def test_reclaims_are_counted_in_the_metrics(redis_url: str) -> None:
     """Two 4-GPU pods of "old" reclaimed at 1,700 s, each 700 s into its run."""
     rig, evictions = _reclaim_rig(redis_url, RECLAIM_ON, preemptible=True)

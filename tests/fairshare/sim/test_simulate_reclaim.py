@@ -137,6 +137,28 @@ def test_what_reclaim_frees_goes_to_the_owed_heads(redis_url: str) -> None:
     assert report.tenants["team-b"].gpu_hours == pytest.approx(8.0)
 
 
+def test_two_backlogged_tenants_reclaim_nothing_from_each_other(redis_url: str) -> None:
+    """16 GPUs, two tenants of weight 1 (each may use them all) backlogged from the
+    start (creates alternate, 8 each run at once), preemptible pods of 90 s (team-a) and
+    120 s (team-b). As their pods end out of step the queue, sharing GPU-time, lets one
+    run above its share for a while (up to 12 against 4), and the other's head has
+    waited far longer than `after`: reclaiming what the queue just gave would have it
+    given back at the next turn (9 to 16 pods reclaimed in 10 minutes before the rule
+    passed over a tenant the queue released a pod to while the head waited). None is
+    reclaimed; GPU-time stays shared."""
+    data = trace(
+        {"after": "5s", "minRuntime": "30s", "perHour": 720}, capacity={"gpu": 16},
+        tenants={name: {"weight": 1, "nominal": {"gpu": 16}} for name in ("team-a", "team-b")},
+        arrivals=[{"at": at, "tenant": tenant, "class": "training", "demand": {"gpu": 1},
+                   "duration": duration, "count": count, "every": 0.2, "preemptible": True}
+                  for at, tenant, duration, count in ((0, "team-a", 90, 120),
+                                                      (0.1, "team-b", 120, 100))],
+        horizon=600)
+    report = simulate(data, redis_url)
+    assert report.reclaims == 0
+    assert report.tenants["team-a"].share == pytest.approx(0.5, abs=0.01)
+
+
 def test_the_table_says_what_was_reclaimed(redis_url: str, tmp_path: Any) -> None:
     path = tmp_path / "reclaim.yaml"
     path.write_text(yaml.safe_dump(trace()))
