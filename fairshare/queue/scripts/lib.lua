@@ -1524,18 +1524,22 @@ end
 
 -- The expected end by which `units` of capacity key `res` come free, as the running
 -- tickets of bands of priority >= `prio` end in their expected order (re:<res>): NOW
--- when one that must end first has outrun its expected end; nil when they never free
--- that many.
+-- when one that must end first has outrun its expected end. When they never free that
+-- many, the expected end of the last of them (NOW when none runs): `units` is then what
+-- a held top and the held tops before it lack together, more than the running tickets
+-- hold, so it fits only after they have all ended and some of the tops before it have
+-- run; it is not expected to fit before.
 local function drained_by(res, units, prio, now)
-  local got, first = 0, 0
+  local got, first, last = 0, 0, now
   while true do
     local rows = redis.call('ZRANGE', P .. 're:' .. res, first, first + 63, 'WITHSCORES')
-    if #rows == 0 then return nil end
+    if #rows == 0 then return last end
     for j = 1, #rows, 2 do
       local rec = get_rec(rows[j])
       if rec and PRIO[rec[F_BAND]] >= prio then
         got = got + (parse_counts(rec[F_DEMAND])[res] or 0)
-        if got >= units then return math.max(tonumber(rows[j + 1]), now) end
+        last = math.max(tonumber(rows[j + 1]), now)
+        if got >= units then return last end
       end
     end
     first = first + 64
@@ -1548,7 +1552,9 @@ end
 -- expected to fit when, on each resource of its demand, the running tickets expected
 -- to end first have freed what it and the held tops before it still lack
 -- (drained_by); never before now, so nothing is backfilled once a ticket it waits for
--- outruns its expected end. A held top's expected fit is kept on it for the plan.
+-- outruns its expected end; when they never free that much (the held tops before it
+-- take part of it first), not before the last of them ends. A held top's expected fit
+-- is kept on it for the plan.
 local function backfills(top, held, now)
   if #held == 0 or not now or not halflife().virtual then return false end
   local ends = now + entry_run(redis.call('LINDEX', lane_key(top.tenant, top.shape), 0),
@@ -1566,13 +1572,13 @@ local function backfills(top, held, now)
       if h.fits_at == nil then
         h.fits_at = now
         for _, res in ipairs(h.D.all) do
-          if h.fits_at and lacking[res] > 0 then
-            local at = drained_by(res, lacking[res], PRIO[h.D.tier], now)
-            h.fits_at = at and math.max(at, h.fits_at) or false
+          if lacking[res] > 0 then
+            h.fits_at = math.max(drained_by(res, lacking[res], PRIO[h.D.tier], now),
+                                 h.fits_at)
           end
         end
       end
-      if not h.fits_at or ends > h.fits_at then return false end
+      if ends > h.fits_at then return false end
     end
   end
   return true

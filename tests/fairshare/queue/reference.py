@@ -254,26 +254,29 @@ class Reference:
             return self.expected_run(tenant)
         return float(max(r for r in runs if r is not None))
 
-    def drained_by(self, res: str, units: int, prio: int, now: float) -> float | None:
+    def drained_by(self, res: str, units: int, prio: int, now: float) -> float:
         """When ``units`` of ``res`` come free as the tickets holding it, of bands of
-        priority >= ``prio``, end in their expected order (never before ``now``); None
-        when they never free that many."""
-        got = 0
+        priority >= ``prio``, end in their expected order (never before ``now``); when
+        they never free that many (held tops lacking together more than they hold), the
+        expected end of the last of them (``now`` when none does)."""
+        got, last = 0, now
         holding = sorted((r.ends, t) for t, r in self.recs.items()
                          if r.ends is not None and res in r.demand)
         for ends, ticket in holding:
             rec = self.recs[ticket]
             if PRIO[rec.band] >= prio:
                 got += rec.demand[res]
+                last = max(ends, now)
                 if got >= units:
-                    return max(ends, now)
-        return None
+                    break
+        return last
 
     def backfills(self, top: Top, shape: Shape, held: list[Top], now: float) -> bool:
         """Virtual time: whether ``top`` (fits the free capacity, not what is held) is
         expected to end before each held top sharing one of its resources is expected
         to fit: when the tickets expected to end first have freed, on each of its
-        resources, what it and the held tops before it still lack."""
+        resources, what it and the held tops before it still lack (not before the last
+        of them ends when that is more than they hold)."""
         if not held or not self.virtual:
             return False
         ends = now + self.entry_run(top.tenant, top.key)
@@ -287,12 +290,12 @@ class Reference:
                         lacking[r] = lacking.get(r, 0) + n - h.hold[b].get(r, 0)
             if not shape_resources(hs) & mine:
                 continue
-            fits_at: float | None = now
+            fits_at = now
             for r in sorted(shape_resources(hs)):
-                if fits_at is not None and lacking[r] > 0:
-                    at = self.drained_by(r, lacking[r], PRIO[shape_tier(hs)], now)
-                    fits_at = None if at is None else max(fits_at, at)
-            if fits_at is None or ends > fits_at:
+                if lacking[r] > 0:
+                    fits_at = max(fits_at,
+                                  self.drained_by(r, lacking[r], PRIO[shape_tier(hs)], now))
+            if ends > fits_at:
                 return False
         return True
 

@@ -21,16 +21,17 @@ from tests.fairshare.tickets import pod_uid
 class Both:
     """The queue and the reference model, driven together; every answer compared."""
 
-    def __init__(self, client: redis.Redis, half_life: str | None = None) -> None:
+    def __init__(self, client: redis.Redis, half_life: str | None = None,
+                 gpus: int = 2) -> None:
         platform = PlatformConfig.model_validate({
             "tenants": {t: {"weight": 1, "ceiling": {"gpuEquivalents": 100}} for t in "abc"},
             **({} if half_life is None else {"fairShare": {"usageHalfLife": half_life}}),
         })
-        quota = QuotaSpec.model_validate({"nominal": {"gpu": 2}})
+        quota = QuotaSpec.model_validate({"nominal": {"gpu": gpus}})
         config = FairgateConfig(platform=platform, quotas={t: quota for t in "abc"})
         self.q, self.ref = FairQueue(client), Reference(virtual_time=half_life is None)
-        self.q.sync_config(config, {"gpu": 2})
-        self.ref.sync(config, {"gpu": 2})
+        self.q.sync_config(config, {"gpu": gpus})
+        self.ref.sync(config, {"gpu": gpus})
 
     def admit(self, ticket: str, tenant: str, gpus: int, at: float,
               run: int | None = None) -> Admission:
@@ -143,6 +144,29 @@ def test_a_running_pod_that_declares_a_shorter_run_ends_the_drain_sooner(
     both = drained_for_a(redis_client, 150.0, c1_declares=c1_declares)
     assert redis_client.zscore("fairgate:re:gpu", "c1") == (c1_declares or 600.0)
     assert both.dispatch(150.0) == backfilled
+
+
+@pytest.mark.parametrize(("c2_declares", "backfilled"), [(10, ["c2"]), (700, [])])
+def test_a_second_owed_entry_that_fits_only_after_the_first_ran_does_not_stop_backfill(
+        redis_client: redis.Redis, c2_declares: int, backfilled: list[str]) -> None:
+    """4 GPUs: c1 (2 GPUs, expected to end at 600 s) runs; b1 (2 GPUs) ends at 50 s. a's
+    4-GPU pod is owed and held the 2 free GPUs; b2 (1 GPU, declaring 1,000 s: it would
+    delay a) is owed too and holds nothing. Together they lack 3 GPUs, more than c1
+    holds: b2 fits only after a1 ran, so not before c1 ends. c2 (2 GPUs) declaring 10 s
+    ends before, and runs in the GPUs held for a; declaring 700 s it waits. (The held
+    top that lacked more than the running pods hold was once expected never to fit,
+    which stopped every backfill into the drain.)"""
+    both = Both(redis_client, gpus=4)
+    assert both.admit("c1", "c", 2, 0.0).outcome == "reserved"
+    assert both.admit("b1", "b", 2, 0.0).outcome == "reserved"
+    assert both.admit("a1", "a", 4, 1.0).outcome == "queued"
+    assert both.admit("b2", "b", 1, 2.0, 1000).outcome == "queued"
+    assert both.admit("c2", "c", 2, 3.0, c2_declares).outcome == "queued"
+    both.end("b1", 50.0)
+    assert both.dispatch(50.0) == backfilled
+    if not backfilled:
+        assert [(h.tenant, dict(h.held)) for h in both.q.holds(50.0)] == [
+            ("a", {"gpu": 2}), ("b", {})]
 
 
 def test_a_declared_run_time_outlived_is_handled_as_before(redis_client: redis.Redis) -> None:
