@@ -124,7 +124,7 @@ class Scenario:
     # fairgate's fairShare.reclaim (a YAML flow mapping; "": off)
     reclaim: str = ""
     # fairgate's quotas: False, those of Kueue's ClusterQueues with the rest of the
-    # cluster as borrow limit (see System._install_fairgate); True, the whole cluster as
+    # cluster as borrow limit (see fairgate_config); True, the whole cluster as
     # every tenant's nominal: no borrowed band, so the kube-scheduler never preempts one
     # tenant's training for another's and only reclaim moves GPUs between tenants
     whole_nominal: bool = False
@@ -278,12 +278,23 @@ class PodLog:
         with self._due_ready:
             while not self.stopped.is_set():
                 now = time.perf_counter()
-                while self._due and self._due[0][0] <= now:
-                    _, namespace, name = heapq.heappop(self._due)
-                    self.pods[(namespace, name)].finish_asked = True
+                for namespace, name in self.take_due(now):
                     self._finishers.submit(self._finish, namespace, name)
                 timeout = self._due[0][0] - now if self._due else 1.0
                 self._due_ready.wait(max(0.0, timeout))
+
+    def take_due(self, now: float) -> list[tuple[str, str]]:
+        """The pods due to finish by `now` that are still running, each marked
+        `finish_asked` (the caller holds the lock); a pod that ended before its time
+        (preempted, evicted) is dropped unmarked, so it counts as preempted."""
+        due = []
+        while self._due and self._due[0][0] <= now:
+            _, namespace, name = heapq.heappop(self._due)
+            record = self.pods[(namespace, name)]
+            if record.ended is None:
+                record.finish_asked = True
+                due.append((namespace, name))
+        return due
 
     def _finish(self, namespace: str, name: str) -> None:
         with contextlib.suppress(Exception):  # preempted or gone meanwhile

@@ -259,6 +259,23 @@ def test_measure_tells_when_the_newcomer_held_its_share_and_what_preemption_cost
     assert result["preempted_per_hour_after_settle"] == round(2 * 3600 / 24, 1)
 
 
+def test_a_pod_preempted_before_its_time_is_not_finished_nor_counted_as_finished() -> None:
+    """The pod log finishes a pod `duration` after it went Running; one that ended
+    before then (evicted at 31 s of 90) is dropped when its time comes, so measure()
+    counts it as preempted, while one still running is finished."""
+    log = peer_kueue.PodLog(None, None, {})  # type: ignore[arg-type]
+    record = peer_kueue.PodRecord
+    early = record("team-a", 1, 90, False, created=0, running=0, ended=31)
+    running = record("team-a", 1, 90, False, created=0, running=1)
+    log.expect("ns", "early", early)
+    log.expect("ns", "running", running)
+    with log.lock:
+        log._due += [(90.0, "ns", "early"), (91.0, "ns", "running")]
+        assert log.take_due(100.0) == [("ns", "running")]
+    assert (early.finish_asked, running.finish_asked) == (False, True)
+    log.stop()
+
+
 def test_held_from_counts_pods_running_at_once() -> None:
     """A pod that ends as another starts (the same instant) is not counted twice."""
     record = peer_kueue.PodRecord
