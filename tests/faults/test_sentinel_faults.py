@@ -8,10 +8,12 @@ the ``redis+sentinel://`` URL, and three faults:
 3. a replica is cut off (SIGSTOP: it answers nobody, neither primary nor sentinels), then
    comes back.
 
-Each must show: no HTTP 5xx; no answer later than the webhook's deadline, as the webhook
-measures it (its duration histogram: nothing above the 2.5 s bucket, the first one past
-the 1 s deadline plus event-loop lag), and no client waiting as long as the API server's
-5 s timeoutSeconds (the clients' clock includes their own queueing); zero over-admission,
+Each must show: no HTTP 5xx; no client waiting as long as the API server's 5 s
+timeoutSeconds (the clients' clock includes their own queueing); no answer later than
+the webhook's deadline, as the webhook measures it (its duration histogram: nothing
+above the 2.5 s bucket, the first one past the 1 s deadline plus 1.5 s of event-loop
+lag), unless the machine kept the event loop waiting for a CPU for longer than that lag
+within 2.5 s (a waiting thread answers nobody; the run says how long); zero over-admission,
 both in Redis' live tickets (atomic snapshots, before the fault, after the failover and
 at the end) and in what the cluster would run (every pod the webhook admitted); no
 Redis denial before the fault and none of a request sent 2 s or more after the
@@ -45,6 +47,7 @@ import os
 import random
 import re
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -74,7 +77,10 @@ pytestmark = pytest.mark.slow
 CLIENTS = 64
 DECIDED = ("admit", "queue")
 API_SERVER_TIMEOUT = 5.0  # manifests/webhooks.yaml timeoutSeconds: the API server's bound
+DEADLINE = 1.0  # webhook.app: the webhook's own answer deadline
 OVER_DEADLINE_BUCKET = 2.5  # webhook.metrics: the first bucket above the 1 s deadline
+LAG_ALLOWED = OVER_DEADLINE_BUCKET - DEADLINE  # the event-loop lag that bucket allows
+SAMPLE_SECONDS = 0.1  # how often the webhook's wait for a CPU is read during a storm
 
 
 def _answered_within(server: ServeProcess, bucket: float) -> tuple[int, int]:
@@ -136,41 +142,69 @@ class Watch:
 @dataclass(frozen=True)
 class Machine:
     """What the machine did during a storm: how long the webhook's event loop (the main
-    thread of its one process) waited for a CPU while runnable, over how long, the load
-    averages (1 min) at the start and end, and the connection attempts the kernel
-    dropped at listen queues meanwhile."""
+    thread of its one process) waited for a CPU while runnable, in all and at most within
+    one :data:`OVER_DEADLINE_BUCKET`-long span, over how long, the load averages (1 min)
+    at the start and end, and the connection attempts the kernel dropped at listen
+    queues meanwhile."""
 
     cpu_wait: float
+    worst_wait: float
     storm: float
     load: tuple[float, float]
     listen_drops: int
 
+    @property
+    def starved(self) -> bool:
+        """Whether the loop waited for a CPU longer than :data:`LAG_ALLOWED` within one
+        :data:`OVER_DEADLINE_BUCKET` span: it cannot answer while it waits, so an
+        answer in that span may take longer than the bucket whatever the webhook does."""
+        return self.worst_wait >= LAG_ALLOWED
+
     def __str__(self) -> str:
         """One line for the timeline and the assertion messages."""
         return (f"the webhook's event loop waited {self.cpu_wait:.1f} s for a CPU during "
-                f"the {self.storm:.1f} s storm, load average {self.load[0]:.1f} to "
-                f"{self.load[1]:.1f}, {self.listen_drops} listen drops")
+                f"the {self.storm:.1f} s storm, at most {self.worst_wait:.1f} s within "
+                f"{OVER_DEADLINE_BUCKET} s; load average {self.load[0]:.1f} to "
+                f"{self.load[1]:.1f}; {self.listen_drops} listen drops")
 
 
 class Storm:
-    """Measures :class:`Machine` from :meth:`start` to :meth:`end`."""
+    """Measures :class:`Machine` from :meth:`start` to :meth:`end`: a thread reads the
+    webhook's wait for a CPU every :data:`SAMPLE_SECONDS`."""
 
     def __init__(self, server: ServeProcess) -> None:
         """For the started ``server`` (one process: its main thread runs the loop)."""
         assert server.process is not None and server.workers == 1
         self._schedstat = f"/proc/{server.process.pid}/schedstat"
         self._drops = listen_drops()
+        self._samples: list[tuple[float, int]] = []  # (time.monotonic(), run delay ns)
+        self._stop = threading.Event()
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while True:
+            self._samples.append((time.monotonic(), run_delay_ns(self._schedstat)))
+            if self._stop.wait(SAMPLE_SECONDS):
+                return
 
     def start(self) -> None:
         """The storm begins."""
-        self._started = time.monotonic()
-        self._waited = run_delay_ns(self._schedstat)
         self._load = os.getloadavg()[0]
+        self._sampler.start()
 
     def end(self) -> Machine:
         """The storm is over (call while the webhook still runs)."""
-        return Machine((run_delay_ns(self._schedstat) - self._waited) / 1e9,
-                       time.monotonic() - self._started, (self._load, os.getloadavg()[0]),
+        self._stop.set()
+        self._sampler.join()
+        samples = self._samples
+        samples.append((time.monotonic(), run_delay_ns(self._schedstat)))
+        worst, first = 0, 0
+        for moment, waited in samples:
+            while moment - samples[first][0] > OVER_DEADLINE_BUCKET:
+                first += 1
+            worst = max(worst, waited - samples[first][1])
+        return Machine((samples[-1][1] - samples[0][1]) / 1e9, worst / 1e9,
+                       samples[-1][0] - samples[0][0], (self._load, os.getloadavg()[0]),
                        listen_drops() - self._drops)
 
 
@@ -185,6 +219,7 @@ class Run:
     causes: dict[str, str]  # uid -> why the webhook found Redis unavailable (its log)
     watch: Watch
     machine: Machine
+    over_deadline: int  # answers over OVER_DEADLINE_BUCKET by the webhook's clock
     overload: tuple[str, ...] = ("deadline",)  # causes that say the machine was starved
 
     def overloaded(self, cause: str) -> bool:
@@ -238,11 +273,15 @@ def _run_fault(
         f"{expected}: a second failover (see +switch-master in the sentinel logs)")
     total, within = _answered_within(server, OVER_DEADLINE_BUCKET)
     assert total >= len(load.answers) > 0
-    assert within == total, (
+    # Every answer is due at the deadline plus the event loop's lag, which the bucket
+    # bounds; unless the machine kept the loop waiting for a CPU longer than that lag
+    # (then the API server's timeout, on the clients' clock, is the bound: _check).
+    assert within == total or machine.starved, (
         f"{total - within} answers took over {OVER_DEADLINE_BUCKET} s by the webhook's "
         f"clock; {machine}")
     return Run(load.answers, faulted, promoted, after,
-               _causes(server.log_path.read_text(errors="replace")), watch, machine)
+               _causes(server.log_path.read_text(errors="replace")), watch, machine,
+               total - within)
 
 
 def _check(run: Run, sentinel_cluster: SentinelCluster, tmp_path: Path) -> None:
@@ -313,7 +352,8 @@ def _check(run: Run, sentinel_cluster: SentinelCluster, tmp_path: Path) -> None:
     print(f"\ntimeline: fault at 0 s; failover done {at(promoted)}; Redis denials "
           f"{len(denied)} of {len(answers)} answers, the last ending {at(last_denied)}; "
           f"admissions again from {at(first_after)}; overloaded (CPU-starved) "
-          f"answers {overloaded}; slowest answer seen by a client {slowest:.3f} s; {run.machine}; "
+          f"answers {overloaded}; over {OVER_DEADLINE_BUCKET} s by the webhook's clock "
+          f"{run.over_deadline}; slowest answer seen by a client {slowest:.3f} s; {run.machine}; "
           f"steps checked: {', '.join(run.watch.steps)}")
 
 
