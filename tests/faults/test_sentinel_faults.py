@@ -13,13 +13,14 @@ timeoutSeconds (the clients' clock includes their own queueing); no answer later
 the webhook's deadline, as the webhook measures it (its duration histogram: nothing
 above the 2.5 s bucket, the first one past the 1 s deadline plus 1.5 s of event-loop
 lag), unless the machine kept the event loop waiting for a CPU for longer than that lag
-within 2.5 s (a waiting thread answers nobody; the run says how long); zero over-admission,
-both in Redis' live tickets (atomic snapshots, before the fault, after the failover and
-at the end) and in what the cluster would run (every pod the webhook admitted); no
-Redis denial before the fault and none of a request sent 2 s or more after the
-failover; every reservation or queue entry the webhook acknowledged still in Redis
-after the failover (``WAIT``: acknowledged means replicated); and after a reconcile from
-the cluster, Redis' queue and usage equal the cluster's.
+within 2.5 s (a waiting thread answers nobody; the run says how long); zero over-
+admission, both in Redis' live tickets (atomic snapshots, before the fault, after the
+failover and at the end) and in what the cluster would run (every pod the webhook
+admitted); no Redis denial before the fault; admission working again 2 s after the
+failover (requests sent from then on admitted or queued, none refused for Redis' sake);
+every reservation or queue entry the webhook acknowledged still in Redis after the
+failover (``WAIT``: acknowledged means replicated); and after a reconcile from the
+cluster, Redis' queue and usage equal the cluster's.
 
 The failover ends when every sentinel names the new primary and a replica is online in
 its ``INFO`` (:meth:`sentinel_kit.SentinelCluster.wait_failover`): the replication
@@ -302,6 +303,9 @@ def _check(run: Run, sentinel_cluster: SentinelCluster, tmp_path: Path) -> None:
     resumed_by = (promoted if promoted is not None else faulted) + 2.0
     late = [a for a in answers if a.sent >= resumed_by]
     assert late, "the load stopped too early"
+    assert any(a.decision in DECIDED for a in late), (
+        f"none of the {len(late)} requests sent 2 s or more after the failover was admitted "
+        f"or queued; {run.machine}")
     refused = [run.causes[a.uid] for a in late if run.redis_denied(a)]
     assert refused == [], (f"{len(refused)} Redis denials after failover + 2 s: "
                            f"{refused[:3]}; {run.machine}")
