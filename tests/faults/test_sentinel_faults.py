@@ -13,9 +13,9 @@ timeoutSeconds (the clients' clock includes their own queueing); no answer later
 the webhook's deadline, as the webhook measures it (its duration histogram: nothing
 above the 2.5 s bucket, the first one past the 1 s deadline plus 1.5 s of event-loop
 lag), unless the machine kept the event loop waiting for a CPU for longer than that lag
-within 2.5 s (a waiting thread answers nobody; the run says how long); zero over-
-admission, both in Redis' live tickets (atomic snapshots, before the fault, after the
-failover and at the end) and in what the cluster would run (every pod the webhook
+within 2.5 s (a waiting thread answers nobody; the run says how long); zero
+over-admission, both in Redis' live tickets (atomic snapshots, before the fault, after
+the failover and at the end) and in what the cluster would run (every pod the webhook
 admitted); no Redis denial before the fault; admission working again 2 s after the
 failover (requests sent from then on admitted or queued, none refused for Redis' sake);
 every reservation or queue entry the webhook acknowledged still in Redis after the
