@@ -255,8 +255,8 @@ def _run_fault(
     server = serve(RedisTarget(sentinel_cluster.url, PASSWORD), config)  # type: ignore[arg-type]
     watch = Watch(sentinel_cluster)
     storm = Storm(server)
-    storm.start()
     with Load(server, _pod, clients=CLIENTS) as load:
+        storm.start()
         time.sleep(2.0)
         watch.check("before the fault")
         first = sentinel_cluster.primary_port()
@@ -273,7 +273,9 @@ def _run_fault(
         f"the sentinels moved the primary to port {final} after the failover to "
         f"{expected}: a second failover (see +switch-master in the sentinel logs)")
     total, within = _answered_within(server, OVER_DEADLINE_BUCKET)
-    assert total >= len(load.answers) > 0
+    # The webhook counted every review a client had an answer to (a transport error, e.g.
+    # a client's own 10 s timeout, has none: _check refuses those, saying which).
+    assert total >= sum(1 for a in load.answers if a.status) > 0
     # Every answer is due at the deadline plus the event loop's lag, which the bucket
     # bounds; unless the machine kept the loop waiting for a CPU longer than that lag
     # (then the API server's timeout, on the clients' clock, is the bound: _check).
@@ -287,7 +289,9 @@ def _run_fault(
 
 def _check(run: Run, sentinel_cluster: SentinelCluster, tmp_path: Path) -> None:
     answers, faulted, promoted = run.answers, run.faulted, run.promoted
-    assert [a for a in answers if a.status != 200][:3] == []  # no 5xx, no transport error
+    failed = [(a.status, a.error, round(a.sent - faulted, 3)) for a in answers if a.status != 200]
+    assert failed == [], f"{len(failed)} answers not 200 (status, error, sent from the fault): " \
+        f"{failed[:3]}; {run.machine}"  # no 5xx, no transport error
     slow = max(answers, key=lambda a: a.seconds)  # the clients' own clock, queueing included
     slowest = slow.seconds
     assert slowest < API_SERVER_TIMEOUT, (
