@@ -17,10 +17,12 @@ within 2.5 s (a waiting thread answers nobody; the run says how long); zero
 over-admission, both in Redis' live tickets (atomic snapshots, before the fault, after
 the failover and at the end) and in what the cluster would run (every pod the webhook
 admitted); no Redis denial before the fault; admission working again 2 s after the
-failover (requests sent from then on admitted or queued, none refused for Redis' sake);
-every reservation or queue entry the webhook acknowledged still in Redis after the
-failover (``WAIT``: acknowledged means replicated); and after a reconcile from the
-cluster, Redis' queue and usage equal the cluster's.
+failover (requests sent from then on admitted or queued, none refused for Redis' sake;
+the storm goes on until the webhook has had 5 s of its own time after the failover, wall
+time less its wait for a CPU, at most 30 s); every reservation or queue entry the
+webhook acknowledged still in Redis after the failover (``WAIT``: acknowledged means
+replicated); and after a reconcile from the cluster, Redis' queue and usage equal the
+cluster's.
 
 The failover ends when every sentinel names the new primary and a replica is online in
 its ``INFO`` (:meth:`sentinel_kit.SentinelCluster.wait_failover`): the replication
@@ -82,6 +84,10 @@ DEADLINE = 1.0  # webhook.app: the webhook's own answer deadline
 OVER_DEADLINE_BUCKET = 2.5  # webhook.metrics: the first bucket above the 1 s deadline
 LAG_ALLOWED = OVER_DEADLINE_BUCKET - DEADLINE  # the event-loop lag that bucket allows
 SAMPLE_SECONDS = 0.1  # how often the webhook's wait for a CPU is read during a storm
+# The storm goes on after the failover (or a fault without one) until the webhook has had
+# AFTER_SECONDS of its own time (wall time less its wait for a CPU), or LIMIT_SECONDS.
+AFTER_SECONDS = 5.0
+LIMIT_SECONDS = 30.0
 
 
 def _answered_within(server: ServeProcess, bucket: float) -> tuple[int, int]:
@@ -193,6 +199,19 @@ class Storm:
         self._load = os.getloadavg()[0]
         self._sampler.start()
 
+    def _waited_ns(self, moment: float) -> int:
+        """The webhook's wait for a CPU as last sampled at or before ``moment``."""
+        return next((waited for sampled, waited in reversed(self._samples)
+                     if sampled <= moment), self._samples[0][1])
+
+    def last(self, since: float, seconds: float, limit: float) -> None:
+        """Return once the webhook has had ``seconds`` of its own time since ``since``
+        (wall time less its wait for a CPU), or ``limit`` seconds of wall time passed: a
+        loop given a fifth of a CPU has had 1 s in 5 s."""
+        while (now := time.monotonic()) - since < limit and \
+                now - since - (self._waited_ns(now) - self._waited_ns(since)) / 1e9 < seconds:
+            time.sleep(SAMPLE_SECONDS)
+
     def end(self) -> Machine:
         """The storm is over (call while the webhook still runs)."""
         self._stop.set()
@@ -263,7 +282,7 @@ def _run_fault(
         faulted = time.monotonic()
         promoted = fault(sentinel_cluster)
         after = watch.check("after the failover")
-        time.sleep(max(0.0, (promoted or faulted) + 5.0 - time.monotonic()))
+        storm.last(promoted or faulted, AFTER_SECONDS, LIMIT_SECONDS)
     machine = storm.end()
     # One fault, at most one failover: a second one (sentinels judging the new primary
     # down) takes its only replica away, and the timings below would blame fairgate.
