@@ -17,12 +17,12 @@ within 2.5 s (a waiting thread answers nobody; the run says how long); zero
 over-admission, both in Redis' live tickets (atomic snapshots, before the fault, after
 the failover and at the end) and in what the cluster would run (every pod the webhook
 admitted); no Redis denial before the fault; admission working again 2 s after the
-failover (requests sent from then on admitted or queued, none refused for Redis' sake;
-the storm goes on until the webhook has had 5 s of its own time after the failover, wall
-time less its wait for a CPU, at most 30 s); every reservation or queue entry the
-webhook acknowledged still in Redis after the failover (``WAIT``: acknowledged means
-replicated); and after a reconcile from the cluster, Redis' queue and usage equal the
-cluster's.
+failover (some request sent from then on admitted or queued, none refused for Redis'
+sake until 5 s after it; the storm goes on until the webhook has had 5 s of its own time
+after the failover, wall time less its wait for a CPU, at most 30 s); every reservation
+or queue entry the webhook acknowledged (the fault comes once it has acknowledged one)
+still in Redis after the failover (``WAIT``: acknowledged means replicated); and after a
+reconcile from the cluster, Redis' queue and usage equal the cluster's.
 
 The failover ends when every sentinel names the new primary and a replica is online in
 its ``INFO`` (:meth:`sentinel_kit.SentinelCluster.wait_failover`): the replication
@@ -85,9 +85,12 @@ OVER_DEADLINE_BUCKET = 2.5  # webhook.metrics: the first bucket above the 1 s de
 LAG_ALLOWED = OVER_DEADLINE_BUCKET - DEADLINE  # the event-loop lag that bucket allows
 SAMPLE_SECONDS = 0.1  # how often the webhook's wait for a CPU is read during a storm
 # The storm goes on after the failover (or a fault without one) until the webhook has had
-# AFTER_SECONDS of its own time (wall time less its wait for a CPU), or LIMIT_SECONDS.
+# AFTER_SECONDS of its own time (wall time less its wait for a CPU), or LIMIT_SECONDS;
+# the fault comes once the webhook has acknowledged an admission (LIMIT_SECONDS at most).
 AFTER_SECONDS = 5.0
 LIMIT_SECONDS = 30.0
+GRACE_SECONDS = 2.0  # after the failover, before no Redis denial may come
+CHECKED_SECONDS = 5.0  # after the failover, until Redis denials are looked for
 
 
 def _answered_within(server: ServeProcess, bucket: float) -> tuple[int, int]:
@@ -277,6 +280,10 @@ def _run_fault(
     with Load(server, _pod, clients=CLIENTS) as load:
         storm.start()
         time.sleep(2.0)
+        limit = time.monotonic() + LIMIT_SECONDS
+        while not any(a.decision in DECIDED for a in load.answers) and \
+                time.monotonic() < limit:
+            time.sleep(SAMPLE_SECONDS)
         watch.check("before the fault")
         first = sentinel_cluster.primary_port()
         faulted = time.monotonic()
@@ -323,14 +330,19 @@ def _check(run: Run, sentinel_cluster: SentinelCluster, tmp_path: Path) -> None:
             "never-fits", "redis unavailable"), a.response
         if a.response["auditAnnotations"]["reason"] == "redis unavailable":
             assert a.response["status"]["message"] == REDIS_DOWN_MESSAGE
-    resumed_by = (promoted if promoted is not None else faulted) + 2.0
+    resumed_by = (promoted if promoted is not None else faulted) + GRACE_SECONDS
     late = [a for a in answers if a.sent >= resumed_by]
     assert late, "the load stopped too early"
     assert any(a.decision in DECIDED for a in late), (
-        f"none of the {len(late)} requests sent 2 s or more after the failover was admitted "
-        f"or queued; {run.machine}")
-    refused = [run.causes[a.uid] for a in late if run.redis_denied(a)]
-    assert refused == [], (f"{len(refused)} Redis denials after failover + 2 s: "
+        f"none of the {len(late)} requests sent {GRACE_SECONDS} s or more after the "
+        f"failover was admitted or queued; {run.machine}")
+    # Redis denials are looked for until CHECKED_SECONDS after a failover (where the storm
+    # used to end): later, the storm only shows that admission resumed on a starved
+    # machine, where a stall of the webhook or of Redis times out any call, failover or
+    # not. Without a failover, until the storm's end.
+    checked = [a for a in late if promoted is None or a.sent < promoted + CHECKED_SECONDS]
+    refused = [run.causes[a.uid] for a in checked if run.redis_denied(a)]
+    assert refused == [], (f"{len(refused)} Redis denials after failover + {GRACE_SECONDS} s: "
                            f"{refused[:3]}; {run.machine}")
     before = [a for a in answers if a.sent + a.seconds < faulted]
     early = [run.causes[a.uid] for a in before if run.redis_denied(a)]
@@ -342,6 +354,7 @@ def _check(run: Run, sentinel_cluster: SentinelCluster, tmp_path: Path) -> None:
     cutoff = promoted if promoted is not None else faulted
     acknowledged = {a.uid for a in answers if a.decision in DECIDED
                     and a.sent + a.seconds < cutoff}
+    assert acknowledged, f"nothing was acknowledged before the fault; {run.machine}"
     assert acknowledged - set(run.after) == set(), "acknowledged admissions lost"
 
     # What the cluster runs is within every quota; after a reconcile from it, Redis'
