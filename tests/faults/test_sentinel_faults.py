@@ -18,11 +18,11 @@ over-admission, both in Redis' live tickets (atomic snapshots, before the fault,
 the failover and at the end) and in what the cluster would run (every pod the webhook
 admitted); no Redis denial before the fault; admission working again 2 s after the
 failover (some request sent from then on admitted or queued, none refused for Redis'
-sake until 5 s after it; the storm goes on until the webhook has had 5 s of its own time
-after the failover, wall time less its wait for a CPU, at most 30 s); every reservation
-or queue entry the webhook acknowledged (the fault comes once it has acknowledged one)
-still in Redis after the failover (``WAIT``: acknowledged means replicated); and after a
-reconcile from the cluster, Redis' queue and usage equal the cluster's.
+sake until 5 s after it; the storm goes on until then and until admission resumed, at
+most 30 s after the failover); every reservation or queue entry the webhook acknowledged
+(the fault comes once it has acknowledged one) still in Redis after the failover
+(``WAIT``: acknowledged means replicated); and after a reconcile from the cluster,
+Redis' queue and usage equal the cluster's.
 
 The failover ends when every sentinel names the new primary and a replica is online in
 its ``INFO`` (:meth:`sentinel_kit.SentinelCluster.wait_failover`): the replication
@@ -84,13 +84,12 @@ DEADLINE = 1.0  # webhook.app: the webhook's own answer deadline
 OVER_DEADLINE_BUCKET = 2.5  # webhook.metrics: the first bucket above the 1 s deadline
 LAG_ALLOWED = OVER_DEADLINE_BUCKET - DEADLINE  # the event-loop lag that bucket allows
 SAMPLE_SECONDS = 0.1  # how often the webhook's wait for a CPU is read during a storm
-# The storm goes on after the failover (or a fault without one) until the webhook has had
-# AFTER_SECONDS of its own time (wall time less its wait for a CPU), or LIMIT_SECONDS;
-# the fault comes once the webhook has acknowledged an admission (LIMIT_SECONDS at most).
-AFTER_SECONDS = 5.0
-LIMIT_SECONDS = 30.0
 GRACE_SECONDS = 2.0  # after the failover, before no Redis denial may come
 CHECKED_SECONDS = 5.0  # after the failover, until Redis denials are looked for
+# The fault comes once the webhook has acknowledged an admission; the storm goes on after
+# the failover (or a fault without one) for CHECKED_SECONDS and until a request sent
+# GRACE_SECONDS after it is admitted or queued: each at most LIMIT_SECONDS.
+LIMIT_SECONDS = 30.0
 
 
 def _answered_within(server: ServeProcess, bucket: float) -> tuple[int, int]:
@@ -202,19 +201,6 @@ class Storm:
         self._load = os.getloadavg()[0]
         self._sampler.start()
 
-    def _waited_ns(self, moment: float) -> int:
-        """The webhook's wait for a CPU as last sampled at or before ``moment``."""
-        return next((waited for sampled, waited in reversed(self._samples)
-                     if sampled <= moment), self._samples[0][1])
-
-    def last(self, since: float, seconds: float, limit: float) -> None:
-        """Return once the webhook has had ``seconds`` of its own time since ``since``
-        (wall time less its wait for a CPU), or ``limit`` seconds of wall time passed: a
-        loop given a fifth of a CPU has had 1 s in 5 s."""
-        while (now := time.monotonic()) - since < limit and \
-                now - since - (self._waited_ns(now) - self._waited_ns(since)) / 1e9 < seconds:
-            time.sleep(SAMPLE_SECONDS)
-
     def end(self) -> Machine:
         """The storm is over (call while the webhook still runs)."""
         self._stop.set()
@@ -266,6 +252,15 @@ def _causes(log: str) -> dict[str, str]:
     return dict(re.findall(r"Redis unavailable for uid=(\S+) \((.*?)\): policy", log))
 
 
+def _until_decided(load: Load, since: float, limit: float) -> None:
+    """Return once a request ``load`` sent at ``since`` or later was admitted or queued,
+    or at ``limit`` (``time.monotonic()``): on a machine that starves the webhook, that
+    took seconds more than on an idle one."""
+    while time.monotonic() < limit and not any(
+            a.decision in DECIDED and a.sent >= since for a in list(load.answers)):
+        time.sleep(SAMPLE_SECONDS)
+
+
 def _run_fault(
     sentinel_cluster: SentinelCluster, serve: ServeFactory, tmp_path: Path,
     fault: Callable[[SentinelCluster], float | None],
@@ -279,17 +274,17 @@ def _run_fault(
     storm = Storm(server)
     with Load(server, _pod, clients=CLIENTS) as load:
         storm.start()
+        began = time.monotonic()
         time.sleep(2.0)
-        limit = time.monotonic() + LIMIT_SECONDS
-        while not any(a.decision in DECIDED for a in load.answers) and \
-                time.monotonic() < limit:
-            time.sleep(SAMPLE_SECONDS)
+        _until_decided(load, began, began + 2.0 + LIMIT_SECONDS)
         watch.check("before the fault")
         first = sentinel_cluster.primary_port()
         faulted = time.monotonic()
         promoted = fault(sentinel_cluster)
         after = watch.check("after the failover")
-        storm.last(promoted or faulted, AFTER_SECONDS, LIMIT_SECONDS)
+        anchor = promoted or faulted
+        time.sleep(max(0.0, anchor + CHECKED_SECONDS - time.monotonic()))
+        _until_decided(load, anchor + GRACE_SECONDS, anchor + LIMIT_SECONDS)
     machine = storm.end()
     # One fault, at most one failover: a second one (sentinels judging the new primary
     # down) takes its only replica away, and the timings below would blame fairgate.
