@@ -32,15 +32,20 @@ import json
 import multiprocessing
 import os
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import redis
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from audit.chain import AuditRecord
 from audit.log import AuditLog, _links
+from bench.machine import run_delay_ns
 from fairshare.localredis import local_redis
 from webhook.auditing import AuditWriter
 
@@ -142,12 +147,6 @@ def split(url: str, rounds: int) -> dict[str, float]:
     return result
 
 
-def _run_delay_ns(schedstat: str) -> int:
-    """How long this thread has waited for a CPU while runnable (Linux schedstat)."""
-    with open(schedstat, encoding="ascii") as stats:
-        return int(stats.read().split()[1])
-
-
 def _feed(writer: AuditWriter, feeds: int, first: int, burst: int = BATCH,
           ) -> tuple[list[float], int]:
     """Submit ``burst`` records, then sleep 0.5 ms ``burst / 16`` times, ``feeds`` times:
@@ -164,11 +163,11 @@ def _feed(writer: AuditWriter, feeds: int, first: int, burst: int = BATCH,
             writer.submit("admit", **f)
         submit_ns += time.thread_time_ns() - started
         for _ in range(burst // 16):
-            waited = _run_delay_ns(schedstat)
+            waited = run_delay_ns(schedstat)
             asleep = time.perf_counter_ns()
             time.sleep(0.0005)
             late = time.perf_counter_ns() - asleep - 500_000
-            lateness.append((late - (_run_delay_ns(schedstat) - waited)) / 1e3)
+            lateness.append((late - (run_delay_ns(schedstat) - waited)) / 1e3)
     return sorted(lateness), submit_ns
 
 
