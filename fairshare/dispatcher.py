@@ -1178,7 +1178,9 @@ class Dispatcher:
         inference pod ``arrival``, just admitted and not bound, when the capacity pushed
         into the queue cannot hold it besides the pods holding capacity (those being
         deleted, evicted or riding on a shared claim left out: they free or hold nothing
-        more)."""
+        more), and the kube-scheduler, which preempts for it too, would take the same
+        pod (:func:`fairshare.reclaim.as_the_scheduler_would`); else the scheduler makes
+        the room alone."""
         if self.evictor is None or self._synced is None:
             return
         capacity = self._synced[1]
@@ -1193,11 +1195,17 @@ class Dispatcher:
         if all(n <= 0 for n in short.values()):
             return
         now = self.clock()
-        lent = {ticket: pod for ticket, pod in self.pods.items()
-                if pod.band == "borrowed" and pod.node is not None and pod.holds_capacity
-                and not pod.deleting and ticket not in self._evicting}
+        holding = {ticket: pod for ticket, pod in self.pods.items()
+                   if pod.band == "borrowed" and pod.node is not None and pod.holds_capacity}
+        lent = {ticket: pod for ticket, pod in holding.items()
+                if not pod.deleting and ticket not in self._evicting}
         started = {ticket: self._started.get(ticket, now) for ticket in lent}
-        for victim in reclaim.for_inference(short, reclaim.victims(lent, started)):
+        chosen = reclaim.for_inference(short, reclaim.victims(lent, started))
+        if not reclaim.as_the_scheduler_would(arrival.demand, chosen, holding):
+            log.info("room for inference left to the scheduler's preemption: its choice of "
+                     "victim is not certain", extra={"fields": _fields(arrival)})
+            return
+        for victim in chosen:
             for ticket in victim.tickets:
                 self._return_borrowed(lent[ticket], arrival, now)
 

@@ -35,6 +35,13 @@ docs/fairness.md, "Reclaim"):
   pods are preemptible by definition: no label, ``after`` or ``minRuntime`` applies, and
   reclaim need not be on. These are the pods the kube-scheduler would preempt for the
   inference pod (the lowest priority, the latest started), taken before it tries.
+- :func:`as_the_scheduler_would` says whether such an eviction may go ahead: the
+  inference pod is not gated, so the kube-scheduler preempts for it too, and it must
+  find the same victim already going, or one pod too many is lost. The scheduler
+  honours only its own terminating victims, compares start times in whole seconds and
+  breaks ties between nodes at random; so fairgate evicts only where the scheduler's
+  choice is certain (one victim, one borrowed pod that started last, alone in its
+  second) and otherwise leaves the preemption to the scheduler.
 - :func:`notes` is what the dispatcher stores after each check for ``fairgate status``,
   ``fairgate why`` and the console (see :mod:`fairshare.dispatcher`);
   :func:`fairshare.status.reclaim_lines` says it in words.
@@ -185,6 +192,26 @@ def for_inference(short: Mapping[str, int], borrowed: Sequence[Victim]) -> list[
         chosen.append(victim)
         _cover(lacking, victim)
     return chosen
+
+
+def as_the_scheduler_would(demand: Mapping[str, int], chosen: Sequence[Victim],
+                           borrowed: Mapping[str, GpuPod]) -> bool:
+    """Whether the kube-scheduler, preempting for an inference pod of ``demand`` itself,
+    takes a pod of ``chosen`` (what :func:`for_inference` picked): the pod asks one unit
+    of one capacity key, so one victim makes room on any node, and among ``borrowed``
+    (ticket -> running borrowed pod, those already being deleted included: the scheduler
+    still sees them) holding that key, one started in a later second than all others and
+    is among ``chosen``."""
+    asked = [key for key, n in demand.items() if n > 0]
+    if len(asked) != 1 or demand[asked[0]] != 1:
+        return False
+    holders = {ticket: pod.started_at for ticket, pod in borrowed.items()
+               if pod.demand.get(asked[0], 0) > 0}
+    if not holders or None in holders.values():
+        return False
+    latest = max(t for t in holders.values() if t is not None)
+    youngest = [ticket for ticket, started in holders.items() if started == latest]
+    return len(youngest) == 1 and any(youngest[0] in (v.tickets or (v.key,)) for v in chosen)
 
 
 def _cover(lacking: dict[str, int], victim: Victim) -> None:

@@ -81,6 +81,9 @@ class GpuPod:
     node: str | None
     created: float
     deleting: bool = False
+    started_at: float | None = None
+    """Its ``status.startTime`` (whole seconds, as the API serves it and the kube-scheduler
+    compares it when it picks preemption victims); None until the kubelet starts it."""
     unschedulable: str | None = None
     """The scheduler's message while it reports the pod ``PodScheduled=False`` with reason
     ``Unschedulable`` and has nominated no node for it (a nominated node means preemption

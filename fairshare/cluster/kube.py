@@ -238,6 +238,7 @@ def pod_from_manifest(
         node=spec.get("nodeName") or None,
         created=_timestamp(meta.get("creationTimestamp")),
         deleting=meta.get("deletionTimestamp") is not None,
+        started_at=_timestamp(status["startTime"]) if status.get("startTime") else None,
         unschedulable=unschedulable(status),
         preempted=preempted_by_scheduler(status),
         preemptible=labels.get(PREEMPTIBLE_LABEL) == "true",

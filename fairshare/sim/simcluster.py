@@ -480,7 +480,8 @@ class SimulatedCluster:
         self._class_slices[sim.pod.tenant, sim.pod.pod_class] += sim.pod.slices
         heapq.heappush(self._ends, (sim.ends, sim.seq, sim.pod.uid))
         self.history[sim.pod.uid].started = now
-        self._set(sim, replace(sim.pod, phase="Running", node="sim-node"))
+        self._set(sim, replace(sim.pod, phase="Running", node="sim-node",
+                               started_at=float(int(now))))
 
     def _preempt_for(self, pod: GpuPod) -> bool:
         spec = self.priority_classes.for_band(pod.band)

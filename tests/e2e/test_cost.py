@@ -15,7 +15,7 @@ import pytest
 import redis
 from harness.fairgate import FairgateStack, pods_api, tenant_namespace
 from harness.kubelet import DEFAULT_GPU_NODES
-from harness.pods import pod_manifest, running_node
+from harness.pods import pod_manifest, running_node, start_one_gpu_pods
 from harness.private import PrivateCluster, private_cluster
 from harness.waiting import wait_for
 
@@ -88,10 +88,8 @@ def test_a_borrower_evicted_for_inference_is_recorded_and_billed_as_preempted(
     team_a, team_b = pods_api(controlplane, "team-a"), pods_api(controlplane, "team-b")
     began = time.time()
     trainers = [f"trainer-{i}" for i in range(CLUSTER_GPUS)]
-    for name in trainers:
-        team_a.create_namespaced_pod(ns_a, pod_manifest(name, {"nvidia.com/gpu": 1}))
-    for name in trainers:
-        wait_for(partial(running_node, team_a, ns_a, name), 60, f"{name} to run")
+    # the youngest alone in its second: fairgate evicts it (else the scheduler would)
+    start_one_gpu_pods(team_a, ns_a, trainers, last_alone=True)
     for name in trainers:  # the dispatcher has seen each running
         wait_for(lambda n=name: _records(fairgate.redis_url, "start", n), 30, f"{name} start")
     server = pod_manifest("server", {"nvidia.com/gpu": 1},

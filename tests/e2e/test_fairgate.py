@@ -24,7 +24,13 @@ from harness.fairgate import (
     tenant_namespace,
 )
 from harness.kubelet import DEFAULT_GPU_NODES, FakeKubelet, GpuNode
-from harness.pods import is_gated, pod_manifest, required_affinity_admits, running_node
+from harness.pods import (
+    is_gated,
+    pod_manifest,
+    required_affinity_admits,
+    running_node,
+    start_one_gpu_pods,
+)
 from harness.waiting import wait_for
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -204,23 +210,25 @@ def test_pod_that_can_never_fit_is_refused_with_fairgates_message(
 # 4 -------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("last_alone", [True, False], ids=["youngest-alone", "started-together"])
 def test_inference_takes_back_borrowed_capacity_as_it_is_admitted(
     controlplane: ControlPlane,
     kubelet: FakeKubelet,
     fairgate: FairgateStack,
     tenant_pods: None,
+    last_alone: bool,
 ) -> None:
-    """Exactly one borrowed pod goes for a 1-GPU inference pod: fairgate's dispatcher
-    evicts it through the Eviction API as the pod is admitted (its Event says so), and
-    the kube-scheduler, trying the pod meanwhile, takes no second one."""
+    """Exactly one borrowed pod goes for a 1-GPU inference pod. When the youngest
+    borrowed pod started alone in its second, fairgate's dispatcher evicts it through the
+    Eviction API as the pod is admitted (its Event says so), and the kube-scheduler,
+    trying the pod meanwhile, finds that pod going and takes no other. When the
+    youngest started together, the scheduler would break the tie at random: fairgate
+    leaves the preemption to it, and still only one pod goes."""
     ns_a, ns_b = tenant_namespace("team-a"), tenant_namespace("team-b")
     team_a, team_b = pods_api(controlplane, "team-a"), pods_api(controlplane, "team-b")
     # team-a: nominal 4 GPUs + borrowLimit 4: eight 1-GPU trainers fill all 8 GPUs.
     trainers = [f"trainer-{i}" for i in range(CLUSTER_GPUS)]
-    for name in trainers:
-        team_a.create_namespaced_pod(ns_a, pod_manifest(name, {"nvidia.com/gpu": 1}))
-    for name in trainers:
-        wait_for(partial(running_node, team_a, ns_a, name), 60, f"{name} to run")
+    start_one_gpu_pods(team_a, ns_a, trainers, last_alone=last_alone)
     pods = {p.metadata.name: p for p in team_a.list_namespaced_pod(ns_a).items}
     borrowed = {
         n
@@ -239,16 +247,18 @@ def test_inference_takes_back_borrowed_capacity_as_it_is_admitted(
     wait_for(
         partial(running_node, team_b, ns_b, "server"),
         60,
-        "the scheduler to preempt a borrowed pod for the inference pod",
+        "a borrowed pod to be preempted for the inference pod",
     )
     survivors = {p.metadata.name for p in team_a.list_namespaced_pod(ns_a).items}
     evicted = set(trainers) - survivors
     assert len(evicted) == 1 and evicted <= borrowed, (evicted, borrowed)
     (victim,) = evicted
-    admin: Any = client.CoreV1Api(controlplane.admin)
-    message = wait_for(lambda: event_message(admin, ns_a, victim, "Preempted"), 30,
-                       "fairgate's Event on the evicted pod")
-    assert f"evicted for inference pod {ns_b}/server of tenant team-b" in message, message
+    if last_alone:
+        assert victim == trainers[-1]
+        admin: Any = client.CoreV1Api(controlplane.admin)
+        message = wait_for(lambda: event_message(admin, ns_a, victim, "Preempted"), 30,
+                           "fairgate's Event on the evicted pod")
+        assert f"evicted for inference pod {ns_b}/server of tenant team-b" in message, message
     time.sleep(3)  # a second eviction, by either, would show by now
     assert len(set(trainers) - {p.metadata.name
                                 for p in team_a.list_namespaced_pod(ns_a).items}) == 1

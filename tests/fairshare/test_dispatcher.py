@@ -641,11 +641,12 @@ def test_reclaim_lines_leave_out_reclaims_of_tenants_not_seen() -> None:
     assert reclaim_lines(None) == []  # no dispatcher has checked yet
 
 
-def _lending_rig(redis_url: str, audit: AuditLog | None = None) -> Any:
+def _lending_rig(redis_url: str, audit: AuditLog | None = None,
+                 starts: tuple[float, ...] = tuple(1_000.0 + i for i in range(8))) -> Any:
     """8 GPUs: "lender" (nominal 4) sends nothing, so "borrower" (nominal 4, borrowLimit 4)
-    fills all 8 with 1-GPU training pods, one a second from 1,000 s (the last four
-    borrowed). This simulated scheduler does not preempt for inference (its class says
-    Never), so only the dispatcher can make room."""
+    fills all 8 with 1-GPU training pods started at ``starts`` (by default one a second
+    from 1,000 s; the last four borrowed). This simulated scheduler does not preempt for
+    inference (its class says Never), so only the dispatcher can make room."""
     tenants = {"lender": {"nominal": {"gpu": 4}},
                "borrower": {"nominal": {"gpu": 4}, "borrowLimit": {"gpuEquivalents": 4}}}
     rig = make_rig(redis_url, tenants, {"gpu": 8}, audit=audit)
@@ -653,8 +654,8 @@ def _lending_rig(redis_url: str, audit: AuditLog | None = None) -> Any:
         {"inference": {"name": "fairgate-inference", "value": 100000,
                        "preemptionPolicy": "Never"}})
     rig.dispatcher.evictor = rig.cluster
-    for i in range(8):
-        rig.at(1_000.0 + i)
+    for i, start in enumerate(starts):
+        rig.at(start)
         rig.pod(f"train-{i}", tenant="borrower", duration=3600)
         rig.settle()
     assert [p.band for p in _running_of(rig, "borrower")] == ["training"] * 4 + ["borrowed"] * 4
@@ -667,27 +668,48 @@ def _running_of(rig: Any, tenant: str) -> list[GpuPod]:
 
 
 def test_inference_takes_back_lent_capacity_at_once(redis_url: str) -> None:
-    """A 2-GPU inference pod of the lender: the two youngest borrowed pods are evicted as
-    it is admitted (no training-band pod, nothing more), it runs, and each eviction has
-    its Event, ``preempt`` record and metric."""
+    """A 1-GPU inference pod of the lender: the youngest borrowed pod, the one the
+    kube-scheduler would take, is evicted as it is admitted (no training-band pod,
+    nothing more), it runs, and the eviction has its Event, ``preempt`` record and
+    metric."""
     audit = AuditLog(redis.Redis.from_url(redis_url), out=io.StringIO())
     rig = _lending_rig(redis_url, audit)
     rig.at(1_100.0)
-    rig.pod("serve", tenant="lender", pod_class="inference", demand={"gpu": 2})
+    rig.pod("serve", tenant="lender", pod_class="inference", demand={"gpu": 1})
     rig.settle()
     assert [p.ref.name for p in _running_of(rig, "lender")] == ["serve"]
-    assert sorted(h.spec.name for h in rig.cluster.history.values() if h.reclaimed) == \
-        ["train-6", "train-7"]
-    warned = [e for e in rig.cluster.events if e.reason == "Preempted"]
-    assert [e.type_ for e in warned] == ["Warning", "Warning"]
-    assert "evicted for inference pod lender-ns/serve of tenant lender" in warned[0].message
+    assert [h.spec.name for h in rig.cluster.history.values() if h.reclaimed] == ["train-7"]
+    (warned,) = [e for e in rig.cluster.events if e.reason == "Preempted"]
+    assert warned.type_ == "Warning"
+    assert "evicted for inference pod lender-ns/serve of tenant lender" in warned.message
     records = [e.record for e in audit.entries()
                if e.record is not None and e.record.decision == PREEMPT]
-    assert sorted(r.name for r in records) == ["train-6", "train-7"]
+    assert [r.name for r in records] == ["train-7"]
     text = rig.dispatcher.metrics.render().decode()
-    assert 'fairgate_preemptions_total{tenant="borrower"} 2.0' in text
-    # the replacements of the evicted pods wait: the lender's quota is its own again
-    assert len(_running_of(rig, "borrower")) == 6
+    assert 'fairgate_preemptions_total{tenant="borrower"} 1.0' in text
+    # the replacement of the evicted pod waits: the lender's quota is its own again
+    assert len(_running_of(rig, "borrower")) == 7
+
+
+@pytest.mark.parametrize(
+    ("case", "starts", "demand"),
+    [
+        ("the two youngest started in one second: the scheduler picks one at random",
+         (1_000.0, 1_001.0, 1_002.0, 1_003.0, 1_004.0, 1_005.0, 1_006.2, 1_006.7), {"gpu": 1}),
+        ("a 2-GPU pod: the scheduler picks a node, not the two youngest pods",
+         tuple(1_000.0 + i for i in range(8)), {"gpu": 2}),
+    ],
+)
+def test_inference_room_is_left_to_the_scheduler_when_its_victim_is_not_certain(
+        redis_url: str, case: str, starts: tuple[float, ...], demand: dict[str, int]) -> None:
+    """The kube-scheduler preempts for the ungated inference pod as well: fairgate evicts
+    only a pod it is certain the scheduler takes, or two pods go for one."""
+    rig = _lending_rig(redis_url, starts=starts)
+    rig.at(1_100.0)
+    rig.pod("serve", tenant="lender", pod_class="inference", demand=demand)
+    rig.settle()
+    assert not [h for h in rig.cluster.history.values() if h.reclaimed], case
+    assert not [e for e in rig.cluster.events if e.reason == "Preempted"], case
 
 
 def test_inference_that_fits_evicts_nothing(redis_url: str) -> None:

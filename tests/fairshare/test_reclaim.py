@@ -1,5 +1,6 @@
 """The reclaim rule (fairshare.reclaim.choose), table by table, and its potential; the
-borrowed pods given back to inference (fairshare.reclaim.for_inference)."""
+borrowed pods given back to inference (fairshare.reclaim.for_inference) and when fairgate
+may evict them ahead of the kube-scheduler (fairshare.reclaim.as_the_scheduler_would)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairshare.reclaim import Owed, Standing, Victim, choose, for_inference
+from fairshare.cluster.cluster import GpuPod, PodRef
+from fairshare.reclaim import Owed, Standing, Victim, as_the_scheduler_would, choose, for_inference
 from tenants.models import ReclaimSpec
 
 SPEC = ReclaimSpec.model_validate({"after": "5m", "minRuntime": "30m", "perHour": 4})
@@ -123,13 +125,16 @@ def test_every_reclaim_lowers_the_potential_and_cannot_be_reversed(
         s = after[v.tenant]
         after[v.tenant] = Standing(s.used - v.gpus, s.entitlement)
         assert after[v.tenant].used >= s.entitlement
+    # the head takes what it asks; a victim that frees more (an 8-GPU pod for a 1-GPU
+    # head) leaves the rest to the queue, not to reclaim
+    gained = min(moved, lacks)
     o = after["new"]
-    after["new"] = Standing(o.used + moved, o.entitlement)
+    after["new"] = Standing(o.used + gained, o.entitlement)
     assert potential(after) < potential(standings)
     # the reverse, right after: no victim tenant may reclaim from the owed one
     for v in chosen:
         back = Owed(v.tenant, {"gpu": 1}, {"gpu": 1}, NOW - 600)
-        theirs = [pod(f"r{i}", tenant="new", gpus=1) for i in range(int(moved))]
+        theirs = [pod(f"r{i}", tenant="new", gpus=1) for i in range(int(gained))]
         assert choose(back, after, theirs, spec, NOW, []) == []
 
 
@@ -155,3 +160,44 @@ def test_borrowed_pods_given_back_to_inference(case: str, short: dict[str, int],
                                                borrowed: list[Victim],
                                                expected: list[str]) -> None:
     assert keys(for_inference(short, borrowed)) == expected, case
+
+
+def lent(ticket: str, started_at: float | None, key: str = "gpu", n: int = 1) -> GpuPod:
+    return GpuPod(ref=PodRef("old-ns", ticket), uid=ticket, ticket=ticket, tenant="old",
+                  pod_class="training", band="borrowed", demand={key: n}, group=None,
+                  group_size=1, phase="Running", gated=False, node="node-1", created=0.0,
+                  started_at=started_at)
+
+
+def chose(*tickets: str) -> list[Victim]:
+    return [Victim(t, "old", {"gpu": 1}, NOW, tickets=(t,)) for t in tickets]
+
+
+@pytest.mark.parametrize(
+    ("case", "demand", "chosen", "borrowed", "certain"),
+    [
+        ("one GPU; the youngest started alone in its second", {"gpu": 1}, chose("b"),
+         [lent("a", NOW - 10), lent("b", NOW - 9)], True),
+        ("the two youngest started in one second: a tie the scheduler breaks at random",
+         {"gpu": 1}, chose("b"), [lent("a", NOW - 9), lent("b", NOW - 9)], False),
+        ("fairgate chose another than the youngest", {"gpu": 1}, chose("a"),
+         [lent("a", NOW - 10), lent("b", NOW - 9)], False),
+        ("a pod already going is still the scheduler's youngest", {"gpu": 1}, chose("a"),
+         [lent("a", NOW - 10), lent("gone", NOW - 5)], False),
+        ("two GPUs: the scheduler picks a node, not pods", {"gpu": 2}, chose("a", "b"),
+         [lent("a", NOW - 10), lent("b", NOW - 9)], False),
+        ("two keys", {"gpu": 1, "mig-1g.10gb": 1}, chose("b"),
+         [lent("a", NOW - 10), lent("b", NOW - 9)], False),
+        ("the youngest holding the key asked counts, not another key's",
+         {"mig-1g.10gb": 1}, chose("m"),
+         [lent("m", NOW - 10, key="mig-1g.10gb"), lent("b", NOW - 9)], True),
+        ("a start time not reported yet", {"gpu": 1}, chose("b"),
+         [lent("a", None), lent("b", NOW - 9)], False),
+        ("nothing chosen", {"gpu": 1}, [], [lent("a", NOW - 10)], False),
+    ],
+)
+def test_fairgate_evicts_for_inference_only_where_the_scheduler_takes_the_same_pod(
+        case: str, demand: dict[str, int], chosen: list[Victim], borrowed: list[GpuPod],
+        certain: bool) -> None:
+    assert as_the_scheduler_would(demand, chosen, {p.ticket: p for p in borrowed}) is certain, \
+        case

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
+
+from .waiting import wait_for
 
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
@@ -45,6 +49,23 @@ def running_node(core: Any, namespace: str, name: str) -> str | None:
     """The node the pod runs on, or None while it is not Running."""
     pod = core.read_namespaced_pod(name, namespace)
     return pod.spec.node_name if pod.status.phase == "Running" else None
+
+
+def start_one_gpu_pods(core: Any, namespace: str, names: Sequence[str], *,
+                       last_alone: bool) -> None:
+    """Create a 1-GPU pod per name and wait until each runs; with ``last_alone``, the
+    last is created only once the others run and a second has passed, so that it alone
+    started last (``status.startTime`` has whole seconds: pods started in one second
+    are equally young to the kube-scheduler)."""
+    first = names[:-1] if last_alone else names
+    for name in first:
+        core.create_namespaced_pod(namespace, pod_manifest(name, {"nvidia.com/gpu": 1}))
+    for name in first:
+        wait_for(partial(running_node, core, namespace, name), 60, f"{name} to run")
+    if last_alone:
+        time.sleep(1.1)
+        core.create_namespaced_pod(namespace, pod_manifest(names[-1], {"nvidia.com/gpu": 1}))
+        wait_for(partial(running_node, core, namespace, names[-1]), 60, f"{names[-1]} to run")
 
 
 def no_pods(core: Any, namespace: str) -> bool:
