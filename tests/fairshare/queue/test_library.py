@@ -17,7 +17,7 @@ import pytest
 import redis
 import redis.asyncio
 
-from fairshare.queue.calls import OPERATIONS, READ_ONLY, Library, lib_source, library
+from fairshare.queue.calls import LIB_PARTS, OPERATIONS, READ_ONLY, Library, lib_source, library
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.fastpath import AsyncFairQueue
 from fairshare.queue.functions import LibraryLoadError, QueueFunctions
@@ -400,3 +400,10 @@ def test_a_call_without_the_prefix_key_is_refused_clearly(redis_client: redis.Re
     FairQueue(redis_client).tenant_status()  # loads it
     with pytest.raises(redis.ResponseError, match="needs the key prefix as its one key"):
         redis_client.fcall_ro(library().function("status"), 0)
+
+
+def test_every_helper_file_is_a_part_of_the_library() -> None:
+    """A lib_<part>.lua left out of LIB_PARTS would be shipped and never loaded."""
+    files = {path.name for path in resources.files("fairshare.queue.scripts").iterdir()
+             if path.name.startswith("lib_") and path.name.endswith(".lua")}
+    assert files == {f"lib_{part}.lua" for part in LIB_PARTS}
