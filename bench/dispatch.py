@@ -11,7 +11,7 @@ delta of queueing the backlog divided by its size.
 ``--half-life S`` sets ``fairShare.usageHalfLife`` (default 0: not set, the default
 order, virtual time) so the decayed-usage path is timed: a decision then computes the
 current score of each ready-set member it walks and writes the ones that rose back (``best_of`` in
-``fairshare/queue/scripts/lib.lua``). The clock advances 1 ms per decision and the release
+``fairshare/queue/scripts/lib_order.lua``). The clock advances 1 ms per decision and the release
 before it gets the same clock, as in ``bench/instructions.py dispatch``.
 
     python bench/dispatch.py                      # full grid, own redis-server

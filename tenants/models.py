@@ -452,7 +452,7 @@ class Tenant:
         """The most slices of ``demand`` this tenant's quota can ever let training hold
         at once: the part of its nominal quota (less the inference reserve, which only
         inference may use) that covers ``demand``'s resources, plus the borrow limit.
-        Demand above it never fits; the queue (lib.lua ``quota_check``) admits anything
+        Demand above it never fits; the queue (lib_tenants.lua ``quota_check``) admits anything
         up to it on an idle tenant."""
         covered = resources.total_slices(
             {r: min(n, self.nominal.get(r, 0)) for r, n in demand.items()})

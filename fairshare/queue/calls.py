@@ -5,10 +5,10 @@ and the webhook's :class:`fairshare.queue.fastpath.AsyncFairQueue`, so both spea
 same scripts in exactly the same way):
 
 - :func:`library` is the one Redis Function library holding every operation
-  (``scripts/library.lua`` framing ``lib.lua`` and each ``<op>.lua``), named after a hash
-  of those sources; :meth:`Library.function` is the function an operation is called by
-  (``FCALL``, or ``FCALL_RO`` for the :data:`READ_ONLY` ones). Loading and calling it is
-  :mod:`fairshare.queue.functions`.
+  (``scripts/library.lua`` framing the ``lib_<part>.lua`` helpers and each
+  ``<op>.lua``), named after a hash of those sources; :meth:`Library.function` is the
+  function an operation is called by (``FCALL``, or ``FCALL_RO`` for the
+  :data:`READ_ONLY` ones). Loading and calling it is :mod:`fairshare.queue.functions`.
 - ``*_args`` build a script's ARGV; the matching reply readers turn its reply into the
   typed values of :mod:`fairshare.queue.model`, raising :class:`TicketConflictError` where the
   reply says so.
@@ -122,6 +122,17 @@ class Library:
         return f"{self.name}_{op}"
 
 
+LIB_PARTS = ("base", "tenants", "usage", "lanes", "order", "holds", "reasons")
+"""The parts of the queue's shared helpers (``scripts/lib_<part>.lua``), in the order they
+are joined: each uses the top-level locals of those before it."""
+
+
+def lib_source() -> str:
+    """The shared helpers as one Lua chunk: every ``lib_<part>.lua`` of :data:`LIB_PARTS`."""
+    scripts = importlib_resources.files("fairshare.queue.scripts")
+    return "\n".join(scripts.joinpath(f"lib_{part}.lua").read_text() for part in LIB_PARTS)
+
+
 @cache
 def library() -> Library:
     """The library of this fairgate's Lua sources (see ``scripts/library.lua``)."""
@@ -137,7 +148,7 @@ def library() -> Library:
         f"ops[{op!r}] = function(ARGV)\nbegin()\n{read(op)}\nend\n" for op in OPERATIONS)
     registrations = "".join(f"register({op!r}, {flags(op)})\n" for op in OPERATIONS)
     frame = read("library")
-    for marker, text in (("--[[lib]]", read("lib")), ("--[[operations]]", operations),
+    for marker, text in (("--[[lib]]", lib_source()), ("--[[operations]]", operations),
                          ("--[[registrations]]", registrations)):
         if frame.count(marker) != 1:
             raise RuntimeError(f"scripts/library.lua must hold {marker} exactly once")
@@ -152,7 +163,7 @@ def text(value: Any) -> str:
 
 
 # the first byte of a uuid ticket packed into 17 bytes in a lane (pack_entry in
-# scripts/lib.lua); no UTF-8 text begins with it
+# scripts/lib_usage.lua); no UTF-8 text begins with it
 PACKED = 0xFF
 
 
@@ -382,7 +393,7 @@ def in_words(key: str) -> str:
 
 
 def gang_reason(rest: Sequence[str]) -> tuple[str, int, int | None, str, str]:
-    """The fields of a ``gang`` reason (lib.lua): gang id, members created (queued or
+    """The fields of a ``gang`` reason (lib_reasons.lua): gang id, members created (queued or
     running), size (None: unknown), source and what the size awaits (``""`` from a
     queue that did not store them)."""
     gang, created, size = rest[0], int(rest[1]), int(rest[2])
@@ -409,7 +420,7 @@ def gang_wait(gang: str, created: int, size: int | None, source: str = "",
 
 
 def explain(reason: Sequence[str], tenant: str, pod_class: PodClass) -> str:
-    """Words for a reason code returned by the scripts (see lib.lua ``reason``)."""
+    """Words for a reason code returned by the scripts (see the scripts' ``reason``)."""
     code, *rest = reason
     if code == "gang":
         return gang_wait(*gang_reason(rest))

@@ -232,8 +232,8 @@ class Load:
 
 @dataclass(frozen=True)
 class Ticket:
-    """A ticket as the queue stores it (``fairgate:tk``; layout in fairshare/queue/scripts/lib.lua:
-    ``state|tenant|class|band|demand|...``)."""
+    """A ticket as the queue stores it (``fairgate:tk``; layout in
+    fairshare/queue/scripts/lib_base.lua: ``state|tenant|class|band|demand|...``)."""
 
     state: str  # Q queued, G gang-waiting, R reserved, A running
     tenant: str

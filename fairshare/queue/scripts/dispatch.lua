@@ -1,5 +1,5 @@
 -- dispatch: release up to `limit` queue entries (a pod or a whole gang) in queue
--- order (lib.lua plan): tiers inference, training, borrowed; then fair-share score; then
+-- order (lib_holds.lua plan): tiers inference, training, borrowed; then fair-share score; then
 -- the oldest head; capacity held for the entry owed it. ARGV: now, limit, and
 -- optionally the capacity (counts by capacity key) that entries are fitted against in
 -- this call instead of the stored one, key by key (autoscaled pools: what they may grow

@@ -1,4 +1,4 @@
--- holds: the capacity held now (lib.lua plan), per tier in queue order. ARGV: now.
+-- holds: the capacity held now (lib_holds.lua plan), per tier in queue order. ARGV: now.
 -- Returns one list per held entry: tier, tenant, shape, held units (counts: the free
 -- capacity not held for the entries before it, up to its demand), the lane head ('<ticket>' or '@<gang id>'),
 -- namespace, name (of the head pod, or of the gang's first member).

@@ -1,15 +1,17 @@
 #!lua name=--[[library]]
 -- fairgate's fair queue as one Redis Function library (Redis >= 7.0), assembled by
--- fairshare/queue/calls.py (library()) from this frame, lib.lua and the operation
--- files (<op>.lua): the markers --[[...]] are replaced, nothing else is.
+-- fairshare/queue/calls.py (library()) from this frame, the shared helpers
+-- (lib_<part>.lua, joined in the order of LIB_PARTS) and the operation files
+-- (<op>.lua): the markers --[[...]] are replaced, nothing else is.
 --
--- lib.lua was written to run once per call (EVALSHA ran it before every operation);
--- here it runs once per key prefix (KEYS[1]) for the life of the library: `instance`
--- is lib.lua plus the operations as closures over its locals, made on the first call
--- with a prefix and kept. What lib.lua keeps during one operation (its per-call
--- caches and the clock) is cleared by `begin` before every operation, so an operation
--- sees what it saw as a script. A top-level local of lib.lua that an operation assigns
--- or fills must be cleared in `begin` (tests/fairshare/queue/test_library.py checks it).
+-- The helpers were written to run once per call (EVALSHA ran them before every
+-- operation); here they run once per key prefix (KEYS[1]) for the life of the library:
+-- `instance` is the helpers plus the operations as closures over their locals, made on
+-- the first call with a prefix and kept. What the helpers keep during one operation
+-- (their per-call caches and the clock) is cleared by `begin` before every operation,
+-- so an operation sees what it saw as a script. A top-level local of the helpers that
+-- an operation assigns or fills must be cleared in `begin`
+-- (tests/fairshare/queue/test_library.py checks it).
 
 local function instance(KEYS)
 --[[lib]]

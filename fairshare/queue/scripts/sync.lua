@@ -1,10 +1,10 @@
 -- sync: ARGV[1] '1' replaces the capacity with ARGV[2] (counts), '0' keeps the stored
 -- one; ARGV[3]: fairShare.usageHalfLife in seconds (0: current usage only, -1: virtual
--- time, lib.lua halflife); then, per
+-- time, lib_tenants.lua halflife); then, per
 -- tenant, 5 fields: name, weight, borrow slices, reserve slices, nominal counts.
 -- Tenants not named lose their quota but keep their usage and queue. Readiness,
 -- shares and the backlogged weights (bw, bm) are computed again; tw is the summed
--- weight of the named tenants (lib.lua guaranteed). A tenant whose budget
+-- weight of the named tenants (lib_tenants.lua guaranteed). A tenant whose budget
 -- the dispatcher found exhausted (hash <prefix>budget, JSON with state 'exhausted';
 -- fairshare/queue/budget.py) gets a borrow limit b of 0: it may not borrow, nominal is kept;
 -- bc keeps the configured limit (admit: the band a pod can fit in at all).

@@ -7,7 +7,7 @@ every answer. It models two orders (``Reference(virtual_time=...)``, the scripts
 follow the synced ``fairShare``):
 
 - current usage (``usageHalfLife: 0``): a tenant's score is slices in use / weight;
-- virtual time, the default order (docs/fairness.md, lib.lua): per tenant the service
+- virtual time, the default order (docs/fairness.md, lib_tenants.lua): per tenant the service
   v (slice-seconds) folded up to the caller's ``now`` whenever its usage changes, the
   start charge (slices in use x expected run time less the service those slices
   received since they began, never below 0), the expected run time (the moving
@@ -52,7 +52,7 @@ STATE_NAME: dict[str, TicketState] = {
 
 Shape = dict[str, ResourceCounts]  # band code -> counts
 
-# lib.lua's constants of virtual time
+# lib_tenants.lua's constants of virtual time
 NO_USAGE = -1e18  # the score of a tenant with no service and nothing charged
 DEFAULT_RUN = 600.0  # the expected run time before any pod ended
 RUN_WEIGHT = 0.25  # the newest run's weight in the moving average of run times
@@ -375,7 +375,7 @@ class Reference:
         return score
 
     def refresh(self, tenant: str, now: float | None) -> None:
-        """lib.lua refresh, after the tenant's usage, lanes or quota changed: va (the
+        """lib_lanes.lua refresh, after the tenant's usage, lanes or quota changed: va (the
         scores the scripts store in ready sets are lower bounds of the current ones,
         which the model computes instead)."""
         self.track(tenant, now)
@@ -440,7 +440,7 @@ class Reference:
 
     def note_hold(self, tier: str, now: float, best: Top | None, held: list[Top],
                   record: Commitment | None) -> None:
-        """Keep the tier's commitment after a dispatch decision (lib.lua note_hold):
+        """Keep the tier's commitment after a dispatch decision (lib_holds.lua note_hold):
         a release of the committed lane that finds the step done ends it; at the end of
         a round it stays while its lane is held for and its step not done, else it
         moves to the first entry held for, or ends."""

@@ -17,7 +17,7 @@ import pytest
 import redis
 import redis.asyncio
 
-from fairshare.queue.calls import OPERATIONS, READ_ONLY, Library, library
+from fairshare.queue.calls import LIB_PARTS, OPERATIONS, READ_ONLY, Library, lib_source, library
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.fastpath import AsyncFairQueue
 from fairshare.queue.functions import LibraryLoadError, QueueFunctions
@@ -66,10 +66,10 @@ def _lua(name: str) -> str:
 
 
 def test_every_lib_local_an_operation_changes_is_cleared_before_each_call() -> None:
-    """lib.lua ran before every script call; in the library it runs once per prefix, so
-    any of its top-level locals an operation assigns or fills (a cache, the clock) would
-    leak into the next call unless `begin` clears it."""
-    lib = _lua("lib")
+    """The shared helpers (lib_<part>.lua) ran before every script call; in the library
+    they run once per prefix, so any of their top-level locals an operation assigns or
+    fills (a cache, the clock) would leak into the next call unless `begin` clears it."""
+    lib = re.sub(r"--.*", "", lib_source())
     names = {n.strip() for m in re.finditer(r"^local (?!function)([\w, ]+?)\s*=", lib, re.M)
              for n in m.group(1).split(",")}
     code = lib + "".join(_lua(op) for op in OPERATIONS)
@@ -181,10 +181,10 @@ def _step(q: FairQueue, rng: random.Random, state: dict[str, Any], step: int) ->
 def test_a_kept_library_answers_as_one_made_afresh_for_every_call(
     redis_url: str, half_life: str
 ) -> None:
-    """The shipped library (lib.lua once per prefix, parse_shape's cache kept and emptied
-    every 1,000 calls) against the same code made afresh on every call, as EVALSHA ran
-    it: the same answers and the same Redis contents over 1,300 random operations of
-    every kind, config changes included."""
+    """The shipped library (the lib_<part>.lua helpers once per prefix, parse_shape's
+    cache kept and emptied every 1,000 calls) against the same code made afresh on every
+    call, as EVALSHA ran it: the same answers and the same Redis contents over 1,300
+    random operations of every kind, config changes included."""
     fresh = _version("fairgate_fresh_each_call",  # never finds a kept instance
                      **{"local ops = instances[prefix]": "local ops = nil"})
     kept_client = redis.Redis.from_url(redis_url)
@@ -400,3 +400,10 @@ def test_a_call_without_the_prefix_key_is_refused_clearly(redis_client: redis.Re
     FairQueue(redis_client).tenant_status()  # loads it
     with pytest.raises(redis.ResponseError, match="needs the key prefix as its one key"):
         redis_client.fcall_ro(library().function("status"), 0)
+
+
+def test_every_helper_file_is_a_part_of_the_library() -> None:
+    """A lib_<part>.lua left out of LIB_PARTS would be shipped and never loaded."""
+    files = {path.name for path in resources.files("fairshare.queue.scripts").iterdir()
+             if path.name.startswith("lib_") and path.name.endswith(".lua")}
+    assert files == {f"lib_{part}.lua" for part in LIB_PARTS}

@@ -279,7 +279,7 @@ def test_no_capacity_is_held_for_a_tenant_at_its_weighted_share(redis_client: re
     assert status is not None and status.waiting_for == "4 x gpu of cluster capacity"
 
 
-# Without a half-life lib.lua's below_share decides from the tenant's ready-set score
+# Without a half-life lib_order.lua's below_share decides from the tenant's ready-set score
 # (slices in use / weight) times the summed weight; with weight 3.1 that product rounds
 # to just below the capacity (14 / 3.1 * 6.2 < 28), so a tenant exactly at its share
 # would read as below it without the rounding guard.

@@ -459,7 +459,7 @@ class QueueMachine(RuleBasedStateMachine):
     @invariant()
     def stored_scores_are_lower_bounds(self) -> None:
         """A decision walks a ready set from its lowest stored score and stops at the
-        first that cannot beat the best current one (lib.lua best_of): every stored
+        first that cannot beat the best current one (lib_order.lua best_of): every stored
         score is at most its tenant's current one (the rule's, at the clock now)."""
         for key in self.client.scan_iter(match="fairgate:r:*"):
             members = cast(list[tuple[bytes, float]],
