@@ -33,9 +33,12 @@ Contract:
   unless recorded otherwise): when the charge of a shared claim moves to it or away
   from it. What is recorded is what the queue's usage was rebuilt with.
 - Reclaim (``fairShare.reclaim``, off unless set, and only with an ``evictor``): every
-  ``reclaim_every`` seconds, and at the first step after every pod the last check
+  ``reclaim_every`` seconds, at the first step after every pod the last check
   evicted is gone (its head is then released, and the next one may be owed: a newcomer
-  owed many pods is not held to one a check), the first training hold (the head owed
+  owed many pods is not held to one a check), and at the first step after the moment
+  a check that evicted nothing found time alone would change that
+  (:func:`fairshare.reclaim.due`: the head reaches ``after``, a candidate
+  ``minRuntime``), the first training hold (the head owed
   the next capacity) is checked; :func:`fairshare.reclaim.choose` picks what to evict
   for it from the pods
   running (their start as this dispatcher saw it), each victim pod is evicted through
@@ -289,7 +292,7 @@ class Dispatcher:
         self.spend = spend
         self.provisioner = provisioner
         self.evictor = evictor
-        self._last_reclaim = float("-inf")
+        self._reclaim_due = float("-inf")  # when the next reclaim check is due
         self._reclaimed: list[dict[str, Any]] = []  # the pods reclaimed in the last hour
         self._evicting: set[str] = set()  # tickets fairgate evicted, not released yet
         self._arrivals: list[str] = []  # tickets of inference pods first seen this batch
@@ -1103,9 +1106,9 @@ class Dispatcher:
                     self._meter(pod, now)
             self._check_drift(snapshot.tenants)
             self._queued_events(now)
-        if now - self._last_reclaim >= self.settings.reclaim_every or (
+        if now >= self._reclaim_due or (
                 self._recheck and not self._evicting & self.pods.keys()):
-            self._last_reclaim = now
+            self._reclaim_due = now + self.settings.reclaim_every
             self._recheck = False
             self._reclaim(now)
 
@@ -1141,9 +1144,12 @@ class Dispatcher:
                      for name, t in fair.tenants.items()}
         running = {ticket: pod for ticket, pod in self.pods.items()
                    if pod.phase == "Running" and not pod.gated and not pod.deleting}
-        chosen = reclaim.choose(owed, standings,
-                                reclaim.victims(running, self._started, self._released),
-                                spec, now, [r["at"] for r in self._reclaimed])
+        candidates = reclaim.victims(running, self._started, self._released)
+        chosen = reclaim.choose(owed, standings, candidates, spec, now,
+                                [r["at"] for r in self._reclaimed])
+        due = None if chosen else reclaim.due(owed, candidates, spec, now)
+        if due is not None:
+            self._reclaim_due = min(self._reclaim_due, due)
         for victim in chosen:
             for ticket in victim.tickets:
                 self._evict(running[ticket], hold, now)

@@ -28,6 +28,8 @@ docs/fairness.md, "Reclaim"):
 - :func:`victims` groups running pods into candidates: a pod without a gang is one; a
   gang is one only when all its ``group_size`` members are running and known (a
   gang is reclaimed whole or not at all).
+- :func:`due` says when waiting alone may let :func:`choose` reclaim what it refuses
+  now (``after``, ``minRuntime``), so that the check comes then, not a period later.
 - :func:`for_inference` is the other eviction: borrowed capacity returned to inference.
   It gets what the cluster lacks, per capacity key, once an inference pod just admitted
   is counted, and the running borrowed candidates; it returns the youngest of them
@@ -176,6 +178,21 @@ def choose(
         taken[pick.tenant] = taken.get(pick.tenant, 0.0) + pick.gpus
         _cover(lacking, pick)
     return chosen
+
+
+def due(owed: Owed, candidates: Sequence[Victim], spec: ReclaimSpec,
+        now: float) -> float | None:
+    """The first moment after ``now`` at which time alone may change what :func:`choose`
+    refuses ``owed`` now: the head has waited ``after``; or, that reached, a preemptible
+    training candidate of another tenant reaches ``minRuntime``. None when neither lies
+    ahead."""
+    waited = owed.since + spec.after
+    if waited > now:
+        return waited
+    ahead = [v.started + spec.min_runtime for v in candidates
+             if v.training and v.preemptible and v.tenant != owed.tenant
+             and v.started + spec.min_runtime > now]
+    return min(ahead, default=None)
 
 
 def for_inference(short: Mapping[str, int], borrowed: Sequence[Victim]) -> list[Victim]:

@@ -465,12 +465,14 @@ class _Evictions:
 
 
 def _reclaim_rig(redis_url: str, reclaim: dict[str, Any] | None, preemptible: bool,
-                 audit: AuditLog | None = None) -> tuple[Any, _Evictions]:
+                 audit: AuditLog | None = None,
+                 every: float = 0.0) -> tuple[Any, _Evictions]:
     """16 GPUs full of "old"'s long training pods (started at 1,000 s), then "new" asks
-    for 2 x 8 GPUs at 1,010 s; the dispatcher checks for reclaim on every step."""
+    for 2 x 8 GPUs at 1,010 s; the dispatcher checks for reclaim every ``every`` seconds
+    (by default on every step)."""
     tenants = {name: {"weight": 1, "nominal": {"gpu": 16}} for name in ("old", "new")}
     rig = make_rig(redis_url, tenants, {"gpu": 16}, audit=audit,
-                   settings=DispatcherSettings(reclaim_every=0.0))
+                   settings=DispatcherSettings(reclaim_every=every))
     platform = rig.config.platform.model_copy(update={"fair_share": FairShareSpec.model_validate(
         {} if reclaim is None else {"reclaim": reclaim})})
     config = FairgateConfig(platform=platform, quotas=rig.config.quotas)
@@ -507,6 +509,21 @@ def test_reclaim_evicts_for_the_owed_head_only_what_it_lacks(redis_url: str) -> 
     assert sorted(r.name for r in records) == sorted(p.ref.name for p in evictions.pods)
     rig.at(2_000.0)  # the evicted pods are still terminating: nothing more is evicted
     assert len(evictions.pods) == 2
+
+
+def test_the_reclaim_check_comes_when_time_allows_it_not_a_period_later(
+    redis_url: str,
+) -> None:
+    """Checks 250 s apart (from 1,000 s: 1,500 s, then 1,750 s): the head has waited
+    `after` at 1,070 s and old's pods reach `minRuntime` at 1,600 s, so the check comes
+    at 1,600 s, not at 1,750 s."""
+    rig, evictions = _reclaim_rig(redis_url, RECLAIM_ON, preemptible=True, every=250.0)
+    for t in range(1_020, 1_600, 10):
+        rig.at(float(t))
+    rig.at(1_599.5)
+    assert evictions.pods == []
+    rig.at(1_600.0)
+    assert [p.tenant for p in evictions.pods] == ["old", "old"]
 
 
 def test_the_next_reclaim_check_comes_once_the_last_reclaims_pods_are_gone(

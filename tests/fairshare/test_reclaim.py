@@ -9,7 +9,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairshare.cluster.cluster import GpuPod, PodRef
-from fairshare.reclaim import Owed, Standing, Victim, as_the_scheduler_would, choose, for_inference
+from fairshare.reclaim import (
+    Owed,
+    Standing,
+    Victim,
+    as_the_scheduler_would,
+    choose,
+    due,
+    for_inference,
+)
 from tenants.models import ReclaimSpec
 
 SPEC = ReclaimSpec.model_validate({"after": "5m", "minRuntime": "30m", "perHour": 4})
@@ -201,3 +209,22 @@ def test_fairgate_evicts_for_inference_only_where_the_scheduler_takes_the_same_p
         certain: bool) -> None:
     assert as_the_scheduler_would(demand, chosen, {p.ticket: p for p in borrowed}) is certain, \
         case
+
+
+@pytest.mark.parametrize(
+    ("case", "since", "victims", "expected"),
+    [
+        ("the head has not waited `after`: then", NOW - 60, [pod("a")], NOW - 60 + 300),
+        ("`after` reached, a victim short of `minRuntime`: when it reaches it", NOW - 600,
+         [pod("a", started=NOW - 600), pod("b", started=NOW - 1200)], NOW - 1200 + 1800),
+        ("all have run `minRuntime`: time changes nothing", NOW - 600, [pod("a")], None),
+        ("a pod not labelled preemptible never will", NOW - 600,
+         [pod("a", started=NOW - 60, preemptible=False)], None),
+        ("the owed tenant's own pods do not count", NOW - 600,
+         [pod("a", tenant="new", started=NOW - 60)], None),
+    ],
+)
+def test_the_next_check_is_due_when_time_alone_may_allow_a_reclaim(
+        case: str, since: float, victims: list[Victim], expected: float | None) -> None:
+    owed = Owed("new", {"gpu": 8}, {"gpu": 8}, since)
+    assert due(owed, victims, SPEC, NOW) == expected, case
