@@ -164,6 +164,12 @@ def _local(command: str, redis_url: str) -> str:
     return command
 
 
+def _as_in_a_terminal() -> None:
+    """In the example's process: Ctrl-C acts as on a terminal's foreground job, even when
+    the tests run where SIGINT is ignored (a background job of a script passes that on)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize(("command", "exported"), _examples(),
                          ids=[command for command, _exported in _examples()])
 def test_every_example_runs_as_written(command: str, exported: bool, stack: str,
@@ -189,7 +195,7 @@ def test_every_example_runs_as_written(command: str, exported: bool, stack: str,
     script = "set -euo pipefail\n" + _local(command, stack)
     with subprocess.Popen(["bash", "-c", script], cwd=work, env=env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          start_new_session=True) as process:
+                          start_new_session=True, preexec_fn=_as_in_a_terminal) as process:
         try:
             out, err = process.communicate(timeout=SERVING_SECONDS if _serves(argv) else 300)
         except subprocess.TimeoutExpired:

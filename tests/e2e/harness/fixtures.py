@@ -143,7 +143,8 @@ def fairgate(
 def tenant_pods(controlplane: ControlPlane, fairgate: FairgateStack) -> Iterator[None]:
     """Start with no pods in the tenant namespaces and fairgate settled; clean up after.
 
-    Finalizers a test left on its pods are dropped first (as their controller would).
+    Finalizers a test left on its pods are dropped first (as their controller would; a
+    pod its controller let go meanwhile is gone already).
     """
     admin: Any = client.CoreV1Api(controlplane.admin)
 
@@ -152,12 +153,16 @@ def tenant_pods(controlplane: ControlPlane, fairgate: FairgateStack) -> Iterator
             namespace = tenant_namespace(tenant)
             for pod in admin.list_namespaced_pod(namespace).items:
                 if pod.metadata.finalizers:
-                    admin.patch_namespaced_pod(
-                        pod.metadata.name,
-                        namespace,
-                        {"metadata": {"finalizers": None}},
-                        _content_type=MERGE_PATCH,
-                    )
+                    try:
+                        admin.patch_namespaced_pod(
+                            pod.metadata.name,
+                            namespace,
+                            {"metadata": {"finalizers": None}},
+                            _content_type=MERGE_PATCH,
+                        )
+                    except ApiException as exc:
+                        if exc.status != 404:
+                            raise
             admin.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
             wait_for(partial(no_pods, admin, namespace), 30, f"pods of {namespace} to go")
         fairgate.wait_idle()
