@@ -183,15 +183,14 @@ def choose(
 def due(owed: Owed, candidates: Sequence[Victim], spec: ReclaimSpec,
         now: float) -> float | None:
     """The first moment after ``now`` at which time alone may change what :func:`choose`
-    refuses ``owed`` now: the head has waited ``after``; or, that reached, a preemptible
-    training candidate of another tenant reaches ``minRuntime``. None when neither lies
-    ahead."""
+    refuses ``owed`` now: the head has waited ``after``; or, that reached, a candidate
+    becomes :func:`eligible` by reaching ``minRuntime``. None when neither lies ahead."""
     waited = owed.since + spec.after
     if waited > now:
         return waited
     ahead = [v.started + spec.min_runtime for v in candidates
-             if v.training and v.preemptible and v.tenant != owed.tenant
-             and v.started + spec.min_runtime > now]
+             if v.started + spec.min_runtime > now
+             and eligible(v, owed, spec, v.started + spec.min_runtime)]
     return min(ahead, default=None)
 
 
