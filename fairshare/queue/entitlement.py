@@ -74,7 +74,8 @@ def water_fill(
         fixed: dict[str, float] = {}
         while True:
             rest = {t: w for t, w in weights.items() if t not in fixed}
-            share = water_fill(capacity - sum(fixed.values()), rest, caps)
+            # (the fixed floors fit, but their sum may round a hair above the capacity)
+            share = water_fill(max(0.0, capacity - sum(fixed.values())), rest, caps)
             below = {t for t, s in share.items() if s < least[t]}
             if not below:
                 return {**share, **fixed}
