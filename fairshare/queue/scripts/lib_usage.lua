@@ -155,16 +155,116 @@ local function name_fits(stored, name)
     and string.sub(name, 1, #prefix) == prefix
 end
 
--- name index (fairgate why <ns>/<pod>): NAME_BUCKETS small hashes nm:<b> (small
--- enough for Redis' compact listpack encoding at 100k pods), field = 48 bits of
--- sha1(namespace/name) as an integer, value = the ticket ('u' + 16 bytes for a
--- lowercase uuid, else 't' + the ticket). A hash collision only makes `find` miss.
-local NAME_BUCKETS = 2048
+-- Growing bucket indexes (linear hashing): the name index and the unseen tickets are
+-- spread over small keys <index>:<b>, each kept under Redis' 128-entry limit for its
+-- compact listpack encoding (past it an entry costs several times the memory) however
+-- many pods are known. An index starts with BASE_BUCKETS buckets; K_BUCKETS holds
+-- `<index>:n`, its bucket count, and `<index>:c`, its entries. When the entries pass
+-- BUCKET_LOAD a bucket, one more bucket is made by splitting bucket n - base (base: the
+-- largest BASE_BUCKETS x 2^k <= n) by one more bit of the entries' hash, so that no
+-- bucket ever holds more than about twice BUCKET_LOAD. Entries are placed by an
+-- extended hash h: bucket h % base, or h % (2 x base) where that bucket is split
+-- already. With BASE_BUCKETS buckets this is the placement of versions before growth
+-- (h % 2048 is the first three hex digits of sha1, mod 2048), so their indexes read
+-- the same; counts start at 0 on such a Redis, which only delays growth.
+local BASE_BUCKETS = 2048
+local BUCKET_LOAD = 40
+local K_BUCKETS = P .. 'ix'
 
+-- the bucket count of `index` (its key prefix without P, e.g. 'nm'), read once a call
+local BUCKETS = {}
+local function bucket_count(index)
+  local n = BUCKETS[index]
+  if not n then
+    n = tonumber(redis.call('HGET', K_BUCKETS, index .. ':n') or BASE_BUCKETS)
+    BUCKETS[index] = n
+  end
+  return n
+end
+
+-- the base of n buckets: the largest BASE_BUCKETS x 2^k at or below n
+local function bucket_base(n)
+  local base = BASE_BUCKETS
+  while base * 2 <= n do base = base * 2 end
+  return base
+end
+
+-- the key of the bucket of extended hash h in `index`
+local function bucket_key(index, h)
+  local n = bucket_count(index)
+  local base = bucket_base(n)
+  local b = h % base
+  if b < n - base then b = h % (base * 2) end
+  return P .. index .. ':' .. string.format('%d', b)
+end
+
+-- the extended hash of a sha1 hex digest: its first three digits (mod BASE_BUCKETS),
+-- then 20 more bits from the next five
+local function hash_of(hex)
+  return tonumber(string.sub(hex, 1, 3), 16) % BASE_BUCKETS
+    + BASE_BUCKETS * tonumber(string.sub(hex, 4, 8), 16)
+end
+
+-- `index` gained (delta 1) or lost (-1) an entry; after a gain past BUCKET_LOAD a
+-- bucket, the next bucket splits: `split(from, to, base)` moves the entries of bucket
+-- key `from` whose extended hash h has h % (2 x base) ~= h % base to bucket key `to`
+local function bucket_counted(index, delta, split)
+  local c = redis.call('HINCRBY', K_BUCKETS, index .. ':c', delta)
+  if delta < 0 then return end
+  local n = bucket_count(index)
+  if c <= BUCKET_LOAD * n then return end
+  local base = bucket_base(n)
+  local s = n - base
+  split(P .. index .. ':' .. string.format('%d', s),
+        P .. index .. ':' .. string.format('%d', s + base), base)
+  redis.call('HSET', K_BUCKETS, index .. ':n', n + 1)
+  BUCKETS[index] = n + 1
+end
+
+-- delete every bucket of `index` and start it again at BASE_BUCKETS (rebuild)
+local function buckets_clear(index)
+  local n = bucket_count(index)
+  for first = 0, n - 1, 256 do
+    local keys = {}
+    for b = first, math.min(first + 255, n - 1) do
+      keys[#keys + 1] = P .. index .. ':' .. string.format('%d', b)
+    end
+    redis.call('DEL', unpack(keys))
+  end
+  redis.call('HDEL', K_BUCKETS, index .. ':n', index .. ':c')
+  BUCKETS[index] = nil
+end
+
+-- name index (fairgate why <ns>/<pod>): a growing bucket index 'nm', hashes nm:<b>,
+-- field = 48 bits of sha1(namespace/name) (its digits 4-15) as an integer, value = the
+-- ticket ('u' + 16 bytes for a lowercase uuid, else 't' + the ticket). The extended
+-- hash is the bucket's first three digits and the field's low 20 bits, so a split needs
+-- no name. A hash collision only makes `find` miss.
+local NAME_SPLIT = 2 ^ 20
 local function name_slot(ns, name)
   local h = redis.sha1hex(ns .. '/' .. name)
-  return P .. 'nm:' .. (tonumber(string.sub(h, 1, 3), 16) % NAME_BUCKETS),
-    string.format('%d', tonumber(string.sub(h, 4, 15), 16))
+  local field = tonumber(string.sub(h, 4, 15), 16)
+  local ext = tonumber(string.sub(h, 1, 3), 16) % BASE_BUCKETS
+    + BASE_BUCKETS * (field % NAME_SPLIT)
+  return bucket_key('nm', ext), string.format('%d', field)
+end
+
+local function split_names(from, to, base)
+  local flat = redis.call('HGETALL', from)
+  local first = tonumber(string.match(from, '(%d+)$')) % BASE_BUCKETS
+  local moved, gone = {}, {}
+  for i = 1, #flat, 2 do
+    local ext = first + BASE_BUCKETS * (tonumber(flat[i]) % NAME_SPLIT)
+    if ext % (base * 2) ~= ext % base then
+      moved[#moved + 1] = flat[i]
+      moved[#moved + 1] = flat[i + 1]
+      gone[#gone + 1] = flat[i]
+    end
+  end
+  if #gone > 0 then
+    redis.call('HSET', to, unpack(moved))
+    redis.call('HDEL', from, unpack(gone))
+  end
 end
 
 -- positions of the first hex digit of each byte in a uuid string
@@ -234,64 +334,80 @@ local function unpack_ticket(v)
 end
 
 -- Unseen tickets (no pod seen with them yet: reserved, queued or released), each with
--- the time it expires after (its admission or release): RESV_BUCKETS small sorted sets
--- rv:<b> (small enough for Redis' compact listpack encoding up to ~250k unseen tickets),
--- member = pack_entry(ticket), score = that time; b from sha1 of that member. The sorted
--- set rv indexes them: member b, score at most the lowest score in
--- rv:<b> (adding lowers it; removing leaves it, a lower bound, and expire raises it to
--- the lowest again). A version before buckets kept them all in one sorted set, `resv`
--- (member = the ticket): expire still reads it (see expire.lua), nothing else writes it.
-local RESV_BUCKETS = 2048
+-- the time it expires after (its admission or release): a growing bucket index 'rv',
+-- sorted sets rv:<b>, member = pack_entry(ticket), score = that time; the extended hash
+-- from sha1 of that member, since tickets need not be random (a time-ordered uuid, a
+-- counter in a test's). The sorted set rv indexes the buckets: member b, score at most
+-- the lowest score in rv:<b> (adding lowers it; removing leaves it, a lower bound, and
+-- expire raises it to the lowest again). A version before buckets kept them all in one
+-- sorted set, `resv` (member = the ticket): expire still reads it (see expire.lua),
+-- nothing else writes it.
 local K_UNSEEN = P .. 'rv'
 
--- the bucket (its number, as text) of a ticket packed as `entry` (pack_entry): from
--- sha1, since tickets need not be random (a time-ordered uuid, a counter in a test's)
-local function resv_bucket(entry)
-  return string.format('%d', tonumber(string.sub(redis.sha1hex(entry), 1, 3), 16)
-                             % RESV_BUCKETS)
+local function resv_key(entry)
+  return bucket_key('rv', hash_of(redis.sha1hex(entry)))
+end
+
+local function split_unseen(from, to, base)
+  local flat = redis.call('ZRANGE', from, 0, -1, 'WITHSCORES')
+  local moved, gone, lowest = {}, {}, nil
+  for i = 1, #flat, 2 do
+    local ext = hash_of(redis.sha1hex(flat[i]))
+    if ext % (base * 2) ~= ext % base then
+      moved[#moved + 1] = flat[i + 1]
+      moved[#moved + 1] = flat[i]
+      gone[#gone + 1] = flat[i]
+      lowest = lowest or flat[i + 1]  -- (ZRANGE gives them lowest score first)
+    end
+  end
+  if #gone > 0 then
+    redis.call('ZADD', to, unpack(moved))
+    redis.call('ZREM', from, unpack(gone))
+    redis.call('ZADD', K_UNSEEN, 'LT', lowest, string.match(to, '(%d+)$'))
+  end
 end
 
 -- the ticket expires after `at` (a time, as text or a number) unless its pod is seen
 -- first; `entry`: pack_entry(ticket) if the caller has it
 local function resv_add(ticket, at, entry)
   entry = entry or pack_entry(ticket)
-  local b = resv_bucket(entry)
-  redis.call('ZADD', K_UNSEEN .. ':' .. b, at, entry)
-  redis.call('ZADD', K_UNSEEN, 'LT', at, b)
+  local key = resv_key(entry)
+  local added = redis.call('ZADD', key, at, entry)
+  redis.call('ZADD', K_UNSEEN, 'LT', at, string.match(key, '(%d+)$'))
+  if added == 1 then bucket_counted('rv', 1, split_unseen) end
 end
 
 local function resv_remove(ticket)
   local entry = pack_entry(ticket)
-  redis.call('ZREM', K_UNSEEN .. ':' .. resv_bucket(entry), entry)
+  if redis.call('ZREM', resv_key(entry), entry) == 1 then
+    bucket_counted('rv', -1, split_unseen)
+  end
 end
 
 -- the time after which the ticket expires, nil when it does not (its pod was seen)
 local function resv_score(ticket)
   local entry = pack_entry(ticket)
-  return redis.call('ZSCORE', K_UNSEEN .. ':' .. resv_bucket(entry), entry)
+  return redis.call('ZSCORE', resv_key(entry), entry)
 end
 
 -- forget every unseen ticket's expiry (rebuild)
 local function resv_clear()
-  for first = 0, RESV_BUCKETS - 1, 256 do
-    local keys = {}
-    for b = first, first + 255 do
-      keys[#keys + 1] = K_UNSEEN .. ':' .. string.format('%d', b)
-    end
-    redis.call('DEL', unpack(keys))
-  end
+  buckets_clear('rv')
   redis.call('DEL', K_UNSEEN, K_RESV)
 end
 
 local function index_name(ticket, rec)
   local key, field = name_slot(rec[F_NS], rec[F_NAME])
-  redis.call('HSET', key, field, pack_ticket(ticket))
+  if redis.call('HSET', key, field, pack_ticket(ticket)) == 1 then
+    bucket_counted('nm', 1, split_names)
+  end
 end
 
 local function unindex_name(ticket, rec)
   local key, field = name_slot(rec[F_NS], rec[F_NAME])
   if redis.call('HGET', key, field) == pack_ticket(ticket) then
     redis.call('HDEL', key, field)
+    bucket_counted('nm', -1, split_names)
   end
 end
 

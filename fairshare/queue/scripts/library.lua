@@ -21,7 +21,7 @@ local function instance(KEYS)
 -- SHAPE_CALLS calls, so shapes no longer used do not pile up.
 local SHAPE_CALLS, calls = 1000, 0
 local function begin()
-  CFG, USED, CAP, DU = {}, {}, {}, {}
+  CFG, USED, CAP, DU, BUCKETS = {}, {}, {}, {}, {}
   NOW, HL, RUN, CAP_SLICES, TOTAL_WEIGHT = nil, nil, nil, nil, nil
   PACK_IN, PACK_OUT = nil, nil
   calls = calls + 1

@@ -55,11 +55,7 @@ for _, key in ipairs(redis.call('HKEYS', K_CAP)) do in_use[key] = true end
 for key, _ in pairs(in_use) do redis.call('DEL', P .. 're:' .. key) end
 redis.call('DEL', K_GANGS, K_TICKETS, K_USED, P .. 'bw', P .. 'bm', K_CHARGED)
 resv_clear()
-for first = 0, NAME_BUCKETS - 1, 256 do
-  local keys = {}
-  for b = first, first + 255 do keys[#keys + 1] = P .. 'nm:' .. b end
-  redis.call('DEL', unpack(keys))
-end
+buckets_clear('nm')
 USED = {}
 
 -- a ticket holding usage (state R or A)

@@ -397,6 +397,45 @@ def test_unseen_tickets_spread_over_buckets_whatever_their_uuids(
     assert {redis_client.object("encoding", b) for b in buckets} == {b"listpack"}
 
 
+def index_entries(client: redis.Redis, index: str) -> int:
+    """How many entries the buckets ``<index>:<b>`` of a bucket index hold."""
+    count = client.hlen if index == "nm" else client.zcard
+    return sum(count(key) for key in client.scan_iter(f"fairgate:{index}:*"))
+
+
+def test_bucket_indexes_grow_and_every_pod_is_still_found_and_expires(
+        redis_client: redis.Redis, pods: Pods) -> None:
+    """The name index and the unseen tickets split a bucket each time their entries pass
+    the load a bucket (here: a count set as if 10 million pods were known), so a bucket
+    stays a small listpack at any number of pods; entries moved by a split are still
+    found by name and still expire, and a rebuild starts the indexes again."""
+    q = queue_with(redis_client, {"gpu": 1}, a={"nominal": {"gpu": 8}})
+    before = uuid_pods(pods, "a", 1500)
+    admit_all(q, before, now=10.0)
+    assert redis_client.hget("fairgate:ix", "nm:c") == b"1500"
+    assert redis_client.hget("fairgate:ix", "nm:n") is None  # 2048 buckets: no split yet
+    redis_client.hset("fairgate:ix", mapping={"nm:c": 10**7, "rv:c": 10**7})
+    after = uuid_pods(pods, "a", 1500)
+    admit_all(q, after, now=20.0)
+    # every admission added an entry to each index, and each addition split a bucket
+    assert redis_client.hget("fairgate:ix", "nm:n") == b"3548"
+    assert redis_client.hget("fairgate:ix", "rv:n") == b"3548"
+    assert index_entries(redis_client, "nm") == index_entries(redis_client, "rv") == 3000
+    assert max(int(text(k).rsplit(":", 1)[1])
+               for k in redis_client.scan_iter("fairgate:rv:*")) >= 2048  # moved there
+    for req in before + after:
+        assert q.find(req.namespace, req.name) == req.ticket
+    assert seen(q, before[0]) == "confirmed"  # seen: it no longer expires
+    assert redis_client.hget("fairgate:ix", "rv:c") == str(10**7 + 1500 - 1).encode()
+    assert sorted(q.expire(40.0)) == sorted(r.ticket for r in before[1:])
+    assert sorted(q.expire(50.0)) == sorted(r.ticket for r in after)
+    assert index_entries(redis_client, "rv") == 0
+    assert q.find(before[0].namespace, before[0].name) == before[0].ticket
+    q.rebuild([], [])
+    assert redis_client.hmget("fairgate:ix", "nm:n", "rv:n") == [None, None]
+    assert index_entries(redis_client, "nm") == 0
+
+
 def as_before_packing(client: redis.Redis) -> None:
     """Rewrite lanes and the lane heads the tenant states remember (``rk:``) as a version
     before packed entries wrote them: uuid tickets as text."""
