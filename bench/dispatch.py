@@ -14,9 +14,17 @@ current score of each ready-set member it walks and writes the ones that rose ba
 ``fairshare/queue/scripts/lib_order.lua``). The clock advances 1 ms per decision and the release
 before it gets the same clock, as in ``bench/instructions.py dispatch``.
 
+``--reclaim`` turns ``fairShare.reclaim`` on (``after`` 0 s, ``minRuntime`` 0 s,
+``perHour`` 1000, every running pod preemptible) and also times, after each decision, the
+dispatcher's reclaim check (``fairshare.dispatcher.reclaim_check``: the owed head, the
+tenants' standings from a queue snapshot, the victims among the running pods of the
+dispatcher's pod map, which holds every queued pod as well). Reclaim is not part of a
+decision: the dispatcher makes the check every 10 s, or when one is due.
+
     python bench/dispatch.py                      # full grid, own redis-server
     python bench/dispatch.py --tenants 10 100 --queued 1000 --json out.json
     python bench/dispatch.py --tenants 1000 --queued 100000 --half-life 3600
+    python bench/dispatch.py --tenants 10000 --queued 1000000 --decisions 500 --reclaim
 """
 
 from __future__ import annotations
@@ -37,10 +45,19 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fairshare.cluster.cluster import GpuPod, PodRef
+from fairshare.dispatcher import reclaim_check
 from fairshare.localredis import local_redis
 from fairshare.queue.fairqueue import FairQueue
 from fairshare.queue.model import PodRequest
-from tenants.models import FairgateConfig, FairShareSpec, PlatformConfig, PodClass, QuotaSpec
+from tenants.models import (
+    FairgateConfig,
+    FairShareSpec,
+    PlatformConfig,
+    PodClass,
+    QuotaSpec,
+    ReclaimSpec,
+)
 from tenants.resources import ResourceCounts
 
 PREFIX = "bench:"
@@ -67,6 +84,8 @@ class Point:
     dispatch_p99_ms: float
     admit_p50_ms: float
     bytes_per_queued_pod: float
+    reclaim_p50_ms: float | None = None
+    reclaim_p99_ms: float | None = None
 
 
 def make_config(tenants: int) -> tuple[FairgateConfig, ResourceCounts, list[str]]:
@@ -94,6 +113,27 @@ def with_half_life(config: FairgateConfig, half_life: float) -> FairgateConfig:
     fair_share = FairShareSpec.model_validate({"usageHalfLife": half_life})
     return replace(config, platform=config.platform.model_copy(
         update={"fair_share": fair_share}))
+
+
+RECLAIM = ReclaimSpec.model_validate({"after": 0, "minRuntime": 0, "perHour": 1000})
+
+
+def with_reclaim(config: FairgateConfig) -> FairgateConfig:
+    """``config`` with :data:`RECLAIM` as ``fairShare.reclaim``."""
+    fair_share = config.platform.fair_share.model_copy(update={"reclaim": RECLAIM})
+    return replace(config, platform=config.platform.model_copy(
+        update={"fair_share": fair_share}))
+
+
+def gpu_pod(req: PodRequest, running: bool) -> GpuPod:
+    """The dispatcher's view of the pod of ``req``: running (preemptible) or gated."""
+    return GpuPod(
+        ref=PodRef(req.namespace, req.name), uid=pod_uid(req.ticket), ticket=req.ticket,
+        tenant=req.tenant, pod_class=req.pod_class,
+        band="inference" if req.pod_class == "inference" else "training",
+        demand=req.demand, group=None, group_size=1,
+        phase="Running" if running else "Pending", gated=not running, node=None,
+        created=req.submitted_at, started_at=0.0 if running else None, preemptible=running)
 
 
 def pod_uid(ticket: str) -> str:
@@ -133,11 +173,16 @@ def clear(client: redis.Redis) -> None:
 
 
 def measure(client: redis.Redis, tenants: int, queued: int, decisions: int,
-            half_life: float = 0.0) -> Point:
+            half_life: float = 0.0, reclaim: bool = False) -> Point:
     clear(client)
     rng = random.Random(tenants * 1_000_003 + queued)
     config, capacity, names = make_config(tenants)
     config = with_half_life(config, half_life)
+    if reclaim:
+        config = with_reclaim(config)
+    # the dispatcher's pod map, kept only with --reclaim (the reclaim check reads it)
+    pod_map: dict[str, GpuPod] = {}
+    started: dict[str, float] = {}
     queue = FairQueue(client, prefix=PREFIX)
     queue.sync_config(config, capacity)
     running: list[str] = []
@@ -148,6 +193,9 @@ def measure(client: redis.Redis, tenants: int, queued: int, decisions: int,
         if queue.admit(req, 1.0).outcome == "reserved":
             queue.confirm(req.ticket, pod_uid(req.ticket), req.namespace, req.name)
             running.append(req.ticket)
+            if reclaim:
+                pod_map[req.ticket] = gpu_pod(req, running=True)
+                started[req.ticket] = 0.0
             in_a_row = 0
         else:
             queue.remove(req.ticket, pod_uid(req.ticket))
@@ -167,21 +215,34 @@ def measure(client: redis.Redis, tenants: int, queued: int, decisions: int,
             queue.release(req.ticket, pod_uid(req.ticket))
             continue
         queued_count += 1
+        if reclaim:
+            pod_map[req.ticket] = gpu_pod(req, running=False)
         if queued_count == queued:
             break
     memory_after = int(client.info("memory")["used_memory"])
     times: list[float] = []
+    checks: list[float] = []
     released = 0
     for step in range(decisions):
         ticket = running.pop(rng.randrange(len(running)))
         now = 2.0 + step * 1e-3  # with a half-life, decayed usage decays between decisions
         queue.release(ticket, pod_uid(ticket), now)
+        pod_map.pop(ticket, None)
         start = time.perf_counter()
         got = queue.dispatch(now, 1)
         times.append(time.perf_counter() - start)
         released += len(got)
         running += [r.ticket for r in got]
+        if reclaim:
+            for r in got:
+                pod_map[r.ticket] = replace(pod_map[r.ticket], phase="Running", gated=False,
+                                            started_at=now, preemptible=True)
+                started[r.ticket] = now
+            start = time.perf_counter()
+            reclaim_check(queue, pod_map, started, {}, RECLAIM, now, [])
+            checks.append(time.perf_counter() - start)
     times.sort()
+    checks.sort()
     return Point(
         tenants=tenants,
         queued=queued,
@@ -192,6 +253,8 @@ def measure(client: redis.Redis, tenants: int, queued: int, decisions: int,
         dispatch_p99_ms=round(times[int(len(times) * 0.99)] * 1000, 3),
         admit_p50_ms=round(statistics.median(admit_times) * 1000, 3),
         bytes_per_queued_pod=round((memory_after - memory_before) / queued, 1),
+        reclaim_p50_ms=round(statistics.median(checks) * 1000, 3) if checks else None,
+        reclaim_p99_ms=round(checks[int(len(checks) * 0.99)] * 1000, 3) if checks else None,
     )
 
 
@@ -204,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="fairShare.usageHalfLife in seconds (default 0: not set, "
                         "virtual time); times the decayed-usage walk of the ready sets, whose "
                         "current scores a decision computes and writes back")
+    parser.add_argument("--reclaim", action="store_true",
+                        help="turn fairShare.reclaim on and also time the dispatcher's "
+                        "reclaim check after each decision")
     parser.add_argument("--redis-url", help="use this Redis (keys under 'bench:' are "
                         "deleted) instead of starting a private redis-server")
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -218,11 +284,14 @@ def main(argv: list[str] | None = None) -> int:
         version = client.info("server")["redis_version"]
         for tenants in args.tenants:
             for queued in args.queued:
-                p = measure(client, tenants, queued, args.decisions, args.half_life)
+                p = measure(client, tenants, queued, args.decisions, args.half_life,
+                            args.reclaim)
                 points.append(p)
                 print(f"{p.tenants:>8} {p.queued:>8} {p.decisions:>9} {p.released:>8} "
                       f"{p.dispatch_p50_ms:>8.3f} {p.dispatch_p99_ms:>8.3f} "
-                      f"{p.admit_p50_ms:>9.3f} {p.bytes_per_queued_pod:>7.1f}", flush=True)
+                      f"{p.admit_p50_ms:>9.3f} {p.bytes_per_queued_pod:>7.1f}"
+                      + (f" reclaim check p50 {p.reclaim_p50_ms} ms p99 {p.reclaim_p99_ms} ms"
+                         if p.reclaim_p50_ms is not None else ""), flush=True)
         clear(client)
     result = {"redis_version": version, "points": [asdict(p) for p in points]}
     print(json.dumps(result))

@@ -116,7 +116,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -1132,27 +1132,15 @@ class Dispatcher:
         self._evicting &= set(self.pods)
         if self._evicting:
             return
-        hold = next((h for h in self.queue.holds(now) if h.band != "inference"), None)
-        head = self.pods.get(self.queue.find(hold.namespace, hold.name) or "") if hold else None
-        if hold is None or head is None:
-            return
-        owed = reclaim.Owed(
-            hold.tenant, {k: n - hold.held.get(k, 0) for k, n in hold.demand.items()},
-            hold.demand, head.created)
-        fair = snapshot_fairness(self.queue.snapshot())
-        standings = {name: reclaim.Standing(t.used, t.entitlement)
-                     for name, t in fair.tenants.items()}
-        running = {ticket: pod for ticket, pod in self.pods.items()
-                   if pod.phase == "Running" and not pod.gated and not pod.deleting}
-        candidates = reclaim.victims(running, self._started, self._released)
-        chosen = reclaim.choose(owed, standings, candidates, spec, now,
-                                [r["at"] for r in self._reclaimed])
-        due = None if chosen else reclaim.due(owed, candidates, spec, now)
+        hold, chosen, due = reclaim_check(self.queue, self.pods, self._started,
+                                          self._released, spec, now,
+                                          [r["at"] for r in self._reclaimed])
         if due is not None:
             self._reclaim_due = min(self._reclaim_due, due)
         for victim in chosen:
+            assert hold is not None
             for ticket in victim.tickets:
-                self._evict(running[ticket], hold, now)
+                self._evict(self.pods[ticket], hold, now)
 
     def _evict(self, pod: GpuPod, hold: Hold, now: float) -> None:
         assert self.evictor is not None
@@ -1334,6 +1322,33 @@ class Dispatcher:
                 f"Queued{where} for {pod.tenant}/{pod.pod_class}, waiting for {reason}",
                 "Normal",
             )
+
+
+def reclaim_check(queue: FairQueue, pods: Mapping[str, GpuPod], started: Mapping[str, float],
+                  released: Mapping[str, float], spec: ReclaimSpec, now: float,
+                  reclaimed_at: Sequence[float]
+                  ) -> tuple[Hold | None, list[reclaim.Victim], float | None]:
+    """One reclaim check at ``now``: the owed training head's hold (None: no training pod
+    is held for), the victims :func:`fairshare.reclaim.choose` picks among the running
+    ``pods`` for it (empty: none) and, when it picks none, when a check could first pick
+    one (:func:`fairshare.reclaim.due`; None: not before something changes).
+    ``started``/``released``: when each pod was seen running / released by the queue;
+    ``reclaimed_at``: when the pods reclaimed in the last hour were."""
+    hold = next((h for h in queue.holds(now) if h.band != "inference"), None)
+    head = pods.get(queue.find(hold.namespace, hold.name) or "") if hold else None
+    if hold is None or head is None:
+        return None, [], None
+    owed = reclaim.Owed(
+        hold.tenant, {k: n - hold.held.get(k, 0) for k, n in hold.demand.items()},
+        hold.demand, head.created)
+    fair = snapshot_fairness(queue.snapshot())
+    standings = {name: reclaim.Standing(t.used, t.entitlement)
+                 for name, t in fair.tenants.items()}
+    running = {ticket: pod for ticket, pod in pods.items()
+               if pod.phase == "Running" and not pod.gated and not pod.deleting}
+    candidates = reclaim.victims(running, started, released)
+    chosen = reclaim.choose(owed, standings, candidates, spec, now, reclaimed_at)
+    return hold, chosen, None if chosen else reclaim.due(owed, candidates, spec, now)
 
 
 def _less(capacity: dict[str, int], withheld: dict[str, int]) -> dict[str, int]:
