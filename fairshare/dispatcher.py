@@ -1332,8 +1332,9 @@ def reclaim_check(queue: FairQueue, pods: Mapping[str, GpuPod], started: Mapping
     is held for), the victims :func:`fairshare.reclaim.choose` picks among the running
     ``pods`` for it (empty: none) and, when it picks none, when a check could first pick
     one (:func:`fairshare.reclaim.due`; None: not before something changes).
-    ``started``/``released``: when each pod was seen running / released by the queue;
-    ``reclaimed_at``: when the pods reclaimed in the last hour were."""
+    ``started``/``released``: when each pod was seen running / released by the queue
+    (only pods in ``started`` are read, so a check costs the running pods, not the
+    queued); ``reclaimed_at``: when the pods reclaimed in the last hour were."""
     hold = next((h for h in queue.holds(now) if h.band != "inference"), None)
     head = pods.get(queue.find(hold.namespace, hold.name) or "") if hold else None
     if hold is None or head is None:
@@ -1344,8 +1345,8 @@ def reclaim_check(queue: FairQueue, pods: Mapping[str, GpuPod], started: Mapping
     fair = snapshot_fairness(queue.snapshot())
     standings = {name: reclaim.Standing(t.used, t.entitlement)
                  for name, t in fair.tenants.items()}
-    running = {ticket: pod for ticket, pod in pods.items()
-               if pod.phase == "Running" and not pod.gated and not pod.deleting}
+    running = {ticket: pod for ticket in started if (pod := pods.get(ticket)) is not None
+               and pod.phase == "Running" and not pod.gated and not pod.deleting}
     candidates = reclaim.victims(running, started, released)
     chosen = reclaim.choose(owed, standings, candidates, spec, now, reclaimed_at)
     return hold, chosen, None if chosen else reclaim.due(owed, candidates, spec, now)
