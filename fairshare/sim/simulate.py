@@ -54,8 +54,9 @@ Contract:
   its running pods hold, by class; that same entitlement (so ``entitled_gpu_seconds``
   is the integral of the timeline's ``entitlement``: idle time earns nothing); the
   seconds it had a pod waiting (``backlogged_seconds``: equal to the window's length
-  when it was backlogged throughout). Plus utilisation while a pod waits and Jain's
-  index of GPU-seconds / entitled GPU-seconds. A pod's GPU-time counts where it runs,
+  when it was backlogged throughout). Plus utilisation while a pod waits, the capacity
+  held idle for owed entries (drains) while a pod waits, and Jain's index of GPU-seconds
+  / entitled GPU-seconds. A pod's GPU-time counts where it runs,
   so a pod running across a window edge counts in part.
 - :func:`simulate_command` is the CLI entry: trace path, ``--json``, ``--redis-url``,
   ``--timeline out.csv``, ``--timeline-every N``, ``--plot out.png``, ``--window FROM:TO``.
@@ -224,6 +225,7 @@ def _window_json(window: WindowReport) -> dict[str, Any]:
     return {
         "from": window.start, "to": window.end,
         "utilization": round(window.utilization, 4),
+        "held_idle": round(window.held_idle, 4),
         "jain_index": _ratio(window.jain_index),
         "tenants": {
             name: {"gpu_seconds": round(t.gpu_seconds, 3),
@@ -276,7 +278,10 @@ class WindowReport:
     """Every tenant against its integrated entitlement over ``start`` .. ``end``.
 
     ``utilization``: used / capacity over the time in the window when a pod waited (1.0
-    when none did); ``jain_index``: :func:`~fairshare.queue.entitlement.entitled_jain` of
+    when none did); ``held_idle``: over that same time, the capacity the queue held idle
+    for entries owed it (a drain for a pod that does not fit yet), as a fraction of the
+    capacity (so ``utilization + held_idle <= 1``; the rest was idle with nothing waiting
+    that fits it); ``jain_index``: :func:`~fairshare.queue.entitlement.entitled_jain` of
     ``of_entitlement`` (1.0 when all got exactly their entitlement, None: n/a)."""
 
     start: float
@@ -284,6 +289,7 @@ class WindowReport:
     tenants: dict[str, TenantWindow]
     utilization: float
     jain_index: float | None
+    held_idle: float = 0.0
 
 
 def _gpu(slices: float) -> float:
@@ -321,6 +327,7 @@ class _Meter:
         self.window_backlogged = dict.fromkeys(self.weights, 0.0)
         self.window_waiting_used = 0.0
         self.window_waiting_time = 0.0
+        self.window_held_idle = 0.0  # slice-seconds held idle for owed entries while pods wait
 
     def _capacity(self, counts: Mapping[str, int]) -> None:
         self.capacity_of = slices_by_key(counts)
@@ -344,8 +351,10 @@ class _Meter:
         }
         return fairness(self.capacity, loads, self.capacity_of)
 
-    def interval(self, start: float, end: float, cluster: SimulatedCluster) -> None:
-        """Account for ``start`` .. ``end``, over which ``cluster`` did not change."""
+    def interval(self, start: float, end: float, cluster: SimulatedCluster,
+                 held: int = 0) -> None:
+        """Account for ``start`` .. ``end``, over which ``cluster`` did not change and the
+        queue held ``held`` idle slices for entries owed them."""
         dt = end - start
         if dt <= 0:
             return
@@ -368,10 +377,10 @@ class _Meter:
             self.entitled_seconds[name] += share.entitlement * dt
         inside = min(end, self.window_end) - max(start, self.window_start)
         if inside > 0:
-            self._window(inside, cluster, waiting, total, fair)
+            self._window(inside, cluster, waiting, total, fair, held)
 
     def _window(self, dt: float, cluster: SimulatedCluster, waiting: set[str],
-                total: int, fair: dict[str, TenantFairness]) -> None:
+                total: int, fair: dict[str, TenantFairness], held: int) -> None:
         for key, used in cluster.running_slices_by_class().items():
             self.window_used[key] = self.window_used.get(key, 0.0) + used * dt
         for name, share in fair.items():
@@ -382,6 +391,7 @@ class _Meter:
             self.window_waiting_time += dt
             self.window_waiting_used += total * dt
             self.window_waiting_capacity += self.capacity * dt
+            self.window_held_idle += held * dt
 
     def window(self) -> WindowReport:
         tenants = {
@@ -399,6 +409,7 @@ class _Meter:
             start=self.window_start, end=self.window_end, tenants=tenants,
             utilization=self.window_waiting_used / busy if busy else 1.0,
             jain_index=entitled_jain(t.of_entitlement for t in tenants.values()),
+            held_idle=self.window_held_idle / busy if busy else 0.0,
         )
 
     def jain(self) -> float | None:
@@ -574,6 +585,7 @@ class Simulation:
         self.meter = _Meter(trace, config, window or Window())
         self.config = config
         self.quota_violations: list[str] = []
+        self._held = 0  # slices the queue holds idle for owed entries, since the last event
         self._arrivals = trace.pods()
         self._next = 0
         self.dispatcher.sync(force=True)
@@ -610,7 +622,7 @@ class Simulation:
                        self._next_reclaim_check())
             if when > until:
                 break
-            self.meter.interval(self.clock(), when, self.cluster)
+            self.meter.interval(self.clock(), when, self.cluster, self._held)
             self.clock.advance_to(when)
             self.cluster.advance()
             if self.autoscaler is not None:
@@ -619,6 +631,7 @@ class Simulation:
                 self.cluster.create_pod(_spec(self._arrivals[self._next]))
                 self._next += 1
             self.settle()
+            self._held = self._held_idle(when)
             if len(self.quota_violations) < 10:
                 self.quota_violations += [
                     f"t={when:g}: {problem}"
@@ -626,8 +639,16 @@ class Simulation:
                 ]
             if progress is not None:
                 progress(when)
-        self.meter.interval(self.clock(), until, self.cluster)
+        self.meter.interval(self.clock(), until, self.cluster, self._held)
         self.clock.advance_to(until)
+
+    def _held_idle(self, now: float) -> int:
+        """The slices the queue holds idle at ``now`` for entries owed them (none
+        read while nothing waits or nothing is free)."""
+        if not self.cluster.waiting_tenants() or not _free(self.cluster):
+            return 0
+        return sum(resources.slices_of(key) * n
+                   for hold in self.queue.holds(now) for key, n in hold.held.items())
 
     def _next_reclaim_check(self) -> float:
         """When the dispatcher next checks for reclaim while a pod waits (inf: reclaim
@@ -665,6 +686,12 @@ class Simulation:
             timeline += self.sample()
         return _report(self.trace, self.meter, self.cluster, self.quota_violations, timeline,
                        self.autoscaler)
+
+
+def _free(cluster: SimulatedCluster) -> bool:
+    """Whether some capacity of ``cluster`` is not in use."""
+    used = cluster.used()
+    return any(n > used.get(key, 0) for key, n in cluster.capacity().items())
 
 
 def _spec(pod: TracePod) -> PodSpec:
@@ -780,7 +807,7 @@ def window_table(window: WindowReport) -> Table:
     table = tenant_table(
         f"window {window.start:g}-{window.end:g} s: GPU-time against integrated entitlement "
         f"(Jain {jain_text(window.jain_index)}, utilisation while pods wait "
-        f"{window.utilization:.1%})",
+        f"{window.utilization:.1%}, held idle for drains {window.held_idle:.1%})",
         ("tenant", "used", *CLASSES, "entitled", "used / entitled", "backlog"),
         caption="in GPU-seconds: used, all and per class, and entitled (the entitlement "
         "integrated over the window); backlog: seconds the tenant had a pod waiting")

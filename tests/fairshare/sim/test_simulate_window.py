@@ -253,3 +253,31 @@ horizon: 50
 """, redis_url)
     assert report.jain_index is None
     assert report.to_json()["jain_index"] is None
+
+
+DRAIN_TRACE = """
+capacity: {gpu: 4}
+tenants:
+  big: {weight: 1, nominal: {gpu: 4}}
+  small: {weight: 1, nominal: {gpu: 4}}
+arrivals:
+  - {at: 0, tenant: big, class: training, demand: {gpu: 4}, duration: 100, count: 40}
+  - {at: 0, every: 2, tenant: small, class: training, demand: {gpu: 1}, duration: 300,
+     activeDeadlineSeconds: 300, count: 30}
+  - {at: 1, every: 2, tenant: small, class: training, demand: {gpu: 1}, duration: 370,
+     activeDeadlineSeconds: 370, count: 30}
+horizon: 4000
+"""
+
+
+def test_capacity_held_idle_for_a_drain_is_measured_apart(redis_url: str) -> None:
+    """``big`` needs the whole cluster, ``small``'s 1-GPU pods run 300 and 370 s in
+    turn (declared), so they end at different times: while the cluster drains for ``big``, the
+    GPUs that free are held for it and nothing that waits ends in time to be backfilled. All the idle time while pods wait is that
+    held capacity; with 1-GPU pods only nothing is ever held."""
+    drained = run(DRAIN_TRACE, redis_url).window
+    assert drained is not None
+    assert drained.held_idle > 0.05
+    assert drained.utilization + drained.held_idle == pytest.approx(1.0, abs=1e-6)
+    even = run(DRAIN_TRACE.replace("demand: {gpu: 4}", "demand: {gpu: 1}"), redis_url).window
+    assert even is not None and (even.utilization, even.held_idle) == (1.0, 0.0)

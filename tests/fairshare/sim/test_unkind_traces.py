@@ -127,15 +127,16 @@ def test_each_kind_makes_its_situation(kind: str) -> None:
 
 
 def _outcome(seed: int, kind: str, error: float, jain: float = 1.0, util: float = 1.0,
-             waited: int = 0, inference: bool = False, idle: float = 0.0) -> WindowOutcome:
+             waited: int = 0, inference: bool = False, idle: float = 0.0,
+             held: float = 0.0) -> WindowOutcome:
     """t0 ``error`` over and t1 under an entitlement of 100 GPU-seconds each, both also
-    short by the fraction ``idle``."""
+    short by the fraction ``idle``; ``held``: capacity held idle for drains."""
     ratios = {"t0": (1 + error) * (1 - idle), "t1": (1 - error) * (1 - idle)}
     return WindowOutcome(seed=seed, kind=kind, tenants=2, capacity=8, window=[0.0, 1.0],
                          share_error=max(abs(r - 1) for r in ratios.values()), jain=jain,
                          utilization=util, inference_waited=waited,
                          has_inference=inference, backlogged=True, seconds=0.0,
-                         per_tenant={n: {"of_entitlement": r, "gpu_seconds": 100 * r,
+                         held_idle=held, per_tenant={n: {"of_entitlement": r, "gpu_seconds": 100 * r,
                                          "entitled_gpu_seconds": 100.0}
                                      for n, r in ratios.items()})
 
@@ -174,6 +175,24 @@ def test_idle_capacity_is_counted_once_in_the_share_of_the_gpu_time_used() -> No
     summary = window_summary([even, uneven])
     assert summary["all"]["used_share"] == 1
     assert "big-pods 1/2, all 1/2" in window_table(summary, "replay {seed}")
+
+
+def test_the_idle_held_for_drains_is_reported_by_trace() -> None:
+    """Every trace below 0.95 utilisation is listed with the capacity held idle for
+    drains, and the summary says how much of their idle that was."""
+    outcomes = [_outcome(3, "big-pods", 0.0, util=0.90, held=0.08),
+                _outcome(5, "staggered", 0.0, util=0.96, held=0.04),
+                _outcome(1, "staggered", 0.0, util=0.80, held=0.02)]
+    summary = window_summary(outcomes)
+    assert summary["utilization_misses"] == [
+        {"seed": 1, "kind": "staggered", "utilization": 0.8, "held_idle": 0.02},
+        {"seed": 3, "kind": "big-pods", "utilization": 0.9, "held_idle": 0.08}]
+    table = window_table(summary, "replay {seed}")
+    assert ("utilisation below 0.95 in 2 trace(s); of their idle capacity 33% was held "
+            "for drains. By trace (seed: utilisation / held idle): 1: 0.800 / 0.020, "
+            "3: 0.900 / 0.080") in table
+    assert "utilisation 0.900 < 0.95 (held idle for drains 0.080)" in window_failures(
+        outcomes[0])
 
 
 @pytest.fixture(scope="module")
