@@ -168,8 +168,8 @@ def reconcile(
     queue: FairQueue, pods: Iterable[GpuPod], listed_at: float | None = None,
     bound: Mapping[str, str] | None = None, started: Mapping[str, float] | None = None,
 ) -> ReconcileSummary:
-    """Replace the queue's usage and backlog with what ``pods`` say (atomically), then
-    free the tickets of the riders (pods charged nothing: a shared claim another pod pays).
+    """Replace the queue's usage and backlog with what ``pods`` say, and free the tickets
+    of the riders (pods charged nothing: a shared claim another pod pays), atomically.
 
     ``listed_at`` is when ``pods`` were listed (taken *before* the list call, on the
     clock the webhook and dispatcher use): reservations and dispatches made shortly
@@ -181,11 +181,8 @@ def reconcile(
     truth = cluster_truth(pods, bound)
     began = started or {}
     running = [replace(pod, started_at=began.get(pod.ticket)) for pod in truth.running]
-    queue.rebuild(running, truth.gated, listed_at)
-    for rider in truth.riders:
-        # a rider is charged nothing, also when its ticket was released lately (the
-        # rebuild keeps such in-flight tickets): the charge moved to another pod of the
-        # claim. Nothing is handed over or learnt: the pod has not ended.
-        queue.release(rider.ticket, rider.uid, listed_at, hand_over=False)
+    # a rider is charged nothing, also when its ticket was released lately (the rebuild
+    # keeps other such in-flight tickets): the charge moved to another pod of the claim
+    queue.rebuild(running, truth.gated, listed_at, [rider.ticket for rider in truth.riders])
     return ReconcileSummary(len(truth.running), len(truth.gated), truth.skipped,
                             truth.owners, truth.twins, truth.riders)

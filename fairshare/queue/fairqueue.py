@@ -295,6 +295,7 @@ class FairQueue:
         running: Iterable[RunningPod],
         gated: Iterable[GatedPod],
         listed_at: float | None = None,
+        riders: Iterable[str] = (),
     ) -> None:
         """Atomically replace usage and queue with the cluster's truth.
 
@@ -309,9 +310,12 @@ class FairQueue:
         running pod's run began when its ticket was released, or at ``started_at``
         when Redis no longer knows the ticket (the expected run time learns from it).
         Each pod's ``run_seconds`` (declared run time) is kept for backfill.
+        ``riders``: the tickets of listed pods charged nothing (their GPUs are a shared
+        claim another listed pod pays): dropped, also when in flight.
         """
         cutoff = "" if listed_at is None else num(listed_at - self.reservation_ttl)
-        args: list[str | int | float] = [cutoff]
+        free = list(riders)
+        args: list[str | int | float] = [cutoff, len(free), *free]
         for pod in running:
             args += ["A", pod.ticket, pod.tenant, pod.namespace, pod.name,
                      CLASS_CODE[pod.pod_class], BAND_CODE[pod.band],

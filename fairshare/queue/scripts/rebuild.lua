@@ -3,7 +3,9 @@
 -- a reservation/release time F_AT) later than the cutoff are in flight, made after
 -- the pods were listed or too recently for the list to show them; they are kept with
 -- their usage (and reservation expiry), before the list is applied.
--- ARGV[2..]: records of 14 fields: kind ('A' running | 'Q' gated, gated in queue
+-- ARGV[2]: n, then ARGV[3 .. 2 + n]: the tickets of riders (listed pods charged nothing:
+-- their GPUs are a shared claim another listed pod pays), never kept, in flight or not.
+-- ARGV[3 + n ..]: records of 14 fields: kind ('A' running | 'Q' gated, gated in queue
 -- order), ticket, tenant, namespace, name, class, band, demand, gang id, gang size,
 -- submitted, pod uid (the listed pods are seen: their tickets are bound to them), when
 -- a running pod's run began ('' unknown; used when Redis no longer knows it), its
@@ -13,13 +15,16 @@
 -- A listed running pod whose ticket was held before keeps its reservation/release time
 -- (when its run began: the expected run time learns from it when it ends).
 local cutoff = tonumber(ARGV[1])
+local riders = {}
+local first_record = 3 + tonumber(ARGV[2])
+for i = 3, first_record - 1 do riders[ARGV[i]] = true end
 local kept, began = {}, {}
 local flat = redis.call('HGETALL', K_TICKETS)
 for i = 1, #flat, 2 do
   local rec = split(flat[i + 1], SEP)
   if (rec[F_STATE] == 'R' or rec[F_STATE] == 'A') and rec[F_AT] ~= '' then
     if cutoff and tonumber(rec[F_AT]) > cutoff then
-      kept[#kept + 1] = {flat[i], rec}
+      if not riders[flat[i]] then kept[#kept + 1] = {flat[i], rec} end
     else
       began[flat[i]] = rec[F_AT]
     end
@@ -86,7 +91,7 @@ for _, item in ipairs(kept) do
   item[2][F_SEQ] = seq
   hold(item[1], item[2])
 end
-for i = 2, #ARGV, 14 do
+for i = first_record, #ARGV, 14 do
   local kind, ticket, tenant, ns, name, cls, band, demand, gid, gsize, submitted, uid, start,
     run = unpack(ARGV, i, i + 13)
   local rec = get_rec(ticket)

@@ -760,6 +760,30 @@ def test_rebuild_keeps_reservations_made_after_the_listing(redis_client: redis.R
     assert late.ticket in q.expire(101.0 + q.reservation_ttl)
 
 
+def test_rebuild_drops_a_riders_ticket_even_in_flight(redis_client: redis.Redis,
+                                                      pods: Pods) -> None:
+    """Two pods share one 3-GPU claim: the first was released moments ago (in flight for
+    the rebuild), the list shows the second paying and the first riding. In the same
+    atomic rebuild the rider's ticket goes: at no moment are 6 GPUs charged for 3."""
+    q = queue_with(redis_client, {"gpu": 8}, a={"nominal": {"gpu": 4}})
+    first, second = pods("a", demand={"gpu": 3}), pods("a", demand={"gpu": 3})
+    assert q.admit(first, 10.0).outcome == "reserved"
+    payer = RunningPod(second.ticket, "a", second.namespace, second.name, "training",
+                       "training", {"gpu": 3}, pod_uid(second.ticket))
+    q.rebuild([payer], [], listed_at=10.0, riders=[first.ticket])
+    assert q.tenant_status()[0].used == {"gpu": 3}
+    assert q.ticket_status(first.ticket, 11.0) is None
+    status = q.ticket_status(second.ticket, 11.0)
+    assert status is not None and status.state == "running"
+    # without riders the in-flight reservation is kept, as for any pod the list missed
+    q.rebuild([payer], [], listed_at=10.0)
+    assert q.tenant_status()[0].used == {"gpu": 3}  # first's ticket is gone for good
+    third = pods("a", demand={"gpu": 1})
+    assert q.admit(third, 11.0).outcome == "reserved"
+    q.rebuild([payer], [], listed_at=11.0)
+    assert q.tenant_status()[0].used == {"gpu": 4}
+
+
 def test_rebuild_confirms_a_kept_reservation_whose_pod_is_listed(redis_client: redis.Redis,
                                                                   pods: Pods) -> None:
     q = queue_with(redis_client, {"gpu": 8}, a={"nominal": {"gpu": 2}})

@@ -272,9 +272,10 @@ horizon: 4000
 
 def test_capacity_held_idle_for_a_drain_is_measured_apart(redis_url: str) -> None:
     """``big`` needs the whole cluster, ``small``'s 1-GPU pods run 300 and 370 s in
-    turn (declared), so they end at different times: while the cluster drains for ``big``, the
-    GPUs that free are held for it and nothing that waits ends in time to be backfilled. All the idle time while pods wait is that
-    held capacity; with 1-GPU pods only nothing is ever held."""
+    turn (declared), so they end at different times: while the cluster drains for
+    ``big``, the GPUs that free are held for it and nothing that waits ends in time to
+    be backfilled. All the idle time while pods wait is that held capacity; with 1-GPU
+    pods only nothing is ever held."""
     drained = run(DRAIN_TRACE, redis_url).window
     assert drained is not None
     assert drained.held_idle > 0.05

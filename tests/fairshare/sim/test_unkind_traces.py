@@ -136,7 +136,8 @@ def _outcome(seed: int, kind: str, error: float, jain: float = 1.0, util: float 
                          share_error=max(abs(r - 1) for r in ratios.values()), jain=jain,
                          utilization=util, inference_waited=waited,
                          has_inference=inference, backlogged=True, seconds=0.0,
-                         held_idle=held, per_tenant={n: {"of_entitlement": r, "gpu_seconds": 100 * r,
+                         held_idle=held,
+                         per_tenant={n: {"of_entitlement": r, "gpu_seconds": 100 * r,
                                          "entitled_gpu_seconds": 100.0}
                                      for n, r in ratios.items()})
 
