@@ -180,7 +180,14 @@ from fairshare.queue.budget import (
 from fairshare.queue.calls import UnknownTenantError
 from fairshare.queue.entitlement import snapshot_fairness
 from fairshare.queue.fairqueue import FairQueue
-from fairshare.queue.model import Hold, Release, ServiceSnapshot, TenantStatus, gang_id
+from fairshare.queue.model import (
+    Hold,
+    QueueSnapshot,
+    Release,
+    ServiceSnapshot,
+    TenantStatus,
+    gang_id,
+)
 from tenants.models import (
     PROVISIONING_CLASS,
     AutoscalingSpec,
@@ -1095,6 +1102,7 @@ class Dispatcher:
                 self.metrics.expired.inc(len(expired))
                 log.info("expired unconfirmed reservations",
                          extra={"fields": {"tickets": expired}})
+        snapshot: QueueSnapshot | None = None  # the status pass's, shared with reclaim
         if now - self._last_status >= self.settings.status_every:
             self._last_status = now
             self.sync(force=True)  # heals a capacity another writer (or a flush) changed
@@ -1110,11 +1118,11 @@ class Dispatcher:
                 self._recheck and not self._evicting & self.pods.keys()):
             self._reclaim_due = now + self.settings.reclaim_every
             self._recheck = False
-            self._reclaim(now)
+            self._reclaim(now, snapshot)
 
     # -- reclaim (fairShare.reclaim) ----------------------------------------------------
 
-    def _reclaim(self, now: float) -> None:
+    def _reclaim(self, now: float, snapshot: QueueSnapshot | None) -> None:
         """With ``fairShare.reclaim`` on, evict for the owed training head what
         :func:`fairshare.reclaim.choose` picks; one reclaim at a time (none while the
         pods of the last one are still terminating; once they are gone, the next step
@@ -1124,17 +1132,19 @@ class Dispatcher:
             spec = None
         self._reclaimed = [r for r in self._reclaimed if now - r["at"] < reclaim.HOUR]
         if spec is not None:
-            self._reclaim_for(spec, now)
+            self._reclaim_for(spec, now, snapshot)
         self.queue.write_reclaim_notes(reclaim.notes(spec, self._reclaimed, now))
 
-    def _reclaim_for(self, spec: ReclaimSpec, now: float) -> None:
-        """The reclaim check of :meth:`_reclaim`, reclaim being on."""
+    def _reclaim_for(self, spec: ReclaimSpec, now: float,
+                     snapshot: QueueSnapshot | None) -> None:
+        """The reclaim check of :meth:`_reclaim`, reclaim being on; ``snapshot``: the
+        queue's, when this step took one."""
         self._evicting &= set(self.pods)
         if self._evicting:
             return
         hold, chosen, due = reclaim_check(self.queue, self.pods, self._started,
                                           self._released, spec, now,
-                                          [r["at"] for r in self._reclaimed])
+                                          [r["at"] for r in self._reclaimed], snapshot)
         if due is not None:
             self._reclaim_due = min(self._reclaim_due, due)
         for victim in chosen:
@@ -1326,7 +1336,7 @@ class Dispatcher:
 
 def reclaim_check(queue: FairQueue, pods: Mapping[str, GpuPod], started: Mapping[str, float],
                   released: Mapping[str, float], spec: ReclaimSpec, now: float,
-                  reclaimed_at: Sequence[float]
+                  reclaimed_at: Sequence[float], snapshot: QueueSnapshot | None = None
                   ) -> tuple[Hold | None, list[reclaim.Victim], float | None]:
     """One reclaim check at ``now``: the owed training head's hold (None: no training pod
     is held for), the victims :func:`fairshare.reclaim.choose` picks among the running
@@ -1334,7 +1344,9 @@ def reclaim_check(queue: FairQueue, pods: Mapping[str, GpuPod], started: Mapping
     one (:func:`fairshare.reclaim.due`; None: not before something changes).
     ``started``/``released``: when each pod was seen running / released by the queue
     (only pods in ``started`` are read, so a check costs the running pods, not the
-    queued); ``reclaimed_at``: when the pods reclaimed in the last hour were."""
+    queued); ``reclaimed_at``: when the pods reclaimed in the last hour were;
+    ``snapshot``: the queue's, taken in this same step (else one is taken, and only when
+    some running pod could be reclaimed: the tenants' standings need it)."""
     hold = next((h for h in queue.holds(now) if h.band != "inference"), None)
     head = pods.get(queue.find(hold.namespace, hold.name) or "") if hold else None
     if hold is None or head is None:
@@ -1342,13 +1354,15 @@ def reclaim_check(queue: FairQueue, pods: Mapping[str, GpuPod], started: Mapping
     owed = reclaim.Owed(
         hold.tenant, {k: n - hold.held.get(k, 0) for k, n in hold.demand.items()},
         hold.demand, head.created)
-    fair = snapshot_fairness(queue.snapshot())
-    standings = {name: reclaim.Standing(t.used, t.entitlement)
-                 for name, t in fair.tenants.items()}
     running = {ticket: pod for ticket in started if (pod := pods.get(ticket)) is not None
                and pod.phase == "Running" and not pod.gated and not pod.deleting}
     candidates = reclaim.victims(running, started, released)
-    chosen = reclaim.choose(owed, standings, candidates, spec, now, reclaimed_at)
+    chosen: list[reclaim.Victim] = []
+    if reclaim.contenders(owed, candidates, spec, now, reclaimed_at):
+        fair = snapshot_fairness(snapshot or queue.snapshot())
+        standings = {name: reclaim.Standing(t.used, t.entitlement)
+                     for name, t in fair.tenants.items()}
+        chosen = reclaim.choose(owed, standings, candidates, spec, now, reclaimed_at)
     return hold, chosen, None if chosen else reclaim.due(owed, candidates, spec, now)
 
 

@@ -133,24 +133,40 @@ def favoured(owed: Owed, running: Sequence[Victim]) -> set[str]:
     return {v.tenant for v in running if v.released is not None and v.released >= owed.since}
 
 
+def contenders(owed: Owed, victims: Sequence[Victim], spec: ReclaimSpec, now: float,
+               recent: Sequence[float]) -> list[Victim]:
+    """The victims :func:`choose` may pick for ``owed`` at ``now`` whatever the tenants'
+    standings, youngest first: none before the head has waited ``after`` or once
+    ``perHour`` is spent (``recent``: when the pods reclaimed lately were); else the
+    :func:`eligible` ones of tenants not :func:`favoured`."""
+    if now - owed.since < spec.after or _budget(spec, recent, now) <= 0:
+        return []
+    passed_over = favoured(owed, victims)
+    return sorted((v for v in victims
+                   if v.tenant not in passed_over and eligible(v, owed, spec, now)),
+                  key=lambda v: (-v.started, v.key))
+
+
+def _budget(spec: ReclaimSpec, recent: Sequence[float], now: float) -> int:
+    """How many more pods ``perHour`` allows at ``now``."""
+    return spec.per_hour - sum(1 for at in recent if now - at < HOUR)
+
+
 def choose(
     owed: Owed, standings: Mapping[str, Standing], victims: Sequence[Victim],
     spec: ReclaimSpec, now: float, recent: Sequence[float],
 ) -> list[Victim]:
     """The victims to evict for ``owed`` (see the module contract), or []."""
     mine = standings.get(owed.tenant)
-    if mine is None or now - owed.since < spec.after or mine.used >= mine.entitlement:
+    if mine is None or mine.used >= mine.entitlement:
         return []
-    budget = spec.per_hour - sum(1 for at in recent if now - at < HOUR)
+    left = contenders(owed, victims, spec, now, recent)
+    budget = _budget(spec, recent, now)
     target = _ratio(mine.used + total_slices(owed.demand) / SLICES_PER_GPU,
                     mine.entitlement)
     lacking = {key: n for key, n in owed.lacks.items() if n > 0}
     taken: dict[str, float] = {}
     chosen: list[Victim] = []
-    passed_over = favoured(owed, victims)
-    left = sorted((v for v in victims
-                   if v.tenant not in passed_over and eligible(v, owed, spec, now)),
-                  key=lambda v: (-v.started, v.key))
 
     def after(victim: Victim) -> float:
         standing = standings[victim.tenant]

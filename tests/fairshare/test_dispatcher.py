@@ -465,14 +465,15 @@ class _Evictions:
 
 
 def _reclaim_rig(redis_url: str, reclaim: dict[str, Any] | None, preemptible: bool,
-                 audit: AuditLog | None = None,
-                 every: float = 0.0) -> tuple[Any, _Evictions]:
+                 audit: AuditLog | None = None, every: float = 0.0,
+                 status_every: float = 10.0) -> tuple[Any, _Evictions]:
     """16 GPUs full of "old"'s long training pods (started at 1,000 s), then "new" asks
     for 2 x 8 GPUs at 1,010 s; the dispatcher checks for reclaim every ``every`` seconds
     (by default on every step)."""
     tenants = {name: {"weight": 1, "nominal": {"gpu": 16}} for name in ("old", "new")}
     rig = make_rig(redis_url, tenants, {"gpu": 16}, audit=audit,
-                   settings=DispatcherSettings(reclaim_every=every))
+                   settings=DispatcherSettings(reclaim_every=every,
+                                               status_every=status_every))
     platform = rig.config.platform.model_copy(update={"fair_share": FairShareSpec.model_validate(
         {} if reclaim is None else {"reclaim": reclaim})})
     config = FairgateConfig(platform=platform, quotas=rig.config.quotas)
@@ -524,6 +525,45 @@ def test_the_reclaim_check_comes_when_time_allows_it_not_a_period_later(
     assert evictions.pods == []
     rig.at(1_600.0)
     assert [p.tenant for p in evictions.pods] == ["old", "old"]
+
+
+def _count_snapshots(rig: Any) -> list[float]:
+    """The times at which the dispatcher reads the queue's snapshot from now on."""
+    reads: list[float] = []
+    snapshot = rig.queue.snapshot
+
+    def counted() -> Any:
+        reads.append(rig.clock())
+        return snapshot()
+
+    rig.dispatcher.queue.snapshot = counted
+    return reads
+
+
+def test_the_reclaim_check_shares_the_status_passs_snapshot(redis_url: str) -> None:
+    """With the status pass and the reclaim check in every step, each step reads the
+    queue's snapshot once (the standings of 10,000 tenants take most of a second to
+    read), and the reclaim still comes at 1,600 s."""
+    rig, evictions = _reclaim_rig(redis_url, RECLAIM_ON, preemptible=True, status_every=0.0)
+    reads = _count_snapshots(rig)
+    steps = [float(t) for t in range(1_100, 1_700, 100)]
+    for t in steps:
+        rig.at(t)
+    assert [p.tenant for p in evictions.pods] == ["old", "old"]
+    assert sorted(set(reads)) == steps and len(reads) == len(steps)
+
+
+def test_a_reclaim_check_with_nothing_to_reclaim_reads_no_snapshot(redis_url: str) -> None:
+    """Reclaim on, but no pod is labelled preemptible (or none has run minRuntime): the
+    check needs no standings, so it reads no snapshot; the status pass alone does."""
+    rig, evictions = _reclaim_rig(redis_url, RECLAIM_ON, preemptible=False,
+                                  status_every=10_000.0)
+    reads = _count_snapshots(rig)
+    for t in (1_100.0, 1_700.0, 5_000.0):
+        rig.at(t)
+    assert evictions.pods == [] and reads == []
+    rig.at(12_000.0)  # the status pass is due
+    assert reads == [12_000.0]
 
 
 def test_the_next_reclaim_check_comes_once_the_last_reclaims_pods_are_gone(
