@@ -175,6 +175,7 @@ end
 -- if none; with `counts`, only a top sharing one of those resources counts, and the
 -- walk goes on past the others), the held tops and the commitment record as read
 -- (favoured_tops). `tidy`: see survey.
+local BACKFILL_PEERS = 4  -- later tenants of a shape walked for backfill (plan)
 local function plan(tier, now, stop, counts, tidy)
   -- current scores by tenant, shared by this plan's walks (see best_of)
   local scores = {}
@@ -204,9 +205,10 @@ local function plan(tier, now, stop, counts, tidy)
     -- nothing held yet: the survey's check without holds is the answer
     local blocked = top.blocked
     if not blocked and #held > 0 then blocked = cap_check(top.D, G, false) end
+    local substituted = false
     if not blocked or (not top.blocked and backfills(top, held, now)) then
       if not counts or shares_resource(top.D, counts) then return G, top, held, record end
-    elseif cap_check(top.D, nil, true) == nil then
+    elseif not top.peer and cap_check(top.D, nil, true) == nil then
       if below_share(top, tier, bw) then
         top.hold = {i = {}, t = {}, b = {}}
         for _, band in ipairs(BAND_ORDER) do
@@ -235,7 +237,30 @@ local function plan(tier, now, stop, counts, tidy)
           local at = i + 1
           while at <= #tops and before(tops[at], next_top) do at = at + 1 end
           table.insert(tops, at, next_top)
+          substituted = true
         end
+      end
+    end
+    -- Backfill peers (virtual time): a top that fits the free capacity but not what is
+    -- held, and is expected to outlast the drain, does not stand for its shape's later
+    -- tenants: backfill judges each tenant's run time, so the next tenant of the shape
+    -- in queue order is walked after it, for backfill only (a peer is never held for),
+    -- up to BACKFILL_PEERS of them. Before, a later tenant of the shape whose pods end
+    -- in time was never looked at, and the drain went to a tenant of another shape
+    -- further back in order (bench/fairness.py --unkind seed 158: two weight-1 tenants,
+    -- one 4,000 GPU-seconds ahead of the other).
+    if blocked and not top.blocked and not substituted and #held > 0 and now
+        and halflife().virtual and (top.peer or 0) < BACKFILL_PEERS then
+      local next_top = best_of(top.shape, top.D, now, false, true, top, scores)
+      while next_top and listed[next_top.shape .. ' ' .. next_top.member] do
+        next_top = best_of(top.shape, top.D, now, false, true, next_top, scores)
+      end
+      if next_top then
+        listed[next_top.shape .. ' ' .. next_top.member] = true
+        next_top.blocked, next_top.peer = top.blocked, (top.peer or 0) + 1
+        local at = i + 1
+        while at <= #tops and before(tops[at], next_top) do at = at + 1 end
+        table.insert(tops, at, next_top)
       end
     end
     i = i + 1

@@ -58,6 +58,7 @@ DEFAULT_RUN = 600.0  # the expected run time before any pod ended
 RUN_WEIGHT = 0.25  # the newest run's weight in the moving average of run times
 HANDOVER = 0.5  # of one pod's slices x expected run time: the handover credit
 COMMIT_AFTER = 0.5  # of the tenant's expected run time: a hold becomes a commitment
+BACKFILL_PEERS = 4  # later tenants of a shape walked for backfill only (plan)
 
 
 def shape_key(shape: Shape) -> str:
@@ -140,6 +141,7 @@ class Top:
     seq: float
     blocked: bool
     hold: Shape = field(default_factory=empty_shape)  # units held for it (plan)
+    peer: int = 0  # > 0: a later tenant of its shape, walked for backfill only (plan)
 
     @property
     def order(self) -> tuple[float, float, float]:
@@ -639,12 +641,14 @@ class Reference:
             if stop is not None and top.order >= stop:
                 break
             shape = self.lane_shapes[top.key]
-            if self.cap_check(shape, guards) is None or (
+            blocked = self.cap_check(shape, guards) is not None
+            substituted = False
+            if not blocked or (
                     self.cap_check(shape, None) is None
                     and self.backfills(top, shape, held, now)):
                 if counts is None or shape_resources(shape) & {r for r, n in counts.items() if n}:
                     return guards, top, held, record
-            elif self.cap_check(shape, None, idle=True) is None:
+            elif not top.peer and self.cap_check(shape, None, idle=True) is None:
                 if self.below_share(top.tenant, tier):
                     for b in BANDS:
                         for r, n in shape[b].items():
@@ -661,6 +665,19 @@ class Reference:
                         while at < len(tops) and tops[at].order < nxt.order:
                             at += 1
                         tops.insert(at, nxt)
+                        substituted = True
+            # backfill peers: a top that fits the free capacity but not what is held
+            # and does not backfill; the next tenant of its shape may (its run time)
+            if (blocked and self.cap_check(shape, None) is None and not substituted
+                    and held and self.virtual and top.peer < BACKFILL_PEERS):
+                nxt = self.next_top(top, now, listed)
+                if nxt is not None:
+                    listed.add((nxt.key, nxt.tenant))
+                    nxt.peer = top.peer + 1
+                    at = i + 1
+                    while at < len(tops) and tops[at].order < nxt.order:
+                        at += 1
+                    tops.insert(at, nxt)
             i += 1
         return guards, None, held, record
 

@@ -191,3 +191,22 @@ def test_a_rebuild_keeps_the_declared_run_times_of_the_listed_pods(
     assert redis_client.zrange("fairgate:re:gpu", 0, -1, withscores=True) == [
         (b"c1", 20.0)]
     assert redis_client.hget("fairgate:tk", "b2").decode().split("|")[14] == "900"
+
+
+def test_a_later_tenant_of_a_shape_is_backfilled_when_its_first_outlasts_the_drain(
+        redis_client: redis.Redis) -> None:
+    """4 GPUs: a (1 GPU) and b (2 GPUs) run until 100 s; c's 4-GPU pod is owed and held
+    the free GPU. a2 and b2 (1 GPU each) wait: the same shape, a first in order (it runs
+    less). a2 declares 1,000 s and would delay c; b2 declares 10 s and ends in time, so
+    it runs in the held GPU. Before, only a shape's first tenant was looked at (one top
+    per shape), so b2 was never tried and the GPU stayed idle, or went to a tenant of
+    another shape further back in order (bench/fairness.py --unkind seed 158)."""
+    both = Both(redis_client, gpus=4)
+    assert both.admit("a1", "a", 1, 0.0, 100).outcome == "reserved"
+    assert both.admit("b1", "b", 2, 0.0, 100).outcome == "reserved"
+    assert both.admit("c1", "c", 4, 1.0).outcome == "queued"
+    assert both.admit("a2", "a", 1, 2.0, 1000).outcome == "queued"
+    assert both.admit("b2", "b", 1, 3.0, 10).outcome == "queued"
+    assert [(h.tenant, dict(h.held)) for h in both.q.holds(4.0)] == [
+        ("c", {"gpu": 1}), ("a", {})]
+    assert both.dispatch(4.0) == ["b2"]
