@@ -129,7 +129,8 @@ def test_json_output_has_exactly_the_designed_keys(redis_url: str, tmp_path: Pat
     assert data["gangs"] == []  # a trace without gangs
     assert data["autoscaling"] == {"requests": 0, "provisioned_gpus": 0.0,
                                    "wait_seconds": {"p50": 0.0, "max": 0.0}}
-    assert set(data["window"]) == {"from", "to", "utilization", "jain_index", "tenants"}
+    assert set(data["window"]) == {"from", "to", "utilization", "held_idle", "jain_index",
+                                   "tenants"}
     assert set(data["window"]["tenants"]["team-b"]) == {
         "gpu_seconds", "gpu_seconds_by_class", "entitled_gpu_seconds", "of_entitlement",
         "backlogged_seconds"}
