@@ -118,7 +118,7 @@ from fairshare.localredis import local_redis
 from fairshare.queue.entitlement import jain_index, water_fill
 from fairshare.sim.simulate import Simulation, Window
 from fairshare.sim.trace import Trace, parse_trace
-from tenants.resources import slices_of
+from tenants.resources import SLICES_PER_GPU, slices_of
 
 SIZES = (1, 2, 4, 8)
 INFERENCE_TENANT = "serve"
@@ -500,7 +500,11 @@ class WindowOutcome:
     def used_share_error(self) -> float:
         """The worst |share of the GPU-time used / share of the entitlement - 1|: the
         share error with idle capacity counted once (in utilisation), not also as every
-        tenant's shortfall."""
+        tenant's shortfall. A tenant that entered the window ahead of its entitlement is
+        judged from its own join (``judged_share``; results written before it: over the
+        window)."""
+        if all("judged_share" in t for t in self.per_tenant.values()):
+            return max(abs(t["judged_share"] - 1) for t in self.per_tenant.values())
         used = sum(t["gpu_seconds"] for t in self.per_tenant.values())
         entitled = sum(t["entitled_gpu_seconds"] for t in self.per_tenant.values())
         return max(abs(t["gpu_seconds"] / used * entitled / t["entitled_gpu_seconds"] - 1)
@@ -514,14 +518,18 @@ def check_window(data: dict[str, Any], client: redis.Redis) -> WindowOutcome:
     trace = parse_trace({k: v for k, v in data.items() if k != "_meta"})
     client.flushall()
     started = time.perf_counter()
-    report = Simulation(trace, client, "fairgate:", Window(*meta["window"])).run()
+    training = list(meta["sizes"])
+    sim = Simulation(trace, client, "fairgate:", Window(*meta["window"]))
+    joins = {n: min(p.at for p in trace.pods() if p.tenant == n) for n in training}
+    sim.mark_at({*joins.values(), float(meta["window"][0])})
+    report = sim.run()
     seconds = time.perf_counter() - started
     window = report.window
     assert window is not None
-    training = list(meta["sizes"])
     length = window.end - window.start
     measured = {n: window.tenants[n] for n in training}
     ratios = {n: t.of_entitlement or 0.0 for n, t in measured.items()}
+    judged = judged_shares(sim, training, joins, window.start)
     return WindowOutcome(
         seed=meta["seed"], kind=meta["kind"], tenants=len(training),
         capacity=int(trace.capacity["gpu"]), window=[window.start, window.end],
@@ -535,11 +543,29 @@ def check_window(data: dict[str, Any], client: redis.Redis) -> WindowOutcome:
             n: {"weight": trace.tenants[n].weight, "size": meta["sizes"][n],
                 "of_entitlement": ratios[n], "gpu_seconds": t.gpu_seconds,
                 "entitled_gpu_seconds": t.entitled_gpu_seconds,
+                "judged_from": judged[n][0], "judged_share": judged[n][1],
                 "off_pods": (t.gpu_seconds - t.entitled_gpu_seconds)
                 / (meta["sizes"][n] * meta["mean_durations"][n])}
             for n, t in measured.items()
         },
     )
+
+
+def judged_shares(sim: Simulation, training: list[str], joins: dict[str, float],
+                  start: float) -> dict[str, tuple[float, float]]:
+    """Per training tenant: where it is judged from (the window's ``start``, or its own
+    join when it entered the window ahead of its entitlement, as DESIGN states) and its
+    share of the GPU-time used there over its share of the entitlement there."""
+    used_before, entitled_before = sim.meter.marks[start]
+    out = {}
+    for name in training:
+        ahead = used_before[name] / SLICES_PER_GPU - entitled_before[name] > 1e-6
+        since = joins[name] if ahead else start
+        over = sim.meter.since(since)
+        used = sum(over[n][0] for n in training)
+        entitled = sum(over[n][1] for n in training)
+        out[name] = (since, over[name][0] / used * entitled / over[name][1])
+    return out
 
 
 # (name, target, test, applies): the targets over the all-active window

@@ -328,6 +328,8 @@ class _Meter:
         self.window_waiting_used = 0.0
         self.window_waiting_time = 0.0
         self.window_held_idle = 0.0  # slice-seconds held idle for owed entries while pods wait
+        # at given instants: every tenant's used slice-seconds and entitled GPU-seconds so far
+        self.marks: dict[float, tuple[dict[str, float], dict[str, float]]] = {}
 
     def _capacity(self, counts: Mapping[str, int]) -> None:
         self.capacity_of = slices_by_key(counts)
@@ -392,6 +394,17 @@ class _Meter:
             self.window_waiting_used += total * dt
             self.window_waiting_capacity += self.capacity * dt
             self.window_held_idle += held * dt
+
+    def mark(self, at: float) -> None:
+        """Remember every tenant's usage and entitlement integrated up to ``at`` (now)."""
+        self.marks[at] = (dict(self.used_seconds), dict(self.entitled_seconds))
+
+    def since(self, at: float) -> dict[str, tuple[float, float]]:
+        """Per tenant: GPU-seconds used and entitled GPU-seconds from the mark at ``at``
+        to now (KeyError: no mark there)."""
+        used, entitled = self.marks[at]
+        return {name: (_gpu(self.used_seconds[name] - used[name]),
+                       self.entitled_seconds[name] - entitled[name]) for name in self.weights}
 
     def window(self) -> WindowReport:
         tenants = {
@@ -586,6 +599,7 @@ class Simulation:
         self.config = config
         self.quota_violations: list[str] = []
         self._held = 0  # slices the queue holds idle for owed entries, since the last event
+        self._marks: list[float] = []  # instants still to mark (meter.mark), latest first
         self._arrivals = trace.pods()
         self._next = 0
         self.dispatcher.sync(force=True)
@@ -620,10 +634,19 @@ class Simulation:
                        next_end if next_end is not None else math.inf,
                        nodes if nodes is not None else math.inf,
                        self._next_reclaim_check())
+            if self._marks and self._marks[-1] < when and self._marks[-1] <= until:
+                # a mark between events: nothing happens then
+                at = self._marks.pop()
+                self.meter.interval(self.clock(), at, self.cluster, self._held)
+                self.clock.advance_to(at)
+                self.meter.mark(at)
+                continue
             if when > until:
                 break
             self.meter.interval(self.clock(), when, self.cluster, self._held)
             self.clock.advance_to(when)
+            while self._marks and self._marks[-1] <= when:
+                self.meter.mark(self._marks.pop())
             self.cluster.advance()
             if self.autoscaler is not None:
                 self.autoscaler.provision_due(when)
@@ -641,6 +664,13 @@ class Simulation:
                 progress(when)
         self.meter.interval(self.clock(), until, self.cluster, self._held)
         self.clock.advance_to(until)
+
+    def mark_at(self, times: Iterable[float]) -> None:
+        """Have the meter mark (:meth:`_Meter.mark`) each of ``times`` (not past yet),
+        before the arrivals of that instant; ``self.meter.since(t)`` then integrates from
+        it."""
+        now = self.clock()
+        self._marks = sorted({*self._marks, *(t for t in times if t >= now)}, reverse=True)
 
     def _held_idle(self, now: float) -> int:
         """The slices the queue holds idle at ``now`` for entries owed them (none

@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import tablefit
 import yaml
 
 from fairshare.sim.simulate import (
+    Simulation,
     SimulationReport,
     Window,
     report_tables,
@@ -282,3 +284,20 @@ def test_capacity_held_idle_for_a_drain_is_measured_apart(redis_url: str) -> Non
     assert drained.utilization + drained.held_idle == pytest.approx(1.0, abs=1e-6)
     even = run(DRAIN_TRACE.replace("demand: {gpu: 4}", "demand: {gpu: 1}"), redis_url).window
     assert even is not None and (even.utilization, even.held_idle) == (1.0, 0.0)
+
+
+def test_marks_integrate_from_their_instant_and_change_nothing(redis_url: str) -> None:
+    """A mark at the start and one between events (1,234.5 s): from the first each
+    tenant's GPU-seconds are the whole run's; from the second, what ran after it; the run
+    is the same as one without marks."""
+    client = redis.Redis.from_url(redis_url)
+    plain = Simulation(parse_trace(yaml.safe_load(DRAIN_TRACE)), client, "fairgate:p:").run()
+    sim = Simulation(parse_trace(yaml.safe_load(DRAIN_TRACE)), client, "fairgate:m:")
+    sim.mark_at([0.0, 1_234.5])
+    marked = sim.run()
+    assert marked.window == plain.window
+    whole, later = sim.meter.since(0.0), sim.meter.since(1_234.5)
+    for name, tenant in marked.tenants.items():
+        assert whole[name][0] == pytest.approx(tenant.gpu_hours * 3600)
+        assert 0 < later[name][0] < whole[name][0]
+    assert sum(used for used, _ in later.values()) <= 4 * (4000 - 1_234.5)

@@ -196,6 +196,32 @@ def test_the_idle_held_for_drains_is_reported_by_trace() -> None:
         outcomes[0])
 
 
+AHEAD_TRACE: dict[str, Any] = {
+    "capacity": {"gpu": 4},
+    "tenants": {n: {"weight": 1, "nominal": {"gpu": 4}} for n in ("t0", "t1", "t2")},
+    "arrivals": [{"at": at, "tenant": name, "class": "training", "demand": {"gpu": 1},
+                  "duration": 400, "count": 60}
+                 for name, at in (("t0", 0), ("t1", 500), ("t2", 1000))],
+    "horizon": 5000,
+    "_meta": {"seed": 0, "kind": "staggered", "window": [1000, 5000],
+              "sizes": {"t0": 1, "t1": 1, "t2": 1},
+              "mean_durations": {"t0": 400, "t1": 400, "t2": 400}},
+}
+
+
+def test_a_tenant_that_enters_the_window_ahead_is_judged_from_its_own_join(
+        redis_url: str) -> None:
+    """t0 ran alone, then its 400-s pods outlasted t1's join: it enters the window (from
+    t2's join) ahead and repays inside it, 10% short over the window. Judged from its
+    own join, as DESIGN states, it is within 2%; the others are judged over the window."""
+    outcome = check_window(AHEAD_TRACE, redis.Redis.from_url(redis_url))
+    t0, t1 = outcome.per_tenant["t0"], outcome.per_tenant["t1"]
+    assert (t0["judged_from"], t1["judged_from"]) == (0.0, 1000.0)
+    assert t0["of_entitlement"] == pytest.approx(0.9)
+    assert t0["judged_share"] == pytest.approx(0.984, abs=1e-3)
+    assert outcome.used_share_error == pytest.approx(0.05)
+
+
 @pytest.fixture(scope="module")
 def measured() -> Iterator[Callable[[str], WindowOutcome]]:
     """The outcome of each kind's first seed, run once for the tests below."""
