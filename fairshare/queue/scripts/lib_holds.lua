@@ -245,10 +245,8 @@ local function plan(tier, now, stop, counts, tidy)
     -- held, and is expected to outlast the drain, does not stand for its shape's later
     -- tenants: backfill judges each tenant's run time, so the next tenant of the shape
     -- in queue order is walked after it, for backfill only (a peer is never held for),
-    -- up to BACKFILL_PEERS of them. Before, a later tenant of the shape whose pods end
-    -- in time was never looked at, and the drain went to a tenant of another shape
-    -- further back in order (bench/fairness.py --unkind seed 158: two weight-1 tenants,
-    -- one 4,000 GPU-seconds ahead of the other).
+    -- up to BACKFILL_PEERS of them, so that a later tenant of the shape whose pods end
+    -- in time goes before a tenant of another shape further back in order.
     if blocked and not top.blocked and not substituted and #held > 0 and now
         and halflife().virtual and (top.peer or 0) < BACKFILL_PEERS then
       local next_top = best_of(top.shape, top.D, now, false, true, top, scores)
