@@ -503,12 +503,21 @@ class WindowOutcome:
         tenant's shortfall. A tenant that entered the window ahead of its entitlement is
         judged from its own join (``judged_share``; results written before it: over the
         window)."""
+        return max(abs(share - 1) for share in self._used_shares())
+
+    @property
+    def used_jain(self) -> float:
+        """Jain's index of the shares :attr:`used_share_error` judges."""
+        return jain_index(self._used_shares())
+
+    def _used_shares(self) -> list[float]:
+        """Per tenant: its share of the GPU-time used over its share of the entitlement."""
         if all("judged_share" in t for t in self.per_tenant.values()):
-            return max(abs(t["judged_share"] - 1) for t in self.per_tenant.values())
+            return [t["judged_share"] for t in self.per_tenant.values()]
         used = sum(t["gpu_seconds"] for t in self.per_tenant.values())
         entitled = sum(t["entitled_gpu_seconds"] for t in self.per_tenant.values())
-        return max(abs(t["gpu_seconds"] / used * entitled / t["entitled_gpu_seconds"] - 1)
-                   for t in self.per_tenant.values())
+        return [t["gpu_seconds"] / used * entitled / t["entitled_gpu_seconds"]
+                for t in self.per_tenant.values()]
 
 
 def check_window(data: dict[str, Any], client: redis.Redis) -> WindowOutcome:
@@ -609,7 +618,8 @@ def window_summary(outcomes: list[WindowOutcome], worst: int = 3) -> dict[str, A
                                "pass": sum(1 for o in group if not window_failures(o)),
                                "backlog_broken": sum(1 for o in group if not o.backlogged),
                                "used_share": sum(1 for o in group
-                                                 if o.used_share_error <= 0.05)}
+                                                 if o.used_share_error <= 0.05),
+                               "used_jain": sum(1 for o in group if o.used_jain >= 0.99)}
         for name, _, ok, applies in WINDOW_TARGETS:
             mine = [o for o in group if applies(o)]
             row[name] = [sum(1 for o in mine if ok(o)), len(mine)]
@@ -661,9 +671,12 @@ def window_table(summary: dict[str, Any], replay: str) -> str:
     broken = summary["all"]["backlog_broken"]
     lines.append("")
     lines.append("share of the GPU-time used within 5% of the entitlement's share (idle "
-                 "counted once, in utilisation): " + ", ".join(
-                     f"{kind} {row['used_share']}/{row['traces']}"
-                     for kind, row in [*summary["kinds"].items(), ("all", summary["all"])]))
+                 "counted once, in utilisation; a tenant that entered the window ahead "
+                 "judged from its own join), and Jain's index of those shares >= 0.99: "
+                 + ", ".join(f"{kind} {row['used_share']}/{row['traces']} and "
+                             f"{row['used_jain']}/{row['traces']}"
+                             for kind, row in [*summary["kinds"].items(),
+                                               ("all", summary["all"])]))
     misses = summary["utilization_misses"]
     if misses:
         idle = sum(1 - m["utilization"] for m in misses)

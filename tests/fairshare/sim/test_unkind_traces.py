@@ -175,7 +175,8 @@ def test_idle_capacity_is_counted_once_in_the_share_of_the_gpu_time_used() -> No
     assert uneven.used_share_error == pytest.approx(0.08)
     summary = window_summary([even, uneven])
     assert summary["all"]["used_share"] == 1
-    assert "big-pods 1/2, all 1/2" in window_table(summary, "replay {seed}")
+    assert summary["all"]["used_jain"] == 2  # shares 1.08 and 0.92: Jain 0.9936
+    assert "big-pods 1/2 and 2/2, all 1/2 and 2/2" in window_table(summary, "replay {seed}")
 
 
 def test_the_idle_held_for_drains_is_reported_by_trace() -> None:
@@ -220,6 +221,7 @@ def test_a_tenant_that_enters_the_window_ahead_is_judged_from_its_own_join(
     assert t0["of_entitlement"] == pytest.approx(0.9)
     assert t0["judged_share"] == pytest.approx(0.984, abs=1e-3)
     assert outcome.used_share_error == pytest.approx(0.05)
+    assert outcome.used_jain > outcome.jain  # t0's 10% shortfall over the window is gone
 
 
 @pytest.fixture(scope="module")
