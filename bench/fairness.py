@@ -529,8 +529,12 @@ def check_window(data: dict[str, Any], client: redis.Redis) -> WindowOutcome:
     started = time.perf_counter()
     training = list(meta["sizes"])
     sim = Simulation(trace, client, "fairgate:", Window(*meta["window"]))
-    joins = {n: min(p.at for p in trace.pods() if p.tenant == n) for n in training}
-    sim.mark_at({*joins.values(), float(meta["window"][0])})
+    start = float(meta["window"][0])
+    # a tenant's own join: when its arrivals last began at or before the window (a
+    # tenant back from idle joins again when it returns)
+    joins = {n: max(float(a["at"]) for a in data["arrivals"]
+                    if a["tenant"] == n and float(a["at"]) <= start) for n in training}
+    sim.mark_at({*joins.values(), start})
     report = sim.run()
     seconds = time.perf_counter() - started
     window = report.window
@@ -563,8 +567,9 @@ def check_window(data: dict[str, Any], client: redis.Redis) -> WindowOutcome:
 def judged_shares(sim: Simulation, training: list[str], joins: dict[str, float],
                   start: float) -> dict[str, tuple[float, float]]:
     """Per training tenant: where it is judged from (the window's ``start``, or its own
-    join when it entered the window ahead of its entitlement, as DESIGN states) and its
-    share of the GPU-time used there over its share of the entitlement there."""
+    join, ``joins``, when it entered the window ahead of its entitlement, as DESIGN
+    states) and its share of the GPU-time used there over its share of the entitlement
+    there."""
     used_before, entitled_before = sim.meter.marks[start]
     out = {}
     for name in training:

@@ -224,6 +224,28 @@ def test_a_tenant_that_enters_the_window_ahead_is_judged_from_its_own_join(
     assert outcome.used_jain > outcome.jain  # t0's 10% shortfall over the window is gone
 
 
+def test_a_tenant_back_from_idle_is_judged_from_its_return(redis_url: str) -> None:
+    """t1 took the whole cluster at 0 s (t0 came 1 s later), went idle and came back at
+    3,000 s, when the window starts: it enters the window ahead of its entitlement, but
+    its own join is its return (its lead was not carried over the idle time), so it is
+    judged over the window, not from 0 s."""
+    trace = {**AHEAD_TRACE, "tenants": {n: {"weight": 1, "nominal": {"gpu": 4}}
+                                        for n in ("t0", "t1")},
+             "arrivals": [
+                 {"at": 1, "tenant": "t0", "class": "training", "demand": {"gpu": 1},
+                  "duration": 400, "count": 100},
+                 {"at": 0, "tenant": "t1", "class": "training", "demand": {"gpu": 1},
+                  "duration": 400, "count": 4},
+                 {"at": 3000, "tenant": "t1", "class": "training", "demand": {"gpu": 1},
+                  "duration": 400, "count": 60}],
+             "_meta": {**AHEAD_TRACE["_meta"], "window": [3000, 5000],
+                       "sizes": {"t0": 1, "t1": 1},
+                       "mean_durations": {"t0": 400, "t1": 400}}}
+    outcome = check_window(trace, redis.Redis.from_url(redis_url))
+    assert outcome.per_tenant["t1"]["judged_from"] == 3000.0
+    assert outcome.per_tenant["t0"]["judged_from"] == 3000.0
+
+
 @pytest.fixture(scope="module")
 def measured() -> Iterator[Callable[[str], WindowOutcome]]:
     """The outcome of each kind's first seed, run once for the tests below."""
