@@ -567,9 +567,9 @@ def check_window(data: dict[str, Any], client: redis.Redis) -> WindowOutcome:
 def judged_shares(sim: Simulation, training: list[str], joins: dict[str, float],
                   start: float) -> dict[str, tuple[float, float]]:
     """Per training tenant: where it is judged from (the window's ``start``, or its own
-    join, ``joins``, when it entered the window ahead of its entitlement, as DESIGN
-    states) and its share of the GPU-time used there over its share of the entitlement
-    there."""
+    join, ``joins``, when it entered the window ahead of its entitlement: see
+    docs/fairness.md) and its share of the GPU-time used there over its share of the
+    entitlement there."""
     used_before, entitled_before = sim.meter.marks[start]
     out = {}
     for name in training:

@@ -214,7 +214,7 @@ def test_a_tenant_that_enters_the_window_ahead_is_judged_from_its_own_join(
         redis_url: str) -> None:
     """t0 ran alone, then its 400-s pods outlasted t1's join: it enters the window (from
     t2's join) ahead and repays inside it, 10% short over the window. Judged from its
-    own join, as DESIGN states, it is within 2%; the others are judged over the window."""
+    own join (docs/fairness.md), it is within 2%; the others are judged over the window."""
     outcome = check_window(AHEAD_TRACE, redis.Redis.from_url(redis_url))
     t0, t1 = outcome.per_tenant["t0"], outcome.per_tenant["t1"]
     assert (t0["judged_from"], t1["judged_from"]) == (0.0, 1000.0)
