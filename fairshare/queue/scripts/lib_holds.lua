@@ -182,6 +182,12 @@ local function plan(tier, now, stop, counts, tidy)
   local tops = survey(tier, now, tidy, scores)
   -- the entries in the walk ('<shape> <member>'): each is walked once
   local listed = {}
+  -- put `top` among tops, from index `from` on, in queue order
+  local function place(top, from)
+    local at = from
+    while at <= #tops and before(tops[at], top) do at = at + 1 end
+    table.insert(tops, at, top)
+  end
   local favoured_list, record = favoured_tops(tier, now)
   for _, favoured in ipairs(favoured_list) do
     for j, top in ipairs(tops) do
@@ -190,14 +196,27 @@ local function plan(tier, now, stop, counts, tidy)
         break
       end
     end
-    local at = 1
-    while at <= #tops and before(tops[at], favoured) do at = at + 1 end
-    table.insert(tops, at, favoured)
+    place(favoured, 1)
   end
   for _, top in ipairs(tops) do listed[top.shape .. ' ' .. top.member] = true end
   local G = {i = {}, t = {}, b = {}}
   local held, bw = {}, {}
   local decay = halflife().accrues
+  -- The next tenant of the shape of tops[i] (`top`) in queue order not walked yet, put
+  -- among the tops after i in queue order, with `top`'s survey check and `peer` (nil:
+  -- it stands for its shape); whether there was one. (The handover's entry, or the one
+  -- the survey found, may come after its top: those are skipped.)
+  local function walk_on(top, i, peer)
+    local next_top = best_of(top.shape, top.D, now, false, true, top, scores)
+    while next_top and listed[next_top.shape .. ' ' .. next_top.member] do
+      next_top = best_of(top.shape, top.D, now, false, true, next_top, scores)
+    end
+    if not next_top then return false end
+    listed[next_top.shape .. ' ' .. next_top.member] = true
+    next_top.blocked, next_top.peer = top.blocked, peer
+    place(next_top, i + 1)
+    return true
+  end
   local i = 1
   while i <= #tops do
     local top = tops[i]
@@ -226,19 +245,7 @@ local function plan(tier, now, stop, counts, tidy)
         -- of the shape is below its share either; with nothing left to hold, a later
         -- one would hold nothing, and the walk, reading every tenant passed, would
         -- cost for nothing)
-        local next_top = best_of(top.shape, top.D, now, false, true, top, scores)
-        -- (the handover's entry, or the one the survey found, may come after its top)
-        while next_top and listed[next_top.shape .. ' ' .. next_top.member] do
-          next_top = best_of(top.shape, top.D, now, false, true, next_top, scores)
-        end
-        if next_top then
-          listed[next_top.shape .. ' ' .. next_top.member] = true
-          next_top.blocked = top.blocked
-          local at = i + 1
-          while at <= #tops and before(tops[at], next_top) do at = at + 1 end
-          table.insert(tops, at, next_top)
-          substituted = true
-        end
+        substituted = walk_on(top, i, nil)
       end
     end
     -- Backfill peers (virtual time): a top that fits the free capacity but not what is
@@ -249,17 +256,7 @@ local function plan(tier, now, stop, counts, tidy)
     -- in time goes before a tenant of another shape further back in order.
     if blocked and not top.blocked and not substituted and #held > 0 and now
         and halflife().virtual and (top.peer or 0) < BACKFILL_PEERS then
-      local next_top = best_of(top.shape, top.D, now, false, true, top, scores)
-      while next_top and listed[next_top.shape .. ' ' .. next_top.member] do
-        next_top = best_of(top.shape, top.D, now, false, true, next_top, scores)
-      end
-      if next_top then
-        listed[next_top.shape .. ' ' .. next_top.member] = true
-        next_top.blocked, next_top.peer = top.blocked, (top.peer or 0) + 1
-        local at = i + 1
-        while at <= #tops and before(tops[at], next_top) do at = at + 1 end
-        table.insert(tops, at, next_top)
-      end
+      walk_on(top, i, (top.peer or 0) + 1)
     end
     i = i + 1
   end
