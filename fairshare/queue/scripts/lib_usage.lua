@@ -240,21 +240,24 @@ end
 -- ticket ('u' + 16 bytes for a lowercase uuid, else 't' + the ticket). The extended
 -- hash is the bucket's first three digits and the field's low 20 bits, so a split needs
 -- no name. A hash collision only makes `find` miss.
-local NAME_SPLIT = 2 ^ 20
+-- the extended hash of a name whose first three digits (or bucket) are `low`
+local function name_hash(low, field)
+  return low % BASE_BUCKETS + BASE_BUCKETS * (field % 2 ^ 20)
+end
+
 local function name_slot(ns, name)
   local h = redis.sha1hex(ns .. '/' .. name)
   local field = tonumber(string.sub(h, 4, 15), 16)
-  local ext = tonumber(string.sub(h, 1, 3), 16) % BASE_BUCKETS
-    + BASE_BUCKETS * (field % NAME_SPLIT)
-  return bucket_key('nm', ext), string.format('%d', field)
+  return bucket_key('nm', name_hash(tonumber(string.sub(h, 1, 3), 16), field)),
+    string.format('%d', field)
 end
 
 local function split_names(from, to, base)
   local flat = redis.call('HGETALL', from)
-  local first = tonumber(string.match(from, '(%d+)$')) % BASE_BUCKETS
+  local bucket = tonumber(string.match(from, '(%d+)$'))
   local moved, gone = {}, {}
   for i = 1, #flat, 2 do
-    local ext = first + BASE_BUCKETS * (tonumber(flat[i]) % NAME_SPLIT)
+    local ext = name_hash(bucket, tonumber(flat[i]))
     if ext % (base * 2) ~= ext % base then
       moved[#moved + 1] = flat[i]
       moved[#moved + 1] = flat[i + 1]
