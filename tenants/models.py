@@ -231,10 +231,15 @@ class FairShareSpec(_Strict):
     usage history decayed with this half-life, Slurm-like: a tenant that was idle is
     owed credit when it returns. 0: current usage only (ties go to the oldest backlog).
     ``reclaim`` (:class:`ReclaimSpec`): fair-share preemption; None (the default) is off.
+    ``lendInferenceReserve`` (default true): whether borrowed training may run in the
+    capacity of tenants' inferenceReserve while no inference uses it. False keeps the
+    unused reserves free, so inference within its reserve starts without preempting
+    anyone (Kueue's ``lendingLimit`` of the reserve), at the price of that idle capacity.
     """
 
     usage_half_life: float | None = Field(None, alias="usageHalfLife")
     reclaim: ReclaimSpec | None = None
+    lend_inference_reserve: bool = Field(True, alias="lendInferenceReserve")
 
     @field_validator("usage_half_life", mode="before")
     @classmethod

@@ -198,9 +198,11 @@ def queue_error(error: Exception) -> Exception | None:
 
 def sync_args(config: FairgateConfig, capacity: Mapping[str, int] | None) -> Args:
     """ARGV of ``sync.lua``: capacity (None keeps), the usage half-life (-1: virtual
-    time), every tenant's weight and quota."""
+    time), every tenant's weight and quota, and the reserve kept free of borrowed pods
+    (all of it unless ``fairShare.lendInferenceReserve``)."""
     args: Args = ["0", ""] if capacity is None else ["1", format_counts(capacity)]
-    half_life = config.platform.fair_share.usage_half_life
+    fair_share = config.platform.fair_share
+    half_life = fair_share.usage_half_life
     args.append(num(-1.0 if half_life is None else half_life))
     for tenant in config.tenants():
         args += [
@@ -209,6 +211,7 @@ def sync_args(config: FairgateConfig, capacity: Mapping[str, int] | None) -> Arg
             tenant.borrow_slices,
             tenant.reserve_slices,
             format_counts(tenant.nominal),
+            0 if fair_share.lend_inference_reserve else tenant.reserve_slices,
         ]
     return args
 
@@ -433,6 +436,9 @@ def explain(reason: Sequence[str], tenant: str, pod_class: PodClass) -> str:
         return f"{gpu_equivalents(int(rest[0]))} GPU-eq of borrow limit"
     if code == "capacity":
         return f"{rest[1]} x {in_words(rest[0])} of cluster capacity"
+    if code == "reserve":
+        return (f"{rest[1]} x {in_words(rest[0])} of cluster capacity: borrowed pods leave "
+                "the tenants' unused inferenceReserve free")
     if code == "held":
         unit = "GPUs" if rest[0] == "gpu" else in_words(rest[0])
         return f"capacity held for you: {rest[1]} of {rest[2]} {unit}"

@@ -32,6 +32,9 @@ local F_RUN = 15
 local K_TICKETS = P .. 'tk'
 local K_RESV = P .. 'resv'
 local K_USED = P .. 'used'
+-- the slices of inferenceReserve that no inference pod of their tenant uses, summed over
+-- the tenants: capacity no borrowed pod may take (cap_check)
+local K_IDLE_RESERVE = P .. 'ri'
 local K_CAP = P .. 'cap'
 local K_TENANTS = P .. 'tenants'
 local K_GANGS = P .. 'gangs'

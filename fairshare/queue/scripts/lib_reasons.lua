@@ -14,8 +14,9 @@ end
 -- Why the cluster holds an entry of shape D, given the holds G of its tier and the
 -- held tops (plan): {'held', res, units held, units} when capacity is held for this
 -- very entry (`me`: {tenant, shape} of a lane head) and some of what it lacks is held
--- already, else {'capacity', res, units missing}, {'guard', res, tenant it is held
--- for}; nil when it fits.
+-- already, else {'capacity', res, units missing}, {'reserve', res, units missing} when
+-- the unused inference reserves are what a borrowed entry lacks, {'guard', res, tenant
+-- it is held for}; nil when it fits.
 local function capacity_blocker(D, G, held, me)
   local mine = nil
   for _, top in ipairs(held) do
@@ -35,7 +36,7 @@ local function capacity_blocker(D, G, held, me)
     G = others
   end
   local c = cap_check(D, nil, false)
-  if c then return {'capacity', c[1], c[2]} end
+  if c then return {c[3] or 'capacity', c[1], c[2]} end
   c = cap_check(D, G, false)
   if not c then return nil end
   for _, top in ipairs(held) do

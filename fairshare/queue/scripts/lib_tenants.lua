@@ -6,15 +6,16 @@
 local CFG = {}
 
 -- weight w, borrow slices b (0 while the budget is exhausted), configured borrow slices
--- bc, reserve slices rs, nominal slices ns, nominal per resource n
+-- bc, reserve slices rs, reserve slices kept free of borrowed pods kr, nominal slices
+-- ns, nominal per resource n
 local function cfg_of(tenant)
   local c = CFG[tenant]
   if c then return c end
   -- a missing field (or hash) reads as false
-  local w, n, ns, b, rs, bc = unpack(redis.call('HMGET', P .. 'tc:' .. tenant, 'w', 'n', 'ns',
-                                                'b', 'rs', 'bc'))
+  local w, n, ns, b, rs, bc, kr = unpack(redis.call('HMGET', P .. 'tc:' .. tenant, 'w', 'n',
+                                                    'ns', 'b', 'rs', 'bc', 'kr'))
   c = {w = tonumber(w or '1'), wraw = w or '1', b = tonumber(b or '0'), rs = tonumber(rs or '0'),
-       bc = tonumber(bc or b or '0'),
+       bc = tonumber(bc or b or '0'), kr = tonumber(kr or '0'),
        ns = tonumber(ns or '0'), n = parse_counts(n or ''), known = w ~= false, nominal = n or ''}
   CFG[tenant] = c
   return c

@@ -26,25 +26,88 @@ local function cap_of(res)
   return c
 end
 
--- nil when D (parse_shape) fits the cluster for each of its bands (bands of lower
--- priority count as free), with guard reservations G[band][res] on top; else
--- {res, units missing}. `empty` evaluates against an idle cluster.
-local function cap_check(D, G, empty)
-  for _, band in ipairs(BAND_ORDER) do
-    for _, res in ipairs(D.keys[band]) do
-      local need = 0
-      for _, b2 in ipairs(BAND_ORDER) do
-        if PRIO[b2] >= PRIO[band] then
-          need = need + (D[b2][res] or 0)
-          if not empty then need = need + used_of(b2, res) end
-        end
-      end
-      if G then need = need + (G[band][res] or 0) end
-      local over = need - cap_of(res)
-      if over > 0 then return {res, over} end
+-- Unused inference reserves: a tenant's inferenceReserve is the part of its nominal only
+-- inference may use; with fairShare.lendInferenceReserve false (cfg.kr: the reserve
+-- kept free), borrowed pods of any tenant may not stand in it either. K_IDLE_RESERVE
+-- holds the sum over tenants of max(0, kr - inference in use) in slices, kept by
+-- add_usage and counted again by count_idle_reserve. Read once per call: IDLE.reserve
+-- that sum, IDLE.used the cluster's slices in use (all bands), IDLE.fit the capacity
+-- entries are fitted against, in slices.
+local IDLE = {}
+
+-- the sum again, from every tenant's reserve and inference in use (sync, rebuild)
+local function count_idle_reserve()
+  local total = 0
+  for _, tenant in ipairs(redis.call('SMEMBERS', K_TENANTS)) do
+    local reserve = cfg_of(tenant).kr
+    if reserve > 0 then
+      local inference = tonumber(redis.call('HGET', P .. 'ts:' .. tenant, 'ui') or '0')
+      total = total + math.max(0, reserve - inference)
     end
   end
-  return nil
+  redis.call('SET', K_IDLE_RESERVE, total)
+  IDLE.reserve = total
+end
+
+local cap_check
+do
+  local function idle_reserve()
+    if not IDLE.reserve then IDLE.reserve = tonumber(redis.call('GET', K_IDLE_RESERVE) or '0') end
+    return IDLE.reserve
+  end
+
+  -- the slices by which D (all bands) on top of the cluster's usage would leave less
+  -- than the unused reserves free (<= 0: it leaves them)
+  local function reserve_over(D)
+    if not IDLE.used then
+      IDLE.used = 0
+      local flat = redis.call('HGETALL', K_USED)
+      for i = 1, #flat, 2 do IDLE.used = IDLE.used + slices_of(flat[i]:sub(3)) * tonumber(flat[i + 1]) end
+    end
+    if not IDLE.fit then
+      IDLE.fit = 0
+      local seen = {}
+      for _, res in ipairs(redis.call('HKEYS', K_CAP)) do
+        seen[res] = true
+        IDLE.fit = IDLE.fit + slices_of(res) * cap_of(res)
+      end
+      for res, _ in pairs(CAP) do
+        if not seen[res] then IDLE.fit = IDLE.fit + slices_of(res) * cap_of(res) end
+      end
+    end
+    return IDLE.used + slices(D.i) + slices(D.t) + slices(D.b) + idle_reserve() - IDLE.fit
+  end
+
+  -- nil when D (parse_shape) fits the cluster for each of its bands (bands of lower
+  -- priority count as free), with guard reservations G[band][res] on top, and a borrowed
+  -- part of D leaves the unused inference reserves free (in slices, over the whole
+  -- cluster); else {res, units missing}, with a third field 'reserve' when only the
+  -- reserves stand in the way. `empty` evaluates against an idle cluster (whose reserves
+  -- are left out: inference using them would take the same capacity).
+  function cap_check(D, G, empty)
+    for _, band in ipairs(BAND_ORDER) do
+      for _, res in ipairs(D.keys[band]) do
+        local need = 0
+        for _, b2 in ipairs(BAND_ORDER) do
+          if PRIO[b2] >= PRIO[band] then
+            need = need + (D[b2][res] or 0)
+            if not empty then need = need + used_of(b2, res) end
+          end
+        end
+        if G then need = need + (G[band][res] or 0) end
+        local over = need - cap_of(res)
+        if over > 0 then return {res, over} end
+      end
+    end
+    if not empty and #D.keys.b > 0 and idle_reserve() > 0 then
+      local over = reserve_over(D)
+      if over > 0 then
+        local res = D.keys.b[1]
+        return {res, math.ceil(over / slices_of(res)), 'reserve'}
+      end
+    end
+    return nil
+  end
 end
 
 -- `st`: see bump_state
@@ -55,6 +118,14 @@ end
 local function add_usage(tenant, band, d, sign, st, started)
   fold_decay(tenant, st)
   local deltas = {['u' .. band] = sign * slices(d)}
+  if band == 'i' and cfg_of(tenant).kr > 0 then
+    local reserve = cfg_of(tenant).kr
+    local inference = st and num(st, 'ui')
+      or tonumber(redis.call('HGET', P .. 'ts:' .. tenant, 'ui') or '0')
+    local change = math.max(0, reserve - inference - deltas.ui) - math.max(0, reserve - inference)
+    if change ~= 0 then IDLE.reserve = redis.call('INCRBY', K_IDLE_RESERVE, change) end
+  end
+  if IDLE.used then IDLE.used = IDLE.used + deltas['u' .. band] end
   for k, v in pairs(d) do
     if band ~= 'b' then
       local field = 'u:' .. base_of(k)
@@ -270,36 +341,40 @@ local function split_names(from, to, base)
   end
 end
 
--- positions of the first hex digit of each byte in a uuid string
-local UUID_BYTES = {1, 3, 5, 7, 10, 12, 15, 17, 20, 22, 25, 27, 29, 31, 33, 35}
--- two lowercase hex digits -> the byte they write
-local HEX_PAIR = (function()
-  local t = {}
-  for i = 0, 255 do t[string.format('%02x', i)] = string.char(i) end
-  return t
-end)()
+-- uuid tickets as 16 bytes and back (their tables are the block's own)
+local uuid_bytes, uuid_text
+do
+  -- positions of the first hex digit of each byte in a uuid string
+  local UUID_BYTES = {1, 3, 5, 7, 10, 12, 15, 17, 20, 22, 25, 27, 29, 31, 33, 35}
+  -- two lowercase hex digits -> the byte they write
+  local HEX_PAIR = (function()
+    local t = {}
+    for i = 0, 255 do t[string.format('%02x', i)] = string.char(i) end
+    return t
+  end)()
 
--- the 16 bytes of a lowercase uuid ticket, nil for any other ticket
-local function uuid_bytes(ticket)
-  if #ticket ~= 36 or string.byte(ticket, 9) ~= 45 or string.byte(ticket, 14) ~= 45
-      or string.byte(ticket, 19) ~= 45 or string.byte(ticket, 24) ~= 45 then  -- '-'
-    return nil
+  -- the 16 bytes of a lowercase uuid ticket, nil for any other ticket
+  function uuid_bytes(ticket)
+    if #ticket ~= 36 or string.byte(ticket, 9) ~= 45 or string.byte(ticket, 14) ~= 45
+        or string.byte(ticket, 19) ~= 45 or string.byte(ticket, 24) ~= 45 then  -- '-'
+      return nil
+    end
+    local out = {}
+    for j = 1, 16 do
+      local i = UUID_BYTES[j]
+      local byte = HEX_PAIR[string.sub(ticket, i, i + 1)]
+      if not byte then return nil end
+      out[j] = byte
+    end
+    return table.concat(out)
   end
-  local out = {}
-  for j = 1, 16 do
-    local i = UUID_BYTES[j]
-    local byte = HEX_PAIR[string.sub(ticket, i, i + 1)]
-    if not byte then return nil end
-    out[j] = byte
-  end
-  return table.concat(out)
-end
 
--- the uuid ticket of the 16 bytes at `from` .. `from` + 15 of `v`
-local UUID_FORMAT = string.rep('%02x', 4) .. '-' .. string.rep('%02x', 2) .. '-'
-  .. string.rep('%02x', 2) .. '-' .. string.rep('%02x', 2) .. '-' .. string.rep('%02x', 6)
-local function uuid_text(v, from)
-  return string.format(UUID_FORMAT, string.byte(v, from, from + 15))
+  -- the uuid ticket of the 16 bytes at `from` .. `from` + 15 of `v`
+  local UUID_FORMAT = string.rep('%02x', 4) .. '-' .. string.rep('%02x', 2) .. '-'
+    .. string.rep('%02x', 2) .. '-' .. string.rep('%02x', 2) .. '-' .. string.rep('%02x', 6)
+  function uuid_text(v, from)
+    return string.format(UUID_FORMAT, string.byte(v, from, from + 15))
+  end
 end
 
 -- A ticket as a member of an unseen-ticket bucket (rv:<b>) or an entry of a lane: a

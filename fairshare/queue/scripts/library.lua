@@ -23,6 +23,7 @@ local SHAPE_CALLS, calls = 1000, 0
 local function begin()
   CFG, USED, CAP, DU, BUCKETS = {}, {}, {}, {}, {}
   NOW, HL, RUN, CAP_SLICES, TOTAL_WEIGHT = nil, nil, nil, nil, nil
+  IDLE = {}
   PACK_IN, PACK_OUT = nil, nil
   calls = calls + 1
   if calls >= SHAPE_CALLS then SHAPES, calls = {}, 0 end

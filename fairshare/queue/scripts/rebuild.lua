@@ -61,7 +61,7 @@ for key, _ in pairs(in_use) do redis.call('DEL', P .. 're:' .. key) end
 redis.call('DEL', K_GANGS, K_TICKETS, K_USED, P .. 'bw', P .. 'bm', K_CHARGED)
 resv_clear()
 buckets_clear('nm')
-USED = {}
+USED, IDLE = {}, {}
 
 -- a ticket holding usage (state R or A)
 local function hold(ticket, rec)
@@ -123,5 +123,6 @@ for gid, said in pairs(words) do
 end
 redis.call('SET', K_SEQ, seq)
 redis.call('SET', K_REBUILT, 1)
+count_idle_reserve()
 for _, tenant in ipairs(redis.call('SMEMBERS', K_TENANTS)) do refresh(tenant) end
 return 1

@@ -1,7 +1,8 @@
 -- sync: ARGV[1] '1' replaces the capacity with ARGV[2] (counts), '0' keeps the stored
 -- one; ARGV[3]: fairShare.usageHalfLife in seconds (0: current usage only, -1: virtual
 -- time, lib_tenants.lua halflife); then, per
--- tenant, 5 fields: name, weight, borrow slices, reserve slices, nominal counts.
+-- tenant, 6 fields: name, weight, borrow slices, reserve slices, nominal counts, the
+-- reserve slices kept free of borrowed pods (kr: fairShare.lendInferenceReserve false).
 -- Tenants not named lose their quota but keep their usage and queue. Readiness,
 -- shares and the backlogged weights (bw, bm) are computed again; tw is the summed
 -- weight of the named tenants (lib_tenants.lua guaranteed). A tenant whose budget
@@ -30,14 +31,14 @@ local function borrow_of(tenant, configured_limit)
   end
   return configured_limit
 end
-for i = 4, #ARGV, 5 do
+for i = 4, #ARGV, 6 do
   local tenant, nominal = ARGV[i], ARGV[i + 4]
   local key = P .. 'tc:' .. tenant
   configured[tenant] = true
   total_weight = total_weight + tonumber(ARGV[i + 1])
   redis.call('DEL', key)
   redis.call('HSET', key, 'w', ARGV[i + 1], 'b', borrow_of(tenant, ARGV[i + 2]),
-             'bc', ARGV[i + 2], 'rs', ARGV[i + 3],
+             'bc', ARGV[i + 2], 'rs', ARGV[i + 3], 'kr', ARGV[i + 5],
              'ns', slices(parse_counts(nominal)), 'n', nominal)
   redis.call('SADD', K_TENANTS, tenant)
 end
@@ -54,4 +55,5 @@ for _, tenant in ipairs(redis.call('SMEMBERS', K_TENANTS)) do
   redis.call('HDEL', P .. 'ts:' .. tenant, 'bt')  -- bw and bm are counted again
   refresh(tenant)
 end
+count_idle_reserve()
 return 1

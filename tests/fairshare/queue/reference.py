@@ -91,6 +91,7 @@ class Cfg:
     n: ResourceCounts = field(default_factory=dict)
     b: int = 0
     rs: int = 0
+    kr: int = 0  # the reserve kept free of borrowed pods
     known: bool = False
 
     @property
@@ -521,7 +522,7 @@ class Reference:
         return max(0, min(room, held))
 
     def cap_check(self, shape: Shape, guards: Shape | None, idle: bool = False
-                  ) -> tuple[str, int] | None:
+                  ) -> tuple[str, int, str] | None:
         for band in BANDS:
             for res in sorted(r for r, n in shape[band].items() if n):
                 need = 0
@@ -534,8 +535,21 @@ class Reference:
                     need += guards[band].get(res, 0)
                 over = need - self.fit_cap(res)
                 if over > 0:
-                    return res, over
+                    return res, over, "capacity"
+        borrowed = sorted(r for r, n in shape["b"].items() if n)
+        if not idle and borrowed and self.idle_reserve() > 0:
+            fit = sum(slices_of(r) * self.fit_cap(r) for r in set(self.cap) | set(self.fit))
+            used = sum(total_slices(rec.demand) for rec in self.recs.values()
+                       if rec.state in ("R", "A"))
+            over = used + pod_slices(shape) + self.idle_reserve() - fit
+            if over > 0:
+                return borrowed[0], -(-over // slices_of(borrowed[0])), "reserve"
         return None
+
+    def idle_reserve(self) -> int:
+        """Slices of the tenants' inferenceReserve kept free of borrowed pods that their
+        inference pods do not use."""
+        return sum(max(0, self.cfg_of(t).kr - self.usage(t)["ui"]) for t in self.tenants)
 
     def entry_info(self, entry: str) -> tuple[int, float]:
         if not entry.startswith("@"):
@@ -796,7 +810,9 @@ class Reference:
         self.cfg = {}
         for t in config.tenants():
             self.cfg[t.name] = Cfg(w=t.weight, n={r: n for r, n in t.nominal.items() if n},
-                                   b=t.borrow_slices, rs=t.reserve_slices, known=True)
+                                   b=t.borrow_slices, rs=t.reserve_slices, known=True,
+                                   kr=0 if config.platform.fair_share.lend_inference_reserve
+                                   else t.reserve_slices)
             self.tenants.add(t.name)
         # the handover and the commitment end; every tenant is refreshed without the
         # time (idle tenants leave va, none joins)
@@ -841,7 +857,7 @@ class Reference:
                       for b in BANDS}
         c = self.cap_check(shape, None)
         if c is not None:
-            return ["capacity", c[0], c[1]]
+            return [c[2], c[0], c[1]]
         c = self.cap_check(shape, guards)
         if c is None:
             return None

@@ -43,6 +43,14 @@ def config(**tenants: dict[str, Any]) -> FairgateConfig:
     return FairgateConfig(platform=platform, quotas=quotas)
 
 
+def keeping_reserves(config: FairgateConfig) -> FairgateConfig:
+    """``config`` with ``fairShare.lendInferenceReserve: false``."""
+    fair_share = config.platform.fair_share.model_copy(update={"lend_inference_reserve": False})
+    return FairgateConfig(
+        platform=config.platform.model_copy(update={"fair_share": fair_share}),
+        quotas=config.quotas)
+
+
 class Pods:
     """Makes numbered PodRequests."""
 
@@ -1015,3 +1023,60 @@ def test_a_dispatch_may_fit_entries_against_grown_pools_in_queue_order(
     assert q.dispatch(10.0, 10) == [] and q.dispatch(10.0, 10, {"gpu": 6}) == []
     # at most `limit` heads, as any dispatch
     assert [r.name for r in q.dispatch(10.0, 1, {"gpu": 8})] == ["p4"]
+
+
+def test_borrowed_pods_leave_an_unused_inference_reserve_free(
+        redis_client: redis.Redis, pods: Pods) -> None:
+    """With fairShare.lendInferenceReserve false, another tenant's borrowed training
+    never takes the GPUs of an inferenceReserve while no inference pod uses them, so an
+    inference pod finds them free at once; the rule holds through a rebuild, and a new
+    config counts the reserves again."""
+    tenants: dict[str, dict[str, Any]] = {
+        "a": {"nominal": {"gpu": 2}, "borrow": 2},
+        "b": {"nominal": {"gpu": 2}, "reserve": 1},
+    }
+    q = FairQueue(redis_client)
+    q.sync_config(keeping_reserves(config(**tenants)), {"gpu": 4})
+    got = admit_seen(q, [pods("a") for _ in range(4)])
+    assert [(a.outcome, a.band) for a in got] == [
+        ("reserved", "training"), ("reserved", "training"), ("reserved", "borrowed"),
+        ("queued", "borrowed")]
+    assert got[3].waiting_for == ("1 x gpu of cluster capacity: borrowed pods leave the "
+                                  "tenants' unused inferenceReserve free")
+    assert released(q) == []
+    # b's inference pod runs at once, in the GPU nobody borrowed
+    serving = pods("b", "inference")
+    got = admit_seen(q, [serving], 1.0)
+    assert [(a.outcome, a.band) for a in got] == [("reserved", "inference")]
+    # while it runs the reserve is in use: a GPU that frees goes to the borrowed pod
+    q.release("t1", pod_uid("t1"))
+    assert released(q) == ["t4"]
+    # when it ends (and a borrowed pod too), its GPU is the idle reserve again: a's
+    # pod within nominal may take a free GPU, its borrowed one may not take the reserve
+    q.release(serving.ticket, pod_uid(serving.ticket))
+    q.release("t4", pod_uid("t4"))
+    nominal, waiting = pods("a"), pods("a")
+    got = admit_seen(q, [nominal, waiting], 2.0)
+    assert [(a.outcome, a.band) for a in got] == [("reserved", "training"),
+                                                  ("queued", "borrowed")]
+    assert released(q) == []
+    # a rebuild from the cluster counts the reserves again: still held
+    running = [RunningPod(t, "a", "ns-a", f"p{t[1:]}", "training", band, {"gpu": 1},
+                          pod_uid(t)) for t, band in (("t2", "training"), ("t3", "borrowed"),
+                                                      (nominal.ticket, "training"))]
+    q.rebuild(running, [GatedPod(waiting, "borrowed", pod_uid(waiting.ticket))],
+              listed_at=200.0)
+    assert released(q, now=201.0) == []
+    # lending the reserves again (the default), nothing holds the GPU
+    q.sync_config(config(**tenants), {"gpu": 4})
+    assert released(q, now=202.0) == [waiting.ticket]
+
+
+def test_by_default_a_borrowed_pod_may_run_in_an_unused_inference_reserve(
+        redis_client: redis.Redis, pods: Pods) -> None:
+    q = queue_with(redis_client, {"gpu": 4}, a={"nominal": {"gpu": 2}, "borrow": 2},
+                   b={"nominal": {"gpu": 2}, "reserve": 1})
+    got = admit_seen(q, [pods("a") for _ in range(4)])
+    assert [(a.outcome, a.band) for a in got] == [
+        ("reserved", "training"), ("reserved", "training"), ("reserved", "borrowed"),
+        ("reserved", "borrowed")]

@@ -64,13 +64,17 @@ capacity_st = st.fixed_dictionaries({
 })
 
 
-def make_config(quotas: dict[str, dict[str, float]], virtual_time: bool) -> FairgateConfig:
-    """The tenants' quotas; the order: virtual time (the default, fairShare unset) or
-    current usage (usageHalfLife: 0)."""
+def make_config(quotas: dict[str, dict[str, float]], virtual_time: bool,
+                lend_reserve: bool = True) -> FairgateConfig:
+    """The tenants' quotas; the order: virtual time (the default) or current usage
+    (usageHalfLife: 0); whether unused inference reserves are lent to borrowed pods."""
+    fair_share: dict[str, object] = {"lendInferenceReserve": lend_reserve}
+    if not virtual_time:
+        fair_share["usageHalfLife"] = 0
     platform = PlatformConfig.model_validate({
         "tenants": {t: {"weight": q["weight"], "ceiling": {"gpuEquivalents": 100}}
                     for t, q in quotas.items()},
-        **({} if virtual_time else {"fairShare": {"usageHalfLife": 0}}),
+        "fairShare": fair_share,
     })
     specs = {
         t: QuotaSpec.model_validate({
@@ -157,13 +161,17 @@ class QueueMachine(RuleBasedStateMachine):
 
     # -- rules ---------------------------------------------------------------------
 
-    @initialize(quotas=st.fixed_dictionaries({t: quota_st for t in TENANTS}), cap=capacity_st)
-    def first_config(self, quotas: dict[str, dict[str, float]], cap: ResourceCounts) -> None:
-        self.configure(quotas, cap)
+    @initialize(quotas=st.fixed_dictionaries({t: quota_st for t in TENANTS}), cap=capacity_st,
+                lend_reserve=st.booleans())
+    def first_config(self, quotas: dict[str, dict[str, float]], cap: ResourceCounts,
+                     lend_reserve: bool = True) -> None:
+        self.configure(quotas, cap, lend_reserve)
 
-    @rule(quotas=st.fixed_dictionaries({t: quota_st for t in TENANTS}), cap=capacity_st)
-    def configure(self, quotas: dict[str, dict[str, float]], cap: ResourceCounts) -> None:
-        config = make_config(quotas, self.virtual_time)
+    @rule(quotas=st.fixed_dictionaries({t: quota_st for t in TENANTS}), cap=capacity_st,
+          lend_reserve=st.booleans())
+    def configure(self, quotas: dict[str, dict[str, float]], cap: ResourceCounts,
+                  lend_reserve: bool = True) -> None:
+        config = make_config(quotas, self.virtual_time, lend_reserve)
         self.cap = cap
         self.queue.sync_config(config, cap)
         self.ref.sync(config, cap)
