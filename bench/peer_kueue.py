@@ -24,12 +24,17 @@ Scenarios (time compressed: pods of seconds):
   latest and heaviest) 4, a whole node each (6 s pods).
 - inference: 8 GPUs, team-a's training backlog (1 GPU, 30 s) fills the cluster
   (borrowing team-b's nominal 4); team-b sends 1-GPU inference pods every 3 s.
+- inference-reserve: the same trace, team-b keeping 1 GPU of its nominal for its
+  inference: fairgate's inferenceReserve 1 with `fairShare.lendInferenceReserve:
+  false`, Kueue's lendingLimit 3 (team-a borrows at most 3 of team-b's 4 GPUs).
 - newcomer (reclaim): 16 GPUs as two nodes of 8, two tenants of weight 1 (Kueue: nominal
   8 each); team-a fills the cluster with 16 preemptible 1-GPU pods of 8 hours (none ends
   in the run); team-b joins 60 s later with 16 such pods. fairgate runs with
   `fairShare.reclaim` on (RECLAIM) and every tenant's nominal quota the whole cluster,
   so no pod is in the borrowed band and only reclaim moves GPUs between tenants; Kueue
   preempts by fair sharing (every pod of the same priority).
+- newcomer-no-wait: the same trace, fairgate only, with reclaim's `after` at 0 s (Kueue
+  has no such wait): the owed newcomer is reclaimed for at the first check.
 - newcomer-borrowed: the same trace, fairgate only, with the quotas of the other rows
   (nominal 8, borrow limit 8): team-a's pods beyond its nominal run in the borrowed
   band, which team-b's pods within nominal preempt through the kube-scheduler.
@@ -161,7 +166,14 @@ def scenarios() -> dict[str, Scenario]:
         Scenario("inference", eight, two,
                  (Stream("team-a", 0, 100, 1, 30),
                   Stream("team-b", 10, 20, 1, 2, every=3, inference=True)), 75),
+        Scenario("inference-reserve", eight,
+                 (Tenant("team-a", 1, 4), Tenant("team-b", 1, 4, reserve=1)),
+                 (Stream("team-a", 0, 100, 1, 30),
+                  Stream("team-b", 10, 20, 1, 2, every=3, inference=True)), 75),
         Scenario("newcomer", sixteen, two_of_16, newcomer, 240, RECLAIM, whole_nominal=True),
+        Scenario("newcomer-no-wait", sixteen, two_of_16, newcomer, 240,
+                 RECLAIM.replace("after: 5s", "after: 0s"), whole_nominal=True,
+                 systems=("fairgate",)),
         Scenario("newcomer-borrowed", sixteen, two_of_16, newcomer, 240, RECLAIM,
                  systems=("fairgate",)),
         Scenario("two-backlogged", sixteen, two_of_16,
@@ -378,7 +390,9 @@ def fairgate_config(tenants: Sequence[Tenant], capacity: int, largest: dict[str,
     limit, so a nominal smaller than the tenant's largest pod (`largest`: tenant -> GPUs)
     is raised to it (head-start: nominal 8 of 8 GPUs each, as the simulator's traces
     have it). `whole_nominal`: every tenant's nominal is the whole cluster, no borrowing.
-    `reclaim`: `fairShare.reclaim` (a YAML flow mapping; "": left out, off)."""
+    `reclaim`: `fairShare.reclaim` (a YAML flow mapping; "": left out, off). A tenant's
+    `reserve` is its inferenceReserve, kept free (`fairShare.lendInferenceReserve:
+    false` when any tenant has one)."""
     lines = ["platformAdmins: {groups: [platform-team], users: []}", "capacity: {}",
              "tenants:"]
     quotas = {}
@@ -388,9 +402,13 @@ def fairgate_config(tenants: Sequence[Tenant], capacity: int, largest: dict[str,
                      f"{capacity}}}, admins: {{groups: [{t.name}-admins], users: []}}}}")
         quotas[t.name] = (f"nominal: {{gpu: {nominal}}}\n"
                           f"borrowLimit: {{gpuEquivalents: {capacity - nominal}}}\n"
-                          "inferenceReserve: {gpuEquivalents: 0}\ndefaultClass: training\n")
-    if reclaim:
-        lines.append(f"fairShare: {{reclaim: {reclaim}}}")
+                          f"inferenceReserve: {{gpuEquivalents: {t.reserve}}}\n"
+                          "defaultClass: training\n")
+    fair_share = [f"reclaim: {reclaim}"] if reclaim else []
+    if any(t.reserve for t in tenants):
+        fair_share.append("lendInferenceReserve: false")
+    if fair_share:
+        lines.append(f"fairShare: {{{', '.join(fair_share)}}}")
     lines.append("onRedisUnavailable: deny")
     return "\n".join(lines) + "\n", quotas
 

@@ -148,21 +148,28 @@ def test_the_reclaim_scenarios_are_the_traces_they_say() -> None:
     """newcomer: team-a's preemptible 1-GPU pods fill the 16 GPUs, none ends within the
     run, team-b (equal weight) joins with a backlog once they have all run minRuntime, and
     fairgate can only give it GPUs by reclaim (every nominal the whole cluster);
-    newcomer-borrowed is the same trace with the other rows' quotas, fairgate only.
-    two-backlogged: both tenants are backlogged from the start (the first 16 creates
-    alternate, 8 each), their pods turn over within the run, no backlog drains before the
-    horizon even at 1.5 times its entitlement, and the settling time leaves most of the run."""
+    newcomer-borrowed is the same trace with the other rows' quotas, fairgate only, and
+    newcomer-no-wait the same trace and quotas with reclaim's `after` at 0 (Kueue has no
+    such wait), fairgate only. two-backlogged: both tenants are backlogged from the start
+    (the first 16 creates alternate, 8 each), their pods turn over within the run, no
+    backlog drains before the horizon even at 1.5 times its entitlement, and the settling
+    time leaves most of the run."""
     by_name = peer_kueue.scenarios()
     assert {"newcomer", "newcomer-borrowed", "two-backlogged"} <= set(by_name)
     reclaiming = [s for s in by_name.values() if s.reclaim]
     assert sorted(s.name for s in reclaiming) == [
-        "newcomer", "newcomer-borrowed", "two-backlogged"]
+        "newcomer", "newcomer-borrowed", "newcomer-no-wait", "two-backlogged"]
     for scenario in reclaiming:
         assert scenario.capacity == 16
         assert [t.weight for t in scenario.tenants] == [1, 1]
         assert all(s.preemptible and s.gpus == 1 and not s.inference
                    for s in scenario.streams), scenario.name
-        assert _reclaim_spec(scenario) == {"after": 5, "min_runtime": 30, "per_hour": 720}
+        after = 0 if scenario.name == "newcomer-no-wait" else 5
+        assert _reclaim_spec(scenario) == {"after": after, "min_runtime": 30, "per_hour": 720}
+    no_wait = by_name["newcomer-no-wait"]
+    assert (no_wait.streams, no_wait.nodes, no_wait.tenants, no_wait.whole_nominal,
+            no_wait.systems) == (by_name["newcomer"].streams, by_name["newcomer"].nodes,
+                                 by_name["newcomer"].tenants, True, ("fairgate",))
 
     newcomer, borrowed = by_name["newcomer"], by_name["newcomer-borrowed"]
     assert borrowed.streams == newcomer.streams and borrowed.nodes == newcomer.nodes
@@ -207,6 +214,28 @@ def test_fairgate_config_of_a_run_is_valid_and_says_its_quotas() -> None:
             quota = parse_quota(quotas[name], name, platform)
             assert quota.nominal == {"gpu": nominal}, (name, reclaim, whole)
             assert quota.borrow_limit.gpu_equivalents == borrow, (name, reclaim, whole)
+
+
+def test_the_reserve_row_is_the_inference_trace_with_a_gpu_kept_for_inference() -> None:
+    """inference-reserve: the inference trace, team-b keeping 1 of its 4 GPUs for its
+    inference: fairgate's inferenceReserve 1, kept free of borrowed pods; the other rows
+    lend every reserve (none is set)."""
+    by_name = peer_kueue.scenarios()
+    plain, kept = by_name["inference"], by_name["inference-reserve"]
+    assert (kept.streams, kept.nodes, kept.systems) == (plain.streams, plain.nodes,
+                                                         plain.systems)
+    assert [(t.name, t.nominal, t.reserve) for t in kept.tenants] == [
+        ("team-a", 4, 0), ("team-b", 4, 1)]
+    text, quotas = peer_kueue.fairgate_config(kept.tenants, kept.capacity, {})
+    platform = parse_platform(text)
+    assert platform.fair_share.lend_inference_reserve is False
+    assert parse_quota(quotas["team-b"], "team-b", platform).inference_reserve.gpu_equivalents == 1
+    assert parse_quota(quotas["team-a"], "team-a", platform).inference_reserve.gpu_equivalents == 0
+    for scenario in by_name.values():
+        if scenario.name != "inference-reserve":
+            text, _ = peer_kueue.fairgate_config(scenario.tenants, scenario.capacity, {},
+                                                 scenario.reclaim, scenario.whole_nominal)
+            assert parse_platform(text).fair_share.lend_inference_reserve, scenario.name
 
 
 def test_a_preemptible_pod_is_labelled_for_fairgate_and_plain_for_kueue() -> None:

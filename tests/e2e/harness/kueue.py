@@ -77,11 +77,15 @@ def build_kueue(config_only: bool = False) -> Path:
 
 @dataclass(frozen=True)
 class Tenant:
-    """A tenant as both systems are given it: fair-share weight and nominal GPUs."""
+    """A tenant as both systems are given it: fair-share weight, nominal GPUs, and GPUs
+    of its nominal kept for its inference (`reserve`: fairgate's inferenceReserve with
+    `fairShare.lendInferenceReserve: false`; Kueue lends no more than nominal - reserve,
+    its `lendingLimit`)."""
 
     name: str
     weight: int
     nominal: int
+    reserve: int = 0
 
 
 def crds(config: Path) -> list[Manifest]:
@@ -249,7 +253,9 @@ class KueueStack:
                     "resourceGroups": [{
                         "coveredResources": [GPU],
                         "flavors": [{"name": "default", "resources": [
-                            {"name": GPU, "nominalQuota": tenant.nominal},
+                            {"name": GPU, "nominalQuota": tenant.nominal,
+                             **({"lendingLimit": tenant.nominal - tenant.reserve}
+                                if tenant.reserve else {})},
                         ]}],
                     }],
                     "preemption": {
