@@ -142,7 +142,8 @@ def hold_row(hold: Hold, gang: GangRecord | None = None) -> dict[str, Any]:
 def status_report(queue: FairQueue, now: float | None = None) -> dict[str, Any]:
     """``{"capacity", "capacity_notes", "jain_index", "held", "tenants": {name: row}}``
     for every tenant the queue knows (see tenant_row), from one snapshot of the queue;
-    ``held`` as the queue holds it at ``now`` (default: the current time)."""
+    ``held`` as the queue holds it at ``now`` (default: the current time);
+    ``reserves_kept_free``: GPU-eq of unused inference reserves no borrowed pod may take."""
     snapshot = queue.snapshot()
     fair = snapshot_fairness(snapshot)
     holds = queue.holds(time.time() if now is None else now)
@@ -160,6 +161,7 @@ def status_report(queue: FairQueue, now: float | None = None) -> dict[str, Any]:
                     for s in snapshot.tenants},
         "budgets": {name: b.to_json() for name, b in sorted(queue.budgets().items())},
         "reclaim": queue.reclaim_notes(),
+        "reserves_kept_free": _gpu_eq(queue.kept_reserve_slices()),
     }
 
 
@@ -182,6 +184,14 @@ def class_lines(rows: list[dict[str, Any]]) -> list[str]:
         lines.append(f"  {row['class']}: {row['resource']} {row['used']} used of "
                      f"{row['capacity']} ({row['key']})")
     return lines
+
+
+def kept_reserve_lines(kept: float) -> list[str]:
+    """The unused inference reserves kept free of borrowed pods, when there are any."""
+    if not kept:
+        return []
+    return [f"inference reserves kept free: {kept:g} GPU-eq unused by inference, which no "
+            "borrowed pod may take (fairShare.lendInferenceReserve: false)"]
 
 
 def held_lines(held: list[dict[str, Any]]) -> list[str]:
@@ -366,6 +376,7 @@ def render_status(report: dict[str, Any], console: Console) -> None:
         highlight=False, soft_wrap=True,
     )
     for line in (twin_lines(report["tenants"]) + class_lines(report["capacity_by_class"])
+                 + kept_reserve_lines(report.get("reserves_kept_free") or 0)
                  + held_lines(report["held"]) + gang_lines(report.get("gangs") or [])
                  + budget_lines(report.get("budgets") or {})
                  + reclaim_lines(report.get("reclaim"))

@@ -523,6 +523,12 @@ class FairQueue:
             used[key] = used.get(key, 0) + int(value)
         return {key: n for key, n in used.items() if n}
 
+    def kept_reserve_slices(self) -> int:
+        """The slices of the tenants' inference reserves that no inference pod uses and
+        that are kept free of borrowed pods (0 unless ``fairShare.lendInferenceReserve``
+        is false)."""
+        return max(0, int(self._client.get(self._keys[0] + "ri") or 0))
+
     def capacity_notes(self) -> dict[str, Any] | None:
         """What :meth:`write_capacity_notes` stored last; None if nothing (or not JSON)."""
         return _json_object(self._client.get(self._keys[0] + "capacity-notes"))

@@ -429,3 +429,19 @@ def test_status_counts_the_ticket_twins_of_each_tenant(queue: FairQueue, redis_u
     assert status_command(redis_url, False, out=table) == 0
     line = next(t for t in table.getvalue().splitlines() if t.startswith("ticket twins"))
     assert line.endswith(": team-a 0, team-b 1")
+
+
+def test_status_shows_the_inference_reserves_kept_free(queue: FairQueue, redis_url: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lent (the default), no reserve is kept; kept, team-a's reserve of 1 GPU less the
+    MIG slice its inference uses is, in the report and its text."""
+    assert status_report(queue)["reserves_kept_free"] == 0
+    fair_share = CONFIG.platform.fair_share.model_copy(update={"lend_inference_reserve": False})
+    queue.sync_config(replace(CONFIG, platform=CONFIG.platform.model_copy(
+        update={"fair_share": fair_share})), None)
+    assert status_report(queue)["reserves_kept_free"] == 0.86  # 6 of 7 slices
+    monkeypatch.setenv("COLUMNS", "200")
+    out = io.StringIO()
+    assert status_command(redis_url, False, out=out) == 0
+    assert ("inference reserves kept free: 0.86 GPU-eq unused by inference, which no "
+            "borrowed pod may take") in out.getvalue()
