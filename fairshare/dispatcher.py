@@ -33,9 +33,11 @@ Contract:
   unless recorded otherwise): when the charge of a shared claim moves to it or away
   from it. What is recorded is what the queue's usage was rebuilt with.
 - Reclaim (``fairShare.reclaim``, off unless set, and only with an ``evictor``): every
-  ``reclaim_every`` seconds, at the first step after every pod the last check
-  evicted is gone (its head is then released, and the next one may be owed: a newcomer
-  owed many pods is not held to one a check), and at the first step after the moment
+  ``reclaim_every`` seconds, once a training pod first seen queued has waited
+  ``after`` (no sooner than ``reclaim_arrival_gap`` after the last check), at the first
+  step after every pod the last check evicted is gone (its head is then released, and
+  the next one may be owed: a newcomer owed many pods is not held to one a check), and
+  at the first step after the moment
   a check that evicted nothing found time alone would change that
   (:func:`fairshare.reclaim.due`: the head reaches ``after``, a candidate
   ``minRuntime``), the first training hold (the head owed
@@ -222,6 +224,9 @@ class DispatcherSettings:
     budget_every: float = DEFAULT_BUDGET_EVERY  # month-to-date spend billed again (with spend)
     service_every: float = 5.0  # service counters kept to restore after a Redis loss
     reclaim_every: float = 10.0  # with fairShare.reclaim: how often the owed head is checked
+    # with fairShare.reclaim: the least time between a check and one a training pod's
+    # arrival brings forward (to when it will have waited `after`)
+    reclaim_arrival_gap: float = 1.0
 
 
 @dataclass
@@ -300,6 +305,7 @@ class Dispatcher:
         self.provisioner = provisioner
         self.evictor = evictor
         self._reclaim_due = float("-inf")  # when the next reclaim check is due
+        self._reclaim_checked = float("-inf")  # when the last reclaim check was made
         self._reclaimed: list[dict[str, Any]] = []  # the pods reclaimed in the last hour
         self._evicting: set[str] = set()  # tickets fairgate evicted, not released yet
         self._arrivals: list[str] = []  # tickets of inference pods first seen this batch
@@ -567,6 +573,8 @@ class Dispatcher:
         self.pods[pod.ticket] = pod
         if known is None and pod.band == "inference":
             self._arrivals.append(pod.ticket)
+        if known is None and pod.gated and pod.band != "inference":
+            self._reclaim_once_waited(pod)
         if pod.gated and pod.ticket in self._riders:
             self._lift_rider(pod)
         self._track(pod)
@@ -1117,6 +1125,7 @@ class Dispatcher:
         if now >= self._reclaim_due or (
                 self._recheck and not self._evicting & self.pods.keys()):
             self._reclaim_due = now + self.settings.reclaim_every
+            self._reclaim_checked = now
             self._recheck = False
             self._reclaim(now, snapshot)
 
@@ -1151,6 +1160,17 @@ class Dispatcher:
             assert hold is not None
             for ticket in victim.tickets:
                 self._evict(self.pods[ticket], hold, now)
+
+    def _reclaim_once_waited(self, pod: GpuPod) -> None:
+        """With reclaim on, a training pod first seen queued brings the next reclaim
+        check forward to when it will have waited ``after`` (a newcomer is not left a
+        period longer), but no sooner than ``reclaim_arrival_gap`` after the last check."""
+        spec = self._synced[0].platform.fair_share.reclaim if self._synced else None
+        if spec is None:
+            return
+        at = max(pod.created + spec.after,
+                 self._reclaim_checked + self.settings.reclaim_arrival_gap)
+        self._reclaim_due = min(self._reclaim_due, at)
 
     def _evict(self, pod: GpuPod, hold: Hold, now: float) -> None:
         assert self.evictor is not None

@@ -527,6 +527,22 @@ def test_the_reclaim_check_comes_when_time_allows_it_not_a_period_later(
     assert [p.tenant for p in evictions.pods] == ["old", "old"]
 
 
+def test_a_queued_training_pod_is_checked_for_once_it_has_waited_after(
+    redis_url: str,
+) -> None:
+    """Checks 250 s apart (from 1,000 s); new's pods arrive at 1,010 s and old's have run
+    minRuntime already: the check comes when new's head has waited `after` (1,070 s),
+    not at the next period (1,250 s)."""
+    prompt = {"after": "1m", "minRuntime": "1s", "perHour": 12}
+    rig, evictions = _reclaim_rig(redis_url, prompt, preemptible=True, every=250.0)
+    for t in range(1_020, 1_070, 10):
+        rig.at(float(t))
+    rig.at(1_069.5)
+    assert evictions.pods == []
+    rig.at(1_070.0)
+    assert [p.tenant for p in evictions.pods] == ["old", "old"]
+
+
 def _count_snapshots(rig: Any) -> list[float]:
     """The times at which the dispatcher reads the queue's snapshot from now on."""
     reads: list[float] = []
