@@ -114,11 +114,12 @@ Contract:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -1151,15 +1152,15 @@ class Dispatcher:
         self._evicting &= set(self.pods)
         if self._evicting:
             return
-        hold, chosen, due = reclaim_check(self.queue, self.pods, self._started,
-                                          self._released, spec, now,
-                                          [r["at"] for r in self._reclaimed], snapshot)
+        reclaims, due = reclaim_check(self.queue, self.pods, self._started,
+                                      self._released, spec, now,
+                                      [r["at"] for r in self._reclaimed], snapshot)
         if due is not None:
             self._reclaim_due = min(self._reclaim_due, due)
-        for victim in chosen:
-            assert hold is not None
-            for ticket in victim.tickets:
-                self._evict(self.pods[ticket], hold, now)
+        for hold, chosen in reclaims:
+            for victim in chosen:
+                for ticket in victim.tickets:
+                    self._evict(self.pods[ticket], hold, now)
 
     def _reclaim_once_waited(self, pod: GpuPod) -> None:
         """With reclaim on, a training pod first seen queued brings the next reclaim
@@ -1357,33 +1358,53 @@ class Dispatcher:
 def reclaim_check(queue: FairQueue, pods: Mapping[str, GpuPod], started: Mapping[str, float],
                   released: Mapping[str, float], spec: ReclaimSpec, now: float,
                   reclaimed_at: Sequence[float], snapshot: QueueSnapshot | None = None
-                  ) -> tuple[Hold | None, list[reclaim.Victim], float | None]:
-    """One reclaim check at ``now``: the owed training head's hold (None: no training pod
-    is held for), the victims :func:`fairshare.reclaim.choose` picks among the running
-    ``pods`` for it (empty: none) and, when it picks none, when a check could first pick
-    one (:func:`fairshare.reclaim.due`; None: not before something changes).
-    ``started``/``released``: when each pod was seen running / released by the queue
-    (only pods in ``started`` are read, so a check costs the running pods, not the
-    queued); ``reclaimed_at``: when the pods reclaimed in the last hour were;
-    ``snapshot``: the queue's, taken in this same step (else one is taken, and only when
-    some running pod could be reclaimed: the tenants' standings need it)."""
+                  ) -> tuple[list[tuple[Hold, list[reclaim.Victim]]], float | None]:
+    """One reclaim check at ``now``: for the owed training head (the first training hold)
+    and, once it gets some, for its tenant's next queued pods of its shape in turn
+    (:func:`fairshare.reclaim.choose_in_turn`; a gang's head alone), each head's hold
+    with the victims picked for it among the running ``pods`` (empty: none); and, when
+    none is picked, when a check could first pick some (:func:`fairshare.reclaim.due`;
+    None: not before something changes). ``started``/``released``: when each pod was
+    seen running / released by the queue (only pods in ``started`` are read, so a check
+    costs the running pods, not the queued, until a reclaim is made); ``reclaimed_at``:
+    when the pods reclaimed in the last hour were; ``snapshot``: the queue's, taken in
+    this same step (else one is taken, and only when some running pod could be
+    reclaimed: the tenants' standings need it)."""
     hold = next((h for h in queue.holds(now) if h.band != "inference"), None)
     head = pods.get(queue.find(hold.namespace, hold.name) or "") if hold else None
     if hold is None or head is None:
-        return None, [], None
+        return [], None
     owed = reclaim.Owed(
         hold.tenant, {k: n - hold.held.get(k, 0) for k, n in hold.demand.items()},
         hold.demand, head.created)
     running = {ticket: pod for ticket in started if (pod := pods.get(ticket)) is not None
                and pod.phase == "Running" and not pod.gated and not pod.deleting}
     candidates = reclaim.victims(running, started, released)
-    chosen: list[reclaim.Victim] = []
+    reclaims: list[tuple[Hold, list[reclaim.Victim]]] = []
     if reclaim.contenders(owed, candidates, spec, now, reclaimed_at):
         fair = snapshot_fairness(snapshot or queue.snapshot())
         standings = {name: reclaim.Standing(t.used, t.entitlement)
                      for name, t in fair.tenants.items()}
-        chosen = reclaim.choose(owed, standings, candidates, spec, now, reclaimed_at)
-    return hold, chosen, None if chosen else reclaim.due(owed, candidates, spec, now)
+        first = [(hold, owed)]
+        heads = first if hold.group else itertools.chain(first, _next_heads(pods, head, hold))
+        reclaims = reclaim.choose_in_turn(heads, standings, candidates, spec, now,
+                                          reclaimed_at)
+    return reclaims, None if reclaims else reclaim.due(owed, candidates, spec, now)
+
+
+def _next_heads(pods: Mapping[str, GpuPod], head: GpuPod, hold: Hold
+                ) -> Iterator[tuple[Hold, reclaim.Owed]]:
+    """The pods of ``head``'s tenant queued after it with its band and demand, outside
+    any gang, in the order they were created, each as the hold it will be and as owed
+    its whole demand (read only when iterated)."""
+    queued = sorted((p for p in pods.values()
+                     if p.gated and p.tenant == head.tenant and p.group is None
+                     and p.band == head.band and p.ticket != head.ticket
+                     and p.demand == head.demand and not p.deleting and not p.ended),
+                    key=lambda p: (p.created, p.ticket))
+    for pod in queued:
+        yield (replace(hold, namespace=pod.ref.namespace, name=pod.ref.name, held={}),
+               reclaim.Owed(pod.tenant, dict(pod.demand), dict(pod.demand), pod.created))
 
 
 def _less(capacity: dict[str, int], withheld: dict[str, int]) -> dict[str, int]:

@@ -25,6 +25,11 @@ docs/fairness.md, "Reclaim"):
 - Order: the tenant furthest above its entitlement (used / entitlement, counting what
   was already taken) first, within it the youngest victim (latest start) first; the
   choice stops as soon as what the head lacks is freed.
+- :func:`choose_in_turn` does the same for several heads in queue order (the owed
+  tenant's next pods of the head's shape), as if each reclaim were made before the
+  next head is looked at: the victims taken are gone, the head runs, and both count in
+  the standings and against ``perHour``. It stops at the first head :func:`choose`
+  refuses; each reclaim is one :func:`choose` allows on the standings it is made on.
 - :func:`victims` groups running pods into candidates: a pod without a gang is one; a
   gang is one only when all its ``group_size`` members are running and known (a
   gang is reclaimed whole or not at all).
@@ -57,15 +62,16 @@ docs/fairness.md, "Reclaim"):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from fairshare.cluster.cluster import GpuPod
 from fairshare.queue.model import gang_id
 from tenants.models import ReclaimSpec
 from tenants.resources import SLICES_PER_GPU, total_slices
 
+T = TypeVar("T")
 HOUR = 3600.0
 RECENT = 10  # reclaims listed in the notes
 
@@ -194,6 +200,34 @@ def choose(
         taken[pick.tenant] = taken.get(pick.tenant, 0.0) + pick.gpus
         _cover(lacking, pick)
     return chosen
+
+
+def choose_in_turn(
+    heads: Iterable[tuple[T, Owed]], standings: Mapping[str, Standing],
+    victims: Sequence[Victim], spec: ReclaimSpec, now: float, recent: Sequence[float],
+) -> list[tuple[T, list[Victim]]]:
+    """Each head of ``heads`` (the caller's label for it, and it as :class:`Owed`) with
+    the victims to evict for it, in order (see the module contract); empty when
+    :func:`choose` refuses the first. ``heads`` is read one at a time, and no further
+    than the first head refused."""
+    standing = dict(standings)
+    left = list(victims)
+    reclaimed = list(recent)
+    out: list[tuple[T, list[Victim]]] = []
+    for label, owed in heads:
+        chosen = choose(owed, standing, left, spec, now, reclaimed)
+        if not chosen:
+            break
+        out.append((label, chosen))
+        for victim in chosen:
+            left.remove(victim)
+            was = standing[victim.tenant]
+            standing[victim.tenant] = Standing(was.used - victim.gpus, was.entitlement)
+            reclaimed.extend([now] * victim.pods)
+        was = standing[owed.tenant]
+        standing[owed.tenant] = Standing(
+            was.used + total_slices(owed.demand) / SLICES_PER_GPU, was.entitlement)
+    return out
 
 
 def due(owed: Owed, candidates: Sequence[Victim], spec: ReclaimSpec,

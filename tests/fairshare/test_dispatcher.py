@@ -618,6 +618,38 @@ def test_the_next_reclaim_check_comes_once_the_last_reclaims_pods_are_gone(
     assert (running("new"), running("old"), rig.cluster.reclaims) == (8, 8, 8)
 
 
+def test_one_reclaim_check_reclaims_for_the_owed_tenants_next_heads_in_turn(
+    redis_url: str,
+) -> None:
+    """16 GPUs full of "old"'s preemptible 1-GPU pods; "new" (equal weight) joins with
+    ten. One check evicts 8 pods, one for each of new's first 8 pods (each Event names
+    its own), without waiting for the first eviction's pod to be gone; not more: new
+    then holds its entitlement."""
+    tenants = {name: {"weight": 1, "nominal": {"gpu": 16}} for name in ("old", "new")}
+    rig = make_rig(redis_url, tenants, {"gpu": 16},
+                   settings=DispatcherSettings(reclaim_every=10.0))
+    platform = rig.config.platform.model_copy(update={"fair_share": FairShareSpec.model_validate(
+        {"reclaim": {"after": "1m", "minRuntime": "10m", "perHour": 60}})})
+    config = FairgateConfig(platform=platform, quotas=rig.config.quotas)
+    rig.dispatcher.config = lambda: config
+    evictions = _Evictions()  # asked to evict, the cluster keeps the pods for now
+    rig.dispatcher.evictor = evictions
+    for i in range(16):
+        rig.cluster.create_pod(PodSpec("old-ns", f"old-{i}", "old", "training", {"gpu": 1},
+                                       duration=8 * 3600, preemptible=True))
+    rig.settle()
+    rig.at(1_010.0)
+    for i in range(10):
+        rig.cluster.create_pod(PodSpec("new-ns", f"new-{i}", "new", "training", {"gpu": 1},
+                                       duration=8 * 3600))
+    rig.settle()
+    rig.at(1_700.0)
+    assert [p.tenant for p in evictions.pods] == ["old"] * 8
+    owed = sorted(e.message.split("reclaimed for ")[1].split(" ")[0]
+                  for e in rig.cluster.events if e.reason == "Reclaimed")
+    assert owed == sorted(f"new-ns/new-{i}" for i in range(8))
+
+
 def test_reclaims_are_counted_in_the_metrics(redis_url: str) -> None:
     """Two 4-GPU pods of "old" reclaimed at 1,700 s, each 700 s into its run."""
     rig, evictions = _reclaim_rig(redis_url, RECLAIM_ON, preemptible=True)

@@ -4,6 +4,8 @@ may evict them ahead of the kube-scheduler (fairshare.reclaim.as_the_scheduler_w
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,6 +17,7 @@ from fairshare.reclaim import (
     Victim,
     as_the_scheduler_would,
     choose,
+    choose_in_turn,
     due,
     for_inference,
 )
@@ -228,3 +231,32 @@ def test_the_next_check_is_due_when_time_alone_may_allow_a_reclaim(
         case: str, since: float, victims: list[Victim], expected: float | None) -> None:
     owed = Owed("new", {"gpu": 8}, {"gpu": 8}, since)
     assert due(owed, victims, SPEC, NOW) == expected, case
+
+
+def test_heads_in_turn_each_get_what_choose_gives_them_after_the_reclaims_before() -> None:
+    """16 GPUs of "old"'s 1-GPU pods, "new" (equal weight) with ten 1-GPU heads: one
+    victim each for the first 8 (new then holds its entitlement: the 9th is refused and
+    the 10th is not looked at), each the youngest left; Φ falls with each; with
+    perHour 3, three heads are served."""
+    spec = ReclaimSpec.model_validate({"after": "5m", "minRuntime": "30m", "perHour": 100})
+    victims = [pod(f"p{i}", gpus=1, started=LONG_AGO + i) for i in range(16)]
+    heads = [(f"h{i}", Owed("new", {"gpu": 1}, {"gpu": 1}, NOW - 600)) for i in range(10)]
+    looked: list[str] = []
+
+    def read() -> Iterator[tuple[str, Owed]]:
+        for label, owed in heads:
+            looked.append(label)
+            yield label, owed
+
+    standings = {"old": Standing(16, 8), "new": Standing(0, 8)}
+    turns = choose_in_turn(read(), standings, victims, spec, NOW, [])
+    assert [(label, keys(chosen)) for label, chosen in turns] == [
+        (f"h{i}", [f"p{15 - i}"]) for i in range(8)]
+    assert looked == [f"h{i}" for i in range(9)]
+    phi = potential(standings)
+    for i in range(1, 9):
+        after = {"old": Standing(16 - i, 8), "new": Standing(i, 8)}
+        assert potential(after) < phi
+        phi = potential(after)
+    few = ReclaimSpec.model_validate({"after": "5m", "minRuntime": "30m", "perHour": 3})
+    assert len(choose_in_turn(heads, standings, victims, few, NOW, [])) == 3
