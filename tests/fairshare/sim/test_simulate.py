@@ -338,3 +338,42 @@ def test_a_preempted_pod_is_counted_once(redis_url: str) -> None:
         research = report.tenants["research"]
         assert research.admitted + research.waiting == sum(
             1 for pod in trace.pods() if pod.tenant == "research" and pod.at <= horizon)
+
+
+@pytest.mark.parametrize("lend", [True, False])
+def test_a_kept_inference_reserve_is_never_borrowed_so_inference_preempts_nothing(
+        redis_url: str, lend: bool) -> None:
+    """8 GPUs: team-a's training backlog may borrow team-b's 4 idle GPUs; team-b serves a
+    1-GPU inference pod now and then, within its reserve of 1. Lent (the default), the
+    reserve's GPU is borrowed and inference pods preempt borrowed pods; kept
+    (`fairShare.lendInferenceReserve: false`), it stays free: no preemption, and team-a
+    runs on 7 GPUs at most."""
+    trace = parse_trace({
+        "capacity": {"gpu": 8},
+        "tenants": {
+            "team-a": {"weight": 1, "nominal": {"gpu": 4}, "borrowLimit": {"gpuEquivalents": 4}},
+            "team-b": {"weight": 1, "nominal": {"gpu": 4},
+                       "inferenceReserve": {"gpuEquivalents": 1}},
+        },
+        "fairShare": {"lendInferenceReserve": lend},
+        "arrivals": [
+            {"at": 0, "tenant": "team-a", "class": "training", "demand": {"gpu": 1},
+             "duration": 300, "count": 40},
+            {"at": 60, "tenant": "team-b", "class": "inference", "demand": {"gpu": 1},
+             "duration": 30, "count": 10, "every": 60},
+        ],
+        "horizon": 700,
+    })
+    sim = Simulation(trace, redis.Redis.from_url(redis_url), "fairgate:test:")
+    most_a = 0
+    for until in range(10, 700, 10):
+        sim.advance(float(until))
+        most_a = max(most_a, sum(1 for h in sim.cluster.history.values()
+                                 if h.spec.tenant == "team-a" and h.started is not None
+                                 and h.ended is None))
+    report = sim.run()
+    assert report.wait_seconds["inference"].max <= 1.0
+    if lend:
+        assert report.preemptions > 0 and most_a == 8
+    else:
+        assert report.preemptions == 0 and most_a == 7
