@@ -16,7 +16,7 @@ from functools import partial
 from typing import Any
 
 import pytest
-from harness.fairgate import pods_api, tenant_namespace
+from harness.fairgate import EVEN_PLATFORM_YAML, pods_api, tenant_namespace
 from harness.kubelet import whole_gpu_node
 from harness.pods import is_gated, pod_manifest, running_node
 from harness.private import PrivateCluster, private_cluster
@@ -25,21 +25,7 @@ from harness.waiting import wait_for
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 NODES = tuple(whole_gpu_node(f"gpu-{i}") for i in range(2))  # 8 whole GPUs
-PLATFORM = """\
-platformAdmins: {groups: [platform-team], users: []}
-capacity: {}
-tenants:
-  team-a:
-    weight: 1
-    ceiling: {gpuEquivalents: 8}
-    admins: {groups: [team-a-admins], users: []}
-  team-b:
-    weight: 1
-    ceiling: {gpuEquivalents: 8}
-    admins: {groups: [team-b-admins], users: []}
-fairShare: {lendInferenceReserve: false}
-onRedisUnavailable: deny
-"""
+PLATFORM = EVEN_PLATFORM_YAML + "fairShare: {lendInferenceReserve: false}\n"
 QUOTAS = {
     "team-a": "nominal: {gpu: 4}\nborrowLimit: {gpuEquivalents: 4}\n"
               "inferenceReserve: {gpuEquivalents: 0}\ndefaultClass: training\n",

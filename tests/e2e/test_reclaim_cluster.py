@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 from harness.controlplane import CONTROLLERS
-from harness.fairgate import pods_api, tenant_namespace
+from harness.fairgate import EVEN_PLATFORM_YAML, pods_api, tenant_namespace
 from harness.kubelet import HONOUR_GRACE, whole_gpu_node
 from harness.pods import is_gated, no_pods, pod_manifest, running_node
 from harness.private import PrivateCluster, private_cluster
@@ -37,20 +37,7 @@ from kubernetes.client.exceptions import ApiException
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 NODES = tuple(whole_gpu_node(f"gpu-{i}") for i in range(2))  # 8 whole GPUs
-PLATFORM = """\
-platformAdmins: {groups: [platform-team], users: []}
-capacity: {}
-tenants:
-  team-a:
-    weight: 1
-    ceiling: {gpuEquivalents: 8}
-    admins: {groups: [team-a-admins], users: []}
-  team-b:
-    weight: 1
-    ceiling: {gpuEquivalents: 8}
-    admins: {groups: [team-b-admins], users: []}
-onRedisUnavailable: deny
-"""
+PLATFORM = EVEN_PLATFORM_YAML
 RECLAIM = """\
 fairShare:
   reclaim: {after: 2s, minRuntime: 3s, perHour: 60}

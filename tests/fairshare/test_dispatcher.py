@@ -582,13 +582,10 @@ def test_a_reclaim_check_with_nothing_to_reclaim_reads_no_snapshot(redis_url: st
     assert reads == [12_000.0]
 
 
-def test_the_next_reclaim_check_comes_once_the_last_reclaims_pods_are_gone(
-    redis_url: str,
-) -> None:
-    """16 GPUs full of "old"'s preemptible 1-GPU pods; "new" (equal weight) joins with
-    ten. Checks are 10 s apart, but once the pod a reclaim evicted is gone (the cluster
-    evicts at once) and its head runs, the next head is checked at once: at the same
-    instant "new" holds its 8 GPUs, one eviction at a time, and "old" keeps its 8."""
+def _newcomer_rig(redis_url: str, evictor: _Evictions | None) -> Any:
+    """16 GPUs full of "old"'s preemptible 1-GPU pods (started at 1,000 s); "new" (equal
+    weight) joins at 1,010 s with ten; reclaim on (after 1m, minRuntime 10m, 60 an hour),
+    checked every 10 s; ``evictor``: None lets the cluster evict (at once)."""
     tenants = {name: {"weight": 1, "nominal": {"gpu": 16}} for name in ("old", "new")}
     rig = make_rig(redis_url, tenants, {"gpu": 16},
                    settings=DispatcherSettings(reclaim_every=10.0))
@@ -596,7 +593,7 @@ def test_the_next_reclaim_check_comes_once_the_last_reclaims_pods_are_gone(
         {"reclaim": {"after": "1m", "minRuntime": "10m", "perHour": 60}})})
     config = FairgateConfig(platform=platform, quotas=rig.config.quotas)
     rig.dispatcher.config = lambda: config
-    rig.dispatcher.evictor = rig.cluster  # evicts at once; the controller re-creates
+    rig.dispatcher.evictor = rig.cluster if evictor is None else evictor
     for i in range(16):
         rig.cluster.create_pod(PodSpec("old-ns", f"old-{i}", "old", "training", {"gpu": 1},
                                        duration=8 * 3600, preemptible=True))
@@ -606,6 +603,17 @@ def test_the_next_reclaim_check_comes_once_the_last_reclaims_pods_are_gone(
         rig.cluster.create_pod(PodSpec("new-ns", f"new-{i}", "new", "training", {"gpu": 1},
                                        duration=8 * 3600))
     rig.settle()
+    return rig
+
+
+def test_the_next_reclaim_check_comes_once_the_last_reclaims_pods_are_gone(
+    redis_url: str,
+) -> None:
+    """16 GPUs full of "old"'s preemptible 1-GPU pods; "new" (equal weight) joins with
+    ten. Checks are 10 s apart, but once the pod a reclaim evicted is gone (the cluster
+    evicts at once) and its head runs, the next head is checked at once: at the same
+    instant "new" holds its 8 GPUs, and "old" keeps its 8."""
+    rig = _newcomer_rig(redis_url, None)  # the cluster evicts at once; the controller re-creates
     rig.at(1_700.0)  # the pods ran 700 s, the heads waited 690 s
 
     def running(tenant: str) -> int:
@@ -625,24 +633,8 @@ def test_one_reclaim_check_reclaims_for_the_owed_tenants_next_heads_in_turn(
     ten. One check evicts 8 pods, one for each of new's first 8 pods (each Event names
     its own), without waiting for the first eviction's pod to be gone; not more: new
     then holds its entitlement."""
-    tenants = {name: {"weight": 1, "nominal": {"gpu": 16}} for name in ("old", "new")}
-    rig = make_rig(redis_url, tenants, {"gpu": 16},
-                   settings=DispatcherSettings(reclaim_every=10.0))
-    platform = rig.config.platform.model_copy(update={"fair_share": FairShareSpec.model_validate(
-        {"reclaim": {"after": "1m", "minRuntime": "10m", "perHour": 60}})})
-    config = FairgateConfig(platform=platform, quotas=rig.config.quotas)
-    rig.dispatcher.config = lambda: config
     evictions = _Evictions()  # asked to evict, the cluster keeps the pods for now
-    rig.dispatcher.evictor = evictions
-    for i in range(16):
-        rig.cluster.create_pod(PodSpec("old-ns", f"old-{i}", "old", "training", {"gpu": 1},
-                                       duration=8 * 3600, preemptible=True))
-    rig.settle()
-    rig.at(1_010.0)
-    for i in range(10):
-        rig.cluster.create_pod(PodSpec("new-ns", f"new-{i}", "new", "training", {"gpu": 1},
-                                       duration=8 * 3600))
-    rig.settle()
+    rig = _newcomer_rig(redis_url, evictions)
     rig.at(1_700.0)
     assert [p.tenant for p in evictions.pods] == ["old"] * 8
     owed = sorted(e.message.split("reclaimed for ")[1].split(" ")[0]

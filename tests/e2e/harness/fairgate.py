@@ -54,6 +54,21 @@ tenants:
     admins: {groups: [team-b-admins], users: []}
 onRedisUnavailable: deny
 """
+# Two tenants of weight 1, each up to 8 GPUs: the private clusters of two whole-GPU nodes.
+EVEN_PLATFORM_YAML = """\
+platformAdmins: {groups: [platform-team], users: []}
+capacity: {}
+tenants:
+  team-a:
+    weight: 1
+    ceiling: {gpuEquivalents: 8}
+    admins: {groups: [team-a-admins], users: []}
+  team-b:
+    weight: 1
+    ceiling: {gpuEquivalents: 8}
+    admins: {groups: [team-b-admins], users: []}
+onRedisUnavailable: deny
+"""
 QUOTA_YAML = {
     "team-a": """\
 nominal: {gpu: 4, mig-1g.5gb: 7}
