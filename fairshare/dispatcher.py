@@ -1132,14 +1132,19 @@ class Dispatcher:
 
     # -- reclaim (fairShare.reclaim) ----------------------------------------------------
 
+    def _reclaim_spec(self) -> ReclaimSpec | None:
+        """``fairShare.reclaim`` of the config in force; None when it is off or there is
+        no ``evictor`` to carry it out."""
+        if self.evictor is None or self._synced is None:
+            return None
+        return self._synced[0].platform.fair_share.reclaim
+
     def _reclaim(self, now: float, snapshot: QueueSnapshot | None) -> None:
-        """With ``fairShare.reclaim`` on, evict for the owed training head what
-        :func:`fairshare.reclaim.choose` picks; one reclaim at a time (none while the
-        pods of the last one are still terminating; once they are gone, the next step
-        checks again)."""
-        spec = self._synced[0].platform.fair_share.reclaim if self._synced else None
-        if self.evictor is None:
-            spec = None
+        """With ``fairShare.reclaim`` on, evict for the owed training head, and its
+        tenant's next heads in turn, what :func:`fairshare.reclaim.choose_in_turn`
+        picks; one check's reclaims at a time (none while the pods of the last are still
+        terminating; once they are gone, the next step checks again)."""
+        spec = self._reclaim_spec()
         self._reclaimed = [r for r in self._reclaimed if now - r["at"] < reclaim.HOUR]
         if spec is not None:
             self._reclaim_for(spec, now, snapshot)
@@ -1166,7 +1171,7 @@ class Dispatcher:
         """With reclaim on, a training pod first seen queued brings the next reclaim
         check forward to when it will have waited ``after`` (a newcomer is not left a
         period longer), but no sooner than ``reclaim_arrival_gap`` after the last check."""
-        spec = self._synced[0].platform.fair_share.reclaim if self._synced else None
+        spec = self._reclaim_spec()
         if spec is None:
             return
         at = max(pod.created + spec.after,

@@ -118,8 +118,8 @@ end
 local function add_usage(tenant, band, d, sign, st, started)
   fold_decay(tenant, st)
   local deltas = {['u' .. band] = sign * slices(d)}
-  if band == 'i' and cfg_of(tenant).kr > 0 then
-    local reserve = cfg_of(tenant).kr
+  local reserve = band == 'i' and cfg_of(tenant).kr or 0
+  if reserve > 0 then
     local inference = st and num(st, 'ui')
       or tonumber(redis.call('HGET', P .. 'ts:' .. tenant, 'ui') or '0')
     local change = math.max(0, reserve - inference - deltas.ui) - math.max(0, reserve - inference)
